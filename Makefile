@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# torch first, pinned to a CPU build that exists locally; override for CUDA: make TORCH=torch==2.13.0+cu128
+TORCH ?= torch==2.13.0
+
+.PHONY: venv demo test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,systems]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv  ## analyse the bundled 2-rank gloo DDP trace: summary, HTML report, Perfetto overlay
+	$(VENV)/bin/bottleneck-oracle analyze tests/data/gloo_ddp_2rank --html demo/report.html --perfetto demo/critical_path.json.gz
+
+test: venv  ## the default (fast) test suite, as CI runs it
+	$(PY) -m pytest -q
+
+test-slow: venv  ## slow tests only
+	$(PY) -m pytest -q -m slow
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+bench: venv  ## 1M-event benchmark against HTA and networkx (HTA in its own venv)
+	$(PY) benchmarks/bench_scale.py --events 1000000 --ranks 8
+
+clean:
+	rm -rf $(VENV) demo benchmarks/out

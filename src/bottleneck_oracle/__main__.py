@@ -1,0 +1,3 @@
+from bottleneck_oracle.cli import main
+
+main()

@@ -1,0 +1,82 @@
+"""Typed configuration, read from config.yaml (YAML, parsed safely; no code is executed)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from bottleneck_oracle.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class GraphConfig:
+    feeds_resume_us: float = 1000.0
+    """µs: a thread idle when a collective completes and resuming within this is taken to have waited for it."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.feeds_resume_us, (int, float)) or self.feeds_resume_us < 0:
+            raise ConfigError(f"graph.feeds_resume_us must be a number >= 0 (found {self.feeds_resume_us!r})")
+
+
+@dataclass(kw_only=True, slots=True)
+class AnalysisConfig:
+    top_k: int = 20
+    """How many ops the summary lists by time on the critical path."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ConfigError(f"analysis.top_k must be an integer >= 1 (found {self.top_k!r})")
+
+
+@dataclass(kw_only=True, slots=True)
+class PathsConfig:
+    sample: str = "tests/data/gloo_ddp_2rank"
+    """The bundled trace folder `make demo` analyses."""
+    graphs: str = "data/graphs"
+    """Where `parse` writes graphs by default."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_SECTIONS = {"graph": GraphConfig, "analysis": AnalysisConfig, "paths": PathsConfig}
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Config from a YAML file (missing keys take defaults); ConfigError names a bad key."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping of sections, found {type(raw).__name__}")
+    sections = {}
+    for name, value in raw.items():
+        cls = _SECTIONS.get(name)
+        if cls is None:
+            raise ConfigError(f"{p}: unknown section {name!r} (known: {', '.join(_SECTIONS)})")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{p}: section {name!r} must be a mapping")
+        known = {f.name for f in fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise ConfigError(f"{p}: unknown key {name}.{sorted(unknown)[0]} (known: {', '.join(sorted(known))})")
+        try:
+            sections[name] = cls(**value)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
+    return Config(**sections)

@@ -1,0 +1,26 @@
+"""Errors the library raises for bad input; the CLI turns them into one clean line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class OracleError(Exception):
+    """Base class: a problem the user can fix, reported without a traceback."""
+
+
+class TraceError(OracleError):
+    """A trace file is missing, corrupt, truncated, foreign or inconsistent."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class GraphError(OracleError):
+    """The events do not form a valid execution graph (e.g. a dependency cycle)."""
+
+
+class ConfigError(OracleError):
+    """A configuration file or value is wrong."""

@@ -1,0 +1,64 @@
+"""Versioned map from raw Kineto trace fields to canonical EventTable columns.
+
+A profiler format change is a one-file edit: add the new raw name to the spec
+of the column it feeds. Raw names are tried in order; the first one present wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FIELDS_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeSpec:
+    name: str  # canonical column name
+    raw_names: tuple[str, ...]  # keys in an event's "args", tried in order
+    dtype: str  # numpy dtype of the column
+    default: float | int  # value when absent
+
+
+ARG_SPECS = {
+    spec.name: spec
+    for spec in (
+        AttributeSpec("correlation", ("correlation",), "int64", -1),
+        AttributeSpec("ext_id", ("External id", "external id"), "int64", -1),
+        AttributeSpec("stream", ("stream",), "int64", -1),
+        AttributeSpec("wait_stream", ("wait_on_stream",), "int64", -1),
+        AttributeSpec("wait_event_corr", ("wait_on_cuda_event_record_corr_id",), "int64", -1),
+        AttributeSpec("msg_nelems", ("In msg nelems", "in_msg_nelems"), "float64", float("nan")),
+        AttributeSpec("group_size", ("Group size", "group_size"), "int32", -1),
+        AttributeSpec("seq", ("Sequence number",), "int64", -1),
+        AttributeSpec("rf_id", ("Record function id",), "int64", -1),
+    )
+}
+
+# args keys with structured values, read by dedicated code in events.py
+SYNC_KIND_KEY = "cuda_sync_kind"
+COLLECTIVE_NAME_KEYS = ("Collective name", "collective_name")
+PG_RANKS_KEYS = ("Process Group Ranks", "process_group_ranks")
+PG_NAME_KEYS = ("Process Group Name", "process_group_name")
+INPUT_DIMS_KEY = "Input Dims"
+INPUT_TYPE_KEY = "Input type"
+DTYPE_KEYS = ("dtype",)
+
+# Raw event categories ("cat") and the event class they map to.
+CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "Operator"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver"})
+KERNEL_CATS = frozenset({"kernel", "Kernel"})
+MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
+MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
+GPU_SYNC_CATS = frozenset({"cuda_sync"})
+FLOW_CATS = frozenset({"fwdbwd"})
+
+STEP_PREFIX = "ProfilerStep#"
+
+# Element sizes in bytes for the dtype names profilers write.
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
+    "half": 2, "float16": 2, "Half": 2, "bfloat16": 2, "BFloat16": 2, "c10::BFloat16": 2,
+    "c10::Half": 2, "int": 4, "int32": 4, "Int": 4, "long": 8, "int64": 8, "Long": 8,
+    "long int": 8, "int8": 1, "uint8": 1, "unsigned char": 1, "signed char": 1, "bool": 1,
+    "Byte": 1, "Char": 1, "Bool": 1,
+}
