@@ -86,7 +86,9 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
             for col in ("op", "rank", "slack ms", "dur ms", "waiting ms", "critical"):
                 ct.add_column(col, justify="left" if col == "op" else "right")
             for x in comm:
-                ct.add_row(x["name"][:60], str(x["rank"]), _ms(x["slack_us"]), _ms(x["dur_us"]), _ms(x["wait_us"]), "yes" if x["critical"] else "")
+                ct.add_row(
+                    x["name"][:60], str(x["rank"]), _ms(x["slack_us"]), _ms(x["dur_us"]), _ms(x["wait_us"]), "yes" if x["critical"] else ""
+                )
             out.print(ct)
         ranks = a.ranks()
         if len(ranks) > 1:

@@ -24,3 +24,7 @@ class GraphError(OracleError):
 
 class ConfigError(OracleError):
     """A configuration file or value is wrong."""
+
+
+class OracleWarning(UserWarning):
+    """A partial or unusual input: the analysis goes on with what could be used."""

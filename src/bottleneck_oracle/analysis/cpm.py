@@ -125,9 +125,7 @@ def run_cpm(g: ExecutionGraph, dur: np.ndarray | None = None) -> CPMResult:
         seen = np.zeros(n, dtype=bool)
         seen[topo] = True
         stuck = np.flatnonzero(~seen)[:5]
-        desc = "; ".join(
-            f"{g.node_name(i)[:60]!r} rank {g.nodes['rank'][i]} at {g.nodes['start'][i]:.1f} µs" for i in stuck
-        )
+        desc = "; ".join(f"{g.node_name(i)[:60]!r} rank {g.nodes['rank'][i]} at {g.nodes['start'][i]:.1f} µs" for i in stuck)
         raise GraphError(f"dependency cycle while building the graph of step {g.step}: {n - len(topo)} nodes involved, e.g. {desc}")
     est, eft, lft, pred, makespan = _passes(n, d, g.release.astype(np.float64), src, dst, w, topo, out_ptr, out_order)
     lst = lft - d

@@ -176,7 +176,17 @@ class _Builder:
         self.rows: dict[str, list] = {
             k: []
             for k in (
-                "rank", "pid", "tid", "ts", "dur", "name", "cls", "sync_kind", "pg", "elem_bytes", "src_idx",
+                "rank",
+                "pid",
+                "tid",
+                "ts",
+                "dur",
+                "name",
+                "cls",
+                "sync_kind",
+                "pg",
+                "elem_bytes",
+                "src_idx",
                 *self._ARG_COLS,
             )
         }
@@ -216,7 +226,7 @@ class _Builder:
                 pid = _as_int(ev.get("pid"), str_codes)
                 tid = _as_int(ev.get("tid"), str_codes)
                 if cls == EvClass.CPU and name.startswith(F.STEP_PREFIX):
-                    num = name[len(F.STEP_PREFIX):]
+                    num = name[len(F.STEP_PREFIX) :]
                     if num.isdigit():
                         self.steps.append((rank, int(num), float(ts), float(ts + dur), pid, tid))
                     continue
@@ -239,7 +249,9 @@ class _Builder:
                         v = default
                     append[col](v)
                 sync = args.get(F.SYNC_KIND_KEY) if cls == EvClass.GPU_SYNC else None
-                append["sync_kind"](SYNC_KINDS.index(sync) if sync in SYNC_KINDS else (SYNC_KINDS.index(name) if name in SYNC_KINDS else -1))
+                append["sync_kind"](
+                    SYNC_KINDS.index(sync) if sync in SYNC_KINDS else (SYNC_KINDS.index(name) if name in SYNC_KINDS else -1)
+                )
                 pg = -1
                 elem = math.nan
                 if args:
@@ -272,18 +284,24 @@ class _Builder:
 
     def table(self, files: dict[int, str], meta: dict[int, dict]) -> EventTable:
         dtypes = {
-            "rank": np.int32, "pid": np.int64, "tid": np.int64, "ts": np.float64, "dur": np.float64,
-            "name": np.int32, "cls": np.int8, "sync_kind": np.int8, "pg": np.int32, "elem_bytes": np.float64, "src_idx": np.int64,
+            "rank": np.int32,
+            "pid": np.int64,
+            "tid": np.int64,
+            "ts": np.float64,
+            "dur": np.float64,
+            "name": np.int32,
+            "cls": np.int8,
+            "sync_kind": np.int8,
+            "pg": np.int32,
+            "elem_bytes": np.float64,
+            "src_idx": np.int64,
         }
         dtypes.update({c: np.dtype(F.ARG_SPECS[c].dtype) for c in self._ARG_COLS})
         cols = {k: np.asarray(v, dtype=dtypes[k]) for k, v in self.rows.items()}
         starts = [s[2] for s in self.steps]
         t0 = float(min(cols["ts"].min() if len(cols["ts"]) else math.inf, min(starts, default=math.inf)))
         cols["ts"] -= t0
-        fl = {
-            k: np.asarray(v, dtype=np.float64 if k == "ts" else (bool if k == "is_start" else np.int64))
-            for k, v in self.flows.items()
-        }
+        fl = {k: np.asarray(v, dtype=np.float64 if k == "ts" else (bool if k == "is_start" else np.int64)) for k, v in self.flows.items()}
         fl["ts"] -= t0
         steps = [Step(r, n, a - t0, b - t0, p, t) for r, n, a, b, p, t in self.steps]
         steps.sort(key=lambda s: (s.number, s.rank))

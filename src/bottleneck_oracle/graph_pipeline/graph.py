@@ -140,4 +140,3 @@ class ExecutionGraph:
             "barriers": int((cat == Category.BARRIER).sum()),
             **{f"edges_{k.name.lower()}": int((self.edges["kind"] == k).sum()) for k in EdgeKind},
         }
-

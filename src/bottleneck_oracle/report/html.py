@@ -44,7 +44,14 @@ def timeline_plot(a: StepAnalysis) -> str:
     for is_crit, color in ((False, "#9aa5b1"), (True, "#d62728")):
         sel = crit[real] == is_crit
         if sel.any():
-            ax.barh(lane_idx[sel], np.maximum(n["dur"][real][sel], r.makespan / 4000) / 1000, left=n["start"][real][sel] / 1000, height=0.7, color=color, linewidth=0)
+            ax.barh(
+                lane_idx[sel],
+                np.maximum(n["dur"][real][sel], r.makespan / 4000) / 1000,
+                left=n["start"][real][sel] / 1000,
+                height=0.7,
+                color=color,
+                linewidth=0,
+            )
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([f"rank {rk} {'stream' if gpu else 'thread'} {tid}" for rk, gpu, tid in lanes], fontsize=7)
     ax.invert_yaxis()
@@ -126,7 +133,18 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
             parts.append(
                 _table(
                     ["op", "rank", "slack (ms)", "duration (ms)", "waiting (ms)", "bytes", "on critical path"],
-                    [[c["name"], c["rank"], f"{c['slack_us'] / 1000:.3f}", f"{c['dur_us'] / 1000:.3f}", f"{c['wait_us'] / 1000:.3f}", c["msg_bytes"] or "", "yes" if c["critical"] else ""] for c in comm],
+                    [
+                        [
+                            c["name"],
+                            c["rank"],
+                            f"{c['slack_us'] / 1000:.3f}",
+                            f"{c['dur_us'] / 1000:.3f}",
+                            f"{c['wait_us'] / 1000:.3f}",
+                            c["msg_bytes"] or "",
+                            "yes" if c["critical"] else "",
+                        ]
+                        for c in comm
+                    ],
                 )
             )
         ranks = a.ranks()
@@ -135,12 +153,22 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
             parts.append(
                 _table(
                     ["rank", "step (ms)", "waiting in collectives (ms)", "critical path share"],
-                    [[x["rank"], f"{x['step_us'] / 1000:.3f}", f"{x['collective_wait_us'] / 1000:.3f}", f"{100 * x['critical_share']:.1f}%"] for x in ranks],
+                    [
+                        [
+                            x["rank"],
+                            f"{x['step_us'] / 1000:.3f}",
+                            f"{x['collective_wait_us'] / 1000:.3f}",
+                            f"{100 * x['critical_share']:.1f}%",
+                        ]
+                        for x in ranks
+                    ],
                 )
             )
             s = a.straggler()
             if s:
-                parts.append(f"<p>Straggler: rank {s['rank']} (the others wait {s['others_wait_us'] / 1000:.3f} ms on average in collectives).</p>")
+                parts.append(
+                    f"<p>Straggler: rank {s['rank']} (the others wait {s['others_wait_us'] / 1000:.3f} ms on average in collectives).</p>"
+                )
     parts.append("</body></html>")
     return "\n".join(parts)
 

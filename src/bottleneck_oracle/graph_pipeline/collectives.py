@@ -1,0 +1,93 @@
+"""Cross-rank matching of collectives and point-to-point ops.
+
+Rule: on every rank, the k-th network op of one kind, process group and message
+size in a window is the same collective (ranks issue collectives in the same
+order: c10d requires it). A send pairs with a recv of the same size on another
+rank. Each instance seen on two or more ranks gets a barrier node.
+
+Symmetric collectives (all-reduce, all-gather, reduce-scatter, all-to-all,
+barrier) finish together: the last data exchange completes on every rank at
+about the same time. A backend thread that is descheduled can close its trace
+span later than that (seen on gloo under CPU contention), so the modelled end of
+each participant is the earliest recorded end of the instance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
+from bottleneck_oracle.graph_pipeline.window import P2P_KINDS, Window
+
+SYMMETRIC = (
+    CollectiveKind.ALL_REDUCE,
+    CollectiveKind.ALL_GATHER,
+    CollectiveKind.REDUCE_SCATTER,
+    CollectiveKind.ALL_TO_ALL,
+    CollectiveKind.BARRIER,
+)
+
+
+def match_instances(w: Window) -> np.ndarray:
+    """Instance id per node (-1: compute, or a network op seen on one rank only)."""
+    nodes = w.node_rows
+    rank = w.c["rank"][nodes]
+    inst = np.full(len(nodes), -1, dtype=np.int64)
+    net = np.flatnonzero(w.is_net)
+    if len(np.unique(rank[net])) < 2:
+        return inst
+    nelems = w.c["msg_nelems"][nodes[net]]
+    size = np.where(np.isnan(nelems), -1, nelems).astype(np.int64)
+    pg = w.c["pg"][nodes[net]]
+    kind = w.ckind[net].astype(np.int64)
+    t = w.ts[nodes[net]]
+    sequences: dict[tuple, list[tuple[float, int]]] = {}
+    for i, r, k, g, m, ti in zip(net.tolist(), rank[net].tolist(), kind.tolist(), pg.tolist(), size.tolist(), t.tolist()):
+        sequences.setdefault((r, k, g, m), []).append((ti, i))
+    groups: dict[tuple, list[int]] = {}
+    for (_, k, g, m), seq in sequences.items():
+        seq.sort()
+        family = "p2p" if k in P2P_KINDS else k
+        for j, (_, i) in enumerate(seq):
+            groups.setdefault((family, g, m, j), []).append(i)
+    n = 0
+    for key, members in groups.items():
+        ranks = {int(rank[i]) for i in members}
+        if len(ranks) < 2 or len(ranks) != len(members):
+            continue
+        if key[0] == "p2p" and sorted(int(w.ckind[i]) for i in members) != [CollectiveKind.SEND, CollectiveKind.RECV]:
+            continue
+        inst[members] = n
+        n += 1
+    return inst
+
+
+def modelled_ends(w: Window, inst: np.ndarray) -> np.ndarray:
+    """End of every node (µs): recorded, except participants of symmetric collectives, which
+    end when the first participant ended (but not before the last one arrived)."""
+    nodes = w.node_rows
+    start = w.ts[nodes]
+    end = w.end[nodes].copy()
+    sym = np.flatnonzero((inst >= 0) & np.isin(w.ckind, SYMMETRIC))
+    if not len(sym):
+        return end
+    n = int(inst.max()) + 1
+    first_end = np.full(n, np.inf)
+    np.minimum.at(first_end, inst[sym], end[sym])
+    last_start = np.full(n, -np.inf)
+    np.maximum.at(last_start, inst[sym], start[sym])
+    end[sym] = np.maximum(first_end[inst[sym]], last_start[inst[sym]])
+    end[sym] = np.maximum(end[sym], start[sym])
+    return end
+
+
+def barrier_labels(ckind: np.ndarray, inst: np.ndarray, n_bar: int) -> list[str]:
+    kinds = np.full(n_bar, -1)
+    kinds[inst[inst >= 0]] = ckind[inst >= 0]
+
+    def label(k: int) -> str:
+        if k in P2P_KINDS:
+            return "send_recv"
+        return CollectiveKind(k).name.lower() if k >= 0 else "collective"
+
+    return [f"barrier:{label(int(k))}#{i}" for i, k in enumerate(kinds)]

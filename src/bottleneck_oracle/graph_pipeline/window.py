@@ -1,0 +1,209 @@
+"""The events of one analysis window and the node set drawn from them.
+
+A window is one ProfilerStep on every rank (everything that starts within the
+step's span on that rank, GPU ops included) or the whole trace. Nodes are the
+leaf slices of each CPU thread's op tree plus every GPU op; parent ops are
+mapped onto their first leaf (edges into them) or last leaf (edges out of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bottleneck_oracle.errors import GraphError
+from bottleneck_oracle.graph_pipeline import fields as F
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
+
+GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
+P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
+_CLASS_CATEGORY = np.array([Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET], dtype=np.int8)
+
+
+def select_window(table: EventTable, step: int | None) -> tuple[np.ndarray, float, dict[int, float], list[Step]]:
+    """Rows of the events in one ProfilerStep (all ranks), its start, measured spans and steps.
+
+    A step is everything that starts within its ProfilerStep span on that rank, GPU ops
+    included (a kernel belongs to the step it runs in, not the one that launched it).
+    With ``step=None`` the whole trace is one window.
+    """
+    c = table.cols
+    ts, end = c["ts"], c["ts"] + c["dur"]
+    if step is None:
+        measured = {}
+        for r in table.ranks:
+            m = c["rank"] == r
+            measured[r] = float(end[m].max() - ts[m].min())
+        return np.arange(len(table)), float(ts.min()), measured, []
+    steps = [s for s in table.steps if s.number == step]
+    if not steps:
+        raise GraphError(f"no ProfilerStep#{step} in the trace")
+    keep = np.zeros(len(table), dtype=bool)
+    for s in steps:
+        keep |= (c["rank"] == s.rank) & (ts >= s.start) & (ts < s.end)
+    return np.flatnonzero(keep), min(s.start for s in steps), {s.rank: s.span for s in steps}, steps
+
+
+def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
+    """The window's columns plus one zero-duration marker per rank at its step's end, on the
+    thread of the ProfilerStep span: the framework time after the last op is part of the step."""
+    c = {k: v[rows] for k, v in table.cols.items()}
+    if not steps:
+        return c, rows, table.names
+    names = [*table.names, f"{F.STEP_PREFIX}{steps[0].number} end"]
+    k = len(steps)
+    extra = {key: np.full(k, F.ARG_SPECS[key].default if key in F.ARG_SPECS else -1, dtype=v.dtype) for key, v in c.items()}
+    extra.update(
+        rank=np.array([s.rank for s in steps], dtype=c["rank"].dtype),
+        pid=np.array([s.pid for s in steps], dtype=np.int64),
+        tid=np.array([s.tid for s in steps], dtype=np.int64),
+        ts=np.array([s.end for s in steps], dtype=np.float64),
+        dur=np.zeros(k),
+        cls=np.full(k, EvClass.CPU, dtype=np.int8),
+        elem_bytes=np.full(k, np.nan),
+        name=np.full(k, len(names) - 1, dtype=np.int32),
+    )
+    c = {key: np.concatenate([v, extra[key]]) for key, v in c.items()}
+    return c, np.concatenate([rows, np.full(k, -1, dtype=np.int64)]), names
+
+
+def _dense_keys(*cols: np.ndarray) -> np.ndarray:
+    """Dense integer id per distinct tuple of the given integer columns."""
+    if not len(cols[0]):
+        return np.zeros(0, dtype=np.int64)
+    stacked = np.stack([col.astype(np.int64) for col in cols], axis=1)
+    _, inv = np.unique(stacked, axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64)
+
+
+@dataclass(slots=True)
+class Window:
+    """Columns of one window's events (times in µs from the window start) and its nodes."""
+
+    step: int | None
+    w0: float  # table-relative µs of the window start
+    measured: dict[int, float]
+    steps: list[Step]
+    rows: np.ndarray  # EventTable row of each window event (-1 for step-end markers)
+    c: dict[str, np.ndarray]
+    names: list[str]
+    ts: np.ndarray
+    end: np.ndarray
+    # per-name lookups
+    name_coll: np.ndarray  # CollectiveKind per name (-1: none)
+    name_gloo: np.ndarray  # gloo backend op
+    name_nccl: np.ndarray  # NCCL kernel
+    name_c10d: np.ndarray  # c10d collective call (not a wait)
+    # CPU threads
+    cpu_rows: np.ndarray
+    ev_thread: np.ndarray  # dense thread key per event (-1 for GPU events)
+    leaf_rows: np.ndarray  # sorted by (thread, ts)
+    leaf_thread: np.ndarray
+    # GPU streams
+    gpu_rows: np.ndarray  # sorted by (stream, ts)
+    gpu_stream: np.ndarray
+    # nodes (leaves first, then GPU ops)
+    node_rows: np.ndarray
+    ev2node: np.ndarray
+    is_net: np.ndarray
+    ckind: np.ndarray  # CollectiveKind per node (-1 for compute)
+
+    @property
+    def n_leaf(self) -> int:
+        return len(self.leaf_rows)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_rows)
+
+    def _leaf_key(self, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
+        span = float(self.end.max()) + 1.0 if len(self.end) else 1.0
+        return thread * span + t
+
+    def in_node(self, ev: np.ndarray) -> np.ndarray:
+        """Node an edge into event ``ev`` lands on: itself, or the first leaf inside it."""
+        return self._representative(np.asarray(ev, dtype=np.int64), first=True)
+
+    def out_node(self, ev: np.ndarray) -> np.ndarray:
+        """Node an edge out of event ``ev`` leaves from: itself, or the last leaf inside it."""
+        return self._representative(np.asarray(ev, dtype=np.int64), first=False)
+
+    def _representative(self, ev: np.ndarray, first: bool) -> np.ndarray:
+        direct = self.ev2node[ev]
+        out = direct.copy()
+        cpu = np.flatnonzero((direct < 0) & (self.ev_thread[ev] >= 0))
+        if not len(cpu) or not self.n_leaf:
+            return out
+        e = ev[cpu]
+        keys = self._leaf_key(self.leaf_thread, self.ts[self.leaf_rows])
+        if first:
+            pos = np.minimum(np.searchsorted(keys, self._leaf_key(self.ev_thread[e], self.ts[e]), side="left"), self.n_leaf - 1)
+            good = (self.leaf_thread[pos] == self.ev_thread[e]) & (self.ts[self.leaf_rows[pos]] < self.end[e] + 1e-9)
+        else:
+            pos = np.maximum(np.searchsorted(keys, self._leaf_key(self.ev_thread[e], self.end[e]), side="left") - 1, 0)
+            good = (self.leaf_thread[pos] == self.ev_thread[e]) & (self.ts[self.leaf_rows[pos]] >= self.ts[e] - 1e-9)
+        out[cpu] = np.where(good, pos, -1)
+        return out
+
+    # node-level columns
+    def node_category(self) -> np.ndarray:
+        cat = _CLASS_CATEGORY[np.minimum(self.c["cls"][self.node_rows], 4)].copy()
+        net = self.is_net
+        cat[net] = np.where(np.isin(self.ckind[net], P2P_KINDS), Category.P2P, Category.COLLECTIVE)
+        return cat
+
+    def node_type(self) -> np.ndarray:
+        return np.where(self.is_net, NodeType.NETWORK, NodeType.COMPUTE).astype(np.int8)
+
+    def msg_bytes(self) -> np.ndarray:
+        elem = self.c["elem_bytes"][self.node_rows]
+        elem = np.where(np.isnan(elem), 4.0, elem)  # fp32 when the trace does not say
+        return np.where(self.is_net, self.c["msg_nelems"][self.node_rows] * elem, np.nan)
+
+
+def make_window(table: EventTable, step: int | None) -> Window:
+    rows, w0, measured, steps = select_window(table, step)
+    c, rows, names = _with_step_ends(table, rows, steps)
+    ts = c["ts"] - w0
+    dur = c["dur"]
+    end = ts + dur
+    cls = c["cls"]
+    lower = [n.lower() for n in names]
+    name_coll = np.array([collective_kind(n) for n in names], dtype=np.int8)
+    name_gloo = np.array([n.startswith("gloo:") for n in lower], dtype=bool)
+    name_nccl = np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool)
+    name_c10d = np.array([n.startswith("c10d::") and "wait" not in n for n in lower], dtype=bool)
+
+    # CPU leaves: sorted by (thread, ts, -dur), an event is a leaf if the next one on its
+    # thread starts at or after its end (leaves of one thread therefore never overlap)
+    cpu_rows = np.flatnonzero((cls == EvClass.CPU) | (cls == EvClass.RUNTIME))
+    thread = _dense_keys(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
+    order = np.lexsort((-dur[cpu_rows], ts[cpu_rows], thread))
+    srt, th = cpu_rows[order], thread[order]
+    nxt_same = np.zeros(len(srt), dtype=bool)
+    nxt_same[:-1] = th[1:] == th[:-1]
+    nxt_ts = np.full(len(srt), np.inf)
+    nxt_ts[:-1] = ts[srt[1:]]
+    leaf = ~nxt_same | (nxt_ts >= end[srt])
+    ev_thread = np.full(len(ts), -1, dtype=np.int64)
+    ev_thread[cpu_rows] = thread
+
+    gpu_rows = np.flatnonzero(np.isin(cls, GPU_CLASSES))
+    stream = _dense_keys(c["rank"][gpu_rows], c["pid"][gpu_rows], c["tid"][gpu_rows])
+    g_order = np.lexsort((ts[gpu_rows], stream))
+
+    node_rows = np.concatenate([srt[leaf], gpu_rows[g_order]])
+    ev2node = np.full(len(ts), -1, dtype=np.int64)
+    ev2node[node_rows] = np.arange(len(node_rows))
+    nname, ncls = c["name"][node_rows], cls[node_rows]
+    is_net = (name_gloo[nname] & (ncls == EvClass.CPU)) | (name_nccl[nname] & (ncls == EvClass.KERNEL))
+    return Window(
+        step=step, w0=w0, measured=measured, steps=steps, rows=rows, c=c, names=names, ts=ts, end=end,
+        name_coll=name_coll, name_gloo=name_gloo, name_nccl=name_nccl, name_c10d=name_c10d,
+        cpu_rows=cpu_rows, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
+        gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order],
+        node_rows=node_rows, ev2node=ev2node, is_net=is_net,
+        ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8),
+    )  # fmt: skip
