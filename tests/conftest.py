@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+PUBLIC = DATA / "public-gpu"
+SAMPLE = DATA / "gloo_ddp_2rank"
+
+# every Kineto trace among the public fixtures (the ET file and HTA's overlay are not inputs)
+KINETO_FIXTURES = sorted(
+    p for p in PUBLIC.glob("*.json.gz") if "pytorch_et" not in p.name and "overlay" not in p.name
+) + [PUBLIC / "sampled_128rank"]
+
+
+@pytest.fixture(scope="session")
+def recorded_ddp(tmp_path_factory) -> Path:
+    """A 2-rank gloo DDP run recorded now; rank 1 sleeps 25 ms in each forward pass.
+    The model fits one gradient bucket, so each step has one all-reduce to wait at."""
+    from bottleneck_oracle.systems.ddp import DDPRun, record
+
+    out = tmp_path_factory.mktemp("ddp")
+    return record(DDPRun(out=str(out), world=2, steps=4, straggler=1, delay_ms=25.0, hidden=256, bucket_mb=25.0))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_oracle_warnings():
+    from bottleneck_oracle.errors import OracleWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OracleWarning)
+        yield
+
+
+@functools.lru_cache(maxsize=None)
+def cached_load(path: Path):
+    """Event tables are read-only after loading, so tests share them."""
+    from bottleneck_oracle.api import load
+
+    return load(path)

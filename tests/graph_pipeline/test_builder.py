@@ -1,0 +1,173 @@
+"""Edge rules, each checked on a small real trace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import KINETO_FIXTURES, PUBLIC, SAMPLE, cached_load
+
+from bottleneck_oracle.analysis.cpm import run_cpm, topological_order
+from bottleneck_oracle.api import graphs, load
+from bottleneck_oracle.graph_pipeline.events import EvClass
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType, edge_relation
+
+
+def _graph(name: str, i: int = 0) -> ExecutionGraph:
+    return graphs(cached_load(PUBLIC / name))[i]
+
+
+def _in_edges(g: ExecutionGraph, kind: EdgeKind) -> np.ndarray:
+    return g.edges["dst"][g.edges["kind"] == kind]
+
+
+@pytest.mark.parametrize("path", KINETO_FIXTURES, ids=lambda p: p.name)
+def test_every_graph_is_acyclic_and_valid(path):
+    for g in graphs(cached_load(path)):
+        g.validate()
+        assert len(topological_order(g.n_nodes, g.edges["src"], g.edges["dst"])) == g.n_nodes
+
+
+def test_leaves_on_a_thread_never_overlap():
+    g = _graph("train_1rank_5steps.json.gz", 2)
+    n = g.nodes
+    cpu = np.flatnonzero(~n["on_gpu"] & (n["event"] >= 0))
+    for tid in np.unique(n["tid"][cpu]):
+        m = cpu[n["tid"][cpu] == tid]
+        m = m[np.argsort(n["start"][m])]
+        assert (n["start"][m][1:] >= (n["start"][m] + n["dur"][m])[:-1] - 1e-6).all()
+
+
+def test_program_order_is_a_chain_per_thread_and_stream():
+    g = _graph("simple_add_1gpu.json.gz")
+    e = g.edges
+    po = e["kind"] == EdgeKind.PROGRAM_ORDER
+    src, dst = e["src"][po], e["dst"][po]
+    n = g.nodes
+    assert (n["tid"][src] == n["tid"][dst]).all() and (n["on_gpu"][src] == n["on_gpu"][dst]).all()
+    assert (n["start"][dst] >= n["start"][src]).all()
+    # one successor and one predecessor per node along program order
+    assert len(np.unique(src)) == len(src) and len(np.unique(dst)) == len(dst)
+    lanes = len({(t, gpu) for t, gpu in zip(n["tid"].tolist(), n["on_gpu"].tolist())})
+    assert po.sum() == g.n_nodes - lanes
+
+
+def test_every_kernel_has_exactly_one_launch_edge_from_its_runtime_call():
+    table = load(PUBLIC / "simple_add_1gpu.json.gz")
+    g = graphs(table)[0]
+    n, e, c = g.nodes, g.edges, table.cols
+    gpu = np.flatnonzero(n["on_gpu"])
+    launch = e["kind"] == EdgeKind.LAUNCH
+    counts = np.bincount(e["dst"][launch], minlength=g.n_nodes)
+    assert (counts[gpu] == 1).all()
+    src_ev = n["event"][e["src"][launch]]
+    dst_ev = n["event"][e["dst"][launch]]
+    assert (c["cls"][src_ev] == EvClass.RUNTIME).all()
+    assert (c["correlation"][src_ev] == c["correlation"][dst_ev]).all()
+
+
+def test_context_and_stream_syncs_wait_for_the_gpu():
+    g = _graph("simple_add_1gpu.json.gz")
+    e, n = g.edges, g.nodes
+    sync = e["kind"] == EdgeKind.SYNC
+    assert sync.sum() > 0
+    into_cpu = sync & ~n["on_gpu"][e["dst"]]
+    names = {g.node_name(i) for i in e["dst"][into_cpu]}
+    assert names <= {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync", "cudaMemcpy"}
+    assert "cudaDeviceSynchronize" in names and "cudaStreamSynchronize" in names
+    assert (n["on_gpu"][e["src"][sync]]).all()
+    # a blocking call's modelled start: when the GPU op it waits for ended, within the call
+    d = e["dst"][into_cpu]
+    gpu_end = (n["start"] + n["dur"])[e["src"][into_cpu]]
+    expected = np.clip(np.maximum(n["start"][d], gpu_end), n["start"][d], n["start"][d] + n["dur"][d])
+    assert np.allclose(n["mstart"][d], expected)
+    assert (n["mstart"][d] > n["start"][d] + 1).any()  # some syncs really waited
+
+
+def test_stream_wait_event_orders_two_streams():
+    g = _graph("cuda_event_sync_multistream_1gpu.json.gz")
+    e, n = g.edges, g.nodes
+    cross = (e["kind"] == EdgeKind.SYNC) & n["on_gpu"][e["src"]] & n["on_gpu"][e["dst"]]
+    assert cross.sum() >= 1
+    assert (n["tid"][e["src"][cross]] != n["tid"][e["dst"][cross]]).all()
+    assert (n["start"][e["dst"][cross]] >= n["start"][e["src"][cross]] + n["dur"][e["src"][cross]] - 1).all()
+
+
+def test_forward_to_backward_edges_run_forward_in_time():
+    g = _graph("nccl_2rank_rank0.json.gz")
+    e, n = g.edges, g.nodes
+    fb = e["kind"] == EdgeKind.FWD_BWD
+    assert fb.sum() > 100
+    assert (n["start"][e["dst"][fb]] >= n["start"][e["src"][fb]]).all()
+    # backward ops run on the autograd thread, their forward ops on the main thread
+    assert (n["tid"][e["src"][fb]] != n["tid"][e["dst"][fb]]).any()
+
+
+def test_nccl_kernels_are_network_nodes_triggered_by_their_launch():
+    g = _graph("nccl_2rank_rank0.json.gz")
+    n, e = g.nodes, g.edges
+    net = np.flatnonzero(n["node_type"] == NodeType.NETWORK)
+    assert len(net) == 7 and all(g.node_name(i).startswith("ncclKernel") for i in net)
+    assert (n["coll_kind"][net] >= 0).all()
+    launch = e["kind"] == EdgeKind.LAUNCH
+    assert set(net.tolist()) <= set(e["dst"][launch].tolist())
+    assert edge_relation(NodeType.COMPUTE, NodeType.NETWORK) == ("compute", "triggers", "network")
+
+
+def test_gloo_backend_collective_sync_and_feeds_on_two_ranks():
+    g = graphs(load(SAMPLE))[1]
+    n, e = g.nodes, g.edges
+    bars = np.flatnonzero(n["category"] == Category.BARRIER)
+    net = np.flatnonzero((n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER))
+    assert len(bars) == 3 and len(net) == 6
+    for b in bars:
+        out = e["dst"][(e["src"] == b) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)]
+        assert sorted(n["rank"][out].tolist()) == [0, 1]  # one participant per rank
+        assert len(set(n["coll_kind"][out].tolist())) == 1 and n["coll_kind"][out][0] == CollectiveKind.ALL_REDUCE
+        assert len(set(n["msg_bytes"][out].tolist())) == 1
+        backend_in = e["src"][(e["dst"] == b) & (e["kind"] == EdgeKind.BACKEND)]
+        assert sorted(n["rank"][backend_in].tolist()) == [0, 1]  # each rank's c10d call leads to it
+        assert {g.node_name(i) for i in backend_in} <= {"c10d::allreduce_", "aten::copy_", "aten::view", "detach", "aten::as_strided"}
+        # the barrier stands at the last arrival; every participant starts there
+        assert n["start"][b] == pytest.approx(n["start"][out].max())
+        assert np.allclose(n["mstart"][out], n["start"][b])
+    feeds = e["kind"] == EdgeKind.FEEDS
+    assert feeds.sum() >= 1
+    assert (n["node_type"][e["src"][feeds]] == NodeType.NETWORK).all()
+    assert (n["node_type"][e["dst"][feeds]] == NodeType.COMPUTE).all()
+
+
+@pytest.mark.parametrize("path", KINETO_FIXTURES, ids=lambda p: p.name)
+def test_longest_path_reproduces_every_modelled_start(path):
+    for g in graphs(cached_load(path)):
+        r = run_cpm(g)
+        assert np.allclose(r.est, g.nodes["mstart"], atol=1e-3)
+        assert (r.slack >= 0).all()
+
+
+def test_to_networkx_round_trip_and_longest_path_agrees():
+    import networkx as nx
+
+    g = _graph("cuda_event_sync_1gpu.json.gz")
+    G = g.to_networkx()
+    assert G.number_of_nodes() == g.n_nodes and G.number_of_edges() == g.n_edges
+    H = nx.DiGraph()
+    d = g.nodes["mdur"]
+    for s, t, w in zip(g.edges["src"].tolist(), g.edges["dst"].tolist(), g.edges["weight"].tolist()):
+        H.add_edge(s, t, weight=d[s] + w)
+    for v in range(g.n_nodes):
+        H.add_edge(v, "sink", weight=d[v])
+        if np.isfinite(g.release[v]):
+            H.add_edge("source", v, weight=g.release[v])
+    length = nx.dag_longest_path_length(H, weight="weight")
+    assert length == pytest.approx(run_cpm(g).makespan, rel=1e-9)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    g = graphs(load(SAMPLE))[0]
+    g.save(tmp_path / "g.npz")
+    h = ExecutionGraph.load(tmp_path / "g.npz")
+    assert h.names == g.names and h.measured == g.measured and h.step == g.step
+    for k in g.nodes:
+        assert np.array_equal(h.nodes[k], g.nodes[k], equal_nan=True)
+    assert run_cpm(h).makespan == run_cpm(g).makespan

@@ -1,0 +1,111 @@
+"""Ingestion: the event table, ranks, and a clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from conftest import PUBLIC, SAMPLE
+
+from bottleneck_oracle.errors import TraceError
+from bottleneck_oracle.graph_pipeline.events import EvClass, cpu_parents, load_events
+
+
+def test_folder_of_ranks_reads_rank_from_distributed_info():
+    t = load_events(SAMPLE)
+    assert t.ranks == [0, 1]
+    assert {s.rank for s in t.steps} == {0, 1}
+    assert sorted({s.number for s in t.steps}) == [1, 2, 3]
+
+
+def test_times_are_relative_and_microseconds():
+    t = load_events(PUBLIC / "train_1rank_5steps.json.gz")
+    assert t.cols["ts"].min() >= 0
+    spans = [s.span for s in t.steps]
+    assert all(30_000 < s < 100_000 for s in spans)  # the steps of this trace are 35-96 ms
+
+
+def test_rank_from_file_name_when_no_distributed_info(tmp_path):
+    doc = json.loads(gzip.open(PUBLIC / "amd_mi250_minitoy.json.gz").read())
+    assert "distributedInfo" not in doc
+    (tmp_path / "rank-3.json").write_text(json.dumps(doc))
+    (tmp_path / "rank-5.json").write_text(json.dumps(doc))
+    assert load_events(tmp_path).ranks == [3, 5]
+
+
+def test_gpu_kernels_carry_correlation_and_stream():
+    t = load_events(PUBLIC / "simple_add_1gpu.json.gz")
+    k = t.cols["cls"] == EvClass.KERNEL
+    assert k.sum() == 79
+    assert (t.cols["correlation"][k] >= 0).all()
+    assert (t.cols["stream"][k] >= 0).all()
+
+
+def test_gloo_message_size_from_input_dims():
+    t = load_events(PUBLIC / "cpu_only_rank34.json.gz")
+    gloo = [i for i, n in enumerate(t.cols["name"]) if t.names[n] == "gloo:all_reduce"]
+    assert sorted(set(t.cols["msg_nelems"][gloo].tolist())) == [321271.0, 2082411.0]
+    assert (t.cols["elem_bytes"][gloo] == 4).all()
+
+
+def test_parents_follow_nesting():
+    t = load_events(PUBLIC / "cuda_event_sync_multistream_1gpu.json.gz")
+    parent = cpu_parents(t)
+    names = np.array(t.names)[t.cols["name"]]
+    mm = np.flatnonzero(names == "aten::mm")
+    assert len(mm) and all(names[parent[i]] == "aten::matmul" for i in mm)
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "name,data,problem",
+    [
+        ("empty.json", b"", "file is empty"),
+        ("garbage.json", b"this is not json", "not valid JSON"),
+        ("truncated.json", b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1', "JSON"),
+        ("list.json", b'{"foo": 1}', "not a profiler trace"),
+        ("noevents.json", b'{"traceEvents": []}', "no events"),
+        ("onlymeta.json", b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}', "no CPU or GPU op events"),
+        ("neg.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": -3}]}', "negative duration"),
+        ("bad.json.gz", b"\x1f\x8b\x08\x00garbage-not-deflate", "gzip"),
+    ],
+)
+def test_bad_input_names_the_file_and_the_problem(tmp_path, name, data, problem):
+    p = _write(tmp_path / name, data)
+    with pytest.raises(TraceError) as exc:
+        load_events(p)
+    assert str(p) in str(exc.value)
+    assert problem in str(exc.value)
+
+
+def test_truncated_gzip(tmp_path):
+    full = (PUBLIC / "cuda_event_sync_1gpu.json.gz").read_bytes()
+    p = _write(tmp_path / "cut.json.gz", full[: len(full) // 2])
+    with pytest.raises(TraceError, match="truncated"):
+        load_events(p)
+
+
+def test_execution_trace_given_as_kineto_is_named(tmp_path):
+    with pytest.raises(TraceError, match="execution trace"):
+        load_events(PUBLIC / "simple_add.pytorch_et.json.gz")
+
+
+def test_missing_path_and_empty_folder(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        load_events(tmp_path / "nope.json")
+    with pytest.raises(TraceError, match="no .json"):
+        load_events(tmp_path)
+
+
+def test_duplicate_rank_in_folder(tmp_path):
+    raw = gzip.open(SAMPLE / "rank-0.json.gz").read()
+    (tmp_path / "a.json").write_bytes(raw)
+    (tmp_path / "b.json").write_bytes(raw)
+    with pytest.raises(TraceError, match="rank 0 appears twice"):
+        load_events(tmp_path)

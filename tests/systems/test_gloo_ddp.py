@@ -1,0 +1,60 @@
+"""A real 2-rank gloo DDP run with a straggler: cross-rank edges, merged makespan, slack = wait."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.api import graphs, load
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+
+
+@pytest.fixture(scope="module")
+def analysed(recorded_ddp):
+    out = []
+    for g in graphs(load(recorded_ddp)):
+        out.append((g, run_cpm(g)))
+    return out
+
+
+def test_collectives_are_synchronised_across_ranks(analysed):
+    for g, _ in analysed:
+        n, e = g.nodes, g.edges
+        sync = e["kind"] == EdgeKind.COLLECTIVE_SYNC
+        assert sync.sum() >= 2, f"step {g.step}"
+        bars = e["src"][sync]
+        assert (n["category"][bars] == Category.BARRIER).all()
+        for b in np.unique(bars):
+            assert sorted(n["rank"][e["dst"][sync & (e["src"] == b)]].tolist()) == [0, 1]
+
+
+def test_merged_makespan_matches_the_slowest_rank_within_2_percent(analysed):
+    for g, r in analysed:
+        slowest = max(g.measured.values())
+        assert abs(r.makespan - slowest) <= 0.02 * slowest, f"step {g.step}: {r.makespan:.0f} vs {slowest:.0f} µs"
+
+
+def _first_allreduce_wait(g):
+    """Measured wait of rank 0 at the step's gradient all-reduce: how much later rank 1
+    arrived (the starts of the two participants, straight from the trace)."""
+    n, e = g.nodes, g.edges
+    sync = e["kind"] == EdgeKind.COLLECTIVE_SYNC
+    first_barrier = min(np.unique(e["src"][sync]).tolist(), key=lambda b: n["start"][b])
+    members = e["dst"][sync & (e["src"] == first_barrier)]
+    start = {int(n["rank"][m]): n["start"][m] for m in members}
+    return start[1] - start[0]
+
+
+def test_slack_of_the_waiting_rank_equals_its_measured_wait(analysed):
+    for g, r in analysed[1:]:  # step 1 also carries DDP's start-up broadcasts
+        wait = _first_allreduce_wait(g)
+        assert wait > 10_000, f"step {g.step}: rank 0 waited only {wait:.0f} µs"  # rank 1 sleeps 25 ms
+        n = g.nodes
+        rank0 = np.flatnonzero((n["rank"] == 0) & (n["event"] >= 0))
+        first = rank0[np.argmin(n["start"][rank0])]
+        assert r.slack[first] > 0
+        assert r.slack[first] == pytest.approx(wait, rel=0.05), f"step {g.step}: slack {r.slack[first]:.0f} vs wait {wait:.0f} µs"
+        # the straggler's ops are on the critical path: (almost) no slack
+        rank1 = np.flatnonzero((n["rank"] == 1) & (n["event"] >= 0))
+        assert np.median(r.slack[rank1]) < 0.05 * wait
