@@ -11,9 +11,9 @@ PUBLIC = DATA / "public-gpu"
 SAMPLE = DATA / "gloo_ddp_2rank"
 
 # every Kineto trace among the public fixtures (the ET file and HTA's overlay are not inputs)
-KINETO_FIXTURES = sorted(
-    p for p in PUBLIC.glob("*.json.gz") if "pytorch_et" not in p.name and "overlay" not in p.name
-) + [PUBLIC / "sampled_128rank"]
+KINETO_FIXTURES = sorted(p for p in PUBLIC.glob("*.json.gz") if "pytorch_et" not in p.name and "overlay" not in p.name) + [
+    PUBLIC / "sampled_128rank"
+]
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import typer
@@ -15,7 +16,7 @@ from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.summary import BREAKDOWN_KEYS, StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.config import Config, load_config
-from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.errors import OracleError, OracleWarning
 
 app = typer.Typer(
     name="bottleneck-oracle",
@@ -100,7 +101,9 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
             out.print(rt)
             s = a.straggler()
             if s:
-                out.print(f"Straggler: rank {s['rank']} (others wait {_ms(s['others_wait_us'])} ms on average in collectives)")
+                out.print(
+                    f"Straggler: rank {s['rank']} (the others waited {_ms(s['imposed_wait_us'])} ms for it at collectives on the critical path)"
+                )
 
 
 @app.command()
@@ -189,10 +192,18 @@ class _null:
         return False
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    err.print(Text("warning: ", style="bold yellow") + Text(str(message)), soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: library errors become one clean line and exit code 2."""
+    warnings.showwarning = _show_warning
+    warnings.simplefilter("always", OracleWarning)
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except OracleError as exc:
         _error(str(exc))
         sys.exit(2)

@@ -24,7 +24,12 @@ def make_graph(durs, edges, release) -> ExecutionGraph:
     return ExecutionGraph(
         names=[f"op{i}" for i in range(n)],
         nodes=nodes,
-        edges={"src": src.astype(np.int64), "dst": dst.astype(np.int64), "kind": np.zeros(len(src), np.int8), "weight": np.asarray(w, float)},
+        edges={
+            "src": src.astype(np.int64),
+            "dst": dst.astype(np.int64),
+            "kind": np.zeros(len(src), np.int8),
+            "weight": np.asarray(w, float),
+        },
         release=np.array(release, float),
         window_start=0.0,
         step=1,

@@ -72,7 +72,11 @@ def _write(path, data: bytes):
         ("list.json", b'{"foo": 1}', "not a profiler trace"),
         ("noevents.json", b'{"traceEvents": []}', "no events"),
         ("onlymeta.json", b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}', "no CPU or GPU op events"),
-        ("neg.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": -3}]}', "negative duration"),
+        (
+            "neg.json",
+            b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": -3}]}',
+            "negative duration",
+        ),
         ("bad.json.gz", b"\x1f\x8b\x08\x00garbage-not-deflate", "gzip"),
     ],
 )

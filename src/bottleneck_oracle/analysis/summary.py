@@ -62,10 +62,16 @@ class StepAnalysis:
                 parts[3] += w
         return dict(zip(BREAKDOWN_KEYS, parts.tolist()))
 
-    def critical_time(self) -> np.ndarray:
-        """Time each node contributes to the critical path (µs, 0 off the path)."""
-        t = np.zeros(self.graph.n_nodes)
-        t[self.cpm.path] = self.graph.nodes["mdur"][self.cpm.path]
+    def critical_time(self, with_gaps: bool = False) -> np.ndarray:
+        """Time each node contributes to the critical path (µs, 0 off the path): its modelled
+        duration, and with ``with_gaps`` also the gap on the path before it (untraced time,
+        latencies), so that the parts add up to the makespan."""
+        g, r = self.graph, self.cpm
+        t = np.zeros(g.n_nodes)
+        t[r.path] = g.nodes["mdur"][r.path]
+        if with_gaps and len(r.path):
+            t[r.path[1:]] += g.edges["weight"][r.path_edges]
+            t[r.path[0]] += r.est[r.path[0]]
         return t
 
     def top_ops(self, k: int = 20) -> list[dict]:
@@ -114,7 +120,7 @@ class StepAnalysis:
         """Per-rank step span, time spent waiting in collectives, share of the critical path."""
         g, r = self.graph, self.cpm
         n = g.nodes
-        t = self.critical_time()
+        t = self.critical_time(with_gaps=True)
         wait = n["mstart"] - n["start"]
         out = []
         for rk in g.ranks:
@@ -131,13 +137,24 @@ class StepAnalysis:
         return out
 
     def straggler(self) -> dict | None:
-        """The rank the others wait for: most critical-path time, least collective wait."""
-        rows = self.ranks()
-        if len(rows) < 2:
+        """The rank the others waited for at the collectives on the critical path: at each such
+        barrier, the last participant to arrive imposed the others' waits (µs). None if no
+        collective on the critical path made a rank wait."""
+        g, r = self.graph, self.cpm
+        n, e = g.nodes, g.edges
+        imposed: dict[int, float] = {}
+        for b in r.path[n["category"][r.path] == Category.BARRIER].tolist():
+            edge = int(r.pred[b])
+            if edge < 0:
+                continue
+            culprit = int(n["rank"][e["src"][edge]])
+            members = e["dst"][(e["src"] == b) & (e["kind"] != EdgeKind.FEEDS)]
+            waited = (n["mstart"] - n["start"])[members[n["rank"][members] != culprit]]
+            imposed[culprit] = imposed.get(culprit, 0.0) + float(waited.sum())
+        if not imposed or max(imposed.values()) <= 0:
             return None
-        best = max(rows, key=lambda x: (x["critical_us"], -x["collective_wait_us"]))
-        others = [x["collective_wait_us"] for x in rows if x["rank"] != best["rank"]]
-        return {"rank": best["rank"], "others_wait_us": float(np.mean(others)) if others else 0.0}
+        rank = max(imposed, key=imposed.get)
+        return {"rank": rank, "imposed_wait_us": imposed[rank]}
 
     def to_dict(self, top: int = 20) -> dict:
         g, r = self.graph, self.cpm

@@ -41,13 +41,18 @@ def timeline_plot(a: StepAnalysis) -> str:
     lane_of = {k: j for j, k in enumerate(lanes)}
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(lanes) + 1.2))
     lane_idx = np.array([lane_of[(int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["tid"][i]))] for i in real.tolist()])
+    min_w = r.makespan / 4000  # so that µs-long ops stay visible
+    wait = n["mstart"][real] - n["start"][real]
+    waiting = wait > min_w
+    if waiting.any():  # time a blocking op spent waiting for its peers or the GPU
+        ax.barh(lane_idx[waiting], wait[waiting] / 1000, left=n["start"][real][waiting] / 1000, height=0.7, color="#f2cf8a", linewidth=0)
     for is_crit, color in ((False, "#9aa5b1"), (True, "#d62728")):
         sel = crit[real] == is_crit
         if sel.any():
             ax.barh(
                 lane_idx[sel],
-                np.maximum(n["dur"][real][sel], r.makespan / 4000) / 1000,
-                left=n["start"][real][sel] / 1000,
+                np.maximum(n["mdur"][real][sel], min_w) / 1000,
+                left=n["mstart"][real][sel] / 1000,
                 height=0.7,
                 color=color,
                 linewidth=0,
@@ -56,7 +61,7 @@ def timeline_plot(a: StepAnalysis) -> str:
     ax.set_yticklabels([f"rank {rk} {'stream' if gpu else 'thread'} {tid}" for rk, gpu, tid in lanes], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("time from step start (ms)")
-    ax.set_title(f"step {g.step if g.step is not None else 'window'}: critical path in red")
+    ax.set_title(f"step {g.step if g.step is not None else 'window'}: critical path in red, waiting in yellow")
     return _png(fig)
 
 
@@ -167,7 +172,7 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
             s = a.straggler()
             if s:
                 parts.append(
-                    f"<p>Straggler: rank {s['rank']} (the others wait {s['others_wait_us'] / 1000:.3f} ms on average in collectives).</p>"
+                    f"<p>Straggler: rank {s['rank']} (the others waited {s['imposed_wait_us'] / 1000:.3f} ms for it at collectives on the critical path).</p>"
                 )
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -1,0 +1,168 @@
+"""The command line: help for every command, clean errors, the outputs a user reads."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import PUBLIC, SAMPLE
+
+from bottleneck_oracle import cli
+
+COMMANDS = ["analyze", "parse", "train", "eval", "version"]
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["bottleneck-oracle", *args]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    code, out, _ = run([command, "--help"], capsys)
+    assert code == 0
+    assert "Usage" in out and len(out.strip().splitlines()) >= 3
+    registered = {c.name or c.callback.__name__: c.callback for c in cli.app.registered_commands}
+    assert registered[command].__doc__, f"{command} has no help text"
+
+
+def test_top_level_help_lists_all_commands(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    for c in COMMANDS:
+        assert c in out
+
+
+def test_analyze_prints_the_summary(capsys):
+    code, out, _ = run(["analyze", str(SAMPLE)], capsys)
+    assert code == 0
+    for text in ("Steps (ms)", "Top 20 ops", "Lowest-slack communication", "Ranks", "Straggler: rank 1"):
+        assert text in out
+
+
+def test_analyze_json_schema(capsys):
+    code, out, _ = run(["analyze", str(SAMPLE), "--json", "--step", "2"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["ranks"] == [0, 1] and [s["step"] for s in doc["steps"]] == [2]
+    step = doc["steps"][0]
+    for key in (
+        "makespan_us",
+        "measured_us",
+        "makespan_error",
+        "breakdown_us",
+        "top_ops",
+        "lowest_slack_comm",
+        "per_rank",
+        "straggler",
+        "counts",
+    ):
+        assert key in step
+    assert abs(step["makespan_error"]) < 0.01
+    assert sum(step["breakdown_us"].values()) == pytest.approx(step["makespan_us"], rel=1e-6)
+    assert set(step["breakdown_us"]) == {"compute", "communication", "cpu_overhead", "idle"}
+    assert step["straggler"]["rank"] == 1
+    assert all({"name", "critical_us", "share", "count"} <= set(o) for o in step["top_ops"])
+
+
+def test_unknown_step_is_a_clean_error(capsys):
+    code, _, err = run(["analyze", str(SAMPLE), "--step", "99"], capsys)
+    assert code == 2 and "ProfilerStep#99" in err and "Traceback" not in err
+
+
+def test_no_step_markers_warns_and_analyses_the_window(capsys):
+    code, out, err = run(["analyze", str(PUBLIC / "alexnet_1gpu.json.gz"), "--json"], capsys)
+    assert code == 0 and "warning:" in err and "no ProfilerStep" in err
+    assert json.loads(out)["steps"][0]["step"] is None
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [(b"", "empty"), (b"{not json", "JSON"), (b'{"a": 1}', "not a profiler trace"), (b"\x1f\x8b\x08\x00\x00", "gzip")],
+)
+def test_bad_input_one_line_error_nonzero_exit_no_output_file(tmp_path, capsys, content, problem):
+    bad = tmp_path / "trace.json"
+    bad.write_bytes(content)
+    html = tmp_path / "report.html"
+    code, out, err = run(["analyze", str(bad), "--html", str(html)], capsys)
+    assert code == 2
+    assert err.strip().startswith("error:") and str(bad) in err and problem in err
+    assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err
+    assert not html.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_bad_config_is_named(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("analysis:\n  top_k: 0\n")
+    code, _, err = run(["analyze", str(SAMPLE), "--config", str(cfg)], capsys)
+    assert code == 2 and "analysis.top_k" in err
+    cfg.write_text("grpah:\n  x: 1\n")
+    code, _, err = run(["analyze", str(SAMPLE), "--config", str(cfg)], capsys)
+    assert code == 2 and "unknown section 'grpah'" in err
+
+
+def test_html_report_is_self_contained_and_escapes_trace_strings(tmp_path, capsys):
+    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
+    for e in doc["traceEvents"]:
+        if e.get("name") == "cudaLaunchKernel":
+            e["name"] = "<script>alert('x')</script>"
+    src = tmp_path / "evil.json"
+    src.write_text(json.dumps(doc))
+    html = tmp_path / "r.html"
+    code, _, _ = run(["analyze", str(src), "--html", str(html), "--top", "50"], capsys)
+    assert code == 0
+    text = html.read_text()
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert "http://" not in text and "https://" not in text  # nothing loaded from outside
+    assert text.count("data:image/png;base64,") >= 3
+
+
+def test_perfetto_overlay_marks_the_critical_path(tmp_path, capsys):
+    out = tmp_path / "cp.json.gz"
+    code, _, _ = run(["analyze", str(SAMPLE), "--perfetto", str(out), "--step", "2"], capsys)
+    assert code == 0
+    doc = json.loads(gzip.open(out).read())
+    events = doc["traceEvents"]
+    crit = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("critical") == 1]
+    flows = [e for e in events if e.get("cat") == "critical_path"]
+    assert len(crit) > 10 and len(flows) >= 2 and len(flows) % 2 == 0
+    pids = {e["pid"] for e in crit}
+    assert len({p // 10_000_000 for p in pids if isinstance(p, int)}) == 2  # both ranks, kept apart
+    names = [e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
+    assert any(n.startswith("rank 0:") for n in names) and any(n.startswith("rank 1:") for n in names)
+
+
+def test_parse_writes_graphs_that_load(tmp_path, capsys):
+    from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+
+    code, out, _ = run(["parse", "--input", str(SAMPLE), "--output", str(tmp_path), "--json"], capsys)
+    assert code == 0
+    manifest = json.loads(out)
+    assert [g["step"] for g in manifest["graphs"]] == [1, 2, 3]
+    g = ExecutionGraph.load(tmp_path / "step-2.npz")
+    assert g.ranks == [0, 1] and g.n_nodes == manifest["graphs"][1]["nodes"]
+    assert json.loads((tmp_path / "graphs.json").read_text()) == manifest
+
+
+def test_train_and_eval_say_they_are_not_built(capsys, tmp_path):
+    code, out, err = run(["train", "--config", "config.yaml"], capsys)
+    assert code == 2 and "not built yet" in err and out == ""
+    code, out, err = run(["eval", "--checkpoint", str(tmp_path / "x.pt")], capsys)
+    assert code == 2 and "not built yet" in err and out == ""
+
+
+def test_module_and_console_script_entry_points():
+    r = subprocess.run([sys.executable, "-m", "bottleneck_oracle", "version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == cli.__version__
