@@ -35,7 +35,7 @@ def _quiet_oracle_warnings():
         yield
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cached_load(path: Path):
     """Event tables are read-only after loading, so tests share them."""
     from bottleneck_oracle.api import load

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PUBLIC, SAMPLE
 
 from bottleneck_oracle import cli
+from conftest import PUBLIC, SAMPLE
 
 COMMANDS = ["analyze", "parse", "train", "eval", "version"]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import KINETO_FIXTURES, cached_load
 
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import graphs
 from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import NODE_COLUMNS
+from conftest import KINETO_FIXTURES, cached_load
 
 
 def make_graph(durs, edges, release) -> ExecutionGraph:

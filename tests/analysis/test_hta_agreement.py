@@ -5,11 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 
-from conftest import PUBLIC, cached_load
-
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import graphs
 from bottleneck_oracle.graph_pipeline.events import ancestors_of, cpu_parents
+from conftest import PUBLIC, cached_load
 
 HTA_CATEGORIES = {"cpu_op", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset"}
 

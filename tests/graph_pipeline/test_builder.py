@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import KINETO_FIXTURES, PUBLIC, SAMPLE, cached_load
 
 from bottleneck_oracle.analysis.cpm import run_cpm, topological_order
 from bottleneck_oracle.api import graphs, load
 from bottleneck_oracle.graph_pipeline.events import EvClass
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType, edge_relation
+from conftest import KINETO_FIXTURES, PUBLIC, SAMPLE, cached_load
 
 
 def _graph(name: str, i: int = 0) -> ExecutionGraph:

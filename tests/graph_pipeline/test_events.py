@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import PUBLIC, SAMPLE
 
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline.events import EvClass, cpu_parents, load_events
+from conftest import PUBLIC, SAMPLE
 
 
 def test_folder_of_ranks_reads_rank_from_distributed_info():

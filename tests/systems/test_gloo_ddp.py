@@ -7,7 +7,7 @@ import pytest
 
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import graphs, load
-from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 
 
 @pytest.fixture(scope="module")
