@@ -61,7 +61,8 @@ def test_analyze_json_schema(capsys):
     for key in (
         "makespan_us",
         "measured_us",
-        "makespan_error",
+        "step_time_us",
+        "step_time_error",
         "breakdown_us",
         "top_ops",
         "lowest_slack_comm",
@@ -70,7 +71,7 @@ def test_analyze_json_schema(capsys):
         "counts",
     ):
         assert key in step
-    assert abs(step["makespan_error"]) < 0.01
+    assert abs(step["step_time_error"]) < 0.01
     assert sum(step["breakdown_us"].values()) == pytest.approx(step["makespan_us"], rel=1e-6)
     assert set(step["breakdown_us"]) == {"compute", "communication", "cpu_overhead", "idle"}
     assert step["straggler"]["rank"] == 1

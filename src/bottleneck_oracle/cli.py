@@ -52,18 +52,22 @@ def _ms(us: float) -> str:
 
 def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
     out.print(f"[bold]BottleneckOracle[/] {__version__} — {source}", highlight=False)
-    t = Table(title="Steps (ms)")
-    for col in ("step", "ranks", "measured", "makespan", "error", "compute", "comm", "cpu ovh", "idle"):
+    t = Table(
+        title="Steps (ms)",
+        caption="measured / CPM: slowest rank's step; window: first rank's start to last op's end (the critical path, broken down)",
+    )
+    for col in ("step", "ranks", "measured", "CPM", "error", "window", "compute", "comm", "cpu ovh", "idle"):
         t.add_column(col, justify="right")
     for a in analyses:
         b = a.breakdown()
-        err_pct = 100 * (a.cpm.makespan - a.measured) / (a.measured or 1)
+        err_pct = 100 * (a.step_time - a.measured) / (a.measured or 1)
         t.add_row(
             str(a.graph.step if a.graph.step is not None else "-"),
             str(len(a.graph.ranks)),
             _ms(a.measured),
-            _ms(a.cpm.makespan),
+            _ms(a.step_time),
             f"{err_pct:+.2f}%",
+            _ms(a.cpm.makespan),
             *[_ms(b[k]) for k in BREAKDOWN_KEYS],
         )
     out.print(t)
@@ -94,10 +98,16 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
         ranks = a.ranks()
         if len(ranks) > 1:
             rt = Table(title="Ranks")
-            for col in ("rank", "step ms", "waiting in collectives ms", "critical path share"):
+            for col in ("rank", "step ms", "CPM step ms", "waiting in collectives ms", "critical path share"):
                 rt.add_column(col, justify="right")
             for x in ranks:
-                rt.add_row(str(x["rank"]), _ms(x["step_us"]), _ms(x["collective_wait_us"]), f"{100 * x['critical_share']:.1f}%")
+                rt.add_row(
+                    str(x["rank"]),
+                    _ms(x["step_us"]),
+                    _ms(x["predicted_step_us"]),
+                    _ms(x["collective_wait_us"]),
+                    f"{100 * x['critical_share']:.1f}%",
+                )
             out.print(rt)
             s = a.straggler()
             if s:

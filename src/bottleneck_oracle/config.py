@@ -12,7 +12,7 @@ from bottleneck_oracle.errors import ConfigError
 
 @dataclass(kw_only=True, slots=True)
 class GraphConfig:
-    feeds_resume_us: float = 1000.0
+    feeds_resume_us: float = 5000.0
     """µs: a thread idle when a collective completes and resuming within this is taken to have waited for it."""
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, make
 
 @dataclass(kw_only=True, slots=True)
 class BuildOptions:
-    feeds_resume_us: float = 1000.0
+    feeds_resume_us: float = 5000.0
     """µs: a thread idle when a collective completes and resuming within this after it waited for it."""
     blocking_sync_calls: tuple[str, ...] = (
         "cudaDeviceSynchronize",
@@ -71,7 +71,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     rules.launches(w, E)
     rules.forward_backward(table, w, E)
     rules.cuda_syncs(w, E, opt.blocking_sync_calls)
-    rules.backends(w, E, end, opt.feeds_resume_us)
+    rules.completions(w, E, rules.backends(w, E), inst, end, opt.feeds_resume_us)
     src, dst, kind, is_wait = E.arrays()
 
     # barriers: one zero-duration node per cross-rank instance, at the last arrival
@@ -155,10 +155,17 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
         window_start=table.t0 + w.w0,
         step=step,
         measured=w.measured,
-        meta={"files": {str(k): v for k, v in table.files.items()}},
+        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table)},
     )
     g.validate()
     return g
+
+
+def _rank_starts(w, table: EventTable) -> dict[str, float]:
+    """Each rank's step start, µs from the window start (ranks start a step at different times)."""
+    if w.steps:
+        return {str(s.rank): s.start - w.w0 for s in w.steps}
+    return {str(r): float(w.ts[w.c["rank"] == r].min()) for r in table.ranks}
 
 
 def build_graphs(table: EventTable, steps: list[int] | None = None, options: BuildOptions | None = None) -> list[ExecutionGraph]:

@@ -87,28 +87,49 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     if not len(fl["ts"]) or not w.n_leaf:
         return
     c = w.c
-    cpu = w.cpu_rows
-    thread_of: dict[tuple[int, int, int], int] = {}
-    for k, r, p, t in zip(w.ev_thread[cpu].tolist(), c["rank"][cpu].tolist(), c["pid"][cpu].tolist(), c["tid"][cpu].tolist()):
-        thread_of.setdefault((r, p, t), k)
-    fthread = np.array([thread_of.get(key, -1) for key in zip(fl["rank"].tolist(), fl["pid"].tolist(), fl["tid"].tolist())], dtype=np.int64)
     fts = fl["ts"] - w.w0
-    order = np.lexsort((-c["dur"][cpu], w.ts[cpu], w.ev_thread[cpu]))
+    keep = (fts >= 0) & (fts <= w.end.max())
+    if w.steps:
+        lo = {s.rank: s.start - w.w0 for s in w.steps}
+        hi = {s.rank: s.end - w.w0 for s in w.steps}
+        ranks = np.array(sorted(lo))
+        keep &= np.isin(fl["rank"], ranks)
+        pos = np.searchsorted(ranks, fl["rank"]).clip(0, len(ranks) - 1)
+        keep &= (fts >= np.array([lo[r] for r in ranks])[pos]) & (fts < np.array([hi[r] for r in ranks])[pos])
+    f = np.flatnonzero(keep)
+    if not len(f):
+        return
+    cpu = w.cpu_rows
+    # one dense id for (rank, pid, tid) shared by CPU events and flow endpoints
+    both = np.stack(
+        [
+            np.concatenate([c["rank"][cpu], fl["rank"][f]]),
+            np.concatenate([c["pid"][cpu], fl["pid"][f]]),
+            np.concatenate([c["tid"][cpu], fl["tid"][f]]),
+        ],
+        axis=1,
+    ).astype(np.int64)
+    _, ids = np.unique(both, axis=0, return_inverse=True)
+    ids = ids.reshape(-1)
+    ev_th, fl_th = ids[: len(cpu)], ids[len(cpu) :]
+    order = np.lexsort((-c["dur"][cpu], w.ts[cpu], ev_th))
     srt = cpu[order]
     span = float(w.end.max()) + 2.0
-    keys = w.ev_thread[srt] * span + w.ts[srt]
-    fkey = fthread * span + fts
+    keys = ev_th[order] * span + w.ts[srt]
+    fkey = fl_th * span + fts[f]
     pos = np.minimum(np.searchsorted(keys, fkey - 1e-3), len(keys) - 1)
-    ok = (fthread >= 0) & (np.abs(keys[pos] - fkey) <= 1e-3)
+    ok = np.abs(keys[pos] - fkey) <= 1e-3
     ev = np.where(ok, srt[pos], -1)
-    starts: dict[tuple[int, int], int] = {}
-    ends: dict[tuple[int, int], int] = {}
-    for r, i, is_start, e in zip(fl["rank"].tolist(), fl["id"].tolist(), fl["is_start"].tolist(), ev.tolist()):
-        if e >= 0:
-            (starts if is_start else ends)[(r, i)] = e
-    pairs = np.array([(starts[k], ends[k]) for k in starts if k in ends], dtype=np.int64).reshape(-1, 2)
-    forward = w.ts[pairs[:, 1]] >= w.ts[pairs[:, 0]]
-    E.add(w.out_node(pairs[forward, 0]), w.in_node(pairs[forward, 1]), EdgeKind.FWD_BWD)
+    # pair the start and end of each flow id (per rank)
+    rank, fid, is_start = fl["rank"][f], fl["id"][f], fl["is_start"][f]
+    o = np.lexsort((~is_start, fid, rank))  # per (rank, id): start first
+    rank, fid, is_start, ev = rank[o], fid[o], is_start[o], ev[o]
+    pair = (rank[:-1] == rank[1:]) & (fid[:-1] == fid[1:]) & is_start[:-1] & ~is_start[1:]
+    a, b = ev[:-1][pair], ev[1:][pair]
+    good = (a >= 0) & (b >= 0)
+    a, b = a[good], b[good]
+    forward = w.ts[b] >= w.ts[a]
+    E.add(w.out_node(a[forward]), w.in_node(b[forward]), EdgeKind.FWD_BWD)
 
 
 class _LaunchOrder:
@@ -195,16 +216,15 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...]) -> None:
     E.add(order_src, order_dst, EdgeKind.SYNC)
 
 
-def backends(w: Window, E: EdgeSet, node_end: np.ndarray, resume_us: float) -> None:
+def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     """gloo: the k-th c10d call of one kind and size on a rank enqueued the k-th backend op of
     them (the backend op's 'Record function id' is not filled in by every version).
-    Completion -> the op the calling thread resumes with, if that thread was idle when the
-    collective completed and resumed within ``resume_us`` after it (it was waiting)."""
+    Returns the (call event, backend node) pairs."""
     c = w.c
     name, rank = c["name"], c["rank"]
     net = np.flatnonzero(w.is_net & w.name_gloo[name[w.node_rows]])
     if not len(net):
-        return
+        return []
     calls = np.flatnonzero(w.name_c10d[name] & (w.name_coll[name] >= 0) & (w.ev_thread >= 0))
     size = np.where(np.isnan(c["msg_nelems"]), -1, c["msg_nelems"]).astype(np.int64)
 
@@ -215,31 +235,62 @@ def backends(w: Window, E: EdgeSet, node_end: np.ndarray, resume_us: float) -> N
         return out
 
     issued = sequences(calls)
-    call_ev, work_node = [], []
+    pairs = []
     node_of_row = dict(zip(w.node_rows[net].tolist(), net.tolist()))
     for key, works in sequences(w.node_rows[net]).items():
         for call, work in zip(issued.get(key, []), works):
             if w.ts[call] <= w.ts[work] + 1e-6:
-                call_ev.append(call)
-                work_node.append(node_of_row[work])
-    if not call_ev:
-        return
-    call_ev_a = np.array(call_ev, dtype=np.int64)
-    E.add(w.out_node(call_ev_a), work_node, EdgeKind.BACKEND)
+                pairs.append((call, node_of_row[work]))
+    if pairs:
+        E.add(w.out_node(np.array([p[0] for p in pairs], dtype=np.int64)), [p[1] for p in pairs], EdgeKind.BACKEND)
+    return pairs
 
-    leaf_ts = w.ts[w.leaf_rows]
-    leaf_end = w.end[w.leaf_rows]
-    feed_src, feed_dst = [], []
-    for call, work in zip(call_ev, work_node):
-        t, done = w.ev_thread[call], node_end[work]
+
+def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.ndarray, node_end: np.ndarray, resume_us: float) -> None:
+    """Completion -> the op the calling thread resumes with, when that thread waited for it.
+
+    The thread waited if, at the first op it runs after the last participant arrived, it had
+    been idle since before the collective completed, it resumed within ``resume_us`` of the
+    completion, and it was idle longer before the completion than after it. A waiting thread
+    that resumed before the backend recorded the end proves the collective was complete by
+    then (a descheduled backend thread can close its span late), so the modelled end of the
+    instance moves to that resume time. ``node_end`` is updated in place."""
+    if not pairs:
+        return
+    nodes = w.node_rows
+    start = w.ts[nodes]
+    arrival = start.copy()
+    members = np.flatnonzero(inst >= 0)
+    if len(members):
+        last = np.full(int(inst.max()) + 1, -np.inf)
+        np.maximum.at(last, inst[members], start[members])
+        arrival[members] = last[inst[members]]
+    leaf_ts, leaf_end = w.ts[w.leaf_rows], w.end[w.leaf_rows]
+
+    def resumed(call: int, work: int) -> int:
+        t = w.ev_thread[call]
         lo = int(np.searchsorted(w.leaf_thread, t, side="left"))
         hi = int(np.searchsorted(w.leaf_thread, t, side="right"))
-        p = lo + int(np.searchsorted(leaf_ts[lo:hi], done, side="left"))
-        if p >= hi or p == lo:
-            continue
-        resume = leaf_ts[p] - done
-        idle = leaf_ts[p] - leaf_end[p - 1]
-        if leaf_end[p - 1] < done and resume <= resume_us and idle > 2 * resume:
+        q = lo + int(np.searchsorted(leaf_ts[lo:hi], arrival[work], side="left"))
+        if q >= hi or q == lo:
+            return -1
+        done = node_end[work]
+        after = leaf_ts[q] - done
+        idle = leaf_ts[q] - leaf_end[q - 1]
+        if leaf_end[q - 1] <= done and after <= resume_us and idle > max(after, 0.0):
+            return q
+        return -1
+
+    # first pass: waiting threads that resumed before the recorded end bound the completion
+    for call, work in pairs:
+        q = resumed(call, work)
+        if q >= 0 and leaf_ts[q] < node_end[work]:
+            group = np.flatnonzero(inst == inst[work]) if inst[work] >= 0 else np.array([work])
+            node_end[group] = np.maximum(np.minimum(node_end[group], leaf_ts[q]), arrival[group])
+    feed_src, feed_dst = [], []
+    for call, work in pairs:
+        q = resumed(call, work)
+        if q >= 0:
             feed_src.append(work)
-            feed_dst.append(p)
+            feed_dst.append(q)
     E.add(feed_src, feed_dst, EdgeKind.FEEDS)

@@ -49,6 +49,10 @@ class ExecutionGraph:
     def ranks(self) -> list[int]:
         return sorted(self.measured)
 
+    def rank_start(self, rank: int) -> float:
+        """When ``rank`` started this step, µs from the window start."""
+        return float(self.meta.get("rank_start_us", {}).get(str(rank), 0.0))
+
     def node_name(self, i: int) -> str:
         return self.names[int(self.nodes["name"][i])]
 

@@ -1,0 +1,150 @@
+"""Scale benchmark: a synthetic 1M-event, 8-rank Kineto trace through BottleneckOracle,
+against HTA 0.5.0's trace load and networkx's longest path on the same input, on this machine.
+
+    python benchmarks/bench_scale.py --events 1000000 --ranks 8
+
+Each measurement runs in its own process (so peak RSS is that pipeline's alone). HTA runs in
+its own virtual environment (its pandas pin conflicts with ours); pass --hta-python to use an
+existing one, else benchmarks/out/hta-venv is created with `pip install holistictraceanalysis==0.5.0 "pandas<3"`.
+Results are printed and written to benchmarks/out/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+
+OURS = r"""
+import json, resource, sys, time, warnings
+warnings.simplefilter("ignore")
+t0 = time.perf_counter()
+from bottleneck_oracle.graph_pipeline.events import load_events
+from bottleneck_oracle.graph_pipeline.builder import build_graphs
+from bottleneck_oracle.analysis.cpm import run_cpm
+t_import = time.perf_counter() - t0
+t = time.perf_counter(); table = load_events(sys.argv[1]); t_parse = time.perf_counter() - t
+t = time.perf_counter(); graphs = build_graphs(table); t_build = time.perf_counter() - t
+t = time.perf_counter(); results = [run_cpm(g) for g in graphs]; t_cpm = time.perf_counter() - t
+print(json.dumps({
+    "import_s": t_import, "parse_s": t_parse, "build_s": t_build, "cpm_s": t_cpm,
+    "end_to_end_s": t_parse + t_build + t_cpm,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "table_events": len(table), "graphs": len(graphs),
+    "nodes": sum(g.n_nodes for g in graphs), "edges": sum(g.n_edges for g in graphs),
+    "makespan_error_max": max(abs(r.makespan - max(g.measured.values())) / max(g.measured.values()) for g, r in zip(graphs, results)),
+}))
+"""
+
+NETWORKX = r"""
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+import networkx as nx, numpy as np
+from bottleneck_oracle.graph_pipeline.events import load_events
+from bottleneck_oracle.graph_pipeline.builder import build_graphs
+from bottleneck_oracle.analysis.cpm import run_cpm
+graphs = build_graphs(load_events(sys.argv[1]))
+t_ours = t_build = t_path = 0.0
+agree = True
+for g in graphs:
+    t = time.perf_counter(); ours = run_cpm(g).makespan; t_ours += time.perf_counter() - t
+    t = time.perf_counter()
+    H = nx.DiGraph()
+    d = g.nodes["mdur"]
+    H.add_weighted_edges_from(zip(g.edges["src"].tolist(), g.edges["dst"].tolist(), (d[g.edges["src"]] + g.edges["weight"]).tolist()))
+    H.add_weighted_edges_from((v, "sink", float(d[v])) for v in range(g.n_nodes))
+    H.add_weighted_edges_from(("source", int(v), float(g.release[v])) for v in np.flatnonzero(np.isfinite(g.release)))
+    t_build += time.perf_counter() - t
+    t = time.perf_counter(); length = nx.dag_longest_path_length(H, weight="weight"); t_path += time.perf_counter() - t
+    agree &= abs(length - ours) <= 1e-6 * max(ours, 1.0)
+print(json.dumps({"nx_build_s": t_build, "nx_longest_path_s": t_path, "ours_cpm_s": t_ours, "same_makespan": bool(agree)}))
+"""
+
+HTA = r"""
+import json, resource, sys, time, warnings
+warnings.simplefilter("ignore")
+import logging; logging.disable(logging.WARNING)
+t = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+t_import = time.perf_counter() - t
+t = time.perf_counter()
+analyzer = TraceAnalysis(trace_dir=sys.argv[1])
+t_load = time.perf_counter() - t
+print(json.dumps({"hta_import_s": t_import, "hta_load_s": t_load, "hta_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "hta_ranks": len(analyzer.t.traces)}))
+"""
+
+
+def _run(python: str, code: str, arg: str, timeout: int = 1800) -> dict:
+    r = subprocess.run([python, "-c", code, arg], capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{python} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def hta_python(given: str | None) -> str:
+    if given:
+        return given
+    venv = OUT / "hta-venv"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        print(f"creating {venv} for HTA 0.5.0 (once) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "holistictraceanalysis==0.5.0", "pandas<3"], check=True)
+    return str(py)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--hta-python", help="python of an environment with holistictraceanalysis 0.5.0")
+    p.add_argument("--skip-hta", action="store_true")
+    a = p.parse_args()
+    sys.path.insert(0, str(HERE))
+    from synth_trace import generate
+
+    folder = OUT / f"trace_{a.events}_{a.ranks}r"
+    t = time.perf_counter()
+    info = generate(folder, events=a.events, ranks=a.ranks)
+    gen_s = time.perf_counter() - t
+    size_mb = sum(f.stat().st_size for f in folder.glob("*.json")) / 2**20
+    print(
+        f"generated {info['events']:,} events, {a.ranks} ranks, {info['steps']} steps, {size_mb:.0f} MB JSON in {gen_s:.1f} s", flush=True
+    )
+
+    cold = _run(sys.executable, OURS, str(folder))  # compiles the numba passes into the cache
+    ours = _run(sys.executable, OURS, str(folder))
+    nx_res = _run(sys.executable, NETWORKX, str(folder))
+    hta = {} if a.skip_hta else _run(hta_python(a.hta_python), HTA, str(folder))
+
+    res = {"input": info, "json_mb": size_mb, "ours_first_run": cold, "ours": ours, "networkx": nx_res, "hta": hta}
+    if hta:
+        res["speedup_vs_hta_load"] = hta["hta_load_s"] / ours["end_to_end_s"]
+    res["speedup_vs_networkx_longest_path"] = nx_res["nx_longest_path_s"] / nx_res["ours_cpm_s"]
+    OUT.mkdir(exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(res, indent=1))
+
+    print(
+        f"BottleneckOracle: parse {ours['parse_s']:.2f} s, build {ours['build_s']:.2f} s, CPM {ours['cpm_s']:.2f} s, "
+        f"end-to-end {ours['end_to_end_s']:.2f} s (first run with JIT: {cold['end_to_end_s']:.2f} s), peak RSS {ours['peak_rss_mb']:.0f} MB"
+    )
+    print(
+        f"  {ours['graphs']} step graphs, {ours['nodes']:,} nodes, {ours['edges']:,} edges; max makespan error {100 * ours['makespan_error_max']:.2f}%"
+    )
+    print(
+        f"networkx: graph build {nx_res['nx_build_s']:.2f} s, dag_longest_path_length {nx_res['nx_longest_path_s']:.2f} s "
+        f"vs our CPM {nx_res['ours_cpm_s']:.3f} s ({res['speedup_vs_networkx_longest_path']:.0f}x); same makespan: {nx_res['same_makespan']}"
+    )
+    if hta:
+        print(f"HTA 0.5.0: TraceAnalysis load {hta['hta_load_s']:.2f} s, peak RSS {hta['hta_peak_rss_mb']:.0f} MB "
+              f"-> ours end-to-end is {res['speedup_vs_hta_load']:.1f}x faster than HTA's load alone")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
