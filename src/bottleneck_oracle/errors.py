@@ -15,7 +15,10 @@ class TraceError(OracleError):
     def __init__(self, path: str | Path, problem: str) -> None:
         self.path = str(path)
         self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        super().__init__(self.path, problem)  # both args, so the error survives pickling across processes
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}"
 
 
 class GraphError(OracleError):

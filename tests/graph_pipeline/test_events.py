@@ -113,3 +113,19 @@ def test_duplicate_rank_in_folder(tmp_path):
     (tmp_path / "b.json").write_bytes(raw)
     with pytest.raises(TraceError, match="rank 0 appears twice"):
         load_events(tmp_path)
+
+
+def test_parallel_parse_equals_sequential(tmp_path):
+    seq = load_events(SAMPLE, workers=1)
+    par = load_events(SAMPLE, workers=2)
+    assert par.names == seq.names and par.t0 == seq.t0
+    for k in seq.cols:
+        assert np.array_equal(par.cols[k], seq.cols[k], equal_nan=True), k
+    assert [(s.rank, s.number) for s in par.steps] == [(s.rank, s.number) for s in seq.steps]
+
+
+def test_parallel_parse_reports_the_bad_file(tmp_path):
+    (tmp_path / "rank-0.json.gz").write_bytes((SAMPLE / "rank-0.json.gz").read_bytes())
+    (tmp_path / "rank-1.json").write_bytes(b'{"traceEvents": [')
+    with pytest.raises(TraceError, match="rank-1.json"):
+        load_events(tmp_path, workers=2)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import gzip
 import math
+import multiprocessing
+import os
 import re
 import zlib
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -23,6 +26,7 @@ from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
+PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -140,6 +144,13 @@ def _as_int(value: object, codes: dict[object, int]) -> int:
     return codes.setdefault(value, -(len(codes) + 2))
 
 
+def _int_column(values: list, codes: dict[object, int]) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_as_int(v, codes) for v in values], dtype=np.int64)
+
+
 def _first(args: dict, keys: tuple[str, ...]) -> object:
     for k in keys:
         if k in args:
@@ -163,149 +174,224 @@ def _prod(dims: object) -> float:
     return float(n)
 
 
+def _arg(args: dict, col: str) -> object:
+    spec = F.ARG_SPECS[col]
+    v = _first(args, spec.raw_names)
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else spec.default
+
+
+_COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
+_SPARSE = ("correlation", "stream", "wait_stream", "wait_event_corr", "msg_nelems", "group_size", "pg", "elem_bytes", "sync_kind")
+_SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
+_SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
+
+
 class _Builder:
-    """Accumulates rows from several files into python lists, then numpy arrays."""
+    """Accumulates rows from several files into python lists, then numpy arrays.
 
-    _ARG_COLS = tuple(F.ARG_SPECS)
+    Dense columns get one append per event; arguments only a few events carry
+    (correlation ids, streams, collective sizes) are stored sparsely as (row, value)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0, path: str = "", meta: dict | None = None) -> None:
+        self.rank, self.path, self.meta = rank, path, meta or {}
         self.name_codes: dict[str, int] = {}
         self.names: list[str] = []
+        self.comm_name: list[bool] = []
         self.str_codes: dict[object, int] = {}
         self.pg_codes: dict[str, int] = {}
-        self.rows: dict[str, list] = {
-            k: []
-            for k in (
-                "rank",
-                "pid",
-                "tid",
-                "ts",
-                "dur",
-                "name",
-                "cls",
-                "sync_kind",
-                "pg",
-                "elem_bytes",
-                "src_idx",
-                *self._ARG_COLS,
-            )
-        }
+        self.parts: list[dict[str, np.ndarray]] = []
+        self.n = 0
         self.flows: dict[str, list] = {k: [] for k in ("rank", "pid", "tid", "ts", "id", "is_start")}
         self.steps: list[tuple[int, int, float, float, int, int]] = []
 
-    def code(self, name: str) -> int:
-        c = self.name_codes.get(name)
-        if c is None:
-            c = self.name_codes[name] = len(self.names)
-            self.names.append(name)
-        return c
-
     def add_file(self, path: Path, events: list, rank: int) -> int:
-        r = self.rows
-        append = {k: v.append for k, v in r.items()}
-        f_append = {k: v.append for k, v in self.flows.items()}
+        codes, names, comm_name = self.name_codes, self.names, self.comm_name
         cat_class = _CAT_CLASS
-        specs = [(c, F.ARG_SPECS[c].raw_names, F.ARG_SPECS[c].default) for c in self._ARG_COLS]
-        str_codes = self.str_codes
-        n_before = len(r["ts"])
+        src_idx, pid_l, tid_l, ts_l, dur_l, name_l, cls_l = [], [], [], [], [], [], []
+        sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE}
+        corr_rows, corr_vals = sparse["correlation"]
+        stream_rows, stream_vals = sparse["stream"]
+        k_runtime, k_cpu, k_sync = EvClass.RUNTIME, EvClass.CPU, EvClass.GPU_SYNC
+        step_prefix = F.STEP_PREFIX
+        f = self.flows
+        row = 0
         for idx, ev in enumerate(events):
-            if not isinstance(ev, dict):
-                raise TraceError(path, f"traceEvents holds a {type(ev).__name__}, expected objects")
-            ph = ev.get("ph")
-            if ph == "X":
-                cls = cat_class.get(ev.get("cat"))
-                if cls is None:
+            try:
+                ph = ev["ph"]
+            except (KeyError, TypeError):
+                if not isinstance(ev, dict):
+                    raise TraceError(path, f"traceEvents holds a {type(ev).__name__}, expected objects") from None
+                continue
+            if ph != "X":
+                if (ph == "s" or ph == "f") and ev.get("cat") in F.FLOW_CATS and isinstance(ev.get("id"), int):
+                    f["rank"].append(rank)
+                    f["pid"].append(ev.get("pid"))
+                    f["tid"].append(ev.get("tid"))
+                    f["ts"].append(ev.get("ts"))
+                    f["id"].append(ev["id"])
+                    f["is_start"].append(ph == "s")
+                continue
+            cls = cat_class.get(ev.get("cat"))
+            if cls is None:
+                continue
+            name = ev.get("name")
+            code = codes.get(name)
+            if code is None:
+                if not isinstance(name, str):
+                    raise TraceError(path, f"event at index {idx} has no name")
+                code = codes[name] = len(names)
+                names.append(name)
+                comm_name.append(any(m in name.lower() for m in _COMM_MARKERS))
+            if cls == k_cpu and name.startswith(step_prefix):
+                num = name[len(step_prefix) :]
+                if num.isdigit():
+                    self._step(path, ev, rank, int(num))
                     continue
-                name = ev.get("name")
-                ts = ev.get("ts")
-                dur = ev.get("dur", 0)
-                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or not isinstance(name, str):
-                    raise TraceError(path, f"event {str(name)[:60]!r} has no numeric ts/dur or no name")
-                if dur < 0:
-                    raise TraceError(path, f"event {name[:80]!r} at ts={ts} has a negative duration ({dur} µs)")
-                pid = _as_int(ev.get("pid"), str_codes)
-                tid = _as_int(ev.get("tid"), str_codes)
-                if cls == EvClass.CPU and name.startswith(F.STEP_PREFIX):
-                    num = name[len(F.STEP_PREFIX) :]
-                    if num.isdigit():
-                        self.steps.append((rank, int(num), float(ts), float(ts + dur), pid, tid))
-                    continue
-                args = ev.get("args") or {}
-                append["rank"](rank)
-                append["src_idx"](idx)
-                append["pid"](pid)
-                append["tid"](tid)
-                append["ts"](float(ts))
-                append["dur"](float(dur))
-                append["name"](self.code(name))
-                append["cls"](int(cls))
-                for col, keys, default in specs:
-                    v = default
-                    for k in keys:
-                        if k in args:
-                            v = args[k]
-                            break
-                    if not isinstance(v, (int, float)):
-                        v = default
-                    append[col](v)
-                sync = args.get(F.SYNC_KIND_KEY) if cls == EvClass.GPU_SYNC else None
-                append["sync_kind"](
-                    SYNC_KINDS.index(sync) if sync in SYNC_KINDS else (SYNC_KINDS.index(name) if name in SYNC_KINDS else -1)
-                )
-                pg = -1
-                elem = math.nan
+            src_idx.append(idx)
+            pid_l.append(ev.get("pid"))
+            tid_l.append(ev.get("tid"))
+            ts_l.append(ev.get("ts"))
+            dur_l.append(ev.get("dur", 0))
+            name_l.append(code)
+            cls_l.append(cls)
+            if cls != k_cpu:
+                args = ev.get("args")
                 if args:
-                    ranks_v = _first(args, F.PG_RANKS_KEYS)
-                    pg_name = _first(args, F.PG_NAME_KEYS)
-                    if ranks_v is not None or pg_name is not None:
-                        key = f"{pg_name}|{ranks_v}"
-                        pg = self.pg_codes.setdefault(key, len(self.pg_codes))
-                    dtype = _first(args, F.DTYPE_KEYS)
-                    if dtype is None and F.INPUT_TYPE_KEY in args:
-                        types = args[F.INPUT_TYPE_KEY]
-                        dtype = types[0] if isinstance(types, list) and types else None
-                    if isinstance(dtype, str):
-                        elem = float(F.DTYPE_BYTES.get(dtype, math.nan))
-                    if r["msg_nelems"][-1] != r["msg_nelems"][-1] and F.INPUT_DIMS_KEY in args:
-                        r["msg_nelems"][-1] = _prod(args[F.INPUT_DIMS_KEY])
-                append["pg"](pg)
-                append["elem_bytes"](elem)
-            elif (ph == "s" or ph == "f") and ev.get("cat") in F.FLOW_CATS:
-                fid = ev.get("id")
-                if not isinstance(fid, int) or not isinstance(ev.get("ts"), (int, float)):
-                    continue
-                f_append["rank"](rank)
-                f_append["pid"](_as_int(ev.get("pid"), str_codes))
-                f_append["tid"](_as_int(ev.get("tid"), str_codes))
-                f_append["ts"](float(ev["ts"]))
-                f_append["id"](fid)
-                f_append["is_start"](ph == "s")
-        return len(r["ts"]) - n_before
-
-    def table(self, files: dict[int, str], meta: dict[int, dict]) -> EventTable:
-        dtypes = {
-            "rank": np.int32,
-            "pid": np.int64,
-            "tid": np.int64,
-            "ts": np.float64,
-            "dur": np.float64,
-            "name": np.int32,
-            "cls": np.int8,
-            "sync_kind": np.int8,
-            "pg": np.int32,
-            "elem_bytes": np.float64,
-            "src_idx": np.int64,
+                    v = args.get("correlation")
+                    if v is not None:
+                        corr_rows.append(row)
+                        corr_vals.append(v)
+                    if cls != k_runtime:
+                        v = args.get("stream")
+                        if v is not None:
+                            stream_rows.append(row)
+                            stream_vals.append(v)
+                        if cls == k_sync:
+                            self._sync_args(sparse, row, name, args)
+            if comm_name[code]:
+                self._comm_args(sparse, row, ev.get("args") or {})
+            row += 1
+        if not row:
+            return 0
+        ts = self._floats(path, ts_l, names, name_l, "ts")
+        dur = self._floats(path, dur_l, names, name_l, "dur")
+        neg = np.flatnonzero(dur < 0)
+        if len(neg):
+            i = int(neg[0])
+            raise TraceError(path, f"event {names[name_l[i]][:80]!r} at ts={ts[i]} has a negative duration ({dur[i]} µs)")
+        part = {
+            "rank": np.full(row, rank, dtype=np.int32),
+            "src_idx": np.asarray(src_idx, dtype=np.int64),
+            "pid": _int_column(pid_l, self.str_codes),
+            "tid": _int_column(tid_l, self.str_codes),
+            "ts": ts,
+            "dur": dur,
+            "name": np.asarray(name_l, dtype=np.int32),
+            "cls": np.asarray(cls_l, dtype=np.int8),
         }
-        dtypes.update({c: np.dtype(F.ARG_SPECS[c].dtype) for c in self._ARG_COLS})
-        cols = {k: np.asarray(v, dtype=dtypes[k]) for k, v in self.rows.items()}
-        starts = [s[2] for s in self.steps]
-        t0 = float(min(cols["ts"].min() if len(cols["ts"]) else math.inf, min(starts, default=math.inf)))
-        cols["ts"] -= t0
-        fl = {k: np.asarray(v, dtype=np.float64 if k == "ts" else (bool if k == "is_start" else np.int64)) for k, v in self.flows.items()}
-        fl["ts"] -= t0
-        steps = [Step(r, n, a - t0, b - t0, p, t) for r, n, a, b, p, t in self.steps]
-        steps.sort(key=lambda s: (s.number, s.rank))
-        return EventTable(t0=t0, names=self.names, cols=cols, steps=steps, flows=fl, files=files, meta=meta)
+        for col, (rows, vals) in sparse.items():
+            dtype = _SPARSE_DTYPE.get(col, np.int64)
+            default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
+            arr = np.full(row, default, dtype=dtype)
+            if rows:
+                arr[np.asarray(rows, dtype=np.int64)] = np.asarray(vals, dtype=dtype)
+            part[col] = arr
+        self.parts.append(part)
+        self.n += row
+        return row
+
+    def _floats(self, path: Path, values: list, names: list[str], name_l: list[int], what: str) -> np.ndarray:
+        try:
+            return np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            for i, v in enumerate(values):
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise TraceError(path, f"event {names[name_l[i]][:80]!r} has a non-numeric {what} ({v!r})") from None
+            raise
+
+    def _step(self, path: Path, ev: dict, rank: int, number: int) -> None:
+        ts, dur = ev.get("ts"), ev.get("dur", 0)
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
+            raise TraceError(path, f"{ev.get('name')} has no valid ts/dur")
+        self.steps.append(
+            (rank, number, float(ts), float(ts + dur), _as_int(ev.get("pid"), self.str_codes), _as_int(ev.get("tid"), self.str_codes))
+        )
+
+    @staticmethod
+    def _sync_args(sparse: dict, row: int, name: str, args: dict) -> None:
+        kind = args.get(F.SYNC_KIND_KEY, name)
+        if kind in SYNC_KINDS:
+            sparse["sync_kind"][0].append(row)
+            sparse["sync_kind"][1].append(SYNC_KINDS.index(kind))
+        for col in ("wait_stream", "wait_event_corr"):
+            v = _arg(args, col)
+            if v != -1:
+                sparse[col][0].append(row)
+                sparse[col][1].append(v)
+
+    def _comm_args(self, sparse: dict, row: int, args: dict) -> None:
+        """Message size, group size, process group and element size of collective-ish ops."""
+        nelems = _arg(args, "msg_nelems")
+        if nelems != nelems and F.INPUT_DIMS_KEY in args:  # NaN: gloo ops only give Input Dims
+            nelems = _prod(args[F.INPUT_DIMS_KEY])
+        if nelems == nelems:
+            sparse["msg_nelems"][0].append(row)
+            sparse["msg_nelems"][1].append(nelems)
+        group = _arg(args, "group_size")
+        if group != -1:
+            sparse["group_size"][0].append(row)
+            sparse["group_size"][1].append(group)
+        ranks_v, pg_name = _first(args, F.PG_RANKS_KEYS), _first(args, F.PG_NAME_KEYS)
+        if ranks_v is not None or pg_name is not None:
+            sparse["pg"][0].append(row)
+            sparse["pg"][1].append(self.pg_codes.setdefault(f"{pg_name}|{ranks_v}", len(self.pg_codes)))
+        dtype = _first(args, F.DTYPE_KEYS)
+        if dtype is None and F.INPUT_TYPE_KEY in args:
+            types = args[F.INPUT_TYPE_KEY]
+            dtype = types[0] if isinstance(types, list) and types else None
+        if isinstance(dtype, str) and dtype in F.DTYPE_BYTES:
+            sparse["elem_bytes"][0].append(row)
+            sparse["elem_bytes"][1].append(float(F.DTYPE_BYTES[dtype]))
+
+
+def _merge(builders: list[_Builder]) -> EventTable:
+    """One table from per-file builders: name and process-group codes made global."""
+    names: list[str] = []
+    codes: dict[str, int] = {}
+    pg_codes: dict[str, int] = {}
+    parts, flows, steps = [], {k: [] for k in ("rank", "pid", "tid", "ts", "id", "is_start")}, []
+    for b in builders:
+        for n in b.names:
+            if n not in codes:
+                codes[n] = len(names)
+                names.append(n)
+        remap = np.array([codes[n] for n in b.names], dtype=np.int32)
+        pg_remap = np.array([pg_codes.setdefault(k, len(pg_codes)) for k in b.pg_codes], dtype=np.int32)
+        for part in b.parts:
+            part = dict(part)
+            part["name"] = remap[part["name"]]
+            if len(pg_remap):
+                has = part["pg"] >= 0
+                part["pg"] = np.where(has, pg_remap[np.maximum(part["pg"], 0)], -1).astype(np.int32)
+            parts.append(part)
+        fl = b.flows
+        flows["rank"].append(np.asarray(fl["rank"], dtype=np.int64))
+        flows["pid"].append(_int_column(fl["pid"], b.str_codes))
+        flows["tid"].append(_int_column(fl["tid"], b.str_codes))
+        flows["ts"].append(np.asarray([t if isinstance(t, (int, float)) else math.nan for t in fl["ts"]], dtype=np.float64))
+        flows["id"].append(np.asarray(fl["id"], dtype=np.int64))
+        flows["is_start"].append(np.asarray(fl["is_start"], dtype=bool))
+        steps.extend(b.steps)
+    cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    t0 = float(min(cols["ts"].min(), min((s[2] for s in steps), default=math.inf)))
+    cols["ts"] -= t0
+    fl = {k: np.concatenate(v) for k, v in flows.items()}
+    fl["ts"] -= t0
+    step_list = sorted((Step(r, n, a - t0, b - t0, p, t) for r, n, a, b, p, t in steps), key=lambda s: (s.number, s.rank))
+    return EventTable(
+        t0=t0, names=names, cols=cols, steps=step_list, flows=fl,
+        files={b.rank: b.path for b in builders}, meta={b.rank: b.meta for b in builders},
+    )  # fmt: skip
 
 
 def trace_files(path: str | Path) -> list[Path]:
@@ -337,25 +423,39 @@ def kineto_events(doc: object, path: Path) -> list:
     return events
 
 
-def load_events(path: str | Path) -> EventTable:
-    """Load one trace file or a folder of per-rank trace files into one EventTable."""
+def _parse_file(path: Path, single: bool) -> _Builder:
+    doc = read_json(path)
+    events = kineto_events(doc, path)
+    info = doc.get("distributedInfo") if isinstance(doc, dict) else None
+    rank = rank_of(doc if isinstance(doc, dict) else {}, path, default=0 if single else None)
+    b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
+    if b.add_file(path, events, rank) == 0:
+        raise TraceError(path, "no CPU or GPU op events (ph='X') in the trace")
+    return b
+
+
+def load_events(path: str | Path, workers: int | None = None) -> EventTable:
+    """Load one trace file or a folder of per-rank trace files into one EventTable.
+
+    Large folders are parsed with one process per core (``workers``; default: all cores
+    when the files hold more than PARALLEL_BYTES)."""
     files = trace_files(path)
-    builder = _Builder()
-    ranks: dict[int, str] = {}
-    meta: dict[int, dict] = {}
-    for i, f in enumerate(files):
-        doc = read_json(f)
-        events = kineto_events(doc, f)
-        rank = rank_of(doc if isinstance(doc, dict) else {}, f, default=i if len(files) == 1 else None)
-        if rank in ranks:
-            raise TraceError(f, f"rank {rank} appears twice (also in {ranks[rank]})")
-        n = builder.add_file(f, events, rank)
-        if n == 0:
-            raise TraceError(f, "no CPU or GPU op events (ph='X') in the trace")
-        ranks[rank] = str(f)
-        info = doc.get("distributedInfo") if isinstance(doc, dict) else None
-        meta[rank] = info if isinstance(info, dict) else {}
-    return builder.table(ranks, meta)
+    single = len(files) == 1
+    if workers is None:
+        big = sum(f.stat().st_size for f in files) > PARALLEL_BYTES
+        workers = min(len(files), os.cpu_count() or 1) if big else 1
+    if workers > 1:
+        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            builders = list(pool.map(_parse_file, files, [single] * len(files)))
+    else:
+        builders = [_parse_file(f, single) for f in files]
+    seen: dict[int, str] = {}
+    for b in builders:
+        if b.rank in seen:
+            raise TraceError(b.path, f"rank {b.rank} appears twice (also in {seen[b.rank]})")
+        seen[b.rank] = b.path
+    return _merge(builders)
 
 
 def cpu_parents(table: EventTable) -> np.ndarray:

@@ -23,14 +23,11 @@ ARG_SPECS = {
     spec.name: spec
     for spec in (
         AttributeSpec("correlation", ("correlation",), "int64", -1),
-        AttributeSpec("ext_id", ("External id", "external id"), "int64", -1),
         AttributeSpec("stream", ("stream",), "int64", -1),
         AttributeSpec("wait_stream", ("wait_on_stream",), "int64", -1),
         AttributeSpec("wait_event_corr", ("wait_on_cuda_event_record_corr_id",), "int64", -1),
         AttributeSpec("msg_nelems", ("In msg nelems", "in_msg_nelems"), "float64", float("nan")),
         AttributeSpec("group_size", ("Group size", "group_size"), "int32", -1),
-        AttributeSpec("seq", ("Sequence number",), "int64", -1),
-        AttributeSpec("rf_id", ("Record function id",), "int64", -1),
     )
 }
 

@@ -69,13 +69,15 @@ def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> t
     return c, np.concatenate([rows, np.full(k, -1, dtype=np.int64)]), names
 
 
-def _dense_keys(*cols: np.ndarray) -> np.ndarray:
-    """Dense integer id per distinct tuple of the given integer columns."""
+def dense_ids(*cols: np.ndarray) -> np.ndarray:
+    """Dense integer id per distinct tuple of the given integer columns, ordered like the tuples."""
     if not len(cols[0]):
         return np.zeros(0, dtype=np.int64)
-    stacked = np.stack([col.astype(np.int64) for col in cols], axis=1)
-    _, inv = np.unique(stacked, axis=0, return_inverse=True)
-    return inv.reshape(-1).astype(np.int64)
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for col in cols:
+        _, code = np.unique(col, return_inverse=True)
+        key = key * (int(code.max()) + 1) + code.reshape(-1)  # mixed radix: one int64 per tuple
+    return np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 @dataclass(slots=True)
@@ -179,7 +181,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     # CPU leaves: sorted by (thread, ts, -dur), an event is a leaf if the next one on its
     # thread starts at or after its end (leaves of one thread therefore never overlap)
     cpu_rows = np.flatnonzero((cls == EvClass.CPU) | (cls == EvClass.RUNTIME))
-    thread = _dense_keys(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
+    thread = dense_ids(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
     order = np.lexsort((-dur[cpu_rows], ts[cpu_rows], thread))
     srt, th = cpu_rows[order], thread[order]
     nxt_same = np.zeros(len(srt), dtype=bool)
@@ -191,7 +193,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     ev_thread[cpu_rows] = thread
 
     gpu_rows = np.flatnonzero(np.isin(cls, GPU_CLASSES))
-    stream = _dense_keys(c["rank"][gpu_rows], c["pid"][gpu_rows], c["tid"][gpu_rows])
+    stream = dense_ids(c["rank"][gpu_rows], c["pid"][gpu_rows], c["tid"][gpu_rows])
     g_order = np.lexsort((ts[gpu_rows], stream))
 
     node_rows = np.concatenate([srt[leaf], gpu_rows[g_order]])
