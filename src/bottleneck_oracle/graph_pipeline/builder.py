@@ -58,32 +58,39 @@ def _weights(src, dst, is_wait, start, mstart, end) -> np.ndarray:
     return weight
 
 
-def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None) -> ExecutionGraph:
-    """The ExecutionGraph of one step (``None``: the whole trace), all ranks merged."""
-    opt = options or BuildOptions()
-    w = make_window(table, step)
-    n = w.n_nodes
-    inst = match_instances(w)
-    end = modelled_ends(w, inst)
+@dataclass(slots=True)
+class RawGraph:
+    """Nodes (measured times) and local edges of one window, before barriers and weights.
 
-    E = rules.EdgeSet()
-    rules.program_order(w, E)
-    rules.launches(w, E)
-    rules.forward_backward(table, w, E)
-    rules.cuda_syncs(w, E, opt.blocking_sync_calls)
-    rules.completions(w, E, rules.backends(w, E), inst, end, opt.feeds_resume_us)
-    src, dst, kind, is_wait = E.arrays()
+    Both ingestion paths (Kineto events, Chakra ET nodes) produce one; ``finalize`` adds the
+    barriers, the modelled starts and the edge weights the same way for both."""
 
-    # barriers: one zero-duration node per cross-rank instance, at the last arrival
+    names: list[str]
+    nodes: dict[str, np.ndarray]  # the NODE_COLUMNS except mstart / mdur, one row per op
+    end: np.ndarray  # µs, modelled end of each op (see collectives.modelled_ends)
+    inst: np.ndarray  # cross-rank instance of each op (-1: none)
+    src: np.ndarray
+    dst: np.ndarray
+    kind: np.ndarray
+    is_wait: np.ndarray  # edges a blocking op waits on (its modelled start follows them)
+    window_start: float
+    step: int | None
+    measured: dict[int, float]
+    meta: dict
+
+
+def finalize(raw: RawGraph) -> ExecutionGraph:
+    """Barriers at the last arrival of each cross-rank instance, modelled starts of blocking
+    ops, edge weights (module docstring), releases; then the validated ExecutionGraph."""
+    nd, inst, src, dst, kind, is_wait = raw.nodes, raw.inst, raw.src, raw.dst, raw.kind, raw.is_wait
+    n = len(nd["start"])
     n_bar = int(inst.max()) + 1 if n and inst.max() >= 0 else 0
     member = np.flatnonzero(inst >= 0)
-    start = np.concatenate([w.ts[w.node_rows], np.zeros(n_bar)])
     arrival = np.full(n_bar, -np.inf)
-    np.maximum.at(arrival, inst[member], start[member])
-    start[n:] = arrival
-    end = np.concatenate([end, arrival])
+    np.maximum.at(arrival, inst[member], nd["start"][member])
+    start = np.concatenate([nd["start"], arrival])
+    end = np.concatenate([raw.end, arrival])
 
-    # modelled starts of blocking nodes
     mstart = start.copy()
     mstart[member] = np.clip(arrival[inst[member]], start[member], end[member])
     ws, wd = src[is_wait], dst[is_wait]
@@ -98,6 +105,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     has_local[dst[~is_wait]] = True
     release = np.where(has_local, -np.inf, mstart)  # earliest start of nodes nobody waits for
 
+    ckind = nd["coll_kind"]
     if n_bar:
         # a participant's own dependencies decide when it arrives: they now lead to its barrier
         inst_all = np.concatenate([inst, np.full(n_bar, -1)])
@@ -108,57 +116,93 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
         np.maximum.at(bar_release, inst[lone], start[lone])
         release[member] = -np.inf
         release[n:] = bar_release
-        p2p = np.isin(w.ckind[member], P2P_KINDS)
+        p2p = np.isin(ckind[member], P2P_KINDS)
         src = np.concatenate([src, n + inst[member]])
         dst = np.concatenate([dst, member])
         kind = np.concatenate([kind, np.where(p2p, EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC).astype(np.int8)])
         weight = np.concatenate([weight, np.minimum(mstart[member] - arrival[inst[member]], 0.0)])
 
-    names = list(w.names)
+    names = list(raw.names)
     bar_name = np.arange(len(names), len(names) + n_bar, dtype=np.int32)
-    names.extend(barrier_labels(w.ckind, inst, n_bar))
-    c, rows = w.c, w.node_rows
-    group = np.where(w.is_net, c["group_size"][rows], -1).astype(np.int32)
-    msg = w.msg_bytes()
+    names.extend(barrier_labels(ckind, inst, n_bar))
+    group = nd["group_size"].astype(np.int32).copy()
     bar_group = np.bincount(inst[member], minlength=n_bar).astype(np.int32) if n_bar else np.zeros(0, np.int32)
     group[member] = np.where(group[member] < 0, bar_group[inst[member]], group[member])
     bar_msg = np.full(n_bar, np.nan)
     if n_bar:
-        np.fmax.at(bar_msg, inst[member], msg[member])
+        np.fmax.at(bar_msg, inst[member], nd["msg_bytes"][member])
     bar_kind = np.full(n_bar, -1, dtype=np.int8)
-    bar_kind[inst[member]] = w.ckind[member]
+    bar_kind[inst[member]] = ckind[member]
 
     def cat(a: np.ndarray, fill, dtype) -> np.ndarray:
         return np.concatenate([np.asarray(a), np.full(n_bar, fill)]).astype(dtype)
 
     nodes = {
-        "rank": cat(c["rank"][rows], -1, np.int32),
-        "tid": cat(c["tid"][rows], -1, np.int64),
-        "on_gpu": cat(np.isin(c["cls"][rows], GPU_CLASSES), False, bool),
-        "name": np.concatenate([c["name"][rows], bar_name]).astype(np.int32),
-        "node_type": cat(w.node_type(), NodeType.NETWORK, np.int8),
-        "category": cat(w.node_category(), Category.BARRIER, np.int8),
+        "rank": cat(nd["rank"], -1, np.int32),
+        "tid": cat(nd["tid"], -1, np.int64),
+        "on_gpu": cat(nd["on_gpu"], False, bool),
+        "name": np.concatenate([nd["name"], bar_name]).astype(np.int32),
+        "node_type": cat(nd["node_type"], NodeType.NETWORK, np.int8),
+        "category": cat(nd["category"], Category.BARRIER, np.int8),
         "start": start,
-        "dur": cat(c["dur"][rows], 0.0, np.float64),
+        "dur": cat(nd["dur"], 0.0, np.float64),
         "mstart": mstart,
         "mdur": end - mstart,
-        "event": cat(w.rows[rows], -1, np.int64),
-        "msg_bytes": np.concatenate([msg, bar_msg]),
+        "event": cat(nd["event"], -1, np.int64),
+        "msg_bytes": np.concatenate([nd["msg_bytes"], bar_msg]),
         "group_size": np.concatenate([group, bar_group]).astype(np.int32),
-        "coll_kind": np.concatenate([w.ckind, bar_kind]).astype(np.int8),
+        "coll_kind": np.concatenate([ckind, bar_kind]).astype(np.int8),
     }
     g = ExecutionGraph(
         names=names,
         nodes=nodes,
         edges={"src": src, "dst": dst, "kind": kind, "weight": weight},
         release=release,
-        window_start=table.t0 + w.w0,
-        step=step,
-        measured=w.measured,
-        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table)},
+        window_start=raw.window_start,
+        step=raw.step,
+        measured=raw.measured,
+        meta=raw.meta,
     )
     g.validate()
     return g
+
+
+def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None) -> ExecutionGraph:
+    """The ExecutionGraph of one step (``None``: the whole trace), all ranks merged."""
+    opt = options or BuildOptions()
+    w = make_window(table, step)
+    c, rows = w.c, w.node_rows
+    start = w.ts[rows]
+    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows])
+    end = modelled_ends(start, w.end[rows], w.ckind, inst)
+
+    E = rules.EdgeSet()
+    rules.program_order(w, E)
+    rules.launches(w, E)
+    rules.forward_backward(table, w, E)
+    rules.cuda_syncs(w, E, opt.blocking_sync_calls)
+    rules.completions(w, E, rules.backends(w, E), inst, end, opt.feeds_resume_us)
+    src, dst, kind, is_wait = E.arrays()
+    nodes = {
+        "rank": c["rank"][rows],
+        "tid": c["tid"][rows],
+        "on_gpu": np.isin(c["cls"][rows], GPU_CLASSES),
+        "name": c["name"][rows],
+        "node_type": w.node_type(),
+        "category": w.node_category(),
+        "start": start,
+        "dur": c["dur"][rows],
+        "event": w.rows[rows],
+        "msg_bytes": w.msg_bytes(),
+        "group_size": np.where(w.is_net, c["group_size"][rows], -1),
+        "coll_kind": w.ckind,
+    }
+    raw = RawGraph(
+        names=w.names, nodes=nodes, end=end, inst=inst, src=src, dst=dst, kind=kind, is_wait=is_wait,
+        window_start=table.t0 + w.w0, step=step, measured=w.measured,
+        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table)},
+    )  # fmt: skip
+    return finalize(raw)
 
 
 def _rank_starts(w, table: EventTable) -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
-from bottleneck_oracle.graph_pipeline.window import P2P_KINDS, Window
+from bottleneck_oracle.graph_pipeline.window import P2P_KINDS
 
 SYMMETRIC = (
     CollectiveKind.ALL_REDUCE,
@@ -28,22 +28,17 @@ SYMMETRIC = (
 )
 
 
-def match_instances(w: Window) -> np.ndarray:
-    """Instance id per node (-1: compute, or a network op seen on one rank only)."""
-    nodes = w.node_rows
-    rank = w.c["rank"][nodes]
-    inst = np.full(len(nodes), -1, dtype=np.int64)
-    net = np.flatnonzero(w.is_net)
+def match_instances(rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, pg: np.ndarray, nelems: np.ndarray) -> np.ndarray:
+    """Instance id per node (-1: compute, or a network op seen on one rank only).
+    ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown."""
+    inst = np.full(len(rank), -1, dtype=np.int64)
+    net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
         return inst
-    nelems = w.c["msg_nelems"][nodes[net]]
-    size = np.where(np.isnan(nelems), -1, nelems).astype(np.int64)
-    pg = w.c["pg"][nodes[net]]
-    kind = w.ckind[net].astype(np.int64)
-    t = w.ts[nodes[net]]
+    size = np.where(np.isnan(nelems[net]), -1, nelems[net]).astype(np.int64)
     sequences: dict[tuple, list[tuple[float, int]]] = {}
-    for i, r, k, g, m, ti in zip(net.tolist(), rank[net].tolist(), kind.tolist(), pg.tolist(), size.tolist(), t.tolist()):
-        sequences.setdefault((r, k, g, m), []).append((ti, i))
+    for i, r, k, g, m, t in zip(net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist()):
+        sequences.setdefault((r, k, g, m), []).append((t, i))
     groups: dict[tuple, list[int]] = {}
     for (_, k, g, m), seq in sequences.items():
         seq.sort()
@@ -55,20 +50,18 @@ def match_instances(w: Window) -> np.ndarray:
         ranks = {int(rank[i]) for i in members}
         if len(ranks) < 2 or len(ranks) != len(members):
             continue
-        if key[0] == "p2p" and sorted(int(w.ckind[i]) for i in members) != [CollectiveKind.SEND, CollectiveKind.RECV]:
+        if key[0] == "p2p" and sorted(int(ckind[i]) for i in members) != [CollectiveKind.SEND, CollectiveKind.RECV]:
             continue
         inst[members] = n
         n += 1
     return inst
 
 
-def modelled_ends(w: Window, inst: np.ndarray) -> np.ndarray:
+def modelled_ends(start: np.ndarray, end: np.ndarray, ckind: np.ndarray, inst: np.ndarray) -> np.ndarray:
     """End of every node (µs): recorded, except participants of symmetric collectives, which
     end when the first participant ended (but not before the last one arrived)."""
-    nodes = w.node_rows
-    start = w.ts[nodes]
-    end = w.end[nodes].copy()
-    sym = np.flatnonzero((inst >= 0) & np.isin(w.ckind, SYMMETRIC))
+    end = end.copy()
+    sym = np.flatnonzero((inst >= 0) & np.isin(ckind, SYMMETRIC))
     if not len(sym):
         return end
     n = int(inst.max()) + 1
@@ -76,8 +69,7 @@ def modelled_ends(w: Window, inst: np.ndarray) -> np.ndarray:
     np.minimum.at(first_end, inst[sym], end[sym])
     last_start = np.full(n, -np.inf)
     np.maximum.at(last_start, inst[sym], start[sym])
-    end[sym] = np.maximum(first_end[inst[sym]], last_start[inst[sym]])
-    end[sym] = np.maximum(end[sym], start[sym])
+    end[sym] = np.maximum(np.maximum(first_end[inst[sym]], last_start[inst[sym]]), start[sym])
     return end
 
 
