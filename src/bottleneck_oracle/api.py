@@ -6,14 +6,20 @@ from pathlib import Path
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.config import Config
+from bottleneck_oracle.graph_pipeline import chakra
 from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs
+from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 
-def load(path: str | Path) -> EventTable:
-    """Events of a trace file or a folder of per-rank trace files."""
-    return load_events(path)
+def load(path: str | Path, et: str | Path | None = None) -> EventTable:
+    """Events of a Kineto trace file or a folder of per-rank trace files, with the data
+    dependencies of the run's PyTorch execution trace(s) when ``et`` is given."""
+    table = load_events(path)
+    if et is not None:
+        attach(table, load_execution_traces(et, table.ranks))
+    return table
 
 
 def graphs(table: EventTable, steps: list[int] | None = None, config: Config | None = None) -> list[ExecutionGraph]:
@@ -22,7 +28,20 @@ def graphs(table: EventTable, steps: list[int] | None = None, config: Config | N
     return build_graphs(table, steps, BuildOptions(feeds_resume_us=cfg.graph.feeds_resume_us))
 
 
-def analyze(path: str | Path, steps: list[int] | None = None, config: Config | None = None) -> tuple[EventTable, list[StepAnalysis]]:
-    """Load, build and run the critical path method on every selected step."""
-    table = load(path)
-    return table, [StepAnalysis.of(g) for g in graphs(table, steps, config)]
+def build(
+    path: str | Path, steps: list[int] | None = None, config: Config | None = None, et: str | Path | None = None
+) -> tuple[EventTable | None, list[ExecutionGraph]]:
+    """The graphs of any supported input. Chakra ET input (.et files) has no steps and no
+    event table: one graph for the whole trace, and None for the table."""
+    if chakra.is_chakra(path):
+        return None, [chakra.chakra_graph(path)]
+    table = load(path, et)
+    return table, graphs(table, steps, config)
+
+
+def analyze(
+    path: str | Path, steps: list[int] | None = None, config: Config | None = None, et: str | Path | None = None
+) -> tuple[EventTable | None, list[StepAnalysis]]:
+    """Build and run the critical path method on every selected step."""
+    table, gs = build(path, steps, config, et)
+    return table, [StepAnalysis.of(g) for g in gs]

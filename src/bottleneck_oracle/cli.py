@@ -124,13 +124,21 @@ def analyze(
     perfetto: Path = typer.Option(None, "--perfetto", help="Write the trace with the critical path marked (opens in Perfetto)."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of the tables."),
     top: int = typer.Option(None, "--top", help="How many ops to list by critical-path time (default from config: 20)."),
+    et: Path = typer.Option(
+        None, "--et", help="The run's PyTorch execution trace (file, or folder of rank-N files): adds tensor data dependencies."
+    ),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
-    """Step time, critical path, slack and per-rank skew of every step in PATH."""
+    """Step time, critical path, slack and per-rank skew of every step in PATH.
+
+    PATH is a Kineto/Chrome trace (.json, .json.gz), a folder of per-rank traces, or
+    MLCommons Chakra ET files (.et)."""
     cfg = _config(config)
     k = top or cfg.analysis.top_k
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else _null():
-        table, analyses = api.analyze(path, step or None, cfg)
+        table, analyses = api.analyze(path, step or None, cfg, et)
+    if perfetto and table is None:
+        _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
     if html:
         from bottleneck_oracle.report.html import write_report
 
@@ -151,7 +159,7 @@ def analyze(
 
 @app.command()
 def parse(
-    input: Path = typer.Option(..., "--input", "-i", help="A trace file or a folder of per-rank trace files."),  # noqa: A002
+    input: Path = typer.Option(..., "--input", "-i", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),  # noqa: A002
     output: Path = typer.Option(..., "--output", "-o", help="Folder for the graphs (step-N.npz) and graphs.json."),
     step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
@@ -159,9 +167,9 @@ def parse(
 ) -> None:
     """Build the ExecutionGraph of every step and save it (plain arrays, no pickles)."""
     cfg = _config(config)
-    table = api.load(input)
+    _, graphs = api.build(input, step or None, cfg)
     entries = []
-    for g in api.graphs(table, step or None, cfg):
+    for g in graphs:
         name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
         g.save(output / name)
         entries.append({"file": name, "step": g.step, "ranks": g.ranks, "measured_us": g.measured, **g.summary_counts()})

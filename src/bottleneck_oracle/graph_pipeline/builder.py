@@ -180,6 +180,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     rules.program_order(w, E)
     rules.launches(w, E)
     rules.forward_backward(table, w, E)
+    rules.data_dependencies(table, w, E)
     rules.cuda_syncs(w, E, opt.blocking_sync_calls)
     rules.completions(w, E, rules.backends(w, E), inst, end, opt.feeds_resume_us)
     src, dst, kind, is_wait = E.arrays()

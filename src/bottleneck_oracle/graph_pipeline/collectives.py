@@ -37,7 +37,9 @@ def match_instances(rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, pg: 
         return inst
     size = np.where(np.isnan(nelems[net]), -1, nelems[net]).astype(np.int64)
     sequences: dict[tuple, list[tuple[float, int]]] = {}
-    for i, r, k, g, m, t in zip(net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist()):
+    for i, r, k, g, m, t in zip(
+        net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist()
+    ):
         sequences.setdefault((r, k, g, m), []).append((t, i))
     groups: dict[tuple, list[int]] = {}
     for (_, k, g, m), seq in sequences.items():

@@ -132,6 +132,22 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     E.add(w.out_node(a[forward]), w.in_node(b[forward]), EdgeKind.FWD_BWD)
 
 
+def data_dependencies(table: EventTable, w: Window, E: EdgeSet) -> None:
+    """Execution-trace tensor dependencies (et.attach): the op that wrote a tensor (its last
+    leaf) -> the op that reads it (its first leaf); dropped if it would run back in time."""
+    deps = table.data_deps
+    if not len(deps):
+        return
+    real = w.rows >= 0
+    rows = w.rows[real]  # sorted table rows of the window's events
+    idx = np.flatnonzero(real)
+    pos = np.searchsorted(rows, deps).clip(0, max(len(rows) - 1, 0))
+    inside = (rows[pos] == deps).all(axis=1) if len(rows) else np.zeros(len(deps), bool)
+    a, b = idx[pos[inside, 0]], idx[pos[inside, 1]]
+    forward = w.end[a] <= w.ts[b] + 1e-3
+    E.add(w.out_node(a[forward]), w.in_node(b[forward]), EdgeKind.DATA)
+
+
 class _LaunchOrder:
     """GPU ops of one rank (or one stream) in launch order, with a running latest-end index."""
 

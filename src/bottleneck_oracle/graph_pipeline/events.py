@@ -81,6 +81,8 @@ class EventTable:
     flows: dict[str, np.ndarray]  # fwdbwd flow endpoints: rank, pid, tid, ts, id, is_start
     files: dict[int, str]  # rank -> file path
     meta: dict[int, dict] = field(default_factory=dict)  # rank -> distributedInfo
+    data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
 
     def __len__(self) -> int:
         return len(self.cols["ts"])
@@ -181,7 +183,7 @@ def _arg(args: dict, col: str) -> object:
 
 
 _COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
-_SPARSE = ("correlation", "stream", "wait_stream", "wait_event_corr", "msg_nelems", "group_size", "pg", "elem_bytes", "sync_kind")
+_SPARSE = ("correlation", "ext_id", "stream", "wait_stream", "wait_event_corr", "msg_nelems", "group_size", "pg", "elem_bytes", "sync_kind")
 _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
 _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
 
@@ -211,6 +213,7 @@ class _Builder:
         sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE}
         corr_rows, corr_vals = sparse["correlation"]
         stream_rows, stream_vals = sparse["stream"]
+        ext_rows, ext_vals = sparse["ext_id"]
         k_runtime, k_cpu, k_sync = EvClass.RUNTIME, EvClass.CPU, EvClass.GPU_SYNC
         step_prefix = F.STEP_PREFIX
         f = self.flows
@@ -254,22 +257,26 @@ class _Builder:
             dur_l.append(ev.get("dur", 0))
             name_l.append(code)
             cls_l.append(cls)
-            if cls != k_cpu:
-                args = ev.get("args")
-                if args:
-                    v = args.get("correlation")
+            args = ev.get("args")
+            if args and cls == k_cpu:
+                v = args.get("External id")
+                if v is not None:
+                    ext_rows.append(row)
+                    ext_vals.append(v)
+            elif args:
+                v = args.get("correlation")
+                if v is not None:
+                    corr_rows.append(row)
+                    corr_vals.append(v)
+                if cls != k_runtime:
+                    v = args.get("stream")
                     if v is not None:
-                        corr_rows.append(row)
-                        corr_vals.append(v)
-                    if cls != k_runtime:
-                        v = args.get("stream")
-                        if v is not None:
-                            stream_rows.append(row)
-                            stream_vals.append(v)
-                        if cls == k_sync:
-                            self._sync_args(sparse, row, name, args)
+                        stream_rows.append(row)
+                        stream_vals.append(v)
+                    if cls == k_sync:
+                        self._sync_args(sparse, row, name, args)
             if comm_name[code]:
-                self._comm_args(sparse, row, ev.get("args") or {})
+                self._comm_args(sparse, row, args or {})
             row += 1
         if not row:
             return 0

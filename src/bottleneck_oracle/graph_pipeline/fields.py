@@ -23,6 +23,7 @@ ARG_SPECS = {
     spec.name: spec
     for spec in (
         AttributeSpec("correlation", ("correlation",), "int64", -1),
+        AttributeSpec("ext_id", ("External id",), "int64", -1),
         AttributeSpec("stream", ("stream",), "int64", -1),
         AttributeSpec("wait_stream", ("wait_on_stream",), "int64", -1),
         AttributeSpec("wait_event_corr", ("wait_on_cuda_event_record_corr_id",), "int64", -1),

@@ -50,6 +50,7 @@ class EdgeKind(IntEnum):
     COLLECTIVE_SYNC = 5  # collective barrier -> each participant (nobody finishes before all arrived)
     SEND_RECV = 6  # barrier of a send/recv pair -> the send and the recv
     FEEDS = 7  # collective completion -> the op its waiting thread resumes with
+    DATA = 8  # the op that wrote a tensor -> an op that reads it (PyTorch execution trace, Chakra data deps)
 
 
 # Edge types of the heterogeneous graph as PyG (src, relation, dst) triples.
