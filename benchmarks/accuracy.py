@@ -1,0 +1,56 @@
+"""Accuracy report on the bundled real traces: measured step time vs the CPM, per step,
+and the critical path against HTA's overlay of simple_add_1gpu.
+
+    python benchmarks/accuracy.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+from bottleneck_oracle.analysis.compare import hta_agreement
+from bottleneck_oracle.api import analyze, graphs, load
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    warnings.simplefilter("ignore")
+    inputs = sorted(f for f in (DATA / "public-gpu").glob("*.json.gz") if "pytorch_et" not in f.name and "overlay" not in f.name)
+    inputs += [DATA / "public-gpu" / "sampled_128rank", DATA / "gloo_ddp_2rank"]
+    rows = []
+    for path in inputs:
+        _, steps = analyze(path)
+        errs = [100 * (s.cpm.makespan - s.measured) / s.measured for s in steps]
+        rows.append({"trace": path.name, "ranks": len(steps[0].graph.ranks), "steps": len(steps), "nodes": steps[0].graph.n_nodes, "max_abs_error_pct": max(abs(e) for e in errs)})
+    table = load(DATA / "public-gpu" / "simple_add_1gpu.json.gz")
+    from bottleneck_oracle.analysis.cpm import run_cpm
+
+    g = graphs(table)[0]
+    hta = hta_agreement(table, g, run_cpm(g), DATA / "public-gpu" / "simple_add_1gpu.hta_critical_path_overlay.json.gz")
+    if a.json:
+        print(json.dumps({"makespan": rows, "hta": {k: v for k, v in hta.items() if not k.startswith("only_") or k.endswith("_all")}}, indent=1))
+        return
+    print("| trace | ranks | steps | nodes (first step) | max abs(makespan - measured) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['trace']} | {r['ranks']} | {r['steps']} | {r['nodes']:,} | {r['max_abs_error_pct']:.2f}% |")
+    print(
+        f"\nHTA agreement on simple_add_1gpu: Jaccard {hta['jaccard']:.3f} on the events HTA models "
+        f"({hta['shared']} shared, {len(hta['only_ours'])} only ours, {len(hta['only_hta'])} only HTA); "
+        f"{hta['jaccard_all_events']:.3f} on all events"
+    )
+    for k in hta["only_ours"]:
+        print("  only ours:", k)
+    for k in hta["only_hta"]:
+        print("  only HTA: ", (k[0], k[1], k[2][:70]))
+
+
+if __name__ == "__main__":
+    main()
