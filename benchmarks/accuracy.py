@@ -28,14 +28,26 @@ def main() -> None:
     for path in inputs:
         _, steps = analyze(path)
         errs = [100 * (s.cpm.makespan - s.measured) / s.measured for s in steps]
-        rows.append({"trace": path.name, "ranks": len(steps[0].graph.ranks), "steps": len(steps), "nodes": steps[0].graph.n_nodes, "max_abs_error_pct": max(abs(e) for e in errs)})
+        rows.append(
+            {
+                "trace": path.name,
+                "ranks": len(steps[0].graph.ranks),
+                "steps": len(steps),
+                "nodes": steps[0].graph.n_nodes,
+                "max_abs_error_pct": max(abs(e) for e in errs),
+            }
+        )
     table = load(DATA / "public-gpu" / "simple_add_1gpu.json.gz")
     from bottleneck_oracle.analysis.cpm import run_cpm
 
     g = graphs(table)[0]
     hta = hta_agreement(table, g, run_cpm(g), DATA / "public-gpu" / "simple_add_1gpu.hta_critical_path_overlay.json.gz")
     if a.json:
-        print(json.dumps({"makespan": rows, "hta": {k: v for k, v in hta.items() if not k.startswith("only_") or k.endswith("_all")}}, indent=1))
+        print(
+            json.dumps(
+                {"makespan": rows, "hta": {k: v for k, v in hta.items() if not k.startswith("only_") or k.endswith("_all")}}, indent=1
+            )
+        )
         return
     print("| trace | ranks | steps | nodes (first step) | max abs(makespan - measured) |")
     print("|---|---|---|---|---|")

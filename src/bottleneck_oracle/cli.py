@@ -160,13 +160,16 @@ def analyze(
 @app.command()
 def parse(
     input: Path = typer.Option(..., "--input", "-i", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),  # noqa: A002
-    output: Path = typer.Option(..., "--output", "-o", help="Folder for the graphs (step-N.npz) and graphs.json."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Folder for the graphs (step-N.npz) and graphs.json (default: paths.graphs of the config)."
+    ),
     step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Build the ExecutionGraph of every step and save it (plain arrays, no pickles)."""
     cfg = _config(config)
+    output = output or Path(cfg.paths.graphs)
     _, graphs = api.build(input, step or None, cfg)
     entries = []
     for g in graphs:

@@ -32,10 +32,8 @@ class AnalysisConfig:
 
 @dataclass(kw_only=True, slots=True)
 class PathsConfig:
-    sample: str = "tests/data/gloo_ddp_2rank"
-    """The bundled trace folder `make demo` analyses."""
     graphs: str = "data/graphs"
-    """Where `parse` writes graphs by default."""
+    """Where `parse` writes graphs when --output is not given."""
 
 
 @dataclass(kw_only=True, slots=True)

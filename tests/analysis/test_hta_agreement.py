@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from conftest import PUBLIC, cached_load
-
 from bottleneck_oracle.analysis.compare import hta_agreement
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import graphs
+from conftest import PUBLIC, cached_load
 
 
 def test_critical_events_agree_with_hta():

@@ -18,6 +18,7 @@ import numpy as np
 
 from bottleneck_oracle.errors import GraphError, OracleWarning
 from bottleneck_oracle.graph_pipeline import edges as rules
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, modelled_ends
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -201,7 +202,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     raw = RawGraph(
         names=w.names, nodes=nodes, end=end, inst=inst, src=src, dst=dst, kind=kind, is_wait=is_wait,
         window_start=table.t0 + w.w0, step=step, measured=w.measured,
-        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table)},
+        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION},
     )  # fmt: skip
     return finalize(raw)
 

@@ -34,7 +34,6 @@ ARG_SPECS = {
 
 # args keys with structured values, read by dedicated code in events.py
 SYNC_KIND_KEY = "cuda_sync_kind"
-COLLECTIVE_NAME_KEYS = ("Collective name", "collective_name")
 PG_RANKS_KEYS = ("Process Group Ranks", "process_group_ranks")
 PG_NAME_KEYS = ("Process Group Name", "process_group_name")
 INPUT_DIMS_KEY = "Input Dims"

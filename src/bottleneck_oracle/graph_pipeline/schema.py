@@ -35,7 +35,6 @@ class Category(IntEnum):
     BARRIER = 7  # virtual, zero-duration: the moment every participant of one collective arrived
 
 
-COMPUTE_CATEGORIES = (Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET)
 GPU_CATEGORIES = (Category.KERNEL, Category.MEMCPY, Category.MEMSET)
 
 
