@@ -99,26 +99,22 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     f = np.flatnonzero(keep)
     if not len(f):
         return
-    cpu = w.cpu_rows
-    # one dense id for (rank, pid, tid) shared by CPU events and flow endpoints
-    both = np.stack(
-        [
-            np.concatenate([c["rank"][cpu], fl["rank"][f]]),
-            np.concatenate([c["pid"][cpu], fl["pid"][f]]),
-            np.concatenate([c["tid"][cpu], fl["tid"][f]]),
-        ],
-        axis=1,
-    ).astype(np.int64)
-    _, ids = np.unique(both, axis=0, return_inverse=True)
-    ids = ids.reshape(-1)
-    ev_th, fl_th = ids[: len(cpu)], ids[len(cpu) :]
-    order = np.lexsort((-c["dur"][cpu], w.ts[cpu], ev_th))
-    srt = cpu[order]
+    # the window's thread id of each flow endpoint (-1: a thread with no CPU op in the window)
+    srt = w.cpu_sorted
+    first = np.ones(len(srt), dtype=bool)
+    first[1:] = w.ev_thread[srt][1:] != w.ev_thread[srt][:-1]
+    heads = srt[first]
+    thread_of = {
+        (r, p, t): k
+        for r, p, t, k in zip(c["rank"][heads].tolist(), c["pid"][heads].tolist(), c["tid"][heads].tolist(), w.ev_thread[heads].tolist())
+    }
+    triples, inverse = np.unique(np.stack([fl["rank"][f], fl["pid"][f], fl["tid"][f]], axis=1), axis=0, return_inverse=True)
+    fl_th = np.array([thread_of.get(tuple(x), -1) for x in triples.tolist()], dtype=np.int64)[inverse.reshape(-1)]
     span = float(w.end.max()) + 2.0
-    keys = ev_th[order] * span + w.ts[srt]
-    fkey = fl_th * span + fts[f]
+    keys = w.ev_thread[srt] * span + w.ts[srt]
+    fkey = np.where(fl_th >= 0, fl_th * span + fts[f], -1.0)
     pos = np.minimum(np.searchsorted(keys, fkey - 1e-3), len(keys) - 1)
-    ok = np.abs(keys[pos] - fkey) <= 1e-3
+    ok = (fl_th >= 0) & (np.abs(keys[pos] - fkey) <= 1e-3)
     ev = np.where(ok, srt[pos], -1)
     # pair the start and end of each flow id (per rank)
     rank, fid, is_start = fl["rank"][f], fl["id"][f], fl["is_start"][f]

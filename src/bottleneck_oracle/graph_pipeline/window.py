@@ -100,6 +100,7 @@ class Window:
     name_c10d: np.ndarray  # c10d collective call (not a wait)
     # CPU threads
     cpu_rows: np.ndarray
+    cpu_sorted: np.ndarray  # the CPU rows sorted by (thread, ts, -dur): outermost op first
     ev_thread: np.ndarray  # dense thread key per event (-1 for GPU events)
     leaf_rows: np.ndarray  # sorted by (thread, ts)
     leaf_thread: np.ndarray
@@ -204,7 +205,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     return Window(
         step=step, w0=w0, measured=measured, steps=steps, rows=rows, c=c, names=names, ts=ts, end=end,
         name_coll=name_coll, name_gloo=name_gloo, name_nccl=name_nccl, name_c10d=name_c10d,
-        cpu_rows=cpu_rows, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
+        cpu_rows=cpu_rows, cpu_sorted=srt, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
         gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order],
         node_rows=node_rows, ev2node=ev2node, is_net=is_net,
         ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8),
