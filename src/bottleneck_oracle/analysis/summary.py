@@ -100,7 +100,7 @@ class StepAnalysis:
         names = g.nodes["name"][on]
         total = np.bincount(names, weights=t[on])
         count = np.bincount(names)
-        order = np.argsort(-total)[:k]
+        order = sorted(np.flatnonzero(total > 0).tolist(), key=lambda i: (-total[i], g.names[i]))[:k]  # ties by name
         ms = self.cpm.makespan or 1.0
         return [
             {
@@ -110,7 +110,6 @@ class StepAnalysis:
                 "count": int(count[i]),
             }
             for i in order
-            if total[i] > 0
         ]
 
     def lowest_slack_comm(self, k: int = 10) -> list[dict]:

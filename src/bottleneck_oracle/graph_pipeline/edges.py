@@ -263,7 +263,8 @@ def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.nd
 
     The thread waited if, at the first op it runs after the last participant arrived, it had
     been idle since before the collective completed, it resumed within ``resume_us`` of the
-    completion, and it was idle longer before the completion than after it. A waiting thread
+    completion (or a quarter of its idle time, if longer: wake-ups on a loaded machine are
+    late), and it was idle longer before the completion than after it. A waiting thread
     that resumed before the backend recorded the end proves the collective was complete by
     then (a descheduled backend thread can close its span late), so the modelled end of the
     instance moves to that resume time. ``node_end`` is updated in place."""
@@ -289,7 +290,8 @@ def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.nd
         done = node_end[work]
         after = leaf_ts[q] - done
         idle = leaf_ts[q] - leaf_end[q - 1]
-        if leaf_end[q - 1] <= done and after <= resume_us and idle > max(after, 0.0):
+        # woken late on a loaded machine: a long wait tolerates a proportionally late resume
+        if leaf_end[q - 1] <= done and after <= max(resume_us, idle / 4) and idle > max(after, 0.0):
             return q
         return -1
 

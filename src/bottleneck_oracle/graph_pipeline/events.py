@@ -8,8 +8,6 @@ files), which keeps float64 resolution below 1 ns.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import math
 import multiprocessing
@@ -26,6 +24,7 @@ import orjson
 
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
+from bottleneck_oracle.graph_pipeline import scan
 
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
@@ -54,6 +53,23 @@ for _cats, _cls in (
         _CAT_CLASS[_c] = _cls
 
 SYNC_KINDS = ("Context Sync", "Stream Sync", "Event Sync", "Stream Wait Event")
+
+
+class _HashLookup:
+    """Event class of a category, looked up by the scanner's hash of the category's bytes."""
+
+    def __init__(self, mapping: dict[str, int]) -> None:
+        items = sorted((scan.fnv1a(k.encode()), v) for k, v in mapping.items())
+        self.keys = np.array([k for k, _ in items], dtype=np.uint64)
+        self.values = np.array([v for _, v in items], dtype=np.int64)
+
+    def lookup(self, hashes: np.ndarray) -> np.ndarray:
+        pos = np.minimum(np.searchsorted(self.keys, hashes), len(self.keys) - 1)
+        return np.where(self.keys[pos] == hashes, self.values[pos], -1)
+
+
+_CAT_BY_HASH = _HashLookup({k: int(v) for k, v in _CAT_CLASS.items()})
+_FLOW_HASHES = np.array([scan.fnv1a(c.encode()) for c in F.FLOW_CATS], dtype=np.uint64)
 
 
 @dataclass(slots=True)
@@ -94,8 +110,8 @@ class EventTable:
         return sorted(self.files)
 
 
-def read_json(path: Path) -> object:
-    """Read a .json or .json.gz file, raising TraceError with the problem named."""
+def read_bytes(path: Path) -> bytes:
+    """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named."""
     if not path.exists():
         raise TraceError(path, "no such file")
     if path.is_dir():
@@ -117,11 +133,20 @@ def read_json(path: Path) -> object:
         raise TraceError(path, f"larger than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
     if not raw.strip():
         raise TraceError(path, "file is empty")
+    return raw
+
+
+def _decode(path: Path, raw: bytes) -> object:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         hint = "truncated JSON" if "unexpected end" in str(exc).lower() or "eof" in str(exc).lower() else "not valid JSON"
         raise TraceError(path, f"{hint} ({exc})") from None
+
+
+def read_json(path: Path) -> object:
+    """Read and decode a .json or .json.gz file, raising TraceError with the problem named."""
+    return _decode(path, read_bytes(path))
 
 
 def rank_of(doc: dict, path: Path, default: int | None) -> int:
@@ -135,24 +160,6 @@ def rank_of(doc: dict, path: Path, default: int | None) -> int:
     if default is not None:
         return default
     raise TraceError(path, "cannot tell the rank: no distributedInfo.rank and no rank-N in the file name")
-
-
-def _as_int(value: object, codes: dict[object, int]) -> int:
-    """Integer pid/tid; strings get stable negative codes."""
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return codes.setdefault(value, -(len(codes) + 2))
-
-
-def _int_column(values: list, codes: dict[object, int]) -> np.ndarray:
-    try:
-        return np.asarray(values, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        return np.array([_as_int(v, codes) for v in values], dtype=np.int64)
 
 
 def _first(args: dict, keys: tuple[str, ...]) -> object:
@@ -205,126 +212,114 @@ class _Builder:
         self.pg_codes: dict[str, int] = {}
         self.parts: list[dict[str, np.ndarray]] = []
         self.n = 0
-        self.flows: dict[str, list] = {k: [] for k in ("rank", "pid", "tid", "ts", "id", "is_start")}
-        self.steps: list[tuple[int, int, float, float, int, int]] = []
+        self.flows: dict[str, np.ndarray] = {}
+        self.steps: list[tuple[int, int, float, float, int, int]] = []  # times relative to base
+        self.base = 0  # integer µs that this file's times are relative to
 
-    def add_file(self, path: Path, events: list, rank: int) -> int:
-        codes, names, comm_name = self.name_codes, self.names, self.comm_name
-        cat_class = _CAT_CLASS
-        src_idx, pid_l, tid_l, ts_l, dur_l, name_l, cls_l = [], [], [], [], [], [], []
-        sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE}
-        corr_rows, corr_vals = sparse["correlation"]
-        stream_rows, stream_vals = sparse["stream"]
-        ext_rows, ext_vals = sparse["ext_id"]
-        k_runtime, k_cpu, k_sync = EvClass.RUNTIME, EvClass.CPU, EvClass.GPU_SYNC
-        step_prefix = F.STEP_PREFIX
-        f = self.flows
-        row = 0
-        for idx, ev in enumerate(events):
-            try:
-                ph = ev["ph"]
-            except (KeyError, TypeError):
-                if not isinstance(ev, dict):
-                    raise TraceError(path, f"traceEvents holds a {type(ev).__name__}, expected objects") from None
-                continue
-            if ph != "X":
-                if (ph == "s" or ph == "f") and ev.get("cat") in F.FLOW_CATS and isinstance(ev.get("id"), int):
-                    f["rank"].append(rank)
-                    f["pid"].append(ev.get("pid"))
-                    f["tid"].append(ev.get("tid"))
-                    f["ts"].append(ev.get("ts"))
-                    f["id"].append(ev["id"])
-                    f["is_start"].append(ph == "s")
-                continue
-            cls = cat_class.get(ev.get("cat"))
-            if cls is None:
-                continue
-            name = ev.get("name")
-            code = codes.get(name)
-            if code is None:
-                if not isinstance(name, str):
-                    raise TraceError(path, f"event at index {idx} has no name")
-                code = codes[name] = len(names)
-                names.append(name)
-                comm_name.append(any(m in name.lower() for m in _COMM_MARKERS))
-            if cls == k_cpu and name.startswith(step_prefix):
-                num = name[len(step_prefix) :]
-                if num.isdigit():
-                    self._step(path, ev, rank, int(num))
-                    continue
-            src_idx.append(idx)
-            pid_l.append(ev.get("pid"))
-            tid_l.append(ev.get("tid"))
-            ts_l.append(ev.get("ts"))
-            dur_l.append(ev.get("dur", 0))
-            name_l.append(code)
-            cls_l.append(cls)
-            args = ev.get("args")
-            if args and cls == k_cpu:
-                v = args.get("External id")
-                if v is not None:
-                    ext_rows.append(row)
-                    ext_vals.append(v)
-            elif args:
-                v = args.get("correlation")
-                if v is not None:
-                    corr_rows.append(row)
-                    corr_vals.append(v)
-                if cls != k_runtime:
-                    v = args.get("stream")
-                    if v is not None:
-                        stream_rows.append(row)
-                        stream_vals.append(v)
-                    if cls == k_sync:
-                        self._sync_args(sparse, row, name, args)
-            if comm_name[code]:
-                self._comm_args(sparse, row, args or {})
-            row += 1
-        if not row:
+    def add_scanned(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> int:
+        """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
+        rank = self.rank
+        cls = _CAT_BY_HASH.lookup(ev["cat"])
+        ph = ev["ph"]
+        is_x = (ph == ord("X")) & (cls >= 0)
+        flow = ((ph == ord("s")) | (ph == ord("f"))) & np.isin(ev["cat"], _FLOW_HASHES) & (ev["fid"] >= 0) & ev["has_ts"]
+        x = np.flatnonzero(is_x)
+        if not len(x):
             return 0
-        ts = self._floats(path, ts_l, names, name_l, "ts")
-        dur = self._floats(path, dur_l, names, name_l, "dur")
-        neg = np.flatnonzero(dur < 0)
-        if len(neg):
-            i = int(neg[0])
-            raise TraceError(path, f"event {names[name_l[i]][:80]!r} at ts={ts[i]} has a negative duration ({dur[i]} µs)")
+        missing = x[~ev["has_ts"][x] | (ev["name_lo"][x] < 0)]
+        if len(missing):
+            i = int(missing[0])
+            raise TraceError(path, f"event at byte {int(ev['obj_lo'][i])} has no numeric ts or no name")
+        names, code = self._names(raw, ev, x)
+        base = int(min(ev["ts_i"][x].min(), ev["ts_i"][flow].min() if flow.any() else ev["ts_i"][x].min()))
+        self.base = base
+        ts = (ev["ts_i"][x] - base).astype(np.float64) + ev["ts_f"][x]
+        dur = ev["dur_i"][x].astype(np.float64) + ev["dur_f"][x]
+        if (dur < 0).any():
+            i = int(np.flatnonzero(dur < 0)[0])
+            raise TraceError(path, f"event {names[code[i]][:80]!r} at ts={ts[i] + base} has a negative duration ({dur[i]} µs)")
+        pid = self._ids(ev["pid"][x], ev["pid_str"][x])
+        tid = self._ids(ev["tid"][x], ev["tid_str"][x])
+        xcls = cls[x].astype(np.int8)
+        # ProfilerStep#N spans are step markers, not ops
+        step_codes = np.array(
+            [k for k, n in enumerate(names) if n.startswith(F.STEP_PREFIX) and n[len(F.STEP_PREFIX) :].isdigit()], dtype=np.int64
+        )
+        is_step = np.isin(code, step_codes) & (xcls == EvClass.CPU)
+        for i in np.flatnonzero(is_step).tolist():
+            number = int(names[code[i]][len(F.STEP_PREFIX) :])
+            self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
+        keep = ~is_step
+        rows = x[keep]
+        n = len(rows)
         part = {
-            "rank": np.full(row, rank, dtype=np.int32),
-            "src_idx": np.asarray(src_idx, dtype=np.int64),
-            "pid": _int_column(pid_l, self.str_codes),
-            "tid": _int_column(tid_l, self.str_codes),
-            "ts": ts,
-            "dur": dur,
-            "name": np.asarray(name_l, dtype=np.int32),
-            "cls": np.asarray(cls_l, dtype=np.int8),
+            "rank": np.full(n, rank, dtype=np.int32),
+            "src_idx": rows.astype(np.int64),
+            "pid": pid[keep],
+            "tid": tid[keep],
+            "ts": ts[keep],
+            "dur": dur[keep],
+            "name": code[keep].astype(np.int32),
+            "cls": xcls[keep],
+            "correlation": ev["corr"][rows],
+            "ext_id": ev["ext"][rows],
+            "stream": ev["stream"][rows],
         }
-        for col, (rows, vals) in sparse.items():
+        sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE if k not in part}
+        # the few events whose args need more than the scanner reads are decoded in full
+        comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
+        full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
+        for r in full.tolist():
+            e = rows[r]
+            obj = _decode(path, raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
+            args = obj.get("args") if isinstance(obj, dict) else None
+            if not isinstance(args, dict):
+                continue
+            if part["cls"][r] == EvClass.GPU_SYNC:
+                self._sync_args(sparse, r, names[part["name"][r]], args)
+            if comm[part["name"][r]]:
+                self._comm_args(sparse, r, args)
+        for col, (idx, vals) in sparse.items():
             dtype = _SPARSE_DTYPE.get(col, np.int64)
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
-            arr = np.full(row, default, dtype=dtype)
-            if rows:
-                arr[np.asarray(rows, dtype=np.int64)] = np.asarray(vals, dtype=dtype)
+            arr = np.full(n, default, dtype=dtype)
+            if idx:
+                arr[np.asarray(idx, dtype=np.int64)] = np.asarray(vals, dtype=dtype)
             part[col] = arr
         self.parts.append(part)
-        self.n += row
-        return row
+        self.names = names
+        f = np.flatnonzero(flow)
+        self.flows = {
+            "rank": np.full(len(f), rank, dtype=np.int64),
+            "pid": self._ids(ev["pid"][f], ev["pid_str"][f]),
+            "tid": self._ids(ev["tid"][f], ev["tid_str"][f]),
+            "ts": (ev["ts_i"][f] - base).astype(np.float64) + ev["ts_f"][f],
+            "id": ev["fid"][f],
+            "is_start": ph[f] == ord("s"),
+        }
+        return n
 
-    def _floats(self, path: Path, values: list, names: list[str], name_l: list[int], what: str) -> np.ndarray:
-        try:
-            return np.asarray(values, dtype=np.float64)
-        except (TypeError, ValueError):
-            for i, v in enumerate(values):
-                if not isinstance(v, (int, float)) or isinstance(v, bool):
-                    raise TraceError(path, f"event {names[name_l[i]][:80]!r} has a non-numeric {what} ({v!r})") from None
-            raise
+    @staticmethod
+    def _names(raw: bytes, ev: dict[str, np.ndarray], x: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Decoded names (one per distinct hash) and each event's index into them."""
+        _, first, code = np.unique(ev["name_hash"][x], return_index=True, return_inverse=True)
+        order = np.argsort(first)  # names in order of first appearance
+        rank_of_code = np.empty(len(order), dtype=np.int64)
+        rank_of_code[order] = np.arange(len(order))
+        code = rank_of_code[code.reshape(-1)]
+        names = []
+        for i in x[first[order]].tolist():
+            b = raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])]
+            names.append(orjson.loads(b'"' + b + b'"') if b"\\" in b else b.decode("utf-8", errors="replace"))
+        return names, code
 
-    def _step(self, path: Path, ev: dict, rank: int, number: int) -> None:
-        ts, dur = ev.get("ts"), ev.get("dur", 0)
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
-            raise TraceError(path, f"{ev.get('name')} has no valid ts/dur")
-        self.steps.append(
-            (rank, number, float(ts), float(ts + dur), _as_int(ev.get("pid"), self.str_codes), _as_int(ev.get("tid"), self.str_codes))
-        )
+    def _ids(self, num: np.ndarray, str_hash: np.ndarray) -> np.ndarray:
+        """pid/tid: the number, or a stable negative code for a string id."""
+        out = num.astype(np.int64).copy()
+        s = np.flatnonzero(str_hash != 0)
+        for i in s.tolist():
+            out[i] = self.str_codes.setdefault(int(str_hash[i]), -(len(self.str_codes) + 2))
+        return out
 
     @staticmethod
     def _sync_args(sparse: dict, row: int, name: str, args: dict) -> None:
@@ -364,11 +359,13 @@ class _Builder:
 
 
 def _merge(builders: list[_Builder]) -> EventTable:
-    """One table from per-file builders: name and process-group codes made global."""
+    """One table from per-file builders: name and process-group codes made global, times
+    relative to the earliest event of all files (each file's are relative to its own base)."""
     names: list[str] = []
     codes: dict[str, int] = {}
     pg_codes: dict[str, int] = {}
-    parts, flows, steps = [], {k: [] for k in ("rank", "pid", "tid", "ts", "id", "is_start")}, []
+    base = min(b.base for b in builders)
+    parts, flows, steps = [], [], []
     for b in builders:
         for n in b.names:
             if n not in codes:
@@ -376,29 +373,24 @@ def _merge(builders: list[_Builder]) -> EventTable:
                 names.append(n)
         remap = np.array([codes[n] for n in b.names], dtype=np.int32)
         pg_remap = np.array([pg_codes.setdefault(k, len(pg_codes)) for k in b.pg_codes], dtype=np.int32)
+        shift = float(b.base - base)
         for part in b.parts:
             part = dict(part)
             part["name"] = remap[part["name"]]
+            part["ts"] = part["ts"] + shift
             if len(pg_remap):
-                has = part["pg"] >= 0
-                part["pg"] = np.where(has, pg_remap[np.maximum(part["pg"], 0)], -1).astype(np.int32)
+                part["pg"] = np.where(part["pg"] >= 0, pg_remap[np.maximum(part["pg"], 0)], -1).astype(np.int32)
             parts.append(part)
-        fl = b.flows
-        flows["rank"].append(np.asarray(fl["rank"], dtype=np.int64))
-        flows["pid"].append(_int_column(fl["pid"], b.str_codes))
-        flows["tid"].append(_int_column(fl["tid"], b.str_codes))
-        flows["ts"].append(np.asarray([t if isinstance(t, (int, float)) else math.nan for t in fl["ts"]], dtype=np.float64))
-        flows["id"].append(np.asarray(fl["id"], dtype=np.int64))
-        flows["is_start"].append(np.asarray(fl["is_start"], dtype=bool))
-        steps.extend(b.steps)
+        flows.append({**b.flows, "ts": b.flows["ts"] + shift})
+        steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
     cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    t0 = float(min(cols["ts"].min(), min((s[2] for s in steps), default=math.inf)))
-    cols["ts"] -= t0
-    fl = {k: np.concatenate(v) for k, v in flows.items()}
-    fl["ts"] -= t0
-    step_list = sorted((Step(r, n, a - t0, b - t0, p, t) for r, n, a, b, p, t in steps), key=lambda s: (s.number, s.rank))
+    first = float(min(cols["ts"].min(), min((s[2] for s in steps), default=math.inf)))
+    cols["ts"] -= first
+    fl = {k: np.concatenate([f[k] for f in flows]) for k in flows[0]}
+    fl["ts"] -= first
+    step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
     return EventTable(
-        t0=t0, names=names, cols=cols, steps=step_list, flows=fl,
+        t0=float(base) + first, names=names, cols=cols, steps=step_list, flows=fl,
         files={b.rank: b.path for b in builders}, meta={b.rank: b.meta for b in builders},
     )  # fmt: skip
 
@@ -416,44 +408,36 @@ def trace_files(path: str | Path) -> list[Path]:
     return files
 
 
-def kineto_events(doc: object, path: Path) -> list:
-    """The traceEvents list of a Kineto/Chrome trace document, or a clear error."""
-    if isinstance(doc, list):
-        events = doc  # the Chrome "JSON array" form
-    elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        events = doc["traceEvents"]
-    elif isinstance(doc, dict) and "nodes" in doc and "schema" in doc:
-        raise TraceError(path, "is a PyTorch execution trace, not a Kineto trace; pass it with --et (paired with its Kineto trace)")
-    else:
-        keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else type(doc).__name__
-        raise TraceError(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
-    if not events:
-        raise TraceError(path, "trace holds no events")
-    return events
-
-
-@contextlib.contextmanager
-def _no_gc():
-    """A trace decodes into ~10^5-10^6 acyclic dicts: the cycle collector finds nothing in them
-    but would run hundreds of times while they are created (a third of the parse time)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+def _not_a_trace(path: Path, raw: bytes, is_object: bool, has_nodes: bool, has_schema: bool) -> TraceError:
+    if has_nodes and has_schema:
+        return TraceError(path, "is a PyTorch execution trace, not a Kineto trace; pass it with --et (paired with its Kineto trace)")
+    doc = _decode(path, raw) if is_object else None
+    keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else "no object"
+    return TraceError(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
 
 
 def _parse_file(path: Path, single: bool) -> _Builder:
-    with _no_gc():
-        doc = read_json(path)
-        events = kineto_events(doc, path)
-        info = doc.get("distributedInfo") if isinstance(doc, dict) else None
-        rank = rank_of(doc if isinstance(doc, dict) else {}, path, default=0 if single else None)
-        b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
-        if b.add_file(path, events, rank) == 0:
-            raise TraceError(path, "no CPU or GPU op events (ph='X') in the trace")
+    raw = read_bytes(path)
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    lo, hi, is_object, has_nodes, has_schema, err = scan.find_events(buf)
+    if err == scan.OK and lo < 0:
+        raise _not_a_trace(path, raw, is_object, has_nodes, has_schema)
+    if err == scan.OK:
+        err, pos, ev = scan.scan(buf, lo, hi)
+    else:
+        pos = 0
+    if err != scan.OK:
+        if err in (scan.BAD_JSON, scan.TRUNCATED):
+            _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
+        raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
+    if not len(ev["ph"]):
+        raise TraceError(path, "trace holds no events")
+    meta_doc = _decode(path, raw[:lo] + b"[]" + raw[hi:]) if is_object else {}
+    info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
+    rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
+    b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
+    if b.add_scanned(path, raw, ev) == 0:
+        raise TraceError(path, "no CPU or GPU op events (ph='X') in the trace")
     return b
 
 

@@ -1,0 +1,717 @@
+"""A compiled scanner for the traceEvents array of a Kineto/Chrome trace.
+
+Decoding a million-event trace into Python dicts costs more than everything the graph
+needs afterwards, so the events array is scanned straight from the bytes into columns:
+per event the phase, category and name (as byte spans and 64-bit FNV-1a hashes of their
+raw bytes), pid/tid (numbers, or hashes of strings), ts/dur (integer part and fraction
+kept apart: µs timestamps near 1.7e15 keep their sub-µs digits), the flow id, the three
+args the graph reads for every event (correlation, External id, stream) and the event's
+byte span, so the few events whose args need more (CUDA syncs, collectives) are decoded
+in full by orjson. Everything outside the events array is small and decoded by orjson.
+
+The scanner validates the JSON it walks; on malformed input it returns an error code and
+the byte offset, which the caller turns into a message naming the file.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+
+# error codes
+OK, BAD_JSON, TRUNCATED, NOT_NUMBER, TOO_MANY, NOT_OBJECT = 0, 1, 2, 3, 4, 5
+ERRORS = {
+    BAD_JSON: "not valid JSON",
+    TRUNCATED: "truncated JSON (the file ends inside the events)",
+    NOT_NUMBER: "an event has a non-numeric ts, dur, pid, tid or id",
+    TOO_MANY: "more events than the scanner allotted",
+    NOT_OBJECT: "traceEvents holds an element that is not an object",
+}
+
+# event keys (by hash of their bytes)
+_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
+_ARG_KEYS = ("correlation", "External id", "stream")
+
+
+def fnv1a(data: bytes) -> int:
+    """The scanner's hash of a byte string, computed in Python (for known names)."""
+    h = int(FNV_OFFSET)
+    for b in data:
+        h ^= b
+        h = (h * int(FNV_PRIME)) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+KEY_HASH = np.array([fnv1a(k.encode()) for k in _KEYS], dtype=np.uint64)
+ARG_HASH = np.array([fnv1a(k.encode()) for k in _ARG_KEYS], dtype=np.uint64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ws(buf, i, n):
+    while i < n and (buf[i] == 32 or buf[i] == 10 or buf[i] == 13 or buf[i] == 9):
+        i += 1
+    return i
+
+
+@numba.njit(cache=True, nogil=True)
+def _string(buf, i, n):
+    """buf[i] is the opening quote; returns (index after the closing quote, hash of the raw content) or (-1, 0)."""
+    h = FNV_OFFSET
+    i += 1
+    while i < n:
+        c = buf[i]
+        if c == 34:  # "
+            return i + 1, h
+        if c == 92:  # backslash: the escaped byte is part of the raw content
+            h = (h ^ np.uint64(c)) * FNV_PRIME
+            i += 1
+            if i >= n:
+                return -1, h
+            c = buf[i]
+        h = (h ^ np.uint64(c)) * FNV_PRIME
+        i += 1
+    return -1, h
+
+
+@numba.njit(cache=True, nogil=True)
+def _skip(buf, i, n):
+    """Skip one JSON value at buf[i]; returns the index after it, -1 if malformed, -2 if truncated."""
+    c = buf[i]
+    if c == 34:
+        j, _ = _string(buf, i, n)
+        return j if j >= 0 else -2
+    if c == 123 or c == 91:  # { [
+        depth = 0
+        while i < n:
+            c = buf[i]
+            if c == 34:
+                i, _ = _string(buf, i, n)
+                if i < 0:
+                    return -2
+                continue
+            if c == 123 or c == 91:
+                depth += 1
+            elif c == 125 or c == 93:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return -2
+    # number or literal: up to the next delimiter
+    j = i
+    while j < n:
+        c = buf[j]
+        if c == 44 or c == 125 or c == 93 or c == 32 or c == 10 or c == 13 or c == 9:
+            break
+        j += 1
+    if j == i:
+        return -1
+    return j if j < n else -2
+
+
+@numba.njit(cache=True, nogil=True)
+def _number(buf, i, n):
+    """Parse a JSON number: (index after, integer part, fraction incl. exponent, ok)."""
+    neg = False
+    if i < n and buf[i] == 45:
+        neg = True
+        i += 1
+    start = i
+    ip = np.int64(0)
+    while i < n and 48 <= buf[i] <= 57:
+        ip = ip * 10 + (buf[i] - 48)
+        i += 1
+    if i == start:
+        return i, np.int64(0), 0.0, False
+    frac = 0.0
+    if i < n and buf[i] == 46:
+        i += 1
+        scale = 0.1
+        while i < n and 48 <= buf[i] <= 57:
+            frac += (buf[i] - 48) * scale
+            scale *= 0.1
+            i += 1
+    if i < n and (buf[i] == 101 or buf[i] == 69):  # exponent: fold everything into the fraction
+        i += 1
+        eneg = False
+        if i < n and (buf[i] == 43 or buf[i] == 45):
+            eneg = buf[i] == 45
+            i += 1
+        e = 0
+        while i < n and 48 <= buf[i] <= 57:
+            e = e * 10 + (buf[i] - 48)
+            i += 1
+        value = (ip + frac) * 10.0 ** (-e if eneg else e)
+        ip = np.int64(0)
+        frac = value
+    if neg:
+        return i, -ip, -frac, True
+    return i, ip, frac, True
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_events(buf, h_events, h_nodes, h_schema):
+    n = len(buf)
+    i = _ws(buf, 0, n)
+    if i >= n:
+        return -1, -1, False, False, False, TRUNCATED
+    if buf[i] == 91:
+        j = _skip(buf, i, n)
+        if j < 0:
+            return -1, -1, False, False, False, TRUNCATED if j == -2 else BAD_JSON
+        return i, j, False, False, False, OK
+    if buf[i] != 123:
+        return -1, -1, False, False, False, BAD_JSON
+    start = -1
+    end = -1
+    has_nodes = False
+    has_schema = False
+    i += 1
+    while True:
+        i = _ws(buf, i, n)
+        if i >= n:
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED
+        if buf[i] == 125:
+            return start, end, True, has_nodes, has_schema, OK
+        if buf[i] != 34:
+            return -1, -1, True, has_nodes, has_schema, BAD_JSON
+        j, h = _string(buf, i, n)
+        if j < 0:
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED
+        i = _ws(buf, j, n)
+        if i >= n:
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED
+        if buf[i] != 58:
+            return -1, -1, True, has_nodes, has_schema, BAD_JSON
+        i = _ws(buf, i + 1, n)
+        if i >= n:
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED
+        j = _skip(buf, i, n)
+        if j < 0:
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED if j == -2 else BAD_JSON
+        if h == h_events and buf[i] == 91:
+            start, end = i, j
+        elif h == h_nodes:
+            has_nodes = True
+        elif h == h_schema:
+            has_schema = True
+        i = _ws(buf, j, n)
+        if i < n and buf[i] == 44:
+            i += 1
+
+
+def find_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int]:
+    """Span [start, end) of the top-level traceEvents array (or of a top-level array), whether the
+    top level is an object, whether it has the 'nodes' and 'schema' keys of an execution trace,
+    and an error code."""
+    return _find_events(buf, np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema")))
+
+
+@numba.njit(cache=True, nogil=True)
+def scan_events(buf, lo, hi, cap, key_hash, arg_hash):
+    """Scan the events array buf[lo:hi] ('[' ... ']'). Returns (count, error, error_pos, columns...)."""
+    ph = np.zeros(cap, np.uint8)
+    cat = np.zeros(cap, np.uint64)
+    name_hash = np.zeros(cap, np.uint64)
+    name_lo = np.full(cap, -1, np.int64)
+    name_hi = np.full(cap, -1, np.int64)
+    pid = np.zeros(cap, np.int64)
+    tid = np.zeros(cap, np.int64)
+    pid_str = np.zeros(cap, np.uint64)  # hash of a string pid (0: numeric)
+    tid_str = np.zeros(cap, np.uint64)
+    ts_i = np.zeros(cap, np.int64)
+    ts_f = np.zeros(cap, np.float64)
+    has_ts = np.zeros(cap, np.bool_)
+    dur_i = np.zeros(cap, np.int64)
+    dur_f = np.zeros(cap, np.float64)
+    fid = np.full(cap, -1, np.int64)
+    corr = np.full(cap, -1, np.int64)
+    ext = np.full(cap, -1, np.int64)
+    stream = np.full(cap, -1, np.int64)
+    obj_lo = np.zeros(cap, np.int64)
+    obj_hi = np.zeros(cap, np.int64)
+    count = 0
+    i = _ws(buf, lo + 1, hi)
+    if i < hi and buf[i] == 93:
+        return (
+            count,
+            OK,
+            0,
+            ph,
+            cat,
+            name_hash,
+            name_lo,
+            name_hi,
+            pid,
+            tid,
+            pid_str,
+            tid_str,
+            ts_i,
+            ts_f,
+            has_ts,
+            dur_i,
+            dur_f,
+            fid,
+            corr,
+            ext,
+            stream,
+            obj_lo,
+            obj_hi,
+        )
+    while i < hi:
+        if buf[i] != 123:
+            return (
+                count,
+                NOT_OBJECT,
+                i,
+                ph,
+                cat,
+                name_hash,
+                name_lo,
+                name_hi,
+                pid,
+                tid,
+                pid_str,
+                tid_str,
+                ts_i,
+                ts_f,
+                has_ts,
+                dur_i,
+                dur_f,
+                fid,
+                corr,
+                ext,
+                stream,
+                obj_lo,
+                obj_hi,
+            )
+        else:
+            if count >= cap:
+                return (
+                    count,
+                    TOO_MANY,
+                    i,
+                    ph,
+                    cat,
+                    name_hash,
+                    name_lo,
+                    name_hi,
+                    pid,
+                    tid,
+                    pid_str,
+                    tid_str,
+                    ts_i,
+                    ts_f,
+                    has_ts,
+                    dur_i,
+                    dur_f,
+                    fid,
+                    corr,
+                    ext,
+                    stream,
+                    obj_lo,
+                    obj_hi,
+                )
+            k = count
+            obj_lo[k] = i
+            i += 1
+            while True:
+                i = _ws(buf, i, hi)
+                if i >= hi:
+                    return (
+                        count,
+                        TRUNCATED,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                if buf[i] == 125:
+                    i += 1
+                    break
+                if buf[i] != 34:
+                    return (
+                        count,
+                        BAD_JSON,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                j, h = _string(buf, i, hi)
+                if j < 0:
+                    return (
+                        count,
+                        TRUNCATED,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                i = _ws(buf, j, hi)
+                if i >= hi or buf[i] != 58:
+                    return (
+                        count,
+                        BAD_JSON if i < hi else TRUNCATED,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                i = _ws(buf, i + 1, hi)
+                if i >= hi:
+                    return (
+                        count,
+                        TRUNCATED,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                key = -1
+                for q in range(len(key_hash)):
+                    if key_hash[q] == h:
+                        key = q
+                c = buf[i]
+                err = OK
+                if key == 0 and c == 34:  # ph
+                    j, _ = _string(buf, i, hi)
+                    ph[k] = buf[i + 1]
+                elif key == 1 and c == 34:  # cat
+                    j, cat[k] = _string(buf, i, hi)
+                elif key == 2 and c == 34:  # name
+                    j, name_hash[k] = _string(buf, i, hi)
+                    name_lo[k] = i + 1
+                    name_hi[k] = j - 1
+                elif (key == 3 or key == 4) and c == 34:  # pid / tid as a string
+                    j, hs = _string(buf, i, hi)
+                    if key == 3:
+                        pid_str[k] = hs
+                    else:
+                        tid_str[k] = hs
+                elif key >= 3 and key <= 7 and c != 34:  # pid tid ts dur id: numbers
+                    j, ip, fp, ok = _number(buf, i, hi)
+                    if not ok:
+                        if c == 110 or c == 116 or c == 102:  # null / true / false
+                            j = _skip(buf, i, hi)
+                        else:
+                            err = NOT_NUMBER
+                    elif key == 3:
+                        pid[k] = ip
+                    elif key == 4:
+                        tid[k] = ip
+                    elif key == 5:
+                        ts_i[k] = ip
+                        ts_f[k] = fp
+                        has_ts[k] = True
+                    elif key == 6:
+                        dur_i[k] = ip
+                        dur_f[k] = fp
+                    else:
+                        fid[k] = ip
+                elif key == 8 and c == 123:  # args: the three ids every event may carry
+                    i += 1
+                    while True:
+                        i = _ws(buf, i, hi)
+                        if i >= hi:
+                            err = TRUNCATED
+                            break
+                        if buf[i] == 125:
+                            j = i + 1
+                            break
+                        if buf[i] != 34:
+                            err = BAD_JSON
+                            break
+                        j, h2 = _string(buf, i, hi)
+                        if j < 0:
+                            err = TRUNCATED
+                            break
+                        i = _ws(buf, j, hi)
+                        if i >= hi or buf[i] != 58:
+                            err = BAD_JSON
+                            break
+                        i = _ws(buf, i + 1, hi)
+                        if i >= hi:
+                            err = TRUNCATED
+                            break
+                        a = -1
+                        for q in range(len(arg_hash)):
+                            if arg_hash[q] == h2:
+                                a = q
+                        if a >= 0 and (buf[i] == 45 or 48 <= buf[i] <= 57):
+                            j, ip, fp, ok = _number(buf, i, hi)
+                            if a == 0:
+                                corr[k] = ip
+                            elif a == 1:
+                                ext[k] = ip
+                            else:
+                                stream[k] = ip
+                        else:
+                            j = _skip(buf, i, hi)
+                            if j < 0:
+                                err = TRUNCATED if j == -2 else BAD_JSON
+                                break
+                        i = _ws(buf, j, hi)
+                        if i < hi and buf[i] == 44:
+                            i += 1
+                else:
+                    j = _skip(buf, i, hi)
+                    if j < 0:
+                        err = TRUNCATED if j == -2 else BAD_JSON
+                if err != OK:
+                    return (
+                        count,
+                        err,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                if j < 0:
+                    return (
+                        count,
+                        TRUNCATED,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
+                i = _ws(buf, j, hi)
+                if i < hi and buf[i] == 44:
+                    i += 1
+            obj_hi[k] = i
+            count += 1
+            i = _ws(buf, i, hi)
+        if i < hi and buf[i] == 44:
+            i = _ws(buf, i + 1, hi)
+        elif i < hi and buf[i] == 93:
+            return (
+                count,
+                OK,
+                0,
+                ph,
+                cat,
+                name_hash,
+                name_lo,
+                name_hi,
+                pid,
+                tid,
+                pid_str,
+                tid_str,
+                ts_i,
+                ts_f,
+                has_ts,
+                dur_i,
+                dur_f,
+                fid,
+                corr,
+                ext,
+                stream,
+                obj_lo,
+                obj_hi,
+            )
+        elif i < hi:
+            return (
+                count,
+                BAD_JSON,
+                i,
+                ph,
+                cat,
+                name_hash,
+                name_lo,
+                name_hi,
+                pid,
+                tid,
+                pid_str,
+                tid_str,
+                ts_i,
+                ts_f,
+                has_ts,
+                dur_i,
+                dur_f,
+                fid,
+                corr,
+                ext,
+                stream,
+                obj_lo,
+                obj_hi,
+            )
+    return (
+        count,
+        TRUNCATED,
+        i,
+        ph,
+        cat,
+        name_hash,
+        name_lo,
+        name_hi,
+        pid,
+        tid,
+        pid_str,
+        tid_str,
+        ts_i,
+        ts_f,
+        has_ts,
+        dur_i,
+        dur_f,
+        fid,
+        corr,
+        ext,
+        stream,
+        obj_lo,
+        obj_hi,
+    )
+
+
+COLUMNS = (
+    "ph",
+    "cat",
+    "name_hash",
+    "name_lo",
+    "name_hi",
+    "pid",
+    "tid",
+    "pid_str",
+    "tid_str",
+    "ts_i",
+    "ts_f",
+    "has_ts",
+    "dur_i",
+    "dur_f",
+    "fid",
+    "corr",
+    "ext",
+    "stream",
+    "obj_lo",
+    "obj_hi",
+)
+
+
+def scan(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, dict[str, np.ndarray]]:
+    """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi]."""
+    cap = int(np.count_nonzero(buf[lo:hi] == 123)) + 1  # no more events than '{' bytes
+    out = scan_events(buf, lo, hi, cap, KEY_HASH, ARG_HASH)
+    count, err, pos = out[0], out[1], out[2]
+    return err, pos, {k: v[:count] for k, v in zip(COLUMNS, out[3:])}
