@@ -100,7 +100,9 @@ def _skip(buf, i, n):
                     return i + 1
             i += 1
         return -2
-    # number or literal: up to the next delimiter
+    # number or literal (true / false / null): up to the next delimiter
+    if not (c == 45 or 48 <= c <= 57 or c == 116 or c == 102 or c == 110):
+        return -1
     j = i
     while j < n:
         c = buf[j]
@@ -201,6 +203,8 @@ def _find_events(buf, h_events, h_nodes, h_schema):
         i = _ws(buf, j, n)
         if i < n and buf[i] == 44:
             i += 1
+        elif i < n and buf[i] != 125:
+            return -1, -1, True, has_nodes, has_schema, BAD_JSON
 
 
 def find_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int]:
@@ -542,6 +546,9 @@ def scan_events(buf, lo, hi, cap, key_hash, arg_hash):
                         i = _ws(buf, j, hi)
                         if i < hi and buf[i] == 44:
                             i += 1
+                        elif i < hi and buf[i] != 125:
+                            err = BAD_JSON
+                            break
                 else:
                     j = _skip(buf, i, hi)
                     if j < 0:
@@ -601,6 +608,32 @@ def scan_events(buf, lo, hi, cap, key_hash, arg_hash):
                 i = _ws(buf, j, hi)
                 if i < hi and buf[i] == 44:
                     i += 1
+                elif i < hi and buf[i] != 125:
+                    return (
+                        count,
+                        BAD_JSON,
+                        i,
+                        ph,
+                        cat,
+                        name_hash,
+                        name_lo,
+                        name_hi,
+                        pid,
+                        tid,
+                        pid_str,
+                        tid_str,
+                        ts_i,
+                        ts_f,
+                        has_ts,
+                        dur_i,
+                        dur_f,
+                        fid,
+                        corr,
+                        ext,
+                        stream,
+                        obj_lo,
+                        obj_hi,
+                    )
             obj_hi[k] = i
             count += 1
             i = _ws(buf, i, hi)
