@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -163,26 +167,45 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(res, indent=1))
 
-    print(
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text)
+        lines.append(text)
+
+    say(
         f"BottleneckOracle (median of {a.repeat} runs: {', '.join(f'{r:.2f}' for r in res['ours_runs_s'])} s): parse {ours['parse_s']:.2f} s, build {ours['build_s']:.2f} s, CPM {ours['cpm_s']:.2f} s, "
         f"end-to-end {ours['end_to_end_s']:.2f} s (first run, compiling the CPM passes unless numba's cache has them: {cold['end_to_end_s']:.2f} s), peak RSS {ours['peak_rss_mb']:.0f} MB (each parse worker: {ours['peak_rss_parse_worker_mb']:.0f} MB)"
     )
-    print(
+    say(
         f"  {ours['graphs']} step graphs, {ours['nodes']:,} nodes, {ours['edges']:,} edges; max step-time error vs the slowest rank's measured step {100 * ours['step_time_error_max']:.2f}%"
     )
-    print(
+    say(
         f"networkx: graph build {nx_res['nx_build_s']:.2f} s, dag_longest_path_length {nx_res['nx_longest_path_s']:.2f} s "
         f"vs our CPM {nx_res['ours_cpm_s']:.3f} s ({res['speedup_vs_networkx_longest_path']:.0f}x); same makespan: {nx_res['same_makespan']}"
     )
     if hta:
-        print(
+        say(
             f"HTA 0.5.0: TraceAnalysis load {hta['hta_load_s']:.2f} s ({hta['hta_ranks']} ranks), peak RSS {hta['hta_peak_rss_mb']:.0f} MB "
             f"(+ {hta['hta_peak_rss_worker_mb']:.0f} MB per worker) "
             f"-> ours end-to-end is {res['speedup_vs_hta_load']:.1f}x faster than HTA's load alone"
         )
-        print(f"  HTA critical_path_analysis: {hta['hta_cp_s_per_rank_step']:.2f} s per rank and step ({hta['hta_cp_steps_ok']}/5 succeeded); "
+        say(f"  HTA critical_path_analysis: {hta['hta_cp_s_per_rank_step']:.2f} s per rank and step ({hta['hta_cp_steps_ok']}/5 succeeded); "
               f"one rank at a time, so {a.ranks} ranks x {info['steps']} steps would take about "
               f"{hta['hta_cp_s_per_rank_step'] * a.ranks * info['steps']:.0f} s (extrapolated)")  # fmt: skip
+
+    header = [
+        "# Scale benchmark: measured results",
+        "",
+        f"Written by `python benchmarks/bench_scale.py --events {a.events} --ranks {a.ranks}` on {time.strftime('%Y-%m-%d')}: "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, numpy {numpy.__version__}.",
+        f"Input: a synthetic {a.ranks}-rank data-parallel GPU trace (benchmarks/synth_trace.py), {info['events']:,} trace events, "
+        f"{info['steps']} steps, {size_mb:.0f} MB of JSON. Full numbers: benchmarks/out/results.json.",
+        "",
+        "```",
+        f"generated {info['events']:,} events in {gen_s:.1f} s",
+    ]
+    (HERE / "RESULTS.md").write_text("\n".join([*header, *lines, "```", ""]))
 
 
 if __name__ == "__main__":

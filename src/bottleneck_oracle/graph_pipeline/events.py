@@ -101,6 +101,19 @@ class EventTable:
     meta: dict[int, dict] = field(default_factory=dict)  # rank -> distributedInfo
     data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
+    by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    """Cached (rows sorted by rank then ts, their rank, their ts) for window look-ups."""
+
+    def rows_between(self, rank: int, start: float, end: float) -> np.ndarray:
+        """Rows of the events of ``rank`` that start in [start, end), in table order."""
+        if self.by_rank_ts is None:
+            order = np.lexsort((self.cols["ts"], self.cols["rank"]))
+            self.by_rank_ts = (order, self.cols["rank"][order], self.cols["ts"][order])
+        order, rank_s, ts_s = self.by_rank_ts
+        lo, hi = np.searchsorted(rank_s, rank, side="left"), np.searchsorted(rank_s, rank, side="right")
+        a = lo + np.searchsorted(ts_s[lo:hi], start, side="left")
+        b = lo + np.searchsorted(ts_s[lo:hi], end, side="left")
+        return order[a:b]
 
     def __len__(self) -> int:
         return len(self.cols["ts"])

@@ -40,10 +40,8 @@ def select_window(table: EventTable, step: int | None) -> tuple[np.ndarray, floa
     steps = [s for s in table.steps if s.number == step]
     if not steps:
         raise GraphError(f"no ProfilerStep#{step} in the trace")
-    keep = np.zeros(len(table), dtype=bool)
-    for s in steps:
-        keep |= (c["rank"] == s.rank) & (ts >= s.start) & (ts < s.end)
-    return np.flatnonzero(keep), min(s.start for s in steps), {s.rank: s.span for s in steps}, steps
+    rows = np.sort(np.concatenate([table.rows_between(s.rank, s.start, s.end) for s in steps]))
+    return rows, min(s.start for s in steps), {s.rank: s.span for s in steps}, steps
 
 
 def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
