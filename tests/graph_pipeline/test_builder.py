@@ -171,3 +171,18 @@ def test_save_and_load_round_trip(tmp_path):
     for k in g.nodes:
         assert np.array_equal(h.nodes[k], g.nodes[k], equal_nan=True)
     assert run_cpm(h).makespan == run_cpm(g).makespan
+
+
+def test_parallel_build_equals_sequential(monkeypatch):
+    from bottleneck_oracle.graph_pipeline import builder
+
+    table = cached_load(PUBLIC / "diff_control_rank3of8.json.gz")
+    seq = graphs(table)
+    monkeypatch.setattr(builder, "PARALLEL_EVENTS", 1)
+    par = graphs(table)
+    assert [g.step for g in par] == [g.step for g in seq]
+    for a, b in zip(seq, par):
+        for k in a.nodes:
+            assert np.array_equal(a.nodes[k], b.nodes[k], equal_nan=True), k
+        for k in a.edges:
+            assert np.array_equal(a.edges[k], b.edges[k]), k

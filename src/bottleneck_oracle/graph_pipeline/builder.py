@@ -11,7 +11,10 @@ the slack of the non-binding paths is what the trace shows could be absorbed.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,4 +236,23 @@ def build_graphs(table: EventTable, steps: list[int] | None = None, options: Bui
             warnings.warn(
                 f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=2
             )
-    return [build_graph(table, number, options) for number in present]
+    workers = min(os.cpu_count() or 1, len(present)) if len(table) >= PARALLEL_EVENTS else 1
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [build_graph(table, number, options) for number in present]
+    # steps are independent: one process per core; forked workers share the table's memory
+    table.index()
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(table, options)) as pool:
+        return list(pool.map(_worker_build, present, chunksize=max(1, len(present) // (4 * workers))))
+
+
+PARALLEL_EVENTS = 200_000  # build the steps of tables at least this large in parallel
+_WORKER: dict = {}  # per worker process: the table and options it builds from
+
+
+def _worker_init(table: EventTable, options: BuildOptions | None) -> None:
+    _WORKER["table"], _WORKER["options"] = table, options
+
+
+def _worker_build(step: int) -> ExecutionGraph:
+    return build_graph(_WORKER["table"], step, _WORKER["options"])

@@ -104,12 +104,16 @@ class EventTable:
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     """Cached (rows sorted by rank then ts, their rank, their ts) for window look-ups."""
 
-    def rows_between(self, rank: int, start: float, end: float) -> np.ndarray:
-        """Rows of the events of ``rank`` that start in [start, end), in table order."""
+    def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows sorted by rank then ts, their rank, their ts), computed once."""
         if self.by_rank_ts is None:
             order = np.lexsort((self.cols["ts"], self.cols["rank"]))
             self.by_rank_ts = (order, self.cols["rank"][order], self.cols["ts"][order])
-        order, rank_s, ts_s = self.by_rank_ts
+        return self.by_rank_ts
+
+    def rows_between(self, rank: int, start: float, end: float) -> np.ndarray:
+        """Rows of the events of ``rank`` that start in [start, end), in table order."""
+        order, rank_s, ts_s = self.index()
         lo, hi = np.searchsorted(rank_s, rank, side="left"), np.searchsorted(rank_s, rank, side="right")
         a = lo + np.searchsorted(ts_s[lo:hi], start, side="left")
         b = lo + np.searchsorted(ts_s[lo:hi], end, side="left")
