@@ -200,7 +200,7 @@ def main() -> None:
         f"Written by `python benchmarks/bench_scale.py --events {a.events} --ranks {a.ranks}` on {time.strftime('%Y-%m-%d')}: "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, numpy {numpy.__version__}.",
         f"Input: a synthetic {a.ranks}-rank data-parallel GPU trace (benchmarks/synth_trace.py), {info['events']:,} trace events, "
-        f"{info['steps']} steps, {size_mb:.0f} MB of JSON. Full numbers: benchmarks/out/results.json.",
+        f"{info['steps']} steps, {size_mb:.0f} MB of JSON. Every run also writes all its numbers to benchmarks/out/results.json (not committed).",
         "",
         "```",
         f"generated {info['events']:,} events in {gen_s:.1f} s",
