@@ -98,7 +98,7 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
         ranks = a.ranks()
         if len(ranks) > 1:
             rt = Table(title="Ranks")
-            for col in ("rank", "step ms", "CPM step ms", "waiting in collectives ms", "critical path share"):
+            for col in ("rank", "step ms", "CPM step ms", "collective wait ms (sum)", "critical path share"):
                 rt.add_column(col, justify="right")
             for x in ranks:
                 rt.add_row(
@@ -112,7 +112,7 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
             s = a.straggler()
             if s:
                 out.print(
-                    f"Straggler: rank {s['rank']} (the others waited {_ms(s['imposed_wait_us'])} ms for it at collectives on the critical path)"
+                    f"Straggler: rank {s['rank']} (the others waited up to {_ms(s['imposed_wait_us'])} ms for it at a collective on the critical path)"
                 )
 
 

@@ -155,8 +155,8 @@ class StepAnalysis:
 
     def straggler(self) -> dict | None:
         """The rank the others waited for at the collectives on the critical path: at each such
-        barrier, the last participant to arrive imposed the others' waits (µs). None if no
-        collective on the critical path made a rank wait."""
+        barrier, the last participant to arrive imposed the others' waits; reported with the
+        longest of them (µs). None if no collective on the critical path made a rank wait."""
         g, r = self.graph, self.cpm
         n, e = g.nodes, g.edges
         imposed: dict[int, float] = {}
@@ -167,7 +167,8 @@ class StepAnalysis:
             culprit = int(n["rank"][e["src"][edge]])
             members = e["dst"][(e["src"] == b) & (e["kind"] != EdgeKind.FEEDS)]
             waited = (n["mstart"] - n["start"])[members[n["rank"][members] != culprit]]
-            imposed[culprit] = imposed.get(culprit, 0.0) + float(waited.sum())
+            # the longest wait it caused (waits at collectives on different threads overlap in time)
+            imposed[culprit] = max(imposed.get(culprit, 0.0), float(waited.max(initial=0.0)))
         if not imposed or max(imposed.values()) <= 0:
             return None
         rank = max(imposed, key=imposed.get)

@@ -158,7 +158,7 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
             parts.append("<h3>Ranks</h3>")
             parts.append(
                 _table(
-                    ["rank", "step (ms)", "waiting in collectives (ms)", "critical path share"],
+                    ["rank", "step (ms)", "collective wait (ms, sum)", "critical path share"],
                     [
                         [
                             x["rank"],
@@ -173,7 +173,7 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
             s = a.straggler()
             if s:
                 parts.append(
-                    f"<p>Straggler: rank {s['rank']} (the others waited {s['imposed_wait_us'] / 1000:.3f} ms for it at collectives on the critical path).</p>"
+                    f"<p>Straggler: rank {s['rank']} (the others waited up to {s['imposed_wait_us'] / 1000:.3f} ms for it at a collective on the critical path).</p>"
                 )
     parts.append("</body></html>")
     return "\n".join(parts)
