@@ -215,251 +215,67 @@ def find_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int]:
 
 
 @numba.njit(cache=True, nogil=True)
-def scan_events(buf, lo, hi, cap, key_hash, arg_hash):
-    """Scan the events array buf[lo:hi] ('[' ... ']'). Returns (count, error, error_pos, columns...)."""
-    ph = np.zeros(cap, np.uint8)
-    cat = np.zeros(cap, np.uint64)
-    name_hash = np.zeros(cap, np.uint64)
-    name_lo = np.full(cap, -1, np.int64)
-    name_hi = np.full(cap, -1, np.int64)
-    pid = np.zeros(cap, np.int64)
-    tid = np.zeros(cap, np.int64)
-    pid_str = np.zeros(cap, np.uint64)  # hash of a string pid (0: numeric)
-    tid_str = np.zeros(cap, np.uint64)
-    ts_i = np.zeros(cap, np.int64)
-    ts_f = np.zeros(cap, np.float64)
-    has_ts = np.zeros(cap, np.bool_)
-    dur_i = np.zeros(cap, np.int64)
-    dur_f = np.zeros(cap, np.float64)
-    fid = np.full(cap, -1, np.int64)
-    corr = np.full(cap, -1, np.int64)
-    ext = np.full(cap, -1, np.int64)
-    stream = np.full(cap, -1, np.int64)
-    obj_lo = np.zeros(cap, np.int64)
-    obj_hi = np.zeros(cap, np.int64)
+def scan_events(
+    buf,
+    lo,
+    hi,
+    key_hash,
+    arg_hash,
+    ph,
+    cat,
+    name_hash,
+    name_lo,
+    name_hi,
+    pid,
+    tid,
+    pid_str,
+    tid_str,
+    ts_i,
+    ts_f,
+    has_ts,
+    dur_i,
+    dur_f,
+    fid,
+    corr,
+    ext,
+    stream,
+    obj_lo,
+    obj_hi,
+):
+    """Scan the events array buf[lo:hi] ('[' ... ']') into the given columns, one row per
+    event, allocated by the caller (scan). Returns (count, error, error_pos)."""
+    cap = len(ph)
     count = 0
     i = _ws(buf, lo + 1, hi)
     if i < hi and buf[i] == 93:
-        return (
-            count,
-            OK,
-            0,
-            ph,
-            cat,
-            name_hash,
-            name_lo,
-            name_hi,
-            pid,
-            tid,
-            pid_str,
-            tid_str,
-            ts_i,
-            ts_f,
-            has_ts,
-            dur_i,
-            dur_f,
-            fid,
-            corr,
-            ext,
-            stream,
-            obj_lo,
-            obj_hi,
-        )
+        return count, OK, 0
     while i < hi:
         if buf[i] != 123:
-            return (
-                count,
-                NOT_OBJECT,
-                i,
-                ph,
-                cat,
-                name_hash,
-                name_lo,
-                name_hi,
-                pid,
-                tid,
-                pid_str,
-                tid_str,
-                ts_i,
-                ts_f,
-                has_ts,
-                dur_i,
-                dur_f,
-                fid,
-                corr,
-                ext,
-                stream,
-                obj_lo,
-                obj_hi,
-            )
+            return count, NOT_OBJECT, i
         else:
             if count >= cap:
-                return (
-                    count,
-                    TOO_MANY,
-                    i,
-                    ph,
-                    cat,
-                    name_hash,
-                    name_lo,
-                    name_hi,
-                    pid,
-                    tid,
-                    pid_str,
-                    tid_str,
-                    ts_i,
-                    ts_f,
-                    has_ts,
-                    dur_i,
-                    dur_f,
-                    fid,
-                    corr,
-                    ext,
-                    stream,
-                    obj_lo,
-                    obj_hi,
-                )
+                return count, TOO_MANY, i
             k = count
             obj_lo[k] = i
             i += 1
             while True:
                 i = _ws(buf, i, hi)
                 if i >= hi:
-                    return (
-                        count,
-                        TRUNCATED,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, TRUNCATED, i
                 if buf[i] == 125:
                     i += 1
                     break
                 if buf[i] != 34:
-                    return (
-                        count,
-                        BAD_JSON,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, BAD_JSON, i
                 j, h = _string(buf, i, hi)
                 if j < 0:
-                    return (
-                        count,
-                        TRUNCATED,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, TRUNCATED, i
                 i = _ws(buf, j, hi)
                 if i >= hi or buf[i] != 58:
-                    return (
-                        count,
-                        BAD_JSON if i < hi else TRUNCATED,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, BAD_JSON if i < hi else TRUNCATED, i
                 i = _ws(buf, i + 1, hi)
                 if i >= hi:
-                    return (
-                        count,
-                        TRUNCATED,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, TRUNCATED, i
                 key = -1
                 for q in range(len(key_hash)):
                     if key_hash[q] == h:
@@ -554,168 +370,24 @@ def scan_events(buf, lo, hi, cap, key_hash, arg_hash):
                     if j < 0:
                         err = TRUNCATED if j == -2 else BAD_JSON
                 if err != OK:
-                    return (
-                        count,
-                        err,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, err, i
                 if j < 0:
-                    return (
-                        count,
-                        TRUNCATED,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, TRUNCATED, i
                 i = _ws(buf, j, hi)
                 if i < hi and buf[i] == 44:
                     i += 1
                 elif i < hi and buf[i] != 125:
-                    return (
-                        count,
-                        BAD_JSON,
-                        i,
-                        ph,
-                        cat,
-                        name_hash,
-                        name_lo,
-                        name_hi,
-                        pid,
-                        tid,
-                        pid_str,
-                        tid_str,
-                        ts_i,
-                        ts_f,
-                        has_ts,
-                        dur_i,
-                        dur_f,
-                        fid,
-                        corr,
-                        ext,
-                        stream,
-                        obj_lo,
-                        obj_hi,
-                    )
+                    return count, BAD_JSON, i
             obj_hi[k] = i
             count += 1
             i = _ws(buf, i, hi)
         if i < hi and buf[i] == 44:
             i = _ws(buf, i + 1, hi)
         elif i < hi and buf[i] == 93:
-            return (
-                count,
-                OK,
-                0,
-                ph,
-                cat,
-                name_hash,
-                name_lo,
-                name_hi,
-                pid,
-                tid,
-                pid_str,
-                tid_str,
-                ts_i,
-                ts_f,
-                has_ts,
-                dur_i,
-                dur_f,
-                fid,
-                corr,
-                ext,
-                stream,
-                obj_lo,
-                obj_hi,
-            )
+            return count, OK, 0
         elif i < hi:
-            return (
-                count,
-                BAD_JSON,
-                i,
-                ph,
-                cat,
-                name_hash,
-                name_lo,
-                name_hi,
-                pid,
-                tid,
-                pid_str,
-                tid_str,
-                ts_i,
-                ts_f,
-                has_ts,
-                dur_i,
-                dur_f,
-                fid,
-                corr,
-                ext,
-                stream,
-                obj_lo,
-                obj_hi,
-            )
-    return (
-        count,
-        TRUNCATED,
-        i,
-        ph,
-        cat,
-        name_hash,
-        name_lo,
-        name_hi,
-        pid,
-        tid,
-        pid_str,
-        tid_str,
-        ts_i,
-        ts_f,
-        has_ts,
-        dur_i,
-        dur_f,
-        fid,
-        corr,
-        ext,
-        stream,
-        obj_lo,
-        obj_hi,
-    )
+            return count, BAD_JSON, i
+    return count, TRUNCATED, i
 
 
 COLUMNS = (
@@ -742,9 +414,14 @@ COLUMNS = (
 )
 
 
+_DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": np.uint64, "tid_str": np.uint64,
+           "ts_f": np.float64, "dur_f": np.float64, "has_ts": np.bool_}  # fmt: skip
+_FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1}
+
+
 def scan(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, dict[str, np.ndarray]]:
     """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi]."""
     cap = int(np.count_nonzero(buf[lo:hi] == 123)) + 1  # no more events than '{' bytes
-    out = scan_events(buf, lo, hi, cap, KEY_HASH, ARG_HASH)
-    count, err, pos = out[0], out[1], out[2]
-    return err, pos, {k: v[:count] for k, v in zip(COLUMNS, out[3:])}
+    cols = {k: np.full(cap, _FILL[k], dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
+    count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())
+    return err, pos, {k: v[:count] for k, v in cols.items()}
