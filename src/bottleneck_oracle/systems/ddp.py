@@ -1,8 +1,9 @@
-"""A small data-parallel training run under torch.distributed (gloo on CPU), profiled per rank.
+"""A data-parallel training run under torch.distributed (gloo on CPU), profiled per rank.
 
-Used to record the bundled sample trace and by the tests: a 3-layer MLP trained with
-DistributedDataParallel on synthetic data, one rank optionally slowed by a sleep in its
-forward pass (a straggler), so the other ranks wait at the gradient all-reduce.
+Used to record the bundled sample trace and by the tests: a 3-layer MLP, or a GPT of one of
+``model.SIZES``, trained with DistributedDataParallel on synthetic data. One rank can be a
+straggler (a sleep in every forward pass), and ``injections`` slow a module, phase, collective
+or rank at chosen steps (systems.inject), recorded in injections-rank-N.jsonl.
 
     python -m bottleneck_oracle.systems.ddp --out traces/ --world 2 --straggler 1 --delay-ms 20
 """
@@ -10,6 +11,7 @@ forward pass (a straggler), so the other ranks wait at the gradient all-reduce.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import time
@@ -21,7 +23,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 
-from bottleneck_oracle.systems.profiler import oracle_profile, phase
+from bottleneck_oracle.systems.inject import Injection, Injector
+from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle.systems.profiler import oracle_profile
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,8 +46,14 @@ class DDPRun:
     delay_ms: float = 0.0
     """How long the straggler sleeps per step (ms)."""
     seed: int = 0
+    size: str | None = None
+    """A GPT size from model.SIZES instead of the MLP (hidden is then unused)."""
+    injections: tuple[Injection, ...] = ()
+    """Delays to inject, each on one rank at one step (= its ProfilerStep number)."""
 
     def __post_init__(self) -> None:
+        if self.size is not None and self.size not in SIZES:
+            raise ValueError(f"size must be one of {sorted(SIZES)} (found {self.size!r})")
         if self.world < 1:
             raise ValueError(f"world must be >= 1 (found {self.world})")
         if self.steps < 1:
@@ -65,29 +75,47 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
     try:
         torch.manual_seed(run.seed)
         torch.set_num_threads(1)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(256, run.hidden),
-            torch.nn.ReLU(),
-            torch.nn.Linear(run.hidden, run.hidden),
-            torch.nn.ReLU(),
-            torch.nn.Linear(run.hidden, 256),
-        )
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=run.bucket_mb)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(run.seed + rank)
-        x = torch.randn(run.batch, 256, generator=gen)
+        if run.size is None:
+            model = torch.nn.Sequential(
+                torch.nn.Linear(256, run.hidden),
+                torch.nn.ReLU(),
+                torch.nn.Linear(run.hidden, run.hidden),
+                torch.nn.ReLU(),
+                torch.nn.Linear(run.hidden, 256),
+            )
+            x = torch.randn(run.batch, 256, generator=gen)
+
+            def loss_of(m):
+                return m(x).pow(2).mean()
+        else:
+            cfg = SIZES[run.size]
+            model = GPT(cfg)
+            tokens, targets = synthetic_batch(cfg, run.batch, gen)
+
+            def loss_of(m):
+                return m(tokens, targets)
+
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=run.bucket_mb)
+        injector = Injector(list(run.injections), rank, run.out)
+        injector.attach(ddp)
+        if any(i.kind == "collective" for i in run.injections):
+            ddp.register_comm_hook(None, injector.ddp_comm_hook())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         with oracle_profile(run.out, steps=run.steps, warmup=1) as prof:
-            for _ in range(run.steps + 1):
-                with phase("forward"):
+            for step in range(run.steps + 1):
+                injector.at_step(step)
+                with injector.phase("forward"):
                     if rank == run.straggler and run.delay_ms > 0:
                         time.sleep(run.delay_ms / 1000)
-                    loss = ddp(x).pow(2).mean()
-                with phase("backward"):
+                    loss = loss_of(ddp)
+                with injector.phase("backward"):
                     loss.backward()
-                with phase("optimizer"):
+                with injector.phase("optimizer"):
                     opt.step()
                     opt.zero_grad()
                 prof.step()
+        injector.write_manifest()
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -98,7 +126,7 @@ def record(run: DDPRun) -> Path:
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     mp.spawn(_worker, args=(run, _free_port()), nprocs=run.world, join=True)
-    (out / "run.yaml").write_text(yaml.safe_dump(asdict(run), sort_keys=False))
+    (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
     return out
 
 
