@@ -85,9 +85,13 @@ def test_phase_and_rank_injections_and_their_trace_marker(tmp_path):
 
 
 @pytest.mark.slow
-def test_injected_delay_raises_the_measured_step_time(tmp_path):
-    """A 20 ms delay in one rank's forward of one layer raises that step by 20 ms +- 15%
-    (medians over several injected steps against their unperturbed neighbours)."""
+@pytest.mark.parametrize(
+    "kind,target",
+    [("module", "layers.0.mlp"), ("collective", ""), ("phase", "forward"), ("rank", "")],
+)
+def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
+    """A 20 ms delay on one rank raises the step's measured time by 20 ms +- 15% (medians over
+    several injected steps against their unperturbed neighbours), and the trace shows it."""
     import numpy as np
 
     from bottleneck_oracle.api import load
@@ -96,7 +100,7 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path):
     injected = [3, 6, 9, 12]
     run = DDPRun(
         out=str(tmp_path), world=2, steps=13, size="tiny", batch=4, bucket_mb=25.0,
-        injections=tuple(Injection(kind="module", target="layers.0.mlp", rank=1, step=s, delay_ms=20) for s in injected),
+        injections=tuple(Injection(kind=kind, target=target, rank=1, step=s, delay_ms=20) for s in injected),
     )  # fmt: skip
     table = load(record(run))
     step_time = {}
@@ -106,3 +110,8 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path):
     assert np.median(deltas) == pytest.approx(20_000, rel=0.15), deltas
     neighbours = [step_time[s] for s in step_time if s not in injected and s > 1]
     assert np.std(neighbours) < 5_000  # unperturbed steps stay within noise
+    manifest = read_manifest(tmp_path)
+    assert sorted(r["step"] for r in manifest) == injected and {r["rank"] for r in manifest} == {1}
+    marker = [i for i, n in enumerate(table.names) if n.startswith(f"oracle_inject:{kind}:")]
+    rows = np.isin(table.cols["name"], marker)
+    assert rows.sum() == len(injected) and set(table.cols["rank"][rows].tolist()) == {1}
