@@ -108,8 +108,10 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
         step_time[s.number] = max(step_time.get(s.number, 0.0), s.span)
     deltas = [step_time[s] - np.median([step_time[s - 1], step_time[s + 1]]) for s in injected]
     assert np.median(deltas) == pytest.approx(20_000, rel=0.15), deltas
-    neighbours = [step_time[s] for s in step_time if s not in injected and s > 1]
-    assert np.std(neighbours) < 5_000  # unperturbed steps stay within noise
+    # the delay does not leak into the next step: it is as fast as the other unperturbed ones
+    after = [step_time[s + 1] for s in injected]
+    others = [t for n, t in step_time.items() if n > 1 and n not in injected and n - 1 not in injected]
+    assert abs(np.median(after) - np.median(others)) < 5_000, (after, others)
     manifest = read_manifest(tmp_path)
     assert sorted(r["step"] for r in manifest) == injected and {r["rank"] for r in manifest} == {1}
     marker = [i for i, n in enumerate(table.names) if n.startswith(f"oracle_inject:{kind}:")]
