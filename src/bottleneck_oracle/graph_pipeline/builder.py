@@ -25,7 +25,7 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, modelled_ends
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, make_window
 
 
@@ -95,8 +95,11 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
     start = np.concatenate([nd["start"], arrival])
     end = np.concatenate([raw.end, arrival])
 
+    # a send does not wait for its receiver (gloo and NCCL buffer it); every other participant does
+    sends = member[nd["coll_kind"][member] == CollectiveKind.SEND]
+    waiting = member[nd["coll_kind"][member] != CollectiveKind.SEND]
     mstart = start.copy()
-    mstart[member] = np.clip(arrival[inst[member]], start[member], end[member])
+    mstart[waiting] = np.clip(arrival[inst[waiting]], start[waiting], end[waiting])
     ws, wd = src[is_wait], dst[is_wait]
     if len(ws):
         ready = np.full(n + n_bar, -np.inf)
@@ -112,19 +115,28 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
     ckind = nd["coll_kind"]
     if n_bar:
         # a participant's own dependencies decide when it arrives: they now lead to its barrier
+        # (a send's are copied there, the send itself still starts when they allow)
         inst_all = np.concatenate([inst, np.full(n_bar, -1)])
-        redirect = (inst_all[dst] >= 0) & ~is_wait
-        dst = np.where(redirect, n + inst_all[dst], dst)
+        is_send = np.zeros(n + n_bar, dtype=bool)
+        is_send[sends] = True
+        into = (inst_all[dst] >= 0) & ~is_wait
+        copy = np.flatnonzero(into & is_send[dst])
+        to_barrier = n + inst_all[dst[copy]]
+        dst = np.where(into & ~is_send[dst], n + inst_all[dst], dst)
+        src = np.concatenate([src, src[copy]])
+        dst = np.concatenate([dst, to_barrier])
+        kind = np.concatenate([kind, kind[copy]])
+        weight = np.concatenate([weight, weight[copy]])
         bar_release = np.full(n_bar, -np.inf)
         lone = member[~has_local[member]]
         np.maximum.at(bar_release, inst[lone], start[lone])
-        release[member] = -np.inf
+        release[waiting] = -np.inf
         release[n:] = bar_release
-        p2p = np.isin(ckind[member], P2P_KINDS)
-        src = np.concatenate([src, n + inst[member]])
-        dst = np.concatenate([dst, member])
+        p2p = np.isin(ckind[waiting], P2P_KINDS)
+        src = np.concatenate([src, n + inst[waiting]])
+        dst = np.concatenate([dst, waiting])
         kind = np.concatenate([kind, np.where(p2p, EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC).astype(np.int8)])
-        weight = np.concatenate([weight, np.minimum(mstart[member] - arrival[inst[member]], 0.0)])
+        weight = np.concatenate([weight, np.minimum(mstart[waiting] - arrival[inst[waiting]], 0.0)])
 
     names = list(raw.names)
     bar_name = np.arange(len(names), len(names) + n_bar, dtype=np.int32)
@@ -177,16 +189,19 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     w = make_window(table, step)
     c, rows = w.c, w.node_rows
     start = w.ts[rows]
-    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows])
-    end = modelled_ends(start, w.end[rows], w.ckind, inst)
-
     E = rules.EdgeSet()
     rules.program_order(w, E)
     rules.launches(w, E)
     rules.forward_backward(table, w, E)
     rules.data_dependencies(table, w, E)
     rules.cuda_syncs(w, E, opt.blocking_sync_calls)
-    rules.completions(w, E, rules.backends(w, E), inst, end, opt.feeds_resume_us)
+    pairs = rules.backends(w, E)
+    peer = np.full(len(rows), -1, dtype=np.int64)  # a backend send/recv's peer is its c10d call's
+    for call, work in pairs:
+        peer[work] = c["peer"][call]
+    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer)
+    end = modelled_ends(start, w.end[rows], w.ckind, inst)
+    rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
     src, dst, kind, is_wait = E.arrays()
     nodes = {
         "rank": c["rank"][rows],

@@ -28,25 +28,35 @@ SYMMETRIC = (
 )
 
 
-def match_instances(rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, pg: np.ndarray, nelems: np.ndarray) -> np.ndarray:
+def match_instances(
+    rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, pg: np.ndarray, nelems: np.ndarray, peer: np.ndarray | None = None
+) -> np.ndarray:
     """Instance id per node (-1: compute, or a network op seen on one rank only).
-    ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown."""
+    ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown; ``peer`` the
+    other rank of a send or recv (-1 unknown): the k-th send of a size from a to b pairs with
+    the k-th recv of that size on b from a."""
     inst = np.full(len(rank), -1, dtype=np.int64)
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
         return inst
     size = np.where(np.isnan(nelems[net]), -1, nelems[net]).astype(np.int64)
+    peers = peer[net] if peer is not None else np.full(len(net), -1)
     sequences: dict[tuple, list[tuple[float, int]]] = {}
-    for i, r, k, g, m, t in zip(
-        net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist()
+    for i, r, k, g, m, t, q in zip(
+        net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist(), peers.tolist()
     ):
-        sequences.setdefault((r, k, g, m), []).append((t, i))
+        sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
     groups: dict[tuple, list[int]] = {}
-    for (_, k, g, m), seq in sequences.items():
+    for (r, k, g, m, q), seq in sequences.items():
         seq.sort()
-        family = "p2p" if k in P2P_KINDS else k
+        if k not in P2P_KINDS:
+            family: tuple = (k,)
+        elif q < 0:
+            family = ("p2p", -1, -1)
+        else:  # (sender, receiver)
+            family = ("p2p", r, q) if k == CollectiveKind.SEND else ("p2p", q, r)
         for j, (_, i) in enumerate(seq):
-            groups.setdefault((family, g, m, j), []).append(i)
+            groups.setdefault((*family, g, m, j), []).append(i)
     n = 0
     for key, members in groups.items():
         ranks = {int(rank[i]) for i in members}

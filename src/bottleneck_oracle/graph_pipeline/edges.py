@@ -55,11 +55,17 @@ class EdgeSet:
 
 
 def program_order(w: Window, E: EdgeSet) -> None:
-    """Consecutive leaves on a CPU thread; consecutive ops on a GPU stream."""
+    """Consecutive leaves on a CPU thread; consecutive ops on a GPU stream; consecutive backend
+    ops of a thread that do not overlap."""
     same = np.flatnonzero(w.leaf_thread[1:] == w.leaf_thread[:-1])
     E.add(same, same + 1, EdgeKind.PROGRAM_ORDER)
     gsame = np.flatnonzero(w.gpu_stream[1:] == w.gpu_stream[:-1])
     E.add(w.n_leaf + gsame, w.n_leaf + gsame + 1, EdgeKind.PROGRAM_ORDER)
+    # backend ops on one thread run one after the other unless their spans overlap (async work)
+    b = w.n_leaf + len(w.gpu_rows)
+    rows = w.backend_rows
+    serial = np.flatnonzero((w.backend_lane[1:] == w.backend_lane[:-1]) & (w.ts[rows[1:]] >= w.end[rows[:-1]] - 1e-6))
+    E.add(b + serial, b + serial + 1, EdgeKind.PROGRAM_ORDER)
 
 
 def launches(w: Window, E: EdgeSet) -> None:

@@ -209,7 +209,19 @@ def _arg(args: dict, col: str) -> object:
 
 
 _COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
-_SPARSE = ("correlation", "ext_id", "stream", "wait_stream", "wait_event_corr", "msg_nelems", "group_size", "pg", "elem_bytes", "sync_kind")
+_SPARSE = (
+    "correlation",
+    "ext_id",
+    "stream",
+    "wait_stream",
+    "wait_event_corr",
+    "msg_nelems",
+    "group_size",
+    "pg",
+    "elem_bytes",
+    "sync_kind",
+    "peer",
+)
 _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
 _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
 
@@ -295,7 +307,7 @@ class _Builder:
             if part["cls"][r] == EvClass.GPU_SYNC:
                 self._sync_args(sparse, r, names[part["name"][r]], args)
             if comm[part["name"][r]]:
-                self._comm_args(sparse, r, args)
+                self._comm_args(sparse, r, args, names[part["name"][r]])
         for col, (idx, vals) in sparse.items():
             dtype = _SPARSE_DTYPE.get(col, np.int64)
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
@@ -350,8 +362,14 @@ class _Builder:
                 sparse[col][0].append(row)
                 sparse[col][1].append(v)
 
-    def _comm_args(self, sparse: dict, row: int, args: dict) -> None:
-        """Message size, group size, process group and element size of collective-ish ops."""
+    def _comm_args(self, sparse: dict, row: int, args: dict, name: str) -> None:
+        """Message size, group size, process group and element size of collective-ish ops, and
+        the peer rank of c10d send/recv calls (their third concrete input: dst or src)."""
+        if name.startswith("c10d::") and ("send" in name or "recv" in name):
+            concrete = args.get(F.CONCRETE_INPUTS_KEY)
+            if isinstance(concrete, list) and len(concrete) > 2 and str(concrete[2]).lstrip("-").isdigit():
+                sparse["peer"][0].append(row)
+                sparse["peer"][1].append(int(concrete[2]))
         nelems = _arg(args, "msg_nelems")
         if nelems != nelems and F.INPUT_DIMS_KEY in args:  # NaN: gloo ops only give Input Dims
             nelems = _prod(args[F.INPUT_DIMS_KEY])

@@ -37,6 +37,7 @@ SYNC_KIND_KEY = "cuda_sync_kind"
 PG_RANKS_KEYS = ("Process Group Ranks", "process_group_ranks")
 PG_NAME_KEYS = ("Process Group Name", "process_group_name")
 INPUT_DIMS_KEY = "Input Dims"
+CONCRETE_INPUTS_KEY = "Concrete Inputs"  # scalar arguments as strings; c10d::send/recv_: [tensors, pg, peer, tag]
 INPUT_TYPE_KEY = "Input type"
 DTYPE_KEYS = ("dtype",)
 

@@ -2,8 +2,9 @@
 
 A window is one ProfilerStep on every rank (everything that starts within the
 step's span on that rank, GPU ops included) or the whole trace. Nodes are the
-leaf slices of each CPU thread's op tree plus every GPU op; parent ops are
-mapped onto their first leaf (edges into them) or last leaf (edges out of them).
+leaf slices of each CPU thread's op tree, every GPU op and every backend op (gloo:*,
+kept off the leaf chain: an async op's span overlaps its thread's later work); parent
+ops are mapped onto their first leaf (edges into them) or last leaf (edges out of them).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class Window:
     # GPU streams
     gpu_rows: np.ndarray  # sorted by (stream, ts)
     gpu_stream: np.ndarray
+    # backend ops (gloo:*), after the GPU ops in the node order
+    backend_rows: np.ndarray  # sorted by (thread, ts)
+    backend_lane: np.ndarray
     # nodes (leaves first, then GPU ops)
     node_rows: np.ndarray
     ev2node: np.ndarray
@@ -179,7 +183,10 @@ def make_window(table: EventTable, step: int | None) -> Window:
 
     # CPU leaves: sorted by (thread, ts, -dur), an event is a leaf if the next one on its
     # thread starts at or after its end (leaves of one thread therefore never overlap)
-    cpu_rows = np.flatnonzero((cls == EvClass.CPU) | (cls == EvClass.RUNTIME))
+    # backend ops (gloo:*) are the backend's work, not the calling thread's program: an async
+    # send's span overlaps the thread's later ops. They are nodes of their own, off the leaf chain.
+    backend = (cls == EvClass.CPU) & name_gloo[c["name"]]
+    cpu_rows = np.flatnonzero(((cls == EvClass.CPU) | (cls == EvClass.RUNTIME)) & ~backend)
     thread = dense_ids(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
     order = np.lexsort((-dur[cpu_rows], ts[cpu_rows], thread))
     srt, th = cpu_rows[order], thread[order]
@@ -195,7 +202,11 @@ def make_window(table: EventTable, step: int | None) -> Window:
     stream = dense_ids(c["rank"][gpu_rows], c["pid"][gpu_rows], c["tid"][gpu_rows])
     g_order = np.lexsort((ts[gpu_rows], stream))
 
-    node_rows = np.concatenate([srt[leaf], gpu_rows[g_order]])
+    back_rows = np.flatnonzero(backend)
+    lane = dense_ids(c["rank"][back_rows], c["pid"][back_rows], c["tid"][back_rows])
+    b_order = np.lexsort((ts[back_rows], lane))
+
+    node_rows = np.concatenate([srt[leaf], gpu_rows[g_order], back_rows[b_order]])
     ev2node = np.full(len(ts), -1, dtype=np.int64)
     ev2node[node_rows] = np.arange(len(node_rows))
     nname, ncls = c["name"][node_rows], cls[node_rows]
@@ -204,7 +215,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
         step=step, w0=w0, measured=measured, steps=steps, rows=rows, c=c, names=names, ts=ts, end=end,
         name_coll=name_coll, name_gloo=name_gloo, name_nccl=name_nccl, name_c10d=name_c10d,
         cpu_rows=cpu_rows, cpu_sorted=srt, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
-        gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order],
+        gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order], backend_rows=back_rows[b_order], backend_lane=lane[b_order],
         node_rows=node_rows, ev2node=ev2node, is_net=is_net,
         ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8),
     )  # fmt: skip

@@ -62,7 +62,7 @@ class DDPRun:
             raise ValueError(f"straggler must be < world (found {self.straggler} for world {self.world})")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -125,7 +125,7 @@ def record(run: DDPRun) -> Path:
     """Run the job on ``run.world`` local processes; returns the trace folder."""
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(run, _free_port()), nprocs=run.world, join=True)
+    mp.spawn(_worker, args=(run, free_port()), nprocs=run.world, join=True)
     (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
     return out
 

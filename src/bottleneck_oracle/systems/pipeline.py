@@ -1,0 +1,192 @@
+"""Pipeline-parallel training of the GPT over point-to-point send/recv (gloo on CPU).
+
+The model's layers are split evenly over the ranks (stage 0 also holds the embedding, the last
+stage the head and loss). Each step runs ``microbatches`` micro-batches with one of two
+schedules: AFAB (all forwards, then all backwards) or 1F1B (after a warm-up of
+``stages - rank - 1`` forwards, one forward then one backward). Activations travel forward
+and their gradients backward with ``isend`` (waited at the end of the step, so a send never
+blocks the schedule) and blocking ``recv``.
+
+    python -m bottleneck_oracle.systems.pipeline --out traces/ --world 2 --schedule 1f1b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+from torch import nn
+
+from bottleneck_oracle.systems.ddp import free_port
+from bottleneck_oracle.systems.inject import Injection, Injector
+from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle.systems.profiler import oracle_profile, phase
+
+SCHEDULES = ("afab", "1f1b")
+
+
+@dataclass(kw_only=True, slots=True)
+class PipelineRun:
+    out: str
+    """Folder for rank-N.json.gz (and run.yaml)."""
+    world: int = 2
+    """Pipeline stages, one rank each."""
+    size: str = "tiny"
+    """GPT size from model.SIZES."""
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    batch: int = 2
+    """Sequences per micro-batch."""
+    steps: int = 3
+    seed: int = 0
+    injections: tuple[Injection, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES} (found {self.schedule!r})")
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {sorted(SIZES)} (found {self.size!r})")
+        if self.world < 2 or SIZES[self.size].layers < self.world:
+            raise ValueError(f"need 2 <= world <= layers ({SIZES[self.size].layers}) (found {self.world})")
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1 (found {self.microbatches})")
+
+
+class Stage(nn.Module):
+    """The layers of one pipeline stage; the first embeds tokens, the last returns the loss."""
+
+    def __init__(self, model: GPT, rank: int, world: int) -> None:
+        super().__init__()
+        n = len(model.layers)
+        lo, hi = rank * n // world, (rank + 1) * n // world
+        self.first, self.last = rank == 0, rank == world - 1
+        self.embed = model.embed if self.first else None
+        self.pos = model.pos if self.first else None
+        self.layers = nn.ModuleList(model.layers[lo:hi])
+        self.ln = model.ln if self.last else None
+        self.head = model.head if self.last else None
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Shapes: first stage x (batch, seq) tokens, others (batch, seq, width); the last
+        returns a scalar loss, the others (batch, seq, width) activations."""
+        if self.first:
+            x = self.embed(x) + self.pos[:, : x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        if self.last:
+            logits = self.head(self.ln(x))
+            return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return x
+
+
+def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, shape) -> list:
+    """One step of the schedule; returns the pending isend works."""
+    pending = []
+    inputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor] = {}
+
+    def forward(mb: int) -> None:
+        with phase(f"forward.mb{mb}"):
+            if stage.first:
+                x = data[mb][0]
+            else:
+                x = torch.empty(shape)
+                dist.recv(x, rank - 1)
+                x.requires_grad_(True)
+            inputs[mb] = x
+            out = stage(x, data[mb][1])
+            outputs[mb] = out
+            if not stage.last:
+                pending.append(dist.isend(out.detach(), rank + 1))
+
+    def backward(mb: int) -> None:
+        with phase(f"backward.mb{mb}"):
+            out = outputs.pop(mb)
+            if stage.last:
+                (out / run.microbatches).backward()
+            else:
+                grad = torch.empty(shape)
+                dist.recv(grad, rank + 1)
+                out.backward(grad)
+            x = inputs.pop(mb)
+            if not stage.first:
+                pending.append(dist.isend(x.grad, rank - 1))
+
+    m = run.microbatches
+    if run.schedule == "afab":
+        for mb in range(m):
+            forward(mb)
+        for mb in range(m):
+            backward(mb)
+    else:
+        warmup = min(world - rank - 1, m)
+        for mb in range(warmup):
+            forward(mb)
+        for i in range(m - warmup):
+            forward(i + warmup)
+            backward(i)
+        for mb in range(m - warmup, m):
+            backward(mb)
+    return pending
+
+
+def _worker(rank: int, run: PipelineRun, port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=run.world)
+    try:
+        torch.manual_seed(run.seed)  # every rank builds the same model, then keeps its stage
+        torch.set_num_threads(1)
+        cfg = SIZES[run.size]
+        stage = Stage(GPT(cfg), rank, run.world)
+        gen = torch.Generator().manual_seed(run.seed)
+        data = [synthetic_batch(cfg, run.batch, gen) for _ in range(run.microbatches)]
+        shape = (run.batch, cfg.seq, cfg.width)
+        opt = torch.optim.SGD(stage.parameters(), lr=0.01)
+        injector = Injector(list(run.injections), rank, run.out)
+        injector.attach(stage)
+        with oracle_profile(run.out, steps=run.steps, warmup=1) as prof:
+            for step in range(run.steps + 1):
+                injector.at_step(step)
+                for work in _train_step(stage, rank, run.world, run, data, shape):
+                    work.wait()
+                with injector.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+                prof.step()
+        injector.write_manifest()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def record(run: PipelineRun) -> Path:
+    """Run the pipeline on ``run.world`` local processes; returns the trace folder."""
+    out = Path(run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_worker, args=(run, free_port()), nprocs=run.world, join=True)
+    (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
+    a = p.parse_args()
+    record(PipelineRun(out=a.out, world=a.world, size=a.size, schedule=a.schedule, microbatches=a.microbatches, steps=a.steps))
+
+
+if __name__ == "__main__":
+    main()
