@@ -187,6 +187,38 @@ def parse(
 
 
 @app.command()
+def generate(
+    config: Path = typer.Option(Path("config.yaml"), "--config", help="Config whose grid section says what to record."),
+    out_dir: Path = typer.Option(None, "--out", "-o", help="Folder for the runs and manifest.jsonl (default: paths.raw of the config)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from bottleneck_oracle.systems.generate import generate as run_grid
+
+    cfg = _config(config)
+    target = out_dir or Path(cfg.paths.raw)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=as_json
+    ) as bar:
+        task = bar.add_task("runs", total=None)
+
+        def progress(run_id: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=run_id or "done")
+
+        summary = run_grid(cfg.grid, target, progress)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    else:
+        out.print(
+            f"{summary['recorded']} runs recorded, {summary['skipped']} already done; "
+            f"{summary['steps']} profiled steps ({summary['perturbed_steps']} perturbed) in {summary['manifest']}",
+            highlight=False,
+        )
+
+
+@app.command()
 def train(config: Path = typer.Option(Path("config.yaml"), "--config", help=CONFIG_HELP)) -> None:
     """Train the HeteroGAT on a built dataset (not built yet)."""
     _config(config)

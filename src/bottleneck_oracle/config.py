@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -34,6 +35,45 @@ class AnalysisConfig:
 class PathsConfig:
     graphs: str = "data/graphs"
     """Where `parse` writes graphs when --output is not given."""
+    raw: str = "data/raw"
+    """Where `generate` writes its runs when --out is not given."""
+
+
+_LAYOUT = re.compile(r"^(dp[2-8]|pp[2-8]-(afab|1f1b))$")
+
+
+@dataclass(kw_only=True, slots=True)
+class GridConfig:
+    sizes: list[str] = field(default_factory=lambda: ["tiny", "small", "medium"])
+    """GPT sizes (systems.model.SIZES)."""
+    layouts: list[str] = field(default_factory=lambda: ["dp2", "pp2-1f1b", "pp2-afab"])
+    """dpN: data parallel on N ranks; ppN-1f1b / ppN-afab: N pipeline stages."""
+    injection_kinds: list[str] = field(default_factory=lambda: ["module", "phase", "collective", "rank"])
+    """What the injections slow (systems.inject.KINDS); collective runs on DP layouts only."""
+    steps: int = 18
+    """Profiled steps per launch; every third one from step 3 carries an injection."""
+    delays_ms: list[float] = field(default_factory=lambda: [5.0, 10.0, 20.0, 40.0])
+    """Injected delays to draw from, ms."""
+    batch: int = 4
+    """Sequences per step (DP) or per micro-batch (PP)."""
+    microbatches: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from bottleneck_oracle.systems.inject import KINDS
+        from bottleneck_oracle.systems.model import SIZES
+
+        for name, values, known in (("sizes", self.sizes, SIZES), ("injection_kinds", self.injection_kinds, KINDS)):
+            bad = [v for v in values if v not in known]
+            if bad or not values:
+                raise ConfigError(f"grid.{name} must be a non-empty list from {sorted(known)} (found {values!r})")
+        bad = [v for v in self.layouts if not isinstance(v, str) or not _LAYOUT.match(v)]
+        if bad or not self.layouts:
+            raise ConfigError(f"grid.layouts must be like dp2, pp2-1f1b, pp4-afab (found {bad or self.layouts!r})")
+        if not isinstance(self.steps, int) or self.steps < 4:
+            raise ConfigError(f"grid.steps must be an integer >= 4 (found {self.steps!r})")
+        if not self.delays_ms or any(not isinstance(d, (int, float)) or d <= 0 for d in self.delays_ms):
+            raise ConfigError(f"grid.delays_ms must be positive numbers (found {self.delays_ms!r})")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,12 +81,13 @@ class Config:
     graph: GraphConfig = field(default_factory=GraphConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    grid: GridConfig = field(default_factory=GridConfig)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-_SECTIONS = {"graph": GraphConfig, "analysis": AnalysisConfig, "paths": PathsConfig}
+_SECTIONS = {"graph": GraphConfig, "analysis": AnalysisConfig, "paths": PathsConfig, "grid": GridConfig}
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -69,7 +69,7 @@ class Stage(nn.Module):
         self.first, self.last = rank == 0, rank == world - 1
         self.embed = model.embed if self.first else None
         self.pos = model.pos if self.first else None
-        self.layers = nn.ModuleList(model.layers[lo:hi])
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in range(lo, hi)})  # global names: layers.<i>
         self.ln = model.ln if self.last else None
         self.head = model.head if self.last else None
 
@@ -78,7 +78,7 @@ class Stage(nn.Module):
         returns a scalar loss, the others (batch, seq, width) activations."""
         if self.first:
             x = self.embed(x) + self.pos[:, : x.shape[1]]
-        for layer in self.layers:
+        for layer in self.layers.values():
             x = layer(x)
         if self.last:
             logits = self.head(self.ln(x))

@@ -1,0 +1,45 @@
+"""`generate` on the CI grid: real runs, a manifest per profiled step, resumable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bottleneck_oracle.config import ConfigError, GridConfig, load_config
+from bottleneck_oracle.systems.generate import cells, generate
+
+GRID = Path(__file__).parent.parent / "data" / "grid-tiny.yaml"
+
+
+def test_grid_cells_skip_collective_injections_on_pipelines():
+    grid = GridConfig(sizes=["tiny"], layouts=["dp2", "pp2-afab"], injection_kinds=["collective", "rank"])
+    assert [c["run_id"] for c in cells(grid)] == ["tiny-dp2-collective", "tiny-dp2-rank", "tiny-pp2-afab-rank"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,problem", [({"layouts": ["tp2"]}, "grid.layouts"), ({"sizes": ["huge"]}, "grid.sizes"), ({"steps": 2}, "grid.steps")]
+)
+def test_bad_grid_is_named(kwargs, problem):
+    with pytest.raises(ConfigError, match=problem):
+        GridConfig(**kwargs)
+
+
+def test_generate_records_the_grid_and_resumes(tmp_path):
+    grid = load_config(GRID).grid
+    first = generate(grid, tmp_path)
+    assert first["recorded"] == 2 and first["skipped"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * grid.steps and first["steps"] == len(rows)
+    perturbed = [r for r in rows if r["injection"]]
+    assert {r["step"] for r in perturbed} == {3}  # every third step from 3 on
+    for r in perturbed:
+        assert r["baseline_step"] == 2 and r["injection"]["slept_ms"] >= r["injection"]["delay_ms"]
+        assert r["step_time_us"] > 0 and Path(r["path"], "DONE").exists()
+    # a perturbed step is slower than its unperturbed baseline by about the delay
+    by = {(r["run_id"], r["step"]): r for r in rows}
+    for r in perturbed:
+        assert r["step_time_us"] - by[(r["run_id"], r["baseline_step"])]["step_time_us"] > 0.5 * 1000 * r["injection"]["delay_ms"]
+    again = generate(grid, tmp_path)
+    assert again["recorded"] == 0 and again["skipped"] == 2 and again["steps"] == len(rows)
