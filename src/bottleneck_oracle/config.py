@@ -39,15 +39,15 @@ class PathsConfig:
     """Where `generate` writes its runs when --out is not given."""
 
 
-_LAYOUT = re.compile(r"^(dp[2-8]|pp[2-8]-(afab|1f1b))$")
+_LAYOUT = re.compile(r"^(dp[2-8]|tp[2-8]|pp[2-8]-(afab|1f1b))$")
 
 
 @dataclass(kw_only=True, slots=True)
 class GridConfig:
     sizes: list[str] = field(default_factory=lambda: ["tiny", "small", "medium"])
     """GPT sizes (systems.model.SIZES)."""
-    layouts: list[str] = field(default_factory=lambda: ["dp2", "pp2-1f1b", "pp2-afab"])
-    """dpN: data parallel on N ranks; ppN-1f1b / ppN-afab: N pipeline stages."""
+    layouts: list[str] = field(default_factory=lambda: ["dp2", "tp2", "pp2-1f1b", "pp2-afab"])
+    """dpN: data parallel on N ranks; tpN: tensor parallel; ppN-1f1b / ppN-afab: N pipeline stages."""
     injection_kinds: list[str] = field(default_factory=lambda: ["module", "phase", "collective", "rank"])
     """What the injections slow (systems.inject.KINDS); collective runs on DP layouts only."""
     steps: int = 18
@@ -69,7 +69,7 @@ class GridConfig:
                 raise ConfigError(f"grid.{name} must be a non-empty list from {sorted(known)} (found {values!r})")
         bad = [v for v in self.layouts if not isinstance(v, str) or not _LAYOUT.match(v)]
         if bad or not self.layouts:
-            raise ConfigError(f"grid.layouts must be like dp2, pp2-1f1b, pp4-afab (found {bad or self.layouts!r})")
+            raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {bad or self.layouts!r})")
         if not isinstance(self.steps, int) or self.steps < 4:
             raise ConfigError(f"grid.steps must be an integer >= 4 (found {self.steps!r})")
         if not self.delays_ms or any(not isinstance(d, (int, float)) or d <= 0 for d in self.delays_ms):

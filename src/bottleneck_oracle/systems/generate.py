@@ -27,9 +27,11 @@ from bottleneck_oracle.systems.inject import Injection, read_manifest
 from bottleneck_oracle.systems.model import SIZES
 from bottleneck_oracle.systems.pipeline import PipelineRun
 from bottleneck_oracle.systems.pipeline import record as record_pipeline
+from bottleneck_oracle.systems.tensor import TensorRun
+from bottleneck_oracle.systems.tensor import record as record_tp
 
 MANIFEST = "manifest.jsonl"
-LAYOUT = re.compile(r"^(dp|pp)(\d+)(?:-(afab|1f1b))?$")
+LAYOUT = re.compile(r"^(dp|tp|pp)(\d+)(?:-(afab|1f1b))?$")
 
 
 def world_of(layout: str) -> int:
@@ -66,7 +68,7 @@ def injections_for(cell: dict, grid: GridConfig, seed: int) -> tuple[Injection, 
                 layer = rng.randrange(layers)
             target = f"layers.{layer}.{rng.choice(['attn', 'mlp'])}"
         elif kind == "phase":
-            target = rng.choice(["forward", "backward", "optimizer"]) if cell["layout"].startswith("dp") else "optimizer"
+            target = rng.choice(["forward", "backward", "optimizer"]) if not cell["layout"].startswith("pp") else "optimizer"
         else:
             target = ""
         out.append(Injection(kind=kind, target=target, rank=rank, step=step, delay_ms=delay))
@@ -81,7 +83,11 @@ def run_cell(cell: dict, grid: GridConfig, out: Path, seed: int) -> Path:
     layout = cell["layout"]
     world = world_of(layout)
     injections = injections_for(cell, grid, seed)
-    if layout.startswith("dp"):
+    if layout.startswith("tp"):
+        record_tp(
+            TensorRun(out=str(folder), world=world, size=cell["size"], batch=grid.batch, steps=grid.steps, seed=seed, injections=injections)
+        )
+    elif layout.startswith("dp"):
         record_ddp(
             DDPRun(
                 out=str(folder),
