@@ -19,7 +19,7 @@ def test_grid_cells_skip_collective_injections_on_pipelines():
 
 
 @pytest.mark.parametrize(
-    "kwargs,problem", [({"layouts": ["tp2"]}, "grid.layouts"), ({"sizes": ["huge"]}, "grid.sizes"), ({"steps": 2}, "grid.steps")]
+    "kwargs,problem", [({"layouts": ["xp2"]}, "grid.layouts"), ({"sizes": ["huge"]}, "grid.sizes"), ({"steps": 2}, "grid.steps")]
 )
 def test_bad_grid_is_named(kwargs, problem):
     with pytest.raises(ConfigError, match=problem):
