@@ -11,21 +11,15 @@ or rank at chosen steps (systems.inject), recorded in injections-rank-N.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import yaml
 
 from bottleneck_oracle.systems.inject import Injection, Injector
+from bottleneck_oracle.systems.launch import process_group, profiled_steps, spawn, train_step
 from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
-from bottleneck_oracle.systems.profiler import oracle_profile
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,19 +56,9 @@ class DDPRun:
             raise ValueError(f"straggler must be < world (found {self.straggler} for world {self.world})")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, run: DDPRun, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=run.world)
-    try:
+    with process_group(rank, run.world, port):
         torch.manual_seed(run.seed)
-        torch.set_num_threads(1)
         gen = torch.Generator().manual_seed(run.seed + rank)
         if run.size is None:
             model = torch.nn.Sequential(
@@ -86,14 +70,14 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
             )
             x = torch.randn(run.batch, 256, generator=gen)
 
-            def loss_of(m):
+            def forward(m):
                 return m(x).pow(2).mean()
         else:
             cfg = SIZES[run.size]
             model = GPT(cfg)
             tokens, targets = synthetic_batch(cfg, run.batch, gen)
 
-            def loss_of(m):
+            def forward(m):
                 return m(tokens, targets)
 
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=run.bucket_mb)
@@ -102,32 +86,19 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
         if any(i.kind == "collective" for i in run.injections):
             ddp.register_comm_hook(None, injector.ddp_comm_hook())
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        with oracle_profile(run.out, steps=run.steps, warmup=1) as prof:
-            for step in range(run.steps + 1):
-                injector.at_step(step)
-                with injector.phase("forward"):
-                    if rank == run.straggler and run.delay_ms > 0:
-                        time.sleep(run.delay_ms / 1000)
-                    loss = loss_of(ddp)
-                with injector.phase("backward"):
-                    loss.backward()
-                with injector.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                prof.step()
-        injector.write_manifest()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+
+        def loss_of():
+            if rank == run.straggler and run.delay_ms > 0:
+                time.sleep(run.delay_ms / 1000)  # the straggler: slow in every forward pass
+            return forward(ddp)
+
+        for _ in profiled_steps(run, injector):
+            train_step(injector, loss_of, opt)
 
 
 def record(run: DDPRun) -> Path:
     """Run the job on ``run.world`` local processes; returns the trace folder."""
-    out = Path(run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(run, free_port()), nprocs=run.world, join=True)
-    (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
-    return out
+    return spawn(_worker, run)
 
 
 def main() -> None:

@@ -13,21 +13,17 @@ blocks the schedule) and blocking ``recv``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-import yaml
 from torch import nn
 
-from bottleneck_oracle.systems.ddp import free_port
 from bottleneck_oracle.systems.inject import Injection, Injector
+from bottleneck_oracle.systems.launch import process_group, profiled_steps, spawn
 from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
-from bottleneck_oracle.systems.profiler import oracle_profile, phase
+from bottleneck_oracle.systems.profiler import phase
 
 SCHEDULES = ("afab", "1f1b")
 
@@ -138,12 +134,8 @@ def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, sha
 
 
 def _worker(rank: int, run: PipelineRun, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=run.world)
-    try:
+    with process_group(rank, run.world, port):
         torch.manual_seed(run.seed)  # every rank builds the same model, then keeps its stage
-        torch.set_num_threads(1)
         cfg = SIZES[run.size]
         stage = Stage(GPT(cfg), rank, run.world)
         gen = torch.Generator().manual_seed(run.seed)
@@ -152,28 +144,17 @@ def _worker(rank: int, run: PipelineRun, port: int) -> None:
         opt = torch.optim.SGD(stage.parameters(), lr=0.01)
         injector = Injector(list(run.injections), rank, run.out)
         injector.attach(stage)
-        with oracle_profile(run.out, steps=run.steps, warmup=1) as prof:
-            for step in range(run.steps + 1):
-                injector.at_step(step)
-                for work in _train_step(stage, rank, run.world, run, data, shape):
-                    work.wait()
-                with injector.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                prof.step()
-        injector.write_manifest()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        for _ in profiled_steps(run, injector):
+            for work in _train_step(stage, rank, run.world, run, data, shape):
+                work.wait()
+            with injector.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
 
 
 def record(run: PipelineRun) -> Path:
     """Run the pipeline on ``run.world`` local processes; returns the trace folder."""
-    out = Path(run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(run, free_port()), nprocs=run.world, join=True)
-    (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
-    return out
+    return spawn(_worker, run)
 
 
 def main() -> None:

@@ -12,22 +12,17 @@ backward pass. Embedding, layer norms and head are replicated.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-import yaml
 from torch import nn
 from torch.nn import functional as F
 
-from bottleneck_oracle.systems.ddp import free_port
 from bottleneck_oracle.systems.inject import Injection, Injector
+from bottleneck_oracle.systems.launch import process_group, profiled_steps, spawn, train_step
 from bottleneck_oracle.systems.model import GPT, SIZES, GPTConfig, synthetic_batch
-from bottleneck_oracle.systems.profiler import oracle_profile
 
 
 class _CopyToParallel(torch.autograd.Function):
@@ -133,42 +128,21 @@ class TensorRun:
 
 
 def _worker(rank: int, run: TensorRun, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=run.world)
-    try:
+    with process_group(rank, run.world, port):
         torch.manual_seed(run.seed)  # the same full model on every rank, then sharded
-        torch.set_num_threads(1)
         cfg = SIZES[run.size]
         model = parallelize(GPT(cfg), rank, run.world)
         tokens, targets = synthetic_batch(cfg, run.batch, torch.Generator().manual_seed(run.seed))  # same data on every rank
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         injector = Injector(list(run.injections), rank, run.out)
         injector.attach(model)
-        with oracle_profile(run.out, steps=run.steps, warmup=1) as prof:
-            for step in range(run.steps + 1):
-                injector.at_step(step)
-                with injector.phase("forward"):
-                    loss = model(tokens, targets)
-                with injector.phase("backward"):
-                    loss.backward()
-                with injector.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                prof.step()
-        injector.write_manifest()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        for _ in profiled_steps(run, injector):
+            train_step(injector, lambda: model(tokens, targets), opt)
 
 
 def record(run: TensorRun) -> Path:
     """Run the tensor-parallel job on ``run.world`` local processes; returns the trace folder."""
-    out = Path(run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(run, free_port()), nprocs=run.world, join=True)
-    (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
-    return out
+    return spawn(_worker, run)
 
 
 def main() -> None:
