@@ -2,7 +2,7 @@
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# torch first, pinned to a CPU build that exists locally; override for CUDA: make TORCH=torch==2.13.0+cu128
+# torch first (a local CPU wheel on the project's machines); another build: make TORCH="torch==2.13.0+cu128" ...
 TORCH ?= torch==2.13.0
 
 .PHONY: venv demo test test-slow lint bench clean
