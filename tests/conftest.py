@@ -41,3 +41,15 @@ def cached_load(path: Path):
     from bottleneck_oracle.api import load
 
     return load(path)
+
+
+@pytest.fixture(scope="session")
+def generated_grid(tmp_path_factory) -> tuple[Path, object]:
+    """The CI grid (tests/data/grid-tiny.yaml: one DP and one PP-1F1B launch), generated once."""
+    from bottleneck_oracle.config import load_config
+    from bottleneck_oracle.systems.generate import generate
+
+    grid = load_config(DATA / "grid-tiny.yaml").grid
+    out = tmp_path_factory.mktemp("grid")
+    generate(grid, out)
+    return out, grid

@@ -12,7 +12,7 @@ import pytest
 from bottleneck_oracle import cli
 from conftest import PUBLIC, SAMPLE
 
-COMMANDS = ["analyze", "parse", "generate", "train", "eval", "version"]
+COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "version"]
 
 
 def run(args: list[str], capsys) -> tuple[int, str, str]:

@@ -218,6 +218,36 @@ def generate(
         )
 
 
+@app.command("build-dataset")
+def build_dataset_cmd(
+    raw: Path = typer.Argument(None, help="Folder written by `generate` (default: paths.raw of the config)."),
+    out_dir: Path = typer.Option(None, "--out", "-o", help="Folder for the samples and dataset.jsonl (default: paths.graphs)."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Turn generated runs into labelled PyG graphs (one per profiled step) with train/val/test and OOD splits."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from bottleneck_oracle.training.dataset import build_dataset
+
+    cfg = _config(config)
+    with Progress(TextColumn("graphs"), BarColumn(), MofNCompleteColumn(), console=err, disable=as_json) as bar:
+        task = bar.add_task("graphs", total=None)
+        summary = build_dataset(
+            raw or Path(cfg.paths.raw),
+            out_dir or Path(cfg.paths.graphs),
+            cfg.grid.seed,
+            lambda d, t: bar.update(task, completed=d, total=t),
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    else:
+        out.print(
+            f"{summary['samples']} graphs ({summary['perturbed']} with injected culprits), held out {summary['held_out']}; {summary['dataset']}",
+            highlight=False,
+        )
+
+
 @app.command()
 def train(config: Path = typer.Option(Path("config.yaml"), "--config", help=CONFIG_HELP)) -> None:
     """Train the HeteroGAT on a built dataset (not built yet)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bottleneck_oracle.config import ConfigError, GridConfig, load_config
+from bottleneck_oracle.config import ConfigError, GridConfig
 from bottleneck_oracle.systems.generate import cells, generate
 
 GRID = Path(__file__).parent.parent / "data" / "grid-tiny.yaml"
@@ -26,12 +26,10 @@ def test_bad_grid_is_named(kwargs, problem):
         GridConfig(**kwargs)
 
 
-def test_generate_records_the_grid_and_resumes(tmp_path):
-    grid = load_config(GRID).grid
-    first = generate(grid, tmp_path)
-    assert first["recorded"] == 2 and first["skipped"] == 0
-    rows = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 * grid.steps and first["steps"] == len(rows)
+def test_generate_records_the_grid_and_resumes(generated_grid):
+    out, grid = generated_grid
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * grid.steps
     perturbed = [r for r in rows if r["injection"]]
     assert {r["step"] for r in perturbed} == {3}  # every third step from 3 on
     for r in perturbed:
@@ -41,5 +39,5 @@ def test_generate_records_the_grid_and_resumes(tmp_path):
     by = {(r["run_id"], r["step"]): r for r in rows}
     for r in perturbed:
         assert r["step_time_us"] - by[(r["run_id"], r["baseline_step"])]["step_time_us"] > 0.5 * 1000 * r["injection"]["delay_ms"]
-    again = generate(grid, tmp_path)
+    again = generate(grid, out)
     assert again["recorded"] == 0 and again["skipped"] == 2 and again["steps"] == len(rows)

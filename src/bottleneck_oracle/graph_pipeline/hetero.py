@@ -1,0 +1,130 @@
+"""ExecutionGraph -> PyG HeteroData: node features, typed edges, CPM labels.
+
+Node types ``compute`` and ``network`` (barriers included), edge types the schema's
+(src, rel, dst) triples; every edge keeps its kind and weight as attributes. Features
+(one row per node; µs values on a log scale, shares of the measured step):
+
+compute  (Shapes: x [n_compute, 6 + len(Category)])
+  log1p(modelled duration µs), log1p(measured duration µs), modelled duration / step,
+  on_gpu, rank / (ranks - 1), start / step, category one-hot
+network  (Shapes: x [n_network, 7 + len(CollectiveKind)])
+  log1p(modelled duration µs), log1p(measured duration µs), modelled duration / step,
+  log1p(message bytes), group size / ranks, is barrier, rank / (ranks - 1) (-1 for barriers),
+  collective-kind one-hot
+edges  (Shapes: edge_index [2, n_edges], edge_attr [n_edges, 1 + len(EdgeKind)])
+  weight µs / 1000, edge-kind one-hot
+
+Labels: ``y_step`` (measured step time µs, shape [1]), per node ``slack`` and ``est`` (µs)
+and ``critical`` (bool) from the CPM, and ``node_id`` (the ExecutionGraph row of each node).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, NODE_TYPE_NAMES, Category, CollectiveKind, EdgeKind, NodeType
+
+FEATURE_VERSION = 1
+
+
+def _one_hot(values: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros((len(values), n), dtype=np.float32)
+    ok = (values >= 0) & (values < n)
+    out[np.flatnonzero(ok), values[ok].astype(np.int64)] = 1.0
+    return out
+
+
+def node_features(g: ExecutionGraph) -> dict[str, np.ndarray]:
+    """Feature matrix per node type (float32), rows in ExecutionGraph order within each type."""
+    n = g.nodes
+    step = max(g.measured.values()) or 1.0
+    ranks = max(len(g.ranks) - 1, 1)
+    pos = np.where(n["rank"] >= 0, n["rank"] / ranks, -1.0)
+    common = [np.log1p(n["mdur"]), np.log1p(n["dur"]), n["mdur"] / step]
+    comp = np.column_stack([*common, n["on_gpu"].astype(float), pos, n["start"] / step]).astype(np.float32)
+    comp = np.hstack([comp, _one_hot(n["category"].astype(np.int64), len(Category))])
+    msg = np.nan_to_num(n["msg_bytes"], nan=0.0)
+    net = np.column_stack(
+        [
+            *common,
+            np.log1p(msg),
+            np.maximum(n["group_size"], 0) / max(len(g.ranks), 1),
+            (n["category"] == Category.BARRIER).astype(float),
+            pos,
+        ]
+    ).astype(np.float32)
+    net = np.hstack([net, _one_hot(n["coll_kind"].astype(np.int64), len(CollectiveKind))])
+    is_net = n["node_type"] == NodeType.NETWORK
+    return {"compute": comp[~is_net], "network": net[is_net]}
+
+
+def to_heterodata(g: ExecutionGraph, cpm: CPMResult | None = None):
+    """The PyG HeteroData of a graph, with CPM labels; validated."""
+    from torch_geometric.data import HeteroData
+
+    r = cpm or run_cpm(g)
+    n, e = g.nodes, g.edges
+    is_net = n["node_type"] == NodeType.NETWORK
+    local = np.empty(g.n_nodes, dtype=np.int64)  # index of each node within its type
+    local[~is_net] = np.arange(int((~is_net).sum()))
+    local[is_net] = np.arange(int(is_net.sum()))
+    data = HeteroData()
+    feats = node_features(g)
+    critical = r.critical
+    for t, mask in (("compute", ~is_net), ("network", is_net)):
+        store = data[t]
+        store.x = torch.from_numpy(feats[t])
+        store.slack = torch.from_numpy(r.slack[mask].astype(np.float32))
+        store.est = torch.from_numpy(r.est[mask].astype(np.float32))
+        store.critical = torch.from_numpy(critical[mask])
+        store.node_id = torch.from_numpy(np.flatnonzero(mask))
+    data.y_step = torch.tensor([max(g.measured.values())], dtype=torch.float32)
+    src_t, dst_t = n["node_type"][e["src"]], n["node_type"][e["dst"]]
+    attr = np.hstack([(e["weight"] / 1000.0)[:, None], _one_hot(e["kind"].astype(np.int64), len(EdgeKind))]).astype(np.float32)
+    for triple in EDGE_TYPES:
+        s_type = NodeType.COMPUTE if triple[0] == "compute" else NodeType.NETWORK
+        d_type = NodeType.COMPUTE if triple[2] == "compute" else NodeType.NETWORK
+        m = (src_t == s_type) & (dst_t == d_type)
+        store = data[triple]
+        store.edge_index = torch.from_numpy(np.stack([local[e["src"][m]], local[e["dst"][m]]]))
+        store.edge_attr = torch.from_numpy(attr[m])
+    data.validate(raise_on_error=True)
+    return data
+
+
+def to_tensors(data) -> dict[str, torch.Tensor]:
+    """A HeteroData as a flat dict of plain tensors (torch.load(weights_only=True) can read it)."""
+    out = {"feature_version": torch.tensor(FEATURE_VERSION)}
+    for t in NODE_TYPE_NAMES.values():
+        for k, v in data[t].items():
+            out[f"{t}/{k}"] = v
+    for triple in EDGE_TYPES:
+        for k, v in data[triple].items():
+            out[f"{'__'.join(triple)}/{k}"] = v
+    for k in ("y_step",):
+        out[k] = data[k]
+    return out
+
+
+def from_tensors(tensors: dict[str, torch.Tensor]):
+    """The HeteroData back from to_tensors' dict."""
+    from torch_geometric.data import HeteroData
+
+    if int(tensors.get("feature_version", torch.tensor(-1))) != FEATURE_VERSION:
+        raise ValueError(
+            f"feature version {int(tensors.get('feature_version', torch.tensor(-1)))} is not {FEATURE_VERSION}; rebuild the dataset"
+        )
+    data = HeteroData()
+    for key, v in tensors.items():
+        if "/" not in key:
+            if key != "feature_version":
+                data[key] = v
+            continue
+        where, attr = key.split("/", 1)
+        store = data[tuple(where.split("__"))] if "__" in where else data[where]
+        store[attr] = v
+    data.validate(raise_on_error=True)
+    return data

@@ -1,0 +1,1 @@
+"""Datasets of labelled graphs built from generated runs."""

@@ -1,0 +1,111 @@
+"""build-dataset: generated runs -> one labelled PyG graph per profiled step, with splits.
+
+Each sample is a HeteroData (graph_pipeline.hetero) saved as plain tensors (loadable with
+torch.load(weights_only=True)), labelled with the measured step time, per-node slack, EST and
+criticality from the CPM, the injected culprit nodes (the ``oracle_inject:*`` ranges on the
+injected rank) and the paired baseline sample (the unperturbed step before). ``dataset.jsonl``
+lists every sample with its splits: random 70/15/15 (seeded) and out-of-distribution ones that
+hold out one model size, one layout and one injection kind for testing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bottleneck_oracle.api import build
+from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.hetero import from_tensors, to_heterodata, to_tensors
+
+DATASET = "dataset.jsonl"
+
+
+def _random_split(sample_id: str, seed: int) -> str:
+    u = int(hashlib.sha256(f"{seed}:{sample_id}".encode()).hexdigest()[:8], 16) / 16**8
+    return "train" if u < 0.70 else "val" if u < 0.85 else "test"
+
+
+def held_out(values: list[str], preferred: str) -> str:
+    """The value an OOD split tests on: ``preferred`` if present, else the last one."""
+    present = sorted(set(values))
+    return preferred if preferred in present else present[-1]
+
+
+def culprits(g, injection: dict | None) -> list[int]:
+    """Node ids of the injected delay: its ``oracle_inject:<kind>:`` ranges on the injected rank."""
+    if not injection:
+        return []
+    prefix = f"oracle_inject:{injection['kind']}:"
+    ids = [i for i in range(g.n_nodes) if g.nodes["rank"][i] == injection["rank"] and g.node_name(i).startswith(prefix)]
+    return ids
+
+
+def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict:
+    raw, out = Path(raw), Path(out)
+    manifest = raw / "manifest.jsonl"
+    if not manifest.is_file():
+        raise OracleError(f"{raw}: no manifest.jsonl (run `bottleneck-oracle generate` first)")
+    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise OracleError(f"{manifest}: holds no steps")
+    ood = {
+        "size": held_out([r["size"] for r in rows], "medium"),
+        "layout": held_out([r["layout"] for r in rows], "pp2-afab"),
+        "kind": held_out([r["kind"] for r in rows], "rank"),
+    }
+    samples = []
+    by_run: dict[str, list[dict]] = {}
+    for r in rows:
+        by_run.setdefault(r["run_id"], []).append(r)
+    done = 0
+    for run_id, run_rows in by_run.items():
+        _, graphs = build(run_rows[0]["path"])
+        by_step = {g.step: g for g in graphs}
+        for r in run_rows:
+            sid = f"{run_id}/step-{r['step']}"
+            path = out / f"{sid}.pt"
+            g = by_step[r["step"]]
+            ids = culprits(g, r["injection"])
+            if not path.exists():
+                tensors = to_tensors(to_heterodata(g))
+                tensors["culprit"] = torch.tensor(ids, dtype=torch.int64)
+                with atomic_path(path) as tmp:
+                    torch.save(tensors, tmp)
+            samples.append(
+                {
+                    "id": sid, "path": str(path), "run_id": run_id, "size": r["size"], "layout": r["layout"], "kind": r["kind"],
+                    "step": r["step"], "step_time_us": r["step_time_us"], "injection": r["injection"],
+                    "culprit_ids": ids, "culprit_names": sorted({g.node_name(i) for i in ids}),
+                    "baseline": None if r["baseline_step"] is None else f"{run_id}/step-{r['baseline_step']}",
+                    "split_random": _random_split(sid, seed),
+                    "split_ood_size": "test" if r["size"] == ood["size"] else "train",
+                    "split_ood_layout": "test" if r["layout"] == ood["layout"] else "train",
+                    "split_ood_injection": "test" if r["kind"] == ood["kind"] else "train",
+                }
+            )  # fmt: skip
+            done += 1
+            if progress:
+                progress(done, len(rows))
+    with atomic_path(out / DATASET) as tmp:
+        tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    splits = {
+        k: dict(zip(*np.unique([s[k] for s in samples], return_counts=True)))
+        for k in ("split_random", "split_ood_size", "split_ood_layout", "split_ood_injection")
+    }
+    return {"samples": len(samples), "perturbed": sum(bool(s["culprit_ids"]) for s in samples), "held_out": ood,
+            "splits": {k: {str(a): int(b) for a, b in v.items()} for k, v in splits.items()}, "dataset": str(out / DATASET)}  # fmt: skip
+
+
+def load_sample(path: str | Path):
+    """A saved sample as HeteroData (no pickled code is run: weights_only)."""
+    tensors = torch.load(path, weights_only=True)
+    culprit = tensors.pop("culprit", torch.zeros(0, dtype=torch.int64))
+    data = from_tensors(tensors)
+    data.culprit = culprit
+    return data
