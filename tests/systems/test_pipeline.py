@@ -45,3 +45,27 @@ def test_cpm_step_time_matches_the_measured_step_within_2_percent(pipeline_run):
         measured = max(a.graph.measured.values())
         assert abs(a.step_time - measured) <= 0.02 * measured, f"step {a.graph.step}"
         assert isinstance(a, StepAnalysis) and len(a.cpm.path) > 0
+
+
+def test_dp_x_pp_on_four_ranks(tmp_path):
+    """2 replicas x 2 stages: send/recv within each replica, one gradient all-reduce per stage
+    across the replicas."""
+    from bottleneck_oracle.systems.pipeline import PipelineRun, record
+
+    run = PipelineRun(out=str(tmp_path), world=2, dp=2, size="tiny", schedule="1f1b", microbatches=2, steps=1)
+    (a,) = analyze(record(run))[1]
+    n, e = a.graph.nodes, a.graph.edges
+    assert a.graph.ranks == [0, 1, 2, 3]
+    bars = np.flatnonzero(n["category"] == Category.BARRIER)
+    allreduce = bars[n["coll_kind"][bars] == CollectiveKind.ALL_REDUCE]
+    assert len(allreduce) == 2  # one per stage
+    for b in allreduce:
+        ranks = sorted(n["rank"][e["dst"][(e["src"] == b) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)]].tolist())
+        assert ranks in ([0, 2], [1, 3])  # the replicas of one stage
+    for b in bars[n["coll_kind"][bars] != CollectiveKind.ALL_REDUCE]:
+        recv = e["dst"][(e["src"] == b) & (e["kind"] == EdgeKind.SEND_RECV)]
+        assert len(recv) == 1
+        sources = {int(n["rank"][s]) for s in e["src"][e["dst"] == b]}
+        assert all(r // 2 == int(n["rank"][recv[0]]) // 2 for r in sources)  # within one replica
+    measured = max(a.graph.measured.values())
+    assert abs(a.step_time - measured) <= 0.02 * measured

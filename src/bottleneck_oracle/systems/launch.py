@@ -25,12 +25,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(worker: Callable, run) -> Path:
-    """Run ``worker(rank, run, port)`` on ``run.world`` local processes, then write run.yaml
-    (the run's settings) beside the traces; returns the trace folder."""
+def spawn(worker: Callable, run, nprocs: int | None = None) -> Path:
+    """Run ``worker(rank, run, port)`` on ``nprocs`` (default ``run.world``) local processes, then
+    write run.yaml (the run's settings) beside the traces; returns the trace folder."""
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(worker, args=(run, free_port()), nprocs=run.world, join=True)
+    mp.spawn(worker, args=(run, free_port()), nprocs=nprocs or run.world, join=True)
     (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
     return out
 

@@ -1,4 +1,5 @@
-"""Pipeline-parallel training of the GPT over point-to-point send/recv (gloo on CPU).
+"""Pipeline-parallel training of the GPT over point-to-point send/recv (gloo on CPU), optionally
+replicated data-parallel (DP x PP).
 
 The model's layers are split evenly over the ranks (stage 0 also holds the embedding, the last
 stage the head and loss). Each step runs ``microbatches`` micro-batches with one of two
@@ -34,6 +35,9 @@ class PipelineRun:
     """Folder for rank-N.json.gz (and run.yaml)."""
     world: int = 2
     """Pipeline stages, one rank each."""
+    dp: int = 1
+    """Data-parallel replicas of the whole pipeline (DP x PP on dp * world ranks; ranks
+    r * world .. r * world + world - 1 are replica r's stages)."""
     size: str = "tiny"
     """GPT size from model.SIZES."""
     schedule: str = "1f1b"
@@ -51,6 +55,8 @@ class PipelineRun:
             raise ValueError(f"size must be one of {sorted(SIZES)} (found {self.size!r})")
         if self.world < 2 or SIZES[self.size].layers < self.world:
             raise ValueError(f"need 2 <= world <= layers ({SIZES[self.size].layers}) (found {self.world})")
+        if self.dp < 1:
+            raise ValueError(f"dp must be >= 1 (found {self.dp})")
         if self.microbatches < 1:
             raise ValueError(f"microbatches must be >= 1 (found {self.microbatches})")
 
@@ -82,8 +88,9 @@ class Stage(nn.Module):
         return x
 
 
-def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, shape) -> list:
-    """One step of the schedule; returns the pending isend works."""
+def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, shape, base: int = 0) -> list:
+    """One step of the schedule for stage ``rank`` of the replica whose first rank is ``base``;
+    returns the pending isend works."""
     pending = []
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
@@ -94,13 +101,13 @@ def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, sha
                 x = data[mb][0]
             else:
                 x = torch.empty(shape)
-                dist.recv(x, rank - 1)
+                dist.recv(x, base + rank - 1)
                 x.requires_grad_(True)
             inputs[mb] = x
             out = stage(x, data[mb][1])
             outputs[mb] = out
             if not stage.last:
-                pending.append(dist.isend(out.detach(), rank + 1))
+                pending.append(dist.isend(out.detach(), base + rank + 1))
 
     def backward(mb: int) -> None:
         with phase(f"backward.mb{mb}"):
@@ -109,11 +116,11 @@ def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, sha
                 (out / run.microbatches).backward()
             else:
                 grad = torch.empty(shape)
-                dist.recv(grad, rank + 1)
+                dist.recv(grad, base + rank + 1)
                 out.backward(grad)
             x = inputs.pop(mb)
             if not stage.first:
-                pending.append(dist.isend(x.grad, rank - 1))
+                pending.append(dist.isend(x.grad, base + rank - 1))
 
     m = run.microbatches
     if run.schedule == "afab":
@@ -134,27 +141,38 @@ def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, sha
 
 
 def _worker(rank: int, run: PipelineRun, port: int) -> None:
-    with process_group(rank, run.world, port):
+    with process_group(rank, run.world * run.dp, port):
+        stage_rank, replica = rank % run.world, rank // run.world
+        # one gradient all-reduce group per stage, over its replicas (every rank creates every group)
+        groups = [dist.new_group([r * run.world + s for r in range(run.dp)]) for s in range(run.world)] if run.dp > 1 else None
         torch.manual_seed(run.seed)  # every rank builds the same model, then keeps its stage
         cfg = SIZES[run.size]
-        stage = Stage(GPT(cfg), rank, run.world)
-        gen = torch.Generator().manual_seed(run.seed)
+        stage = Stage(GPT(cfg), stage_rank, run.world)
+        gen = torch.Generator().manual_seed(run.seed + replica)
         data = [synthetic_batch(cfg, run.batch, gen) for _ in range(run.microbatches)]
         shape = (run.batch, cfg.seq, cfg.width)
         opt = torch.optim.SGD(stage.parameters(), lr=0.01)
         injector = Injector(list(run.injections), rank, run.out)
         injector.attach(stage)
         for _ in profiled_steps(run, injector):
-            for work in _train_step(stage, rank, run.world, run, data, shape):
+            for work in _train_step(stage, stage_rank, run.world, run, data, shape, base=replica * run.world):
                 work.wait()
+            if groups is not None:
+                with phase("dp_allreduce"):
+                    grads = [p.grad for p in stage.parameters() if p.grad is not None]
+                    flat = torch.cat([g.reshape(-1) for g in grads])
+                    dist.all_reduce(flat, group=groups[stage_rank])
+                    flat /= run.dp
+                    for g, v in zip(grads, flat.split([g.numel() for g in grads])):
+                        g.copy_(v.view_as(g))
             with injector.phase("optimizer"):
                 opt.step()
                 opt.zero_grad()
 
 
 def record(run: PipelineRun) -> Path:
-    """Run the pipeline on ``run.world`` local processes; returns the trace folder."""
-    return spawn(_worker, run)
+    """Run the pipeline on ``run.world * run.dp`` local processes; returns the trace folder."""
+    return spawn(_worker, run, run.world * run.dp)
 
 
 def main() -> None:
@@ -164,9 +182,10 @@ def main() -> None:
     p.add_argument("--size", default="tiny", choices=sorted(SIZES))
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline")
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
-    record(PipelineRun(out=a.out, world=a.world, size=a.size, schedule=a.schedule, microbatches=a.microbatches, steps=a.steps))
+    record(PipelineRun(out=a.out, world=a.world, dp=a.dp, size=a.size, schedule=a.schedule, microbatches=a.microbatches, steps=a.steps))
 
 
 if __name__ == "__main__":
