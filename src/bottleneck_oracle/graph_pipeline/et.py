@@ -1,4 +1,4 @@
-"""PyTorch execution traces (ET JSON, schema 1.x): tensor data dependencies between ops.
+"""PyTorch execution traces (ET JSON, schemas 1.0 and 1.1): tensor data dependencies between ops.
 
 An execution trace records every op with its input and output tensors but no timings;
 the Kineto trace of the same run has the timings. Joined on the op's record-function id
@@ -41,6 +41,25 @@ def _tensors(values: list, types: list) -> list[tuple[int, int]]:
     return out
 
 
+def _io(node: dict, which: str) -> tuple[list, list]:
+    """(values, types) of a node's inputs or outputs: schema 1.0 keeps them in parallel lists,
+    1.1 in an object {values, shapes, types}."""
+    v = node.get(which, [])
+    if isinstance(v, dict):
+        return v.get("values", []), v.get("types", [])
+    return v, node.get(f"{which[:-1]}_types", [])
+
+
+def _rf_id(node: dict) -> int:
+    """The record-function id: a field in schema 1.0, an attribute in 1.1."""
+    if isinstance(node.get("rf_id"), int):
+        return node["rf_id"]
+    for a in node.get("attrs", []):
+        if isinstance(a, dict) and a.get("name") == "rf_id" and isinstance(a.get("value"), int):
+            return a["value"]
+    return -1
+
+
 def load_execution_trace(path: str | Path, rank: int | None = None) -> ExecutionTrace:
     """Parse an ET JSON file; TraceError names the file and what is wrong."""
     p = Path(path)
@@ -52,7 +71,7 @@ def load_execution_trace(path: str | Path, rank: int | None = None) -> Execution
         raise TraceError(p, "execution trace holds no nodes")
     try:
         nodes = sorted(nodes, key=lambda n: n["id"])  # ids follow execution order
-        parent = {n["id"]: n.get("parent", -1) for n in nodes}
+        parent = {n["id"]: n.get("parent", n.get("ctrl_deps", -1)) for n in nodes}  # 1.1 calls the parent ctrl_deps
     except (KeyError, TypeError):
         raise TraceError(p, "execution trace node without an integer 'id'") from None
 
@@ -67,17 +86,17 @@ def load_execution_trace(path: str | Path, rank: int | None = None) -> Execution
     deps = []
     for idx, n in enumerate(nodes):
         lineage = ancestors(n["id"])
-        for t in _tensors(n.get("inputs", []), n.get("input_types", [])):
+        for t in _tensors(*_io(n, "inputs")):
             w = last_writer.get(t)
             if w is not None and nodes[w]["id"] not in lineage and n["id"] not in ancestors(nodes[w]["id"]):
                 deps.append((w, idx))
-        for t in _tensors(n.get("outputs", []), n.get("output_types", [])):
+        for t in _tensors(*_io(n, "outputs")):
             last_writer[t] = idx
     return ExecutionTrace(
         path=str(p),
         rank=rank if rank is not None else rank_of({}, p, default=0),
         names=[str(n.get("name", "")) for n in nodes],
-        rf_id=np.array([n.get("rf_id", -1) if isinstance(n.get("rf_id"), int) else -1 for n in nodes], dtype=np.int64),
+        rf_id=np.array([_rf_id(n) for n in nodes], dtype=np.int64),
         deps=np.array(sorted(set(deps)), dtype=np.int64).reshape(-1, 2),
     )
 

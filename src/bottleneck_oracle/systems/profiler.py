@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function, schedule
 
 from bottleneck_oracle.atomic import atomic_path
 
@@ -62,11 +62,14 @@ def oracle_profile(
     warmup: int = 1,
     wait: int = 0,
     cuda: bool | None = None,
+    execution_trace: bool = False,
 ) -> Iterator[torch.profiler.profile]:
     """Profile ``steps`` training steps after ``wait`` + ``warmup`` ones.
 
     Call ``prof.step()`` once per training step. The trace of this rank is
-    written to ``out_dir/rank-<rank>.json.gz`` when the active steps end.
+    written to ``out_dir/rank-<rank>.json.gz`` when the active steps end; with
+    ``execution_trace`` the PyTorch execution trace of the same steps goes to
+    ``out_dir/et/rank-<rank>.json`` (pass that folder to ``analyze --et``).
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (found {steps})")
@@ -81,10 +84,15 @@ def oracle_profile(
     def on_ready(prof: torch.profiler.profile) -> None:
         _write_trace(out, rank, prof)
 
+    observer = None
+    if execution_trace:
+        (out / "et").mkdir(parents=True, exist_ok=True)
+        observer = ExecutionTraceObserver().register_callback(str(out / "et" / f"rank-{rank}.json"))
     with profile(
         activities=activities,
         schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
         on_trace_ready=on_ready,
         record_shapes=True,
+        execution_trace_observer=observer,
     ) as prof:
         yield prof
