@@ -2,7 +2,7 @@
 
 An execution trace records every op with its input and output tensors but no timings;
 the Kineto trace of the same run has the timings. Joined on the op's record-function id
-(ET ``rf_id`` = Kineto ``External id``, same name), the ET adds one edge rule: the op that
+(ET ``rf_id`` = Kineto ``Record function id``, or ``External id`` in traces without it; same name), the ET adds one edge rule: the op that
 last wrote a tensor -> each later op that reads it (EdgeKind.DATA). Within one thread this
 is implied by program order; across threads (forward on the main thread, backward on the
 autograd thread) it is a real dependency that the Kineto trace alone does not show.
@@ -113,13 +113,16 @@ def attach(table: EventTable, traces: list[ExecutionTrace]) -> int:
     """Join ET nodes to Kineto CPU ops (same rank, rf_id = External id, same name) and store
     the data dependencies between joined ops in ``table.data_deps``; returns how many."""
     c = table.cols
-    cpu = np.flatnonzero((c["cls"] == EvClass.CPU) & (c["ext_id"] >= 0))
+    # the ET's rf_id is Kineto's "Record function id" where the trace has one (it can differ
+    # from the External id once a process has profiled before), else the External id
+    key = np.where(c["rf_id"] > 0, c["rf_id"], c["ext_id"])
+    cpu = np.flatnonzero((c["cls"] == EvClass.CPU) & (key >= 0))
     pairs = []
     for et in traces:
         if et.rank not in table.files:
             raise TraceError(et.path, f"rank {et.rank} has no Kineto trace (ranks: {table.ranks})")
         rows = cpu[c["rank"][cpu] == et.rank]
-        by_ext = {int(e): int(r) for e, r in zip(c["ext_id"][rows].tolist(), rows.tolist())}
+        by_ext = {int(e): int(r) for e, r in zip(key[rows].tolist(), rows.tolist())}
         row_of = np.full(len(et.names), -1, dtype=np.int64)
         for i, (rf, name) in enumerate(zip(et.rf_id.tolist(), et.names)):
             r = by_ext.get(rf, -1)

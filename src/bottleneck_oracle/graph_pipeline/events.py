@@ -292,6 +292,7 @@ class _Builder:
             "cls": xcls[keep],
             "correlation": ev["corr"][rows],
             "ext_id": ev["ext"][rows],
+            "rf_id": ev["rfid"][rows],
             "stream": ev["stream"][rows],
         }
         sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE if k not in part}

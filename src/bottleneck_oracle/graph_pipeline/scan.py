@@ -33,7 +33,7 @@ ERRORS = {
 
 # event keys (by hash of their bytes)
 _KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
-_ARG_KEYS = ("correlation", "External id", "stream")
+_ARG_KEYS = ("correlation", "External id", "stream", "Record function id")
 
 
 def fnv1a(data: bytes) -> int:
@@ -239,6 +239,7 @@ def scan_events(
     corr,
     ext,
     stream,
+    rfid,
     obj_lo,
     obj_hi,
 ):
@@ -352,8 +353,10 @@ def scan_events(
                                 corr[k] = ip
                             elif a == 1:
                                 ext[k] = ip
-                            else:
+                            elif a == 2:
                                 stream[k] = ip
+                            else:
+                                rfid[k] = ip
                         else:
                             j = _skip(buf, i, hi)
                             if j < 0:
@@ -409,6 +412,7 @@ COLUMNS = (
     "corr",
     "ext",
     "stream",
+    "rfid",
     "obj_lo",
     "obj_hi",
 )
@@ -416,7 +420,7 @@ COLUMNS = (
 
 _DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": np.uint64, "tid_str": np.uint64,
            "ts_f": np.float64, "dur_f": np.float64, "has_ts": np.bool_}  # fmt: skip
-_FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1}
+_FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1}
 
 
 def scan(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, dict[str, np.ndarray]]:
