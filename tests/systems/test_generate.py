@@ -35,9 +35,15 @@ def test_generate_records_the_grid_and_resumes(generated_grid):
     for r in perturbed:
         assert r["baseline_step"] == 2 and r["injection"]["slept_ms"] >= r["injection"]["delay_ms"]
         assert r["step_time_us"] > 0 and Path(r["path"], "DONE").exists()
-    # a perturbed step is slower than its unperturbed baseline by about the delay
-    by = {(r["run_id"], r["step"]): r for r in rows}
-    for r in perturbed:
-        assert r["step_time_us"] - by[(r["run_id"], r["baseline_step"])]["step_time_us"] > 0.5 * 1000 * r["injection"]["delay_ms"]
+    # the manifest's step time is the slowest rank's ProfilerStep span of that run
+    # (the delay's effect on it is measured with medians in test_inject.py: one step pair is noise)
+    from bottleneck_oracle.graph_pipeline.events import load_events
+
+    for run_id in {r["run_id"] for r in rows}:
+        table = load_events(out / run_id)
+        spans: dict[int, float] = {}
+        for st in table.steps:
+            spans[st.number] = max(spans.get(st.number, 0.0), st.span)
+        assert {r["step"]: r["step_time_us"] for r in rows if r["run_id"] == run_id} == pytest.approx(spans)
     again = generate(grid, out)
     assert again["recorded"] == 0 and again["skipped"] == 2 and again["steps"] == len(rows)
