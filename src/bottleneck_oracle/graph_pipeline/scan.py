@@ -154,6 +154,30 @@ def _number(buf, i, n):
     return i, ip, frac, True
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _member(buf, i, n):
+    """At a member's opening quote: (index of its value, hash of its key, error code)."""
+    j, h = _string(buf, i, n)
+    if j < 0:
+        return j, h, TRUNCATED
+    j = _ws(buf, j, n)
+    if j < n and buf[j] != 58:
+        return j, h, BAD_JSON
+    j = _ws(buf, j + 1, n)
+    if j >= n:
+        return j, h, TRUNCATED
+    return j, h, OK
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lookup(hashes, h):
+    """Index of ``h`` in ``hashes``, -1 if absent."""
+    for q in range(len(hashes)):
+        if hashes[q] == h:
+            return q
+    return -1
+
+
 @numba.njit(cache=True, nogil=True)
 def _find_events(buf, h_events, h_nodes, h_schema):
     n = len(buf)
@@ -180,17 +204,9 @@ def _find_events(buf, h_events, h_nodes, h_schema):
             return start, end, True, has_nodes, has_schema, OK
         if buf[i] != 34:
             return -1, -1, True, has_nodes, has_schema, BAD_JSON
-        j, h = _string(buf, i, n)
-        if j < 0:
-            return -1, -1, True, has_nodes, has_schema, TRUNCATED
-        i = _ws(buf, j, n)
-        if i >= n:
-            return -1, -1, True, has_nodes, has_schema, TRUNCATED
-        if buf[i] != 58:
-            return -1, -1, True, has_nodes, has_schema, BAD_JSON
-        i = _ws(buf, i + 1, n)
-        if i >= n:
-            return -1, -1, True, has_nodes, has_schema, TRUNCATED
+        i, h, err = _member(buf, i, n)
+        if err != OK:
+            return -1, -1, True, has_nodes, has_schema, err
         j = _skip(buf, i, n)
         if j < 0:
             return -1, -1, True, has_nodes, has_schema, TRUNCATED if j == -2 else BAD_JSON
@@ -268,19 +284,10 @@ def scan_events(
                     break
                 if buf[i] != 34:
                     return count, BAD_JSON, i
-                j, h = _string(buf, i, hi)
-                if j < 0:
-                    return count, TRUNCATED, i
-                i = _ws(buf, j, hi)
-                if i >= hi or buf[i] != 58:
-                    return count, BAD_JSON if i < hi else TRUNCATED, i
-                i = _ws(buf, i + 1, hi)
-                if i >= hi:
-                    return count, TRUNCATED, i
-                key = -1
-                for q in range(len(key_hash)):
-                    if key_hash[q] == h:
-                        key = q
+                i, h, err = _member(buf, i, hi)
+                if err != OK:
+                    return count, err, i
+                key = _lookup(key_hash, h)
                 c = buf[i]
                 err = OK
                 if key == 0 and c == 34:  # ph
@@ -331,22 +338,10 @@ def scan_events(
                         if buf[i] != 34:
                             err = BAD_JSON
                             break
-                        j, h2 = _string(buf, i, hi)
-                        if j < 0:
-                            err = TRUNCATED
+                        i, h2, err = _member(buf, i, hi)
+                        if err != OK:
                             break
-                        i = _ws(buf, j, hi)
-                        if i >= hi or buf[i] != 58:
-                            err = BAD_JSON
-                            break
-                        i = _ws(buf, i + 1, hi)
-                        if i >= hi:
-                            err = TRUNCATED
-                            break
-                        a = -1
-                        for q in range(len(arg_hash)):
-                            if arg_hash[q] == h2:
-                                a = q
+                        a = _lookup(arg_hash, h2)
                         if a >= 0 and (buf[i] == 45 or 48 <= buf[i] <= 57):
                             j, ip, fp, ok = _number(buf, i, hi)
                             if a == 0:
