@@ -227,20 +227,18 @@ _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "
 
 
 class _Builder:
-    """Accumulates rows from several files into python lists, then numpy arrays.
+    """The columns of one trace file, from the scanner's output (``_merge`` joins files).
 
-    Dense columns get one append per event; arguments only a few events carry
-    (correlation ids, streams, collective sizes) are stored sparsely as (row, value)."""
+    The scanner gives the columns every event has; arguments only a few events carry
+    (CUDA sync details, collective sizes, peers) are decoded for those events and stored
+    sparsely as (row, value)."""
 
     def __init__(self, rank: int = 0, path: str = "", meta: dict | None = None) -> None:
         self.rank, self.path, self.meta = rank, path, meta or {}
-        self.name_codes: dict[str, int] = {}
         self.names: list[str] = []
-        self.comm_name: list[bool] = []
         self.str_codes: dict[object, int] = {}
         self.pg_codes: dict[str, int] = {}
         self.parts: list[dict[str, np.ndarray]] = []
-        self.n = 0
         self.flows: dict[str, np.ndarray] = {}
         self.steps: list[tuple[int, int, float, float, int, int]] = []  # times relative to base
         self.base = 0  # integer µs that this file's times are relative to
