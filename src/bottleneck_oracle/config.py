@@ -37,6 +37,8 @@ class PathsConfig:
     """Where `parse` writes graphs when --output is not given."""
     raw: str = "data/raw"
     """Where `generate` writes its runs when --out is not given."""
+    checkpoints: str = "data/checkpoints"
+    """Where `train` writes one checkpoint per split."""
 
 
 _LAYOUT = re.compile(r"^(dp[2-8]|tp[2-8]|pp[2-8]-(afab|1f1b))$")
@@ -76,18 +78,69 @@ class GridConfig:
             raise ConfigError(f"grid.delays_ms must be positive numbers (found {self.delays_ms!r})")
 
 
+SPLITS = ("random", "ood_size", "ood_layout", "ood_injection")
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelsConfig:
+    variants: list[str] = field(default_factory=lambda: ["bidirectional", "directed", "correction"])
+    """HeteroGAT variants to train (models.hetero_gat.VARIANTS)."""
+    hidden: int = 32
+    layers: int = 3
+    heads: int = 2
+    dropout: float = 0.0
+    epochs: int = 40
+    """Upper bound; training stops early when the validation loss has not improved for `patience` epochs."""
+    patience: int = 8
+    lr: float = 0.003
+    batch: int = 8
+    """Graphs per optimisation step."""
+    plain_per_epoch: int = 96
+    """Unedited graphs drawn per epoch beside every what-if sample (they teach slack and criticality)."""
+    loss_step: float = 1.0
+    """Weight of the step-time loss (MSE of log(step / reference))."""
+    loss_slack: float = 0.05
+    """Weight of the node slack loss (MSE of log1p(slack ms))."""
+    loss_critical: float = 0.05
+    """Weight of the criticality loss (binary cross-entropy)."""
+    splits: list[str] = field(default_factory=lambda: list(SPLITS))
+    """Which splits to train a checkpoint for: random, ood_size, ood_layout, ood_injection."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from bottleneck_oracle.models.hetero_gat import VARIANTS
+
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad or not self.variants:
+            raise ConfigError(f"models.variants must be a non-empty list from {list(VARIANTS)} (found {self.variants!r})")
+        bad = [v for v in self.splits if v not in SPLITS]
+        if bad or not self.splits:
+            raise ConfigError(f"models.splits must be a non-empty list from {list(SPLITS)} (found {self.splits!r})")
+        for name in ("hidden", "layers", "heads", "epochs", "patience", "batch", "seed", "plain_per_epoch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name in ("seed", "plain_per_epoch") else 1):
+                raise ConfigError(f"models.{name} must be a positive integer (found {v!r})")
+        if self.hidden % self.heads:
+            raise ConfigError(f"models.hidden ({self.hidden}) must be a multiple of models.heads ({self.heads})")
+        for name in ("dropout", "lr", "loss_step", "loss_slack", "loss_critical"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or v < 0 or (name == "dropout" and v >= 1) or (name == "lr" and v == 0):
+                raise ConfigError(f"models.{name} must be a number >= 0 (found {v!r})")
+
+
 @dataclass(kw_only=True, slots=True)
 class Config:
     graph: GraphConfig = field(default_factory=GraphConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     grid: GridConfig = field(default_factory=GridConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-_SECTIONS = {"graph": GraphConfig, "analysis": AnalysisConfig, "paths": PathsConfig, "grid": GridConfig}
+_SECTIONS = {"graph": GraphConfig, "analysis": AnalysisConfig, "paths": PathsConfig, "grid": GridConfig, "models": ModelsConfig}
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -16,6 +16,10 @@ edges  (Shapes: edge_index [2, n_edges], edge_attr [n_edges, 1 + len(EdgeKind)])
 
 Labels: ``y_step`` (measured step time µs, shape [1]), per node ``slack`` and ``est`` (µs)
 and ``critical`` (bool) from the CPM, and ``node_id`` (the ExecutionGraph row of each node).
+Dataset samples (training.dataset) add, shape [1] each: ``ref_step`` (the measured step the
+features are relative to; for a what-if sample the unedited baseline's), ``replay_step`` and
+``formula_step`` (the replay's and the analytic formula's estimate of y_step) and ``edit_us``
+(the what-if's added time; 0 for a graph as recorded).
 """
 
 from __future__ import annotations
@@ -27,7 +31,20 @@ from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, NODE_TYPE_NAMES, Category, CollectiveKind, EdgeKind, NodeType
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
+
+COMPUTE_COLUMNS = ["log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "on_gpu", "rank_position", "start_share_of_step"] + [
+    f"category_{c.name.lower()}" for c in Category
+]
+NETWORK_COLUMNS = [
+    "log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "log1p_msg_bytes", "group_share_of_ranks", "is_barrier", "rank_position",
+] + [f"collective_{k.name.lower()}" for k in CollectiveKind]  # fmt: skip
+EDGE_COLUMNS = ["weight_ms"] + [f"kind_{k.name.lower()}" for k in EdgeKind]
+
+
+def feature_schema() -> dict[str, list[str]]:
+    """The feature columns a model is trained on (checkpoints store it; a mismatch is refused)."""
+    return {"version": [str(FEATURE_VERSION)], "compute": COMPUTE_COLUMNS, "network": NETWORK_COLUMNS, "edge": EDGE_COLUMNS}
 
 
 def _one_hot(values: np.ndarray, n: int) -> np.ndarray:
@@ -104,8 +121,9 @@ def to_tensors(data) -> dict[str, torch.Tensor]:
     for triple in EDGE_TYPES:
         for k, v in data[triple].items():
             out[f"{'__'.join(triple)}/{k}"] = v
-    for k in ("y_step",):
-        out[k] = data[k]
+    for k in ("y_step", "ref_step", "replay_step", "formula_step", "edit_us"):
+        if k in data:
+            out[k] = data[k]
     return out
 
 

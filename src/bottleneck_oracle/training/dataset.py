@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.analysis.whatif import injection_sites, with_durations
 from bottleneck_oracle.api import build
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.hetero import from_tensors, to_heterodata, to_tensors
+from bottleneck_oracle.models.baselines import formula_step, node_phases
 
 DATASET = "dataset.jsonl"
 
@@ -65,24 +69,27 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
         by_run.setdefault(r["run_id"], []).append(r)
     done = 0
     for run_id, run_rows in by_run.items():
-        _, graphs = build(run_rows[0]["path"])
+        table, graphs = build(run_rows[0]["path"])
         by_step = {g.step: g for g in graphs}
+        pipeline = run_rows[0]["layout"].startswith("pp")
         for r in run_rows:
             sid = f"{run_id}/step-{r['step']}"
             path = out / f"{sid}.pt"
             g = by_step[r["step"]]
             ids = culprits(g, r["injection"])
+            measured = max(g.measured.values())
             if not path.exists():
-                tensors = to_tensors(to_heterodata(g))
-                tensors["culprit"] = torch.tensor(ids, dtype=torch.int64)
-                with atomic_path(path) as tmp:
-                    torch.save(tensors, tmp)
+                _save(path, g, run_cpm(g), ids, ref=measured, replay=measured, formula=measured, edit_us=0.0, y=measured)
+            whatif = None
+            if ids and r["baseline_step"] is not None:
+                whatif = _whatif_sample(out / f"{sid}.whatif.pt", table, by_step[r["baseline_step"]], g, ids, r, pipeline)
             samples.append(
                 {
                     "id": sid, "path": str(path), "run_id": run_id, "size": r["size"], "layout": r["layout"], "kind": r["kind"],
                     "step": r["step"], "step_time_us": r["step_time_us"], "injection": r["injection"],
                     "culprit_ids": ids, "culprit_names": sorted({g.node_name(i) for i in ids}),
                     "baseline": None if r["baseline_step"] is None else f"{run_id}/step-{r['baseline_step']}",
+                    "whatif": whatif,
                     "split_random": _random_split(sid, seed),
                     "split_ood_size": "test" if r["size"] == ood["size"] else "train",
                     "split_ood_layout": "test" if r["layout"] == ood["layout"] else "train",
@@ -100,6 +107,40 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
     }
     return {"samples": len(samples), "perturbed": sum(bool(s["culprit_ids"]) for s in samples), "held_out": ood,
             "splits": {k: {str(a): int(b) for a, b in v.items()} for k, v in splits.items()}, "dataset": str(out / DATASET)}  # fmt: skip
+
+
+def _save(path: Path, g, cpm, culprit: list[int], *, ref: float, replay: float, formula: float, edit_us: float, y: float) -> None:
+    tensors = to_tensors(to_heterodata(g, cpm))
+    tensors["culprit"] = torch.tensor(culprit, dtype=torch.int64)
+    for key, value in (("y_step", y), ("ref_step", ref), ("replay_step", replay), ("formula_step", formula), ("edit_us", edit_us)):
+        tensors[key] = torch.tensor([value], dtype=torch.float32)
+    with atomic_path(path) as tmp:
+        torch.save(tensors, tmp)
+
+
+def _whatif_sample(path: Path, table, base, perturbed, culprit: list[int], row: dict, pipeline: bool) -> dict:
+    """The what-if of an injected step: its paired baseline step with the op the delay follows
+    lengthened by the requested delay; labelled with the perturbed step's measured time and the
+    replay's and the formula's predictions of it."""
+    sites = injection_sites(base, perturbed, culprit)
+    delta = float(row["injection"]["delay_ms"]) * 1000.0
+    d0 = base.nodes["mdur"].astype(np.float64)
+    d1 = d0.copy()
+    np.add.at(d1, sites, delta)
+    edited = with_durations(base, d1)
+    cpm0 = run_cpm(base)
+    t0 = time.perf_counter()
+    cpm1 = run_cpm(edited)
+    replay_ms = 1000 * (time.perf_counter() - t0)
+    phase, mb = node_phases(table, base)
+    ref = max(base.measured.values())
+    replay_dt = cpm1.makespan - cpm0.makespan
+    formula_dt = formula_step(base, d1, phase, mb, pipeline) - formula_step(base, d0, phase, mb, pipeline)
+    measured = max(perturbed.measured.values())
+    if not path.exists():
+        _save(path, edited, cpm1, sites, ref=ref, replay=ref + replay_dt, formula=ref + formula_dt, edit_us=delta * len(sites), y=measured)
+    return {"path": str(path), "sites": sites, "site_names": [base.node_name(i) for i in sites], "delta_us": delta,
+            "measured_dt_us": measured - ref, "replay_dt_us": replay_dt, "formula_dt_us": formula_dt, "replay_ms": replay_ms}  # fmt: skip
 
 
 def load_sample(path: str | Path):

@@ -1,0 +1,205 @@
+"""What-if by exact replay: edit node durations, rerun the CPM, read the new step time.
+
+An edit selects nodes of one ExecutionGraph (by id, by name, by rank) and changes their
+modelled duration: ``scale`` times it, then ``delay_ms`` added. The replay is the CPM on the
+edited durations with the graph's dependencies and latencies unchanged, so the predicted ΔT is
+exact for the graph's model of the step: a node with slack s absorbs the first s µs of a delay.
+
+Single-node edits in bulk (``single_node_makespans``) do not rerun the CPM per edit: a node
+lengthened by d puts the longest path through it at makespan - slack + d, and a node shortened
+changes the makespan only if it has no slack, which is rerun exactly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import Category, NodeType
+
+_KEYS = {"id", "name", "name~", "name~=", "rank", "scale", "delay_ms"}
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Which nodes, and what happens to their modelled duration (µs): d * scale + delay_ms * 1000."""
+
+    ids: tuple[int, ...] = ()
+    name: str | None = None
+    """exact node name, or an fnmatch pattern if it has * ? or ["""
+    name_contains: str | None = None
+    rank: int | None = None
+    scale: float = 1.0
+    delay_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.scale < 0:
+            raise ValueError(f"scale must be >= 0 (found {self.scale})")
+        if not (self.ids or self.name or self.name_contains or self.rank is not None):
+            raise ValueError("an edit needs a selector: id=, name=, name~= or rank=")
+        if self.scale == 1.0 and self.delay_ms == 0.0:
+            raise ValueError("an edit needs scale= (other than 1) or delay_ms=")
+
+    @classmethod
+    def parse(cls, text: str) -> Edit:
+        """``"name~=all_reduce,rank=1,scale=0.5"``, ``"id=12,delay_ms=5"``, ``"name=aten::mm,scale=2"``."""
+        kw: dict = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            m = re.fullmatch(r"([a-z_]+)(~=|=)(.*)", part)
+            if not m:
+                raise OracleError(f"edit {text!r}: {part!r} is not key=value")
+            key, op, value = m.groups()
+            try:
+                if key == "name" and op == "~=":
+                    kw["name_contains"] = value
+                elif key == "name":
+                    kw["name"] = value
+                elif key == "id":
+                    kw["ids"] = tuple(int(v) for v in value.split("+"))
+                elif key == "rank":
+                    kw["rank"] = int(value)
+                elif key == "scale":
+                    kw["scale"] = float(value)
+                elif key in ("delay_ms", "delay"):
+                    kw["delay_ms"] = float(value)
+                else:
+                    raise OracleError(f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, scale, delay_ms)")
+            except ValueError as exc:
+                raise OracleError(f"edit {text!r}: bad value for {key}: {value!r}") from exc
+        try:
+            return cls(**kw)
+        except ValueError as exc:
+            raise OracleError(f"edit {text!r}: {exc}") from exc
+
+    def select(self, g: ExecutionGraph) -> np.ndarray:
+        """Node ids the edit applies to (compute and network nodes; barriers never)."""
+        n = g.nodes
+        mask = n["category"] != Category.BARRIER
+        if self.ids:
+            ids = np.asarray(self.ids, dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= g.n_nodes)]
+            if len(bad):
+                raise OracleError(f"edit: node id {int(bad[0])} is not in the graph ({g.n_nodes} nodes)")
+            sel = np.zeros(g.n_nodes, dtype=bool)
+            sel[ids] = True
+            mask &= sel
+        if self.rank is not None:
+            mask &= n["rank"] == self.rank
+        if self.name is not None or self.name_contains is not None:
+            pattern = self.name
+            glob = pattern is not None and any(c in pattern for c in "*?[")
+            keep = np.array(
+                [
+                    (self.name_contains is None or self.name_contains in s)
+                    and (pattern is None or (fnmatch.fnmatchcase(s, pattern) if glob else s == pattern))
+                    for s in g.names
+                ],
+                dtype=bool,
+            )
+            mask &= keep[n["name"]]
+        return np.flatnonzero(mask)
+
+
+def edited_durations(g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(modelled durations after the edits, ids of the edited nodes)."""
+    d = g.nodes["mdur"].astype(np.float64).copy()
+    touched = []
+    for e in edits:
+        ids = e.select(g)
+        d[ids] = np.maximum(d[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
+        touched.append(ids)
+    return d, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+
+
+def with_durations(g: ExecutionGraph, dur: np.ndarray) -> ExecutionGraph:
+    """A copy of ``g`` whose modelled durations are ``dur`` (measured ones unchanged)."""
+    nodes = dict(g.nodes)
+    nodes["mdur"] = np.asarray(dur, dtype=np.float64)
+    return replace(g, nodes=nodes)
+
+
+@dataclass(slots=True)
+class WhatIf:
+    base: CPMResult
+    edited: CPMResult
+    ids: np.ndarray  # the edited nodes
+
+    @property
+    def delta_us(self) -> float:
+        return self.edited.makespan - self.base.makespan
+
+
+def replay(g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], base: CPMResult | None = None) -> WhatIf:
+    d, ids = edited_durations(g, edits)
+    if not len(ids):
+        raise OracleError("edit selects no node of the graph")
+    return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d), ids=ids)
+
+
+def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarray | float, base: CPMResult | None = None) -> np.ndarray:
+    """The makespan after each single edit ``ids[i]`` += ``delta_us[i]`` (µs), exact, vectorised.
+
+    Lengthening: max(M, M - slack + d). Shortening a node with slack changes nothing; shortening
+    one without slack is rerun with the CPM (one pass per such edit)."""
+    r = base or run_cpm(g)
+    ids = np.asarray(ids, dtype=np.int64)
+    delta = np.broadcast_to(np.asarray(delta_us, dtype=np.float64), ids.shape)
+    m = r.makespan
+    out = np.maximum(m, m - r.slack[ids] + np.maximum(delta, -g.nodes["mdur"][ids]))
+    shrink = np.flatnonzero((delta < 0) & (r.slack[ids] <= 1e-6))
+    if len(shrink):
+        d0 = g.nodes["mdur"].astype(np.float64)
+        for i in shrink:
+            d = d0.copy()
+            v = ids[i]
+            d[v] = max(d[v] + delta[i], 0.0)
+            out[i] = run_cpm(g, d).makespan
+    return out
+
+
+def main_thread(g: ExecutionGraph, rank: int) -> int:
+    """The CPU thread of ``rank`` with the most nodes (the training loop's)."""
+    n = g.nodes
+    m = (n["rank"] == rank) & ~n["on_gpu"] & (n["node_type"] == NodeType.COMPUTE)
+    tids, counts = np.unique(n["tid"][m], return_counts=True)
+    if not len(tids):
+        raise OracleError(f"rank {rank} has no CPU nodes in step {g.step}")
+    return int(tids[np.argmax(counts)])
+
+
+def _chain(g: ExecutionGraph, rank: int, tid: int) -> np.ndarray:
+    n = g.nodes
+    ids = np.flatnonzero((n["rank"] == rank) & (n["tid"] == tid) & ~n["on_gpu"] & (n["node_type"] == NodeType.COMPUTE))
+    return ids[np.argsort(n["start"][ids], kind="stable")]
+
+
+def injection_sites(base: ExecutionGraph, perturbed: ExecutionGraph, culprit_ids: list[int]) -> list[int]:
+    """The nodes of ``base`` (an unperturbed step of the same run) that precede, on their thread,
+    each injected delay that ``perturbed`` carries: the op the delay follows, found by name and
+    occurrence on the same rank's training-loop thread (a module called once per micro-batch is
+    delayed once per call). Lengthening them by the delay is the what-if of the injection."""
+    if not culprit_ids:
+        raise OracleError(f"step {perturbed.step} carries no injected delay")
+    p = perturbed.nodes
+    sites = []
+    for c in sorted(culprit_ids, key=lambda i: p["start"][i]):
+        rank, tid = int(p["rank"][c]), int(p["tid"][c])
+        chain = [i for i in _chain(perturbed, rank, tid) if not perturbed.node_name(i).startswith("oracle_inject:")]
+        before = [i for i in chain if p["start"][i] < p["start"][c]]
+        target = _chain(base, rank, main_thread(base, rank))
+        if not before:
+            sites.append(int(target[0]))
+            continue
+        name = perturbed.node_name(before[-1])
+        occurrence = sum(perturbed.node_name(i) == name for i in before)
+        same = [i for i in target if base.node_name(i) == name]
+        if len(same) < occurrence:
+            raise OracleError(f"step {base.step} has {len(same)} {name!r} on rank {rank}, step {perturbed.step} has {occurrence}")
+        sites.append(int(same[occurrence - 1]))
+    return sites

@@ -1,0 +1,150 @@
+"""HeteroGAT: graph attention over the execution graph's typed nodes and edges.
+
+Input: the HeteroData of ``graph_pipeline.hetero`` (node types ``compute`` / ``network``, edge
+types ``depends_on``, ``triggers``, ``feeds``, ``syncs``). Three variants:
+
+- ``bidirectional``: every edge type also carried backwards (``rev_<rel>``), so a node hears
+  both what it waits for and what waits for it.
+- ``directed``: messages only along dependencies (a node hears its predecessors), the way time
+  flows through the graph.
+- ``correction``: directed, and given the replay's answer: per node the CPM's EST, slack and
+  criticality on the input graph, per graph the replay's (and the formula's) estimate; its step
+  head learns a correction to the replay, starting at zero (it predicts the replay at init).
+
+Heads: graph-level log(step / reference step), node-level slack (log1p of ms) and
+criticality (a logit). The reference step is the input trace's measured step (for a what-if,
+the unedited baseline), so every prediction is relative to something the user has measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch_geometric.nn import GATConv, HeteroConv, global_max_pool, global_mean_pool
+
+from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES
+
+VARIANTS = ("bidirectional", "directed", "correction")
+NODE_TYPES = ("compute", "network")
+CPM_INPUTS = 3  # est / ref, slack / ref, critical
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GATConfig:
+    variant: str = "directed"
+    hidden: int = 32
+    layers: int = 3
+    heads: int = 2
+    dropout: float = 0.0
+    in_dims: tuple[tuple[str, int], ...] = ()
+    edge_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS} (found {self.variant!r})")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.layers < 1:
+            raise ValueError("layers must be >= 1")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["in_dims"] = [list(p) for p in self.in_dims]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GATConfig:
+        d = dict(d)
+        d["in_dims"] = tuple((str(a), int(b)) for a, b in d.get("in_dims", ()))
+        return cls(**d)
+
+
+def edge_types(variant: str) -> list[tuple[str, str, str]]:
+    types = list(EDGE_TYPES)
+    if variant == "bidirectional":
+        types += [(d, f"rev_{r}", s) for s, r, d in EDGE_TYPES]
+    return types
+
+
+def prepare(data, variant: str):
+    """Model inputs of one sample (in place): reverse edges for the bidirectional variant, CPM
+    columns appended to the node features for the correction variant, the graph inputs."""
+    from bottleneck_oracle.models.baselines import graph_inputs
+
+    if getattr(data, "_prepared", None) == variant:
+        return data
+    ref = float(data.ref_step)
+    for t in NODE_TYPES:
+        store = data[t]
+        x = store.x
+        if variant == "correction":
+            cpm = torch.stack([store.est / ref, store.slack / ref, store.critical.float()], dim=1) if len(x) else x.new_zeros((0, 3))
+            x = torch.cat([x, cpm.to(x.dtype)], dim=1)
+        store.x_in = x
+    for s, r, d in EDGE_TYPES:
+        a = data[(s, r, d)].edge_attr
+        w = a[:, :1]
+        data[(s, r, d)].edge_in = torch.cat([torch.sign(w) * torch.log1p(w.abs()), a[:, 1:]], dim=1)
+        if variant == "bidirectional":
+            data[(d, f"rev_{r}", s)].edge_index = data[(s, r, d)].edge_index.flip(0)
+            data[(d, f"rev_{r}", s)].edge_in = data[(s, r, d)].edge_in
+    g = graph_inputs(data)
+    data.g_in = (g if variant == "correction" else g[:2]).unsqueeze(0)
+    data._prepared = variant
+    return data
+
+
+class HeteroGAT(nn.Module):
+    def __init__(self, cfg: GATConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        dims = dict(cfg.in_dims)
+        self.encode = nn.ModuleDict({t: nn.Linear(dims[t], h) for t in NODE_TYPES})
+        self.types = edge_types(cfg.variant)
+        self.convs = nn.ModuleList(
+            HeteroConv(
+                {
+                    et: GATConv((h, h), h // cfg.heads, heads=cfg.heads, edge_dim=cfg.edge_dim, add_self_loops=False, dropout=cfg.dropout)
+                    for et in self.types
+                },
+                aggr="sum",
+            )
+            for _ in range(cfg.layers)
+        )
+        self.norms = nn.ModuleList(nn.ModuleDict({t: nn.LayerNorm(h) for t in NODE_TYPES}) for _ in range(cfg.layers))
+        n_g = 4 if cfg.variant == "correction" else 2
+        self.step_head = nn.Sequential(nn.Linear(4 * h + n_g, h), nn.ELU(), nn.Linear(h, 1))
+        if cfg.variant == "correction":  # start as the replay
+            nn.init.zeros_(self.step_head[-1].weight)
+            nn.init.zeros_(self.step_head[-1].bias)
+        self.node_head = nn.ModuleDict({t: nn.Sequential(nn.Linear(h, h), nn.ELU(), nn.Linear(h, 2)) for t in NODE_TYPES})
+
+    def forward(self, batch) -> dict[str, torch.Tensor]:
+        """{'step': log(step / ref) per graph, 'slack_<type>': log1p(slack ms), 'critical_<type>': logits}."""
+        h = {t: torch.nn.functional.elu(self.encode[t](batch[t].x_in)) for t in NODE_TYPES}
+        edge_index = {et: batch[et].edge_index for et in self.types}
+        edge_attr = {et: batch[et].edge_in for et in self.types}
+        for conv, norm in zip(self.convs, self.norms):
+            msg = conv(h, edge_index, edge_attr_dict=edge_attr)
+            h = {t: norm[t](h[t] + torch.nn.functional.elu(msg[t])) if t in msg else h[t] for t in NODE_TYPES}
+        n_graphs = batch.g_in.shape[0]
+        pooled = []
+        for t in NODE_TYPES:
+            b = batch[t].batch if hasattr(batch[t], "batch") else torch.zeros(len(h[t]), dtype=torch.long)
+            pooled += [global_mean_pool(h[t], b, size=n_graphs), global_max_pool(h[t], b, size=n_graphs)]
+        pooled = [torch.nan_to_num(p, neginf=0.0) for p in pooled]
+        out = {"step": self.step_head(torch.cat([*pooled, batch.g_in], dim=1)).squeeze(-1)}
+        if self.cfg.variant == "correction":
+            out["step"] = out["step"] + batch.g_in[:, 2]
+        for t in NODE_TYPES:
+            y = self.node_head[t](h[t])
+            out[f"slack_{t}"], out[f"critical_{t}"] = y[:, 0], y[:, 1]
+        return out
+
+
+def in_dims_of(data, variant: str) -> tuple[tuple[str, int], ...]:
+    prepare(data, variant)
+    return tuple((t, int(data[t].x_in.shape[1])) for t in NODE_TYPES)

@@ -1,0 +1,281 @@
+"""train: the HeteroGAT variants and the learned baselines, one checkpoint per split.
+
+Per split (random, OOD-size, OOD-layout, OOD-injection; see training.dataset) the training part
+gives two kinds of samples: what-if samples (a baseline step with the injected op lengthened,
+labelled with the measured perturbed step) and graphs as recorded (labelled with their own step,
+CPM slack and criticality). The graph networks learn all three with a weighted loss; the MLP
+and XGBoost baselines learn the step on pooled features. Validation: the dataset's val part
+for the random split; for an OOD split 15% of its training runs' samples, drawn by hash. Early
+stopping keeps the best validation state. Seeds are fixed; a checkpoint holds the model
+configs, the feature schema and the versions, and is read back with weights_only=True.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bottleneck_oracle import __version__
+from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.config import ModelsConfig
+from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.hetero import FEATURE_VERSION, feature_schema
+from bottleneck_oracle.models.baselines import fit_mlp, fit_xgb, pooled_features
+from bottleneck_oracle.models.hetero_gat import NODE_TYPES, GATConfig, HeteroGAT, in_dims_of, prepare
+from bottleneck_oracle.training.dataset import DATASET, load_sample
+
+FORMAT = "bottleneck-oracle/checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(slots=True)
+class SplitData:
+    train_whatif: list
+    train_plain: list
+    val_whatif: list
+    val_plain: list
+    test_whatif: list
+    test_plain: list
+    test_rows: list[dict]
+
+
+def read_rows(dataset: str | Path) -> list[dict]:
+    path = Path(dataset)
+    path = path / DATASET if path.is_dir() else path
+    if not path.is_file():
+        raise OracleError(f"{path}: no dataset (run `bottleneck-oracle build-dataset` first)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise OracleError(f"{path}: the dataset is empty")
+    return rows
+
+
+def _hash_val(key: str, seed: int) -> bool:
+    return int(hashlib.sha256(f"val:{seed}:{key}".encode()).hexdigest()[:8], 16) / 16**8 < 0.15
+
+
+def parts(rows: list[dict], split: str, seed: int) -> dict[str, list[dict]]:
+    """{'train', 'val', 'test'} rows of a split."""
+    out: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
+    for r in rows:
+        if split == "random":
+            out[r["split_random"]].append(r)
+        else:
+            part = r[f"split_{split}"]
+            out["test" if part == "test" else "val" if _hash_val(r["id"], seed) else "train"].append(r)
+    return out
+
+
+class _Cache:
+    """Samples loaded once per process (they are read by every split and variant)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, object] = {}
+
+    def get(self, path: str):
+        if path not in self.data:
+            self.data[path] = load_sample(path)
+        return self.data[path]
+
+
+CACHE = _Cache()
+
+
+def split_data(rows: list[dict], split: str, seed: int) -> SplitData:
+    p = parts(rows, split, seed)
+
+    def wi(rs):
+        return [CACHE.get(r["whatif"]["path"]) for r in rs if r.get("whatif")]
+
+    def plain(rs):
+        return [CACHE.get(r["path"]) for r in rs]
+
+    return SplitData(wi(p["train"]), plain(p["train"]), wi(p["val"]), plain(p["val"]), wi(p["test"]), plain(p["test"]), p["test"])
+
+
+def _targets(batch) -> torch.Tensor:
+    return torch.log(batch.y_step / batch.ref_step)
+
+
+def _batch(samples: list, variant: str):
+    from torch_geometric.data import Batch
+
+    return Batch.from_data_list([prepare(s, variant) for s in samples])
+
+
+def gat_loss(model: HeteroGAT, batch, cfg: ModelsConfig) -> torch.Tensor:
+    out = model(batch)
+    loss = cfg.loss_step * torch.nn.functional.mse_loss(out["step"], _targets(batch))
+    for t in NODE_TYPES:
+        if batch[t].num_nodes == 0:
+            continue
+        slack = torch.log1p(batch[t].slack.clamp(min=0) / 1000.0)
+        loss = loss + cfg.loss_slack * torch.nn.functional.mse_loss(out[f"slack_{t}"], slack)
+        crit = batch[t].critical.float()
+        pos = crit.mean().clamp(min=1e-3)
+        weight = torch.where(crit > 0, 0.5 / pos, 0.5 / (1 - pos).clamp(min=1e-3))
+        loss = loss + cfg.loss_critical * torch.nn.functional.binary_cross_entropy_with_logits(out[f"critical_{t}"], crit, weight=weight)
+    return loss
+
+
+def fit_gat(variant: str, data: SplitData, cfg: ModelsConfig, progress: Callable[[str], None] | None = None) -> tuple[HeteroGAT, dict]:
+    """One HeteroGAT variant, early-stopped on the validation loss."""
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    sample = (data.train_whatif or data.train_plain)[0]
+    gcfg = GATConfig(
+        variant=variant, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, dropout=cfg.dropout,
+        in_dims=in_dims_of(sample, variant), edge_dim=int(sample[("compute", "depends_on", "compute")].edge_attr.shape[1]),
+    )  # fmt: skip
+    model = HeteroGAT(gcfg)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=1e-5)
+    val = data.val_whatif + data.val_plain[: max(cfg.plain_per_epoch // 4, 8)]
+    val_batches = [_batch(val[i : i + cfg.batch], variant) for i in range(0, len(val), cfg.batch)]
+    best, best_state, bad, history = np.inf, None, 0, []
+    t0 = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        items = list(data.train_whatif) + rng.sample(data.train_plain, min(cfg.plain_per_epoch, len(data.train_plain)))
+        rng.shuffle(items)
+        model.train()
+        total = 0.0
+        for i in range(0, len(items), cfg.batch):
+            opt.zero_grad()
+            loss = gat_loss(model, _batch(items[i : i + cfg.batch], variant), cfg)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            total += float(loss) * len(items[i : i + cfg.batch])
+        model.eval()
+        with torch.no_grad():
+            v = sum(float(gat_loss(model, b, cfg)) * b.num_graphs for b in val_batches) / max(len(val), 1)
+        history.append({"epoch": epoch + 1, "train_loss": total / len(items), "val_loss": v})
+        if progress:
+            progress(f"{variant} epoch {epoch + 1}/{cfg.epochs}: train {total / len(items):.4f}, val {v:.4f}")
+        if v < best - 1e-6:
+            best, best_state, bad = v, {k: t.detach().clone() for k, t in model.state_dict().items()}, 0
+        else:
+            bad += 1
+            if bad >= cfg.patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return model.eval(), {"epochs": len(history), "best_val_loss": best, "seconds": time.perf_counter() - t0, "history": history}
+
+
+def _xy(samples: list) -> tuple[np.ndarray, np.ndarray]:
+    if not samples:
+        return np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.float32)
+    x = np.stack([pooled_features(s) for s in samples])
+    y = np.array([float(np.log(float(s.y_step) / float(s.ref_step))) for s in samples], dtype=np.float32)
+    return x, y
+
+
+def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Callable[[str], None] | None = None) -> dict:
+    """Train every configured model on one split; returns the checkpoint dict."""
+    data = split_data(rows, split, cfg.seed)
+    if not data.train_whatif:
+        raise OracleError(f"split {split}: no what-if samples to train on (the dataset has no perturbed steps with a baseline there)")
+    ckpt: dict = {
+        "format": FORMAT, "checkpoint_version": CHECKPOINT_VERSION, "feature_version": FEATURE_VERSION, "package_version": __version__,
+        "feature_schema": feature_schema(), "split": split, "config": _plain(cfg), "gat": {},
+        "counts": {"train_whatif": len(data.train_whatif), "train_graphs": len(data.train_plain), "val_whatif": len(data.val_whatif),
+                   "test_whatif": len(data.test_whatif), "test_graphs": len(data.test_plain)},
+    }  # fmt: skip
+    for variant in cfg.variants:
+        model, info = fit_gat(variant, data, cfg, progress)
+        ckpt["gat"][variant] = {"config": model.cfg.to_dict(), "state": model.state_dict(), "epochs": info["epochs"],
+                                "best_val_loss": float(info["best_val_loss"]), "seconds": float(info["seconds"]),
+                                "history": [[h["train_loss"], h["val_loss"]] for h in info["history"]]}  # fmt: skip
+    # learned baselines: what-if samples plus as many graphs as recorded (they teach "no edit, no change")
+    train_rows = data.train_whatif + data.train_plain[: len(data.train_whatif)]
+    x, y = _xy(train_rows)
+    xv, yv = _xy(data.val_whatif)
+    xv = xv if len(xv) else np.zeros((0, x.shape[1]), dtype=np.float32)
+    if progress:
+        progress("mlp and xgboost")
+    mlp = fit_mlp(x, y, xv, yv, cfg.seed)
+    ckpt["mlp"] = {"n_in": int(x.shape[1]), "state": mlp.state_dict()}
+    ckpt["xgboost"] = bytes(fit_xgb(x, y, xv, yv, cfg.seed).get_booster().save_raw("json")).decode()
+    return ckpt
+
+
+def _plain(cfg: ModelsConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(cfg)
+
+
+def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torch.save(ckpt, tmp)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint written by train; OracleError (one line) if it is not one, or not for this version."""
+    path = Path(path)
+    if not path.is_file():
+        raise OracleError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # torch raises many types for foreign / corrupt files
+        raise OracleError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise OracleError(f"{path}: not a BottleneckOracle checkpoint")
+    if ckpt.get("checkpoint_version") != CHECKPOINT_VERSION:
+        raise OracleError(
+            f"{path}: checkpoint format {ckpt.get('checkpoint_version')} (BottleneckOracle {ckpt.get('package_version')}); "
+            f"this version reads format {CHECKPOINT_VERSION}: retrain with `bottleneck-oracle train`"
+        )
+    if ckpt.get("feature_version") != FEATURE_VERSION or ckpt.get("feature_schema") != feature_schema():
+        raise OracleError(
+            f"{path}: trained on feature schema {ckpt.get('feature_version')}, this version builds schema {FEATURE_VERSION}: "
+            "rebuild the dataset and retrain"
+        )
+    return ckpt
+
+
+def gat_from(ckpt: dict, variant: str) -> HeteroGAT:
+    entry = ckpt["gat"][variant]
+    model = HeteroGAT(GATConfig.from_dict(entry["config"]))
+    model.load_state_dict(entry["state"])
+    return model.eval()
+
+
+def mlp_from(ckpt: dict):
+    from bottleneck_oracle.models.baselines import MLPRegressor
+
+    model = MLPRegressor(ckpt["mlp"]["n_in"])
+    model.load_state_dict(ckpt["mlp"]["state"])
+    return model.eval()
+
+
+def xgb_from(ckpt: dict):
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(bytearray(ckpt["xgboost"].encode()))
+    return booster
+
+
+def train(dataset: str | Path, out: str | Path, cfg: ModelsConfig, progress: Callable[[str], None] | None = None) -> dict:
+    """Train a checkpoint per configured split into ``out`` (``<split>.pt``)."""
+    rows = read_rows(dataset)
+    out = Path(out)
+    summary = {"checkpoints": {}, "dataset": str(dataset)}
+    for split in cfg.splits:
+        t0 = time.perf_counter()
+        ckpt = train_split(rows, split, cfg, (lambda m, s=split: progress(f"{s}: {m}")) if progress else None)
+        path = save_checkpoint(ckpt, out / f"{split}.pt")
+        summary["checkpoints"][split] = {"path": str(path), "seconds": round(time.perf_counter() - t0, 1), **ckpt["counts"],
+                                         "epochs": {v: e["epochs"] for v, e in ckpt["gat"].items()}}  # fmt: skip
+    return summary
