@@ -5,12 +5,12 @@ STAMP := $(VENV)/.installed
 # torch first (a local CPU wheel on the project's machines); another build: make TORCH="torch==2.13.0+cu128" ...
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-slow lint bench clean
+.PHONY: venv demo test test-slow lint bench data train eval clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,systems]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,systems,models]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -30,6 +30,18 @@ lint: venv
 
 bench: venv  ## 1M-event benchmark against HTA and networkx (HTA in its own venv)
 	$(PY) benchmarks/bench_scale.py --events 1000000 --ranks 8
+
+data/graphs/dataset.jsonl: config.yaml | venv
+	$(VENV)/bin/bottleneck-oracle generate --config config.yaml
+	$(VENV)/bin/bottleneck-oracle build-dataset --config config.yaml
+
+data: data/graphs/dataset.jsonl  ## record the bundled grid (real 2-rank runs with injected delays) and build the dataset
+
+train: data  ## train the HeteroGAT variants and baselines, one checkpoint per split
+	$(VENV)/bin/bottleneck-oracle train --config config.yaml
+
+eval: venv  ## the table: every model and baseline per split (also docs/eval.md, docs/eval.json)
+	$(VENV)/bin/bottleneck-oracle eval --checkpoint data/checkpoints --config config.yaml --markdown docs/eval.md --json-file docs/eval.json
 
 clean:
 	rm -rf $(VENV) demo benchmarks/out

@@ -45,3 +45,58 @@ def analyze(
     """Build and run the critical path method on every selected step."""
     table, gs = build(path, steps, config, et)
     return table, [StepAnalysis.of(g) for g in gs]
+
+
+def whatif(
+    path: str | Path,
+    edits: list[str],
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    checkpoint: str | Path | None = None,
+    use_model: bool = True,
+) -> list[dict]:
+    """Per step: the step time after ``edits`` (``Edit.parse`` strings) by the exact replay and by
+    each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
+    the critical path before and after."""
+    from bottleneck_oracle.analysis.cpm import run_cpm
+    from bottleneck_oracle.analysis.whatif import Edit, edited_durations
+    from bottleneck_oracle.errors import OracleError
+
+    parsed = [Edit.parse(e) for e in edits]
+    table, gs = build(path, steps, config)
+    predictor = None
+    if use_model:
+        from bottleneck_oracle.models.predict import Predictor
+
+        predictor = Predictor(checkpoint)
+    out = []
+    for g in gs:
+        d, ids = edited_durations(g, parsed)
+        if not len(ids):
+            raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
+        base = run_cpm(g)
+        measured = max(g.measured.values())
+        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "added_us": float((d - g.nodes["mdur"]).sum())}
+        if predictor is not None:
+            from bottleneck_oracle.models.predict import sample_for
+
+            data, edited = sample_for(g, d, table, base)
+            row["model"] = {"checkpoint": str(predictor.path), "step_us": predictor.step_times(data)}
+            row["model"]["delta_us"] = {v: t - measured for v, t in row["model"]["step_us"].items()}
+        else:
+            edited = run_cpm(g, d)
+        row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
+        before, after = set(base.path.tolist()), set(edited.path.tolist())
+
+        def names(s):
+            ranked = sorted(s, key=lambda i: -float(d[i]))[:10]
+            return [{"id": int(i), "name": g.node_name(i), "rank": int(g.nodes["rank"][i])} for i in ranked]
+
+        row["critical_path"] = {
+            "nodes_before": len(before),
+            "nodes_after": len(after),
+            "joined": names(after - before),
+            "left": names(before - after),
+        }
+        out.append(row)
+    return out

@@ -249,16 +249,108 @@ def build_dataset_cmd(
 
 
 @app.command()
-def train(config: Path = typer.Option(Path("config.yaml"), "--config", help=CONFIG_HELP)) -> None:
-    """Train the HeteroGAT on a built dataset (not built yet)."""
-    _config(config)
-    _fail("train: the HeteroGAT trainer is not built yet; `analyze` and `parse` work today")
+def train(
+    config: Path = typer.Option(Path("config.yaml"), "--config", help=CONFIG_HELP),
+    dataset: Path = typer.Option(None, "--dataset", help="Folder written by `build-dataset` (default: paths.graphs)."),
+    out_dir: Path = typer.Option(None, "--out", "-o", help="Folder for the checkpoints, one per split (default: paths.checkpoints)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Train the HeteroGAT variants, the MLP and XGBoost on a built dataset: one checkpoint per split."""
+    from bottleneck_oracle.training.train import train as run_train
+
+    cfg = _config(config)
+    with err.status("training") as status:
+        summary = run_train(
+            dataset or Path(cfg.paths.graphs), out_dir or Path(cfg.paths.checkpoints), cfg.models,
+            None if as_json else (lambda msg: status.update(msg)),
+        )  # fmt: skip
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        return
+    for split, info in summary["checkpoints"].items():
+        epochs = ", ".join(f"{v} {e}" for v, e in info["epochs"].items())
+        out.print(
+            f"{split}: {info['path']} in {info['seconds']:.0f} s — {info['train_whatif']} what-if + {info['train_graphs']} graphs to train on, "
+            f"{info['test_whatif']} what-if held out; epochs: {epochs}",
+            highlight=False,
+        )
 
 
 @app.command("eval")
-def evaluate(checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint written by `train`.")) -> None:
-    """Evaluate a trained model against the baselines (not built yet)."""
-    _fail(f"eval: model evaluation is not built yet, so {checkpoint} cannot be evaluated; `analyze` works today")
+def evaluate(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint written by `train`, or the folder of them (one per split)."),
+    dataset: Path = typer.Option(None, "--dataset", help="Folder written by `build-dataset` (default: paths.graphs)."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    markdown: Path = typer.Option(None, "--markdown", help="Also write the table as Markdown to this file."),
+    json_file: Path = typer.Option(None, "--json-file", help="Also write the results as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Every model and baseline side by side per split: what-if against the measured re-runs, slack ρ, critical F1, speed."""
+    from bottleneck_oracle.training.eval import COLUMNS, rows_of, to_markdown
+    from bottleneck_oracle.training.eval import evaluate as run_eval
+
+    cfg = _config(config)
+    with err.status("evaluating"):
+        result = run_eval(checkpoint, dataset or Path(cfg.paths.graphs))
+    if markdown:
+        with atomic_path(markdown) as tmp:
+            tmp.write_text(to_markdown(result))
+    if json_file:
+        with atomic_path(json_file) as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        return
+    t = Table(title="What-if against measured re-runs (held-out part of each split)")
+    for col in ["split", "model"] + [c[1] for c in COLUMNS]:
+        t.add_column(col, justify="left" if col in ("split", "model") else "right")
+    for r in rows_of(result):
+        t.add_row(*r)
+    out.print(t)
+
+
+@app.command()
+def whatif(
+    trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
+    edit: list[str] = typer.Option(
+        ...,
+        "--edit",
+        "-e",
+        help="Duration edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB, name~=SUBSTRING, rank=R; changes scale=F, delay_ms=MS. "
+        'E.g. "name~=all_reduce,rank=1,scale=0.5".',
+    ),
+    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
+    checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
+    no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
+    rows = api.whatif(trace, edit, step or None, _config(config), checkpoint, not no_model)
+    if as_json:
+        sys.stdout.write(json.dumps({"trace": str(trace), "edits": edit, "steps": rows}, indent=1) + "\n")
+        return
+    t = Table(title=f"What-if: {'; '.join(edit)}", caption="step times in ms; Δ against the step as measured")
+    variants = list(rows[0]["model"]["step_us"]) if rows and "model" in rows[0] else []
+    for col in ["step", "nodes edited", "measured", "replay", "Δ replay"] + [f"{v}" for v in variants] + [f"Δ {v}" for v in variants]:
+        t.add_column(col, justify="right")
+    for r in rows:
+        model = r.get("model", {})
+        t.add_row(
+            str(r["step"]), str(r["edited_nodes"]), _ms(r["measured_us"]), _ms(r["replay"]["step_us"]), f"{r['replay']['delta_us'] / 1000:+.3f}",
+            *[_ms(model["step_us"][v]) for v in variants], *[f"{model['delta_us'][v] / 1000:+.3f}" for v in variants],
+        )  # fmt: skip
+    out.print(t)
+    for r in rows:
+        cp = r["critical_path"]
+        if cp["joined"] or cp["left"]:
+            joined = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"
+            left = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["left"][:5]) or "—"
+            out.print(
+                Text(f"step {r['step']}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}")
+            )
+        else:
+            out.print(f"step {r['step']}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
 
 
 @app.command()
@@ -296,11 +388,15 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except Exception as exc:  # click usage errors carry their own message
-        import click
+        try:
+            from click.exceptions import Abort, ClickException
+        except ImportError:  # newer typer vendors click
+            from typer._click.exceptions import ClickException
+            from typer.exceptions import Abort
 
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, ClickException):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, Abort):
             sys.exit(1)
         raise

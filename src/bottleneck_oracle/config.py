@@ -89,13 +89,13 @@ class ModelsConfig:
     layers: int = 3
     heads: int = 2
     dropout: float = 0.0
-    epochs: int = 40
+    epochs: int = 20
     """Upper bound; training stops early when the validation loss has not improved for `patience` epochs."""
-    patience: int = 8
+    patience: int = 4
     lr: float = 0.003
     batch: int = 8
     """Graphs per optimisation step."""
-    plain_per_epoch: int = 96
+    plain_per_epoch: int = 40
     """Unedited graphs drawn per epoch beside every what-if sample (they teach slack and criticality)."""
     loss_step: float = 1.0
     """Weight of the step-time loss (MSE of log(step / reference))."""

@@ -154,12 +154,20 @@ def fit_mlp(x: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray, seed: 
 
 
 def fit_xgb(x: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray, seed: int):
-    """Gradient-boosted trees (xgboost-cpu) with early stopping on the validation set."""
+    """Gradient-boosted trees (xgboost-cpu, native API) with early stopping on the validation set."""
     import xgboost as xgb
 
-    model = xgb.XGBRegressor(
-        n_estimators=400, max_depth=4, learning_rate=0.05, subsample=0.8, colsample_bytree=0.8,
-        random_state=seed, n_jobs=2, early_stopping_rounds=30 if len(yv) else None,
-    )  # fmt: skip
-    model.fit(x, y, eval_set=[(xv, yv)] if len(yv) else None, verbose=False)
-    return model
+    params = {
+        "max_depth": 4,
+        "eta": 0.05,
+        "subsample": 0.8,
+        "colsample_bytree": 0.8,
+        "seed": seed,
+        "nthread": 2,
+        "objective": "reg:squarederror",
+    }
+    train = xgb.DMatrix(x, label=y)
+    if len(yv):
+        val = xgb.DMatrix(xv, label=yv)
+        return xgb.train(params, train, num_boost_round=400, evals=[(val, "val")], early_stopping_rounds=30, verbose_eval=False)
+    return xgb.train(params, train, num_boost_round=200)

@@ -85,7 +85,7 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
                 whatif = _whatif_sample(out / f"{sid}.whatif.pt", table, by_step[r["baseline_step"]], g, ids, r, pipeline)
             samples.append(
                 {
-                    "id": sid, "path": str(path), "run_id": run_id, "size": r["size"], "layout": r["layout"], "kind": r["kind"],
+                    "id": sid, "path": str(path), "trace": r["path"], "run_id": run_id, "size": r["size"], "layout": r["layout"], "kind": r["kind"],
                     "step": r["step"], "step_time_us": r["step_time_us"], "injection": r["injection"],
                     "culprit_ids": ids, "culprit_names": sorted({g.node_name(i) for i in ids}),
                     "baseline": None if r["baseline_step"] is None else f"{run_id}/step-{r['baseline_step']}",

@@ -152,7 +152,7 @@ def fit_gat(variant: str, data: SplitData, cfg: ModelsConfig, progress: Callable
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             opt.step()
-            total += float(loss) * len(items[i : i + cfg.batch])
+            total += loss.item() * len(items[i : i + cfg.batch])
         model.eval()
         with torch.no_grad():
             v = sum(float(gat_loss(model, b, cfg)) * b.num_graphs for b in val_batches) / max(len(val), 1)
@@ -203,7 +203,7 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
         progress("mlp and xgboost")
     mlp = fit_mlp(x, y, xv, yv, cfg.seed)
     ckpt["mlp"] = {"n_in": int(x.shape[1]), "state": mlp.state_dict()}
-    ckpt["xgboost"] = bytes(fit_xgb(x, y, xv, yv, cfg.seed).get_booster().save_raw("json")).decode()
+    ckpt["xgboost"] = bytes(fit_xgb(x, y, xv, yv, cfg.seed).save_raw("json")).decode()
     return ckpt
 
 

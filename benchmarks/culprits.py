@@ -1,0 +1,85 @@
+"""Culprit recovery on the generated dataset: does `blame` name the injected delay?
+
+For every injected step of the dataset (`build-dataset` output), rank its nodes with the
+counterfactual blame (typical durations from the run's other steps) and with two naive finders
+(the longest ops on the critical path; the ops most slower than the same op on the other ranks),
+and count how often the injected range (the culprit node: the injected rank's
+``oracle_inject:*`` op) is first, or among the first three.
+
+    python benchmarks/culprits.py [--dataset data/graphs] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from bottleneck_oracle.analysis.blame import blame, largest_rank_deviation, longest_on_critical_path
+from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.api import build
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="data/graphs")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = [json.loads(line) for line in (Path(args.dataset) / "dataset.jsonl").read_text().splitlines()]
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        runs[r["run_id"]].append(r)
+    methods = ("blame (counterfactual replay)", "longest op on the critical path", "largest deviation from other ranks")
+    hits = {m: [] for m in methods}
+    per_layout: dict[str, dict[str, list]] = defaultdict(lambda: {m: [] for m in methods})
+    seconds = []
+    for run_id, rs in runs.items():
+        _, graphs = build(rs[0]["trace"])
+        by_step = {g.step: g for g in graphs}
+        for r in rs:
+            if not r["culprit_ids"]:
+                continue
+            g = by_step[r["step"]]
+            refs = [h for s, h in by_step.items() if s != r["step"] and s != min(by_step)]
+            cpm = run_cpm(g)
+            t0 = time.perf_counter()
+            b = blame(g, refs, top=3, cpm=cpm)
+            seconds.append(time.perf_counter() - t0)
+            ranked = {
+                methods[0]: [x["id"] for x in b.nodes],
+                methods[1]: longest_on_critical_path(g, cpm),
+                methods[2]: largest_rank_deviation(g),
+            }
+            culprit = set(r["culprit_ids"])
+            for m, ids in ranked.items():
+                h = (bool(ids) and ids[0] in culprit, bool(culprit & set(ids[:3])))
+                hits[m].append(h)
+                per_layout[r["layout"]][m].append(h)
+        print(f"{run_id}: {sum(1 for r in rs if r['culprit_ids'])} injected steps", file=sys.stderr)
+    n = len(hits[methods[0]])
+    result = {"steps": n, "blame_seconds_per_step": float(np.mean(seconds)), "methods": {}, "per_layout": {}}
+    for m in methods:
+        a = np.array(hits[m])
+        result["methods"][m] = {"top1": float(a[:, 0].mean()), "top3": float(a[:, 1].mean())}
+    for layout, d in sorted(per_layout.items()):
+        result["per_layout"][layout] = {
+            m: {"n": len(v), "top1": float(np.mean([x[0] for x in v])), "top3": float(np.mean([x[1] for x in v]))} for m, v in d.items()
+        }
+    print(f"{n} injected steps; blame {result['blame_seconds_per_step'] * 1000:.0f} ms per step")
+    print(f"{'method':40s} {'top-1':>7s} {'top-3':>7s}")
+    for m, v in result["methods"].items():
+        print(f"{m:40s} {100 * v['top1']:6.1f}% {100 * v['top3']:6.1f}%")
+    for layout, d in result["per_layout"].items():
+        print(f"  {layout:10s} " + "  ".join(f"{m.split(' ')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
