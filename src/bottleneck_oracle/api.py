@@ -88,7 +88,7 @@ def whatif(
         row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
-        def names(s):
+        def names(s, g=g, d=d):
             ranked = sorted(s, key=lambda i: -float(d[i]))[:10]
             return [{"id": int(i), "name": g.node_name(i), "rank": int(g.nodes["rank"][i])} for i in ranked]
 

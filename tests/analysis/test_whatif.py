@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.conftest import cached_load
 
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.analysis.whatif import Edit, edited_durations, replay, single_node_makespans
 from bottleneck_oracle.errors import OracleError
-from tests.conftest import cached_load
 
 SAMPLE = Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"
 

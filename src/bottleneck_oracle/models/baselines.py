@@ -21,7 +21,6 @@ from torch import nn
 from bottleneck_oracle.analysis.whatif import main_thread
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import NodeType
 
 # phase codes of nodes (node_phases)
 NONE, FORWARD, BACKWARD, OPTIMIZER, DP_SYNC = 0, 1, 2, 3, 4
