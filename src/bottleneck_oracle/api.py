@@ -59,8 +59,9 @@ def whatif(
     each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
     the critical path before and after."""
     from bottleneck_oracle.analysis.cpm import run_cpm
-    from bottleneck_oracle.analysis.whatif import Edit, edited_durations
+    from bottleneck_oracle.analysis.whatif import Edit, apply_edits
     from bottleneck_oracle.errors import OracleError
+    from bottleneck_oracle.models.baselines import node_phases
 
     parsed = [Edit.parse(e) for e in edits]
     table, gs = build(path, steps, config)
@@ -71,20 +72,22 @@ def whatif(
         predictor = Predictor(checkpoint)
     out = []
     for g in gs:
-        d, ids = edited_durations(g, parsed)
-        if not len(ids):
+        phases = node_phases(table, g)[0] if table is not None else None
+        d, w, ids, eids = apply_edits(g, parsed, phases)
+        if not len(ids) and not len(eids):
             raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
         base = run_cpm(g)
         measured = max(g.measured.values())
-        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "added_us": float((d - g.nodes["mdur"]).sum())}
+        added = float((d - g.nodes["mdur"]).sum() + (w - g.edges["weight"]).sum())
+        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": len(eids), "added_us": added}
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
 
-            data, edited = sample_for(g, d, table, base)
+            data, edited = sample_for(g, d, table, base, w)
             row["model"] = {"checkpoint": str(predictor.path), "step_us": predictor.step_times(data)}
             row["model"]["delta_us"] = {v: t - measured for v, t in row["model"]["step_us"].items()}
         else:
-            edited = run_cpm(g, d)
+            edited = run_cpm(g, d, w)
         row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
@@ -99,4 +102,93 @@ def whatif(
             "left": names(before - after),
         }
         out.append(row)
+    return out
+
+
+def blame(
+    path: str | Path,
+    baseline: str | Path | None = None,
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    top: int = 10,
+    checkpoint: str | Path | None = None,
+    use_model: bool = True,
+) -> list[dict]:
+    """Per step: nodes, ranks and op kinds ranked by the step time restoring them to their typical
+    duration saves (analysis.blame). Typical durations come from ``baseline``'s steps when given,
+    else from the trace's other steps (the first one, warm-up, left out when there are three or
+    more). The top nodes' savings are also predicted by the graph network (its default variant)."""
+    from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.blame import typical_durations
+
+    table, gs = build(path, steps, config)
+    if baseline is not None:
+        _, refs_all = build(baseline, None, config)
+    else:
+        _, refs_all = build(path, None, config) if steps else (table, gs)
+        if len(refs_all) >= 3:
+            first = min(g.step for g in refs_all if g.step is not None) if any(g.step is not None for g in refs_all) else None
+            refs_all = [g for g in refs_all if g.step != first]
+    predictor = None
+    if use_model:
+        from bottleneck_oracle.models.predict import Predictor
+
+        predictor = Predictor(checkpoint)
+        predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
+    out = []
+    for g in gs:
+        refs = [r for r in refs_all if baseline is not None or r.step != g.step]
+        b = blame_graph(g, refs, top)
+        row = b.to_dict()
+        row["measured_us"] = max(g.measured.values())
+        row["references"] = (
+            "baseline" if baseline is not None else f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "other ranks"
+        )
+        if predictor is not None and b.nodes:
+            from bottleneck_oracle.models.predict import sample_for
+
+            typical, _ = typical_durations(g, refs)
+            (variant,) = predictor.variants
+            row["model"] = {"checkpoint": str(predictor.path), "variant": variant}
+            for x in b.nodes[:5]:
+                d = g.nodes["mdur"].astype(float).copy()
+                d[x["id"]] = min(d[x["id"]], typical[x["id"]])
+                data, _ = sample_for(g, d, table if baseline is None else None)
+                x["model_saving_us"] = row["measured_us"] - predictor.step_times(data)[variant]
+        out.append(row)
+    return out
+
+
+def advise(
+    path: str | Path,
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    baseline: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+    use_model: bool = True,
+    llm=None,
+    recipes: str | Path | None = None,
+) -> list[dict]:
+    """Per step: validated optimisation suggestions (llm.graphrag), from the offline recipe engine or
+    from ``llm`` (an llm.client.ChatClient)."""
+    from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.llm.graphrag import advise as advise_step
+    from bottleneck_oracle.llm.retrieve import load_recipes
+    from bottleneck_oracle.models.baselines import node_phases
+
+    table, gs = build(path, steps, config)
+    refs_all = build(baseline, None, config)[1] if baseline is not None else (build(path, None, config)[1] if steps else gs)
+    predictor = None
+    if use_model:
+        from bottleneck_oracle.models.predict import Predictor
+
+        predictor = Predictor(checkpoint)
+    kb = load_recipes(recipes)
+    out = []
+    for g in gs:
+        a = StepAnalysis.of(g)
+        refs = [r for r in refs_all if baseline is not None or r.step != g.step]
+        b = blame_graph(g, refs, 10, a.cpm)
+        phases = node_phases(table, g)[0] if table is not None else None
+        out.append(advise_step(a, b, phases, table, predictor, llm, recipes=kb).to_dict())
     return out

@@ -354,6 +354,93 @@ def whatif(
 
 
 @app.command()
+def blame(
+    trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
+    baseline: Path = typer.Option(
+        None, "--baseline", help="A trace of the same job as it normally runs (default: the trace's other steps)."
+    ),
+    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
+    top: int = typer.Option(10, "--top", help="How many nodes and op kinds to list."),
+    checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
+    no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
+    rows = api.blame(trace, baseline, step or None, _config(config), top, checkpoint, not no_model)
+    if as_json:
+        sys.stdout.write(json.dumps({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": rows}, indent=1) + "\n")
+        return
+    for r in rows:
+        out.print(
+            f"[bold]Step {r['step']}[/]: {_ms(r['measured_us'])} ms measured; restoring every op to typical ({r['references']}) "
+            f"gives {_ms(r['restored_makespan_us'])} ms: {_ms(r['excess_us'])} ms to explain",
+            highlight=False,
+        )
+        t = Table(title="Culprit ops (saving if restored to typical, ms)")
+        for col in ("#", "op", "rank", "dur", "typical", "typical from", "saving", "share", "model saving"):
+            t.add_column(col, justify="left" if col in ("op", "typical from") else "right")
+        for k, x in enumerate(r["nodes"], 1):
+            model = x.get("model_saving_us")
+            t.add_row(
+                str(k), Text(x["name"][:60]), str(x["rank"]), _ms(x["dur_us"]), _ms(x["typical_us"]), x["typical_from"], _ms(x["saving_us"]),
+                f"{100 * x['share']:.0f}%", "—" if model is None else _ms(model),
+            )  # fmt: skip
+        out.print(t)
+        ranks = ", ".join(f"rank {x['rank']} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ranks"])
+        out.print(f"By rank: {ranks}", highlight=False)
+        ops = "; ".join(f"{x['name'][:40]} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ops"][:5])
+        out.print(Text(f"By op kind: {ops}"))
+
+
+@app.command()
+def advise(
+    trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
+    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
+    baseline: Path = typer.Option(None, "--baseline", help="A normal run of the same job, for the blame's typical durations."),
+    llm_base_url: str = typer.Option(
+        None, "--llm-base-url", help="An OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: the offline recipe engine)."
+    ),
+    llm_model: str = typer.Option("default", "--llm-model", help="Model name to ask the server for."),
+    llm_key_env: str = typer.Option("OPENAI_API_KEY", "--llm-key-env", help="Environment variable holding the server's API key."),
+    recipes: Path = typer.Option(None, "--recipes", help="Another recipe file in the format of the shipped llm/recipes.yaml."),
+    checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
+    no_model: bool = typer.Option(False, "--no-model", help="Validate with the replay only."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """What to change: optimisation suggestions retrieved for the step's symptoms, each checked by replay and the model."""
+    llm = None
+    if llm_base_url:
+        from bottleneck_oracle.llm.client import ChatClient
+
+        llm = ChatClient(llm_base_url, llm_model, llm_key_env)
+    rows = api.advise(trace, step or None, _config(config), baseline, checkpoint, not no_model, llm, recipes)
+    if as_json:
+        sys.stdout.write(json.dumps({"trace": str(trace), "steps": rows}, indent=1) + "\n")
+        return
+    for r in rows:
+        out.print(f"[bold]Step {r['step']}[/]: {_ms(r['makespan_us'])} ms; suggestions by {r['generator']}", highlight=False)
+        if not r["suggestions"]:
+            out.print("  no suggestion survived validation", highlight=False)
+        for k, s in enumerate(r["suggestions"], 1):
+            model = ", ".join(f"{v} {_ms(x)}" for v, x in s["model_saving_us"].items())
+            pct = 100 * s["replay_saving_us"] / max(r["makespan_us"], 1.0)
+            out.print(
+                Text(
+                    f"{k}. {s['title']} — saves {_ms(s['replay_saving_us'])} ms ({pct:.1f}%) by replay"
+                    + (f"; model: {model} ms" if model else "")
+                )
+            )
+            out.print(Text(f"   {s['explanation']}"))
+            if s["remedy"]:
+                out.print(Text(f"   Remedy: {s['remedy']}"))
+            out.print(Text(f"   What-if: {'; '.join(s['edits'])} ({s['edited_nodes']} nodes)"))
+        if r["rejected"]:
+            out.print(f"  {len(r['rejected'])} suggestion(s) rejected (see --json)", highlight=False)
+
+
+@app.command()
 def version() -> None:
     """Print the version."""
     out.print(__version__)

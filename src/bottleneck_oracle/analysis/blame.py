@@ -3,8 +3,11 @@
 The counterfactual of every node: restore it to its typical duration and replay. A node's
 typical duration is the median modelled duration of its counterparts: the same op (same rank,
 same name, same occurrence in the step) in the reference steps (the other steps of the trace,
-or a baseline trace), or, when there are none, on the other ranks of the same step. An op with
-no counterpart at all (work that normally does not happen) is typically absent: 0 µs. Its
+or a baseline trace) and on the other ranks of the same step, the smaller of the two where both
+exist (so a rank that is slow in every step is still seen). An op with no counterpart at all
+(work that normally does not happen) is typically absent: 0 µs. The untraced time after an op on
+its thread (Python code, sleeps, anything not profiled: the program-order latency) is a
+candidate too, restored the same way. Its
 causal contribution is the step time the restoration saves (exact, via the replay); a node
 faster than typical contributes nothing. Ranks and op kinds are restored as a whole (one
 replay each), and their saving is reported as a share of the saving of restoring everything.
@@ -18,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
-from bottleneck_oracle.analysis.whatif import single_node_makespans
+from bottleneck_oracle.analysis.whatif import single_edge_makespans, single_node_makespans
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
 
@@ -39,29 +42,55 @@ def _keys(g: ExecutionGraph) -> list[tuple]:
     return keys
 
 
+def _gaps(g: ExecutionGraph) -> np.ndarray:
+    """Per node, the id of its positive program-order out-edge on a CPU thread (untraced time after it), or -1."""
+    e = g.edges
+    out = np.full(g.n_nodes, -1, dtype=np.int64)
+    m = (e["kind"] == EdgeKind.PROGRAM_ORDER) & (e["weight"] > 0) & ~g.nodes["on_gpu"][e["src"]]
+    ids = np.flatnonzero(m)
+    out[e["src"][ids]] = ids
+    return out
+
+
+def _typical(values: np.ndarray, keys: list[tuple], references: list[tuple[list[tuple], np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Median of each key's values in the references and on the other ranks; the smaller where both exist."""
+    seen: dict[tuple, list[float]] = defaultdict(list)
+    for ref_keys, ref_values in references:
+        for key, v in zip(ref_keys, ref_values):
+            if v >= 0:
+                seen[key].append(float(v))
+    across: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+    for i, (key, v) in enumerate(zip(keys, values)):
+        across[key[1:]].append((i, float(v)))
+    typical = np.zeros(len(keys))
+    source = np.zeros(len(keys), dtype=np.int8)
+    for i, key in enumerate(keys):
+        est = []
+        if key in seen:
+            est.append((float(np.median(seen[key])), 2))
+        others = [v for j, v in across[key[1:]] if j != i]
+        if others:
+            est.append((float(np.median(others)), 1))
+        if est:
+            typical[i], source[i] = min(est)
+    return typical, source
+
+
 def typical_durations(g: ExecutionGraph, references: list[ExecutionGraph]) -> tuple[np.ndarray, np.ndarray]:
     """(typical modelled duration µs, where it came from: 2 reference steps, 1 other ranks, 0 none)."""
-    keys = _keys(g)
-    source = np.zeros(g.n_nodes, dtype=np.int8)
-    typical = np.zeros(g.n_nodes)
-    seen: dict[tuple, list[float]] = defaultdict(list)
+    return _typical(g.nodes["mdur"], _keys(g), [(_keys(r), r.nodes["mdur"]) for r in references])
+
+
+def typical_gaps(g: ExecutionGraph, references: list[ExecutionGraph]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(program-order edge id after each node or -1, its typical latency µs, source) for untraced time."""
+    gap = _gaps(g)
+    w = np.where(gap >= 0, g.edges["weight"][np.maximum(gap, 0)], 0.0)
+    refs = []
     for r in references:
-        for key, d in zip(_keys(r), r.nodes["mdur"]):
-            seen[key].append(float(d))
-    across: dict[tuple, list[float]] = defaultdict(list)
-    for key, d in zip(keys, g.nodes["mdur"]):
-        across[(key[1], key[2], key[3])].append(float(d))
-    for i, key in enumerate(keys):
-        if key in seen:
-            typical[i], source[i] = float(np.median(seen[key])), 2
-        else:
-            others = across[(key[1], key[2], key[3])]
-            if len(others) > 1:  # the node itself is among them: the median of the others
-                mine = float(g.nodes["mdur"][i])
-                rest = list(others)
-                rest.remove(mine)
-                typical[i], source[i] = float(np.median(rest)), 1
-    return typical, source
+        rg = _gaps(r)
+        refs.append((_keys(r), np.where(rg >= 0, r.edges["weight"][np.maximum(rg, 0)], 0.0)))
+    typical, source = _typical(w, _keys(g), refs)
+    return gap, typical, source
 
 
 @dataclass(slots=True)
@@ -93,19 +122,37 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     excess = d - restored
     cand = np.flatnonzero(excess > MIN_EXCESS_US)
     saving = base.makespan - single_node_makespans(g, cand, -excess[cand], base) if len(cand) else np.zeros(0)
-    order = np.lexsort((-excess[cand], -saving))
-    everything = run_cpm(g, restored).makespan
+    # untraced time after a node on its thread (program-order latency), against its typical
+    gap, gap_typical, gap_source = typical_gaps(g, references)
+    w = g.edges["weight"].astype(np.float64)
+    gap_w = np.where(gap >= 0, w[np.maximum(gap, 0)], 0.0)
+    gap_excess = np.where(gap >= 0, gap_w - np.minimum(gap_w, gap_typical), 0.0)
+    gcand = np.flatnonzero(gap_excess > MIN_EXCESS_US)
+    gsaving = base.makespan - single_edge_makespans(g, gap[gcand], -gap_excess[gcand], base) if len(gcand) else np.zeros(0)
+    restored_w = w.copy()
+    restored_w[gap[gcand]] -= gap_excess[gcand]
+    items = [(float(saving[j]), float(excess[cand[j]]), "op", int(cand[j])) for j in range(len(cand))]
+    items += [(float(gsaving[j]), float(gap_excess[gcand[j]]), "gap", int(gcand[j])) for j in range(len(gcand))]
+    items.sort(key=lambda x: (-x[0], -x[1]))
+    everything = run_cpm(g, restored, restored_w).makespan
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
-    for j in order[:top]:
-        i = int(cand[j])
-        out.nodes.append({"id": i, "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]), "typical_us": float(typical[i]),
-                          "typical_from": ("none", "other ranks", "reference steps")[source[i]], "saving_us": float(saving[j]),
-                          "share": float(saving[j] / total), "slack_us": float(base.slack[i])})  # fmt: skip
+    src_names = ("none", "other ranks", "reference steps")
+    for sav, _, kind, i in items[:top]:
+        if kind == "op":
+            out.nodes.append({"id": i, "kind": "op", "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]),
+                              "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "saving_us": sav,
+                              "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
+        else:
+            out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
+                              "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]],
+                              "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i]), "edge": int(gap[i])})  # fmt: skip
     for rank in g.ranks:
         m = n["rank"] == rank
-        s = base.makespan - run_cpm(g, np.where(m, restored, d)).makespan
-        out.ranks.append({"rank": int(rank), "saving_us": float(s), "share": float(s / total), "excess_us": float(excess[m].sum())})
+        rw = np.where(m[g.edges["src"]], restored_w, w)
+        s = base.makespan - run_cpm(g, np.where(m, restored, d), rw).makespan
+        out.ranks.append({"rank": int(rank), "saving_us": float(s), "share": float(s / total), "op_excess_us": float(excess[m].sum()),
+                          "gap_excess_us": float(gap_excess[m].sum()), "op_us": float(d[m].sum()), "gap_us": float(gap_w[m].sum())})  # fmt: skip
     out.ranks.sort(key=lambda r: -r["saving_us"])
     by_name: dict[str, float] = defaultdict(float)
     for i in cand:
@@ -127,7 +174,8 @@ def longest_on_critical_path(g: ExecutionGraph, cpm: CPMResult | None = None, k:
 
 
 def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
-    """Naive culprit finder 2: the ops most slower than the same op on the other ranks."""
+    """Naive culprit finder 2: the ops most slower than the same op on the other ranks (no
+    counterpart: deviation = its whole duration)."""
     typical, _ = typical_durations(g, [])
     dev = g.nodes["mdur"] - typical
     dev[g.nodes["category"] == Category.BARRIER] = -np.inf

@@ -113,13 +113,13 @@ def topological_order(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return topo
 
 
-def run_cpm(g: ExecutionGraph, dur: np.ndarray | None = None) -> CPMResult:
-    """CPM on ``g`` with its modelled durations, or with ``dur`` (what-if edits)."""
+def run_cpm(g: ExecutionGraph, dur: np.ndarray | None = None, weight: np.ndarray | None = None) -> CPMResult:
+    """CPM on ``g`` with its modelled durations and edge latencies, or with ``dur`` / ``weight`` (what-if edits)."""
     n = g.n_nodes
     d = (g.nodes["mdur"] if dur is None else dur).astype(np.float64)
     src = g.edges["src"].astype(np.int64)
     dst = g.edges["dst"].astype(np.int64)
-    w = g.edges["weight"].astype(np.float64)
+    w = (g.edges["weight"] if weight is None else weight).astype(np.float64)
     topo, out_ptr, out_order = _topo(n, src, dst)
     if len(topo) != n:
         seen = np.zeros(n, dtype=bool)

@@ -21,9 +21,9 @@ import numpy as np
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
-_KEYS = {"id", "name", "name~", "name~=", "rank", "scale", "delay_ms"}
+PHASES = ("forward", "backward", "optimizer")  # codes 1, 2, 3 of models.baselines.node_phases
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +35,38 @@ class Edit:
     """exact node name, or an fnmatch pattern if it has * ? or ["""
     name_contains: str | None = None
     rank: int | None = None
+    category: str | None = None
+    """schema.Category name, lower case: cpu_op, runtime, kernel, memcpy, memset, collective, p2p"""
+    max_us: float | None = None
+    """only nodes whose modelled duration is at most this (µs)"""
+    phase: str | None = None
+    """forward | backward | optimizer: nodes inside that phase range (needs the event table)"""
+    gap: bool = False
+    """change the untraced time after the selected nodes on their thread (the program-order
+    edge's latency: Python code, sleeps, anything not profiled) instead of their duration"""
     scale: float = 1.0
     delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.scale < 0:
             raise ValueError(f"scale must be >= 0 (found {self.scale})")
-        if not (self.ids or self.name or self.name_contains or self.rank is not None):
-            raise ValueError("an edit needs a selector: id=, name=, name~= or rank=")
+        if not (
+            self.ids or self.name or self.name_contains or self.rank is not None or self.category or self.max_us is not None or self.phase
+        ):
+            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, max_us= or phase=")
+        if self.phase is not None and self.phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)} (found {self.phase!r})")
+        if self.category is not None and self.category.upper() not in Category.__members__:
+            raise ValueError(
+                f"cat must be one of {', '.join(c.name.lower() for c in Category if c != Category.BARRIER)} (found {self.category!r})"
+            )
         if self.scale == 1.0 and self.delay_ms == 0.0:
             raise ValueError("an edit needs scale= (other than 1) or delay_ms=")
 
     @classmethod
     def parse(cls, text: str) -> Edit:
-        """``"name~=all_reduce,rank=1,scale=0.5"``, ``"id=12,delay_ms=5"``, ``"name=aten::mm,scale=2"``."""
+        """``"name~=all_reduce,rank=1,scale=0.5"``, ``"id=12,delay_ms=5"``, ``"name=aten::mm,scale=2"``,
+        ``"cat=runtime,max_us=20,scale=0.2"``. Values are data: nothing in an edit is evaluated."""
         kw: dict = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             m = re.fullmatch(r"([a-z_]+)(~=|=)(.*)", part)
@@ -64,12 +82,22 @@ class Edit:
                     kw["ids"] = tuple(int(v) for v in value.split("+"))
                 elif key == "rank":
                     kw["rank"] = int(value)
+                elif key == "cat":
+                    kw["category"] = value
+                elif key == "phase":
+                    kw["phase"] = value
+                elif key == "gap":
+                    kw["gap"] = value.lower() in ("1", "true", "yes")
+                elif key == "max_us":
+                    kw["max_us"] = float(value)
                 elif key == "scale":
                     kw["scale"] = float(value)
                 elif key in ("delay_ms", "delay"):
                     kw["delay_ms"] = float(value)
                 else:
-                    raise OracleError(f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, scale, delay_ms)")
+                    raise OracleError(
+                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, max_us, phase, gap, scale, delay_ms)"
+                    )
             except ValueError as exc:
                 raise OracleError(f"edit {text!r}: bad value for {key}: {value!r}") from exc
         try:
@@ -77,8 +105,9 @@ class Edit:
         except ValueError as exc:
             raise OracleError(f"edit {text!r}: {exc}") from exc
 
-    def select(self, g: ExecutionGraph) -> np.ndarray:
-        """Node ids the edit applies to (compute and network nodes; barriers never)."""
+    def select(self, g: ExecutionGraph, phases: np.ndarray | None = None) -> np.ndarray:
+        """Node ids the edit applies to (compute and network nodes; barriers never). ``phases``:
+        the phase code of every node (models.baselines.node_phases), for ``phase=``."""
         n = g.nodes
         mask = n["category"] != Category.BARRIER
         if self.ids:
@@ -91,6 +120,14 @@ class Edit:
             mask &= sel
         if self.rank is not None:
             mask &= n["rank"] == self.rank
+        if self.category is not None:
+            mask &= n["category"] == Category[self.category.upper()]
+        if self.max_us is not None:
+            mask &= n["mdur"] <= self.max_us
+        if self.phase is not None:
+            if phases is None:
+                raise OracleError("edit: phase= needs the trace's phase ranges (not available for this input)")
+            mask &= phases == PHASES.index(self.phase) + 1
         if self.name is not None or self.name_contains is not None:
             pattern = self.name
             glob = pattern is not None and any(c in pattern for c in "*?[")
@@ -106,22 +143,58 @@ class Edit:
         return np.flatnonzero(mask)
 
 
-def edited_durations(g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...]) -> tuple[np.ndarray, np.ndarray]:
+def edited_durations(
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(modelled durations after the edits, ids of the edited nodes)."""
     d = g.nodes["mdur"].astype(np.float64).copy()
     touched = []
     for e in edits:
-        ids = e.select(g)
+        if e.gap:
+            continue
+        ids = e.select(g, phases)
         d[ids] = np.maximum(d[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
         touched.append(ids)
     return d, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
 
 
-def with_durations(g: ExecutionGraph, dur: np.ndarray) -> ExecutionGraph:
-    """A copy of ``g`` whose modelled durations are ``dur`` (measured ones unchanged)."""
+def edited_weights(
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(edge latencies after the ``gap=1`` edits, ids of the edited edges): the positive
+    program-order latency after each selected node is scaled, then delay_ms added."""
+    w = g.edges["weight"].astype(np.float64).copy()
+    touched = []
+    for e in edits:
+        if not e.gap:
+            continue
+        sel = np.zeros(g.n_nodes, dtype=bool)
+        sel[e.select(g, phases)] = True
+        ids = np.flatnonzero(sel[g.edges["src"]] & (g.edges["kind"] == EdgeKind.PROGRAM_ORDER) & (w > 0))
+        w[ids] = np.maximum(w[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
+        touched.append(ids)
+    return w, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+
+
+def apply_edits(
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(durations, edge latencies, edited node ids, edited edge ids) after all the edits."""
+    d, ids = edited_durations(g, edits, phases)
+    w, eids = edited_weights(g, edits, phases)
+    return d, w, ids, eids
+
+
+def with_durations(g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray | None = None) -> ExecutionGraph:
+    """A copy of ``g`` whose modelled durations are ``dur`` and, if given, edge latencies ``weight``
+    (measured durations unchanged)."""
     nodes = dict(g.nodes)
     nodes["mdur"] = np.asarray(dur, dtype=np.float64)
-    return replace(g, nodes=nodes)
+    edges = g.edges
+    if weight is not None:
+        edges = dict(g.edges)
+        edges["weight"] = np.asarray(weight, dtype=np.float64)
+    return replace(g, nodes=nodes, edges=edges)
 
 
 @dataclass(slots=True)
@@ -135,11 +208,14 @@ class WhatIf:
         return self.edited.makespan - self.base.makespan
 
 
-def replay(g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], base: CPMResult | None = None) -> WhatIf:
-    d, ids = edited_durations(g, edits)
-    if not len(ids):
+def replay(
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], base: CPMResult | None = None, phases: np.ndarray | None = None
+) -> WhatIf:
+    d, ids = edited_durations(g, edits, phases)
+    w, eids = edited_weights(g, edits, phases)
+    if not len(ids) and not len(eids):
         raise OracleError("edit selects no node of the graph")
-    return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d), ids=ids)
+    return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d, w), ids=ids)
 
 
 def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarray | float, base: CPMResult | None = None) -> np.ndarray:
@@ -160,6 +236,24 @@ def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarr
             v = ids[i]
             d[v] = max(d[v] + delta[i], 0.0)
             out[i] = run_cpm(g, d).makespan
+    return out
+
+
+def single_edge_makespans(g: ExecutionGraph, eids: np.ndarray, delta_us: np.ndarray | float, base: CPMResult | None = None) -> np.ndarray:
+    """The makespan after each single latency edit ``weight[eids[i]]`` += ``delta_us[i]``, exact:
+    the longest path through an edge is makespan - its slack (lst[dst] - eft[src] - weight)."""
+    r = base or run_cpm(g)
+    eids = np.asarray(eids, dtype=np.int64)
+    delta = np.broadcast_to(np.asarray(delta_us, dtype=np.float64), eids.shape)
+    e = g.edges
+    w = e["weight"].astype(np.float64)
+    slack = r.lst[e["dst"][eids]] - r.eft[e["src"][eids]] - w[eids]
+    m = r.makespan
+    out = np.maximum(m, m - slack + np.maximum(delta, -w[eids]))
+    for i in np.flatnonzero((delta < 0) & (slack <= 1e-6)):
+        w2 = w.copy()
+        w2[eids[i]] = max(w2[eids[i]] + delta[i], 0.0)
+        out[i] = run_cpm(g, None, w2).makespan
     return out
 
 

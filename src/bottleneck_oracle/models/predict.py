@@ -33,16 +33,20 @@ def is_pipeline(g: ExecutionGraph, table: EventTable | None) -> bool:
     return bool((g.nodes["category"] == Category.P2P).any()) and table is not None and any(".mb" in s for s in table.names)
 
 
-def sample_for(g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None):
-    """The model input of ``g`` with modelled durations ``dur`` (a what-if; None: as recorded)."""
+def sample_for(
+    g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
+    weight: np.ndarray | None = None,
+):  # fmt: skip
+    """The model input of ``g`` with modelled durations ``dur`` and edge latencies ``weight`` (a
+    what-if; None: as recorded)."""
     from bottleneck_oracle.models.baselines import formula_step, node_phases
 
     ref = max(g.measured.values())
     base = base or run_cpm(g)
     d0 = g.nodes["mdur"].astype(np.float64)
     d1 = d0 if dur is None else np.asarray(dur, dtype=np.float64)
-    edited = g if dur is None else with_durations(g, d1)
-    r1 = base if dur is None else run_cpm(edited)
+    edited = g if dur is None and weight is None else with_durations(g, d1, weight)
+    r1 = base if edited is g else run_cpm(edited)
     if table is not None:
         phase, mb = node_phases(table, g)
     else:
@@ -53,7 +57,8 @@ def sample_for(g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTab
     data.ref_step = torch.tensor([ref], dtype=torch.float32)
     data.replay_step = torch.tensor([ref + r1.makespan - base.makespan], dtype=torch.float32)
     data.formula_step = torch.tensor([max(ref + formula_dt, 1.0)], dtype=torch.float32)
-    data.edit_us = torch.tensor([float(np.abs(d1 - d0).sum())], dtype=torch.float32)
+    gap = 0.0 if weight is None else float(np.abs(np.asarray(weight) - g.edges["weight"]).sum())
+    data.edit_us = torch.tensor([float(np.abs(d1 - d0).sum()) + gap], dtype=torch.float32)
     data.y_step = torch.tensor([ref], dtype=torch.float32)
     return data, r1
 
