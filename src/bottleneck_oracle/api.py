@@ -170,25 +170,45 @@ def advise(
     recipes: str | Path | None = None,
 ) -> list[dict]:
     """Per step: validated optimisation suggestions (llm.graphrag), from the offline recipe engine or
-    from ``llm`` (an llm.client.ChatClient)."""
+    from ``llm`` (an llm.client.ChatClient), with the blame they are based on."""
+    table, gs = build(path, steps, config)
+    refs_all = build(baseline, None, config)[1] if baseline is not None else (build(path, None, config)[1] if steps else gs)
+    return advise_graphs(table, [StepAnalysis.of(g) for g in gs], refs_all, baseline is not None, checkpoint, use_model, llm, recipes)
+
+
+def advise_graphs(
+    table: EventTable | None,
+    analyses: list[StepAnalysis],
+    refs_all: list[ExecutionGraph],
+    baseline: bool = False,
+    checkpoint: str | Path | None = None,
+    use_model: bool = True,
+    llm=None,
+    recipes: str | Path | None = None,
+) -> list[dict]:
+    """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
     from bottleneck_oracle.analysis.blame import blame as blame_graph
     from bottleneck_oracle.llm.graphrag import advise as advise_step
     from bottleneck_oracle.llm.retrieve import load_recipes
     from bottleneck_oracle.models.baselines import node_phases
 
-    table, gs = build(path, steps, config)
-    refs_all = build(baseline, None, config)[1] if baseline is not None else (build(path, None, config)[1] if steps else gs)
     predictor = None
     if use_model:
         from bottleneck_oracle.models.predict import Predictor
 
         predictor = Predictor(checkpoint)
     kb = load_recipes(recipes)
+    if not baseline and len(refs_all) >= 3 and all(g.step is not None for g in refs_all):
+        first = min(g.step for g in refs_all)
+        refs_all = [g for g in refs_all if g.step != first]  # the first step warms up
     out = []
-    for g in gs:
-        a = StepAnalysis.of(g)
-        refs = [r for r in refs_all if baseline is not None or r.step != g.step]
+    for a in analyses:
+        g = a.graph
+        refs = [r for r in refs_all if baseline or r.step != g.step]
         b = blame_graph(g, refs, 10, a.cpm)
         phases = node_phases(table, g)[0] if table is not None else None
-        out.append(advise_step(a, b, phases, table, predictor, llm, recipes=kb).to_dict())
+        row = advise_step(a, b, phases, table, predictor, llm, recipes=kb).to_dict()
+        row["blame"] = b.to_dict()
+        row["references"] = "baseline" if baseline else f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "other ranks"
+        out.append(row)
     return out

@@ -127,6 +127,8 @@ def analyze(
     et: Path = typer.Option(
         None, "--et", help="The run's PyTorch execution trace (file, or folder of rank-N files): adds tensor data dependencies."
     ),
+    with_advice: bool = typer.Option(False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."),
+    no_model: bool = typer.Option(False, "--no-model", help="With --advise: validate with the replay only, not the pretrained model."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Step time, critical path, slack and per-rank skew of every step in PATH.
@@ -139,19 +141,34 @@ def analyze(
         table, analyses = api.analyze(path, step or None, cfg, et)
     if perfetto and table is None:
         _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
+    extras = {}
+    if with_advice:
+        with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else _null():
+            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=not no_model)
+        extras = {r["step"]: {"blame": r["blame"], "advice": {k2: v for k2, v in r.items() if k2 not in ("blame",)}, "references": r["references"]} for r in rows}
     if html:
         from bottleneck_oracle.report.html import write_report
 
-        write_report(analyses, str(path), html, k)
+        write_report(analyses, str(path), html, k, extras)
     if perfetto:
         from bottleneck_oracle.report.perfetto import write_overlay
 
         write_overlay(table, analyses, perfetto)
     if as_json:
-        doc = {"version": __version__, "input": str(path), "ranks": table.ranks, "steps": [a.to_dict(k) for a in analyses]}
+        doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": [a.to_dict(k) for a in analyses]}
+        for s_doc in doc["steps"]:
+            if s_doc["step"] in extras:
+                s_doc["blame"] = extras[s_doc["step"]]["blame"]
+                s_doc["advice"] = extras[s_doc["step"]]["advice"]
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return
     _print_summary(analyses, str(path), k)
+    for step_no, x in extras.items():
+        top_b = x["blame"]["nodes"][:3]
+        if top_b:
+            out.print(Text(f"Step {step_no} blame: " + "; ".join(f"{n['name'][:50]} (rank {n['rank']}) {_ms(n['saving_us'])} ms" for n in top_b)))
+        for sug in x["advice"]["suggestions"][:3]:
+            out.print(Text(f"Step {step_no} advice: {sug['title']} — replay saves {_ms(sug['replay_saving_us'])} ms ({'; '.join(sug['edits'])})"))
     for label, target in (("HTML report", html), ("Perfetto trace", perfetto)):
         if target:
             out.print(f"{label}: {target}", highlight=False)

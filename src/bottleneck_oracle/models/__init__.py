@@ -1,0 +1,1 @@
+"""The learned models (HeteroGAT variants) and their baselines; the shipped pretrained checkpoint."""

@@ -95,7 +95,39 @@ def _table(headers: list[str], rows: list[list[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
+def _extras(x: dict) -> list[str]:
+    """The blame and advice sections of one step (api.advise output)."""
+    parts = []
+    b = x.get("blame")
+    if b and b["nodes"]:
+        parts.append("<h3>Blame: what restoring each op to its typical duration saves</h3>")
+        parts.append(
+            f"<p>Restoring everything: {b['restored_makespan_us'] / 1000:.3f} ms, {b['excess_us'] / 1000:.3f} ms to explain "
+            f"(typical durations from {html.escape(str(x.get('references', '')))}).</p>"
+        )
+        parts.append(
+            _table(
+                ["op", "rank", "duration (ms)", "typical (ms)", "typical from", "saving (ms)", "share"],
+                [[n["name"][:160], n["rank"], f"{n['dur_us'] / 1000:.3f}", f"{n['typical_us'] / 1000:.3f}", n["typical_from"],
+                  f"{n['saving_us'] / 1000:.3f}", f"{100 * n['share']:.0f}%"] for n in b["nodes"]],
+            )  # fmt: skip
+        )
+        parts.append(_table(["rank", "saving (ms)", "share"], [[r["rank"], f"{r['saving_us'] / 1000:.3f}", f"{100 * r['share']:.0f}%"] for r in b["ranks"]]))
+    a = x.get("advice")
+    if a:
+        parts.append(f"<h3>Advice ({html.escape(a['generator'])}; every suggestion replayed)</h3>")
+        if not a["suggestions"]:
+            parts.append("<p>No suggestion survived validation.</p>")
+        rows = []
+        for sug in a["suggestions"]:
+            model = ", ".join(f"{v} {t / 1000:.3f}" for v, t in sug["model_saving_us"].items())
+            rows.append([sug["title"], sug["explanation"], sug["remedy"], "; ".join(sug["edits"]), f"{sug['replay_saving_us'] / 1000:.3f}", model])
+        if rows:
+            parts.append(_table(["suggestion", "why", "remedy", "what-if edit", "replay saving (ms)", "model saving (ms)"], rows))
+    return parts
+
+
+def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: dict | None = None) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>BottleneckOracle report: {html.escape(source)}</title>",
@@ -175,13 +207,15 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20) -> str:
                 parts.append(
                     f"<p>Straggler: rank {s['rank']} (the others waited up to {s['imposed_wait_us'] / 1000:.3f} ms for it at a collective on the critical path).</p>"
                 )
+        if extras and a.graph.step in extras:
+            parts += _extras(extras[a.graph.step])
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_report(analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20) -> Path:
+def write_report(analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20, extras: dict | None = None) -> Path:
     out = Path(out)
-    text = render(analyses, source, top)
+    text = render(analyses, source, top, extras)
     with atomic_path(out) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return out

@@ -1,0 +1,1 @@
+"""The advisor: recipe knowledge base, retrieval, GraphRAG over the causal subgraph, LLM client."""
