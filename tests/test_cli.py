@@ -12,7 +12,7 @@ import pytest
 from bottleneck_oracle import cli
 from conftest import PUBLIC, SAMPLE
 
-COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "version"]
+COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "whatif", "blame", "advise", "version"]
 
 
 def run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -157,11 +157,37 @@ def test_parse_writes_graphs_that_load(tmp_path, capsys):
     assert json.loads((tmp_path / "graphs.json").read_text()) == manifest
 
 
-def test_train_and_eval_say_they_are_not_built(capsys, tmp_path):
-    code, out, err = run(["train", "--config", "config.yaml"], capsys)
-    assert code == 2 and "not built yet" in err and out == ""
+def test_train_and_eval_name_what_is_missing(capsys, tmp_path):
+    code, out, err = run(["train", "--config", "config.yaml", "--dataset", str(tmp_path / "none")], capsys)
+    assert code == 2 and "no dataset" in err and str(tmp_path / "none") in err and out == ""
+    (tmp_path / "x.pt").write_bytes(b"garbage")
     code, out, err = run(["eval", "--checkpoint", str(tmp_path / "x.pt")], capsys)
-    assert code == 2 and "not built yet" in err and out == ""
+    assert code == 2 and "x.pt: not a readable checkpoint" in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_whatif_json_has_replay_and_the_pretrained_model(capsys):
+    code, out, _ = run(["whatif", str(SAMPLE), "--step", "2", "--edit", "name~=all_reduce,scale=2", "--json"], capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    assert row["edited_nodes"] > 0 and row["replay"]["delta_us"] >= 0
+    assert set(row["model"]["step_us"]) == {"bidirectional", "directed", "correction"} and row["model"]["checkpoint"].endswith("pretrained.pt")
+    code, out, err = run(["whatif", str(SAMPLE), "--edit", "name~=all_reduce,speed=2"], capsys)
+    assert code == 2 and "unknown key 'speed'" in err and out == ""
+
+
+def test_blame_and_advise_json(capsys):
+    code, out, _ = run(["blame", str(SAMPLE), "--step", "2", "--no-model", "--json"], capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    assert row["nodes"] and row["ranks"] and row["references"]
+    code, out, _ = run(["advise", str(SAMPLE), "--step", "2", "--no-model", "--json"], capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    assert row["generator"].startswith("recipe engine") and all(s["replay_saving_us"] > 0 for s in row["suggestions"])
+    code, out, _ = run(["analyze", str(SAMPLE), "--step", "2", "--advise", "--no-model", "--json"], capsys)
+    assert code == 0
+    (step,) = json.loads(out)["steps"]
+    assert "blame" in step and "suggestions" in step["advice"]
 
 
 def test_module_and_console_script_entry_points():

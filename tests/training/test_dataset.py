@@ -41,3 +41,24 @@ def test_dataset_round_trips_and_culprits_match_the_manifest(generated_grid, tmp
     # a saved sample is plain tensors: nothing to unpickle
     raw_tensors = torch.load(samples[0]["path"], weights_only=True)
     assert all(isinstance(v, torch.Tensor) for v in raw_tensors.values())
+
+
+def test_whatif_samples_lengthen_the_op_the_delay_follows(generated_grid, tmp_path):
+    raw, grid = generated_grid
+    build_dataset(raw, tmp_path)
+    samples = [json.loads(line) for line in (tmp_path / "dataset.jsonl").read_text().splitlines()]
+    whatifs = [s for s in samples if s["whatif"]]
+    assert len(whatifs) == 2 * len(range(3, grid.steps + 1, 3))  # every injected step has its what-if
+    for s in whatifs:
+        w = s["whatif"]
+        data = load_sample(w["path"])
+        base = load_sample(next(x["path"] for x in samples if x["id"] == s["baseline"]))
+        assert len(w["sites"]) == len(s["culprit_ids"])  # one lengthened op per injected range (per micro-batch call)
+        assert float(data.edit_us) == w["delta_us"] * len(w["sites"])
+        assert float(data.ref_step) == float(base.y_step) and float(data.y_step) == s["step_time_us"]
+        assert float(data.replay_step) == float(data.ref_step) + w["replay_dt_us"] or abs(float(data.replay_step) - float(data.ref_step) - w["replay_dt_us"]) < 1
+        # the injected rank's ops: the baseline's graph with the sites lengthened
+        x_edit, x_base = data["compute"].x, base["compute"].x
+        changed = (x_edit[:, 0] != x_base[:, 0]).nonzero().flatten()
+        assert 1 <= len(changed) <= len(w["sites"])
+        assert 0 < w["replay_dt_us"] <= w["delta_us"] * len(w["sites"]) + 1
