@@ -20,11 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from synth_trace import EVENTS_PER_STEP, generate  # noqa: E402
-
 from bottleneck_oracle.analysis.cpm import run_cpm  # noqa: E402
 from bottleneck_oracle.analysis.whatif import single_node_makespans  # noqa: E402
 from bottleneck_oracle.api import build  # noqa: E402
+from synth_trace import EVENTS_PER_STEP, generate  # noqa: E402
 
 
 def main() -> int:

@@ -46,9 +46,18 @@ def scenarios(steps: int) -> list[dict]:
     base = {"world": 2, "steps": steps, "size": "tiny", "batch": 4, "bucket_mb": 25.0}
     return [
         {"name": "untraced straggler sleep (rank 1, 30 ms per forward)", "run": {**base, "straggler": 1, "delay_ms": 30.0}},
-        {"name": "slow module (rank 1 layers.0.mlp +20 ms)", "run": {**base, "injections": _every("module", steps, rank=1, target="layers.0.mlp", delay_ms=20.0)}},
-        {"name": "slow optimizer phase (rank 0 +15 ms)", "run": {**base, "injections": _every("phase", steps, rank=0, target="optimizer", delay_ms=15.0)}},
-        {"name": "delayed gradient all-reduce (rank 1 +20 ms)", "run": {**base, "injections": _every("collective", steps, rank=1, delay_ms=20.0)}},
+        {
+            "name": "slow module (rank 1 layers.0.mlp +20 ms)",
+            "run": {**base, "injections": _every("module", steps, rank=1, target="layers.0.mlp", delay_ms=20.0)},
+        },
+        {
+            "name": "slow optimizer phase (rank 0 +15 ms)",
+            "run": {**base, "injections": _every("phase", steps, rank=0, target="optimizer", delay_ms=15.0)},
+        },
+        {
+            "name": "delayed gradient all-reduce (rank 1 +20 ms)",
+            "run": {**base, "injections": _every("collective", steps, rank=1, delay_ms=20.0)},
+        },
         {"name": "slow rank at step start (rank 0 +25 ms)", "run": {**base, "injections": _every("rank", steps, rank=0, delay_ms=25.0)}},
         {"name": "tiny gradient buckets (0.01 MB)", "run": {**base, "bucket_mb": 0.01}},
     ]
@@ -99,7 +108,10 @@ def main() -> int:
             top_id = max(set(ids), key=ids.count)
             top = next(s for s in per_step if s["source"] == top_id)
             predicted = float(np.median([s["replay_saving_us"] for s in per_step if s["source"] == top_id]))
-            model = {v: float(np.median([s["model_saving_us"].get(v, np.nan) for s in per_step if s["source"] == top_id])) for v in top["model_saving_us"]}
+            model = {
+                v: float(np.median([s["model_saving_us"].get(v, np.nan) for s in per_step if s["source"] == top_id]))
+                for v in top["model_saving_us"]
+            }
             changed, how = apply(top, sc["run"])
             row = {"scenario": sc["name"], "top": top_id, "edits": top["edits"], "change": how, "predicted_replay_ms": predicted / 1000,
                    "predicted_model_ms": {v: x / 1000 for v, x in model.items()}}  # fmt: skip

@@ -170,7 +170,9 @@ def test_whatif_json_has_replay_and_the_pretrained_model(capsys):
     assert code == 0
     (row,) = json.loads(out)["steps"]
     assert row["edited_nodes"] > 0 and row["replay"]["delta_us"] >= 0
-    assert set(row["model"]["step_us"]) == {"bidirectional", "directed", "correction"} and row["model"]["checkpoint"].endswith("pretrained.pt")
+    assert set(row["model"]["step_us"]) == {"bidirectional", "directed", "correction"} and row["model"]["checkpoint"].endswith(
+        "pretrained.pt"
+    )
     code, out, err = run(["whatif", str(SAMPLE), "--edit", "name~=all_reduce,speed=2"], capsys)
     assert code == 2 and "unknown key 'speed'" in err and out == ""
 

@@ -127,7 +127,9 @@ def analyze(
     et: Path = typer.Option(
         None, "--et", help="The run's PyTorch execution trace (file, or folder of rank-N files): adds tensor data dependencies."
     ),
-    with_advice: bool = typer.Option(False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."),
+    with_advice: bool = typer.Option(
+        False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."
+    ),
     no_model: bool = typer.Option(False, "--no-model", help="With --advise: validate with the replay only, not the pretrained model."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
@@ -145,7 +147,14 @@ def analyze(
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else _null():
             rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=not no_model)
-        extras = {r["step"]: {"blame": r["blame"], "advice": {k2: v for k2, v in r.items() if k2 not in ("blame",)}, "references": r["references"]} for r in rows}
+        extras = {
+            r["step"]: {
+                "blame": r["blame"],
+                "advice": {k2: v for k2, v in r.items() if k2 not in ("blame",)},
+                "references": r["references"],
+            }
+            for r in rows
+        }
     if html:
         from bottleneck_oracle.report.html import write_report
 
@@ -166,9 +175,13 @@ def analyze(
     for step_no, x in extras.items():
         top_b = x["blame"]["nodes"][:3]
         if top_b:
-            out.print(Text(f"Step {step_no} blame: " + "; ".join(f"{n['name'][:50]} (rank {n['rank']}) {_ms(n['saving_us'])} ms" for n in top_b)))
+            out.print(
+                Text(f"Step {step_no} blame: " + "; ".join(f"{n['name'][:50]} (rank {n['rank']}) {_ms(n['saving_us'])} ms" for n in top_b))
+            )
         for sug in x["advice"]["suggestions"][:3]:
-            out.print(Text(f"Step {step_no} advice: {sug['title']} — replay saves {_ms(sug['replay_saving_us'])} ms ({'; '.join(sug['edits'])})"))
+            out.print(
+                Text(f"Step {step_no} advice: {sug['title']} — replay saves {_ms(sug['replay_saving_us'])} ms ({'; '.join(sug['edits'])})")
+            )
     for label, target in (("HTML report", html), ("Perfetto trace", perfetto)):
         if target:
             out.print(f"{label}: {target}", highlight=False)

@@ -31,9 +31,9 @@ def test_generate_records_the_grid_and_resumes(generated_grid):
     rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * grid.steps
     perturbed = [r for r in rows if r["injection"]]
-    assert {r["step"] for r in perturbed} == {3}  # every third step from 3 on
+    assert {r["step"] for r in perturbed} == set(range(3, grid.steps + 1, 3))  # every third step from 3 on
     for r in perturbed:
-        assert r["baseline_step"] == 2 and r["injection"]["slept_ms"] >= r["injection"]["delay_ms"]
+        assert r["baseline_step"] == r["step"] - 1 and r["injection"]["slept_ms"] >= r["injection"]["delay_ms"]
         assert r["step_time_us"] > 0 and Path(r["path"], "DONE").exists()
     # the manifest's step time is the slowest rank's ProfilerStep span of that run
     # (the delay's effect on it is measured with medians in test_inject.py: one step pair is noise)

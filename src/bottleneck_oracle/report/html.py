@@ -108,11 +108,26 @@ def _extras(x: dict) -> list[str]:
         parts.append(
             _table(
                 ["op", "rank", "duration (ms)", "typical (ms)", "typical from", "saving (ms)", "share"],
-                [[n["name"][:160], n["rank"], f"{n['dur_us'] / 1000:.3f}", f"{n['typical_us'] / 1000:.3f}", n["typical_from"],
-                  f"{n['saving_us'] / 1000:.3f}", f"{100 * n['share']:.0f}%"] for n in b["nodes"]],
+                [
+                    [
+                        n["name"][:160],
+                        n["rank"],
+                        f"{n['dur_us'] / 1000:.3f}",
+                        f"{n['typical_us'] / 1000:.3f}",
+                        n["typical_from"],
+                        f"{n['saving_us'] / 1000:.3f}",
+                        f"{100 * n['share']:.0f}%",
+                    ]
+                    for n in b["nodes"]
+                ],
             )  # fmt: skip
         )
-        parts.append(_table(["rank", "saving (ms)", "share"], [[r["rank"], f"{r['saving_us'] / 1000:.3f}", f"{100 * r['share']:.0f}%"] for r in b["ranks"]]))
+        parts.append(
+            _table(
+                ["rank", "saving (ms)", "share"],
+                [[r["rank"], f"{r['saving_us'] / 1000:.3f}", f"{100 * r['share']:.0f}%"] for r in b["ranks"]],
+            )
+        )
     a = x.get("advice")
     if a:
         parts.append(f"<h3>Advice ({html.escape(a['generator'])}; every suggestion replayed)</h3>")
@@ -121,7 +136,9 @@ def _extras(x: dict) -> list[str]:
         rows = []
         for sug in a["suggestions"]:
             model = ", ".join(f"{v} {t / 1000:.3f}" for v, t in sug["model_saving_us"].items())
-            rows.append([sug["title"], sug["explanation"], sug["remedy"], "; ".join(sug["edits"]), f"{sug['replay_saving_us'] / 1000:.3f}", model])
+            rows.append(
+                [sug["title"], sug["explanation"], sug["remedy"], "; ".join(sug["edits"]), f"{sug['replay_saving_us'] / 1000:.3f}", model]
+            )
         if rows:
             parts.append(_table(["suggestion", "why", "remedy", "what-if edit", "replay saving (ms)", "model saving (ms)"], rows))
     return parts
