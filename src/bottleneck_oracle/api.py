@@ -58,6 +58,8 @@ def whatif(
     """Per step: the step time after ``edits`` (``Edit.parse`` strings) by the exact replay and by
     each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
     the critical path before and after."""
+    import numpy as np
+
     from bottleneck_oracle.analysis.cpm import run_cpm
     from bottleneck_oracle.analysis.whatif import Edit, apply_edits
     from bottleneck_oracle.errors import OracleError
@@ -73,21 +75,23 @@ def whatif(
     out = []
     for g in gs:
         phases = node_phases(table, g)[0] if table is not None else None
-        d, w, ids, eids = apply_edits(g, parsed, phases)
+        d, w, rel, ids, eids = apply_edits(g, parsed, phases)
         if not len(ids) and not len(eids):
             raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
         base = run_cpm(g)
         measured = max(g.measured.values())
-        added = float((d - g.nodes["mdur"]).sum() + (w - g.edges["weight"]).sum())
+        added = float(
+            (d - g.nodes["mdur"]).sum() + (w - g.edges["weight"]).sum() + np.where(np.isfinite(g.release), rel - g.release, 0.0).sum()
+        )
         row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": len(eids), "added_us": added}
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
 
-            data, edited = sample_for(g, d, table, base, w)
+            data, edited = sample_for(g, d, table, base, w, rel)
             row["model"] = {"checkpoint": str(predictor.path), "step_us": predictor.step_times(data)}
             row["model"]["delta_us"] = {v: t - measured for v, t in row["model"]["step_us"].items()}
         else:
-            edited = run_cpm(g, d, w)
+            edited = run_cpm(g, d, w, rel)
         row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 

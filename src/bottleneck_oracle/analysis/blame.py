@@ -61,7 +61,8 @@ def _typical(values: np.ndarray, keys: list[tuple], references: list[tuple[list[
                 seen[key].append(float(v))
     across: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for i, (key, v) in enumerate(zip(keys, values)):
-        across[key[1:]].append((i, float(v)))
+        if v >= 0:
+            across[key[1:]].append((i, float(v)))
     typical = np.zeros(len(keys))
     source = np.zeros(len(keys), dtype=np.int8)
     for i, key in enumerate(keys):
@@ -75,6 +76,15 @@ def _typical(values: np.ndarray, keys: list[tuple], references: list[tuple[list[
         if est:
             typical[i], source[i] = min(est)
     return typical, source
+
+
+def _leads(g: ExecutionGraph) -> np.ndarray:
+    """Per node, the untraced time from its rank's step start to its release if it starts a
+    thread's step (no predecessor), else -1."""
+    rel = g.release
+    ok = np.isfinite(rel) & (g.nodes["category"] != Category.BARRIER) & (g.nodes["rank"] >= 0)
+    start = np.array([g.rank_start(int(r)) for r in g.nodes["rank"]]) if g.n_nodes else np.zeros(0)
+    return np.where(ok, np.maximum(np.where(ok, rel, 0.0) - start, 0.0), -1.0)
 
 
 def typical_durations(g: ExecutionGraph, references: list[ExecutionGraph]) -> tuple[np.ndarray, np.ndarray]:
@@ -132,10 +142,24 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     gsaving = base.makespan - single_edge_makespans(g, gap[gcand], -gap_excess[gcand], base) if len(gcand) else np.zeros(0)
     restored_w = w.copy()
     restored_w[gap[gcand]] -= gap_excess[gcand]
+    # untraced time before a thread's first op of the step
+    lead = _leads(g)
+    keys = _keys(g)
+    lead_typical, lead_source = _typical(lead, keys, [(_keys(r), _leads(r)) for r in references])
+    lead_excess = np.where(lead >= 0, lead - np.minimum(lead, lead_typical), 0.0)
+    lcand = np.flatnonzero(lead_excess > MIN_EXCESS_US)
+    restored_rel = g.release.astype(np.float64).copy()
+    restored_rel[lcand] -= lead_excess[lcand]
+    lsaving = []
+    for i in lcand:
+        rel = g.release.astype(np.float64).copy()
+        rel[i] -= lead_excess[i]
+        lsaving.append(base.makespan - run_cpm(g, None, None, rel).makespan)
     items = [(float(saving[j]), float(excess[cand[j]]), "op", int(cand[j])) for j in range(len(cand))]
+    items += [(float(lsaving[j]), float(lead_excess[lcand[j]]), "lead", int(lcand[j])) for j in range(len(lcand))]
     items += [(float(gsaving[j]), float(gap_excess[gcand[j]]), "gap", int(gcand[j])) for j in range(len(gcand))]
     items.sort(key=lambda x: (-x[0], -x[1]))
-    everything = run_cpm(g, restored, restored_w).makespan
+    everything = run_cpm(g, restored, restored_w, restored_rel).makespan
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
     src_names = ("none", "other ranks", "reference steps")
@@ -144,6 +168,10 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
             out.nodes.append({"id": i, "kind": "op", "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]),
                               "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "saving_us": sav,
                               "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
+        elif kind == "lead":
+            out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time before {g.node_name(i)} (from the step start)", "rank": int(n["rank"][i]),
+                              "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]],
+                              "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
         else:
             out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
                               "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]],
@@ -151,9 +179,12 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     for rank in g.ranks:
         m = n["rank"] == rank
         rw = np.where(m[g.edges["src"]], restored_w, w)
-        s = base.makespan - run_cpm(g, np.where(m, restored, d), rw).makespan
+        rr = np.where(m, restored_rel, g.release)
+        s = base.makespan - run_cpm(g, np.where(m, restored, d), rw, rr).makespan
+        lead_m = np.where(m & (lead > 0), lead, 0.0)
         out.ranks.append({"rank": int(rank), "saving_us": float(s), "share": float(s / total), "op_excess_us": float(excess[m].sum()),
-                          "gap_excess_us": float(gap_excess[m].sum()), "op_us": float(d[m].sum()), "gap_us": float(gap_w[m].sum())})  # fmt: skip
+                          "gap_excess_us": float(gap_excess[m].sum() + lead_excess[m].sum()), "op_us": float(d[m].sum()),
+                          "gap_us": float(gap_w[m].sum() + lead_m.sum())})  # fmt: skip
     out.ranks.sort(key=lambda r: -r["saving_us"])
     by_name: dict[str, float] = defaultdict(float)
     for i in cand:

@@ -113,8 +113,11 @@ def topological_order(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return topo
 
 
-def run_cpm(g: ExecutionGraph, dur: np.ndarray | None = None, weight: np.ndarray | None = None) -> CPMResult:
-    """CPM on ``g`` with its modelled durations and edge latencies, or with ``dur`` / ``weight`` (what-if edits)."""
+def run_cpm(
+    g: ExecutionGraph, dur: np.ndarray | None = None, weight: np.ndarray | None = None, release: np.ndarray | None = None
+) -> CPMResult:
+    """CPM on ``g`` with its modelled durations, edge latencies and releases, or with ``dur`` /
+    ``weight`` / ``release`` (what-if edits)."""
     n = g.n_nodes
     d = (g.nodes["mdur"] if dur is None else dur).astype(np.float64)
     src = g.edges["src"].astype(np.int64)
@@ -127,7 +130,9 @@ def run_cpm(g: ExecutionGraph, dur: np.ndarray | None = None, weight: np.ndarray
         stuck = np.flatnonzero(~seen)[:5]
         desc = "; ".join(f"{g.node_name(i)[:60]!r} rank {g.nodes['rank'][i]} at {g.nodes['start'][i]:.1f} µs" for i in stuck)
         raise GraphError(f"dependency cycle while building the graph of step {g.step}: {n - len(topo)} nodes involved, e.g. {desc}")
-    est, eft, lft, pred, makespan = _passes(n, d, g.release.astype(np.float64), src, dst, w, topo, out_ptr, out_order)
+    est, eft, lft, pred, makespan = _passes(
+        n, d, (g.release if release is None else release).astype(np.float64), src, dst, w, topo, out_ptr, out_order
+    )
     lst = lft - d
     slack = np.maximum(lst - est, 0.0)
     path_nodes = []

@@ -42,8 +42,9 @@ class Edit:
     phase: str | None = None
     """forward | backward | optimizer: nodes inside that phase range (needs the event table)"""
     gap: bool = False
-    """change the untraced time after the selected nodes on their thread (the program-order
-    edge's latency: Python code, sleeps, anything not profiled) instead of their duration"""
+    """change the untraced time around the selected nodes on their thread instead of their
+    duration: after them (the program-order latency: Python code, sleeps, anything not
+    profiled) and, for a thread's first op in the step, before it (from the rank's step start)"""
     scale: float = 1.0
     delay_ms: float = 0.0
 
@@ -176,25 +177,51 @@ def edited_weights(
     return w, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
 
 
+def edited_releases(
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(releases after the ``gap=1`` edits, ids of the nodes whose leading untraced time changed):
+    a selected op that starts its thread's step (no predecessor) has the time from its rank's
+    step start to its release scaled, then delay_ms added."""
+    rel = g.release.astype(np.float64).copy()
+    touched = []
+    for e in edits:
+        if not e.gap:
+            continue
+        ids = e.select(g, phases)
+        ids = ids[np.isfinite(rel[ids])]
+        if not len(ids):
+            continue
+        start = np.array([g.rank_start(int(r)) for r in g.nodes["rank"][ids]])
+        lead = np.maximum(rel[ids] - start, 0.0)
+        rel[ids] = start + np.maximum(lead * e.scale + e.delay_ms * 1000.0, 0.0)
+        touched.append(ids)
+    return rel, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+
+
 def apply_edits(
     g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(durations, edge latencies, edited node ids, edited edge ids) after all the edits."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(durations, edge latencies, releases, edited node ids, edited edge ids) after all the edits;
+    nodes whose leading untraced time changed count among the edited nodes."""
     d, ids = edited_durations(g, edits, phases)
     w, eids = edited_weights(g, edits, phases)
-    return d, w, ids, eids
+    rel, rids = edited_releases(g, edits, phases)
+    return d, w, rel, np.union1d(ids, rids), eids
 
 
-def with_durations(g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray | None = None) -> ExecutionGraph:
+def with_durations(
+    g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray | None = None, release: np.ndarray | None = None
+) -> ExecutionGraph:
     """A copy of ``g`` whose modelled durations are ``dur`` and, if given, edge latencies ``weight``
-    (measured durations unchanged)."""
+    and releases ``release`` (measured durations unchanged)."""
     nodes = dict(g.nodes)
     nodes["mdur"] = np.asarray(dur, dtype=np.float64)
     edges = g.edges
     if weight is not None:
         edges = dict(g.edges)
         edges["weight"] = np.asarray(weight, dtype=np.float64)
-    return replace(g, nodes=nodes, edges=edges)
+    return replace(g, nodes=nodes, edges=edges, release=g.release if release is None else np.asarray(release, dtype=np.float64))
 
 
 @dataclass(slots=True)
@@ -211,11 +238,10 @@ class WhatIf:
 def replay(
     g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], base: CPMResult | None = None, phases: np.ndarray | None = None
 ) -> WhatIf:
-    d, ids = edited_durations(g, edits, phases)
-    w, eids = edited_weights(g, edits, phases)
+    d, w, rel, ids, eids = apply_edits(g, edits, phases)
     if not len(ids) and not len(eids):
         raise OracleError("edit selects no node of the graph")
-    return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d, w), ids=ids)
+    return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d, w, rel), ids=ids)
 
 
 def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarray | float, base: CPMResult | None = None) -> np.ndarray:

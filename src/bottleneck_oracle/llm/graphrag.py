@@ -289,17 +289,17 @@ def validate(s: Suggestion, g: ExecutionGraph, base: CPMResult, phases: np.ndarr
 
     try:
         edits = [Edit.parse(x) for x in s.edits]
-        d, w, ids, eids = apply_edits(g, edits, phases)
+        d, w, rel, ids, eids = apply_edits(g, edits, phases)
     except OracleError as exc:
         return str(exc)
     if not len(ids) and not len(eids):
         return f"the edits {s.edits} select no node of step {g.step}"
     s.edited_nodes = int(len(ids) + len(eids))
-    s.replay_saving_us = float(base.makespan - run_cpm(g, d, w).makespan)
+    s.replay_saving_us = float(base.makespan - run_cpm(g, d, w, rel).makespan)
     if predictor is not None:
         from bottleneck_oracle.models.predict import sample_for
 
-        data, _ = sample_for(g, d, table, base, w)
+        data, _ = sample_for(g, d, table, base, w, rel)
         measured = max(g.measured.values())
         s.model_saving_us = {v: measured - t for v, t in predictor.step_times(data).items()}
     if s.replay_saving_us <= 1e-3 * base.makespan:

@@ -35,7 +35,7 @@ def is_pipeline(g: ExecutionGraph, table: EventTable | None) -> bool:
 
 def sample_for(
     g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
-    weight: np.ndarray | None = None,
+    weight: np.ndarray | None = None, release: np.ndarray | None = None,
 ):  # fmt: skip
     """The model input of ``g`` with modelled durations ``dur`` and edge latencies ``weight`` (a
     what-if; None: as recorded)."""
@@ -45,7 +45,7 @@ def sample_for(
     base = base or run_cpm(g)
     d0 = g.nodes["mdur"].astype(np.float64)
     d1 = d0 if dur is None else np.asarray(dur, dtype=np.float64)
-    edited = g if dur is None and weight is None else with_durations(g, d1, weight)
+    edited = g if dur is None and weight is None and release is None else with_durations(g, d1, weight, release)
     r1 = base if edited is g else run_cpm(edited)
     if table is not None:
         phase, mb = node_phases(table, g)
@@ -58,6 +58,8 @@ def sample_for(
     data.replay_step = torch.tensor([ref + r1.makespan - base.makespan], dtype=torch.float32)
     data.formula_step = torch.tensor([max(ref + formula_dt, 1.0)], dtype=torch.float32)
     gap = 0.0 if weight is None else float(np.abs(np.asarray(weight) - g.edges["weight"]).sum())
+    if release is not None:
+        gap += float(np.abs(np.where(np.isfinite(g.release), np.asarray(release) - g.release, 0.0)).sum())
     data.edit_us = torch.tensor([float(np.abs(d1 - d0).sum()) + gap], dtype=torch.float32)
     data.y_step = torch.tensor([ref], dtype=torch.float32)
     return data, r1
