@@ -4,9 +4,10 @@ Each scenario is a real 2-rank gloo DDP run (tiny GPT) with a problem built in t
 the workload exposes: an untraced straggler sleep, a slow module, a slow optimizer phase, a
 delayed gradient all-reduce, tiny gradient buckets. The script records it, asks `advise`
 (offline recipe engine, replay + pretrained model) for suggestions, takes the top one, applies
-the change its what-if edit describes through the same knob (e.g. "rank 1's untraced time x 0.5"
--> the straggler's sleep halved; "restore rank 1 to typical" -> no straggler; "all_reduce x 0.67"
-with bigger buckets -> bucket_cap_mb 25), re-runs, and reports the predicted saving (median over
+the change its what-if edit describes through the same knob (an edit that scales the injected
+ops by F -> the injected delay times F; "restore rank 1 to typical" -> no straggler; "rank 1's
+untraced time x 0.5" -> the straggler's sleep halved; fewer all-reduces -> bucket_cap_mb 25),
+re-runs, and reports the predicted saving (median over
 the steps of the replay's and the model's) beside the measured one (median step before - after).
 If the top suggestion's recipe is not one this workload has a knob for, that is reported.
 
@@ -63,7 +64,24 @@ def scenarios(steps: int) -> list[dict]:
     ]
 
 
-def apply(suggestion: dict, run: dict) -> tuple[dict | None, str]:
+def touches_injection(edits: list[str], trace: Path) -> float | None:
+    """The scale an edit applies to the injected ops (``oracle_inject:*``) of the trace, or None."""
+    from bottleneck_oracle.analysis.whatif import Edit
+    from bottleneck_oracle.models.baselines import node_phases
+
+    table, graphs = api.build(trace)
+    g = graphs[min(1, len(graphs) - 1)]
+    phases = node_phases(table, g)[0]
+    for text in edits:
+        e = Edit.parse(text)
+        if e.gap:
+            continue
+        if any(g.node_name(i).startswith("oracle_inject:") for i in e.select(g, phases)):
+            return e.scale
+    return None
+
+
+def apply(suggestion: dict, run: dict, trace: Path) -> tuple[dict | None, str]:
     """The real change that implements a suggestion's what-if in this workload, or None."""
     rid, edits = suggestion["source"], suggestion["edits"]
     if rid == "dp-bucket-size" or rid == "dp-allreduce-overlap" and run.get("bucket_mb", 25) < 1:
@@ -75,13 +93,11 @@ def apply(suggestion: dict, run: dict) -> tuple[dict | None, str]:
             k = _scale_of(edits)
             return {**run, "delay_ms": run["delay_ms"] * k}, f"straggler sleep x {k}"
     injections = run.get("injections", ())
-    if injections:
-        kind = injections[0].kind
-        text = " ".join(edits)
-        if rid == "straggler-rank" or f"oracle_inject:{kind}" in text or (kind == "phase" and "phase=optimizer" in text):
-            k = 0.0 if rid == "straggler-rank" else _scale_of(edits)
+    if injections:  # the edit scales the injected ops: scale the real delay the same way
+        k = 0.0 if rid == "straggler-rank" else touches_injection(edits, trace)
+        if k is not None:
             new = tuple(replace(i, delay_ms=i.delay_ms * k) for i in injections if i.delay_ms * k > 0)
-            return {**run, "injections": new}, f"injected delay x {k}"
+            return {**run, "injections": new}, f"injected delay x {k:g}"
     return None, f"no knob for {rid} in this workload"
 
 
@@ -112,7 +128,7 @@ def main() -> int:
                 v: float(np.median([s["model_saving_us"].get(v, np.nan) for s in per_step if s["source"] == top_id]))
                 for v in top["model_saving_us"]
             }
-            changed, how = apply(top, sc["run"])
+            changed, how = apply(top, sc["run"], before)
             row = {"scenario": sc["name"], "top": top_id, "edits": top["edits"], "change": how, "predicted_replay_ms": predicted / 1000,
                    "predicted_model_ms": {v: x / 1000 for v, x in model.items()}}  # fmt: skip
             rows_before = api.analyze(before)[1]
