@@ -80,10 +80,14 @@ def whatif(
             raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
         base = run_cpm(g)
         measured = max(g.measured.values())
+        fin = np.isfinite(w)
         added = float(
-            (d - g.nodes["mdur"]).sum() + (w - g.edges["weight"]).sum() + np.where(np.isfinite(g.release), rel - g.release, 0.0).sum()
+            (d - g.nodes["mdur"]).sum()
+            + (w[fin] - g.edges["weight"][fin]).sum()
+            + np.where(np.isfinite(g.release), rel - g.release, 0.0).sum()
         )
-        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": len(eids), "added_us": added}
+        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": int(fin[eids].sum()), "detached_edges": int((~fin).sum()),
+               "detached_edges": int((~fin).sum()), "added_us": added}  # fmt: skip
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
 

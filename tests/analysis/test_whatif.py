@@ -68,3 +68,22 @@ def test_bad_edits_are_named(text, message):
 def test_an_edit_that_selects_nothing_is_an_error(graph):
     with pytest.raises(OracleError, match="selects no node"):
         replay(graph, [Edit.parse("name=no_such_op,scale=2")])
+
+
+def test_detaching_the_collectives_makes_the_ranks_independent(recorded_ddp):
+    """Structural edit: nothing waits for the all-reduces any more (full overlap) -> rank 0's
+    timeline no longer depends on rank 1's (the straggler): slowing rank 1 leaves it unchanged,
+    while without the edit it moves rank 0's finish."""
+    from bottleneck_oracle.api import build
+
+    _, gs = build(recorded_ddp)
+    g = gs[-1]
+    rank0 = g.nodes["rank"] == 0
+    detach = Edit.parse("cat=collective,detach=1")
+    slow1 = Edit.parse("rank=1,gap=1,scale=2")  # doubles rank 1's untraced time: its 25 ms sleep
+    before = replay(g, [slow1]).edited.eft[rank0].max() - run_cpm(g).eft[rank0].max()
+    assert before > 10_000  # coupled: rank 0 waits for the slower rank 1
+    a = replay(g, [detach]).edited
+    b = replay(g, [detach, slow1]).edited
+    assert np.allclose(a.eft[rank0], b.eft[rank0])  # decoupled
+    assert a.makespan <= run_cpm(g).makespan + 1e-6

@@ -41,6 +41,10 @@ class Edit:
     """only nodes whose modelled duration is at most this (µs)"""
     phase: str | None = None
     """forward | backward | optimizer: nodes inside that phase range (needs the event table)"""
+    detach: bool = False
+    """structural: the selected ops neither wait for nor hold up anything but their own thread's
+    program order and their launch (their other dependency edges, in and out, are removed),
+    e.g. a collective fully overlapped with compute"""
     gap: bool = False
     """change the untraced time around the selected nodes on their thread instead of their
     duration: after them (the program-order latency: Python code, sleeps, anything not
@@ -61,8 +65,8 @@ class Edit:
             raise ValueError(
                 f"cat must be one of {', '.join(c.name.lower() for c in Category if c != Category.BARRIER)} (found {self.category!r})"
             )
-        if self.scale == 1.0 and self.delay_ms == 0.0:
-            raise ValueError("an edit needs scale= (other than 1) or delay_ms=")
+        if self.scale == 1.0 and self.delay_ms == 0.0 and not self.detach:
+            raise ValueError("an edit needs scale= (other than 1), delay_ms= or detach=1")
 
     @classmethod
     def parse(cls, text: str) -> Edit:
@@ -89,6 +93,8 @@ class Edit:
                     kw["phase"] = value
                 elif key == "gap":
                     kw["gap"] = value.lower() in ("1", "true", "yes")
+                elif key == "detach":
+                    kw["detach"] = value.lower() in ("1", "true", "yes")
                 elif key == "max_us":
                     kw["max_us"] = float(value)
                 elif key == "scale":
@@ -97,7 +103,7 @@ class Edit:
                     kw["delay_ms"] = float(value)
                 else:
                     raise OracleError(
-                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, max_us, phase, gap, scale, delay_ms)"
+                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, max_us, phase, gap, detach, scale, delay_ms)"
                     )
             except ValueError as exc:
                 raise OracleError(f"edit {text!r}: bad value for {key}: {value!r}") from exc
@@ -151,7 +157,7 @@ def edited_durations(
     d = g.nodes["mdur"].astype(np.float64).copy()
     touched = []
     for e in edits:
-        if e.gap:
+        if e.gap or (e.detach and e.scale == 1.0 and e.delay_ms == 0.0):
             continue
         ids = e.select(g, phases)
         d[ids] = np.maximum(d[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
@@ -167,6 +173,13 @@ def edited_weights(
     w = g.edges["weight"].astype(np.float64).copy()
     touched = []
     for e in edits:
+        if e.detach:
+            sel = np.zeros(g.n_nodes, dtype=bool)
+            sel[e.select(g, phases)] = True
+            ends = sel[g.edges["src"]] | sel[g.edges["dst"]]
+            ids = np.flatnonzero(ends & ~np.isin(g.edges["kind"], (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH)))
+            w[ids] = -np.inf  # the CPM never takes an edge of latency -inf: the dependency is gone
+            touched.append(ids)
         if not e.gap:
             continue
         sel = np.zeros(g.n_nodes, dtype=bool)
@@ -219,8 +232,10 @@ def with_durations(
     nodes["mdur"] = np.asarray(dur, dtype=np.float64)
     edges = g.edges
     if weight is not None:
-        edges = dict(g.edges)
-        edges["weight"] = np.asarray(weight, dtype=np.float64)
+        weight = np.asarray(weight, dtype=np.float64)
+        keep = np.isfinite(weight)  # detached dependencies are dropped
+        edges = {k: v[keep] for k, v in g.edges.items()}
+        edges["weight"] = weight[keep]
     return replace(g, nodes=nodes, edges=edges, release=g.release if release is None else np.asarray(release, dtype=np.float64))
 
 

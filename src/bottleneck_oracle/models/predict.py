@@ -57,7 +57,10 @@ def sample_for(
     data.ref_step = torch.tensor([ref], dtype=torch.float32)
     data.replay_step = torch.tensor([ref + r1.makespan - base.makespan], dtype=torch.float32)
     data.formula_step = torch.tensor([max(ref + formula_dt, 1.0)], dtype=torch.float32)
-    gap = 0.0 if weight is None else float(np.abs(np.asarray(weight) - g.edges["weight"]).sum())
+    gap = 0.0
+    if weight is not None:
+        keep = np.isfinite(np.asarray(weight))
+        gap = float(np.abs(np.asarray(weight)[keep] - g.edges["weight"][keep]).sum())
     if release is not None:
         gap += float(np.abs(np.where(np.isfinite(g.release), np.asarray(release) - g.release, 0.0)).sum())
     data.edit_us = torch.tensor([float(np.abs(d1 - d0).sum()) + gap], dtype=torch.float32)
