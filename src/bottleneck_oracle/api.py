@@ -86,7 +86,7 @@ def whatif(
             + (w[fin] - g.edges["weight"][fin]).sum()
             + np.where(np.isfinite(g.release), rel - g.release, 0.0).sum()
         )
-        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": int(fin[eids].sum()), "detached_edges": int((~fin).sum()),
+        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": int(fin[eids].sum()),
                "detached_edges": int((~fin).sum()), "added_us": added}  # fmt: skip
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
