@@ -5,7 +5,8 @@ typical duration is the median modelled duration of its counterparts: the same o
 same name, same occurrence in the step) in the reference steps (the other steps of the trace,
 or a baseline trace) and on the other ranks of the same step, the smaller of the two where both
 exist (so a rank that is slow in every step is still seen). An op with no counterpart at all
-(work that normally does not happen) is typically absent: 0 µs. The untraced time after an op on
+(work that normally does not happen) is typically absent: 0 µs; with nothing to compare
+against (one rank and no reference step) nothing is blamed. The untraced time after an op on
 its thread (Python code, sleeps, anything not profiled: the program-order latency) is a
 candidate too, restored the same way. Its
 causal contribution is the step time the restoration saves (exact, via the replay); a node
@@ -75,6 +76,8 @@ def _typical(values: np.ndarray, keys: list[tuple], references: list[tuple[list[
             est.append((float(np.median(others)), 1))
         if est:
             typical[i], source[i] = min(est)
+        else:  # nothing to compare with (one rank, no reference step): no excess claimed
+            typical[i] = max(float(values[i]), 0.0)
     return typical, source
 
 
