@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: venv  ## analyse the bundled 2-rank gloo DDP trace: summary, HTML report, Perfetto overlay
-	$(VENV)/bin/bottleneck-oracle analyze tests/data/gloo_ddp_2rank --html demo/report.html --perfetto demo/critical_path.json.gz
+	$(VENV)/bin/bottleneck-oracle analyze tests/data/gloo_ddp_2rank --advise --html demo/report.html --perfetto demo/critical_path.json.gz
 
 test: venv  ## the default (fast) test suite, as CI runs it
 	$(PY) -m pytest -q

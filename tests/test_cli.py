@@ -195,3 +195,16 @@ def test_blame_and_advise_json(capsys):
 def test_module_and_console_script_entry_points():
     r = subprocess.run([sys.executable, "-m", "bottleneck_oracle", "version"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == cli.__version__
+
+
+def test_whatif_microbatches_on_a_pipeline_step(generated_grid, capsys):
+    raw, _ = generated_grid
+    pp = next(p for p in raw.iterdir() if "pp2-1f1b" in p.name)
+    code, out, _ = run(["whatif", str(pp), "--step", "4", "--microbatches", "8", "--no-model", "--json"], capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    mb = row["microbatches"]
+    assert mb["from"] == 2 and mb["to"] == 8 and mb["stages"] == 2
+    assert mb["formula_delta_us"] < 0  # same batch in more, smaller micro-batches: a smaller bubble
+    code, _, err = run(["whatif", str(SAMPLE), "--microbatches", "8", "--no-model"], capsys)
+    assert code == 2 and "not a pipeline-parallel step" in err

@@ -54,10 +54,12 @@ def whatif(
     config: Config | None = None,
     checkpoint: str | Path | None = None,
     use_model: bool = True,
+    microbatches: int | None = None,
 ) -> list[dict]:
     """Per step: the step time after ``edits`` (``Edit.parse`` strings) by the exact replay and by
     each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
-    the critical path before and after."""
+    the critical path before and after. ``microbatches``: a pipeline step re-split into that
+    many micro-batches, predicted by the 1F1B formula (the replay cannot restructure the graph)."""
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
@@ -66,6 +68,8 @@ def whatif(
     from bottleneck_oracle.models.baselines import node_phases
 
     parsed = [Edit.parse(e) for e in edits]
+    if not parsed and microbatches is None:
+        raise OracleError("whatif needs an --edit or --microbatches")
     table, gs = build(path, steps, config)
     predictor = None
     if use_model:
@@ -76,7 +80,7 @@ def whatif(
     for g in gs:
         phases = node_phases(table, g)[0] if table is not None else None
         d, w, rel, ids, eids = apply_edits(g, parsed, phases)
-        if not len(ids) and not len(eids):
+        if parsed and not len(ids) and not len(eids):
             raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
         base = run_cpm(g)
         measured = max(g.measured.values())
@@ -84,7 +88,7 @@ def whatif(
         added = float(
             (d - g.nodes["mdur"]).sum()
             + (w[fin] - g.edges["weight"][fin]).sum()
-            + np.where(np.isfinite(g.release), rel - g.release, 0.0).sum()
+            + np.where(np.isfinite(g.release), np.nan_to_num(rel, neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0).sum()
         )
         row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": int(fin[eids].sum()),
                "detached_edges": int((~fin).sum()), "added_us": added}  # fmt: skip
@@ -97,6 +101,16 @@ def whatif(
         else:
             edited = run_cpm(g, d, w, rel)
         row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
+        if microbatches is not None:
+            from bottleneck_oracle.models.baselines import formula_parts, pipeline_step
+            from bottleneck_oracle.models.predict import is_pipeline
+
+            if not is_pipeline(g, table):
+                raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
+            parts = formula_parts(g, d, phases, node_phases(table, g)[1])
+            now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
+            row["microbatches"] = {"from": parts["m"], "to": microbatches, "stages": parts["p"], "formula_delta_us": then - now,
+                                   "step_us": measured + row["replay"]["delta_us"] + then - now}  # fmt: skip
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
         def names(s, g=g, d=d):

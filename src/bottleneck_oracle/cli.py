@@ -343,24 +343,31 @@ def evaluate(
 def whatif(
     trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
     edit: list[str] = typer.Option(
-        ...,
+        None,
         "--edit",
         "-e",
-        help="Duration edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB, name~=SUBSTRING, rank=R; changes scale=F, delay_ms=MS. "
-        'E.g. "name~=all_reduce,rank=1,scale=0.5".',
+        help="Edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB, name~=SUBSTRING, rank=R, cat=CATEGORY, max_us=US, "
+        "phase=forward|backward|optimizer, gap=1 (the untraced time around the ops); changes scale=F, delay_ms=MS, detach=1. "
+        'E.g. "name~=all_reduce,rank=1,scale=0.5" (see the README).',
     ),
     step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
+    microbatches: int = typer.Option(
+        None, "--microbatches", min=1, help="Pipeline steps: re-split the batch into this many micro-batches (1F1B formula)."
+    ),
     checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
-    rows = api.whatif(trace, edit, step or None, _config(config), checkpoint, not no_model)
+    edit = edit or []
+    rows = api.whatif(trace, edit, step or None, _config(config), checkpoint, not no_model, microbatches)
     if as_json:
         sys.stdout.write(json.dumps({"trace": str(trace), "edits": edit, "steps": rows}, indent=1) + "\n")
         return
-    t = Table(title=f"What-if: {'; '.join(edit)}", caption="step times in ms; Δ against the step as measured")
+    t = Table(
+        title=f"What-if: {'; '.join(edit) or f'{microbatches} micro-batches'}", caption="step times in ms; Δ against the step as measured"
+    )
     variants = list(rows[0]["model"]["step_us"]) if rows and "model" in rows[0] else []
     for col in ["step", "nodes edited", "measured", "replay", "Δ replay"] + [f"{v}" for v in variants] + [f"Δ {v}" for v in variants]:
         t.add_column(col, justify="right")
@@ -372,6 +379,13 @@ def whatif(
         )  # fmt: skip
     out.print(t)
     for r in rows:
+        if "microbatches" in r:
+            mbx = r["microbatches"]
+            out.print(
+                f"step {r['step']}: {mbx['from']} -> {mbx['to']} micro-batches over {mbx['stages']} stages: "
+                f"{mbx['formula_delta_us'] / 1000:+.3f} ms by the 1F1B formula -> {_ms(mbx['step_us'])} ms",
+                highlight=False,
+            )
         cp = r["critical_path"]
         if cp["joined"] or cp["left"]:
             joined = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"

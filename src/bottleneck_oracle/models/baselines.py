@@ -53,33 +53,49 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
     return phase, mb
 
 
-def formula_step(g: ExecutionGraph, dur: np.ndarray, phase: np.ndarray, mb: np.ndarray, pipeline: bool) -> float:
-    """The analytic step time (µs) with modelled durations ``dur`` (see the module doc)."""
+def formula_parts(g: ExecutionGraph, dur: np.ndarray, phase: np.ndarray, mb: np.ndarray) -> dict[str, float]:
+    """The pipeline formula's terms (µs): stages p, micro-batches m, the slowest stage's mean
+    per-micro-batch forward t_f and backward t_b, DP sync, optimizer, the rest."""
     n = g.nodes
-    busy = {}
-    for rank in g.ranks:
-        tid = main_thread(g, rank)
-        busy[rank] = np.flatnonzero((n["rank"] == rank) & (n["tid"] == tid) & ~n["on_gpu"])
-    if not pipeline:
-        return float(max(dur[ids].sum() for ids in busy.values()))
     p = len(g.ranks)
     t_f = t_b = sync = opt = rest = 0.0
     m = 1
-    for ids in busy.values():
+    for rank in g.ranks:
+        tid = main_thread(g, rank)
+        ids = np.flatnonzero((n["rank"] == rank) & (n["tid"] == tid) & ~n["on_gpu"])
         ph, k = phase[ids], mb[ids]
         m = max(m, int(k.max()) + 1 if len(k) else 1)
-        for code, mean in ((FORWARD, "f"), (BACKWARD, "b")):
+        for code in (FORWARD, BACKWARD):
             sel = ph == code
             per_mb = np.bincount(k[sel].clip(0), weights=dur[ids][sel]) if sel.any() else np.zeros(1)
-            value = float(per_mb.mean())
-            if mean == "f":
-                t_f = max(t_f, value)
+            if code == FORWARD:
+                t_f = max(t_f, float(per_mb.mean()))
             else:
-                t_b = max(t_b, value)
+                t_b = max(t_b, float(per_mb.mean()))
         sync = max(sync, float(dur[ids][ph == DP_SYNC].sum()))
         opt = max(opt, float(dur[ids][ph == OPTIMIZER].sum()))
         rest = max(rest, float(dur[ids][ph == NONE].sum()))
-    return (m + p - 1) * (t_f + t_b) + sync + opt + rest
+    return {"p": p, "m": m, "t_f": t_f, "t_b": t_b, "sync": sync, "optimizer": opt, "rest": rest}
+
+
+def pipeline_step(parts: dict[str, float], microbatches: int | None = None) -> float:
+    """(m + p - 1)(t_f + t_b) + sync + optimizer + rest; with ``microbatches`` m', the same batch
+    split into m' micro-batches: per-micro-batch times scale by m / m'."""
+    m = parts["m"]
+    m2 = microbatches or m
+    return (m2 + parts["p"] - 1) * (parts["t_f"] + parts["t_b"]) * m / m2 + parts["sync"] + parts["optimizer"] + parts["rest"]
+
+
+def formula_step(g: ExecutionGraph, dur: np.ndarray, phase: np.ndarray, mb: np.ndarray, pipeline: bool) -> float:
+    """The analytic step time (µs) with modelled durations ``dur`` (see the module doc)."""
+    n = g.nodes
+    if not pipeline:
+        busy = []
+        for rank in g.ranks:
+            tid = main_thread(g, rank)
+            busy.append(float(dur[(n["rank"] == rank) & (n["tid"] == tid) & ~n["on_gpu"]].sum()))
+        return max(busy)
+    return pipeline_step(formula_parts(g, dur, phase, mb))
 
 
 def pooled_features(data) -> np.ndarray:

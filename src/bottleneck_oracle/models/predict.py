@@ -62,7 +62,11 @@ def sample_for(
         keep = np.isfinite(np.asarray(weight))
         gap = float(np.abs(np.asarray(weight)[keep] - g.edges["weight"][keep]).sum())
     if release is not None:
-        gap += float(np.abs(np.where(np.isfinite(g.release), np.asarray(release) - g.release, 0.0)).sum())
+        gap += float(
+            np.abs(
+                np.where(np.isfinite(g.release), np.nan_to_num(np.asarray(release), neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0)
+            ).sum()
+        )
     data.edit_us = torch.tensor([float(np.abs(d1 - d0).sum()) + gap], dtype=torch.float32)
     data.y_step = torch.tensor([ref], dtype=torch.float32)
     return data, r1
