@@ -108,7 +108,9 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         pe = r.path_edges
         po = (g.edges["kind"][pe] == EdgeKind.PROGRAM_ORDER) & ~n["on_gpu"][g.edges["src"][pe]]
         first = int(r.path[0])
-        lead = max(float(r.est[first]) - g.rank_start(int(n["rank"][first])), 0.0) if n["rank"][first] >= 0 and not n["on_gpu"][first] else 0.0
+        lead = (
+            max(float(r.est[first]) - g.rank_start(int(n["rank"][first])), 0.0) if n["rank"][first] >= 0 and not n["on_gpu"][first] else 0.0
+        )
         ranks_on = np.concatenate([n["rank"][g.edges["src"][pe][po]], [n["rank"][first]]])
         w_on = np.concatenate([np.clip(g.edges["weight"][pe][po], 0, None), [lead]])
         m["untraced_share"] = float(w_on.sum() / ms)  # program-order gaps on the path, and its lead-in from the step start
