@@ -90,21 +90,43 @@ def _leads(g: ExecutionGraph) -> np.ndarray:
     return np.where(ok, np.maximum(np.where(ok, rel, 0.0) - start, 0.0), -1.0)
 
 
-def typical_durations(g: ExecutionGraph, references: list[ExecutionGraph]) -> tuple[np.ndarray, np.ndarray]:
+Keys = tuple[list[tuple], list[list[tuple]]]  # (_keys of the step, _keys of each reference)
+
+
+def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph]) -> Keys:
+    return _keys(g), [_keys(r) for r in references]
+
+
+def typical_durations(g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(typical modelled duration µs, where it came from: 2 reference steps, 1 other ranks, 0 none)."""
-    return _typical(g.nodes["mdur"], _keys(g), [(_keys(r), r.nodes["mdur"]) for r in references])
+    gk, rks = keys or _all_keys(g, references)
+    return _typical(g.nodes["mdur"], gk, [(k, r.nodes["mdur"]) for k, r in zip(rks, references)])
 
 
-def typical_gaps(g: ExecutionGraph, references: list[ExecutionGraph]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(program-order edge id after each node or -1, its typical latency µs, source) for untraced time."""
+def _gap_weights(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
     gap = _gaps(g)
-    w = np.where(gap >= 0, g.edges["weight"][np.maximum(gap, 0)], 0.0)
-    refs = []
-    for r in references:
-        rg = _gaps(r)
-        refs.append((_keys(r), np.where(rg >= 0, r.edges["weight"][np.maximum(rg, 0)], 0.0)))
-    typical, source = _typical(w, _keys(g), refs)
-    return gap, typical, source
+    return gap, np.where(gap >= 0, g.edges["weight"][np.maximum(gap, 0)], 0.0)
+
+
+def typical_gaps(
+    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(program-order edge id after each node or -1, its latency µs, its typical latency µs,
+    source) for the untraced time after each node."""
+    gk, rks = keys or _all_keys(g, references)
+    gap, w = _gap_weights(g)
+    typical, source = _typical(w, gk, [(k, _gap_weights(r)[1]) for k, r in zip(rks, references)])
+    return gap, w, typical, source
+
+
+def typical_leads(
+    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(untraced time before each thread's first op of the step or -1, its typical, source)."""
+    gk, rks = keys or _all_keys(g, references)
+    lead = _leads(g)
+    typical, source = _typical(lead, gk, [(k, _leads(r)) for k, r in zip(rks, references)])
+    return lead, typical, source
 
 
 @dataclass(slots=True)
@@ -129,7 +151,8 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     """Rank the nodes (and ranks, and op kinds) of ``g`` by the step time restoring them saves."""
     base = cpm or run_cpm(g)
     n = g.nodes
-    typical, source = typical_durations(g, references)
+    keys = _all_keys(g, references)
+    typical, source = typical_durations(g, references, keys)
     d = n["mdur"].astype(np.float64)
     real = n["category"] != Category.BARRIER
     restored = np.where(real, np.minimum(d, typical), d)
@@ -137,18 +160,15 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     cand = np.flatnonzero(excess > MIN_EXCESS_US)
     saving = base.makespan - single_node_makespans(g, cand, -excess[cand], base) if len(cand) else np.zeros(0)
     # untraced time after a node on its thread (program-order latency), against its typical
-    gap, gap_typical, gap_source = typical_gaps(g, references)
+    gap, gap_w, gap_typical, gap_source = typical_gaps(g, references, keys)
     w = g.edges["weight"].astype(np.float64)
-    gap_w = np.where(gap >= 0, w[np.maximum(gap, 0)], 0.0)
     gap_excess = np.where(gap >= 0, gap_w - np.minimum(gap_w, gap_typical), 0.0)
     gcand = np.flatnonzero(gap_excess > MIN_EXCESS_US)
     gsaving = base.makespan - single_edge_makespans(g, gap[gcand], -gap_excess[gcand], base) if len(gcand) else np.zeros(0)
     restored_w = w.copy()
     restored_w[gap[gcand]] -= gap_excess[gcand]
     # untraced time before a thread's first op of the step
-    lead = _leads(g)
-    keys = _keys(g)
-    lead_typical, lead_source = _typical(lead, keys, [(_keys(r), _leads(r)) for r in references])
+    lead, lead_typical, lead_source = typical_leads(g, references, keys)
     lead_excess = np.where(lead >= 0, lead - np.minimum(lead, lead_typical), 0.0)
     lcand = np.flatnonzero(lead_excess > MIN_EXCESS_US)
     restored_rel = g.release.astype(np.float64).copy()
