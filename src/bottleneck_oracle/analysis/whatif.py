@@ -150,6 +150,17 @@ class Edit:
         return np.flatnonzero(mask)
 
 
+def _union(touched: list[np.ndarray]) -> np.ndarray:
+    return np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+
+
+def _edge_ends(g: ExecutionGraph, e: Edit, phases: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(source selected, destination selected) per edge."""
+    sel = np.zeros(g.n_nodes, dtype=bool)
+    sel[e.select(g, phases)] = True
+    return sel[g.edges["src"]], sel[g.edges["dst"]]
+
+
 def edited_durations(
     g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +173,7 @@ def edited_durations(
         ids = e.select(g, phases)
         d[ids] = np.maximum(d[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
         touched.append(ids)
-    return d, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+    return d, _union(touched)
 
 
 def edited_weights(
@@ -173,21 +184,18 @@ def edited_weights(
     w = g.edges["weight"].astype(np.float64).copy()
     touched = []
     for e in edits:
+        if not (e.detach or e.gap):
+            continue
+        from_sel, to_sel = _edge_ends(g, e, phases)
         if e.detach:
-            sel = np.zeros(g.n_nodes, dtype=bool)
-            sel[e.select(g, phases)] = True
-            ends = sel[g.edges["src"]] | sel[g.edges["dst"]]
-            ids = np.flatnonzero(ends & ~np.isin(g.edges["kind"], (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH)))
+            ids = np.flatnonzero((from_sel | to_sel) & ~np.isin(g.edges["kind"], (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH)))
             w[ids] = -np.inf  # the CPM never takes an edge of latency -inf: the dependency is gone
             touched.append(ids)
-        if not e.gap:
-            continue
-        sel = np.zeros(g.n_nodes, dtype=bool)
-        sel[e.select(g, phases)] = True
-        ids = np.flatnonzero(sel[g.edges["src"]] & (g.edges["kind"] == EdgeKind.PROGRAM_ORDER) & (w > 0))
-        w[ids] = np.maximum(w[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
-        touched.append(ids)
-    return w, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+        if e.gap:
+            ids = np.flatnonzero(from_sel & (g.edges["kind"] == EdgeKind.PROGRAM_ORDER) & (w > 0))
+            w[ids] = np.maximum(w[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
+            touched.append(ids)
+    return w, _union(touched)
 
 
 def edited_releases(
@@ -209,7 +217,7 @@ def edited_releases(
         lead = np.maximum(rel[ids] - start, 0.0)
         rel[ids] = start + np.maximum(lead * e.scale + e.delay_ms * 1000.0, 0.0)
         touched.append(ids)
-    return rel, np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
+    return rel, _union(touched)
 
 
 def apply_edits(

@@ -69,10 +69,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         for p in pats:
             hit |= np.char.find(node_names, p) >= 0
         m[key] = float(t[hit].sum() / ms)
-    bd = a.breakdown()
-    for k, v in bd.items():
+    for k, v in a.breakdown().items():
         m[f"{k}_share"] = float(v / ms)
-    m["cpu_overhead_share"] = m.pop("cpu_overhead_share")
     allreduce = np.char.find(node_names, "all_reduce") >= 0
     net_ar = allreduce & (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
     per_rank = np.bincount(n["rank"][net_ar].clip(0), minlength=1) if net_ar.any() else np.zeros(1)
@@ -82,12 +80,9 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["tp_like"] = float(m["allreduce_count"] >= 4 and not m["p2p_present"] and _forward_allreduce(g, allreduce, phases))
     m["small_op_share"] = float(t[(n["mdur"] < 20) & (n["category"] != Category.BARRIER)].sum() / ms)
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
-    if phases is not None:
+    if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
         for code, name in ((1, "forward"), (2, "backward"), (3, "optimizer")):
             m[f"{name}_share"] = float(t[phases == code].sum() / ms)
-        m["optimizer_share"] = max(m["optimizer_share"], m["optimizer_share_phase"] if "optimizer_share_phase" in m else 0.0)
-        m["optimizer_share"] = max(m["optimizer_share"], float(t[phases == 3].sum() / ms))
-    steps = a.rank_step_times()
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=busy.get)) if busy else "0"}
@@ -116,7 +111,6 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         m["untraced_share"] = float(w_on.sum() / ms)  # program-order gaps on the path, and its lead-in from the step start
         ctx["untraced_share_pct"] = f"{100 * m['untraced_share']:.0f}"
         ctx["untraced_rank"] = str(int(ranks_on[np.argmax(np.bincount(ranks_on.clip(0), weights=w_on))])) if len(ranks_on) else "0"
-    del steps
     return m, ctx
 
 
