@@ -101,10 +101,6 @@ def apply(suggestion: dict, run: dict, trace: Path) -> tuple[dict | None, str]:
     return None, f"no knob for {rid} in this workload"
 
 
-def median_step(rows: list[dict]) -> float:
-    return float(np.median([r["measured_us"] for r in rows[1:]]))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)

@@ -78,7 +78,8 @@ def whatif(
         predictor = Predictor(checkpoint)
     out = []
     for g in gs:
-        phases = node_phases(table, g)[0] if table is not None else None
+        phase_mb = node_phases(table, g) if table is not None else None
+        phases = phase_mb[0] if phase_mb is not None else None
         d, w, rel, ids, eids = apply_edits(g, parsed, phases)
         if parsed and not len(ids) and not len(eids):
             raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
@@ -95,7 +96,7 @@ def whatif(
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
 
-            data, edited = sample_for(g, d, table, base, w, rel)
+            data, edited = sample_for(g, d, table, base, w, rel, phase_mb)
             row["model"] = {"checkpoint": str(predictor.path), "step_us": predictor.step_times(data)}
             row["model"]["delta_us"] = {v: t - measured for v, t in row["model"]["step_us"].items()}
         else:
@@ -107,7 +108,7 @@ def whatif(
 
             if not is_pipeline(g, table):
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
-            parts = formula_parts(g, d, phases, node_phases(table, g)[1])
+            parts = formula_parts(g, d, *phase_mb)
             now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
             row["microbatches"] = {"from": parts["m"], "to": microbatches, "stages": parts["p"], "formula_delta_us": then - now,
                                    "step_us": measured + row["replay"]["delta_us"] + then - now}  # fmt: skip
@@ -127,6 +128,25 @@ def whatif(
     return out
 
 
+def _reference_pool(path, baseline, steps, config, gs: list[ExecutionGraph]) -> list[ExecutionGraph]:
+    """The steps typical durations come from: the baseline's, or all of the trace's own."""
+    if baseline is not None:
+        return build(baseline, None, config)[1]
+    return build(path, None, config)[1] if steps else gs
+
+
+def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -> tuple[list[ExecutionGraph], str]:
+    """(reference steps of ``g``, how to say where they came from): a baseline's steps, or the
+    trace's other steps without the first (warm-up) when there are three or more."""
+    if baseline:
+        return pool, "baseline"
+    if len(pool) >= 3 and all(r.step is not None for r in pool):
+        first = min(r.step for r in pool)
+        pool = [r for r in pool if r.step != first]
+    refs = [r for r in pool if r.step != g.step]
+    return refs, f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "other ranks"
+
+
 def blame(
     path: str | Path,
     baseline: str | Path | None = None,
@@ -141,16 +161,10 @@ def blame(
     else from the trace's other steps (the first one, warm-up, left out when there are three or
     more). The top nodes' savings are also predicted by the graph network (its default variant)."""
     from bottleneck_oracle.analysis.blame import blame as blame_graph
-    from bottleneck_oracle.analysis.blame import typical_durations
+    from bottleneck_oracle.analysis.cpm import run_cpm
 
     table, gs = build(path, steps, config)
-    if baseline is not None:
-        _, refs_all = build(baseline, None, config)
-    else:
-        _, refs_all = build(path, None, config) if steps else (table, gs)
-        if len(refs_all) >= 3:
-            first = min(g.step for g in refs_all if g.step is not None) if any(g.step is not None for g in refs_all) else None
-            refs_all = [g for g in refs_all if g.step != first]
+    pool = _reference_pool(path, baseline, steps, config, gs)
     predictor = None
     if use_model:
         from bottleneck_oracle.models.predict import Predictor
@@ -159,23 +173,28 @@ def blame(
         predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
     out = []
     for g in gs:
-        refs = [r for r in refs_all if baseline is not None or r.step != g.step]
-        b = blame_graph(g, refs, top)
+        refs, row_refs = _references(g, pool, baseline is not None)
+        base = run_cpm(g)
+        b = blame_graph(g, refs, top, base)
         row = b.to_dict()
         row["measured_us"] = max(g.measured.values())
-        row["references"] = (
-            "baseline" if baseline is not None else f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "other ranks"
-        )
+        row["references"] = row_refs
         if predictor is not None and b.nodes:
+            from bottleneck_oracle.models.baselines import node_phases
             from bottleneck_oracle.models.predict import sample_for
 
-            typical, _ = typical_durations(g, refs)
             (variant,) = predictor.variants
             row["model"] = {"checkpoint": str(predictor.path), "variant": variant}
-            for x in b.nodes[:5]:
-                d = g.nodes["mdur"].astype(float).copy()
-                d[x["id"]] = min(d[x["id"]], typical[x["id"]])
-                data, _ = sample_for(g, d, table if baseline is None else None)
+            phases = node_phases(table, g) if table is not None else None
+            for x in b.nodes[:5]:  # the same restoration the replay's saving is for
+                d, w, rel = g.nodes["mdur"].astype(float).copy(), g.edges["weight"].astype(float).copy(), g.release.astype(float).copy()
+                if x["kind"] == "op":
+                    d[x["id"]] = x["typical_us"]
+                elif "edge" in x:  # the untraced time after the op
+                    w[x["edge"]] = x["typical_us"]
+                else:  # the untraced time before a thread's first op, from the rank's step start
+                    rel[x["id"]] = g.rank_start(x["rank"]) + x["typical_us"]
+                data, _ = sample_for(g, d, table, base, w, rel, phases)
                 x["model_saving_us"] = row["measured_us"] - predictor.step_times(data)[variant]
         out.append(row)
     return out
@@ -194,8 +213,8 @@ def advise(
     """Per step: validated optimisation suggestions (llm.graphrag), from the offline recipe engine or
     from ``llm`` (an llm.client.ChatClient), with the blame they are based on."""
     table, gs = build(path, steps, config)
-    refs_all = build(baseline, None, config)[1] if baseline is not None else (build(path, None, config)[1] if steps else gs)
-    return advise_graphs(table, [StepAnalysis.of(g) for g in gs], refs_all, baseline is not None, checkpoint, use_model, llm, recipes)
+    pool = _reference_pool(path, baseline, steps, config, gs)
+    return advise_graphs(table, [StepAnalysis.of(g) for g in gs], pool, baseline is not None, checkpoint, use_model, llm, recipes)
 
 
 def advise_graphs(
@@ -220,17 +239,14 @@ def advise_graphs(
 
         predictor = Predictor(checkpoint)
     kb = load_recipes(recipes)
-    if not baseline and len(refs_all) >= 3 and all(g.step is not None for g in refs_all):
-        first = min(g.step for g in refs_all)
-        refs_all = [g for g in refs_all if g.step != first]  # the first step warms up
     out = []
     for a in analyses:
         g = a.graph
-        refs = [r for r in refs_all if baseline or r.step != g.step]
+        refs, row_refs = _references(g, refs_all, baseline)
         b = blame_graph(g, refs, 10, a.cpm)
-        phases = node_phases(table, g)[0] if table is not None else None
-        row = advise_step(a, b, phases, table, predictor, llm, recipes=kb).to_dict()
+        phase, mb = node_phases(table, g) if table is not None else (None, None)
+        row = advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb).to_dict()
         row["blame"] = b.to_dict()
-        row["references"] = "baseline" if baseline else f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "other ranks"
+        row["references"] = row_refs
         out.append(row)
     return out

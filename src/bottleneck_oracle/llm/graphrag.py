@@ -281,8 +281,11 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
     return out, problems
 
 
-def validate(s: Suggestion, g: ExecutionGraph, base: CPMResult, phases: np.ndarray | None, predictor=None, table=None) -> str | None:
-    """Replay (and predict) the suggestion; fills its savings. Returns why it is rejected, or None."""
+def validate(
+    s: Suggestion, g: ExecutionGraph, base: CPMResult, phases: np.ndarray | None, predictor=None, table=None, mb: np.ndarray | None = None
+) -> str | None:
+    """Replay (and predict) the suggestion; fills its savings. Returns why it is rejected, or None.
+    ``phases``, ``mb``: the two arrays of ``node_phases(table, g)``."""
     from bottleneck_oracle.analysis.cpm import run_cpm
 
     try:
@@ -297,7 +300,7 @@ def validate(s: Suggestion, g: ExecutionGraph, base: CPMResult, phases: np.ndarr
     if predictor is not None:
         from bottleneck_oracle.models.predict import sample_for
 
-        data, _ = sample_for(g, d, table, base, w, rel)
+        data, _ = sample_for(g, d, table, base, w, rel, (phases, mb) if phases is not None and mb is not None else None)
         measured = max(g.measured.values())
         s.model_saving_us = {v: measured - t for v, t in predictor.step_times(data).items()}
     if s.replay_saving_us <= 1e-3 * base.makespan:
@@ -344,7 +347,7 @@ class Advice:
 
 def advise(
     a: StepAnalysis, b: Blame | None, phases: np.ndarray | None = None, table=None, predictor=None, llm=None, k: int = 8,
-    recipes: list[Recipe] | None = None,
+    recipes: list[Recipe] | None = None, mb: np.ndarray | None = None,
 ) -> Advice:  # fmt: skip
     """Suggestions for one analysed step, each validated by the replay (and the model)."""
     recipes = recipes or load_recipes()
@@ -363,7 +366,7 @@ def advise(
         suggestions, problems = parse_llm_output(llm.chat(messages), by_id)
         generator = f"LLM {llm.model} at {llm.base_url}"
         rejected += [{"reason": p, "round": 1} for p in problems]
-    good, bad = _check(suggestions, a, phases, predictor, table)
+    good, bad = _check(suggestions, a, phases, predictor, table, mb)
     if llm is not None and (bad or (not good and rejected)):
         feedback = "These suggestions were rejected; fix them or drop them, and reply with the full JSON again:\n" + "\n".join(
             f"- {json.dumps(s.edits)}: {why}" for s, why in bad
@@ -371,7 +374,7 @@ def advise(
         messages = prompt(metrics, sub, candidates) + [{"role": "user", "content": fence(feedback)}]
         retry, problems = parse_llm_output(llm.chat(messages), by_id)
         rejected += [{"reason": p, "round": 2} for p in problems]
-        good2, bad2 = _check(retry, a, phases, predictor, table)
+        good2, bad2 = _check(retry, a, phases, predictor, table, mb)
         seen = {tuple(s.edits) for s in good}
         good += [s for s in good2 if tuple(s.edits) not in seen]
         bad = bad2
@@ -384,9 +387,9 @@ def advise(
     )  # fmt: skip
 
 
-def _check(suggestions, a: StepAnalysis, phases, predictor, table):
+def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb):
     good, bad = [], []
     for s in suggestions:
-        why = validate(s, a.graph, a.cpm, phases, predictor, table)
+        why = validate(s, a.graph, a.cpm, phases, predictor, table, mb)
         (bad.append((s, why)) if why else good.append(s))
     return good, bad

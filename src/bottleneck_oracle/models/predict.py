@@ -35,10 +35,11 @@ def is_pipeline(g: ExecutionGraph, table: EventTable | None) -> bool:
 
 def sample_for(
     g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
-    weight: np.ndarray | None = None, release: np.ndarray | None = None,
+    weight: np.ndarray | None = None, release: np.ndarray | None = None, phases: tuple[np.ndarray, np.ndarray] | None = None,
 ):  # fmt: skip
-    """The model input of ``g`` with modelled durations ``dur`` and edge latencies ``weight`` (a
-    what-if; None: as recorded)."""
+    """The model input of ``g`` with modelled durations ``dur``, edge latencies ``weight`` and
+    releases ``release`` (a what-if; None: as recorded). ``phases``: ``node_phases(table, g)``
+    if the caller has it (else computed from ``table``)."""
     from bottleneck_oracle.models.baselines import formula_step, node_phases
 
     ref = max(g.measured.values())
@@ -47,7 +48,9 @@ def sample_for(
     d1 = d0 if dur is None else np.asarray(dur, dtype=np.float64)
     edited = g if dur is None and weight is None and release is None else with_durations(g, d1, weight, release)
     r1 = base if edited is g else run_cpm(edited)
-    if table is not None:
+    if phases is not None:
+        phase, mb = phases
+    elif table is not None:
         phase, mb = node_phases(table, g)
     else:
         phase, mb = np.zeros(g.n_nodes, dtype=np.int8), np.full(g.n_nodes, -1, dtype=np.int16)
@@ -89,23 +92,7 @@ class Predictor:
 
         out = {}
         with torch.no_grad():
-            for v, model in self.models.items():
-                y = model(Batch.from_data_list([prepare(data.clone(), v)]))
+            for v in self.variants:
+                y = self.models[v](Batch.from_data_list([prepare(data.clone(), v)]))
                 out[v] = float(data.ref_step) * float(torch.exp(y["step"][0]))
         return out
-
-    def node_outputs(self, data, variant: str) -> dict[str, np.ndarray]:
-        """Predicted slack (µs) and criticality probability per node, in ExecutionGraph order."""
-        from torch_geometric.data import Batch
-
-        from bottleneck_oracle.models.hetero_gat import NODE_TYPES, prepare
-
-        with torch.no_grad():
-            y = self.models[variant](Batch.from_data_list([prepare(data.clone(), variant)]))
-        n = sum(int(data[t].num_nodes) for t in NODE_TYPES)
-        slack, crit = np.zeros(n), np.zeros(n)
-        for t in NODE_TYPES:
-            ids = data[t].node_id.numpy()
-            slack[ids] = np.expm1(y[f"slack_{t}"].numpy().clip(min=0)) * 1000.0
-            crit[ids] = torch.sigmoid(y[f"critical_{t}"]).numpy()
-        return {"slack_us": slack, "critical_p": crit}

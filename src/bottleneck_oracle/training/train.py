@@ -17,7 +17,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -195,7 +195,7 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
         raise OracleError(f"split {split}: no what-if samples to train on (the dataset has no perturbed steps with a baseline there)")
     ckpt: dict = {
         "format": FORMAT, "checkpoint_version": CHECKPOINT_VERSION, "feature_version": FEATURE_VERSION, "package_version": __version__,
-        "feature_schema": feature_schema(), "split": split, "config": _plain(cfg), "gat": {},
+        "feature_schema": feature_schema(), "split": split, "config": asdict(cfg), "gat": {},
         "counts": {"train_whatif": len(data.train_whatif), "train_graphs": len(data.train_plain), "val_whatif": len(data.val_whatif),
                    "test_whatif": len(data.test_whatif), "test_graphs": len(data.test_plain)},
     }  # fmt: skip
@@ -215,12 +215,6 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
     ckpt["mlp"] = {"n_in": int(x.shape[1]), "state": mlp.state_dict()}
     ckpt["xgboost"] = bytes(fit_xgb(x, y, xv, yv, cfg.seed).save_raw("json")).decode()
     return ckpt
-
-
-def _plain(cfg: ModelsConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
 
 
 def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
