@@ -231,7 +231,7 @@ def longest_on_critical_path(g: ExecutionGraph, cpm: CPMResult | None = None, k:
 def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
     """Naive culprit finder 2: the ops most slower than the same op on the other ranks (no
     counterpart: deviation = its whole duration)."""
-    typical, _ = typical_durations(g, [])
-    dev = g.nodes["mdur"] - typical
+    typical, source = typical_durations(g, [])
+    dev = g.nodes["mdur"] - np.where(source == 0, 0.0, typical)
     dev[g.nodes["category"] == Category.BARRIER] = -np.inf
     return [int(i) for i in np.argsort(-dev)[:k]]
