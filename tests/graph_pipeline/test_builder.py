@@ -186,3 +186,17 @@ def test_parallel_build_equals_sequential(monkeypatch):
             assert np.array_equal(a.nodes[k], b.nodes[k], equal_nan=True), k
         for k in a.edges:
             assert np.array_equal(a.edges[k], b.edges[k]), k
+
+
+def test_a_send_pair_ends_when_its_transfer_did_unless_the_send_was_buffered():
+    """An isend whose span closes when the program waits on it (late) ends with its receive; a
+    send that ended before the receive was posted keeps its own end (it waited for nobody)."""
+    from bottleneck_oracle.graph_pipeline.collectives import modelled_ends
+    from bottleneck_oracle.graph_pipeline.schema import CollectiveKind as K
+
+    start = np.array([0.0, 10.0, 20.0, 40.0, 50.0])
+    end = np.array([100.0, 12.0, 25.0, 45.0, 200.0])  # pair 0: send closed late; pair 1: buffered; 4: compute
+    ckind = np.array([K.SEND, K.RECV, K.SEND, K.RECV, -1])
+    inst = np.array([0, 0, 1, 1, -1])
+    out = modelled_ends(start, end, ckind, inst)
+    assert out.tolist() == [12.0, 12.0, 25.0, 45.0, 200.0]

@@ -95,9 +95,12 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
     start = np.concatenate([nd["start"], arrival])
     end = np.concatenate([raw.end, arrival])
 
-    # a send does not wait for its receiver (gloo and NCCL buffer it); every other participant does
-    sends = member[nd["coll_kind"][member] == CollectiveKind.SEND]
-    waiting = member[nd["coll_kind"][member] != CollectiveKind.SEND]
+    # a send that ended before its receiver arrived was buffered: it did not wait for it; one
+    # still running when the receive was posted (gloo's rendezvous waits for the receiver's
+    # buffer; large NCCL messages too) waited like every other participant
+    buffered = (nd["coll_kind"][member] == CollectiveKind.SEND) & (raw.end[member] < arrival[inst[member]])
+    sends = member[buffered]
+    waiting = member[~buffered]
     mstart = start.copy()
     mstart[waiting] = np.clip(arrival[inst[waiting]], start[waiting], end[waiting])
     ws, wd = src[is_wait], dst[is_wait]

@@ -10,6 +10,11 @@ barrier) finish together: the last data exchange completes on every rank at
 about the same time. A backend thread that is descheduled can close its trace
 span later than that (seen on gloo under CPU contention), so the modelled end of
 each participant is the earliest recorded end of the instance.
+
+A send/recv pair is treated the same way, unless the send ended before the receiver arrived
+(buffered: it keeps its own end and waits for nobody). Asynchronous sends and receives
+(isend/irecv) close their spans only when the program waits on them, often at the end of the
+step; the pair's transfer was over when the first side saw it complete.
 """
 
 from __future__ import annotations
@@ -70,13 +75,20 @@ def match_instances(
 
 
 def modelled_ends(start: np.ndarray, end: np.ndarray, ckind: np.ndarray, inst: np.ndarray) -> np.ndarray:
-    """End of every node (µs): recorded, except participants of symmetric collectives, which
-    end when the first participant ended (but not before the last one arrived)."""
+    """End of every node (µs): recorded, except participants of symmetric collectives and of
+    unbuffered send/recv pairs, which end when the first participant ended (but not before the
+    last one arrived)."""
     end = end.copy()
-    sym = np.flatnonzero((inst >= 0) & np.isin(ckind, SYMMETRIC))
+    n = int(inst.max()) + 1 if len(inst) else 0
+    if n == 0:
+        return end
+    p2p = (inst >= 0) & np.isin(ckind, P2P_KINDS)
+    arrival = np.full(n, -np.inf)
+    np.maximum.at(arrival, inst[p2p], start[p2p])
+    buffered = p2p & (ckind == CollectiveKind.SEND) & (end < arrival[np.maximum(inst, 0)])
+    sym = np.flatnonzero((inst >= 0) & (np.isin(ckind, SYMMETRIC) | (p2p & ~buffered)))
     if not len(sym):
         return end
-    n = int(inst.max()) + 1
     first_end = np.full(n, np.inf)
     np.minimum.at(first_end, inst[sym], end[sym])
     last_start = np.full(n, -np.inf)
