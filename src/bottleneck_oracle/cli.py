@@ -67,7 +67,7 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
             _ms(a.measured),
             _ms(a.step_time),
             f"{err_pct:+.2f}%",
-            _ms(a.cpm.makespan),
+            _ms(a.cpm.window),
             *[_ms(b[k]) for k in BREAKDOWN_KEYS],
         )
     out.print(t)

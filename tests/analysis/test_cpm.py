@@ -74,3 +74,17 @@ def test_makespan_matches_the_measured_step_within_1_percent(path):
         measured = max(g.measured.values())
         makespan = run_cpm(g).makespan
         assert abs(makespan - measured) <= 0.01 * measured, f"step {g.step}: makespan {makespan:.1f} µs vs measured {measured:.1f} µs"
+
+
+def test_the_objective_is_the_slowest_ranks_own_span_not_the_merged_window():
+    # rank 0: A(10) from its step start 0; rank 1 starts its step at 8: B(5) ends at 13.
+    g = make_graph([10, 5], [], [0.0, 8.0])
+    g.nodes["rank"] = np.array([0, 1], dtype=np.int32)
+    g.meta["rank_start_us"] = {"0": 0.0, "1": 8.0}
+    r = run_cpm(g)
+    assert (r.makespan, r.window) == (10.0, 13.0)  # rank 0's span is the step; rank 1's is 5
+    assert r.path.tolist() == [0] and r.slack.tolist() == [0.0, 5.0]  # B may grow to rank 0's span
+    from bottleneck_oracle.analysis.whatif import single_node_makespans
+
+    assert single_node_makespans(g, np.array([1, 1, 0]), np.array([4.0, 7.0, -3.0])).tolist() == [10.0, 12.0, 7.0]
+    assert run_cpm(g, dur=np.array([10.0, 12.0])).makespan == 12.0 and run_cpm(g, dur=np.array([7.0, 5.0])).makespan == 7.0

@@ -1,8 +1,15 @@
 """Exact critical path method on an ExecutionGraph, on arrays (numba-compiled passes).
 
 EST/EFT by a forward pass in topological order, LST/LFT by a backward pass from
-the makespan, slack = LST - EST, and the critical path by following, from the
-last-finishing node, the predecessor that determined each start.
+the deadlines, slack = LST - EST, and the critical path by following, from the
+node that ends the step, the predecessor that determined each start.
+
+The objective ("makespan") is the step time as the profiler measures it: the slowest rank's
+span from its own step start to the end of its last op. Ranks start a step at different
+times (a pipeline's last stage finishes a step early and starts the next one early, then
+waits), so this is not the merged window (first rank's start to last op's end, ``window``).
+Every node's deadline is its rank's step start + the step time; a node's slack is how much it
+can grow before its own rank's, or any rank's, step gets longer than the slowest one.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ class CPMResult:
     lst: np.ndarray  # float64 µs, latest start that keeps the makespan
     lft: np.ndarray  # float64 µs
     slack: np.ndarray  # float64 µs, lst - est (>= 0)
-    makespan: float  # µs
+    makespan: float  # µs, the step time: max over ranks of (end of its last op - its step start)
     path: np.ndarray  # int64 node ids of the critical path, in time order
     path_edges: np.ndarray  # int64 edge ids between consecutive path nodes
     pred: np.ndarray  # int64, the determining in-edge of each node (-1 if its release decided)
+    window: float = 0.0  # µs, from the window start to the last op's end
+    path_origin: float = 0.0  # µs, step start of the rank whose span is the step time
 
     @property
     def critical(self) -> np.ndarray:
@@ -73,7 +82,7 @@ def _topo(n, src, dst):
 
 
 @numba.njit(cache=True)
-def _passes(n, dur, release, src, dst, w, topo, out_ptr, out_order):
+def _passes(n, dur, release, origin, src, dst, w, topo, out_ptr, out_order):
     in_ptr, in_order = _csr(n, dst)
     est = np.empty(n)
     pred = np.full(n, -1, dtype=np.int64)
@@ -91,11 +100,11 @@ def _passes(n, dur, release, src, dst, w, topo, out_ptr, out_order):
         est[v] = best
         pred[v] = arg
     eft = est + dur
-    makespan = eft.max() if n else 0.0
+    makespan = (eft - origin).max() if n else 0.0
     lft = np.empty(n)
     for i in range(len(topo) - 1, -1, -1):
         v = topo[i]
-        best = makespan
+        best = makespan + origin[v]
         for j in range(out_ptr[v], out_ptr[v + 1]):
             e = out_order[j]
             t = lft[dst[e]] - dur[dst[e]] - w[e]
@@ -103,6 +112,20 @@ def _passes(n, dur, release, src, dst, w, topo, out_ptr, out_order):
                 best = t
         lft[v] = best
     return est, eft, lft, pred, makespan
+
+
+def origins(g: ExecutionGraph) -> np.ndarray:
+    """Per node, the step start of its rank (µs from the window start); for barriers, which span
+    ranks, the latest rank start (they end no rank's step)."""
+    rank = g.nodes["rank"]
+    ranks = np.unique(rank[rank >= 0])
+    starts = np.array([g.rank_start(int(r)) for r in ranks])
+    out = np.full(g.n_nodes, starts.max() if len(starts) else 0.0)
+    if len(ranks):
+        pos = np.searchsorted(ranks, rank)
+        ok = rank >= 0
+        out[ok] = starts[pos[ok]]
+    return out
 
 
 def topological_order(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -130,15 +153,18 @@ def run_cpm(
         stuck = np.flatnonzero(~seen)[:5]
         desc = "; ".join(f"{g.node_name(i)[:60]!r} rank {g.nodes['rank'][i]} at {g.nodes['start'][i]:.1f} µs" for i in stuck)
         raise GraphError(f"dependency cycle while building the graph of step {g.step}: {n - len(topo)} nodes involved, e.g. {desc}")
+    origin = origins(g)
     est, eft, lft, pred, makespan = _passes(
-        n, d, (g.release if release is None else release).astype(np.float64), src, dst, w, topo, out_ptr, out_order
+        n, d, (g.release if release is None else release).astype(np.float64), origin, src, dst, w, topo, out_ptr, out_order
     )
     lst = lft - d
     slack = np.maximum(lst - est, 0.0)
     path_nodes = []
     path_edges = []
+    path_origin = 0.0
     if n:
-        v = int(np.argmax(eft))
+        v = int(np.argmax(eft - origin))
+        path_origin = float(origin[v])
         while v >= 0:
             path_nodes.append(v)
             e = int(pred[v])
@@ -156,11 +182,13 @@ def run_cpm(
         path=np.array(path_nodes[::-1], dtype=np.int64),
         path_edges=np.array(path_edges[::-1], dtype=np.int64),
         pred=pred,
+        window=float(eft.max()) if n else 0.0,
+        path_origin=path_origin,
     )
 
 
 @numba.njit(cache=True)
-def _edited_makespans(dur, release, src, w, topo, in_ptr, in_order, vs, new_dur):
+def _edited_makespans(dur, release, origin, src, w, topo, in_ptr, in_order, vs, new_dur):
     """Makespan after each single edit dur[vs[k]] = new_dur[k] (forward passes only)."""
     n = len(dur)
     out = np.empty(len(vs))
@@ -169,7 +197,7 @@ def _edited_makespans(dur, release, src, w, topo, in_ptr, in_order, vs, new_dur)
         v = vs[k]
         old = dur[v]
         dur[v] = new_dur[k]
-        best_all = 0.0
+        best_all = -np.inf
         for t in topo:
             best = release[t]
             for j in range(in_ptr[t], in_ptr[t + 1]):
@@ -180,9 +208,9 @@ def _edited_makespans(dur, release, src, w, topo, in_ptr, in_order, vs, new_dur)
             if best == -np.inf:
                 best = 0.0
             est[t] = best
-            if best + dur[t] > best_all:
-                best_all = best + dur[t]
-        out[k] = best_all
+            if best + dur[t] - origin[t] > best_all:
+                best_all = best + dur[t] - origin[t]
+        out[k] = best_all if n else 0.0
         dur[v] = old
     return out
 
@@ -196,6 +224,6 @@ def makespans_after(g: ExecutionGraph, ids: np.ndarray, new_dur: np.ndarray) -> 
     topo, _, _ = _topo(n, src, dst)
     in_ptr, in_order = _csr(n, dst)
     return _edited_makespans(
-        g.nodes["mdur"].astype(np.float64).copy(), g.release.astype(np.float64), src, g.edges["weight"].astype(np.float64),
+        g.nodes["mdur"].astype(np.float64).copy(), g.release.astype(np.float64), origins(g), src, g.edges["weight"].astype(np.float64),
         topo, in_ptr, in_order, np.asarray(ids, dtype=np.int64), np.asarray(new_dur, dtype=np.float64),
     )  # fmt: skip

@@ -42,8 +42,8 @@ class StepAnalysis:
 
     @property
     def step_time(self) -> float:
-        """Predicted step time: the slowest rank's CPM step time (µs)."""
-        return max(self.rank_step_times().values())
+        """Predicted step time: the slowest rank's CPM step time (µs), the CPM's objective."""
+        return self.cpm.makespan
 
     def node_class(self) -> np.ndarray:
         """Breakdown class per node: 0 compute, 1 communication, 2 CPU overhead."""
@@ -58,7 +58,8 @@ class StepAnalysis:
         return out
 
     def breakdown(self) -> dict[str, float]:
-        """Critical path time by class (µs); the four parts add up to the makespan."""
+        """Critical path time by class (µs); the four parts add up to the makespan (the step time:
+        idle counts from the step start of the rank whose span it is)."""
         g, r = self.graph, self.cpm
         parts = np.zeros(4)
         if not len(r.path):
@@ -66,7 +67,7 @@ class StepAnalysis:
         klass = self.node_class()
         d = g.nodes["mdur"]
         np.add.at(parts, klass[r.path], d[r.path])
-        parts[3] += r.est[r.path[0]]  # from the window start to the first op
+        parts[3] += r.est[r.path[0]] - r.path_origin  # from the step start of the slowest rank to the first op
         for e in r.path_edges.tolist():
             w = float(g.edges["weight"][e])
             src = int(g.edges["src"][e])
@@ -87,7 +88,7 @@ class StepAnalysis:
         t[r.path] = g.nodes["mdur"][r.path]
         if with_gaps and len(r.path):
             t[r.path[1:]] += g.edges["weight"][r.path_edges]
-            t[r.path[0]] += r.est[r.path[0]]
+            t[r.path[0]] += r.est[r.path[0]] - r.path_origin
         return t
 
     def top_ops(self, k: int = 20) -> list[dict]:
@@ -184,6 +185,7 @@ class StepAnalysis:
             "step_time_us": step_time,
             "step_time_error": (step_time - self.measured) / self.measured if self.measured else 0.0,
             "makespan_us": r.makespan,
+            "window_us": r.window,
             "counts": g.summary_counts(),
             "breakdown_us": self.breakdown(),
             "top_ops": self.top_ops(top),

@@ -162,7 +162,7 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: dic
                     f"{a.measured / 1000:.3f}",
                     f"{a.step_time / 1000:.3f}",
                     f"{100 * (a.step_time - a.measured) / (a.measured or 1):+.2f}%",
-                    f"{a.cpm.makespan / 1000:.3f}",
+                    f"{a.cpm.window / 1000:.3f}",
                     *[f"{a.breakdown()[k] / 1000:.3f}" for k in BREAKDOWN_KEYS],
                 ]
                 for a in analyses
