@@ -51,7 +51,7 @@ def main() -> int:
             b = blame(g, refs, top=3, cpm=cpm)
             seconds.append(time.perf_counter() - t0)
             ranked = {
-                methods[0]: [x["id"] for x in b.nodes],
+                methods[0]: [x["id"] if x["kind"] == "op" else -1 for x in b.nodes],  # the injected range itself, not the time after it
                 methods[1]: longest_on_critical_path(g, cpm),
                 methods[2]: largest_rank_deviation(g),
             }

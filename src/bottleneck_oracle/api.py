@@ -144,7 +144,7 @@ def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -
         first = min(r.step for r in pool)
         pool = [r for r in pool if r.step != first]
     refs = [r for r in pool if r.step != g.step]
-    return refs, f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "other ranks"
+    return refs, f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "peer ranks"
 
 
 def blame(

@@ -3,12 +3,18 @@
 The counterfactual of every node: restore it to its typical duration and replay. A node's
 typical duration is the median modelled duration of its counterparts: the same op (same rank,
 same name, same occurrence in the step) in the reference steps (the other steps of the trace,
-or a baseline trace) and on the other ranks of the same step, the smaller of the two where both
-exist (so a rank that is slow in every step is still seen). An op with no counterpart at all
+or a baseline trace) and on the rank's peers in the same step, the smaller of the two where both
+exist (so a rank that is slow in every step is still seen). Peers are ranks that run the same
+program: members of one collective (data or tensor parallel replicas). Pipeline stages, which
+only exchange point-to-point messages, run different layers and are not compared. An op with no counterpart at all
 (work that normally does not happen) is typically absent: 0 µs; with nothing to compare
 against (one rank and no reference step) nothing is blamed. The untraced time after an op on
 its thread (Python code, sleeps, anything not profiled: the program-order latency) is a
-candidate too, restored the same way. Its
+candidate too, restored the same way, and so is the untraced time from a rank's step start to a
+thread's first op. A candidate must exceed its typical by more than its own step-to-step
+variation (3 robust standard deviations of its counterparts, and at least 20 µs): a gap that
+is 2-10 ms from step to step is not blamed for being 9 ms once; work that never happens
+elsewhere always is. Its
 causal contribution is the step time the restoration saves (exact, via the replay); a node
 faster than typical contributes nothing. Ranks and op kinds are restored as a whole (one
 replay each), and their saving is reported as a share of the saving of restoring everything.
@@ -24,9 +30,10 @@ import numpy as np
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.whatif import single_edge_makespans, single_node_makespans
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
 
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
+NOISE_SIGMAS = 3.0  # nor by less than this many robust standard deviations of its own variation
 
 
 def _keys(g: ExecutionGraph) -> list[tuple]:
@@ -43,6 +50,34 @@ def _keys(g: ExecutionGraph) -> list[tuple]:
     return keys
 
 
+_SPMD = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_TO_ALL)
+
+
+def peer_groups(g: ExecutionGraph) -> dict[int, int]:
+    """Rank -> peer group id: ranks joined (transitively) by an all-reduce, all-gather,
+    reduce-scatter or all-to-all of the step run the same program; every other rank is alone."""
+    parent = {int(r): int(r) for r in g.ranks}
+
+    def find(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    e, n = g.edges, g.nodes
+    m = (e["kind"] == EdgeKind.COLLECTIVE_SYNC) & np.isin(n["coll_kind"][e["dst"]], [int(k) for k in _SPMD])
+    members: dict[int, set[int]] = defaultdict(set)
+    for src, dst in zip(e["src"][m], e["dst"][m]):
+        r = int(n["rank"][dst])
+        if r in parent:
+            members[int(src)].add(r)
+    for ranks in members.values():
+        first, *rest = ranks
+        for r in rest:
+            parent[find(r)] = find(first)
+    return {r: find(r) for r in parent}
+
+
 def _gaps(g: ExecutionGraph) -> np.ndarray:
     """Per node, the id of its positive program-order out-edge on a CPU thread (untraced time after it), or -1."""
     e = g.edges
@@ -53,8 +88,18 @@ def _gaps(g: ExecutionGraph) -> np.ndarray:
     return out
 
 
-def _typical(values: np.ndarray, keys: list[tuple], references: list[tuple[list[tuple], np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Median of each key's values in the references and on the other ranks; the smaller where both exist."""
+def _robust(vals: list[float]) -> tuple[float, float]:
+    """(median, robust standard deviation: 1.4826 x the median absolute deviation)."""
+    med = float(np.median(vals))
+    return med, 1.4826 * float(np.median(np.abs(np.asarray(vals) - med)))
+
+
+def _typical(
+    values: np.ndarray, keys: list[tuple], references: list[tuple[list[tuple], np.ndarray]], groups: dict[int, int] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Median (and robust spread) of each key's values in the references and on the peer ranks
+    (``groups``: rank -> peer group; None: every rank is a peer); the smaller median where both exist."""
+    peer = (lambda key: (0, *key[1:])) if groups is None else (lambda key: (groups.get(key[0], key[0]), *key[1:]))
     seen: dict[tuple, list[float]] = defaultdict(list)
     for ref_keys, ref_values in references:
         for key, v in zip(ref_keys, ref_values):
@@ -63,22 +108,23 @@ def _typical(values: np.ndarray, keys: list[tuple], references: list[tuple[list[
     across: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for i, (key, v) in enumerate(zip(keys, values)):
         if v >= 0:
-            across[key[1:]].append((i, float(v)))
+            across[peer(key)].append((i, float(v)))
     typical = np.zeros(len(keys))
+    spread = np.zeros(len(keys))
     source = np.zeros(len(keys), dtype=np.int8)
     for i, key in enumerate(keys):
         est = []
         if references:  # a reference step without this op did not run it: 0 µs there
             vals = seen.get(key, [])
-            est.append((float(np.median(vals + [0.0] * (len(references) - len(vals)))), 2))
-        others = [v for j, v in across[key[1:]] if j != i]
+            est.append((*_robust(vals + [0.0] * (len(references) - len(vals))), 2))
+        others = [v for j, v in across[peer(key)] if j != i]
         if others:
-            est.append((float(np.median(others)), 1))
+            est.append((*_robust(others), 1))
         if est:
-            typical[i], source[i] = min(est)
+            typical[i], spread[i], source[i] = min(est)
         else:  # nothing to compare with (one rank, no reference step): no excess claimed
             typical[i] = max(float(values[i]), 0.0)
-    return typical, source
+    return typical, source, spread
 
 
 def _leads(g: ExecutionGraph) -> np.ndarray:
@@ -90,17 +136,20 @@ def _leads(g: ExecutionGraph) -> np.ndarray:
     return np.where(ok, np.maximum(np.where(ok, rel, 0.0) - start, 0.0), -1.0)
 
 
-Keys = tuple[list[tuple], list[list[tuple]]]  # (_keys of the step, _keys of each reference)
+Keys = tuple[list[tuple], list[list[tuple]], dict[int, int]]  # (_keys of the step, of each reference, peer_groups)
 
 
 def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph]) -> Keys:
-    return _keys(g), [_keys(r) for r in references]
+    return _keys(g), [_keys(r) for r in references], peer_groups(g)
 
 
-def typical_durations(g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(typical modelled duration µs, where it came from: 2 reference steps, 1 other ranks, 0 none)."""
-    gk, rks = keys or _all_keys(g, references)
-    return _typical(g.nodes["mdur"], gk, [(k, r.nodes["mdur"]) for k, r in zip(rks, references)])
+def typical_durations(
+    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None, all_ranks: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(typical modelled duration µs, where it came from: 2 reference steps, 1 peer ranks, 0 none,
+    its robust spread µs there). ``all_ranks``: compare with every other rank, peers or not."""
+    gk, rks, groups = keys or _all_keys(g, references)
+    return _typical(g.nodes["mdur"], gk, [(k, r.nodes["mdur"]) for k, r in zip(rks, references)], None if all_ranks else groups)
 
 
 def _gap_weights(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
@@ -110,23 +159,23 @@ def _gap_weights(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
 
 def typical_gaps(
     g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(program-order edge id after each node or -1, its latency µs, its typical latency µs,
-    source) for the untraced time after each node."""
-    gk, rks = keys or _all_keys(g, references)
+    source, spread µs) for the untraced time after each node."""
+    gk, rks, groups = keys or _all_keys(g, references)
     gap, w = _gap_weights(g)
-    typical, source = _typical(w, gk, [(k, _gap_weights(r)[1]) for k, r in zip(rks, references)])
-    return gap, w, typical, source
+    typical, source, spread = _typical(w, gk, [(k, _gap_weights(r)[1]) for k, r in zip(rks, references)], groups)
+    return gap, w, typical, source, spread
 
 
 def typical_leads(
     g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(untraced time before each thread's first op of the step or -1, its typical, source)."""
-    gk, rks = keys or _all_keys(g, references)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(untraced time before each thread's first op of the step or -1, its typical, source, spread)."""
+    gk, rks, groups = keys or _all_keys(g, references)
     lead = _leads(g)
-    typical, source = _typical(lead, gk, [(k, _leads(r)) for k, r in zip(rks, references)])
-    return lead, typical, source
+    typical, source, spread = _typical(lead, gk, [(k, _leads(r)) for k, r in zip(rks, references)], groups)
+    return lead, typical, source, spread
 
 
 @dataclass(slots=True)
@@ -152,25 +201,30 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     base = cpm or run_cpm(g)
     n = g.nodes
     keys = _all_keys(g, references)
-    typical, source = typical_durations(g, references, keys)
+    typical, source, spread = typical_durations(g, references, keys)
     d = n["mdur"].astype(np.float64)
     real = n["category"] != Category.BARRIER
-    restored = np.where(real, np.minimum(d, typical), d)
+    slower = real & (d - typical > np.maximum(MIN_EXCESS_US, NOISE_SIGMAS * spread))
+    restored = np.where(slower, typical, d)
     excess = d - restored
-    cand = np.flatnonzero(excess > MIN_EXCESS_US)
+    cand = np.flatnonzero(slower)
     saving = base.makespan - single_node_makespans(g, cand, -excess[cand], base) if len(cand) else np.zeros(0)
     # untraced time after a node on its thread (program-order latency), against its typical
-    gap, gap_w, gap_typical, gap_source = typical_gaps(g, references, keys)
+    gap, gap_w, gap_typical, gap_source, gap_spread = typical_gaps(g, references, keys)
     w = g.edges["weight"].astype(np.float64)
-    gap_excess = np.where(gap >= 0, gap_w - np.minimum(gap_w, gap_typical), 0.0)
-    gcand = np.flatnonzero(gap_excess > MIN_EXCESS_US)
+    gap_excess = np.where(
+        (gap >= 0) & (gap_w - gap_typical > np.maximum(MIN_EXCESS_US, NOISE_SIGMAS * gap_spread)), gap_w - gap_typical, 0.0
+    )
+    gcand = np.flatnonzero(gap_excess > 0)
     gsaving = base.makespan - single_edge_makespans(g, gap[gcand], -gap_excess[gcand], base) if len(gcand) else np.zeros(0)
     restored_w = w.copy()
     restored_w[gap[gcand]] -= gap_excess[gcand]
     # untraced time before a thread's first op of the step
-    lead, lead_typical, lead_source = typical_leads(g, references, keys)
-    lead_excess = np.where(lead >= 0, lead - np.minimum(lead, lead_typical), 0.0)
-    lcand = np.flatnonzero(lead_excess > MIN_EXCESS_US)
+    lead, lead_typical, lead_source, lead_spread = typical_leads(g, references, keys)
+    lead_excess = np.where(
+        (lead >= 0) & (lead - lead_typical > np.maximum(MIN_EXCESS_US, NOISE_SIGMAS * lead_spread)), lead - lead_typical, 0.0
+    )
+    lcand = np.flatnonzero(lead_excess > 0)
     restored_rel = g.release.astype(np.float64).copy()
     restored_rel[lcand] -= lead_excess[lcand]
     lsaving = []
@@ -185,19 +239,19 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     everything = run_cpm(g, restored, restored_w, restored_rel).makespan
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
-    src_names = ("none", "other ranks", "reference steps")
+    src_names = ("none", "peer ranks", "reference steps")
     for sav, _, kind, i in items[:top]:
         if kind == "op":
             out.nodes.append({"id": i, "kind": "op", "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]),
-                              "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "saving_us": sav,
+                              "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "spread_us": float(spread[i]), "saving_us": sav,
                               "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
         elif kind == "lead":
             out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time before {g.node_name(i)} (from the step start)", "rank": int(n["rank"][i]),
-                              "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]],
+                              "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]], "spread_us": float(lead_spread[i]),
                               "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
         else:
             out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
-                              "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]],
+                              "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]], "spread_us": float(gap_spread[i]),
                               "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i]), "edge": int(gap[i])})  # fmt: skip
     for rank in g.ranks:
         m = n["rank"] == rank
@@ -229,9 +283,9 @@ def longest_on_critical_path(g: ExecutionGraph, cpm: CPMResult | None = None, k:
 
 
 def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
-    """Naive culprit finder 2: the ops most slower than the same op on the other ranks (no
-    counterpart: deviation = its whole duration)."""
-    typical, source = typical_durations(g, [])
+    """Naive culprit finder 2: the ops most slower than the same op on the other ranks (every
+    other rank, peer or not; no counterpart: deviation = its whole duration)."""
+    typical, source, _ = typical_durations(g, [], all_ranks=True)
     dev = g.nodes["mdur"] - np.where(source == 0, 0.0, typical)
     dev[g.nodes["category"] == Category.BARRIER] = -np.inf
     return [int(i) for i in np.argsort(-dev)[:k]]
