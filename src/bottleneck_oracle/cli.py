@@ -431,6 +431,9 @@ def blame(
                 f"{100 * x['share']:.0f}%", "—" if model is None else _ms(model),
             )  # fmt: skip
         out.print(t)
+        slow = "; ".join(f"{x['name'][:40]} (rank {x['rank']}) +{_ms(x['dur_us'] - x['typical_us'])} ms, saves {_ms(x['saving_us'])}"
+                         for x in r["anomalies"][:5])  # fmt: skip
+        out.print(Text(f"Most slower than typical: {slow or '—'}"))
         ranks = ", ".join(f"rank {x['rank']} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ranks"])
         out.print(f"By rank: {ranks}", highlight=False)
         ops = "; ".join(f"{x['name'][:40]} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ops"][:5])

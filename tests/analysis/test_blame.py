@@ -27,3 +27,35 @@ def test_the_injected_op_is_found_on_a_dp_run(generated_grid):
         # an op no other rank runs deviates by its whole duration
         assert largest_rank_deviation(g, 1)[0] in culprit
     assert injected
+
+
+def test_pipeline_stages_are_not_peers_and_the_injection_is_found(generated_grid):
+    from bottleneck_oracle.analysis.blame import peer_groups
+
+    raw, _ = generated_grid
+    rows = [json.loads(line) for line in (raw / "manifest.jsonl").read_text().splitlines()]
+    for layout, alone in (("dp2", False), ("pp2", True)):
+        run = next(p for p in raw.iterdir() if layout in p.name and p.is_dir())
+        _, graphs = build(run)
+        by_step = {g.step: g for g in graphs}
+        groups = peer_groups(graphs[-1])
+        assert (groups[0] != groups[1]) == alone  # DP replicas share an all-reduce; PP stages only send/recv
+        for r in (r for r in rows if r["run_id"] == run.name and r["injection"]):
+            g = by_step[r["step"]]
+            refs = [h for s, h in by_step.items() if s not in (r["step"], min(by_step))]
+            b = blame(g, refs, top=3)
+            top = b.nodes[0]
+            assert g.node_name(top["id"]).startswith("oracle_inject:") and top["kind"] == "op", (run.name, r["step"], top)
+            assert top["rank"] == r["injection"]["rank"]
+            # also among the ops most slower than typical (there with the waits it caused elsewhere)
+            assert top["id"] in [x["id"] for x in b.anomalies if x["kind"] == "op"]
+
+
+def test_a_value_inside_its_counterparts_usual_spread_is_not_an_outlier():
+    from bottleneck_oracle.analysis.blame import _robust
+
+    usual = [2.5] * 10 + [10.0] * 6  # a gap that is 10 ms in 6 of 16 steps (seen on medium PP runs)
+    med, noise = _robust(usual)
+    assert med == 2.5 and 9.0 - med < noise  # 9 ms once is not blamed
+    med, noise = _robust([0.0] * 14 + [20.0] * 2)  # work that happened in 2 of 16 steps only
+    assert (med, noise) == (0.0, 0.0)  # any occurrence of it is

@@ -11,12 +11,14 @@ only exchange point-to-point messages, run different layers and are not compared
 against (one rank and no reference step) nothing is blamed. The untraced time after an op on
 its thread (Python code, sleeps, anything not profiled: the program-order latency) is a
 candidate too, restored the same way, and so is the untraced time from a rank's step start to a
-thread's first op. A candidate must exceed its typical by more than its own step-to-step
-variation (3 robust standard deviations of its counterparts, and at least 20 µs): a gap that
-is 2-10 ms from step to step is not blamed for being 9 ms once; work that never happens
-elsewhere always is. Its
+thread's first op. A candidate must exceed its typical by at least 20 µs and lie above
+the upper outlier fence of its counterparts (Q3 + 1.5 IQR, Tukey's rule): a gap that is 2.5 ms
+in most steps and 10 ms in a quarter of them is not blamed for being 9 ms once; work that never
+happens elsewhere always is. Its
 causal contribution is the step time the restoration saves (exact, via the replay); a node
-faster than typical contributes nothing. Ranks and op kinds are restored as a whole (one
+faster than typical contributes nothing. The same candidates are also listed by how much
+slower than typical they were (``anomalies``), whatever they cost: a delay that overlapped
+waiting shows there with its (zero) saving and its slack. Ranks and op kinds are restored as a whole (one
 replay each), and their saving is reported as a share of the saving of restoring everything.
 """
 
@@ -33,7 +35,7 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
 
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
-NOISE_SIGMAS = 3.0  # nor by less than this many robust standard deviations of its own variation
+TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 
 
 def _keys(g: ExecutionGraph) -> list[tuple]:
@@ -89,15 +91,15 @@ def _gaps(g: ExecutionGraph) -> np.ndarray:
 
 
 def _robust(vals: list[float]) -> tuple[float, float]:
-    """(median, robust standard deviation: 1.4826 x the median absolute deviation)."""
-    med = float(np.median(vals))
-    return med, 1.4826 * float(np.median(np.abs(np.asarray(vals) - med)))
+    """(median, noise: how far above the median the upper outlier fence Q3 + K x IQR lies)."""
+    q1, med, q3 = np.quantile(vals, [0.25, 0.5, 0.75])
+    return float(med), float(q3 + TUKEY_K * (q3 - q1) - med)
 
 
 def _typical(
     values: np.ndarray, keys: list[tuple], references: list[tuple[list[tuple], np.ndarray]], groups: dict[int, int] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median (and robust spread) of each key's values in the references and on the peer ranks
+    """Median (and noise margin, see _robust) of each key's values in the references and on the peer ranks
     (``groups``: rank -> peer group; None: every rank is a peer); the smaller median where both exist."""
     peer = (lambda key: (0, *key[1:])) if groups is None else (lambda key: (groups.get(key[0], key[0]), *key[1:]))
     seen: dict[tuple, list[float]] = defaultdict(list)
@@ -110,7 +112,7 @@ def _typical(
         if v >= 0:
             across[peer(key)].append((i, float(v)))
     typical = np.zeros(len(keys))
-    spread = np.zeros(len(keys))
+    noise = np.zeros(len(keys))
     source = np.zeros(len(keys), dtype=np.int8)
     for i, key in enumerate(keys):
         est = []
@@ -121,10 +123,10 @@ def _typical(
         if others:
             est.append((*_robust(others), 1))
         if est:
-            typical[i], spread[i], source[i] = min(est)
+            typical[i], noise[i], source[i] = min(est)
         else:  # nothing to compare with (one rank, no reference step): no excess claimed
             typical[i] = max(float(values[i]), 0.0)
-    return typical, source, spread
+    return typical, source, noise
 
 
 def _leads(g: ExecutionGraph) -> np.ndarray:
@@ -147,7 +149,7 @@ def typical_durations(
     g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None, all_ranks: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(typical modelled duration µs, where it came from: 2 reference steps, 1 peer ranks, 0 none,
-    its robust spread µs there). ``all_ranks``: compare with every other rank, peers or not."""
+    its noise margin µs there). ``all_ranks``: compare with every other rank, peers or not."""
     gk, rks, groups = keys or _all_keys(g, references)
     return _typical(g.nodes["mdur"], gk, [(k, r.nodes["mdur"]) for k, r in zip(rks, references)], None if all_ranks else groups)
 
@@ -161,21 +163,21 @@ def typical_gaps(
     g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(program-order edge id after each node or -1, its latency µs, its typical latency µs,
-    source, spread µs) for the untraced time after each node."""
+    source, noise margin µs) for the untraced time after each node."""
     gk, rks, groups = keys or _all_keys(g, references)
     gap, w = _gap_weights(g)
-    typical, source, spread = _typical(w, gk, [(k, _gap_weights(r)[1]) for k, r in zip(rks, references)], groups)
-    return gap, w, typical, source, spread
+    typical, source, noise = _typical(w, gk, [(k, _gap_weights(r)[1]) for k, r in zip(rks, references)], groups)
+    return gap, w, typical, source, noise
 
 
 def typical_leads(
     g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(untraced time before each thread's first op of the step or -1, its typical, source, spread)."""
+    """(untraced time before each thread's first op of the step or -1, its typical, source, noise)."""
     gk, rks, groups = keys or _all_keys(g, references)
     lead = _leads(g)
-    typical, source, spread = _typical(lead, gk, [(k, _leads(r)) for k, r in zip(rks, references)], groups)
-    return lead, typical, source, spread
+    typical, source, noise = _typical(lead, gk, [(k, _leads(r)) for k, r in zip(rks, references)], groups)
+    return lead, typical, source, noise
 
 
 @dataclass(slots=True)
@@ -184,6 +186,7 @@ class Blame:
     makespan: float
     restored_makespan: float  # every node restored to typical
     nodes: list[dict] = field(default_factory=list)  # ranked by saving
+    anomalies: list[dict] = field(default_factory=list)  # the same candidates ranked by excess over typical
     ranks: list[dict] = field(default_factory=list)
     ops: list[dict] = field(default_factory=list)
 
@@ -193,7 +196,7 @@ class Blame:
 
     def to_dict(self) -> dict:
         return {"step": self.step, "makespan_us": self.makespan, "restored_makespan_us": self.restored_makespan, "excess_us": self.excess,
-                "nodes": self.nodes, "ranks": self.ranks, "ops": self.ops}  # fmt: skip
+                "nodes": self.nodes, "anomalies": self.anomalies, "ranks": self.ranks, "ops": self.ops}  # fmt: skip
 
 
 def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cpm: CPMResult | None = None) -> Blame:
@@ -201,29 +204,25 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     base = cpm or run_cpm(g)
     n = g.nodes
     keys = _all_keys(g, references)
-    typical, source, spread = typical_durations(g, references, keys)
+    typical, source, noise = typical_durations(g, references, keys)
     d = n["mdur"].astype(np.float64)
     real = n["category"] != Category.BARRIER
-    slower = real & (d - typical > np.maximum(MIN_EXCESS_US, NOISE_SIGMAS * spread))
+    slower = real & (d - typical > np.maximum(MIN_EXCESS_US, noise))
     restored = np.where(slower, typical, d)
     excess = d - restored
     cand = np.flatnonzero(slower)
     saving = base.makespan - single_node_makespans(g, cand, -excess[cand], base) if len(cand) else np.zeros(0)
     # untraced time after a node on its thread (program-order latency), against its typical
-    gap, gap_w, gap_typical, gap_source, gap_spread = typical_gaps(g, references, keys)
+    gap, gap_w, gap_typical, gap_source, gap_noise = typical_gaps(g, references, keys)
     w = g.edges["weight"].astype(np.float64)
-    gap_excess = np.where(
-        (gap >= 0) & (gap_w - gap_typical > np.maximum(MIN_EXCESS_US, NOISE_SIGMAS * gap_spread)), gap_w - gap_typical, 0.0
-    )
+    gap_excess = np.where((gap >= 0) & (gap_w - gap_typical > np.maximum(MIN_EXCESS_US, gap_noise)), gap_w - gap_typical, 0.0)
     gcand = np.flatnonzero(gap_excess > 0)
     gsaving = base.makespan - single_edge_makespans(g, gap[gcand], -gap_excess[gcand], base) if len(gcand) else np.zeros(0)
     restored_w = w.copy()
     restored_w[gap[gcand]] -= gap_excess[gcand]
     # untraced time before a thread's first op of the step
-    lead, lead_typical, lead_source, lead_spread = typical_leads(g, references, keys)
-    lead_excess = np.where(
-        (lead >= 0) & (lead - lead_typical > np.maximum(MIN_EXCESS_US, NOISE_SIGMAS * lead_spread)), lead - lead_typical, 0.0
-    )
+    lead, lead_typical, lead_source, lead_noise = typical_leads(g, references, keys)
+    lead_excess = np.where((lead >= 0) & (lead - lead_typical > np.maximum(MIN_EXCESS_US, lead_noise)), lead - lead_typical, 0.0)
     lcand = np.flatnonzero(lead_excess > 0)
     restored_rel = g.release.astype(np.float64).copy()
     restored_rel[lcand] -= lead_excess[lcand]
@@ -240,19 +239,22 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
     src_names = ("none", "peer ranks", "reference steps")
-    for sav, _, kind, i in items[:top]:
+
+    def entry(sav: float, kind: str, i: int) -> dict:
         if kind == "op":
-            out.nodes.append({"id": i, "kind": "op", "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]),
-                              "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "spread_us": float(spread[i]), "saving_us": sav,
-                              "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
-        elif kind == "lead":
-            out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time before {g.node_name(i)} (from the step start)", "rank": int(n["rank"][i]),
-                              "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]], "spread_us": float(lead_spread[i]),
-                              "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i])})  # fmt: skip
-        else:
-            out.nodes.append({"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
-                              "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]], "spread_us": float(gap_spread[i]),
-                              "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i]), "edge": int(gap[i])})  # fmt: skip
+            return {"id": i, "kind": "op", "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]),
+                    "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "noise_us": float(noise[i]), "saving_us": sav,
+                    "share": float(sav / total), "slack_us": float(base.slack[i])}  # fmt: skip
+        if kind == "lead":
+            return {"id": i, "kind": "gap", "name": f"untraced time before {g.node_name(i)} (from the step start)", "rank": int(n["rank"][i]),
+                    "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]], "noise_us": float(lead_noise[i]),
+                    "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i])}  # fmt: skip
+        return {"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
+                "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]], "noise_us": float(gap_noise[i]),
+                "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i]), "edge": int(gap[i])}  # fmt: skip
+
+    out.nodes = [entry(sav, kind, i) for sav, _, kind, i in items[:top]]
+    out.anomalies = [entry(sav, kind, i) for sav, _, kind, i in sorted(items, key=lambda x: (-x[1], -x[0]))[:top]]
     for rank in g.ranks:
         m = n["rank"] == rank
         rw = np.where(m[g.edges["src"]], restored_w, w)

@@ -11,8 +11,9 @@ about the same time. A backend thread that is descheduled can close its trace
 span later than that (seen on gloo under CPU contention), so the modelled end of
 each participant is the earliest recorded end of the instance.
 
-A send/recv pair is treated the same way, unless the send ended before the receiver arrived
-(buffered: it keeps its own end and waits for nobody). Asynchronous sends and receives
+A send/recv pair is treated the same way when both spans overlap; where one side ended before
+the other's span began (a buffered send that ended before the receive was posted, or a backend
+span recorded after its transfer had already happened) the recorded ends stay. Asynchronous sends and receives
 (isend/irecv) close their spans only when the program waits on them, often at the end of the
 step; the pair's transfer was over when the first side saw it complete.
 """
@@ -85,8 +86,10 @@ def modelled_ends(start: np.ndarray, end: np.ndarray, ckind: np.ndarray, inst: n
     p2p = (inst >= 0) & np.isin(ckind, P2P_KINDS)
     arrival = np.full(n, -np.inf)
     np.maximum.at(arrival, inst[p2p], start[p2p])
-    buffered = p2p & (ckind == CollectiveKind.SEND) & (end < arrival[np.maximum(inst, 0)])
-    sym = np.flatnonzero((inst >= 0) & (np.isin(ckind, SYMMETRIC) | (p2p & ~buffered)))
+    ended = np.full(n, np.inf)
+    np.minimum.at(ended, inst[p2p], end[p2p])
+    overlapping = p2p & (ended[np.maximum(inst, 0)] >= arrival[np.maximum(inst, 0)])
+    sym = np.flatnonzero((inst >= 0) & (np.isin(ckind, SYMMETRIC) | overlapping))
     if not len(sym):
         return end
     first_end = np.full(n, np.inf)

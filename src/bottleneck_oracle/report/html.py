@@ -122,6 +122,23 @@ def _extras(x: dict) -> list[str]:
                 ],
             )  # fmt: skip
         )
+        if b.get("anomalies"):
+            parts.append("<p>Slower than typical, whatever it cost (a delay that overlapped waiting saves nothing):</p>")
+            parts.append(
+                _table(
+                    ["op", "rank", "slower by (ms)", "saving (ms)", "slack (ms)"],
+                    [
+                        [
+                            n["name"][:160],
+                            n["rank"],
+                            f"{(n['dur_us'] - n['typical_us']) / 1000:.3f}",
+                            f"{n['saving_us'] / 1000:.3f}",
+                            f"{n['slack_us'] / 1000:.3f}",
+                        ]
+                        for n in b["anomalies"][:5]
+                    ],
+                )  # fmt: skip
+            )
         parts.append(
             _table(
                 ["rank", "saving (ms)", "share"],
