@@ -97,13 +97,13 @@ def main() -> int:
     for layout, d in result["per_layout"].items():
         print(
             f"  {layout:10s} "
-            + "  ".join(f"{' '.join(m.split(' ')[:2])} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items())
+            + "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items())
         )
     for effect, d in result["by_effect"].items():
         k = next(iter(d.values()))["n"]
         print(
             f"  {effect:10s} ({k} steps) "
-            + "  ".join(f"{' '.join(m.split(' ')[:2])} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items())
+            + "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items())
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -78,8 +78,8 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
             g = by_step[r["step"]]
             ids = culprits(g, r["injection"])
             measured = max(g.measured.values())
-            if not path.exists():
-                _save(path, g, run_cpm(g), ids, ref=measured, replay=measured, formula=measured, edit_us=0.0, y=measured)
+            # always rewritten: a sample left from an older graph builder or CPM would silently mix in
+            _save(path, g, run_cpm(g), ids, ref=measured, replay=measured, formula=measured, edit_us=0.0, y=measured)
             whatif = None
             if ids and r["baseline_step"] is not None:
                 whatif = _whatif_sample(out / f"{sid}.whatif.pt", table, by_step[r["baseline_step"]], g, ids, r, pipeline)
@@ -137,8 +137,7 @@ def _whatif_sample(path: Path, table, base, perturbed, culprit: list[int], row: 
     replay_dt = cpm1.makespan - cpm0.makespan
     formula_dt = formula_step(base, d1, phase, mb, pipeline) - formula_step(base, d0, phase, mb, pipeline)
     measured = max(perturbed.measured.values())
-    if not path.exists():
-        _save(path, edited, cpm1, sites, ref=ref, replay=ref + replay_dt, formula=ref + formula_dt, edit_us=delta * len(sites), y=measured)
+    _save(path, edited, cpm1, sites, ref=ref, replay=ref + replay_dt, formula=ref + formula_dt, edit_us=delta * len(sites), y=measured)
     return {"path": str(path), "sites": sites, "site_names": [base.node_name(i) for i in sites], "delta_us": delta,
             "measured_dt_us": measured - ref, "replay_dt_us": replay_dt, "formula_dt_us": formula_dt, "replay_ms": replay_ms}  # fmt: skip
 
