@@ -95,10 +95,7 @@ def main() -> int:
     for m, v in result["methods"].items():
         print(f"{m:40s} {100 * v['top1']:6.1f}% {100 * v['top3']:6.1f}%")
     for layout, d in result["per_layout"].items():
-        print(
-            f"  {layout:10s} "
-            + "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items())
-        )
+        print(f"  {layout:10s} " + "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items()))
     for effect, d in result["by_effect"].items():
         k = next(iter(d.values()))["n"]
         print(
