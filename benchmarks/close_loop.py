@@ -56,11 +56,20 @@ def scenarios(steps: int) -> list[dict]:
             "run": {**base, "injections": _every("phase", steps, rank=0, target="optimizer", delay_ms=15.0)},
         },
         {
+            "name": "slow optimizer phase on both ranks (+15 ms)",
+            "run": {
+                **base,
+                "injections": _every("phase", steps, rank=0, target="optimizer", delay_ms=15.0)
+                + _every("phase", steps, rank=1, target="optimizer", delay_ms=15.0),
+            },
+        },  # fmt: skip
+        {
             "name": "delayed gradient all-reduce (rank 1 +20 ms)",
             "run": {**base, "injections": _every("collective", steps, rank=1, delay_ms=20.0)},
         },
         {"name": "slow rank at step start (rank 0 +25 ms)", "run": {**base, "injections": _every("rank", steps, rank=0, delay_ms=25.0)}},
         {"name": "tiny gradient buckets (0.01 MB)", "run": {**base, "bucket_mb": 0.01}},
+        {"name": "untraced straggler sleep (rank 0, 15 ms per forward)", "run": {**base, "straggler": 0, "delay_ms": 15.0}},
     ]
 
 
