@@ -29,6 +29,15 @@ from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import build
 
 
+def _rates(hits: dict[str, list[tuple[bool, bool]]]) -> dict[str, dict]:
+    """Per method: number of steps, top-1 and top-3 hit rates."""
+    return {m: {"n": len(v), "top1": float(np.mean([x[0] for x in v])), "top3": float(np.mean([x[1] for x in v]))} for m, v in hits.items()}
+
+
+def _line(rates: dict[str, dict]) -> str:
+    return "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in rates.items())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="data/graphs")
@@ -78,30 +87,18 @@ def main() -> int:
                 by_effect[effect][m].append(h)
         print(f"{run_id}: {sum(1 for r in rs if r['culprit_ids'])} injected steps", file=sys.stderr)
     n = len(hits[methods[0]])
-    result = {"steps": n, "blame_seconds_per_step": float(np.mean(seconds)), "methods": {}, "per_layout": {}, "by_effect": {}}
-    for m in methods:
-        a = np.array(hits[m])
-        result["methods"][m] = {"top1": float(a[:, 0].mean()), "top3": float(a[:, 1].mean())}
-    for layout, d in sorted(per_layout.items()):
-        result["per_layout"][layout] = {
-            m: {"n": len(v), "top1": float(np.mean([x[0] for x in v])), "top3": float(np.mean([x[1] for x in v]))} for m, v in d.items()
-        }
-    for effect, d in sorted(by_effect.items()):
-        result["by_effect"][effect] = {
-            m: {"n": len(v), "top1": float(np.mean([x[0] for x in v])), "top3": float(np.mean([x[1] for x in v]))} for m, v in d.items()
-        }
+    result = {"steps": n, "blame_seconds_per_step": float(np.mean(seconds))}
+    result["methods"] = {m: {k: v for k, v in r.items() if k != "n"} for m, r in _rates(hits).items()}
+    result["per_layout"] = {layout: _rates(d) for layout, d in sorted(per_layout.items())}
+    result["by_effect"] = {effect: _rates(d) for effect, d in sorted(by_effect.items())}
     print(f"{n} injected steps; blame {result['blame_seconds_per_step'] * 1000:.0f} ms per step")
     print(f"{'method':40s} {'top-1':>7s} {'top-3':>7s}")
     for m, v in result["methods"].items():
         print(f"{m:40s} {100 * v['top1']:6.1f}% {100 * v['top3']:6.1f}%")
     for layout, d in result["per_layout"].items():
-        print(f"  {layout:10s} " + "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items()))
+        print(f"  {layout:10s} {_line(d)}")
     for effect, d in result["by_effect"].items():
-        k = next(iter(d.values()))["n"]
-        print(
-            f"  {effect:10s} ({k} steps) "
-            + "  ".join(f"{m.split(' (')[0]} {100 * v['top1']:.0f}/{100 * v['top3']:.0f}%" for m, v in d.items())
-        )
+        print(f"  {effect:10s} ({next(iter(d.values()))['n']} steps) {_line(d)}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

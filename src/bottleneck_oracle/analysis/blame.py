@@ -6,20 +6,20 @@ same name, same occurrence in the step) in the reference steps (the other steps 
 or a baseline trace) and on the rank's peers in the same step, the smaller of the two where both
 exist (so a rank that is slow in every step is still seen). Peers are ranks that run the same
 program: members of one collective (data or tensor parallel replicas). Pipeline stages, which
-only exchange point-to-point messages, run different layers and are not compared. An op with no counterpart at all
-(work that normally does not happen) is typically absent: 0 µs; with nothing to compare
-against (one rank and no reference step) nothing is blamed. The untraced time after an op on
-its thread (Python code, sleeps, anything not profiled: the program-order latency) is a
-candidate too, restored the same way, and so is the untraced time from a rank's step start to a
-thread's first op. A candidate must exceed its typical by at least 20 µs and lie above
-the upper outlier fence of its counterparts (Q3 + 1.5 IQR, Tukey's rule): a gap that is 2.5 ms
-in most steps and 10 ms in a quarter of them is not blamed for being 9 ms once; work that never
-happens elsewhere always is. Its
-causal contribution is the step time the restoration saves (exact, via the replay); a node
-faster than typical contributes nothing. The same candidates are also listed by how much
-slower than typical they were (``anomalies``), whatever they cost: a delay that overlapped
-waiting shows there with its (zero) saving and its slack. Ranks and op kinds are restored as a whole (one
-replay each), and their saving is reported as a share of the saving of restoring everything.
+only exchange point-to-point messages, run different layers and are not compared. An op with
+no counterpart at all (work that normally does not happen) is typically absent: 0 µs; with
+nothing to compare against (one rank and no reference step) nothing is blamed. The untraced
+time after an op on its thread (Python code, sleeps, anything not profiled: the program-order
+latency) is a candidate too, restored the same way, and so is the untraced time from a rank's
+step start to a thread's first op. A candidate must exceed its typical by at least 20 µs and
+lie above the upper outlier fence of its counterparts (Q3 + 1.5 IQR, Tukey's rule): a gap that
+is 2.5 ms in most steps and 10 ms in a third of them is not blamed for being 9 ms once; work
+that never happens elsewhere always is. Its causal contribution is the step time the
+restoration saves (exact, via the replay); a node faster than typical contributes nothing. The
+same candidates are also listed by how much slower than typical they were (``anomalies``),
+whatever they cost: a delay that overlapped waiting shows there with its (zero) saving and its
+slack. Ranks and op kinds are restored as a whole (one replay each), and their saving is
+reported as a share of the saving of restoring everything.
 """
 
 from __future__ import annotations

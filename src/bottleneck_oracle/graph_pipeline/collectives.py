@@ -13,9 +13,9 @@ each participant is the earliest recorded end of the instance.
 
 A send/recv pair is treated the same way when both spans overlap; where one side ended before
 the other's span began (a buffered send that ended before the receive was posted, or a backend
-span recorded after its transfer had already happened) the recorded ends stay. Asynchronous sends and receives
-(isend/irecv) close their spans only when the program waits on them, often at the end of the
-step; the pair's transfer was over when the first side saw it complete.
+span recorded after its transfer had already happened) the recorded ends stay. Asynchronous
+sends and receives (isend/irecv) close their spans only when the program waits on them, often
+at the end of the step; the pair's transfer was over when the first side saw it complete.
 """
 
 from __future__ import annotations
@@ -77,25 +77,20 @@ def match_instances(
 
 def modelled_ends(start: np.ndarray, end: np.ndarray, ckind: np.ndarray, inst: np.ndarray) -> np.ndarray:
     """End of every node (µs): recorded, except participants of symmetric collectives and of
-    unbuffered send/recv pairs, which end when the first participant ended (but not before the
-    last one arrived)."""
+    send/recv pairs whose spans overlap, which end when the first participant ended (but not
+    before the last one arrived)."""
     end = end.copy()
-    n = int(inst.max()) + 1 if len(inst) else 0
-    if n == 0:
+    member = np.flatnonzero(inst >= 0)
+    if not len(member):
         return end
-    p2p = (inst >= 0) & np.isin(ckind, P2P_KINDS)
-    arrival = np.full(n, -np.inf)
-    np.maximum.at(arrival, inst[p2p], start[p2p])
-    ended = np.full(n, np.inf)
-    np.minimum.at(ended, inst[p2p], end[p2p])
-    overlapping = p2p & (ended[np.maximum(inst, 0)] >= arrival[np.maximum(inst, 0)])
-    sym = np.flatnonzero((inst >= 0) & (np.isin(ckind, SYMMETRIC) | overlapping))
-    if not len(sym):
-        return end
+    n = int(inst.max()) + 1  # every member of an instance is the same kind of op, or a send/recv pair
     first_end = np.full(n, np.inf)
-    np.minimum.at(first_end, inst[sym], end[sym])
+    np.minimum.at(first_end, inst[member], end[member])
     last_start = np.full(n, -np.inf)
-    np.maximum.at(last_start, inst[sym], start[sym])
+    np.maximum.at(last_start, inst[member], start[member])
+    k = inst[member]
+    overlapping = np.isin(ckind[member], P2P_KINDS) & (first_end[k] >= last_start[k])
+    sym = member[np.isin(ckind[member], SYMMETRIC) | overlapping]
     end[sym] = np.maximum(np.maximum(first_end[inst[sym]], last_start[inst[sym]]), start[sym])
     return end
 
