@@ -80,7 +80,7 @@ def whatif(
     for g in gs:
         phase_mb = node_phases(table, g) if table is not None else None
         phases = phase_mb[0] if phase_mb is not None else None
-        d, w, rel, ids, eids = apply_edits(g, parsed, phases)
+        d, w, rel, ids, eids = apply_edits(g, parsed, phases, table)
         if parsed and not len(ids) and not len(eids):
             raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
         base = run_cpm(g)

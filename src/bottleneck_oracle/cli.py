@@ -347,7 +347,7 @@ def whatif(
         "--edit",
         "-e",
         help="Edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB, name~=SUBSTRING, rank=R, cat=CATEGORY, max_us=US, "
-        "phase=forward|backward|optimizer, gap=1 (the untraced time around the ops); changes scale=F, delay_ms=MS, detach=1. "
+        "phase=forward|backward|optimizer, module=NAME|GLOB (ops inside that range, e.g. an nn.Module's), gap=1 (the untraced time around the ops); changes scale=F, delay_ms=MS, detach=1. "
         'E.g. "name~=all_reduce,rank=1,scale=0.5" (see the README).',
     ),
     step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
@@ -371,10 +371,16 @@ def whatif(
     variants = list(rows[0]["model"]["step_us"]) if rows and "model" in rows[0] else []
     for col in ["step", "nodes edited", "measured", "replay", "Δ replay"] + [f"{v}" for v in variants] + [f"Δ {v}" for v in variants]:
         t.add_column(col, justify="right")
+    def label(r: dict) -> str:
+        return "whole trace" if r["step"] is None else str(r["step"])
+
+    def where(r: dict) -> str:
+        return "whole trace" if r["step"] is None else f"step {r['step']}"
+
     for r in rows:
         model = r.get("model", {})
         t.add_row(
-            str(r["step"]), str(r["edited_nodes"]), _ms(r["measured_us"]), _ms(r["replay"]["step_us"]), f"{r['replay']['delta_us'] / 1000:+.3f}",
+            label(r), str(r["edited_nodes"]), _ms(r["measured_us"]), _ms(r["replay"]["step_us"]), f"{r['replay']['delta_us'] / 1000:+.3f}",
             *[_ms(model["step_us"][v]) for v in variants], *[f"{model['delta_us'][v] / 1000:+.3f}" for v in variants],
         )  # fmt: skip
     out.print(t)
@@ -382,7 +388,7 @@ def whatif(
         if "microbatches" in r:
             mbx = r["microbatches"]
             out.print(
-                f"step {r['step']}: {mbx['from']} -> {mbx['to']} micro-batches over {mbx['stages']} stages: "
+                f"{where(r)}: {mbx['from']} -> {mbx['to']} micro-batches over {mbx['stages']} stages: "
                 f"{mbx['formula_delta_us'] / 1000:+.3f} ms by the 1F1B formula -> {_ms(mbx['step_us'])} ms",
                 highlight=False,
             )
@@ -391,10 +397,10 @@ def whatif(
             joined = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"
             left = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["left"][:5]) or "—"
             out.print(
-                Text(f"step {r['step']}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}")
+                Text(f"{where(r)}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}")
             )
         else:
-            out.print(f"step {r['step']}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
+            out.print(f"{where(r)}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
 
 
 @app.command()

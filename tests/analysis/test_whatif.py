@@ -11,6 +11,7 @@ from tests.conftest import cached_load
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.analysis.whatif import Edit, edited_durations, replay, single_node_makespans
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.schema import Category
 
 SAMPLE = Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"
 
@@ -87,3 +88,74 @@ def test_detaching_the_collectives_makes_the_ranks_independent(recorded_ddp):
     b = replay(g, [detach, slow1]).edited
     assert np.allclose(a.eft[rank0], b.eft[rank0])  # decoupled
     assert a.makespan <= run_cpm(g).makespan + 1e-6
+
+
+@pytest.fixture(scope="module")
+def module_trace(tmp_path_factory) -> Path:
+    """A CPU profile taken with with_stack=True: nn.Module ranges (Heavy_0, Light_0, Heavy_1) in the trace."""
+    import torch
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile
+
+    class Heavy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 256)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    class Light(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    model, x = nn.Sequential(Heavy(), Light(), Heavy()), torch.randn(64, 256)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(2):
+            model(x)
+    path = tmp_path_factory.mktemp("modules") / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_module_edits_select_the_ops_run_inside_the_module(module_trace):
+    import json
+
+    from bottleneck_oracle.api import build
+
+    table, (g,) = build(module_trace)
+    events = json.loads(module_trace.read_text())["traceEvents"]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e["name"] == "nn.Module: Heavy_1"]
+    assert len(spans) == 2  # one per forward pass
+    start = g.window_start + g.nodes["start"]
+    end = start + g.nodes["dur"]
+    inside = np.zeros(g.n_nodes, dtype=bool)
+    for lo, hi in spans:
+        inside |= (start >= lo - 0.5) & (end <= hi + 0.5)
+    inside &= g.nodes["category"] != Category.BARRIER
+    ids = Edit.parse("module=Heavy_1,scale=0").select(g, table=table)
+    assert len(ids) >= 10 and np.array_equal(ids, np.flatnonzero(inside))
+    assert any(g.node_name(i).startswith("aten::") for i in ids)
+    assert np.array_equal(Edit.parse("module=nn.Module: Heavy_1,scale=0").select(g, table=table), ids)  # the prefix is optional
+    both = Edit.parse("module=Heavy_*,scale=0").select(g, table=table)
+    heavy0 = Edit.parse("module=Heavy_0,scale=0").select(g, table=table)
+    assert set(both.tolist()) == set(ids.tolist()) | set(heavy0.tolist()) and not set(ids.tolist()) & set(heavy0.tolist())
+    assert not set(Edit.parse("module=Light_0,scale=0").select(g, table=table).tolist()) & set(both.tolist())
+    # one thread, nothing overlaps: removing the module's ops saves exactly their modelled time
+    r = replay(g, [Edit.parse("module=Heavy_1,scale=0")], table=table)
+    assert r.delta_us == pytest.approx(-float(g.nodes["mdur"][ids].sum()), abs=1e-6) and r.delta_us < 0
+    with pytest.raises(OracleError, match="module= needs the trace's ranges"):
+        Edit.parse("module=Heavy_1,scale=0").select(g)
+
+
+def test_whatif_command_takes_a_module_edit(module_trace, capsys):
+    import json
+
+    from tests.test_cli import run
+
+    code, out, _ = run(["whatif", str(module_trace), "--edit", "module=Heavy_*,scale=0.5", "--no-model", "--json"], capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    assert row["edited_nodes"] >= 20 and row["replay"]["delta_us"] < 0
+    code, _, err = run(["whatif", str(module_trace), "--edit", "module=NoSuchModule,scale=0.5", "--no-model"], capsys)
+    assert code != 0 and "select no node" in err and "Traceback" not in err

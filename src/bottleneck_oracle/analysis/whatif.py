@@ -1,6 +1,6 @@
 """What-if by exact replay: edit node durations, rerun the CPM, read the new step time.
 
-An edit selects nodes of one ExecutionGraph (by id, by name, by rank) and changes their
+An edit selects nodes of one ExecutionGraph (by id, name, rank, kind, phase or module) and changes their
 modelled duration: ``scale`` times it, then ``delay_ms`` added. The replay is the CPM on the
 edited durations with the graph's dependencies and latencies unchanged, so the predicted ΔT is
 exact for the graph's model of the step: a node with slack s absorbs the first s µs of a delay.
@@ -20,6 +20,7 @@ import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, makespans_after, run_cpm
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
@@ -41,6 +42,11 @@ class Edit:
     """only nodes whose modelled duration is at most this (µs)"""
     phase: str | None = None
     """forward | backward | optimizer: nodes inside that phase range (needs the event table)"""
+    module: str | None = None
+    """nodes run inside a CPU range whose name matches this (exact, or an fnmatch pattern if it
+    has * ? or [; a ``nn.Module: `` prefix of the range name is optional), on the same thread,
+    and the GPU ops they launch: a module's forward (``nn.Module: Block_1`` from a profile taken
+    with ``with_stack=True``, or any ``record_function`` range); needs the event table"""
     detach: bool = False
     """structural: the selected ops neither wait for nor hold up anything but their own thread's
     program order and their launch (their other dependency edges, in and out, are removed),
@@ -56,9 +62,16 @@ class Edit:
         if self.scale < 0:
             raise ValueError(f"scale must be >= 0 (found {self.scale})")
         if not (
-            self.ids or self.name or self.name_contains or self.rank is not None or self.category or self.max_us is not None or self.phase
+            self.ids
+            or self.name
+            or self.name_contains
+            or self.rank is not None
+            or self.category
+            or self.max_us is not None
+            or self.phase
+            or self.module
         ):
-            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, max_us= or phase=")
+            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, max_us=, phase= or module=")
         if self.phase is not None and self.phase not in PHASES:
             raise ValueError(f"phase must be one of {', '.join(PHASES)} (found {self.phase!r})")
         if self.category is not None and self.category.upper() not in Category.__members__:
@@ -91,6 +104,8 @@ class Edit:
                     kw["category"] = value
                 elif key == "phase":
                     kw["phase"] = value
+                elif key == "module":
+                    kw["module"] = value
                 elif key == "gap":
                     kw["gap"] = value.lower() in ("1", "true", "yes")
                 elif key == "detach":
@@ -103,7 +118,7 @@ class Edit:
                     kw["delay_ms"] = float(value)
                 else:
                     raise OracleError(
-                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, max_us, phase, gap, detach, scale, delay_ms)"
+                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, max_us, phase, module, gap, detach, scale, delay_ms)"
                     )
             except ValueError as exc:
                 raise OracleError(f"edit {text!r}: bad value for {key}: {value!r}") from exc
@@ -112,9 +127,10 @@ class Edit:
         except ValueError as exc:
             raise OracleError(f"edit {text!r}: {exc}") from exc
 
-    def select(self, g: ExecutionGraph, phases: np.ndarray | None = None) -> np.ndarray:
+    def select(self, g: ExecutionGraph, phases: np.ndarray | None = None, table: EventTable | None = None) -> np.ndarray:
         """Node ids the edit applies to (compute and network nodes; barriers never). ``phases``:
-        the phase code of every node (models.baselines.node_phases), for ``phase=``."""
+        the phase code of every node (models.baselines.node_phases), for ``phase=``; ``table``:
+        the trace's events, for ``module=``."""
         n = g.nodes
         mask = n["category"] != Category.BARRIER
         if self.ids:
@@ -135,6 +151,10 @@ class Edit:
             if phases is None:
                 raise OracleError("edit: phase= needs the trace's phase ranges (not available for this input)")
             mask &= phases == PHASES.index(self.phase) + 1
+        if self.module is not None:
+            if table is None:
+                raise OracleError("edit: module= needs the trace's ranges (not available for this input)")
+            mask &= module_mask(table, g, self.module)
         if self.name is not None or self.name_contains is not None:
             pattern = self.name
             glob = pattern is not None and any(c in pattern for c in "*?[")
@@ -150,19 +170,53 @@ class Edit:
         return np.flatnonzero(mask)
 
 
+MODULE_PREFIX = "nn.Module: "
+
+
+def _matches(name: str, pattern: str, glob: bool) -> bool:
+    names = (name, name[len(MODULE_PREFIX) :]) if name.startswith(MODULE_PREFIX) else (name,)
+    return any(fnmatch.fnmatchcase(s, pattern) if glob else s == pattern for s in names)
+
+
+def module_mask(table: EventTable, g: ExecutionGraph, pattern: str) -> np.ndarray:
+    """Per node: does it run inside a CPU range (of ``table``) whose name matches ``pattern``
+    (see ``Edit.module``) on its rank and thread, or was it launched by such a node?"""
+    glob = any(ch in pattern for ch in "*?[")
+    c, n = table.cols, g.nodes
+    name_ok = np.array([_matches(s, pattern, glob) for s in table.names], dtype=bool)
+    mask = np.zeros(g.n_nodes, dtype=bool)
+    ts_rel = g.window_start - table.t0
+    span = max(g.measured.values()) if g.measured else 0.0
+    for rank in g.ranks:
+        rows = table.rows_between(rank, ts_rel - 1.0, ts_rel + span + 1.0)
+        rows = rows[name_ok[c["name"][rows]] & (c["cls"][rows] == EvClass.CPU)]
+        if not len(rows):
+            continue
+        mine = np.flatnonzero((n["rank"] == rank) & ~n["on_gpu"] & (n["category"] != Category.BARRIER))
+        start, end, tid = n["start"][mine], n["start"][mine] + n["dur"][mine], n["tid"][mine]
+        for r in rows:
+            lo = c["ts"][r] - ts_rel
+            hi = lo + c["dur"][r]
+            mask[mine[(start >= lo - 0.5) & (end <= hi + 0.5) & (tid == c["tid"][r])]] = True
+    e = g.edges
+    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
+    mask[e["dst"][launched]] = True
+    return mask
+
+
 def _union(touched: list[np.ndarray]) -> np.ndarray:
     return np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
 
 
-def _edge_ends(g: ExecutionGraph, e: Edit, phases: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _edge_ends(g: ExecutionGraph, e: Edit, phases: np.ndarray | None, table: EventTable | None) -> tuple[np.ndarray, np.ndarray]:
     """(source selected, destination selected) per edge."""
     sel = np.zeros(g.n_nodes, dtype=bool)
-    sel[e.select(g, phases)] = True
+    sel[e.select(g, phases, table)] = True
     return sel[g.edges["src"]], sel[g.edges["dst"]]
 
 
 def edited_durations(
-    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(modelled durations after the edits, ids of the edited nodes)."""
     d = g.nodes["mdur"].astype(np.float64).copy()
@@ -170,14 +224,14 @@ def edited_durations(
     for e in edits:
         if e.gap or (e.detach and e.scale == 1.0 and e.delay_ms == 0.0):
             continue
-        ids = e.select(g, phases)
+        ids = e.select(g, phases, table)
         d[ids] = np.maximum(d[ids] * e.scale + e.delay_ms * 1000.0, 0.0)
         touched.append(ids)
     return d, _union(touched)
 
 
 def edited_weights(
-    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(edge latencies after the ``gap=1`` edits, ids of the edited edges): the positive
     program-order latency after each selected node is scaled, then delay_ms added."""
@@ -186,7 +240,7 @@ def edited_weights(
     for e in edits:
         if not (e.detach or e.gap):
             continue
-        from_sel, to_sel = _edge_ends(g, e, phases)
+        from_sel, to_sel = _edge_ends(g, e, phases, table)
         if e.detach:
             ids = np.flatnonzero((from_sel | to_sel) & ~np.isin(g.edges["kind"], (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH)))
             w[ids] = -np.inf  # the CPM never takes an edge of latency -inf: the dependency is gone
@@ -199,7 +253,7 @@ def edited_weights(
 
 
 def edited_releases(
-    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(releases after the ``gap=1`` edits, ids of the nodes whose leading untraced time changed):
     a selected op that starts its thread's step (no predecessor) has the time from its rank's
@@ -209,7 +263,7 @@ def edited_releases(
     for e in edits:
         if not e.gap:
             continue
-        ids = e.select(g, phases)
+        ids = e.select(g, phases, table)
         ids = ids[np.isfinite(rel[ids])]
         if not len(ids):
             continue
@@ -221,13 +275,13 @@ def edited_releases(
 
 
 def apply_edits(
-    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(durations, edge latencies, releases, edited node ids, edited edge ids) after all the edits;
     nodes whose leading untraced time changed count among the edited nodes."""
-    d, ids = edited_durations(g, edits, phases)
-    w, eids = edited_weights(g, edits, phases)
-    rel, rids = edited_releases(g, edits, phases)
+    d, ids = edited_durations(g, edits, phases, table)
+    w, eids = edited_weights(g, edits, phases, table)
+    rel, rids = edited_releases(g, edits, phases, table)
     return d, w, rel, np.union1d(ids, rids), eids
 
 
@@ -259,9 +313,13 @@ class WhatIf:
 
 
 def replay(
-    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], base: CPMResult | None = None, phases: np.ndarray | None = None
+    g: ExecutionGraph,
+    edits: list[Edit] | tuple[Edit, ...],
+    base: CPMResult | None = None,
+    phases: np.ndarray | None = None,
+    table: EventTable | None = None,
 ) -> WhatIf:
-    d, w, rel, ids, eids = apply_edits(g, edits, phases)
+    d, w, rel, ids, eids = apply_edits(g, edits, phases, table)
     if not len(ids) and not len(eids):
         raise OracleError("edit selects no node of the graph")
     return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d, w, rel), ids=ids)

@@ -290,7 +290,7 @@ def validate(
 
     try:
         edits = [Edit.parse(x) for x in s.edits]
-        d, w, rel, ids, eids = apply_edits(g, edits, phases)
+        d, w, rel, ids, eids = apply_edits(g, edits, phases, table)
     except OracleError as exc:
         return str(exc)
     if not len(ids) and not len(eids):
@@ -317,7 +317,7 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
         "Reply with JSON only, matching this schema: " + json.dumps(SCHEMA) + ". Each suggestion names a recipe id (or null), "
         "explains in plain words why it applies to this step, and gives 1-4 what-if edits in this syntax: comma-separated "
         "key=value with selectors id=N, name=EXACT, name~=SUBSTRING, rank=R, cat=cpu_op|runtime|kernel|memcpy|memset|"
-        "collective|p2p, max_us=US, phase=forward|backward|optimizer, gap=1 (the untraced time around the ops instead of "
+        "collective|p2p, max_us=US, phase=forward|backward|optimizer, module=RANGE_NAME, gap=1 (the untraced time around the ops instead of "
         "their duration), and changes scale=F (new duration = F x old), delay_ms=MS, or detach=1 (the ops stop waiting "
         "for and holding up other ranks and threads). Every edit is replayed on the step's dependency graph; ones that save nothing are discarded."
     )
