@@ -371,6 +371,7 @@ def whatif(
     variants = list(rows[0]["model"]["step_us"]) if rows and "model" in rows[0] else []
     for col in ["step", "nodes edited", "measured", "replay", "Δ replay"] + [f"{v}" for v in variants] + [f"Δ {v}" for v in variants]:
         t.add_column(col, justify="right")
+
     def label(r: dict) -> str:
         return "whole trace" if r["step"] is None else str(r["step"])
 
@@ -396,9 +397,7 @@ def whatif(
         if cp["joined"] or cp["left"]:
             joined = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"
             left = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["left"][:5]) or "—"
-            out.print(
-                Text(f"{where(r)}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}")
-            )
+            out.print(Text(f"{where(r)}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}"))
         else:
             out.print(f"{where(r)}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
 
