@@ -59,3 +59,18 @@ def test_a_value_inside_its_counterparts_usual_spread_is_not_an_outlier():
     assert med == 2.5 and 9.0 - med < noise  # 9 ms once is not blamed
     med, noise = _robust([0.0] * 14 + [20.0] * 2)  # work that happened in 2 of 16 steps only
     assert (med, noise) == (0.0, 0.0)  # any occurrence of it is
+
+
+def test_savings_within_step_noise_rank_by_excess(generated_grid):
+    """Nodes are ranked by saving; a saving under 1% of the step ranks as none, and ties go to
+    the candidate most slower than typical."""
+    from bottleneck_oracle.analysis.blame import MIN_EXCESS_US, MIN_SAVING_SHARE
+
+    raw, _ = generated_grid
+    run = next(p for p in raw.iterdir() if "dp2" in p.name and p.is_dir())
+    _, graphs = build(run)
+    g, refs = graphs[-1], graphs[1:-1]
+    b = blame(g, refs, top=50)
+    floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)
+    keys = [(x["saving_us"] if x["saving_us"] >= floor else 0.0, x["dur_us"] - x["typical_us"]) for x in b.nodes]
+    assert len(keys) >= 3 and keys == sorted(keys, reverse=True)

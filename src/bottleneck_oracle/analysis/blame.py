@@ -14,8 +14,11 @@ latency) is a candidate too, restored the same way, and so is the untraced time 
 step start to a thread's first op. A candidate must exceed its typical by at least 20 µs and
 lie above the upper outlier fence of its counterparts (Q3 + 1.5 IQR, Tukey's rule): a gap that
 is 2.5 ms in most steps and 10 ms in a third of them is not blamed for being 9 ms once; work
-that never happens elsewhere always is. Its causal contribution is the step time the
-restoration saves (exact, via the replay); a node faster than typical contributes nothing. The
+that never happens elsewhere always is (the margin is the wider of the two comparisons': one
+peer rank alone shows no spread). Its causal contribution is the step time the restoration
+saves (exact, via the replay); a node faster than typical contributes nothing. Candidates are
+ranked by it; savings under 1% of the step time (run-to-run noise of a step) rank as none, and
+ties by how much slower than typical the candidate was. The
 same candidates are also listed by how much slower than typical they were (``anomalies``),
 whatever they cost: a delay that overlapped waiting shows there with its (zero) saving and its
 slack. Ranks and op kinds are restored as a whole (one replay each), and their saving is
@@ -35,6 +38,7 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
 
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
+MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-run noise: ranked as none
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 
 
@@ -122,8 +126,9 @@ def _typical(
         others = [v for j, v in across[peer(key)] if j != i]
         if others:
             est.append((*_robust(others), 1))
-        if est:
-            typical[i], noise[i], source[i] = min(est)
+        if est:  # the smaller median; the wider noise margin (one peer rank alone shows no spread)
+            typical[i], _, source[i] = min(est)
+            noise[i] = max(x[1] for x in est)
         else:  # nothing to compare with (one rank, no reference step): no excess claimed
             typical[i] = max(float(values[i]), 0.0)
     return typical, source, noise
@@ -234,7 +239,8 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     items = [(float(saving[j]), float(excess[cand[j]]), "op", int(cand[j])) for j in range(len(cand))]
     items += [(float(lsaving[j]), float(lead_excess[lcand[j]]), "lead", int(lcand[j])) for j in range(len(lcand))]
     items += [(float(gsaving[j]), float(gap_excess[gcand[j]]), "gap", int(gcand[j])) for j in range(len(gcand))]
-    items.sort(key=lambda x: (-x[0], -x[1]))
+    floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
+    items.sort(key=lambda x: (-(x[0] if x[0] >= floor else 0.0), -x[1]))
     everything = run_cpm(g, restored, restored_w, restored_rel).makespan
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
