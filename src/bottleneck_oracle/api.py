@@ -161,6 +161,7 @@ def blame(
     else from the trace's other steps (the first one, warm-up, left out when there are three or
     more). The top nodes' savings are also predicted by the graph network (its default variant)."""
     from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.blame import name_gaps
     from bottleneck_oracle.analysis.cpm import run_cpm
 
     table, gs = build(path, steps, config)
@@ -176,6 +177,8 @@ def blame(
         refs, row_refs = _references(g, pool, baseline is not None)
         base = run_cpm(g)
         b = blame_graph(g, refs, top, base)
+        if table is not None:
+            name_gaps(b, g, table)
         row = b.to_dict()
         row["measured_us"] = max(g.measured.values())
         row["references"] = row_refs
@@ -229,6 +232,7 @@ def advise_graphs(
 ) -> list[dict]:
     """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
     from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.blame import name_gaps
     from bottleneck_oracle.llm.graphrag import advise as advise_step
     from bottleneck_oracle.llm.retrieve import load_recipes
     from bottleneck_oracle.models.baselines import node_phases
@@ -244,6 +248,8 @@ def advise_graphs(
         g = a.graph
         refs, row_refs = _references(g, refs_all, baseline)
         b = blame_graph(g, refs, 10, a.cpm)
+        if table is not None:
+            name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)
         row = advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb).to_dict()
         row["blame"] = b.to_dict()

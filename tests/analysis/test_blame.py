@@ -74,3 +74,32 @@ def test_savings_within_step_noise_rank_by_excess(generated_grid):
     floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)
     keys = [(x["saving_us"] if x["saving_us"] >= floor else 0.0, x["dur_us"] - x["typical_us"]) for x in b.nodes]
     assert len(keys) >= 3 and keys == sorted(keys, reverse=True)
+
+
+def test_gaps_are_named_by_the_op_that_encloses_them(generated_grid):
+    """The time between two leaves of one parent op is that parent's own time: blame names it."""
+    from bottleneck_oracle import api
+
+    raw, _ = generated_grid
+    run = next(p for p in raw.iterdir() if "dp2" in p.name and p.is_dir())
+    rows = api.blame(run, top=50, use_model=False)
+    table, graphs = api.build(run)
+    by_step = {g.step: g for g in graphs}
+    named = 0
+    for row in rows:
+        g = by_step[row["step"]]
+        for x in row["nodes"]:
+            if x["kind"] != "gap" or "parent" not in x:
+                continue
+            named += 1
+            assert x["name"].startswith(f"own time of {x['parent']} (after ")
+            src, dst = int(g.edges["src"][x["edge"]]), int(g.edges["dst"][x["edge"]])
+            lo = g.window_start + g.nodes["start"][src] + g.nodes["dur"][src] - table.t0
+            hi = g.window_start + g.nodes["start"][dst] - table.t0
+            c = table.cols
+            enclosing = [
+                i for i in range(len(table))
+                if table.names[c["name"][i]] == x["parent"] and c["ts"][i] <= lo + 0.5 and c["ts"][i] + c["dur"][i] >= hi - 0.5
+            ]  # fmt: skip
+            assert enclosing, x
+    assert named >= 1

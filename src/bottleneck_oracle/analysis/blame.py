@@ -297,3 +297,31 @@ def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
     dev = g.nodes["mdur"] - np.where(source == 0, 0.0, typical)
     dev[g.nodes["category"] == Category.BARRIER] = -np.inf
     return [int(i) for i in np.argsort(-dev)[:k]]
+
+
+def name_gaps(b: Blame, g: ExecutionGraph, table) -> None:
+    """Rename the untraced gaps after an op by the op that encloses them in ``table`` (an
+    EventTable), in place: nodes are the leaves of a thread's op tree, so the time between two
+    leaves of one parent is that parent's own time (``aten::mm``'s compute between its
+    ``aten::resolve_conj`` and ``aten::_unsafe_view``), or untraced Python inside a range."""
+    from bottleneck_oracle.graph_pipeline.events import EvClass
+
+    c, n, e = table.cols, g.nodes, g.edges
+    ts_rel = g.window_start - table.t0
+    for x in [*b.nodes, *b.anomalies]:
+        if x.get("kind") != "gap" or "edge" not in x:
+            continue
+        src, dst = int(e["src"][x["edge"]]), int(e["dst"][x["edge"]])
+        lo, hi = float(n["start"][src] + n["dur"][src]), float(n["start"][dst])
+        rows = table.rows_between(int(n["rank"][src]), ts_rel - 1.0, ts_rel + lo + 0.5)
+        rows = rows[
+            (c["cls"][rows] == EvClass.CPU) & (c["tid"][rows] == n["tid"][src]) & (c["ts"][rows] + c["dur"][rows] - ts_rel >= hi - 0.5)
+        ]
+        if not len(rows):
+            continue
+        parent = table.names[int(c["name"][rows[np.argmin(c["dur"][rows])]])]
+        if parent.startswith("ProfilerStep#"):
+            continue
+        leaf = g.node_name(src)
+        x["parent"] = parent
+        x["name"] = f"own time of {parent} (after {leaf})"
