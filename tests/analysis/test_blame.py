@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from bottleneck_oracle.analysis.blame import blame, largest_rank_deviation
 from bottleneck_oracle.api import build
 
@@ -97,9 +99,6 @@ def test_gaps_are_named_by_the_op_that_encloses_them(generated_grid):
             lo = g.window_start + g.nodes["start"][src] + g.nodes["dur"][src] - table.t0
             hi = g.window_start + g.nodes["start"][dst] - table.t0
             c = table.cols
-            enclosing = [
-                i for i in range(len(table))
-                if table.names[c["name"][i]] == x["parent"] and c["ts"][i] <= lo + 0.5 and c["ts"][i] + c["dur"][i] >= hi - 0.5
-            ]  # fmt: skip
-            assert enclosing, x
+            same_name = np.array([s == x["parent"] for s in table.names])[c["name"]]
+            assert (same_name & (c["ts"] <= lo + 0.5) & (c["ts"] + c["dur"] >= hi - 0.5)).any(), x
     assert named >= 1

@@ -157,7 +157,7 @@ class Edit:
             mask &= module_mask(table, g, self.module)
         if self.name is not None or self.name_contains is not None:
             pattern = self.name
-            glob = pattern is not None and any(c in pattern for c in "*?[")
+            glob = pattern is not None and _is_glob(pattern)
             keep = np.array(
                 [
                     (self.name_contains is None or self.name_contains in s)
@@ -173,6 +173,10 @@ class Edit:
 MODULE_PREFIX = "nn.Module: "
 
 
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
 def _matches(name: str, pattern: str, glob: bool) -> bool:
     names = (name, name[len(MODULE_PREFIX) :]) if name.startswith(MODULE_PREFIX) else (name,)
     return any(fnmatch.fnmatchcase(s, pattern) if glob else s == pattern for s in names)
@@ -181,14 +185,13 @@ def _matches(name: str, pattern: str, glob: bool) -> bool:
 def module_mask(table: EventTable, g: ExecutionGraph, pattern: str) -> np.ndarray:
     """Per node: does it run inside a CPU range (of ``table``) whose name matches ``pattern``
     (see ``Edit.module``) on its rank and thread, or was it launched by such a node?"""
-    glob = any(ch in pattern for ch in "*?[")
+    glob = _is_glob(pattern)
     c, n = table.cols, g.nodes
     name_ok = np.array([_matches(s, pattern, glob) for s in table.names], dtype=bool)
     mask = np.zeros(g.n_nodes, dtype=bool)
     ts_rel = g.window_start - table.t0
-    span = max(g.measured.values()) if g.measured else 0.0
     for rank in g.ranks:
-        rows = table.rows_between(rank, ts_rel - 1.0, ts_rel + span + 1.0)
+        rows = table.window_rows(rank, g)
         rows = rows[name_ok[c["name"][rows]] & (c["cls"][rows] == EvClass.CPU)]
         if not len(rows):
             continue

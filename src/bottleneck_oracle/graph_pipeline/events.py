@@ -119,6 +119,13 @@ class EventTable:
         b = lo + np.searchsorted(ts_s[lo:hi], end, side="left")
         return order[a:b]
 
+    def window_rows(self, rank: int, g) -> np.ndarray:
+        """Rows of the events of ``rank`` that start in the window of ``g`` (an ExecutionGraph:
+        from its start to its longest measured span, 1 µs either side), in table order."""
+        offset = g.window_start - self.t0
+        span = max(g.measured.values()) if g.measured else 0.0
+        return self.rows_between(rank, offset - 1.0, offset + span + 1.0)
+
     def __len__(self) -> int:
         return len(self.cols["ts"])
 

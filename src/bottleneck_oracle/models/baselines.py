@@ -37,8 +37,7 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
     ts_rel = g.window_start - table.t0
     name_ok = np.array([bool(_PHASE.match(s)) for s in table.names], dtype=bool)
     for rank in g.ranks:
-        span = max(g.measured.values())
-        rows = table.rows_between(rank, ts_rel - 1.0, ts_rel + span + 1.0)
+        rows = table.window_rows(rank, g)
         rows = rows[name_ok[c["name"][rows]]]
         mine = np.flatnonzero(n["rank"] == rank)
         start = n["start"][mine]
