@@ -92,7 +92,7 @@ def _passes(n, dur, release, origin, src, dst, w, topo, out_ptr, out_order):
         for j in range(in_ptr[v], in_ptr[v + 1]):
             e = in_order[j]
             t = est[src[e]] + dur[src[e]] + w[e]
-            if t > best:
+            if t > best + 1e-9:  # ties (to rounding) go to the release, then to the first edge
                 best = t
                 arg = e
         if best == -np.inf:

@@ -7,20 +7,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, UNTRACED_GAP_US, Segment, breakdown, explain, label, node_class
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
-BREAKDOWN_KEYS = ("compute", "communication", "cpu_overhead", "idle")
+__all__ = ["BREAKDOWN_KEYS", "StepAnalysis"]
+
 
 
 @dataclass(slots=True)
 class StepAnalysis:
     graph: ExecutionGraph
     cpm: CPMResult
+    untraced_gap_us: float = UNTRACED_GAP_US
+    _segments: list[Segment] | None = None
 
     @classmethod
-    def of(cls, g: ExecutionGraph) -> StepAnalysis:
-        return cls(graph=g, cpm=run_cpm(g))
+    def of(cls, g: ExecutionGraph, untraced_gap_us: float = UNTRACED_GAP_US) -> StepAnalysis:
+        return cls(graph=g, cpm=run_cpm(g), untraced_gap_us=untraced_gap_us)
 
     # -- the numbers -------------------------------------------------------------------
 
@@ -47,71 +51,127 @@ class StepAnalysis:
 
     def node_class(self) -> np.ndarray:
         """Breakdown class per node: 0 compute, 1 communication, 2 CPU overhead."""
-        n = self.graph.nodes
-        cat = n["category"]
-        ranks_with_gpu = np.unique(n["rank"][n["on_gpu"]])
-        cpu_is_overhead = np.isin(n["rank"], ranks_with_gpu)
-        out = np.full(len(cat), 2, dtype=np.int8)
-        out[np.isin(cat, GPU_CATEGORIES)] = 0
-        out[(cat == Category.CPU_OP) & ~cpu_is_overhead] = 0
-        out[n["node_type"] == NodeType.NETWORK] = 1
-        return out
+        return node_class(self.graph)
+
+    def segments(self) -> list[Segment]:
+        """The critical path, segment by segment (analysis.segments), computed once."""
+        if self._segments is None:
+            self._segments = explain(self.graph, self.cpm, self.untraced_gap_us)
+        return self._segments
 
     def breakdown(self) -> dict[str, float]:
-        """Critical path time by class (µs); the four parts add up to the makespan (the step time:
-        idle counts from the step start of the rank whose span it is)."""
-        g, r = self.graph, self.cpm
-        parts = np.zeros(4)
-        if not len(r.path):
-            return dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-        klass = self.node_class()
-        d = g.nodes["mdur"]
-        np.add.at(parts, klass[r.path], d[r.path])
-        parts[3] += r.est[r.path[0]] - r.path_origin  # from the step start of the slowest rank to the first op
-        for e in r.path_edges.tolist():
-            w = float(g.edges["weight"][e])
-            src = int(g.edges["src"][e])
-            if w < 0:
-                parts[klass[src]] += w  # the next op overlapped the end of this one
-            elif g.edges["kind"][e] in (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH) and not g.nodes["on_gpu"][src]:
-                parts[2] += w  # framework time between ops on a thread, kernel launch latency
-            else:
-                parts[3] += w
-        return dict(zip(BREAKDOWN_KEYS, parts.tolist()))
+        """Critical path time by class (µs): compute, communication, cpu_overhead, idle (waiting
+        with a traced cause) and untraced; every part >= 0, together the makespan."""
+        return breakdown(self.segments())
+
+    @property
+    def untraced_us(self) -> float:
+        """The critical path's time in gaps with no traced cause (µs)."""
+        return self.breakdown()["untraced"]
 
     def critical_time(self, with_gaps: bool = False) -> np.ndarray:
         """Time each node contributes to the critical path (µs, 0 off the path): its modelled
-        duration, and with ``with_gaps`` also the gap on the path before it (untraced time,
-        latencies), so that the parts add up to the makespan."""
-        g, r = self.graph, self.cpm
-        t = np.zeros(g.n_nodes)
-        t[r.path] = g.nodes["mdur"][r.path]
-        if with_gaps and len(r.path):
-            t[r.path[1:]] += g.edges["weight"][r.path_edges]
-            t[r.path[0]] += r.est[r.path[0]] - r.path_origin
+        duration as it lies on the path, and with ``with_gaps`` also the time on the path
+        before it (waits, latencies, untraced time), so that the parts add up to the makespan."""
+        t = np.zeros(self.graph.n_nodes)
+        for s in self.segments():
+            if with_gaps or (s.kind == "op" and s.name == self.graph.node_name(s.node)):
+                t[s.node] += s.dur
         return t
 
     def top_ops(self, k: int = 20) -> list[dict]:
-        """Op names ranked by their total time on the critical path."""
-        g = self.graph
-        t = self.critical_time()
-        on = self.cpm.path
-        if not len(on):
-            return []
-        names = g.nodes["name"][on]
-        total = np.bincount(names, weights=t[on])
-        count = np.bincount(names)
-        order = sorted(np.flatnonzero(total > 0).tolist(), key=lambda i: (-total[i], g.names[i]))[:k]  # ties by name
+        """What the critical path's time went to, largest first: ops (an op's own time between
+        its children included), the framework time of ranges, waits, launch latency, untraced
+        time (segments.label); shares of the makespan add up to 1 over all of them."""
+        total: dict[str, float] = {}
+        count: dict[str, int] = {}
+        kind: dict[str, str] = {}
+        for s in self.segments():
+            key = label(s)
+            total[key] = total.get(key, 0.0) + s.dur
+            count[key] = count.get(key, 0) + 1
+            kind.setdefault(key, s.kind)
         ms = self.cpm.makespan or 1.0
-        return [
-            {
-                "name": g.names[i],
-                "critical_us": float(total[i]),
-                "share": float(total[i] / ms),
-                "count": int(count[i]),
+        order = sorted(total, key=lambda x: (-total[x], x))[:k]
+        return [{"name": x, "kind": kind[x], "critical_us": total[x], "share": total[x] / ms, "count": count[x]} for x in order]
+
+    def critical_path(self) -> list[dict]:
+        """The segments as JSON rows, in time order (schema in README: critical_path)."""
+        g = self.graph
+        threads, streams = g.meta.get("thread_names", {}), g.meta.get("stream_names", {})
+        rows = []
+        for s in self.segments():
+            key = f"{s.rank}:{s.tid}"
+            row = {
+                "kind": s.kind,
+                "rank": s.rank,
+                "tid": None if s.on_gpu or s.rank < 0 else s.tid,
+                "thread": None if s.on_gpu or s.rank < 0 else threads.get(key, f"thread {s.tid}"),
+                "stream": s.tid if s.on_gpu else None,
+                "name": s.name,
+                "start_us": s.start,
+                "dur_us": s.dur,
+                "node": s.node,
+                "cause": None,
             }
-            for i in order
-        ]
+            if s.cause >= 0:
+                c = s.cause
+                on_gpu = bool(g.nodes["on_gpu"][c])
+                rk, tid = int(g.nodes["rank"][c]), int(g.nodes["tid"][c])
+                row["cause"] = {"node": c, "name": g.node_name(c), "rank": rk,
+                                "thread": None if on_gpu or rk < 0 else threads.get(f"{rk}:{tid}", f"thread {tid}"),
+                                "stream": tid if on_gpu else None}  # fmt: skip
+            if s.on_gpu:
+                row["stream_name"] = streams.get(key, f"stream {s.tid}")
+            rows.append(row)
+        return rows
+
+    def untraced_warning(self, share: float = 0.10) -> str | None:
+        """One line when more than ``share`` of the step is untraced: how much, and where most of it is."""
+        segs = [s for s in self.segments() if s.kind == "untraced"]
+        total = sum(s.dur for s in segs)
+        ms = self.cpm.makespan or 1.0
+        if total <= share * ms:
+            return None
+        g = self.graph
+        where: dict[tuple, float] = {}
+        for s in segs:
+            where[(s.rank, s.tid, s.on_gpu)] = where.get((s.rank, s.tid, s.on_gpu), 0.0) + s.dur
+        (rank, tid, gpu), most = max(where.items(), key=lambda kv: kv[1])
+        names = g.meta.get("stream_names" if gpu else "thread_names", {})
+        place = names.get(f"{rank}:{tid}", f"{'stream' if gpu else 'thread'} {tid}")
+        big = max(segs, key=lambda s: s.dur)
+        step = g.step if g.step is not None else "(whole trace)"
+        return (
+            f"step {step}: {total / 1000:.1f} ms ({100 * total / ms:.0f}%) of the critical path is untraced (no traced cause), "
+            f"{most / 1000:.1f} ms of it on rank {rank} {place}; the longest stretch is {big.dur / 1000:.1f} ms in {big.name} "
+            f"before {g.node_name(big.node)} at {big.start / 1000:.3f} ms"
+        )
+
+    def gpu_queue(self) -> dict | None:
+        """How far each rank's GPU ran behind its CPU in this step: the median delay from a launch
+        call's start to its GPU op's start, how long after the step's CPU end the GPU finished the
+        step's work, and whether the queue was deeper than the step (the GPU still ran earlier
+        steps' work when this step's began). None without GPU ops."""
+        g = self.graph
+        n, e = g.nodes, g.edges
+        if not n["on_gpu"].any():
+            return None
+        launch = e["kind"] == EdgeKind.LAUNCH
+        src, dst = e["src"][launch], e["dst"][launch]
+        ends = g.meta.get("step_end_us", {})
+        out = []
+        for rk in g.ranks:
+            mine = n["rank"][dst] == rk
+            gpu = n["on_gpu"] & (n["rank"] == rk)
+            if not gpu.any():
+                continue
+            lag = float(np.median(n["start"][dst[mine]] - n["start"][src[mine]])) if mine.any() else 0.0
+            end_cpu = ends.get(str(rk))
+            tail = float((n["start"][gpu] + n["dur"][gpu]).max() - end_cpu) if end_cpu is not None else 0.0
+            span = g.measured.get(rk, 0.0)
+            out.append({"rank": rk, "lag_us": lag, "gpu_after_step_us": max(tail, 0.0), "deeper_than_step": bool(span and lag > span)})
+        return {"ranks": out, "deeper_than_step": any(x["deeper_than_step"] for x in out)} if out else None
 
     def lowest_slack_comm(self, k: int = 10) -> list[dict]:
         g, r = self.graph, self.cpm
@@ -193,4 +253,21 @@ class StepAnalysis:
             "per_rank": self.ranks(),
             "straggler": self.straggler(),
             "critical_path_nodes": len(r.path),
+            "untraced_us": self.untraced_us,
+            "gpu_queue": self.gpu_queue(),
+            "dropped_edges": g.meta.get("dropped_edges", {}),
+            "warnings": [w for w in (self.untraced_warning(), self.queue_warning()) if w],
+            "critical_path": self.critical_path(),
         }
+
+    def queue_warning(self) -> str | None:
+        q = self.gpu_queue()
+        if not q or not q["deeper_than_step"]:
+            return None
+        worst = max(q["ranks"], key=lambda x: x["lag_us"])
+        step = self.graph.step if self.graph.step is not None else "(whole trace)"
+        return (
+            f"step {step}: the GPU of rank {worst['rank']} runs {worst['lag_us'] / 1000:.1f} ms behind its CPU (median launch to start), "
+            f"more than the {self.graph.measured.get(worst['rank'], 0.0) / 1000:.1f} ms step: the step is GPU-bound and its GPU work "
+            f"ends {worst['gpu_after_step_us'] / 1000:.1f} ms after the CPU's step; the CPM step time counts from the CPU's step start"
+        )

@@ -236,14 +236,21 @@ def edited_durations(
 def edited_weights(
     g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(edge latencies after the ``gap=1`` edits, ids of the edited edges): the positive
-    program-order latency after each selected node is scaled, then delay_ms added."""
+    """(edge latencies after the edits, ids of the edited edges): with ``gap=1`` the positive
+    program-order latency after each selected node is scaled, then delay_ms added. A region edit
+    (``phase=`` or ``module=``) scales the time between two of its ops on a thread too: that is
+    the own time of the ops and ranges of the region (an op's work between its children)."""
     w = g.edges["weight"].astype(np.float64).copy()
     touched = []
     for e in edits:
-        if not (e.detach or e.gap):
+        region = (e.phase is not None or e.module is not None) and e.scale != 1.0 and not e.gap
+        if not (e.detach or e.gap or region):
             continue
         from_sel, to_sel = _edge_ends(g, e, phases, table)
+        if region:
+            ids = np.flatnonzero(from_sel & to_sel & (g.edges["kind"] == EdgeKind.PROGRAM_ORDER) & (w > 0))
+            w[ids] *= e.scale
+            touched.append(ids)
         if e.detach:
             ids = np.flatnonzero((from_sel | to_sel) & ~np.isin(g.edges["kind"], (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH)))
             w[ids] = -np.inf  # the CPM never takes an edge of latency -inf: the dependency is gone

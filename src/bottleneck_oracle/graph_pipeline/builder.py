@@ -7,6 +7,14 @@ node's in-edges the one whose source ended last is binding and gets weight =
 start - source end (launch latency, framework gap); the others get
 min(gap, 0). So the longest path reproduces every measured start exactly, and
 the slack of the non-binding paths is what the trace shows could be absorbed.
+
+Reproducing the measured starts is therefore no evidence that the graph is right: it holds
+by construction. What makes a binding edge right is that it names what the op waited for,
+so the wait rules (another thread, the GPU, a stream, a peer rank) run before the weights,
+and no edge may run back in time: an edge whose source started after its destination, or a
+wait on an op that ended after the waiter returned, is dropped (counted in
+``meta["dropped_edges"]``). What is left unexplained shows as a long gap on a thread and is
+reported as untraced by the analysis (analysis.segments).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from bottleneck_oracle.graph_pipeline import edges as rules
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, modelled_ends
 from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, make_window
@@ -40,21 +49,33 @@ class BuildOptions:
         "hipStreamSynchronize",
     )
     """Runtime calls that block until the GPU drains (used when a trace has no cuda_sync events)."""
+    idle_gap_us: float = 50.0
+    """µs: a thread with nothing opening or closing for this long was idle (waiting for a hand-over)."""
+    stream_wait_us: float = 50.0
+    """µs: a GPU op starting this much later than its launch and its stream allow waited for another
+    stream; an op there that ended at most this long before released it (traces without cuda_sync)."""
+    clock_tolerance_us: float = 5.0
+    """µs: CPU and GPU clocks of one rank disagree by up to this much (causality checks allow it)."""
 
     def __post_init__(self) -> None:
-        if not self.feeds_resume_us >= 0:
-            raise ValueError(f"feeds_resume_us must be >= 0 (found {self.feeds_resume_us})")
+        for name in ("feeds_resume_us", "idle_gap_us", "stream_wait_us", "clock_tolerance_us"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0 (found {value})")
 
 
-def _weights(src, dst, is_wait, start, mstart, end) -> np.ndarray:
+def _weights(src, dst, is_wait, start, mstart, end, carry) -> np.ndarray:
     """Binding local in-edge of each node: weight = start - source end; other local edges:
-    min(gap, 0); edges a blocking node waits on: min(modelled start - source end, 0)."""
+    min(gap, 0); edges a blocking node waits on: min(modelled start - source end, 0). A node
+    whose ``carry`` (earlier steps' work on its stream) ended after every local source has no
+    binding edge: its release starts it."""
     weight = np.empty(len(src))
     gap = start[dst] - end[src]
     loc = np.flatnonzero(~is_wait)
     loc = loc[np.lexsort((end[src[loc]], dst[loc]))]
     binding = np.ones(len(loc), dtype=bool)
     binding[:-1] = dst[loc[1:]] != dst[loc[:-1]]
+    binding &= carry[dst[loc]] <= end[src[loc]]
     weight[loc] = np.minimum(gap[loc], 0.0)
     weight[loc[binding]] = gap[loc[binding]]
     wt = np.flatnonzero(is_wait)
@@ -81,6 +102,8 @@ class RawGraph:
     step: int | None
     measured: dict[int, float]
     meta: dict
+    carry: np.ndarray | None = None  # µs per op: earliest start from work an earlier step queued (-inf: none)
+    gaps: dict[str, np.ndarray] | None = None  # the pieces of time between a thread's ops (gaps.py)
 
 
 def finalize(raw: RawGraph) -> ExecutionGraph:
@@ -110,10 +133,14 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
         s = np.unique(wd)
         mstart[s] = np.clip(ready[s], start[s], end[s])
 
-    weight = _weights(src, dst, is_wait, start, mstart, end)
-    has_local = np.zeros(n + n_bar, dtype=bool)
-    has_local[dst[~is_wait]] = True
-    release = np.where(has_local, -np.inf, mstart)  # earliest start of nodes nobody waits for
+    carry = np.full(n + n_bar, -np.inf)  # a GPU op queued behind an earlier step's work on its stream
+    if raw.carry is not None:
+        carry[:n] = np.minimum(raw.carry, mstart[:n])
+    weight = _weights(src, dst, is_wait, start, mstart, end, carry)
+    latest = np.full(n + n_bar, -np.inf)
+    np.maximum.at(latest, dst[~is_wait], end[src[~is_wait]])
+    # earliest start of nodes nobody waits for, and of those the earlier steps' work held up
+    release = np.where((latest > -np.inf) & (carry <= latest), -np.inf, mstart)
 
     ckind = nd["coll_kind"]
     if n_bar:
@@ -131,8 +158,9 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
         kind = np.concatenate([kind, kind[copy]])
         weight = np.concatenate([weight, weight[copy]])
         bar_release = np.full(n_bar, -np.inf)
-        lone = member[~has_local[member]]
+        lone = member[latest[member] == -np.inf]
         np.maximum.at(bar_release, inst[lone], start[lone])
+        np.maximum.at(bar_release, inst[member], carry[member])  # a participant queued behind earlier steps' work
         release[waiting] = -np.inf
         release[n:] = bar_release
         p2p = np.isin(ckind[waiting], P2P_KINDS)
@@ -181,6 +209,7 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
         step=raw.step,
         measured=raw.measured,
         meta=raw.meta,
+        gaps=raw.gaps if raw.gaps is not None else empty_gaps(),
     )
     g.validate()
     return g
@@ -192,12 +221,15 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     w = make_window(table, step)
     c, rows = w.c, w.node_rows
     start = w.ts[rows]
+    pieces = gap_pieces(w, w.lead_from)
     E = rules.EdgeSet()
     rules.program_order(w, E)
-    rules.launches(w, E)
+    launcher = rules.launches(w, E)
     rules.forward_backward(table, w, E)
     rules.data_dependencies(table, w, E)
-    rules.cuda_syncs(w, E, opt.blocking_sync_calls)
+    rules.cuda_syncs(w, E, opt.blocking_sync_calls, opt.clock_tolerance_us)
+    rules.stream_waits(w, E, launcher, opt.stream_wait_us, opt.clock_tolerance_us)
+    rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us)
     pairs = rules.backends(w, E)
     peer = np.full(len(rows), -1, dtype=np.int64)  # a backend send/recv's peer is its c10d call's
     for call, work in pairs:
@@ -206,6 +238,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
     src, dst, kind, is_wait = E.arrays()
+    src, dst, kind, is_wait, dropped = _causal(src, dst, kind, is_wait, start, w.end[rows], opt.clock_tolerance_us)
     nodes = {
         "rank": c["rank"][rows],
         "tid": c["tid"][rows],
@@ -223,9 +256,35 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     raw = RawGraph(
         names=w.names, nodes=nodes, end=end, inst=inst, src=src, dst=dst, kind=kind, is_wait=is_wait,
         window_start=table.t0 + w.w0, step=step, measured=w.measured,
-        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION},
+        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION,
+              "dropped_edges": dropped, "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps}, **_thread_names(table, nodes)},
+        carry=w.carry, gaps=pieces,
     )  # fmt: skip
     return finalize(raw)
+
+
+def _thread_names(table: EventTable, nodes: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
+    """The trace's names of the window's CPU threads and GPU streams, keyed "rank:tid"."""
+    out: dict[str, dict[str, str]] = {"thread_names": {}, "stream_names": {}}
+    if not table.thread_names:
+        return out
+    seen = np.unique(np.stack([nodes["rank"], nodes["tid"], nodes["on_gpu"]], axis=1), axis=0)
+    by_rank_tid = {(r, t): name for (r, _, t), name in table.thread_names.items()}
+    for r, t, gpu in seen.tolist():
+        name = by_rank_tid.get((r, t))
+        if name:
+            out["stream_names" if gpu else "thread_names"][f"{r}:{t}"] = name
+    return out
+
+
+def _causal(src, dst, kind, is_wait, start, end, tol: float):
+    """Drop the edges that run back in time: a source that started after its destination, or a
+    wait on an op that ended after the waiter returned (beyond ``tol`` µs of clock disagreement).
+    Returns the kept edges and the number dropped per edge kind name."""
+    bad = np.where(is_wait, end[src] > end[dst] + tol, start[src] > start[dst] + tol)
+    dropped = {EdgeKind(k).name.lower(): int(v) for k, v in zip(*np.unique(kind[bad], return_counts=True))}
+    keep = ~bad
+    return src[keep], dst[keep], kind[keep], is_wait[keep], dropped
 
 
 def _rank_starts(w, table: EventTable) -> dict[str, float]:

@@ -68,20 +68,24 @@ def program_order(w: Window, E: EdgeSet) -> None:
     E.add(b + serial, b + serial + 1, EdgeKind.PROGRAM_ORDER)
 
 
-def launches(w: Window, E: EdgeSet) -> None:
-    """Runtime call -> the GPU op with its correlation id on the same rank (flows are incomplete)."""
+def launches(w: Window, E: EdgeSet) -> np.ndarray:
+    """Runtime call -> the GPU op with its correlation id on the same rank (flows are incomplete).
+    Returns the launching event of each GPU op (index into gpu_rows order; -1: not launched in the window)."""
     c = w.c
     corr = c["correlation"]
+    launcher = np.full(len(w.gpu_rows), -1, dtype=np.int64)
     rt = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (corr >= 0))
     if not len(rt) or not len(w.gpu_rows):
-        return
+        return launcher
     key = c["rank"][rt].astype(np.int64) * (1 << 40) + corr[rt]
     order = np.argsort(key, kind="stable")
     rt, key = rt[order], key[order]
     gkey = c["rank"][w.gpu_rows].astype(np.int64) * (1 << 40) + corr[w.gpu_rows]
     pos = np.minimum(np.searchsorted(key, gkey), len(rt) - 1)
     hit = (corr[w.gpu_rows] >= 0) & (key[pos] == gkey)
+    launcher[hit] = rt[pos[hit]]
     E.add(w.out_node(rt[pos[hit]]), w.n_leaf + np.flatnonzero(hit), EdgeKind.LAUNCH)
+    return launcher
 
 
 def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
@@ -158,30 +162,38 @@ class _LaunchOrder:
         idx = np.flatnonzero(mask & (corr >= 0))
         self.idx = idx[np.argsort(corr[idx], kind="stable")]
         self.corr = corr[self.idx]
-        end = w.end[w.gpu_rows[self.idx]]
+        self.end = end = w.end[w.gpu_rows[self.idx]]
         running = np.maximum.accumulate(end) if len(end) else end
         at_max = np.where(end >= running, np.arange(len(end)), 0)
         self.latest = np.maximum.accumulate(at_max) if len(end) else at_max
 
-    def before(self, corr: int, latest_end: bool) -> int:
-        """GPU op (index into gpu_rows) launched last before ``corr``, or the one of those that ends last."""
+    def before(self, corr: int, latest_end: bool, limit: float = np.inf) -> int:
+        """GPU op (index into gpu_rows) launched last before ``corr``, or the one of those that ends
+        last, no later than ``limit`` µs (an op that ended after a waiter returned did not release it)."""
         p = int(np.searchsorted(self.corr, corr)) - 1
         if p < 0:
             return -1
-        return int(self.idx[self.latest[p]] if latest_end else self.idx[p])
+        if not latest_end:
+            return int(self.idx[p]) if self.end[p] <= limit else -1
+        best = int(self.latest[p])
+        if self.end[best] <= limit:
+            return int(self.idx[best])
+        ok = np.flatnonzero(self.end[: p + 1] <= limit)
+        return int(self.idx[ok[np.argmax(self.end[ok])]]) if len(ok) else -1
 
     def after(self, corr: int) -> int:
         p = int(np.searchsorted(self.corr, corr, side="right"))
         return int(self.idx[p]) if p < len(self.idx) else -1
 
 
-def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...]) -> None:
+def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: float) -> None:
     """A blocking sync call waits for the GPU ops launched before it:
     context sync -> the latest-ending op of the device, stream sync -> of the stream,
     cudaEventSynchronize -> the last op before the event record. cudaStreamWaitEvent
     orders two streams: the op before the record -> the next op on the waiting stream.
-    Traces without cuda_sync events: cudaDeviceSynchronize / cudaStreamSynchronize calls
-    wait for the latest-ending op of the device."""
+    Traces without cuda_sync events: the blocking calls (device, stream and event
+    synchronize) wait for the latest-ending op of the device. Causality: an op that ended
+    more than ``tol`` µs after the call returned did not release it and is never its cause."""
     c = w.c
     cls, corr, rank, name = c["cls"], c["correlation"], c["rank"], c["name"]
     grank = rank[w.gpu_rows]
@@ -204,18 +216,19 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...]) -> None:
         caller = caller_of.get((r, int(corr[s])), -1)
         node = int(w.ev2node[caller]) if caller >= 0 else -1
         g = -1
+        limit = float(w.end[caller]) + tol if caller >= 0 else np.inf
         if kind == CONTEXT_SYNC and node >= 0:
-            g = lo(r).before(int(corr[s]), latest_end=True)
+            g = lo(r).before(int(corr[s]), latest_end=True, limit=limit)
         elif kind == STREAM_SYNC and node >= 0:
-            g = lo(r, int(c["stream"][s])).before(int(corr[s]), latest_end=True)
+            g = lo(r, int(c["stream"][s])).before(int(corr[s]), latest_end=True, limit=limit)
         elif kind == EVENT_SYNC and node >= 0 and "Synchronize" in w.names[name[caller]]:
             if c["wait_stream"][s] >= 0 and c["wait_event_corr"][s] >= 0:
-                g = lo(r, int(c["wait_stream"][s])).before(int(c["wait_event_corr"][s]), latest_end=False)
+                g = lo(r, int(c["wait_stream"][s])).before(int(c["wait_event_corr"][s]), latest_end=False, limit=limit)
         elif kind == STREAM_WAIT_EVENT:
             st, ws, rec = int(c["stream"][s]), int(c["wait_stream"][s]), int(c["wait_event_corr"][s])
             if ws >= 0 and rec >= 0 and ws != st:
                 a, b = lo(r, ws).before(rec, latest_end=False), lo(r, st).after(int(corr[s]))
-                if a >= 0 and b >= 0:
+                if a >= 0 and b >= 0 and w.end[w.gpu_rows[a]] <= w.ts[w.gpu_rows[b]] + tol:
                     order_src.append(w.n_leaf + a)
                     order_dst.append(w.n_leaf + b)
             continue
@@ -226,7 +239,7 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...]) -> None:
     blocking_names = [i for i, n in enumerate(w.names) if n in blocking_calls]
     calls = np.flatnonzero((cls == EvClass.RUNTIME) & np.isin(name, blocking_names) & ~np.isin(rank, with_sync) & (corr >= 0))
     for call in calls.tolist():
-        g = lo(int(rank[call])).before(int(corr[call]), latest_end=True)
+        g = lo(int(rank[call])).before(int(corr[call]), latest_end=True, limit=float(w.end[call]) + tol)
         if g >= 0 and w.ev2node[call] >= 0:
             waits_src.append(w.n_leaf + g)
             waits_dst.append(int(w.ev2node[call]))
@@ -314,3 +327,97 @@ def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.nd
             feed_src.append(work)
             feed_dst.append(q)
     E.add(feed_src, feed_dst, EdgeKind.FEEDS)
+
+
+def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_tol: float) -> None:
+    """Traces without cuda_sync events (no record of cudaStreamWaitEvent's streams): a GPU op that
+    started more than ``tol`` µs after both its launch and the op before it on its stream ended
+    waited for something; if an op on another stream of its device ended at most ``tol`` µs before
+    it started (NCCL stream -> compute stream, copy stream -> compute stream), that op released
+    it. Never from an op that ended after the waiter started (beyond ``clock_tol``)."""
+    c = w.c
+    n_gpu = len(w.gpu_rows)
+    if not n_gpu:
+        return
+    rank = c["rank"][w.gpu_rows]
+    recorded = np.unique(c["rank"][c["cls"] == EvClass.GPU_SYNC])
+    start, end = w.ts[w.gpu_rows], w.end[w.gpu_rows]
+    lower = np.where(launcher >= 0, w.end[np.maximum(launcher, 0)], -np.inf)
+    prev_same = np.zeros(n_gpu, dtype=bool)
+    prev_same[1:] = w.gpu_stream[1:] == w.gpu_stream[:-1]
+    prev_end = np.full(n_gpu, -np.inf)
+    prev_end[1:] = end[:-1]
+    lower = np.maximum(lower, np.where(prev_same, prev_end, -np.inf))
+    lower = np.maximum(lower, w.carry[w.n_leaf : w.n_leaf + n_gpu])
+    late = np.flatnonzero((start - lower > tol) & np.isfinite(lower) & ~np.isin(rank, recorded))
+    if not len(late):
+        return
+    src, dst = [], []
+    for r in np.unique(rank[late]).tolist():
+        mine = np.flatnonzero(rank == r)
+        by_end = mine[np.argsort(end[mine], kind="stable")]
+        ends = end[by_end]
+        for b in late[rank[late] == r].tolist():
+            p = int(np.searchsorted(ends, start[b] + clock_tol, side="right")) - 1
+            while p >= 0 and ends[p] >= max(lower[b], start[b] - tol):
+                a = int(by_end[p])
+                if w.gpu_stream[a] != w.gpu_stream[b]:
+                    src.append(w.n_leaf + a)
+                    dst.append(w.n_leaf + b)
+                    break
+                p -= 1
+    E.add(src, dst, EdgeKind.SYNC)
+
+
+def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_us: float, resume_us: float) -> None:
+    """A thread that resumes after an idle stretch waits for the thread of its process that handed
+    over to it: the autograd engine's thread runs the backward pass while the thread that called
+    ``backward()`` waits, then hands back; the calling thread hands the backward to it first.
+
+    For a stretch of at least ``idle_us`` µs in which nothing opened or closed on a thread (a gap
+    piece, see gaps.py), the releasing op is the latest-ending leaf of another thread of the same
+    rank and process that ended inside the stretch, after which its thread started nothing before
+    the stretch ended (it handed over and went idle), with the waiting thread resuming within
+    ``resume_us`` µs of it (or a quarter of its idle time, if longer: wake-ups on a loaded machine
+    are late) and idle longer before the release than after it. Edge: that op -> the leaf the
+    stretch precedes (the THREAD edge's latency covers the wake-up and what ran before that leaf)."""
+    if not len(pieces["node"]) or not w.n_leaf:
+        return
+    c = w.c
+    long = np.flatnonzero(pieces["end"] - pieces["start"] >= idle_us)
+    if not len(long):
+        return
+    leaf_ev = w.leaf_rows
+    proc = c["rank"][leaf_ev].astype(np.int64) * (1 << 32) + c["pid"][leaf_ev]
+    srt = w.cpu_sorted  # every CPU event by (thread, ts): when did a thread next start something?
+    ev_th, ev_ts = w.ev_thread[srt], w.ts[srt]
+    span = float(w.end.max()) + 2.0
+    ev_key = ev_th * span + ev_ts
+    src, dst = [], []
+    piece_leaf = pieces["node"][long]
+    piece_proc = proc[piece_leaf]
+    for q in np.unique(piece_proc).tolist():
+        mine = np.flatnonzero(proc == q)
+        if len(np.unique(w.leaf_thread[mine])) < 2:
+            continue
+        by_end = mine[np.argsort(w.end[leaf_ev[mine]], kind="stable")]
+        ends = w.end[leaf_ev[by_end]]
+        for k in long[piece_proc == q].tolist():
+            lo, hi, b = float(pieces["start"][k]), float(pieces["end"][k]), int(pieces["node"][k])
+            p = int(np.searchsorted(ends, hi, side="right")) - 1
+            while p >= 0 and ends[p] >= lo:
+                a = int(by_end[p])
+                t_a, after, before = ends[p], hi - ends[p], ends[p] - lo
+                if after > max(resume_us, (hi - lo) / 4) or before <= after:
+                    break
+                th = w.leaf_thread[a]
+                if th != w.leaf_thread[b]:
+                    nxt = int(np.searchsorted(ev_key, th * span + t_a - 1e-6, side="right"))
+                    while nxt < len(ev_key) and srt[nxt] == leaf_ev[a]:  # a zero-length op itself
+                        nxt += 1
+                    if nxt >= len(ev_key) or ev_th[nxt] != th or ev_ts[nxt] >= hi:
+                        src.append(a)
+                        dst.append(b)
+                        break
+                p -= 1
+    E.add(src, dst, EdgeKind.THREAD)

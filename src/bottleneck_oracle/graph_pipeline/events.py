@@ -52,6 +52,8 @@ for _cats, _cls in (
     for _c in _cats:
         _CAT_CLASS[_c] = _cls
 
+GPU_SIDE = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET, EvClass.GPU_SYNC)  # recorded on a GPU timeline
+
 SYNC_KINDS = ("Context Sync", "Stream Sync", "Event Sync", "Stream Wait Event")
 
 
@@ -70,6 +72,7 @@ class _HashLookup:
 
 _CAT_BY_HASH = _HashLookup({k: int(v) for k, v in _CAT_CLASS.items()})
 _FLOW_HASHES = np.array([scan.fnv1a(c.encode()) for c in F.FLOW_CATS], dtype=np.uint64)
+_RANGE_HASHES = np.array([scan.fnv1a(c.encode()) for c in F.RANGE_CATS], dtype=np.uint64)
 
 
 @dataclass(slots=True)
@@ -99,20 +102,86 @@ class EventTable:
     flows: dict[str, np.ndarray]  # fwdbwd flow endpoints: rank, pid, tid, ts, id, is_start
     files: dict[int, str]  # rank -> file path
     meta: dict[int, dict] = field(default_factory=dict)  # rank -> distributedInfo
+    thread_names: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    """(rank, pid, tid) -> the thread's or GPU stream's name in the trace's metadata."""
     data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    """Cached (rows sorted by rank then ts, their rank, their ts) for window look-ups."""
+    """Cached (rows sorted by rank then anchor, their rank, their anchor) for window look-ups."""
+    launcher: np.ndarray | None = None
+    """Cached row of the runtime call that launched each GPU op (-1: none, or not a GPU op)."""
+    streams: tuple[np.ndarray, np.ndarray] | None = None
+    """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
+
+    def launchers(self) -> np.ndarray:
+        """Per row, the row of the runtime call that launched it: GPU ops and GPU-side sync records
+        are joined to the runtime call of the same rank with the same correlation id (flows are
+        incomplete in real traces); -1 for CPU events and GPU ops whose launch is not in the trace."""
+        if self.launcher is None:
+            c = self.cols
+            corr, cls = c["correlation"], c["cls"]
+            out = np.full(len(self), -1, dtype=np.int64)
+            gpu = np.flatnonzero(np.isin(cls, GPU_SIDE) & (corr >= 0))
+            rt = np.flatnonzero((cls == EvClass.RUNTIME) & (corr >= 0))
+            if len(gpu) and len(rt):
+                key = c["rank"][rt].astype(np.int64) * (1 << 40) + corr[rt]
+                order = np.argsort(key, kind="stable")  # the first call of a duplicated id wins
+                rt, key = rt[order], key[order]
+                gkey = c["rank"][gpu].astype(np.int64) * (1 << 40) + corr[gpu]
+                pos = np.minimum(np.searchsorted(key, gkey), len(rt) - 1)
+                hit = key[pos] == gkey
+                out[gpu[hit]] = rt[pos[hit]]
+            self.launcher = out
+        return self.launcher
+
+    def anchors(self) -> np.ndarray:
+        """Per row, the time (µs) that decides which step an event belongs to: its start, or for a
+        GPU op the start of the call that launched it. GPU work belongs to the step whose CPU
+        launched it, not to the step it happened to start in (the GPU can run a step behind).
+        A GPU op with no launch in the trace that ran before the first traced launch's op on its
+        rank was queued before the profiler started: it belongs to no step (-inf)."""
+        launcher = self.launchers()
+        c = self.cols
+        ts = c["ts"]
+        anchor = np.where(launcher >= 0, ts[np.maximum(launcher, 0)], ts)
+        orphan = np.isin(c["cls"], GPU_SIDE) & (launcher < 0)
+        if orphan.any():
+            launched = np.flatnonzero(launcher >= 0)
+            for r in np.unique(c["rank"][orphan]).tolist():
+                mine = launched[c["rank"][launched] == r]
+                if len(mine):
+                    early = orphan & (c["rank"] == r) & (ts < ts[mine].min())
+                    anchor[early] = -np.inf
+        return anchor
+
+    def stream_predecessors(self, rows: np.ndarray) -> np.ndarray:
+        """Per GPU op in ``rows``, the row of the op that ran before it on its stream (same rank,
+        device and stream, by start time), -1 for the first one."""
+        if self.streams is None:
+            c = self.cols
+            gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+            order = gpu[np.lexsort((c["ts"][gpu], c["tid"][gpu], c["pid"][gpu], c["rank"][gpu]))]
+            pos = np.full(len(self), -1, dtype=np.int64)
+            pos[order] = np.arange(len(order))
+            self.streams = (order, pos)
+        order, pos = self.streams
+        p = pos[rows]
+        prev = np.where(p > 0, order[np.maximum(p - 1, 0)], -1)
+        c = self.cols
+        same = (p > 0) & (c["rank"][prev] == c["rank"][rows]) & (c["pid"][prev] == c["pid"][rows]) & (c["tid"][prev] == c["tid"][rows])
+        return np.where(same, prev, -1)
 
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rows sorted by rank then ts, their rank, their ts), computed once."""
+        """(rows sorted by rank then anchor, their rank, their anchor), computed once."""
         if self.by_rank_ts is None:
-            order = np.lexsort((self.cols["ts"], self.cols["rank"]))
-            self.by_rank_ts = (order, self.cols["rank"][order], self.cols["ts"][order])
+            anchor = self.anchors()
+            order = np.lexsort((anchor, self.cols["rank"]))
+            self.by_rank_ts = (order, self.cols["rank"][order], anchor[order])
         return self.by_rank_ts
 
     def rows_between(self, rank: int, start: float, end: float) -> np.ndarray:
-        """Rows of the events of ``rank`` that start in [start, end), in table order."""
+        """Rows of the events of ``rank`` whose anchor (see ``anchors``) is in [start, end), in
+        table order: CPU events that start there and the GPU ops they launched."""
         order, rank_s, ts_s = self.index()
         lo, hi = np.searchsorted(rank_s, rank, side="left"), np.searchsorted(rank_s, rank, side="right")
         a = lo + np.searchsorted(ts_s[lo:hi], start, side="left")
@@ -249,6 +318,7 @@ class _Builder:
         self.flows: dict[str, np.ndarray] = {}
         self.steps: list[tuple[int, int, float, float, int, int]] = []  # times relative to base
         self.base = 0  # integer µs that this file's times are relative to
+        self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
 
     def add_scanned(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -295,6 +365,7 @@ class _Builder:
             "dur": dur[keep],
             "name": code[keep].astype(np.int32),
             "cls": xcls[keep],
+            "is_range": np.isin(ev["cat"][rows], _RANGE_HASHES),
             "correlation": ev["corr"][rows],
             "ext_id": ev["ext"][rows],
             "rf_id": ev["rfid"][rows],
@@ -323,6 +394,7 @@ class _Builder:
             part[col] = arr
         self.parts.append(part)
         self.names = names
+        self._thread_names(path, raw, ev)
         f = np.flatnonzero(flow)
         self.flows = {
             "rank": np.full(len(f), rank, dtype=np.int64),
@@ -333,6 +405,23 @@ class _Builder:
             "is_start": ph[f] == ord("s"),
         }
         return n
+
+    def _thread_names(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> None:
+        """Names of the CPU threads and GPU streams from the trace's "thread_name" metadata events
+        (a thread renamed later keeps its last name: "pt_autograd_0" over "pt_main_thread")."""
+        meta = np.flatnonzero((ev["ph"] == ord("M")) & (ev["name_lo"] >= 0))
+        want = b"thread_name"
+        meta = [i for i in meta.tolist() if raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])] == want]
+        if not meta:
+            return
+        idx = np.array(meta, dtype=np.int64)
+        pids, tids = self._ids(ev["pid"][idx], ev["pid_str"][idx]), self._ids(ev["tid"][idx], ev["tid_str"][idx])
+        for i, pid, tid in zip(meta, pids.tolist(), tids.tolist()):
+            obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
+            args = obj.get("args") if isinstance(obj, dict) else None
+            name = args.get("name") if isinstance(args, dict) else None
+            if isinstance(name, str) and name.strip():
+                self.thread_names[(int(pid), int(tid))] = name.strip()
 
     @staticmethod
     def _names(raw: bytes, ev: dict[str, np.ndarray], x: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -433,6 +522,7 @@ def _merge(builders: list[_Builder]) -> EventTable:
     return EventTable(
         t0=float(base) + first, names=names, cols=cols, steps=step_list, flows=fl,
         files={b.rank: b.path for b in builders}, meta={b.rank: b.meta for b in builders},
+        thread_names={(b.rank, p, t): name for b in builders for (p, t), name in b.thread_names.items()},
     )  # fmt: skip
 
 

@@ -43,6 +43,9 @@ DTYPE_KEYS = ("dtype",)
 
 # Raw event categories ("cat") and the event class they map to.
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "Operator"})
+# CPU events that mark a range of program code (record_function, Python frames), not an op: the
+# time between their children is Python or untraced work, not the work of an op
+RANGE_CATS = frozenset({"user_annotation", "python_function"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver"})
 KERNEL_CATS = frozenset({"kernel", "Kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})

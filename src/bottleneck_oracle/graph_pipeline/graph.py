@@ -10,8 +10,10 @@ import numpy as np
 
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import GraphError
+from bottleneck_oracle.graph_pipeline.gaps import empty_gaps
 from bottleneck_oracle.graph_pipeline.schema import (
     EDGE_COLUMNS,
+    GAP_COLUMNS,
     NODE_COLUMNS,
     SCHEMA_VERSION,
     Category,
@@ -36,6 +38,8 @@ class ExecutionGraph:
     step: int | None
     measured: dict[int, float]
     meta: dict = field(default_factory=dict)
+    gaps: dict[str, np.ndarray] = field(default_factory=empty_gaps)
+    """The time between consecutive ops of each CPU thread, in pieces (schema.GAP_COLUMNS)."""
 
     @property
     def n_nodes(self) -> int:
@@ -69,6 +73,11 @@ class ExecutionGraph:
                 raise GraphError(f"edge column {col!r} is missing or has the wrong length")
         if self.n_edges and (self.edges["src"].max() >= n or self.edges["dst"].max() >= n or self.edges["src"].min() < 0):
             raise GraphError("an edge points outside the node table")
+        lengths = {len(self.gaps.get(col, ())) for col in GAP_COLUMNS}
+        if len(lengths) != 1:
+            raise GraphError(f"gap columns are missing or of different lengths ({sorted(lengths)})")
+        if len(self.gaps["node"]) and (self.gaps["node"].min() < 0 or self.gaps["node"].max() >= n):
+            raise GraphError("a gap piece points outside the node table")
         if (self.nodes["mdur"] < -1e-6).any():
             i = int(np.argmin(self.nodes["mdur"]))
             raise GraphError(f"node {self.node_name(i)!r} has a negative modelled duration")
@@ -95,6 +104,7 @@ class ExecutionGraph:
         path = Path(path)
         arrays = {f"node__{k}": v for k, v in self.nodes.items()}
         arrays.update({f"edge__{k}": v for k, v in self.edges.items()})
+        arrays.update({f"gap__{k}": v for k, v in self.gaps.items()})
         arrays["release"] = self.release
         header = {
             "schema_version": SCHEMA_VERSION,
@@ -129,6 +139,7 @@ class ExecutionGraph:
             step=header["step"],
             measured={int(k): v for k, v in header["measured"].items()},
             meta=header["meta"],
+            gaps={k[5:]: v for k, v in data.items() if k.startswith("gap__")},
         )
         g.validate()
         return g

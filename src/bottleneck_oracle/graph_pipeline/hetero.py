@@ -31,7 +31,7 @@ from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, NODE_TYPE_NAMES, Category, CollectiveKind, EdgeKind, NodeType
 
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3  # 3: the THREAD edge kind
 
 COMPUTE_COLUMNS = ["log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "on_gpu", "rank_position", "start_share_of_step"] + [
     f"category_{c.name.lower()}" for c in Category

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-SCHEMA_VERSION = 1  # bump when a column, a node type or an edge rule changes meaning
+import numpy as np
+
+SCHEMA_VERSION = 2  # bump when a column, a node type or an edge rule changes meaning
 
 
 class NodeType(IntEnum):
@@ -50,6 +52,7 @@ class EdgeKind(IntEnum):
     SEND_RECV = 6  # barrier of a send/recv pair -> the send and the recv
     FEEDS = 7  # collective completion -> the op its waiting thread resumes with
     DATA = 8  # the op that wrote a tensor -> an op that reads it (PyTorch execution trace, Chakra data deps)
+    THREAD = 9  # the last op of a thread that handed over -> the op a waiting thread of its process resumes with
 
 
 # Edge types of the heterogeneous graph as PyG (src, relation, dst) triples.
@@ -94,6 +97,18 @@ EDGE_COLUMNS = {
     "dst": "int64 node index",
     "kind": "int8, EdgeKind",
     "weight": "float64 µs, the dependency's latency: dst may start weight µs after src ends",
+}
+
+
+# The time between consecutive leaf ops of a CPU thread, in pieces with one innermost open event
+# (graph_pipeline.gaps): ExecutionGraph.gaps, arrays of one row per piece.
+GAP_COLUMNS = {
+    "node": (np.int64, "the leaf node the piece precedes on its thread"),
+    "start": (np.float64, "µs from the window start"),
+    "end": (np.float64, "µs from the window start"),
+    "owner": (np.int32, "index into ExecutionGraph.names of the innermost event open then (-1: none)"),
+    "owner_start": (np.float64, "µs, when the owner opened (NaN: no owner)"),
+    "owner_op": (np.bool_, "the owner is an op (its own time is work), not a range of program code"),
 }
 
 

@@ -1,7 +1,7 @@
 """The events of one analysis window and the node set drawn from them.
 
-A window is one ProfilerStep on every rank (everything that starts within the
-step's span on that rank, GPU ops included) or the whole trace. Nodes are the
+A window is one ProfilerStep on every rank (the CPU events that start within the step's span
+on that rank and the GPU ops they launched, wherever those ran) or the whole trace. Nodes are the
 leaf slices of each CPU thread's op tree, every GPU op and every backend op (gloo:*,
 kept off the leaf chain: an async op's span overlaps its thread's later work); parent
 ops are mapped onto their first leaf (edges into them) or last leaf (edges out of them).
@@ -26,9 +26,10 @@ _CLASS_CATEGORY = np.array([Category.CPU_OP, Category.RUNTIME, Category.KERNEL, 
 def select_window(table: EventTable, step: int | None) -> tuple[np.ndarray, float, dict[int, float], list[Step]]:
     """Rows of the events in one ProfilerStep (all ranks), its start, measured spans and steps.
 
-    A step is everything that starts within its ProfilerStep span on that rank, GPU ops
-    included (a kernel belongs to the step it runs in, not the one that launched it).
-    With ``step=None`` the whole trace is one window.
+    A step is every CPU event that starts within its ProfilerStep span on that rank and the GPU
+    ops those launched (joined on correlation ids), even where the GPU ran them after the span:
+    GPU work belongs to the step whose CPU launched it. GPU ops whose launch is not in the trace
+    belong to the step they start in. With ``step=None`` the whole trace is one window.
     """
     c = table.cols
     ts, end = c["ts"], c["ts"] + c["dur"]
@@ -63,6 +64,7 @@ def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> t
         cls=np.full(k, EvClass.CPU, dtype=np.int8),
         elem_bytes=np.full(k, np.nan),
         name=np.full(k, len(names) - 1, dtype=np.int32),
+        is_range=np.zeros(k, dtype=bool),
     )
     c = {key: np.concatenate([v, extra[key]]) for key, v in c.items()}
     return c, np.concatenate([rows, np.full(k, -1, dtype=np.int64)]), names
@@ -114,6 +116,8 @@ class Window:
     ev2node: np.ndarray
     is_net: np.ndarray
     ckind: np.ndarray  # CollectiveKind per node (-1 for compute)
+    carry: np.ndarray  # µs per node: when the op before it on its GPU stream, launched in an earlier step, ended (-inf: none)
+    lead_from: np.ndarray  # µs per event: its rank's step start
 
     @property
     def n_leaf(self) -> int:
@@ -211,11 +215,25 @@ def make_window(table: EventTable, step: int | None) -> Window:
     ev2node[node_rows] = np.arange(len(node_rows))
     nname, ncls = c["name"][node_rows], cls[node_rows]
     is_net = (name_gloo[nname] & (ncls == EvClass.CPU)) | (name_nccl[nname] & (ncls == EvClass.KERNEL))
+
+    # a GPU op queued behind work an earlier step launched on its stream starts when that ends
+    carry = np.full(len(node_rows), -np.inf)
+    g_nodes = len(srt[leaf]) + np.arange(len(gpu_rows))
+    prev = table.stream_predecessors(rows[node_rows[g_nodes]]) if len(g_nodes) else np.zeros(0, np.int64)
+    outside = (prev >= 0) & ~np.isin(prev, rows)
+    if outside.any():
+        p_end = table.cols["ts"][prev[outside]] + table.cols["dur"][prev[outside]] - w0
+        g_start = ts[node_rows[g_nodes[outside]]]
+        carry[g_nodes[outside]] = np.where(g_start - p_end < 1e-3, g_start, p_end)  # back to back: float noise
+    starts = {s.rank: s.start - w0 for s in steps} or {int(r): float(ts[c["rank"] == r].min()) for r in np.unique(c["rank"])}
+    known = np.array(sorted(starts), dtype=np.int64)
+    at = np.array([starts[r] for r in known.tolist()], dtype=np.float64)
+    lead_from = at[np.searchsorted(known, c["rank"]).clip(0, max(len(known) - 1, 0))] if len(known) else np.zeros(len(ts))
     return Window(
         step=step, w0=w0, measured=measured, steps=steps, rows=rows, c=c, names=names, ts=ts, end=end,
         name_coll=name_coll, name_gloo=name_gloo, name_nccl=name_nccl, name_c10d=name_c10d,
         cpu_rows=cpu_rows, cpu_sorted=srt, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
         gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order], backend_rows=back_rows[b_order], backend_lane=lane[b_order],
         node_rows=node_rows, ev2node=ev2node, is_net=is_net,
-        ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8),
+        ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8), carry=carry, lead_from=lead_from,
     )  # fmt: skip

@@ -24,13 +24,17 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 # phase codes of nodes (node_phases)
 NONE, FORWARD, BACKWARD, OPTIMIZER, DP_SYNC = 0, 1, 2, 3, 4
-_PHASE = re.compile(r"^(forward|backward|optimizer|dp_allreduce)(?:\.mb(\d+))?$")
+# our hook's phase ranges ("backward", "forward.mb3") and the profiler's own ("## backward ##")
+_PHASE = re.compile(r"^(?:## )?(forward|backward|optimizer|dp_allreduce)(?:\.mb(\d+))?(?: ##)?$")
 _CODES = {"forward": FORWARD, "backward": BACKWARD, "optimizer": OPTIMIZER, "dp_allreduce": DP_SYNC}
 
 
 def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
     """(phase code, micro-batch index or -1) of every node: the innermost phase range
-    (``profiler.phase``) on the node's rank and thread that contains its start."""
+    (``profiler.phase``, or the profiler's ``## forward ##`` / ``## backward ##``) on the node's
+    rank and thread that contains its start. The autograd engine runs the backward pass on
+    threads of its own: a node in no range of its thread that starts while a backward range is
+    open on another thread of its rank is in the backward phase."""
     phase = np.zeros(g.n_nodes, dtype=np.int8)
     mb = np.full(g.n_nodes, -1, dtype=np.int16)
     n, c = g.nodes, table.cols
@@ -49,6 +53,11 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
             phase[mine[inside]] = _CODES[m.group(1)]
             mb[mine[inside]] = int(m.group(2)) if m.group(2) else -1
             best[inside] = c["dur"][r]
+        for r in rows[[_PHASE.match(table.names[c["name"][r]]).group(1) == "backward" for r in rows]] if len(rows) else rows:
+            lo, hi = c["ts"][r] - ts_rel, c["ts"][r] - ts_rel + c["dur"][r]
+            other = ~np.isinf(best) | (n["tid"][mine] == c["tid"][r])
+            inside = ~other & (start >= lo - 0.5) & (start < hi)
+            phase[mine[inside]] = BACKWARD
     return phase, mb
 
 

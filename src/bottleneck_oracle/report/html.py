@@ -18,7 +18,8 @@ from bottleneck_oracle.analysis.summary import BREAKDOWN_KEYS, StepAnalysis  # n
 from bottleneck_oracle.atomic import atomic_path  # noqa: E402
 
 MAX_TIMELINE_BARS = 20_000  # more bars make the PNG unreadable and slow to draw
-_COLORS = {"compute": "#4c78a8", "communication": "#f58518", "cpu_overhead": "#72b7b2", "idle": "#bab0ac"}
+_COLORS = {"compute": "#4c78a8", "communication": "#f58518", "cpu_overhead": "#72b7b2", "idle": "#bab0ac", "untraced": "#222222"}
+_SEGMENT_COLORS = {"wait": "#ff9f1c", "framework": "#f4a6a6", "launch": "#f4a6a6", "untraced": "#222222"}
 
 
 def _png(fig) -> str:
@@ -29,7 +30,9 @@ def _png(fig) -> str:
 
 
 def timeline_plot(a: StepAnalysis) -> str:
-    """One lane per (rank, thread or stream); critical-path ops in red."""
+    """One lane per (rank, thread or stream), named as the trace names it; critical-path ops in red,
+    the path's other segments on the lane they delay (waits orange, framework and launch time pink,
+    untraced time black)."""
     g, r = a.graph, a.cpm
     n = g.nodes
     real = np.flatnonzero(n["event"] >= 0)
@@ -57,11 +60,28 @@ def timeline_plot(a: StepAnalysis) -> str:
                 color=color,
                 linewidth=0,
             )
+    for kind, color in _SEGMENT_COLORS.items():
+        segs = [x for x in a.segments() if x.kind == kind and (x.rank, x.on_gpu, x.tid) in lane_of]
+        if segs:
+            ax.barh(
+                [lane_of[(x.rank, x.on_gpu, x.tid)] for x in segs],
+                [max(x.dur, min_w) / 1000 for x in segs],
+                left=[x.start / 1000 for x in segs],
+                height=0.35,
+                color=color,
+                linewidth=0,
+            )
+    names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
     ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([f"rank {rk} {'stream' if gpu else 'thread'} {tid}" for rk, gpu, tid in lanes], fontsize=7)
+    ax.set_yticklabels(
+        [f"rank {rk} {names[gpu].get(f'{rk}:{tid}', ('stream ' if gpu else 'thread ') + str(tid))}" for rk, gpu, tid in lanes], fontsize=7
+    )
     ax.invert_yaxis()
     ax.set_xlabel("time from step start (ms)")
-    ax.set_title(f"step {g.step if g.step is not None else 'window'}: critical path in red, waiting in yellow")
+    ax.set_title(
+        f"step {g.step if g.step is not None else 'window'}: critical path in red (ops) and orange (waits), "
+        "pink (framework, launch), black (untraced); blocking ops' waiting in yellow"
+    )
     return _png(fig)
 
 

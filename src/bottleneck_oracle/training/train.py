@@ -241,9 +241,11 @@ def load_checkpoint(path: str | Path) -> dict:
             f"this version reads format {CHECKPOINT_VERSION}: retrain with `bottleneck-oracle train`"
         )
     if ckpt.get("feature_version") != FEATURE_VERSION or ckpt.get("feature_schema") != feature_schema():
+        theirs = ckpt.get("feature_schema") or {}
+        differ = [k for k, v in feature_schema().items() if theirs.get(k) != v]
         raise OracleError(
-            f"{path}: trained on feature schema {ckpt.get('feature_version')}, this version builds schema {FEATURE_VERSION}: "
-            "rebuild the dataset and retrain"
+            f"{path}: trained on feature schema {ckpt.get('feature_version')}, this version builds schema {FEATURE_VERSION} "
+            f"(they differ in: {', '.join(differ) or 'version'}): rebuild the dataset and retrain"
         )
     return ckpt
 

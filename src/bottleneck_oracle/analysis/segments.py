@@ -1,0 +1,237 @@
+"""The critical path explained, segment by segment.
+
+The critical path is a chain of nodes; between two of them lies the latency of the edge that
+decided the second one's start. Every microsecond of the step is one of:
+
+- ``op``: an op running (its modelled duration), or the own time of an op that encloses the
+  gap between two of its children (``aten::addmm``'s compute, ``aten::_foreach_mul_``'s loop);
+- ``launch``: kernel launch latency (a runtime call's end to its GPU op's start) and queue gaps
+  between consecutive ops of a GPU stream;
+- ``wait``: the latency after what an op waited for — another thread's hand-over, a GPU op at
+  a sync, another stream, a collective, a peer rank's late step start, the GPU still running an
+  earlier step's work (``cause``: the node waited for, where it is one);
+- ``framework``: time between ops on a thread inside no op (Python, the dispatcher), each
+  stretch at most ``untraced_gap_us``;
+- ``untraced``: longer such stretches: the trace shows no cause (sleeps, untraced Python, a lock).
+
+Segments tile the step: from the step start of the rank whose span is the step time to the end
+of the last op, in time order, never overlapping, so they add up to the makespan and no part is
+negative. Where an op overlaps the one after it (a kernel starts before its launch call returns)
+the earlier segment is cut where the later one starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bottleneck_oracle.analysis.cpm import CPMResult
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
+
+SEGMENT_KINDS = ("op", "launch", "wait", "framework", "untraced")
+BREAKDOWN_KEYS = ("compute", "communication", "cpu_overhead", "idle", "untraced")
+COMPUTE, COMM, CPU, IDLE, UNTRACED = range(5)
+UNTRACED_GAP_US = 1000.0  # µs: a stretch between ops with nothing open, or inside a range, longer than this is untraced
+
+_WAIT_LABEL = {
+    EdgeKind.THREAD: "wake-up after another thread's hand-over",
+    EdgeKind.FEEDS: "wake-up after a collective completed",
+    EdgeKind.COLLECTIVE_SYNC: "collective: waiting for the last rank",
+    EdgeKind.SEND_RECV: "send/recv: waiting for the peer",
+    EdgeKind.BACKEND: "backend queue latency",
+    EdgeKind.FWD_BWD: "forward -> backward latency",
+    EdgeKind.DATA: "tensor dependency latency",
+}
+
+
+@dataclass(slots=True)
+class Segment:
+    kind: str  # one of SEGMENT_KINDS
+    klass: int  # index into BREAKDOWN_KEYS
+    rank: int
+    tid: int  # CPU thread or GPU stream id (-1: none)
+    on_gpu: bool
+    name: str  # the op, the op or range whose own time it is, or what was waited for
+    start: float  # µs from the window start
+    dur: float  # µs
+    node: int = -1  # the node it belongs to (an op's, or the one whose start it delays)
+    cause: int = -1  # the node waited for (kind "wait"), -1 if none
+
+    @property
+    def end(self) -> float:
+        return self.start + self.dur
+
+
+def node_class(g: ExecutionGraph) -> np.ndarray:
+    """Breakdown class per node: COMPUTE (GPU ops; CPU ops of CPU-only ranks), COMM (collectives,
+    send/recv), CPU (runtime calls, CPU ops of ranks with a GPU)."""
+    n = g.nodes
+    cat = n["category"]
+    cpu_is_overhead = np.isin(n["rank"], np.unique(n["rank"][n["on_gpu"]]))
+    out = np.full(len(cat), CPU, dtype=np.int8)
+    out[np.isin(cat, GPU_CATEGORIES)] = COMPUTE
+    out[(cat == Category.CPU_OP) & ~cpu_is_overhead] = COMPUTE
+    out[n["node_type"] == NodeType.NETWORK] = COMM
+    return out
+
+
+class _Pieces:
+    """The gap pieces (graph.gaps) of each node, in time order."""
+
+    def __init__(self, g: ExecutionGraph) -> None:
+        gp = g.gaps
+        order = np.lexsort((gp["start"], gp["node"]))
+        self.node, self.lo, self.hi = gp["node"][order], gp["start"][order], gp["end"][order]
+        self.owner, self.owner_op = gp["owner"][order], gp["owner_op"][order]
+
+    def of(self, v: int) -> range:
+        a = int(np.searchsorted(self.node, v, side="left"))
+        b = int(np.searchsorted(self.node, v, side="right"))
+        return range(a, b)
+
+
+def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_GAP_US) -> list[Segment]:
+    """The segments of the critical path of ``g`` (CPM result ``r``), in time order."""
+    n, e = g.nodes, g.edges
+    klass = node_class(g)
+    cpu_only = ~np.isin(n["rank"], np.unique(n["rank"][n["on_gpu"]]))
+    pieces = _Pieces(g)
+    out: list[Segment] = []
+
+    def add(kind: str, k: int, v: int, name: str, lo: float, hi: float, cause: int = -1) -> None:
+        if hi - lo <= 1e-9:
+            return
+        out.append(Segment(kind, k, int(n["rank"][v]), int(n["tid"][v]), bool(n["on_gpu"][v]), name, lo, hi - lo, v, cause))
+
+    def stretch(v: int, lo: float, hi: float, owner: int = -1, owner_op: bool = False) -> None:
+        """Time on v's thread between ops: own time of an enclosing op, framework or untraced."""
+        if owner_op:
+            add("op", COMPUTE if cpu_only[v] else CPU, v, g.names[owner], lo, hi)
+        elif hi - lo <= untraced_gap_us:
+            add("framework", CPU, v, g.names[owner] if owner >= 0 else "between ops", lo, hi)
+        else:
+            add("untraced", UNTRACED, v, g.names[owner] if owner >= 0 else "no op open", lo, hi)
+
+    def thread_time(v: int, lo: float, hi: float, cause: int = -1, wait_name: str = "") -> None:
+        """[lo, hi) before CPU leaf v, split by its gap pieces. With a cause, the thread waited
+        until the first piece boundary after ``lo`` (it was seen running from there on)."""
+        cursor = lo
+        woke = cause < 0
+        for q in pieces.of(v):
+            a, b = max(float(pieces.lo[q]), cursor), min(float(pieces.hi[q]), hi)
+            if b <= a:
+                continue
+            if a > cursor:  # a stretch no piece covers (modelled ends differ from recorded ones)
+                if woke:
+                    stretch(v, cursor, a)
+                else:
+                    add("wait", IDLE, v, wait_name, cursor, a, cause)
+            if not woke:
+                add("wait", IDLE, v, wait_name, a, b, cause)
+                woke = True
+            else:
+                stretch(v, a, b, int(pieces.owner[q]), bool(pieces.owner_op[q]))
+            cursor = b
+        if hi > cursor:
+            if woke:
+                stretch(v, cursor, hi)
+            else:
+                add("wait", IDLE, v, wait_name, cursor, hi, cause)
+
+    path, pedges = r.path.tolist(), r.path_edges.tolist()
+    cursor = r.path_origin
+    for j, v in enumerate(path):
+        est = float(r.est[v])
+        if est < cursor:  # the op started before the previous one ended: cut that one back
+            _cut(out, est)
+            cursor = est
+        if j == 0:
+            _lead_in(g, r, v, cursor, est, add, thread_time)
+        elif est > cursor:
+            edge = pedges[j - 1]
+            kind, src = EdgeKind(int(e["kind"][edge])), int(e["src"][edge])
+            gpu_v = bool(n["on_gpu"][v])
+            if kind == EdgeKind.PROGRAM_ORDER and not gpu_v:
+                thread_time(v, cursor, est)
+            elif kind in (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH):
+                name = "kernel launch latency" if kind == EdgeKind.LAUNCH else "GPU queue gap"
+                if est - cursor <= untraced_gap_us:
+                    add("launch", CPU, v, name, cursor, est)
+                else:
+                    add("untraced", UNTRACED, v, f"GPU idle after {'launch' if kind == EdgeKind.LAUNCH else 'previous op'}", cursor, est)
+            else:
+                if kind == EdgeKind.SYNC:
+                    label = "stream wait" if n["on_gpu"][src] and gpu_v else "wake-up after a GPU sync"
+                else:
+                    label = _WAIT_LABEL.get(kind, "dependency latency")
+                if not gpu_v and n["category"][v] != Category.BARRIER:
+                    thread_time(v, cursor, est, src, label)
+                else:
+                    add("wait", IDLE, v, label, cursor, est, src)
+        d = float(r.eft[v]) - est
+        if d > 0 and n["category"][v] != Category.BARRIER:
+            add("op", int(klass[v]), v, g.node_name(v), est, est + d)
+        cursor = max(cursor, est + d)
+    return [s for s in _clip(out, r.path_origin) if s.dur > 1e-9]
+
+
+def _lead_in(g: ExecutionGraph, r: CPMResult, v: int, lo: float, est: float, add, thread_time) -> None:
+    """From the step start of the rank whose span is the step time to the path's first op."""
+    n = g.nodes
+    if est <= lo:
+        return
+    rank = int(n["rank"][v])
+    if rank >= 0:
+        start = g.rank_start(rank)
+        if start > lo:  # another rank entered the step later: its late start held everyone up
+            add("wait", IDLE, v, f"late step start of rank {rank}", lo, min(start, est))
+            lo = min(start, est)
+    if n["on_gpu"][v]:
+        add("wait", IDLE, v, "GPU busy with work launched in earlier steps", lo, est)
+    elif n["category"][v] == Category.BARRIER:
+        add("wait", IDLE, v, "collective: waiting for the last rank", lo, est)
+    else:
+        thread_time(v, lo, est)
+
+
+def _cut(out: list[Segment], t: float) -> None:
+    """Shorten the segments so that none runs past ``t`` (an op overlapped by its successor)."""
+    while out and out[-1].start >= t:
+        out.pop()
+    if out and out[-1].end > t:
+        out[-1].dur = t - out[-1].start
+
+
+def _clip(out: list[Segment], origin: float) -> list[Segment]:
+    """Drop what lies before the path's origin (a path can start on a rank that began earlier)."""
+    kept = []
+    for s in out:
+        if s.end <= origin:
+            continue
+        if s.start < origin:
+            s.dur -= origin - s.start
+            s.start = origin
+        kept.append(s)
+    return kept
+
+
+def breakdown(segments: list[Segment]) -> dict[str, float]:
+    """Critical-path time per class (µs), from the segments: every part >= 0, summing to the makespan."""
+    parts = np.zeros(len(BREAKDOWN_KEYS))
+    for s in segments:
+        parts[s.klass] += s.dur
+    return dict(zip(BREAKDOWN_KEYS, parts.tolist()))
+
+
+def label(s: Segment) -> str:
+    """What a segment's time is credited to in the top-ops table: the op (its own time included),
+    the range whose framework time it is, or what kind of waiting or untraced time it is."""
+    if s.kind == "op":
+        return s.name
+    if s.kind == "framework":
+        return s.name if s.name != "between ops" else "framework time between ops"
+    if s.kind == "untraced":
+        return f"untraced time in {s.name}" if s.name != "no op open" else "untraced time"
+    return s.name
