@@ -14,6 +14,11 @@ SAMPLE = DATA / "gloo_ddp_2rank"
 KINETO_FIXTURES = sorted(p for p in PUBLIC.glob("*.json.gz") if "pytorch_et" not in p.name and "overlay" not in p.name) + [
     PUBLIC / "sampled_128rank"
 ]
+REAL = DATA / "real-gpu"
+# real GPU training traces recorded by other people (tests/data/real-gpu/README.md says what is true in each)
+REAL_FIXTURES = sorted(REAL.glob("*.json.gz")) + [REAL / "dlrm_v100_8rank"]
+# every trace input among the fixtures: public and real GPU traces, and our own gloo run
+ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + [SAMPLE]
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +38,15 @@ def _quiet_oracle_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OracleWarning)
         yield
+
+
+@functools.cache
+def cached_analyses(path: Path) -> tuple:
+    """Every step of a fixture, built and analysed with the default configuration (shared, read-only)."""
+    from bottleneck_oracle.analysis.summary import StepAnalysis
+    from bottleneck_oracle.api import graphs
+
+    return tuple(StepAnalysis.of(g) for g in graphs(cached_load(path)))
 
 
 @functools.cache

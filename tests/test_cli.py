@@ -48,7 +48,14 @@ def test_top_level_help_lists_all_commands(capsys):
 def test_analyze_prints_the_summary(capsys):
     code, out, _ = run(["analyze", str(SAMPLE)], capsys)
     assert code == 0
-    for text in ("Steps (ms)", "Top 20 ops", "Lowest-slack communication", "Ranks", "Straggler: rank 1"):
+    for text in (
+        "Steps (ms)",
+        "Where the critical path's time goes",
+        "Lowest-slack communication",
+        "Ranks",
+        "Straggler: rank 1",
+        "critical path: rank",
+    ):
         assert text in out
 
 
@@ -69,13 +76,27 @@ def test_analyze_json_schema(capsys):
         "per_rank",
         "straggler",
         "counts",
+        "untraced_us",
+        "critical_path",
+        "gpu_queue",
+        "warnings",
+        "dropped_edges",
     ):
         assert key in step
     assert abs(step["step_time_error"]) < 0.01
     assert sum(step["breakdown_us"].values()) == pytest.approx(step["makespan_us"], rel=1e-6)
-    assert set(step["breakdown_us"]) == {"compute", "communication", "cpu_overhead", "idle"}
+    assert set(step["breakdown_us"]) == {"compute", "communication", "cpu_overhead", "idle", "untraced"}
+    assert min(step["breakdown_us"].values()) >= 0 and step["untraced_us"] == step["breakdown_us"]["untraced"]
     assert step["straggler"]["rank"] == 1
-    assert all({"name", "critical_us", "share", "count"} <= set(o) for o in step["top_ops"])
+    assert all({"name", "kind", "critical_us", "share", "count"} <= set(o) for o in step["top_ops"])
+    assert sum(o["share"] for o in step["top_ops"]) <= 1.0 + 1e-9
+    path = step["critical_path"]
+    keys = {"kind", "rank", "tid", "thread", "stream", "name", "start_us", "dur_us", "node", "cause"}
+    assert path and all(keys <= set(s) for s in path)
+    assert sum(s["dur_us"] for s in path) == pytest.approx(step["makespan_us"], rel=1e-6)
+    assert all(b["start_us"] >= a["start_us"] for a, b in zip(path, path[1:]))
+    assert step["gpu_queue"] is None  # a CPU run
+    assert any("untraced" in w for w in step["warnings"])  # rank 1's 20 ms sleep is untraced Python
 
 
 def test_unknown_step_is_a_clean_error(capsys):

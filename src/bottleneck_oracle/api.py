@@ -25,7 +25,14 @@ def load(path: str | Path, et: str | Path | None = None) -> EventTable:
 def graphs(table: EventTable, steps: list[int] | None = None, config: Config | None = None) -> list[ExecutionGraph]:
     """One ExecutionGraph per ProfilerStep (all ranks merged), or one for the whole trace."""
     cfg = config or Config()
-    return build_graphs(table, steps, BuildOptions(feeds_resume_us=cfg.graph.feeds_resume_us))
+    gc = cfg.graph
+    options = BuildOptions(
+        feeds_resume_us=gc.feeds_resume_us,
+        idle_gap_us=gc.idle_gap_us,
+        stream_wait_us=gc.stream_wait_us,
+        clock_tolerance_us=gc.clock_tolerance_us,
+    )
+    return build_graphs(table, steps, options)
 
 
 def build(
@@ -44,7 +51,8 @@ def analyze(
 ) -> tuple[EventTable | None, list[StepAnalysis]]:
     """Build and run the critical path method on every selected step."""
     table, gs = build(path, steps, config, et)
-    return table, [StepAnalysis.of(g) for g in gs]
+    gap = (config or Config()).analysis.untraced_gap_us
+    return table, [StepAnalysis.of(g, gap) for g in gs]
 
 
 def whatif(
@@ -97,8 +105,7 @@ def whatif(
             from bottleneck_oracle.models.predict import sample_for
 
             data, edited = sample_for(g, d, table, base, w, rel, phase_mb)
-            row["model"] = {"checkpoint": str(predictor.path), "step_us": predictor.step_times(data)}
-            row["model"]["delta_us"] = {v: t - measured for v, t in row["model"]["step_us"].items()}
+            row["model"] = predictor.effect(g, sample_for(g, None, table, base, phases=phase_mb)[0], data)
         else:
             edited = run_cpm(g, d, w, rel)
         row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
@@ -189,6 +196,7 @@ def blame(
             (variant,) = predictor.variants
             row["model"] = {"checkpoint": str(predictor.path), "variant": variant}
             phases = node_phases(table, g) if table is not None else None
+            unedited = sample_for(g, None, table, base, phases=phases)[0]
             for x in b.nodes[:5]:  # the same restoration the replay's saving is for
                 d, w, rel = g.nodes["mdur"].astype(float).copy(), g.edges["weight"].astype(float).copy(), g.release.astype(float).copy()
                 if x["kind"] == "op":
@@ -198,7 +206,9 @@ def blame(
                 else:  # the untraced time before a thread's first op, from the rank's step start
                     rel[x["id"]] = g.rank_start(x["rank"]) + x["typical_us"]
                 data, _ = sample_for(g, d, table, base, w, rel, phases)
-                x["model_saving_us"] = row["measured_us"] - predictor.step_times(data)[variant]
+                answer = predictor.effect(g, unedited, data)
+                x["model_saving_us"] = None if answer["out_of_domain"] else -answer["delta_us"][variant]
+                row["model"]["out_of_domain"] = answer["out_of_domain"]
         out.append(row)
     return out
 
@@ -217,7 +227,8 @@ def advise(
     from ``llm`` (an llm.client.ChatClient), with the blame they are based on."""
     table, gs = build(path, steps, config)
     pool = _reference_pool(path, baseline, steps, config, gs)
-    return advise_graphs(table, [StepAnalysis.of(g) for g in gs], pool, baseline is not None, checkpoint, use_model, llm, recipes)
+    gap = (config or Config()).analysis.untraced_gap_us
+    return advise_graphs(table, [StepAnalysis.of(g, gap) for g in gs], pool, baseline is not None, checkpoint, use_model, llm, recipes)
 
 
 def advise_graphs(

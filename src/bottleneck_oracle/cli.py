@@ -50,13 +50,35 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.3f}"
 
 
+def _model_ms(us: float | None, signed: bool = False) -> str:
+    """A graph-network figure in ms, or "out of domain" where the model refused to answer."""
+    if us is None:
+        return "out of domain"
+    return f"{us / 1000:+.3f}" if signed else _ms(us)
+
+
+def _path_summary(a: StepAnalysis) -> str:
+    """One line: where the critical path runs (rank, thread or stream: time), largest first."""
+    g = a.graph
+    names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
+    where: dict[tuple, float] = {}
+    for x in a.segments():
+        if x.rank >= 0:
+            where[(x.rank, x.on_gpu, x.tid)] = where.get((x.rank, x.on_gpu, x.tid), 0.0) + x.dur
+    parts = []
+    for (rank, gpu, tid), t in sorted(where.items(), key=lambda kv: -kv[1])[:4]:
+        place = names[gpu].get(f"{rank}:{tid}", f"{'stream' if gpu else 'thread'} {tid}")
+        parts.append(f"rank {rank} {place} {_ms(t)} ms")
+    return "critical path: " + ", ".join(parts) if parts else "critical path: empty"
+
+
 def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
-    out.print(f"[bold]BottleneckOracle[/] {__version__} — {source}", highlight=False)
+    out.print(Text("BottleneckOracle ", style="bold") + Text(f"{__version__} — {source}"))
     t = Table(
         title="Steps (ms)",
         caption="measured / CPM: slowest rank's step; window: first rank's start to last op's end (the critical path, broken down)",
     )
-    for col in ("step", "ranks", "measured", "CPM", "error", "window", "compute", "comm", "cpu ovh", "idle"):
+    for col in ("step", "ranks", "measured", "CPM", "error", "window", "compute", "comm", "cpu ovh", "idle", "untraced"):
         t.add_column(col, justify="right")
     for a in analyses:
         b = a.breakdown()
@@ -75,15 +97,20 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         c = a.graph.summary_counts()
         out.print(
-            f"\n[bold]Step {label}[/]: {c['nodes']} nodes ({c['network_nodes']} network, {c['barriers']} barriers), "
-            f"{c['edges']} edges, critical path {len(a.cpm.path)} ops",
-            highlight=False,
+            Text(f"\nStep {label}", style="bold")
+            + Text(
+                f": {c['nodes']} nodes ({c['network_nodes']} network, {c['barriers']} barriers), {c['edges']} edges, critical path {len(a.cpm.path)} ops"
+            )
         )
-        ops = Table(title=f"Top {top} ops by time on the critical path")
-        for col in ("op", "count", "critical ms", "share"):
-            ops.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+        out.print(Text(_path_summary(a)))
+        for w in (a.untraced_warning(), a.queue_warning()):
+            if w:
+                out.print(Text("warning: " + w, style="yellow"))
+        ops = Table(title="Where the critical path's time goes (ops include their own time between children)")
+        for col in ("op / time", "kind", "count", "critical ms", "share"):
+            ops.add_column(col, justify="left" if col in ("op / time", "kind") else "right", overflow="fold")
         for o in a.top_ops(top):
-            ops.add_row(o["name"][:90], str(o["count"]), _ms(o["critical_us"]), f"{100 * o['share']:.1f}%")
+            ops.add_row(Text(o["name"][:90]), o["kind"], str(o["count"]), _ms(o["critical_us"]), f"{100 * o['share']:.1f}%")
         out.print(ops)
         comm = a.lowest_slack_comm()
         if comm:
@@ -92,7 +119,12 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
                 ct.add_column(col, justify="left" if col == "op" else "right")
             for x in comm:
                 ct.add_row(
-                    x["name"][:60], str(x["rank"]), _ms(x["slack_us"]), _ms(x["dur_us"]), _ms(x["wait_us"]), "yes" if x["critical"] else ""
+                    Text(x["name"][:60]),
+                    str(x["rank"]),
+                    _ms(x["slack_us"]),
+                    _ms(x["dur_us"]),
+                    _ms(x["wait_us"]),
+                    "yes" if x["critical"] else "",
                 )
             out.print(ct)
         ranks = a.ranks()
@@ -382,9 +414,13 @@ def whatif(
         model = r.get("model", {})
         t.add_row(
             label(r), str(r["edited_nodes"]), _ms(r["measured_us"]), _ms(r["replay"]["step_us"]), f"{r['replay']['delta_us'] / 1000:+.3f}",
-            *[_ms(model["step_us"][v]) for v in variants], *[f"{model['delta_us'][v] / 1000:+.3f}" for v in variants],
+            *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants],
         )  # fmt: skip
     out.print(t)
+    for r in rows:
+        if r.get("model", {}).get("out_of_domain"):
+            out.print(Text(f"{where(r)}: graph network {r['model']['out_of_domain']}; the replay is the answer"))
+            break
     for r in rows:
         if "microbatches" in r:
             mbx = r["microbatches"]
@@ -433,7 +469,7 @@ def blame(
             model = x.get("model_saving_us")
             t.add_row(
                 str(k), Text(x["name"][:60]), str(x["rank"]), _ms(x["dur_us"]), _ms(x["typical_us"]), x["typical_from"], _ms(x["saving_us"]),
-                f"{100 * x['share']:.0f}%", "—" if model is None else _ms(model),
+                f"{100 * x['share']:.0f}%", _model_ms(model) if "model_saving_us" in x else "—",
             )  # fmt: skip
         out.print(t)
         slow = "; ".join(f"{x['name'][:40]} (rank {x['rank']}) +{_ms(x['dur_us'] - x['typical_us'])} ms, saves {_ms(x['saving_us'])}"
@@ -476,7 +512,7 @@ def advise(
         if not r["suggestions"]:
             out.print("  no suggestion survived validation", highlight=False)
         for k, s in enumerate(r["suggestions"], 1):
-            model = ", ".join(f"{v} {_ms(x)}" for v, x in s["model_saving_us"].items())
+            model = "out of domain" if s.get("model_out_of_domain") else ", ".join(f"{v} {_ms(x)}" for v, x in s["model_saving_us"].items())
             pct = 100 * s["replay_saving_us"] / max(r["makespan_us"], 1.0)
             out.print(
                 Text(

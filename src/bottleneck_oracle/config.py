@@ -11,24 +11,39 @@ import yaml
 from bottleneck_oracle.errors import ConfigError
 
 
+def _non_negative(section: str, obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+            raise ConfigError(f"{section}.{name} must be a number >= 0 (found {v!r})")
+
+
 @dataclass(kw_only=True, slots=True)
 class GraphConfig:
     feeds_resume_us: float = 5000.0
-    """µs: a thread idle when a collective completes and resuming within this is taken to have waited for it."""
+    """µs: a thread idle when a collective completes (or another thread hands over) and resuming within this waited for it."""
+    idle_gap_us: float = 50.0
+    """µs: a thread with nothing opening or closing for this long was idle (it may be waiting for another thread)."""
+    stream_wait_us: float = 50.0
+    """µs: traces without cuda_sync events: an op on another stream that ended at most this long before a late GPU op released it."""
+    clock_tolerance_us: float = 5.0
+    """µs: how far a rank's CPU and GPU clocks may disagree; an edge running back in time by more is dropped."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.feeds_resume_us, (int, float)) or self.feeds_resume_us < 0:
-            raise ConfigError(f"graph.feeds_resume_us must be a number >= 0 (found {self.feeds_resume_us!r})")
+        _non_negative("graph", self, ("feeds_resume_us", "idle_gap_us", "stream_wait_us", "clock_tolerance_us"))
 
 
 @dataclass(kw_only=True, slots=True)
 class AnalysisConfig:
     top_k: int = 20
     """How many ops the summary lists by time on the critical path."""
+    untraced_gap_us: float = 1000.0
+    """µs: time between ops on a thread, inside no op, longer than this is untraced (shorter: framework time)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.top_k, int) or self.top_k < 1:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1:
             raise ConfigError(f"analysis.top_k must be an integer >= 1 (found {self.top_k!r})")
+        _non_negative("analysis", self, ("untraced_gap_us",))
 
 
 @dataclass(kw_only=True, slots=True)

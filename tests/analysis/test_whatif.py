@@ -11,7 +11,7 @@ from tests.conftest import cached_load
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.analysis.whatif import Edit, edited_durations, replay, single_node_makespans
 from bottleneck_oracle.errors import OracleError
-from bottleneck_oracle.graph_pipeline.schema import Category
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 
 SAMPLE = Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"
 
@@ -141,9 +141,15 @@ def test_module_edits_select_the_ops_run_inside_the_module(module_trace):
     heavy0 = Edit.parse("module=Heavy_0,scale=0").select(g, table=table)
     assert set(both.tolist()) == set(ids.tolist()) | set(heavy0.tolist()) and not set(ids.tolist()) & set(heavy0.tolist())
     assert not set(Edit.parse("module=Light_0,scale=0").select(g, table=table).tolist()) & set(both.tolist())
-    # one thread, nothing overlaps: removing the module's ops saves exactly their modelled time
+    # one thread, nothing overlaps: removing the module saves exactly its ops' modelled time and the
+    # time between two of its ops (its ops' and ranges' own time), not the time around it
+    e = g.edges
+    sel = np.zeros(g.n_nodes, dtype=bool)
+    sel[ids] = True
+    within = sel[e["src"]] & sel[e["dst"]] & (e["kind"] == EdgeKind.PROGRAM_ORDER) & (e["weight"] > 0)
     r = replay(g, [Edit.parse("module=Heavy_1,scale=0")], table=table)
-    assert r.delta_us == pytest.approx(-float(g.nodes["mdur"][ids].sum()), abs=1e-6) and r.delta_us < 0
+    expected = float(g.nodes["mdur"][ids].sum() + e["weight"][within].sum())
+    assert within.any() and r.delta_us == pytest.approx(-expected, abs=1e-6) and r.delta_us < 0
     with pytest.raises(OracleError, match="module= needs the trace's ranges"):
         Edit.parse("module=Heavy_1,scale=0").select(g)
 

@@ -14,7 +14,6 @@ from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 __all__ = ["BREAKDOWN_KEYS", "StepAnalysis"]
 
 
-
 @dataclass(slots=True)
 class StepAnalysis:
     graph: ExecutionGraph

@@ -34,7 +34,7 @@ from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_i
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, make_window
 
 
@@ -120,8 +120,10 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
 
     # a send that ended before its receiver arrived was buffered: it did not wait for it; one
     # still running when the receive was posted (gloo's rendezvous waits for the receiver's
-    # buffer; large NCCL messages too) waited like every other participant
-    buffered = (nd["coll_kind"][member] == CollectiveKind.SEND) & (raw.end[member] < arrival[inst[member]])
+    # buffer; large NCCL messages too) waited like every other participant. Any other member that
+    # ended before the last one arrived cannot have waited for it either (a pair matched by size
+    # and order only, in a sampled trace): it keeps its own start, causality before matching
+    buffered = raw.end[member] < arrival[inst[member]]
     sends = member[buffered]
     waiting = member[~buffered]
     mstart = start.copy()

@@ -178,14 +178,15 @@ class Suggestion:
     edits: list[str]
     remedy: str = ""
     replay_saving_us: float = 0.0
-    model_saving_us: dict[str, float] = field(default_factory=dict)
+    model_saving_us: dict[str, float | None] = field(default_factory=dict)
+    model_out_of_domain: str | None = None  # why the graph network gave no answer (Predictor.refusal)
     edited_nodes: int = 0
     references: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"source": self.source, "title": self.title, "explanation": self.explanation, "remedy": self.remedy, "edits": self.edits,
                 "edited_nodes": self.edited_nodes, "replay_saving_us": self.replay_saving_us, "model_saving_us": self.model_saving_us,
-                "references": self.references}  # fmt: skip
+                "model_out_of_domain": self.model_out_of_domain, "references": self.references}  # fmt: skip
 
 
 def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str, float], ctx: dict[str, str]) -> list[Suggestion]:
@@ -300,9 +301,11 @@ def validate(
     if predictor is not None:
         from bottleneck_oracle.models.predict import sample_for
 
-        data, _ = sample_for(g, d, table, base, w, rel, (phases, mb) if phases is not None and mb is not None else None)
-        measured = max(g.measured.values())
-        s.model_saving_us = {v: measured - t for v, t in predictor.step_times(data).items()}
+        pm = (phases, mb) if phases is not None and mb is not None else None
+        data, _ = sample_for(g, d, table, base, w, rel, pm)
+        answer = predictor.effect(g, sample_for(g, None, table, base, phases=pm)[0], data)
+        s.model_saving_us = {v: (None if x is None else -x) for v, x in answer["delta_us"].items()}
+        s.model_out_of_domain = answer["out_of_domain"]
     if s.replay_saving_us <= 1e-3 * base.makespan:
         return f"the replay predicts no saving ({s.replay_saving_us:.0f} µs) for {s.edits}"
     return None

@@ -75,7 +75,21 @@ def sample_for(
     return data, r1
 
 
+MAX_RATIO = 5.0  # a predicted step more than this many times longer or shorter than the reference is out of domain
+MARGIN = 0.25  # a feature may exceed the training range by this share of the range before the input is out of domain
+
+
 class Predictor:
+    """The graph network of a checkpoint, answering only inside the domain it was trained on.
+
+    A model trained on CPU (gloo) runs has never seen a GPU kernel, a trace with a different
+    shape of feature values, or a step far from its training sizes: there its numbers are not
+    predictions (a 1e41 µs step, savings of the wrong sign). ``refusal`` says why an input is
+    outside the domain: a GPU trace for a model trained without GPU ops, or a feature outside
+    the training range (the checkpoint's ``feature_ranges``) widened by MARGIN on each side;
+    predictions are bounded to [1/MAX_RATIO, MAX_RATIO] x the reference step, and one that hits
+    the bound is refused too. Refused answers are None with the reason, never a number."""
+
     def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None) -> None:
         from bottleneck_oracle.training.train import gat_from, load_checkpoint
 
@@ -84,15 +98,69 @@ class Predictor:
         self.variants = [v for v in (variants or list(self.ckpt["gat"])) if v in self.ckpt["gat"]]
         self.models = {v: gat_from(self.ckpt, v) for v in self.variants}
 
+    def refusal(self, g: ExecutionGraph, data) -> str | None:
+        """None if the model may answer for graph ``g`` (model input ``data``), else why not."""
+        from bottleneck_oracle.graph_pipeline.hetero import COMPUTE_COLUMNS, NETWORK_COLUMNS
+        from bottleneck_oracle.models.baselines import graph_inputs
+
+        ranges = self.ckpt.get("feature_ranges") or {}
+        if g.nodes["on_gpu"].any() and "compute" in ranges and float(ranges["compute"][1][COMPUTE_COLUMNS.index("on_gpu")]) < 1:
+            return "out of domain: a GPU trace, and the model was trained on CPU (gloo) runs only"
+        columns = {
+            "compute": COMPUTE_COLUMNS,
+            "network": NETWORK_COLUMNS,
+            "graph": ["log_ref_step_ms", "edit_share", "log_replay_ratio", "log_formula_ratio"],
+        }
+        for t, cols in columns.items():
+            if t not in ranges:
+                continue
+            x = graph_inputs(data)[None, :] if t == "graph" else data[t].x
+            if not len(x):
+                continue
+            lo, hi = ranges[t][0], ranges[t][1]
+            pad = MARGIN * (hi - lo)
+            outside = (x < lo - pad - 1e-6) | (x > hi + pad + 1e-6)
+            if outside.any():
+                col = int(outside.any(0).float().argmax())
+                return f"out of domain: {t} feature {cols[col]} outside its training range [{float(lo[col]):.3g}, {float(hi[col]):.3g}]"
+        return None
+
     def step_times(self, data) -> dict[str, float]:
-        """Predicted step time (µs) of a model input, per variant."""
+        """Predicted step time (µs) of a model input, per variant, bounded to MAX_RATIO x the reference."""
         from torch_geometric.data import Batch
 
         from bottleneck_oracle.models.hetero_gat import prepare
 
         out = {}
+        bound = float(np.log(MAX_RATIO))
         with torch.no_grad():
             for v in self.variants:
                 y = self.models[v](Batch.from_data_list([prepare(data.clone(), v)]))
-                out[v] = float(data.ref_step) * float(torch.exp(y["step"][0]))
+                log_ratio = float(y["step"][0])
+                log_ratio = log_ratio if np.isfinite(log_ratio) else bound
+                out[v] = float(data.ref_step) * float(np.exp(np.clip(log_ratio, -bound, bound)))
         return out
+
+    def effect(self, g: ExecutionGraph, base_data, edited_data) -> dict:
+        """What the model says an edit does: per variant its effect (edited - unedited prediction,
+        µs) and the measured step plus that effect, or None for both and ``out_of_domain`` naming why."""
+        reason = self.refusal(g, base_data) or self.refusal(g, edited_data)
+        if reason is None:
+            before, after = self.step_times(base_data), self.step_times(edited_data)
+            ref = float(base_data.ref_step)
+            hit = [
+                v
+                for v in self.variants
+                if max(after[v], before[v]) >= MAX_RATIO * ref * 0.999 or min(after[v], before[v]) <= ref / MAX_RATIO * 1.001
+            ]
+            if hit:
+                reason = f"out of domain: {', '.join(hit)} predicted a step {MAX_RATIO:g}x off the measured one"
+        if reason is not None:
+            return {
+                "checkpoint": str(self.path),
+                "out_of_domain": reason,
+                "step_us": dict.fromkeys(self.variants),
+                "delta_us": dict.fromkeys(self.variants),
+            }
+        delta = {v: after[v] - before[v] for v in self.variants}
+        return {"checkpoint": str(self.path), "out_of_domain": None, "step_us": {v: ref + d for v, d in delta.items()}, "delta_us": delta}

@@ -172,7 +172,11 @@ def _extras(x: dict) -> list[str]:
             parts.append("<p>No suggestion survived validation.</p>")
         rows = []
         for sug in a["suggestions"]:
-            model = ", ".join(f"{v} {t / 1000:.3f}" for v, t in sug["model_saving_us"].items())
+            model = (
+                "out of domain"
+                if sug.get("model_out_of_domain")
+                else ", ".join(f"{v} {t / 1000:.3f}" for v, t in sug["model_saving_us"].items() if t is not None)
+            )
             rows.append(
                 [sug["title"], sug["explanation"], sug["remedy"], "; ".join(sug["edits"]), f"{sug['replay_saving_us'] / 1000:.3f}", model]
             )

@@ -28,7 +28,7 @@ from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.config import ModelsConfig
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.hetero import FEATURE_VERSION, feature_schema
-from bottleneck_oracle.models.baselines import fit_mlp, fit_xgb, pooled_features
+from bottleneck_oracle.models.baselines import fit_mlp, fit_xgb, graph_inputs, pooled_features
 from bottleneck_oracle.models.hetero_gat import NODE_TYPES, GATConfig, HeteroGAT, in_dims_of, prepare
 from bottleneck_oracle.training.dataset import DATASET, load_sample
 
@@ -199,6 +199,7 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
         "counts": {"train_whatif": len(data.train_whatif), "train_graphs": len(data.train_plain), "val_whatif": len(data.val_whatif),
                    "test_whatif": len(data.test_whatif), "test_graphs": len(data.test_plain)},
     }  # fmt: skip
+    ckpt["feature_ranges"] = feature_ranges(data.train_whatif + data.train_plain)
     for variant in cfg.variants:
         model, info = fit_gat(variant, data, cfg, progress)
         ckpt["gat"][variant] = {"config": model.cfg.to_dict(), "state": model.state_dict(), "epochs": info["epochs"],
@@ -215,6 +216,21 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
     ckpt["mlp"] = {"n_in": int(x.shape[1]), "state": mlp.state_dict()}
     ckpt["xgboost"] = bytes(fit_xgb(x, y, xv, yv, cfg.seed).save_raw("json")).decode()
     return ckpt
+
+
+def feature_ranges(samples: list) -> dict[str, torch.Tensor]:
+    """Per node type, the smallest and largest value of every feature column in the training
+    samples (shape [2, columns]), and of the graph-level inputs: the domain the model has seen."""
+    out = {}
+    for t in ("compute", "network"):
+        xs = [s[t].x for s in samples if len(s[t].x)]
+        if xs:
+            x = torch.cat(xs)
+            out[t] = torch.stack([x.min(0).values, x.max(0).values])
+    g = torch.stack([graph_inputs(s) for s in samples]) if samples else torch.zeros((0, 4))
+    if len(g):
+        out["graph"] = torch.stack([g.min(0).values, g.max(0).values])
+    return out
 
 
 def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
