@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,8 +195,26 @@ def test_whatif_json_has_replay_and_the_pretrained_model(capsys):
     assert set(row["model"]["step_us"]) == {"bidirectional", "directed", "correction"} and row["model"]["checkpoint"].endswith(
         "pretrained.pt"
     )
+    # in its domain (a CPU gloo run) the model answers; its effect is edited - unedited prediction
+    assert row["model"]["out_of_domain"] is None
+    for v, d in row["model"]["delta_us"].items():
+        assert abs(d) < row["measured_us"] and row["model"]["step_us"][v] == pytest.approx(row["measured_us"] + d)
     code, out, err = run(["whatif", str(SAMPLE), "--edit", "name~=all_reduce,speed=2"], capsys)
     assert code == 2 and "unknown key 'speed'" in err and out == ""
+
+
+def test_the_graph_network_says_out_of_domain_on_gpu_traces(capsys):
+    """Trained on CPU gloo runs, the model gives no number on a GPU trace (it used to answer
+    2e41 µs, or savings of the wrong sign): the column says "out of domain", the replay answers."""
+    dlrm = Path(__file__).parent / "data" / "real-gpu" / "dlrm_v100_8rank"
+    code, out, _ = run(["whatif", str(dlrm), "--edit", "name~=nccl,scale=0.5", "--json"], capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    assert row["model"]["out_of_domain"].startswith("out of domain") and "GPU" in row["model"]["out_of_domain"]
+    assert set(row["model"]["delta_us"].values()) == {None} and set(row["model"]["step_us"].values()) == {None}
+    assert row["replay"]["delta_us"] < 0  # the replay still answers
+    code, out, _ = run(["whatif", str(dlrm), "--edit", "name~=nccl,scale=0.5"], capsys)
+    assert code == 0 and "out of domain" in out and "e+" not in out
 
 
 def test_blame_and_advise_json(capsys):

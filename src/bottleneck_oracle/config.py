@@ -10,6 +10,12 @@ import yaml
 
 from bottleneck_oracle.errors import ConfigError
 
+# Names the config validates against, defined here so that reading a config needs neither torch
+# nor PyG; the modules that implement them import these (systems.model.SIZES has one GPT per size).
+MODEL_SIZES = ("tiny", "small", "medium")
+INJECTION_KINDS = ("module", "phase", "collective", "rank")
+GAT_VARIANTS = ("bidirectional", "directed", "correction")
+
 
 def _non_negative(section: str, obj: object, names: tuple[str, ...]) -> None:
     for name in names:
@@ -77,10 +83,7 @@ class GridConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from bottleneck_oracle.systems.inject import KINDS
-        from bottleneck_oracle.systems.model import SIZES
-
-        for name, values, known in (("sizes", self.sizes, SIZES), ("injection_kinds", self.injection_kinds, KINDS)):
+        for name, values, known in (("sizes", self.sizes, MODEL_SIZES), ("injection_kinds", self.injection_kinds, INJECTION_KINDS)):
             bad = [v for v in values if v not in known]
             if bad or not values:
                 raise ConfigError(f"grid.{name} must be a non-empty list from {sorted(known)} (found {values!r})")
@@ -123,11 +126,9 @@ class ModelsConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from bottleneck_oracle.models.hetero_gat import VARIANTS
-
-        bad = [v for v in self.variants if v not in VARIANTS]
+        bad = [v for v in self.variants if v not in GAT_VARIANTS]
         if bad or not self.variants:
-            raise ConfigError(f"models.variants must be a non-empty list from {list(VARIANTS)} (found {self.variants!r})")
+            raise ConfigError(f"models.variants must be a non-empty list from {list(GAT_VARIANTS)} (found {self.variants!r})")
         bad = [v for v in self.splits if v not in SPLITS]
         if bad or not self.splits:
             raise ConfigError(f"models.splits must be a non-empty list from {list(SPLITS)} (found {self.splits!r})")

@@ -62,7 +62,12 @@ def test_no_binding_edge_runs_back_in_time(path):
         e = g.edges
         bound = np.flatnonzero(r.pred >= 0)
         src = e["src"][r.pred[bound]]
-        late = r.est[src] > r.est[bound] + CLOCK_TOL
+        # a receive that completed before its send's span began (recorded late, or a pair matched
+        # by size and order only) waited all along: counted by the builder, the one exception
+        kind = e["kind"][r.pred[bound]]
+        late_peer = np.isin(kind, (EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC)) & (g.nodes["mdur"][bound] <= 1e-6)
+        late = (r.est[src] > r.est[bound] + CLOCK_TOL) & ~late_peer
+        assert late_peer.sum() <= g.meta["late_peers"]
         assert not late.any(), f"step {g.step}: {int(late.sum())} binding edges run back in time, e.g. {g.node_name(int(src[late][0]))}"
         n = g.nodes
         real = (n["rank"][e["src"]] >= 0) & (n["rank"][e["dst"]] >= 0)  # barriers sit at the last arrival

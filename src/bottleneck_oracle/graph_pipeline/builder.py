@@ -34,7 +34,7 @@ from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_i
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, make_window
 
 
@@ -120,10 +120,14 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
 
     # a send that ended before its receiver arrived was buffered: it did not wait for it; one
     # still running when the receive was posted (gloo's rendezvous waits for the receiver's
-    # buffer; large NCCL messages too) waited like every other participant. Any other member that
-    # ended before the last one arrived cannot have waited for it either (a pair matched by size
-    # and order only, in a sampled trace): it keeps its own start, causality before matching
-    buffered = raw.end[member] < arrival[inst[member]]
+    # buffer; large NCCL messages too) waited like every other participant. A receive that ended
+    # before its send was seen to start waited all along: the send's span was recorded after the
+    # transfer (a descheduled backend thread), or the pair is matched by size and order only (a
+    # sampled trace); it keeps the barrier edge, the one edge allowed to run back in time, and is
+    # counted in meta["late_peers"]
+    early = raw.end[member] < arrival[inst[member]]
+    buffered = (nd["coll_kind"][member] == CollectiveKind.SEND) & early
+    raw.meta["late_peers"] = int((early & ~buffered).sum())
     sends = member[buffered]
     waiting = member[~buffered]
     mstart = start.copy()

@@ -24,9 +24,10 @@ import torch
 from torch import nn
 from torch_geometric.nn import GATConv, HeteroConv, global_max_pool, global_mean_pool
 
+from bottleneck_oracle.config import GAT_VARIANTS
 from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES
 
-VARIANTS = ("bidirectional", "directed", "correction")
+VARIANTS = GAT_VARIANTS
 NODE_TYPES = ("compute", "network")
 CPM_INPUTS = 3  # est / ref, slack / ref, critical
 

@@ -25,9 +25,10 @@ from torch import nn
 from torch.profiler import record_function
 
 from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.config import INJECTION_KINDS
 from bottleneck_oracle.systems.profiler import phase
 
-KINDS = ("module", "phase", "collective", "rank")
+KINDS = INJECTION_KINDS
 PHASES = ("forward", "backward", "optimizer")
 
 
