@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bottleneck_oracle import __version__, api
-from bottleneck_oracle.analysis.summary import BREAKDOWN_KEYS, StepAnalysis
+from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning
@@ -73,26 +73,11 @@ def _path_summary(a: StepAnalysis) -> str:
 
 
 def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
+    from bottleneck_oracle.report import tables
+    from bottleneck_oracle.report.terminal import print_table
+
     out.print(Text("BottleneckOracle ", style="bold") + Text(f"{__version__} — {source}"))
-    t = Table(
-        title="Steps (ms)",
-        caption="measured / CPM: slowest rank's step; window: first rank's start to last op's end (the critical path, broken down)",
-    )
-    for col in ("step", "ranks", "measured", "CPM", "error", "window", "compute", "comm", "cpu ovh", "idle", "untraced"):
-        t.add_column(col, justify="right")
-    for a in analyses:
-        b = a.breakdown()
-        err_pct = 100 * (a.step_time - a.measured) / (a.measured or 1)
-        t.add_row(
-            str(a.graph.step if a.graph.step is not None else "-"),
-            str(len(a.graph.ranks)),
-            _ms(a.measured),
-            _ms(a.step_time),
-            f"{err_pct:+.2f}%",
-            _ms(a.cpm.window),
-            *[_ms(b[k]) for k in BREAKDOWN_KEYS],
-        )
-    out.print(t)
+    print_table(out, tables.steps_table(analyses))
     for a in analyses:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         c = a.graph.summary_counts()
@@ -106,46 +91,15 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
         for w in (a.untraced_warning(), a.queue_warning()):
             if w:
                 out.print(Text("warning: " + w, style="yellow"))
-        ops = Table(title="Where the critical path's time goes (ops include their own time between children)")
-        for col in ("op / time", "kind", "count", "critical ms", "share"):
-            ops.add_column(col, justify="left" if col in ("op / time", "kind") else "right", overflow="fold")
-        for o in a.top_ops(top):
-            ops.add_row(Text(o["name"][:90]), o["kind"], str(o["count"]), _ms(o["critical_us"]), f"{100 * o['share']:.1f}%")
-        out.print(ops)
-        comm = a.lowest_slack_comm()
-        if comm:
-            ct = Table(title="Lowest-slack communication")
-            for col in ("op", "rank", "slack ms", "dur ms", "waiting ms", "critical"):
-                ct.add_column(col, justify="left" if col == "op" else "right")
-            for x in comm:
-                ct.add_row(
-                    Text(x["name"][:60]),
-                    str(x["rank"]),
-                    _ms(x["slack_us"]),
-                    _ms(x["dur_us"]),
-                    _ms(x["wait_us"]),
-                    "yes" if x["critical"] else "",
-                )
-            out.print(ct)
-        ranks = a.ranks()
-        if len(ranks) > 1:
-            rt = Table(title="Ranks")
-            for col in ("rank", "step ms", "CPM step ms", "collective wait ms (sum)", "critical path share"):
-                rt.add_column(col, justify="right")
-            for x in ranks:
-                rt.add_row(
-                    str(x["rank"]),
-                    _ms(x["step_us"]),
-                    _ms(x["predicted_step_us"]),
-                    _ms(x["collective_wait_us"]),
-                    f"{100 * x['critical_share']:.1f}%",
-                )
-            out.print(rt)
-            s = a.straggler()
-            if s:
-                out.print(
-                    f"Straggler: rank {s['rank']} (the others waited up to {_ms(s['imposed_wait_us'])} ms for it at a collective on the critical path)"
-                )
+        print_table(out, tables.top_ops_table(a, top))
+        for t in (tables.comm_table(a), tables.ranks_table(a)):
+            if t is not None:
+                print_table(out, t)
+        s = a.straggler()
+        if s and len(a.graph.ranks) > 1:
+            out.print(
+                f"Straggler: rank {s['rank']} (the others waited up to {_ms(s['imposed_wait_us'])} ms for it at a collective on the critical path)"
+            )
 
 
 @app.command()

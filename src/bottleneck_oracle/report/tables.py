@@ -1,0 +1,123 @@
+"""The tables a user reads, built once and rendered twice: in the terminal (report.terminal) and
+in the HTML report (report.html). A table holds raw values and a kind per column; renderers
+format them (µs shown as ms, shares as %), and only the terminal shortens names to fit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
+from bottleneck_oracle.analysis.summary import StepAnalysis
+
+KINDS = ("key", "name", "text", "int", "ms", "signed_ms", "pct", "signed_pct")
+NUMERIC = ("int", "ms", "signed_ms", "pct", "signed_pct")
+
+
+@dataclass(slots=True)
+class Column:
+    header: str
+    kind: str = "text"  # one of KINDS; "key" columns identify the row (repeated when a table is split)
+
+
+@dataclass(slots=True)
+class TableModel:
+    title: str
+    columns: list[Column]
+    rows: list[list] = field(default_factory=list)
+    caption: str = ""
+
+
+def fmt(value: object, kind: str) -> str:
+    """A cell as text: ms with 3 decimals from µs, shares in %, None as "—"."""
+    if value is None:
+        return "—"
+    if kind == "ms":
+        return f"{float(value) / 1000:.3f}"
+    if kind == "signed_ms":
+        return f"{float(value) / 1000:+.3f}"
+    if kind == "pct":
+        return f"{100 * float(value):.1f}%"
+    if kind == "signed_pct":
+        return f"{100 * float(value):+.2f}%"
+    return str(value)
+
+
+_PARAMS = re.compile(r"\([^()]*\)\s*$")
+
+
+def shorten(name: str, width: int) -> str:
+    """A name cut to ``width`` characters, keeping what tells it apart. The rule, in order, while it
+    is too long: drop a leading ``void ``; drop a trailing parameter list ``(...)``; collapse
+    template arguments to ``<…>`` (innermost first); then keep the start and the end and cut the
+    middle at ``…`` (``ncclKernel_SendRecv_R…_Sum_int8_t``: the collective is near the start;
+    ``autograd::engine::ev…:autograd::AccumulateGrad``: the op is at the end)."""
+    width = max(width, 4)
+    if len(name) <= width:
+        return name
+    s = name[5:] if name.startswith("void ") else name
+    if len(s) > width:
+        s = _PARAMS.sub("", s) or s
+    while len(s) > width and re.search(r"<[^<>]*[^<>…][^<>]*>", s):
+        s = re.sub(r"<[^<>]*[^<>…][^<>]*>", "<…>", s, count=1)
+    if len(s) > width:
+        head = (width - 1) // 2
+        s = s[:head] + "…" + s[len(s) - (width - 1 - head) :]
+    return s
+
+
+def steps_table(analyses: list[StepAnalysis]) -> TableModel:
+    t = TableModel(
+        "Steps (ms)",
+        [Column("step", "key"), Column("ranks", "int"), Column("measured", "ms"), Column("CPM", "ms"), Column("error", "signed_pct"),
+         Column("window", "ms")]
+        + [Column(k.replace("_", " ").replace("communication", "comm").replace("cpu overhead", "cpu ovh"), "ms") for k in BREAKDOWN_KEYS],
+        caption="measured / CPM: slowest rank's step; window: first rank's start to last op's end; then the critical path by kind",
+    )  # fmt: skip
+    for a in analyses:
+        b = a.breakdown()
+        t.rows.append(
+            [a.graph.step if a.graph.step is not None else "-", len(a.graph.ranks), a.measured, a.step_time,
+             (a.step_time - a.measured) / (a.measured or 1), a.cpm.window, *[b[k] for k in BREAKDOWN_KEYS]]
+        )  # fmt: skip
+    return t
+
+
+def top_ops_table(a: StepAnalysis, k: int) -> TableModel:
+    t = TableModel(
+        "Where the critical path's time goes (ops include their own time between their children)",
+        [Column("op / time", "name"), Column("kind", "text"), Column("count", "int"), Column("critical ms", "ms"), Column("share", "pct")],
+    )
+    t.rows = [[o["name"], o["kind"], o["count"], o["critical_us"], o["share"]] for o in a.top_ops(k)]
+    return t
+
+
+def comm_table(a: StepAnalysis) -> TableModel | None:
+    comm = a.lowest_slack_comm()
+    if not comm:
+        return None
+    t = TableModel(
+        "Lowest-slack communication",
+        [Column("op", "name"), Column("rank", "int"), Column("slack ms", "ms"), Column("dur ms", "ms"), Column("waiting ms", "ms"),
+         Column("bytes", "int"), Column("critical", "text")],
+    )  # fmt: skip
+    t.rows = [
+        [x["name"], x["rank"], x["slack_us"], x["dur_us"], x["wait_us"], None if x["msg_bytes"] is None else int(x["msg_bytes"]),
+         "yes" if x["critical"] else ""]
+        for x in comm
+    ]  # fmt: skip
+    return t
+
+
+def ranks_table(a: StepAnalysis) -> TableModel | None:
+    ranks = a.ranks()
+    if len(ranks) < 2:
+        return None
+    t = TableModel(
+        "Ranks",
+        [Column("rank", "key"), Column("step ms", "ms"), Column("CPM step ms", "ms"), Column("collective wait ms (sum)", "ms"),
+         Column("critical path share", "pct")],
+    )  # fmt: skip
+    t.rows = [[x["rank"], x["step_us"], x["predicted_step_us"], x["collective_wait_us"], x["critical_share"]] for x in ranks]
+    return t

@@ -1,0 +1,85 @@
+"""Tables in the terminal, at any width from 80 columns: numbers are never cut.
+
+Every numeric column gets the width of its widest cell; name columns share what is left and
+their names are shortened by ``tables.shorten`` (the full names are in ``--json`` and the HTML
+report). Where the numbers alone do not fit, the table is printed in parts, each repeating the
+row's key column. Trace strings are printed as plain text, never as Rich markup.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from bottleneck_oracle.report.tables import NUMERIC, TableModel, fmt, shorten
+
+NAME_MIN = 16  # characters a name column keeps at least
+_BORDER = 3  # characters a column adds: padding on both sides and one rule
+
+
+def _widths(t: TableModel, cells: list[list[str]]) -> list[int]:
+    out = []
+    for j, c in enumerate(t.columns):
+        longest = max((len(r[j]) for r in cells), default=0)
+        header = max((len(w) for w in c.header.split()), default=0)  # headers may wrap between words
+        out.append(max(longest, header, 1))
+    return out
+
+
+def _strip_common_prefix(t: TableModel, cells: list[list[str]]) -> list[str]:
+    """Headers; a prefix that every name of a name column shares (up to a separator: ``ncclKernel_``)
+    moves from the cells into the header, so the width goes to what differs."""
+    headers = [c.header for c in t.columns]
+    for j, c in enumerate(t.columns):
+        if c.kind != "name" or len(cells) < 2:
+            continue
+        common = os.path.commonprefix([r[j] for r in cells])
+        cut = max(common.rfind(sep) for sep in "_:. ")
+        if cut >= 6 and all(len(r[j]) > cut + 1 for r in cells):
+            for r in cells:
+                r[j] = r[j][cut + 1 :]
+            headers[j] = f"{c.header} ({common[: cut + 1]}…)"
+    return headers
+
+
+def print_table(console: Console, t: TableModel) -> None:
+    cells = [[fmt(v, c.kind) for v, c in zip(row, t.columns)] for row in t.rows]
+    headers = _strip_common_prefix(t, cells)
+    width = max(console.width, 40)
+    need = _widths(t, cells)
+    names = [j for j, c in enumerate(t.columns) if c.kind == "name"]
+    keys = [j for j, c in enumerate(t.columns) if c.kind == "key"]
+    fixed = [j for j in range(len(t.columns)) if j not in names]
+
+    def size(cols: list[int]) -> int:
+        return sum(min(need[j], NAME_MIN) if j in names else need[j] for j in cols) + _BORDER * len(cols) + 1
+
+    groups: list[list[int]] = []
+    current = list(keys) + list(names)
+    for j in fixed:
+        if j in keys:
+            continue
+        if size(current + [j]) > width and len(current) > len(keys) + len(names):
+            groups.append(current)
+            current = list(keys) + ([] if groups else list(names))
+        current.append(j)
+    groups.append(current)
+    for part, cols in enumerate(groups):
+        cols = sorted(cols)
+        room = width - sum(need[j] for j in cols if j not in names) - _BORDER * len(cols) - 1
+        name_cols = [j for j in cols if j in names]
+        name_w = {j: max(min(need[j], room // max(len(name_cols), 1)), NAME_MIN) for j in name_cols}
+        title = t.title if len(groups) == 1 else f"{t.title} ({part + 1}/{len(groups)})"
+        table = Table(title=title, caption=t.caption if part == 0 else None, box=box.SQUARE, expand=False)
+        for j in cols:
+            c = t.columns[j]
+            w = name_w.get(j, need[j])
+            # cells fit their width (names are shortened to it); a header may wrap between its words
+            table.add_column(headers[j], justify="right" if c.kind in NUMERIC else "left", width=w, overflow="fold")
+        for r in cells:
+            table.add_row(*[Text(shorten(r[j], name_w[j]) if j in name_w else r[j]) for j in cols])
+        console.print(table)
