@@ -75,8 +75,8 @@ def scenarios(steps: int) -> list[dict]:
 
 def touches_injection(edits: list[str], trace: Path) -> float | None:
     """The scale an edit applies to the injected ops (``oracle_inject:*``) of the trace, or None."""
+    from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.analysis.whatif import Edit
-    from bottleneck_oracle.models.baselines import node_phases
 
     table, graphs = api.build(trace)
     g = graphs[min(1, len(graphs) - 1)]

@@ -172,7 +172,7 @@ def test_perfetto_overlay_marks_the_critical_path(tmp_path, capsys):
 def test_parse_writes_graphs_that_load(tmp_path, capsys):
     from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
-    code, out, _ = run(["parse", "--input", str(SAMPLE), "--output", str(tmp_path), "--json"], capsys)
+    code, out, _ = run(["parse", str(SAMPLE), "--output", str(tmp_path), "--json"], capsys)
     assert code == 0
     manifest = json.loads(out)
     assert [g["step"] for g in manifest["graphs"]] == [1, 2, 3]

@@ -13,6 +13,20 @@ from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 
+def _predictor(checkpoint: str | Path | None):
+    """The graph network (models.predict.Predictor); a clear error when its extra is not installed."""
+    try:
+        from bottleneck_oracle.models.predict import Predictor
+    except ImportError as exc:
+        from bottleneck_oracle.errors import OracleError
+
+        raise OracleError(
+            f"the graph network needs torch and torch_geometric ({exc.name} is not installed): "
+            "pip install 'bottleneck-oracle[models]', or pass --no-model for the replay alone"
+        ) from None
+    return Predictor(checkpoint)
+
+
 def load(path: str | Path, et: str | Path | None = None) -> EventTable:
     """Events of a Kineto trace file or a folder of per-rank trace files, with the data
     dependencies of the run's PyTorch execution trace(s) when ``et`` is given."""
@@ -71,9 +85,9 @@ def whatif(
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
+    from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.analysis.whatif import Edit, apply_edits
     from bottleneck_oracle.errors import OracleError
-    from bottleneck_oracle.models.baselines import node_phases
 
     parsed = [Edit.parse(e) for e in edits]
     if not parsed and microbatches is None:
@@ -81,9 +95,7 @@ def whatif(
     table, gs = build(path, steps, config)
     predictor = None
     if use_model:
-        from bottleneck_oracle.models.predict import Predictor
-
-        predictor = Predictor(checkpoint)
+        predictor = _predictor(checkpoint)
     out = []
     for g in gs:
         phase_mb = node_phases(table, g) if table is not None else None
@@ -110,8 +122,7 @@ def whatif(
             edited = run_cpm(g, d, w, rel)
         row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
         if microbatches is not None:
-            from bottleneck_oracle.models.baselines import formula_parts, pipeline_step
-            from bottleneck_oracle.models.predict import is_pipeline
+            from bottleneck_oracle.analysis.phases import formula_parts, is_pipeline, pipeline_step
 
             if not is_pipeline(g, table):
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
@@ -175,9 +186,7 @@ def blame(
     pool = _reference_pool(path, baseline, steps, config, gs)
     predictor = None
     if use_model:
-        from bottleneck_oracle.models.predict import Predictor
-
-        predictor = Predictor(checkpoint)
+        predictor = _predictor(checkpoint)
         predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
     out = []
     for g in gs:
@@ -190,7 +199,7 @@ def blame(
         row["measured_us"] = max(g.measured.values())
         row["references"] = row_refs
         if predictor is not None and b.nodes:
-            from bottleneck_oracle.models.baselines import node_phases
+            from bottleneck_oracle.analysis.phases import node_phases
             from bottleneck_oracle.models.predict import sample_for
 
             (variant,) = predictor.variants
@@ -244,15 +253,13 @@ def advise_graphs(
     """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
     from bottleneck_oracle.analysis.blame import blame as blame_graph
     from bottleneck_oracle.analysis.blame import name_gaps
+    from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.llm.graphrag import advise as advise_step
     from bottleneck_oracle.llm.retrieve import load_recipes
-    from bottleneck_oracle.models.baselines import node_phases
 
     predictor = None
     if use_model:
-        from bottleneck_oracle.models.predict import Predictor
-
-        predictor = Predictor(checkpoint)
+        predictor = _predictor(checkpoint)
     kb = load_recipes(recipes)
     out = []
     for a in analyses:
@@ -267,3 +274,21 @@ def advise_graphs(
         row["references"] = row_refs
         out.append(row)
     return out
+
+
+def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None):
+    """Every step of a run against its median, outliers with their top cause (analysis.runs.RunSummary)."""
+    from bottleneck_oracle.analysis.runs import summarize
+
+    _, analyses = analyze(path, steps, config)
+    return summarize(analyses, str(path))
+
+
+def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0):
+    """Baseline run against candidate run: the step-time change with its noise, what moved on the
+    critical path, per kind and per rank (analysis.runs.Comparison)."""
+    from bottleneck_oracle.analysis.runs import compare as compare_runs
+
+    _, base = analyze(baseline, None, config)
+    _, cand = analyze(candidate, None, config)
+    return compare_runs(base, cand, str(baseline), str(candidate), seed)

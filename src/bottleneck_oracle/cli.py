@@ -24,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: no markup from trace strings, no <bool>/<path> type tags
 )
 out = Console()
 err = Console(stderr=True)
@@ -104,20 +105,25 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
 
 @app.command()
 def analyze(
-    path: Path = typer.Argument(..., help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
-    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
-    html: Path = typer.Option(None, "--html", help="Write a self-contained HTML report here."),
-    perfetto: Path = typer.Option(None, "--perfetto", help="Write the trace with the critical path marked (opens in Perfetto)."),
+    path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
+    step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
+    html: Path = typer.Option(None, "--html", metavar="PATH", help="Write a self-contained HTML report here."),
+    perfetto: Path = typer.Option(
+        None, "--perfetto", metavar="PATH", help="Write the trace with the critical path marked (opens in Perfetto)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of the tables."),
-    top: int = typer.Option(None, "--top", help="How many ops to list by critical-path time (default from config: 20)."),
+    top: int = typer.Option(None, "--top", metavar="N", help="How many ops to list by critical-path time (default from config: 20)."),
     et: Path = typer.Option(
-        None, "--et", help="The run's PyTorch execution trace (file, or folder of rank-N files): adds tensor data dependencies."
+        None,
+        "--et",
+        metavar="PATH",
+        help="The run's PyTorch execution trace (file, or folder of rank-N files): adds tensor data dependencies.",
     ),
     with_advice: bool = typer.Option(
         False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."
     ),
     no_model: bool = typer.Option(False, "--no-model", help="With --advise: validate with the replay only, not the pretrained model."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
 ) -> None:
     """Step time, critical path, slack and per-rank skew of every step in PATH.
 
@@ -175,24 +181,32 @@ def analyze(
 
 @app.command()
 def parse(
-    input: Path = typer.Option(..., "--input", "-i", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),  # noqa: A002
+    path: Path = typer.Argument(None, metavar="PATH", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),
+    input_: Path = typer.Option(None, "--input", "-i", metavar="PATH", hidden=True, help="The same as PATH (older spelling)."),
     output: Path = typer.Option(
-        None, "--output", "-o", help="Folder for the graphs (step-N.npz) and graphs.json (default: paths.graphs of the config)."
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Folder for the graphs (step-N.npz) and graphs.json (default: paths.graphs of the config).",
     ),
-    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
+    step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
 ) -> None:
     """Build the ExecutionGraph of every step and save it (plain arrays, no pickles)."""
+    if (path is None) == (input_ is None):
+        _fail("parse takes one trace PATH" if path is None else "give the trace as PATH or --input, not both")
+    source = path or input_
     cfg = _config(config)
     output = output or Path(cfg.paths.graphs)
-    _, graphs = api.build(input, step or None, cfg)
+    _, graphs = api.build(source, step or None, cfg)
     entries = []
     for g in graphs:
         name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
         g.save(output / name)
         entries.append({"file": name, "step": g.step, "ranks": g.ranks, "measured_us": g.measured, **g.summary_counts()})
-    manifest = {"version": __version__, "input": str(input), "graphs": entries}
+    manifest = {"version": __version__, "input": str(source), "graphs": entries}
     with atomic_path(output / "graphs.json") as tmp:
         tmp.write_text(json.dumps(manifest, indent=1))
     if as_json:
@@ -204,8 +218,10 @@ def parse(
 
 @app.command()
 def generate(
-    config: Path = typer.Option(Path("config.yaml"), "--config", help="Config whose grid section says what to record."),
-    out_dir: Path = typer.Option(None, "--out", "-o", help="Folder for the runs and manifest.jsonl (default: paths.raw of the config)."),
+    config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help="Config whose grid section says what to record."),
+    out_dir: Path = typer.Option(
+        None, "--out", "-o", metavar="PATH", help="Folder for the runs and manifest.jsonl (default: paths.raw of the config)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped)."""
@@ -236,9 +252,11 @@ def generate(
 
 @app.command("build-dataset")
 def build_dataset_cmd(
-    raw: Path = typer.Argument(None, help="Folder written by `generate` (default: paths.raw of the config)."),
-    out_dir: Path = typer.Option(None, "--out", "-o", help="Folder for the samples and dataset.jsonl (default: paths.graphs)."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    raw: Path = typer.Argument(None, metavar="RAW", help="Folder written by `generate` (default: paths.raw of the config)."),
+    out_dir: Path = typer.Option(
+        None, "--out", "-o", metavar="PATH", help="Folder for the samples and dataset.jsonl (default: paths.graphs)."
+    ),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Turn generated runs into labelled PyG graphs (one per profiled step) with train/val/test and OOD splits."""
@@ -266,9 +284,11 @@ def build_dataset_cmd(
 
 @app.command()
 def train(
-    config: Path = typer.Option(Path("config.yaml"), "--config", help=CONFIG_HELP),
-    dataset: Path = typer.Option(None, "--dataset", help="Folder written by `build-dataset` (default: paths.graphs)."),
-    out_dir: Path = typer.Option(None, "--out", "-o", help="Folder for the checkpoints, one per split (default: paths.checkpoints)."),
+    config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help=CONFIG_HELP),
+    dataset: Path = typer.Option(None, "--dataset", metavar="PATH", help="Folder written by `build-dataset` (default: paths.graphs)."),
+    out_dir: Path = typer.Option(
+        None, "--out", "-o", metavar="PATH", help="Folder for the checkpoints, one per split (default: paths.checkpoints)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Train the HeteroGAT variants, the MLP and XGBoost on a built dataset: one checkpoint per split."""
@@ -294,11 +314,13 @@ def train(
 
 @app.command("eval")
 def evaluate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint written by `train`, or the folder of them (one per split)."),
-    dataset: Path = typer.Option(None, "--dataset", help="Folder written by `build-dataset` (default: paths.graphs)."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
-    markdown: Path = typer.Option(None, "--markdown", help="Also write the table as Markdown to this file."),
-    json_file: Path = typer.Option(None, "--json-file", help="Also write the results as JSON to this file."),
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", metavar="PATH", help="A checkpoint written by `train`, or the folder of them (one per split)."
+    ),
+    dataset: Path = typer.Option(None, "--dataset", metavar="PATH", help="Folder written by `build-dataset` (default: paths.graphs)."),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    markdown: Path = typer.Option(None, "--markdown", metavar="PATH", help="Also write the table as Markdown to this file."),
+    json_file: Path = typer.Option(None, "--json-file", metavar="PATH", help="Also write the results as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Every model and baseline side by side per split: what-if against the measured re-runs, slack ρ, critical F1, speed."""
@@ -327,22 +349,25 @@ def evaluate(
 
 @app.command()
 def whatif(
-    trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
     edit: list[str] = typer.Option(
         None,
         "--edit",
         "-e",
+        metavar="EDIT",
         help="Edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB, name~=SUBSTRING, rank=R, cat=CATEGORY, max_us=US, "
         "phase=forward|backward|optimizer, module=NAME|GLOB (ops inside that range, e.g. an nn.Module's), gap=1 (the untraced time around the ops); changes scale=F, delay_ms=MS, detach=1. "
         'E.g. "name~=all_reduce,rank=1,scale=0.5" (see the README).',
     ),
-    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
+    step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     microbatches: int = typer.Option(
         None, "--microbatches", min=1, help="Pipeline steps: re-split the batch into this many micro-batches (1F1B formula)."
     ),
-    checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", metavar="PATH", help="Model checkpoint (default: the pretrained one shipped with the package)."
+    ),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
@@ -351,12 +376,16 @@ def whatif(
     if as_json:
         sys.stdout.write(json.dumps({"trace": str(trace), "edits": edit, "steps": rows}, indent=1) + "\n")
         return
-    t = Table(
-        title=f"What-if: {'; '.join(edit) or f'{microbatches} micro-batches'}", caption="step times in ms; Δ against the step as measured"
-    )
+    from bottleneck_oracle.report.tables import Column, TableModel
+    from bottleneck_oracle.report.terminal import print_table
+
     variants = list(rows[0]["model"]["step_us"]) if rows and "model" in rows[0] else []
-    for col in ["step", "nodes edited", "measured", "replay", "Δ replay"] + [f"{v}" for v in variants] + [f"Δ {v}" for v in variants]:
-        t.add_column(col, justify="right")
+    t = TableModel(
+        f"What-if: {'; '.join(edit) or f'{microbatches} micro-batches'}",
+        [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
+        + [Column(f"{v}", "text") for v in variants] + [Column(f"Δ {v}", "text") for v in variants],
+        caption="step times in ms; Δ: the edited replay against the unedited one (the model's: its edited against its unedited prediction)",
+    )  # fmt: skip
 
     def label(r: dict) -> str:
         return "whole trace" if r["step"] is None else str(r["step"])
@@ -366,11 +395,11 @@ def whatif(
 
     for r in rows:
         model = r.get("model", {})
-        t.add_row(
-            label(r), str(r["edited_nodes"]), _ms(r["measured_us"]), _ms(r["replay"]["step_us"]), f"{r['replay']['delta_us'] / 1000:+.3f}",
-            *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants],
+        t.rows.append(
+            [label(r), _edited(r), r["measured_us"], r["replay"]["step_us"], r["replay"]["delta_us"],
+             *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants]]
         )  # fmt: skip
-    out.print(t)
+    print_table(out, t)
     for r in rows:
         if r.get("model", {}).get("out_of_domain"):
             out.print(Text(f"{where(r)}: graph network {r['model']['out_of_domain']}; the replay is the answer"))
@@ -392,17 +421,26 @@ def whatif(
             out.print(f"{where(r)}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
 
 
+def _edited(r: dict) -> str:
+    """What an edit changed, in words: nodes, untraced gaps, removed dependencies."""
+    parts = [f"{r['edited_nodes']} ops" if r["edited_nodes"] else "", f"{r['edited_gaps']} gaps" if r["edited_gaps"] else "",
+             f"{r['detached_edges']} deps removed" if r["detached_edges"] else ""]  # fmt: skip
+    return ", ".join(p for p in parts if p) or "nothing"
+
+
 @app.command()
 def blame(
-    trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
     baseline: Path = typer.Option(
         None, "--baseline", help="A trace of the same job as it normally runs (default: the trace's other steps)."
     ),
-    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
-    top: int = typer.Option(10, "--top", help="How many nodes and op kinds to list."),
-    checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
+    step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
+    top: int = typer.Option(10, "--top", metavar="N", help="How many nodes and op kinds to list."),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", metavar="PATH", help="Model checkpoint (default: the pretrained one shipped with the package)."
+    ),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
@@ -410,22 +448,25 @@ def blame(
     if as_json:
         sys.stdout.write(json.dumps({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": rows}, indent=1) + "\n")
         return
+    from bottleneck_oracle.report.tables import Column, TableModel
+    from bottleneck_oracle.report.terminal import print_table
+
     for r in rows:
         out.print(
-            f"[bold]Step {r['step']}[/]: {_ms(r['measured_us'])} ms measured; restoring every op to typical ({r['references']}) "
-            f"gives {_ms(r['restored_makespan_us'])} ms: {_ms(r['excess_us'])} ms to explain",
-            highlight=False,
-        )
-        t = Table(title="Culprit ops (saving if restored to typical, ms)")
-        for col in ("#", "op", "rank", "dur", "typical", "typical from", "saving", "share", "model saving"):
-            t.add_column(col, justify="left" if col in ("op", "typical from") else "right")
+            Text(f"Step {r['step']}", style="bold")
+            + Text(f": {_ms(r['measured_us'])} ms measured; restoring every op to typical ({r['references']}) "
+                   f"gives {_ms(r['restored_makespan_us'])} ms: {_ms(r['excess_us'])} ms to explain")
+        )  # fmt: skip
+        with_model = "model" in r
+        t = TableModel(
+            "Culprit ops (saving if restored to typical, ms)",
+            [Column("#", "key"), Column("op", "name"), Column("rank", "int"), Column("saving", "ms"), Column("share", "pct"), Column("dur", "ms"),
+             Column("typical", "ms"), Column("typical from")] + ([Column("model saving")] if with_model else []),
+        )  # fmt: skip
         for k, x in enumerate(r["nodes"], 1):
-            model = x.get("model_saving_us")
-            t.add_row(
-                str(k), Text(x["name"][:60]), str(x["rank"]), _ms(x["dur_us"]), _ms(x["typical_us"]), x["typical_from"], _ms(x["saving_us"]),
-                f"{100 * x['share']:.0f}%", _model_ms(model) if "model_saving_us" in x else "—",
-            )  # fmt: skip
-        out.print(t)
+            model = [_model_ms(x["model_saving_us"]) if "model_saving_us" in x else "—"] if with_model else []
+            t.rows.append([k, x["name"], x["rank"], x["saving_us"], x["share"], x["dur_us"], x["typical_us"], x["typical_from"], *model])
+        print_table(out, t)
         slow = "; ".join(f"{x['name'][:40]} (rank {x['rank']}) +{_ms(x['dur_us'] - x['typical_us'])} ms, saves {_ms(x['saving_us'])}"
                          for x in r["anomalies"][:5])  # fmt: skip
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
@@ -437,18 +478,26 @@ def blame(
 
 @app.command()
 def advise(
-    trace: Path = typer.Argument(..., help="A Kineto trace file or a folder of per-rank traces."),
-    step: list[int] = typer.Option(None, "--step", "-s", help=STEP_HELP),
-    baseline: Path = typer.Option(None, "--baseline", help="A normal run of the same job, for the blame's typical durations."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
+    step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
+    baseline: Path = typer.Option(
+        None, "--baseline", metavar="PATH", help="A normal run of the same job, for the blame's typical durations."
+    ),
     llm_base_url: str = typer.Option(
         None, "--llm-base-url", help="An OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: the offline recipe engine)."
     ),
-    llm_model: str = typer.Option("default", "--llm-model", help="Model name to ask the server for."),
-    llm_key_env: str = typer.Option("OPENAI_API_KEY", "--llm-key-env", help="Environment variable holding the server's API key."),
-    recipes: Path = typer.Option(None, "--recipes", help="Another recipe file in the format of the shipped llm/recipes.yaml."),
-    checkpoint: Path = typer.Option(None, "--checkpoint", help="Model checkpoint (default: the pretrained one shipped with the package)."),
+    llm_model: str = typer.Option("default", "--llm-model", metavar="TEXT", help="Model name to ask the server for."),
+    llm_key_env: str = typer.Option(
+        "OPENAI_API_KEY", "--llm-key-env", metavar="TEXT", help="Environment variable holding the server's API key."
+    ),
+    recipes: Path = typer.Option(
+        None, "--recipes", metavar="PATH", help="Another recipe file in the format of the shipped llm/recipes.yaml."
+    ),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", metavar="PATH", help="Model checkpoint (default: the pretrained one shipped with the package)."
+    ),
     no_model: bool = typer.Option(False, "--no-model", help="Validate with the replay only."),
-    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """What to change: optimisation suggestions retrieved for the step's symptoms, each checked by replay and the model."""
@@ -480,6 +529,108 @@ def advise(
             out.print(Text(f"   What-if: {'; '.join(s['edits'])} ({s['edited_nodes']} nodes)"))
         if r["rejected"]:
             out.print(f"  {len(r['rejected'])} suggestion(s) rejected (see --json)", highlight=False)
+
+
+@app.command()
+def summary(
+    path: Path = typer.Argument(..., metavar="PATH", help="A trace file or a folder of per-rank traces."),
+    step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Every step against the run's median: the steady-state step time, and the unusual steps with their top cause."""
+    from bottleneck_oracle.report.tables import Column, TableModel
+    from bottleneck_oracle.report.terminal import print_table
+
+    s = api.summary(path, step or None, _config(config))
+    if as_json:
+        sys.stdout.write(json.dumps(s.to_dict(), indent=1) + "\n")
+        return
+    steady = [x for x in s.steps if not x.warmup]
+    out.print(
+        Text(f"{path}: steady-state step time {_ms(s.median_us)} ms (median of {len(steady)} steps, spread ±{_ms(s.spread_us)} ms)"
+             + ("; the first step is warm-up and left out" if len(steady) < len(s.steps) else ""))
+    )  # fmt: skip
+    t = TableModel(
+        "Steps against the run's median",
+        [Column("step", "key"), Column("measured ms", "ms"), Column("vs median", "signed_pct"), Column("CPM ms", "ms"),
+         Column("untraced ms", "ms"), Column("unusual"), Column("most time on the critical path", "name")],
+    )  # fmt: skip
+    for x in s.steps:
+        flag = "warm-up" if x.warmup else ("OUTLIER" if x.outlier else "")
+        t.rows.append([x.step if x.step is not None else "-", x.measured_us, x.vs_median, x.cpm_us, x.untraced_us, flag, x.top])
+    print_table(out, t)
+    for x in s.steps:
+        if x.outlier:
+            cause = x.cause
+            why = (
+                f"{cause['name']} on rank {cause['rank']} (restoring it saves {_ms(cause['saving_us'])} ms)"
+                if cause
+                else "no single culprit"
+            )
+            out.print(Text(f"step {x.step}: {100 * x.vs_median:+.1f}% vs median; top cause: {why}"))
+    if not any(x.outlier for x in s.steps):
+        out.print("no outlier steps", highlight=False)
+
+
+@app.command()
+def compare(
+    baseline: Path = typer.Argument(
+        ..., metavar="BASELINE", help="The run before the change: a trace file or a folder of per-rank traces."
+    ),
+    candidate: Path = typer.Argument(..., metavar="CANDIDATE", help="The run after the change."),
+    fail_if_slower: float = typer.Option(
+        None,
+        "--fail-if-slower",
+        min=0.0,
+        metavar="PCT",
+        help="Exit with status 1 if the candidate is slower beyond noise and by more than this many percent (a CI gate).",
+    ),
+    top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many moves on the critical path to list."),
+    config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Did the change help, and why: step-time change with its noise, what joined and left the critical path, per kind and per rank."""
+    from bottleneck_oracle.report.tables import Column, TableModel
+    from bottleneck_oracle.report.terminal import print_table
+
+    c = api.compare(baseline, candidate, _config(config))
+    c.moved = c.moved[:top]
+    gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
+    if as_json:
+        sys.stdout.write(json.dumps({**c.to_dict(), "gate_failed": gate}, indent=1) + "\n")
+    else:
+        lo, hi = c.interval_us
+        how = {"faster": "faster", "slower": "slower", "within noise": "within noise of"}[c.verdict]
+        out.print(
+            Text(f"candidate is {how} the baseline: {c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%), 95% interval "
+                 f"[{lo / 1000:+.3f}, {hi / 1000:+.3f}] ms", style="bold")
+        )  # fmt: skip
+        out.print(
+            Text(f"baseline {_ms(c.baseline_median_us)} ms (median of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
+                 f"candidate {_ms(c.candidate_median_us)} ms (median of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})")
+        )  # fmt: skip
+        t = TableModel("What moved on the critical path (ms per step)", [Column("what", "name"), Column("rank", "int"), Column("kind"),
+                       Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")])  # fmt: skip
+        t.rows = [[m["what"], m["rank"], m["kind"], m["baseline_us"], m["candidate_us"], m["delta_us"]] for m in c.moved]
+        print_table(out, t)
+        t = TableModel(
+            "By kind (ms per step)",
+            [Column("kind", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
+        )
+        t.rows = [[k, v["baseline_us"], v["candidate_us"], v["delta_us"]] for k, v in c.by_kind.items()]
+        print_table(out, t)
+        if len(c.by_rank) > 1:
+            t = TableModel(
+                "By rank (median step ms)",
+                [Column("rank", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
+            )
+            t.rows = [[r["rank"], r["baseline_us"], r["candidate_us"], r["delta_us"]] for r in c.by_rank]
+            print_table(out, t)
+        if gate:
+            _error(f"candidate is slower by {100 * c.delta_share:.1f}% (more than --fail-if-slower {fail_if_slower:g}%)")
+    if gate:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -523,8 +674,8 @@ def main() -> None:
             from typer._click.exceptions import ClickException
             from typer.exceptions import Abort
 
-        if isinstance(exc, ClickException):
-            exc.show()
+        if isinstance(exc, ClickException):  # one line, like every other error (usage: --help)
+            _error(f"{exc.format_message()} (see bottleneck-oracle --help)")
             sys.exit(exc.exit_code)
         if isinstance(exc, Abort):
             sys.exit(1)

@@ -24,7 +24,7 @@ from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
-PHASES = ("forward", "backward", "optimizer")  # codes 1, 2, 3 of models.baselines.node_phases
+PHASES = ("forward", "backward", "optimizer")  # codes 1, 2, 3 of analysis.phases.node_phases
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class Edit:
 
     def select(self, g: ExecutionGraph, phases: np.ndarray | None = None, table: EventTable | None = None) -> np.ndarray:
         """Node ids the edit applies to (compute and network nodes; barriers never). ``phases``:
-        the phase code of every node (models.baselines.node_phases), for ``phase=``; ``table``:
+        the phase code of every node (analysis.phases.node_phases), for ``phase=``; ``table``:
         the trace's events, for ``module=``."""
         n = g.nodes
         mask = n["category"] != Category.BARRIER

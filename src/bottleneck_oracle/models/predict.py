@@ -26,13 +26,6 @@ def pretrained_path() -> Path:
     return Path(str(resources.files("bottleneck_oracle.models") / PRETRAINED))
 
 
-def is_pipeline(g: ExecutionGraph, table: EventTable | None) -> bool:
-    """A pipeline-parallel step: it has per-micro-batch phase ranges and send/recv nodes."""
-    from bottleneck_oracle.graph_pipeline.schema import Category
-
-    return bool((g.nodes["category"] == Category.P2P).any()) and table is not None and any(".mb" in s for s in table.names)
-
-
 def sample_for(
     g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
     weight: np.ndarray | None = None, release: np.ndarray | None = None, phases: tuple[np.ndarray, np.ndarray] | None = None,
@@ -40,7 +33,7 @@ def sample_for(
     """The model input of ``g`` with modelled durations ``dur``, edge latencies ``weight`` and
     releases ``release`` (a what-if; None: as recorded). ``phases``: ``node_phases(table, g)``
     if the caller has it (else computed from ``table``)."""
-    from bottleneck_oracle.models.baselines import formula_step, node_phases
+    from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
 
     ref = max(g.measured.values())
     base = base or run_cpm(g)
@@ -75,6 +68,7 @@ def sample_for(
     return data, r1
 
 
+THREADS = 1  # torch threads for inference
 MAX_RATIO = 5.0  # a predicted step more than this many times longer or shorter than the reference is out of domain
 MARGIN = 0.25  # a feature may exceed the training range by this share of the range before the input is out of domain
 
@@ -93,6 +87,9 @@ class Predictor:
     def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None) -> None:
         from bottleneck_oracle.training.train import gat_from, load_checkpoint
 
+        # graphs of one step are small: torch's default pool (a thread per core) only contends with
+        # the rest of the machine; a fixed, small count keeps --advise near the replay's speed
+        torch.set_num_threads(THREADS)
         self.path = Path(checkpoint) if checkpoint else pretrained_path()
         self.ckpt = load_checkpoint(self.path)
         self.variants = [v for v in (variants or list(self.ckpt["gat"])) if v in self.ckpt["gat"]]

@@ -18,6 +18,7 @@ from rich.text import Text
 from bottleneck_oracle.report.tables import NUMERIC, TableModel, fmt, shorten
 
 NAME_MIN = 16  # characters a name column keeps at least
+NAME_SHARE = 0.35  # and, if its names are that long, this share of the width
 _BORDER = 3  # characters a column adds: padding on both sides and one rule
 
 
@@ -55,8 +56,10 @@ def print_table(console: Console, t: TableModel) -> None:
     keys = [j for j, c in enumerate(t.columns) if c.kind == "key"]
     fixed = [j for j in range(len(t.columns)) if j not in names]
 
+    name_min = max(NAME_MIN, int(NAME_SHARE * width))
+
     def size(cols: list[int]) -> int:
-        return sum(min(need[j], NAME_MIN) if j in names else need[j] for j in cols) + _BORDER * len(cols) + 1
+        return sum(min(need[j], name_min) if j in names else need[j] for j in cols) + _BORDER * len(cols) + 1
 
     groups: list[list[int]] = []
     current = list(keys) + list(names)
@@ -72,7 +75,7 @@ def print_table(console: Console, t: TableModel) -> None:
         cols = sorted(cols)
         room = width - sum(need[j] for j in cols if j not in names) - _BORDER * len(cols) - 1
         name_cols = [j for j in cols if j in names]
-        name_w = {j: max(min(need[j], room // max(len(name_cols), 1)), NAME_MIN) for j in name_cols}
+        name_w = {j: max(min(need[j], room // max(len(name_cols), 1)), min(need[j], name_min)) for j in name_cols}
         title = t.title if len(groups) == 1 else f"{t.title} ({part + 1}/{len(groups)})"
         table = Table(title=title, caption=t.caption if part == 0 else None, box=box.SQUARE, expand=False)
         for j in cols:

@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
 from bottleneck_oracle.analysis.whatif import injection_sites, with_durations
-from bottleneck_oracle.api import build
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.builder import build_graphs
+from bottleneck_oracle.graph_pipeline.events import load_events
 from bottleneck_oracle.graph_pipeline.hetero import from_tensors, to_heterodata, to_tensors
-from bottleneck_oracle.models.baselines import formula_step, node_phases
 
 DATASET = "dataset.jsonl"
 
@@ -69,9 +70,9 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
         by_run.setdefault(r["run_id"], []).append(r)
     done = 0
     for run_id, run_rows in by_run.items():
-        table, graphs = build(run_rows[0]["path"])
+        table = load_events(run_rows[0]["path"])
+        graphs = build_graphs(table)
         by_step = {g.step: g for g in graphs}
-        pipeline = run_rows[0]["layout"].startswith("pp")
         for r in run_rows:
             sid = f"{run_id}/step-{r['step']}"
             path = out / f"{sid}.pt"
@@ -82,7 +83,7 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
             _save(path, g, run_cpm(g), ids, ref=measured, replay=measured, formula=measured, edit_us=0.0, y=measured)
             whatif = None
             if ids and r["baseline_step"] is not None:
-                whatif = _whatif_sample(out / f"{sid}.whatif.pt", table, by_step[r["baseline_step"]], g, ids, r, pipeline)
+                whatif = _whatif_sample(out / f"{sid}.whatif.pt", table, by_step[r["baseline_step"]], g, ids, r, is_pipeline(g, table))
             samples.append(
                 {
                     "id": sid, "path": str(path), "trace": r["path"], "run_id": run_id, "size": r["size"], "layout": r["layout"], "kind": r["kind"],

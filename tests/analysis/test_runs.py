@@ -1,0 +1,92 @@
+"""Across steps and across runs: outlier steps with their cause, and compare's verdicts on real
+recordings of the bundled DDP job (tests/data/README.md says how each was recorded)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from bottleneck_oracle import api, cli
+from conftest import DATA
+
+STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms in every forward pass
+STRAGGLER_AGAIN = DATA / "gloo_ddp_8steps_straggler_rerun"  # the same job, recorded again
+CLEAN = DATA / "gloo_ddp_8steps_clean"  # the same job without the straggler
+
+
+def test_compare_says_faster_by_the_straggler_and_names_its_gap():
+    c = api.compare(STRAGGLER, CLEAN)
+    assert c.verdict == "faster"
+    assert -24_000 <= c.delta_us <= -15_000  # the 20 ms sleep, give or take the run-to-run noise
+    lo, hi = c.interval_us
+    assert lo <= c.delta_us <= hi < 0
+    top = c.left[0]  # what left the critical path first: rank 1's untraced sleep in its forward
+    assert top["rank"] == 1 and top["kind"] == "untraced" and "forward" in top["what"]
+    assert top["delta_us"] <= -15_000 and top["candidate_us"] < 0.1 * top["baseline_us"]
+    assert c.by_kind["untraced"]["delta_us"] <= -15_000
+
+
+def test_compare_says_within_noise_for_two_recordings_of_the_same_job():
+    c = api.compare(STRAGGLER, STRAGGLER_AGAIN)
+    assert c.verdict == "within noise", (c.delta_us, c.interval_us)
+    assert c.interval_us[0] < 0 < c.interval_us[1]
+
+
+def test_compare_cli_gate_and_json(capsys):
+    def run(args):
+        old = sys.argv
+        sys.argv = ["bottleneck-oracle", *args]
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        finally:
+            sys.argv = old
+        return code, *capsys.readouterr()
+
+    code, out, _ = run(["compare", str(CLEAN), str(STRAGGLER), "--json", "--fail-if-slower", "5"])
+    doc = json.loads(out)
+    assert code == 1 and doc["verdict"] == "slower" and doc["gate_failed"]
+    code, out, _ = run(["compare", str(STRAGGLER), str(CLEAN), "--fail-if-slower", "5"])
+    assert code == 0 and "faster" in out and "untraced time in forward" in out
+    code, _, _ = run(["compare", str(STRAGGLER), str(STRAGGLER_AGAIN), "--fail-if-slower", "5"])
+    assert code == 0
+
+
+def test_summary_flags_an_injected_step_with_its_cause(generated_grid):
+    """The CI grid injects a delay every third step: those steps stand out against the median."""
+    raw, _ = generated_grid
+    run = next(p for p in raw.iterdir() if "dp2" in p.name and p.is_dir())
+    s = api.summary(run)
+    assert s.steps[0].warmup and not s.steps[0].outlier
+    flagged = [x for x in s.steps if x.outlier]
+    assert flagged and all(x.cause for x in flagged)
+    manifest = [json.loads(line) for line in (raw / "manifest.jsonl").read_text().splitlines()]
+    injected = {m["step"] for m in manifest if m["run_id"] == run.name and m.get("injection")}
+    assert {x.step for x in flagged} <= injected  # nothing unperturbed is called unusual
+    assert all(abs(x.vs_median) < 0.05 or x.outlier or x.warmup for x in s.steps if x.step not in injected)
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_no_number_is_cut_at_any_width(width, monkeypatch, capsys):
+    import re
+
+    from rich.console import Console
+
+    monkeypatch.setattr(cli, "out", Console(width=width))
+    old = sys.argv
+    for args in (["analyze", str(DATA / "gloo_ddp_2rank")], ["analyze", str(DATA / "real-gpu" / "dlrm_v100_8rank")],
+                 ["compare", str(STRAGGLER), str(CLEAN)], ["summary", str(STRAGGLER)]):  # fmt: skip
+        sys.argv = ["bottleneck-oracle", *args]
+        try:
+            cli.main()
+        except SystemExit as exc:
+            assert not exc.code
+        finally:
+            sys.argv = old
+        out = capsys.readouterr().out
+        assert not re.search(r"\d…|…\d", out), args
+        assert max(len(line) for line in out.splitlines()) <= width
