@@ -172,7 +172,10 @@ def analyze(
             )
         for sug in x["advice"]["suggestions"][:3]:
             out.print(
-                Text(f"Step {step_no} advice: {sug['title']} — replay saves {_ms(sug['replay_saving_us'])} ms ({'; '.join(sug['edits'])})")
+                Text(
+                    f"Step {step_no} advice: {sug['title']} — replay saves {_ms(sug['replay_saving_us'])} ms if we "
+                    f"{'; '.join(sug.get('edits_in_words') or sug['edits'])} ({'; '.join(sug['edits'])})"
+                )
             )
     for label, target in (("HTML report", html), ("Perfetto trace", perfetto)):
         if target:
@@ -526,7 +529,8 @@ def advise(
             out.print(Text(f"   {s['explanation']}"))
             if s["remedy"]:
                 out.print(Text(f"   Remedy: {s['remedy']}"))
-            out.print(Text(f"   What-if: {'; '.join(s['edits'])} ({s['edited_nodes']} nodes)"))
+            words = "; ".join(s.get("edits_in_words") or s["edits"])
+            out.print(Text(f"   What-if: {words} ({'; '.join(s['edits'])}, {s['edited_nodes']} nodes)"))
         if r["rejected"]:
             out.print(f"  {len(r['rejected'])} suggestion(s) rejected (see --json)", highlight=False)
 

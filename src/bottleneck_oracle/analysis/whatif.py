@@ -81,6 +81,41 @@ class Edit:
         if self.scale == 1.0 and self.delay_ms == 0.0 and not self.detach:
             raise ValueError("an edit needs scale= (other than 1), delay_ms= or detach=1")
 
+    def describe(self) -> str:
+        """The edit in words, e.g. "make the untraced time after rank 1's ops 11% of what it is"."""
+        kinds = {"cpu_op": "CPU ops", "runtime": "runtime calls", "kernel": "GPU kernels", "memcpy": "GPU memcpys", "memset": "GPU memsets",
+                 "collective": "collectives", "p2p": "sends and receives"}  # fmt: skip
+        what = kinds.get(self.category or "", "ops")
+        if self.ids:
+            what = f"op{'s' if len(self.ids) > 1 else ''} #{', #'.join(str(i) for i in self.ids)}"
+        if self.name is not None:
+            what += f" named {self.name}"
+        if self.name_contains is not None:
+            what += f" whose name contains {self.name_contains!r}"
+        if self.module is not None:
+            what += f" inside {self.module}"
+        if self.phase is not None:
+            what += f" of the {self.phase} pass"
+        if self.max_us is not None:
+            what += f" of at most {self.max_us:g} µs"
+        if self.rank is not None:
+            what = f"rank {self.rank}'s {what}"
+        if self.detach:
+            return f"let {what} neither wait for nor hold up other threads and ranks"
+        target = f"the untraced time after {what}" if self.gap else what
+        change = []
+        if self.scale == 0:
+            change.append(f"remove {target}")
+        elif self.scale < 1:
+            change.append(f"make {target} {100 * self.scale:.0f}% of what it is")
+        elif self.scale > 1:
+            change.append(f"make {target} {self.scale:g}x as long")
+        if self.delay_ms:
+            change.append(
+                f"{'add' if self.delay_ms > 0 else 'take'} {abs(self.delay_ms):g} ms {'to' if self.delay_ms > 0 else 'from'} each of {target}"
+            )
+        return ", then ".join(change)
+
     @classmethod
     def parse(cls, text: str) -> Edit:
         """``"name~=all_reduce,rank=1,scale=0.5"``, ``"id=12,delay_ms=5"``, ``"name=aten::mm,scale=2"``,

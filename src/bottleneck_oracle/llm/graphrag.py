@@ -41,7 +41,8 @@ FAMILIES = {  # metric -> name patterns (lower case substrings)
     "zero_grad_share": ("zero_", "fill_"),
     "sync_share": ("synchronize", "aten::item", "_local_scalar_dense"),
     "attention_share": ("softmax", "bmm", "attention"),
-    "matmul_share": ("aten::mm", "addmm", "matmul", "gemm", "aten::linear"),
+    "matmul_share": ("aten::mm", "addmm", "matmul", "gemm", "aten::linear", "convolution", "cudnn", "conv2d", "implicit_convolve"),
+    "conv_share": ("convolution", "cudnn", "conv2d", "implicit_convolve", "nchwtonhwc", "nhwctonchw", "wgrad", "dgrad"),
     "loss_share": ("log_softmax", "nll_loss", "cross_entropy"),
     "copy_share": ("copy_", "aten::to", "contiguous"),
     "norm_share": ("layer_norm", "rms_norm"),
@@ -64,11 +65,15 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     lower = np.array([s.lower() for s in g.names])
     node_names = lower[n["name"]]
     m: dict[str, float] = {}
+    # the critical path's time by what it was spent on (analysis.segments): ops with their own time
+    # between children, and the framework and untraced time inside named ranges (a DataLoader's)
+    spent: dict[str, float] = {}
+    for seg in a.segments():
+        if seg.kind in ("op", "framework", "untraced"):
+            key = seg.name.lower()
+            spent[key] = spent.get(key, 0.0) + seg.dur
     for key, pats in FAMILIES.items():
-        hit = np.zeros(g.n_nodes, dtype=bool)
-        for p in pats:
-            hit |= np.char.find(node_names, p) >= 0
-        m[key] = float(t[hit].sum() / ms)
+        m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats)) / ms)
     for k, v in a.breakdown().items():
         m[f"{k}_share"] = float(v / ms)
     allreduce = np.char.find(node_names, "all_reduce") >= 0
@@ -79,6 +84,9 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["gpu_present"] = float(n["on_gpu"].any())
     m["tp_like"] = float(m["allreduce_count"] >= 4 and not m["p2p_present"] and _forward_allreduce(g, allreduce, phases))
     m["small_op_share"] = float(t[(n["mdur"] < 20) & (n["category"] != Category.BARRIER)].sum() / ms)
+    kernel = n["category"] == Category.KERNEL
+    m["gpu_compute_share"] = float(t[n["on_gpu"]].sum() / ms)
+    m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
         for code, name in ((1, "forward"), (2, "backward"), (3, "optimizer")):
@@ -92,26 +100,43 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     ctx["top_op_pct"] = f"{100 * m['top_op_share']:.0f}"
     m["straggler_share"] = 0.0
     ctx["straggler_rank"], ctx["straggler_scale"], ctx["straggler_gap_scale"] = "0", "1.0", "1.0"
+    ctx["straggler_where"], ctx["straggler_remedy"] = "in its ops", ""
     if b is not None and b.ranks and len(g.ranks) > 1 and b.excess > 0.02 * ms:
         worst = b.ranks[0]
         m["straggler_share"] = float(worst["share"])
         ctx["straggler_rank"] = str(worst["rank"])
         ctx["straggler_scale"] = f"{max(0.0, 1 - worst['op_excess_us'] / max(worst['op_us'], 1.0)):.3f}"
         ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst['gap_excess_us'] / max(worst['gap_us'], 1.0)):.3f}"
-    m["untraced_share"] = 0.0
-    if len(r.path_edges):
-        pe = r.path_edges
-        po = (g.edges["kind"][pe] == EdgeKind.PROGRAM_ORDER) & ~n["on_gpu"][g.edges["src"][pe]]
-        first = int(r.path[0])
-        lead = (
-            max(float(r.est[first]) - g.rank_start(int(n["rank"][first])), 0.0) if n["rank"][first] >= 0 and not n["on_gpu"][first] else 0.0
-        )
-        ranks_on = np.concatenate([n["rank"][g.edges["src"][pe][po]], [n["rank"][first]]])
-        w_on = np.concatenate([np.clip(g.edges["weight"][pe][po], 0, None), [lead]])
-        m["untraced_share"] = float(w_on.sum() / ms)  # program-order gaps on the path, and its lead-in from the step start
-        ctx["untraced_share_pct"] = f"{100 * m['untraced_share']:.0f}"
-        ctx["untraced_rank"] = str(int(ranks_on[np.argmax(np.bincount(ranks_on.clip(0), weights=w_on))])) if len(ranks_on) else "0"
+        ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst)
+    # untraced time on the critical path (analysis.segments): stretches between ops with no traced cause
+    m["untraced_share"] = float(a.untraced_us / ms)
+    ctx["untraced_share_pct"] = f"{100 * m['untraced_share']:.0f}"
+    per_rank: dict[int, float] = {}
+    for seg in a.segments():
+        if seg.kind == "untraced":
+            per_rank[seg.rank] = per_rank.get(seg.rank, 0.0) + seg.dur
+    ctx["untraced_rank"] = str(max(per_rank, key=per_rank.get)) if per_rank else "0"
     return m, ctx
+
+
+def _straggler_story(b: Blame, worst: dict) -> tuple[str, str]:
+    """Where the straggler's excess is (its top culprit) and the remedy that fits it: untraced time
+    (often the data loader or host-side Python) asks for a different look than slower ops."""
+    mine = [x for x in b.nodes if x["rank"] == worst["rank"]]
+    top = mine[0]["name"] if mine else "spread over its ops"
+    gaps = worst["gap_excess_us"] >= worst["op_excess_us"]
+    lower = top.lower()
+    if "dataloader" in lower or "enumerate(" in lower or "data_load" in lower:
+        remedy = (f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
+                  "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network.")  # fmt: skip
+    elif gaps:
+        remedy = (f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
+                  "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
+                  "checkpointing, evaluation on rank 0) and per-rank data differences.")  # fmt: skip
+    else:
+        remedy = (f"Its ops themselves are slower ({top}): check that host (thermal throttling, clocks, noisy neighbours, CPU "
+                  "affinity, a slower link) and its data (longer sequences).")  # fmt: skip
+    return (f"untraced time ({top})" if gaps else f"slower ops ({top})"), remedy
 
 
 def _forward_allreduce(g: ExecutionGraph, allreduce: np.ndarray, phases: np.ndarray | None) -> bool:
@@ -185,8 +210,16 @@ class Suggestion:
 
     def to_dict(self) -> dict:
         return {"source": self.source, "title": self.title, "explanation": self.explanation, "remedy": self.remedy, "edits": self.edits,
+                "edits_in_words": [_in_words(e) for e in self.edits],
                 "edited_nodes": self.edited_nodes, "replay_saving_us": self.replay_saving_us, "model_saving_us": self.model_saving_us,
                 "model_out_of_domain": self.model_out_of_domain, "references": self.references}  # fmt: skip
+
+
+def _in_words(edit: str) -> str:
+    try:
+        return Edit.parse(edit).describe()
+    except OracleError:
+        return edit
 
 
 def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str, float], ctx: dict[str, str]) -> list[Suggestion]:

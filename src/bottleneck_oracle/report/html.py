@@ -174,7 +174,8 @@ def _extras(x: dict) -> list[str]:
                 if sug.get("model_out_of_domain")
                 else ", ".join(f"{v} {t_ / 1000:.3f}" for v, t_ in sug["model_saving_us"].items() if t_ is not None)
             )
-            t.rows.append([sug["title"], sug["explanation"], sug["remedy"], "; ".join(sug["edits"]), sug["replay_saving_us"], model])
+            words = "; ".join(f"{w} ({e})" for w, e in zip(sug.get("edits_in_words") or sug["edits"], sug["edits"]))
+            t.rows.append([sug["title"], sug["explanation"], sug["remedy"], words, sug["replay_saving_us"], model])
         if t.rows:
             parts.append(_table(t))
     return parts
