@@ -14,9 +14,10 @@ from rich.text import Text
 
 from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.summary import StepAnalysis
-from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.atomic import atomic_path, atomic_paths, check_target
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning
+from bottleneck_oracle.report.terminal import CONTROL_CHARS
 
 app = typer.Typer(
     name="bottleneck-oracle",
@@ -26,8 +27,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: no markup from trace strings, no <bool>/<path> type tags
 )
-out = Console()
-err = Console(stderr=True)
+
+
+class _PlainConsole(Console):
+    """A Console that prints trace strings, paths and LLM replies as data: no Rich markup is
+    interpreted (a name like ``[/bold]`` or ``[link=...]`` is text), no automatic highlighting,
+    and control characters (ESC sequences, C1 codes) are replaced before they reach the terminal."""
+
+    def print(self, *objects, **kwargs) -> None:  # noqa: A003
+        kwargs.setdefault("highlight", False)
+        super().print(*(_inert(o) for o in objects), **kwargs)
+
+
+def _inert(o: object) -> object:
+    if isinstance(o, Text):
+        t = o.copy()
+        t.plain = CONTROL_CHARS.sub("\ufffd", t.plain)  # same length: the styles' spans stay where they were
+        return t
+    if isinstance(o, str):
+        return Text(CONTROL_CHARS.sub("\ufffd", o))
+    return o
+
+
+out = _PlainConsole(markup=False)
+err = _PlainConsole(stderr=True, markup=False)
 
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
@@ -131,6 +154,9 @@ def analyze(
     MLCommons Chakra ET files (.et)."""
     cfg = _config(config)
     k = top or cfg.analysis.top_k
+    for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
+        if target:
+            check_target(target)
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else _null():
         table, analyses = api.analyze(path, step or None, cfg, et)
     if perfetto and table is None:
@@ -147,14 +173,16 @@ def analyze(
             }
             for r in rows
         }
-    if html:
-        from bottleneck_oracle.report.html import write_report
+    if html or perfetto:  # both written, or neither: a failure leaves nothing behind
+        with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):
+            if html:
+                from bottleneck_oracle.report.html import write_report
 
-        write_report(analyses, str(path), html, k, extras)
-    if perfetto:
-        from bottleneck_oracle.report.perfetto import write_overlay
+                write_report(analyses, str(path), html_tmp, k, extras)
+            if perfetto:
+                from bottleneck_oracle.report.perfetto import write_overlay
 
-        write_overlay(table, analyses, perfetto)
+                write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
         doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": [a.to_dict(k) for a in analyses]}
         for s_doc in doc["steps"]:
@@ -514,7 +542,7 @@ def advise(
         sys.stdout.write(json.dumps({"trace": str(trace), "steps": rows}, indent=1) + "\n")
         return
     for r in rows:
-        out.print(f"[bold]Step {r['step']}[/]: {_ms(r['makespan_us'])} ms; suggestions by {r['generator']}", highlight=False)
+        out.print(Text(f"Step {r['step']}", style="bold") + Text(f": {_ms(r['makespan_us'])} ms; suggestions by {r['generator']}"))
         if not r["suggestions"]:
             out.print("  no suggestion survived validation", highlight=False)
         for k, s in enumerate(r["suggestions"], 1):
@@ -605,10 +633,10 @@ def compare(
         sys.stdout.write(json.dumps({**c.to_dict(), "gate_failed": gate}, indent=1) + "\n")
     else:
         lo, hi = c.interval_us
-        how = {"faster": "faster", "slower": "slower", "within noise": "within noise of"}[c.verdict]
+        how = {"faster": "faster than", "slower": "slower than", "within noise": "within noise of"}[c.verdict]
         out.print(
             Text(f"candidate is {how} the baseline: {c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%), 95% interval "
-                 f"[{lo / 1000:+.3f}, {hi / 1000:+.3f}] ms", style="bold")
+                 f"[{lo / 1000:+.3f}, {hi / 1000:+.3f}] ms, step-to-step noise ±{_ms(c.noise_us)} ms", style="bold")
         )  # fmt: skip
         out.print(
             Text(f"baseline {_ms(c.baseline_median_us)} ms (median of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "

@@ -14,12 +14,14 @@ from conftest import DATA
 STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms in every forward pass
 STRAGGLER_AGAIN = DATA / "gloo_ddp_8steps_straggler_rerun"  # the same job, recorded again
 CLEAN = DATA / "gloo_ddp_8steps_clean"  # the same job without the straggler
+INJECTED = DATA / "gloo_ddp_10steps_injected"  # rank 1 sleeps 30 ms in its forward at steps 4 and 8
 
 
 def test_compare_says_faster_by_the_straggler_and_names_its_gap():
     c = api.compare(STRAGGLER, CLEAN)
     assert c.verdict == "faster"
     assert -24_000 <= c.delta_us <= -15_000  # the 20 ms sleep, give or take the run-to-run noise
+    assert abs(c.delta_us) > 2 * c.noise_us
     lo, hi = c.interval_us
     assert lo <= c.delta_us <= hi < 0
     top = c.left[0]  # what left the critical path first: rank 1's untraced sleep in its forward
@@ -30,8 +32,10 @@ def test_compare_says_faster_by_the_straggler_and_names_its_gap():
 
 def test_compare_says_within_noise_for_two_recordings_of_the_same_job():
     c = api.compare(STRAGGLER, STRAGGLER_AGAIN)
-    assert c.verdict == "within noise", (c.delta_us, c.interval_us)
-    assert c.interval_us[0] < 0 < c.interval_us[1]
+    # the two recordings differ (16% here: placement on the 2 cores), but by less than twice the
+    # step-to-step noise: not a change anyone made
+    assert c.verdict == "within noise", (c.delta_us, c.interval_us, c.noise_us)
+    assert abs(c.delta_us) <= 2 * c.noise_us
 
 
 def test_compare_cli_gate_and_json(capsys):
@@ -56,18 +60,17 @@ def test_compare_cli_gate_and_json(capsys):
     assert code == 0
 
 
-def test_summary_flags_an_injected_step_with_its_cause(generated_grid):
-    """The CI grid injects a delay every third step: those steps stand out against the median."""
-    raw, _ = generated_grid
-    run = next(p for p in raw.iterdir() if "dp2" in p.name and p.is_dir())
-    s = api.summary(run)
+def test_summary_flags_the_injected_steps_with_their_cause():
+    """Rank 1 sleeps 30 ms in its forward pass at steps 4 and 8 (run.yaml): those two steps, and
+    only those, are outliers, each with the injected range as its top cause."""
+    s = api.summary(INJECTED)
     assert s.steps[0].warmup and not s.steps[0].outlier
     flagged = [x for x in s.steps if x.outlier]
-    assert flagged and all(x.cause for x in flagged)
-    manifest = [json.loads(line) for line in (raw / "manifest.jsonl").read_text().splitlines()]
-    injected = {m["step"] for m in manifest if m["run_id"] == run.name and m.get("injection")}
-    assert {x.step for x in flagged} <= injected  # nothing unperturbed is called unusual
-    assert all(abs(x.vs_median) < 0.05 or x.outlier or x.warmup for x in s.steps if x.step not in injected)
+    assert [x.step for x in flagged] == [4, 8]
+    for x in flagged:
+        assert x.cause["rank"] == 1 and x.cause["name"].startswith("oracle_inject:phase:forward")
+        assert 25_000 <= x.cause["saving_us"] <= 35_000 and x.vs_median > 0.5
+    assert s.median_us == pytest.approx(sorted(x.measured_us for x in s.steps[1:])[4], rel=1e-9)
 
 
 @pytest.mark.parametrize("width", [80, 100, 160])

@@ -7,8 +7,13 @@ it is further from the run's median than max(3 robust sigmas (1.4826 x MAD), 5% 
 its cause is the top culprit of ``analysis.blame`` against the run's typical steps.
 
 Two runs are compared by the difference of their median step times, with a 95% bootstrap
-interval (steps resampled with replacement, 2000 times, seeded): faster or slower when the
-interval excludes 0, else within noise. What moved on the critical path is the per-step time
+interval (steps resampled with replacement, 2000 times, seeded) and the runs' step-to-step noise
+(the pooled standard deviation of their steps). Faster or slower when the interval excludes 0
+and the difference is larger than NOISE_FACTOR times that noise, else within noise: two
+recordings of one job on a shared machine differ by more than their medians' sampling error
+(placement on cores, other load; on this project's 2-core machine two recordings of the bundled
+straggler job differ by 16%, 1.3 noise sigmas), so a change that one step's own variation could
+explain is not called. What moved on the critical path is the per-step time
 of each (what, rank) of the segments (analysis.segments.label): what left it lost the most,
 what joined it gained the most.
 """
@@ -26,6 +31,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 OUTLIER_SIGMAS = 3.0  # robust sigmas from the median
 OUTLIER_SHARE = 0.05  # and at least this share of the median
 BOOTSTRAP = 2000
+NOISE_FACTOR = 2.0  # a change must exceed this many step-to-step standard deviations to be called
 ROBUST = 1.4826  # MAD -> sigma of a normal distribution
 
 
@@ -100,6 +106,7 @@ class Comparison:
     delta_us: float  # candidate - baseline median step time
     delta_share: float  # delta / baseline median
     interval_us: tuple[float, float]  # 95% bootstrap interval of delta
+    noise_us: float  # the runs' step-to-step noise: pooled standard deviation of their step times
     verdict: str  # "faster", "slower" or "within noise"
     moved: list[dict] = field(default_factory=list)  # per (what, rank): baseline_us, candidate_us, delta_us per step, largest first
     by_kind: dict[str, dict] = field(default_factory=dict)  # breakdown class -> baseline_us, candidate_us, delta_us
@@ -150,7 +157,11 @@ def compare(
     rng = np.random.default_rng(seed)
     boot = np.median(rng.choice(tc, (BOOTSTRAP, len(tc))), axis=1) - np.median(rng.choice(tb, (BOOTSTRAP, len(tb))), axis=1)
     lo, hi = (float(x) for x in np.percentile(boot, [2.5, 97.5]))
-    verdict = "faster" if hi < 0 else "slower" if lo > 0 else "within noise"
+    var = [float(np.var(t, ddof=1)) if len(t) > 1 else 0.0 for t in (tb, tc)]
+    noise = float(np.sqrt(sum(var) / 2))
+    delta = mc - mb
+    called = abs(delta) > NOISE_FACTOR * noise
+    verdict = "faster" if hi < 0 and called else "slower" if lo > 0 and called else "within noise"
     pb, pc = _per_step(b), _per_step(c)
     moved = []
     for key in set(pb) | set(pc):
@@ -178,5 +189,5 @@ def compare(
     return Comparison(
         baseline=base_name, candidate=cand_name, baseline_median_us=mb, candidate_median_us=mc, baseline_steps=len(tb), candidate_steps=len(tc),
         baseline_spread_us=spread[0], candidate_spread_us=spread[1], delta_us=mc - mb, delta_share=(mc - mb) / mb if mb else 0.0,
-        interval_us=(lo, hi), verdict=verdict, moved=moved[:top], by_kind=kinds, by_rank=ranks,
+        interval_us=(lo, hi), noise_us=noise, verdict=verdict, moved=moved[:top], by_kind=kinds, by_rank=ranks,
     )  # fmt: skip

@@ -140,6 +140,17 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             else:
                 add("wait", IDLE, v, wait_name, cursor, hi, cause)
 
+    barrier = n["category"] == Category.BARRIER
+    sync = np.isin(e["kind"], (EdgeKind.COLLECTIVE_SYNC, EdgeKind.SEND_RECV)) & barrier[e["src"]]
+
+    def member_on_thread(b: int, src: int) -> int:
+        """The participant of barrier ``b`` on the thread of ``src`` (the barrier holds copies of
+        its participants' in-edges: the time before it is that participant's), else ``b``."""
+        members = e["dst"][sync & (e["src"] == b)]
+        rank = members[n["rank"][members] == n["rank"][src]]
+        thread = rank[n["tid"][rank] == n["tid"][src]]
+        return int(thread[0]) if len(thread) else int(rank[0]) if len(rank) else b
+
     path, pedges = r.path.tolist(), r.path_edges.tolist()
     cursor = r.path_origin
     for j, v in enumerate(path):
@@ -152,24 +163,25 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         elif est > cursor:
             edge = pedges[j - 1]
             kind, src = EdgeKind(int(e["kind"][edge])), int(e["src"][edge])
-            gpu_v = bool(n["on_gpu"][v])
+            at = member_on_thread(v, src) if barrier[v] else v  # whose time the gap before v is
+            gpu_v = bool(n["on_gpu"][at])
             if kind == EdgeKind.PROGRAM_ORDER and not gpu_v:
-                thread_time(v, cursor, est)
+                thread_time(at, cursor, est)
             elif kind in (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH):
                 name = "kernel launch latency" if kind == EdgeKind.LAUNCH else "GPU queue gap"
                 if est - cursor <= untraced_gap_us:
-                    add("launch", CPU, v, name, cursor, est)
+                    add("launch", CPU, at, name, cursor, est)
                 else:
-                    add("untraced", UNTRACED, v, f"GPU idle after {'launch' if kind == EdgeKind.LAUNCH else 'previous op'}", cursor, est)
+                    add("untraced", UNTRACED, at, f"GPU idle after {'launch' if kind == EdgeKind.LAUNCH else 'previous op'}", cursor, est)
             else:
                 if kind == EdgeKind.SYNC:
                     label = "stream wait" if n["on_gpu"][src] and gpu_v else "wake-up after a GPU sync"
                 else:
                     label = _WAIT_LABEL.get(kind, "dependency latency")
-                if not gpu_v and n["category"][v] != Category.BARRIER:
-                    thread_time(v, cursor, est, src, label)
+                if not gpu_v and not barrier[at]:
+                    thread_time(at, cursor, est, src, label)
                 else:
-                    add("wait", IDLE, v, label, cursor, est, src)
+                    add("wait", IDLE, at, label, cursor, est, src)
         d = float(r.eft[v]) - est
         if d > 0 and n["category"][v] != Category.BARRIER:
             add("op", int(klass[v]), v, g.node_name(v), est, est + d)

@@ -203,27 +203,48 @@ class EventTable:
         return sorted(self.files)
 
 
+_CHUNK = 64 * 2**20  # bytes read at a time from a gzip stream (the whole trace is never asked for at once)
+
+
 def read_bytes(path: Path) -> bytes:
-    """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named."""
+    """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named.
+
+    Memory is asked for by size: a plain file's size is known before reading; a gzip stream is
+    read in chunks and refused as soon as it passes MAX_TRACE_BYTES (a small file that inflates
+    to gigabytes is a bomb, not a trace)."""
     if not path.exists():
         raise TraceError(path, "no such file")
     if path.is_dir():
         raise TraceError(path, "is a folder, expected a trace file")
+    if not path.is_file():
+        raise TraceError(path, "is not a regular file (a FIFO, device or socket); pass a trace file")
     try:
         with open(path, "rb") as fh:
             head = fh.read(2)
             fh.seek(0)
             if head == b"\x1f\x8b":
+                chunks, total = [], 0
                 with gzip.open(fh) as gz:
-                    raw = gz.read(MAX_TRACE_BYTES + 1)
+                    while chunk := gz.read(_CHUNK):
+                        total += len(chunk)
+                        if total > MAX_TRACE_BYTES:
+                            raise TraceError(
+                                path, f"decompresses to more than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window"
+                            )
+                        chunks.append(chunk)
+                raw = b"".join(chunks)
+                del chunks
             else:
-                raw = fh.read(MAX_TRACE_BYTES + 1)
+                size = os.fstat(fh.fileno()).st_size
+                if size > MAX_TRACE_BYTES:
+                    raise TraceError(path, f"larger than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
+                raw = fh.read()
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceError(path, f"corrupt or truncated gzip data ({exc.__class__.__name__}: {exc})") from None
+    except MemoryError:
+        raise TraceError(path, "not enough memory to read the trace (see the limits in the README)") from None
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_TRACE_BYTES:
-        raise TraceError(path, f"larger than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
     if not raw.strip():
         raise TraceError(path, "file is empty")
     return raw

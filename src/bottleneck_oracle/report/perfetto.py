@@ -27,9 +27,10 @@ def _pid(rank: int, pid: object, multi: bool) -> object:
     return f"rank {rank}: {pid}"
 
 
-def write_overlay(table: EventTable, analyses: list[StepAnalysis], out: str | Path) -> Path:
-    """Write the annotated trace (gzip if the name ends in .gz) atomically; returns the path."""
+def write_overlay(table: EventTable, analyses: list[StepAnalysis], out: str | Path, gz: bool | None = None) -> Path:
+    """Write the annotated trace atomically (gzipped if ``gz``, by default if the name ends in .gz); returns the path."""
     out = Path(out)
+    gz = out.name.endswith(".gz") if gz is None else gz
     rows_cp: list[np.ndarray] = []
     slack_of: dict[int, float] = {}
     flows: list[tuple[int, int]] = []
@@ -79,9 +80,9 @@ def write_overlay(table: EventTable, analyses: list[StepAnalysis], out: str | Pa
         merged.append({**common, "ph": "f", "bp": "e", "pid": eb["pid"], "tid": eb["tid"], "ts": eb["ts"]})
     data = orjson.dumps({"traceEvents": merged, "displayTimeUnit": "ms", "bottleneckOracle": {"critical_events": int(len(crit_rows))}})
     with atomic_path(out) as tmp:
-        if out.name.endswith(".gz"):
-            with gzip.open(tmp, "wb", compresslevel=5) as gz:
-                gz.write(data)
+        if gz:
+            with gzip.open(tmp, "wb", compresslevel=5) as fh:
+                fh.write(data)
         else:
             tmp.write_bytes(data)
     return out

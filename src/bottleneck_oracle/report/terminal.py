@@ -9,6 +9,7 @@ row's key column. Trace strings are printed as plain text, never as Rich markup.
 from __future__ import annotations
 
 import os
+import re
 
 from rich import box
 from rich.console import Console
@@ -16,6 +17,15 @@ from rich.table import Table
 from rich.text import Text
 
 from bottleneck_oracle.report.tables import NUMERIC, TableModel, fmt, shorten
+
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: object) -> str:
+    """A string from a trace, a path or an LLM reply as inert terminal text: control characters
+    (ESC sequences that recolour or rewrite the terminal, C1 codes) shown as \\xNN escapes."""
+    return CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
 
 NAME_MIN = 16  # characters a name column keeps at least
 NAME_SHARE = 0.35  # and, if its names are that long, this share of the width
@@ -48,8 +58,8 @@ def _strip_common_prefix(t: TableModel, cells: list[list[str]]) -> list[str]:
 
 
 def print_table(console: Console, t: TableModel) -> None:
-    cells = [[fmt(v, c.kind) for v, c in zip(row, t.columns)] for row in t.rows]
-    headers = _strip_common_prefix(t, cells)
+    cells = [[plain(fmt(v, c.kind)) for v, c in zip(row, t.columns)] for row in t.rows]
+    headers = [plain(h) for h in _strip_common_prefix(t, cells)]
     width = max(console.width, 40)
     need = _widths(t, cells)
     names = [j for j, c in enumerate(t.columns) if c.kind == "name"]
@@ -76,8 +86,8 @@ def print_table(console: Console, t: TableModel) -> None:
         room = width - sum(need[j] for j in cols if j not in names) - _BORDER * len(cols) - 1
         name_cols = [j for j in cols if j in names]
         name_w = {j: max(min(need[j], room // max(len(name_cols), 1)), min(need[j], name_min)) for j in name_cols}
-        title = t.title if len(groups) == 1 else f"{t.title} ({part + 1}/{len(groups)})"
-        table = Table(title=title, caption=t.caption if part == 0 else None, box=box.SQUARE, expand=False)
+        title = plain(t.title if len(groups) == 1 else f"{t.title} ({part + 1}/{len(groups)})")
+        table = Table(title=Text(title), caption=Text(plain(t.caption)) if part == 0 and t.caption else None, box=box.SQUARE, expand=False)
         for j in cols:
             c = t.columns[j]
             w = name_w.get(j, need[j])
