@@ -252,7 +252,7 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
                     "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "noise_us": float(noise[i]), "saving_us": sav,
                     "share": float(sav / total), "slack_us": float(base.slack[i])}  # fmt: skip
         if kind == "lead":
-            return {"id": i, "kind": "gap", "name": f"untraced time before {g.node_name(i)} (from the step start)", "rank": int(n["rank"][i]),
+            return {"id": i, "kind": "gap", "name": _lead_name(g, i), "rank": int(n["rank"][i]),
                     "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]], "noise_us": float(lead_noise[i]),
                     "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i])}  # fmt: skip
         return {"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
@@ -281,6 +281,18 @@ def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cp
     out.ops.sort(key=lambda r: -r["saving_us"])
     out.ops = out.ops[:top]
     return out
+
+
+def _lead_name(g: ExecutionGraph, i: int) -> str:
+    """The untraced time before a thread's first op, named by the range it mostly lies in (the
+    graph's gap pieces: a sleep inside ``forward`` is "untraced time in forward")."""
+    gp = g.gaps
+    mine = np.flatnonzero(gp["node"] == i)
+    if len(mine):
+        longest = mine[np.argmax(gp["end"][mine] - gp["start"][mine])]
+        if gp["owner"][longest] >= 0:
+            return f"untraced time in {g.names[int(gp['owner'][longest])]} (from the step start to {g.node_name(i)})"
+    return f"untraced time before {g.node_name(i)} (from the step start)"
 
 
 def longest_on_critical_path(g: ExecutionGraph, cpm: CPMResult | None = None, k: int = 3) -> list[int]:

@@ -44,7 +44,7 @@ def fmt(value: object, kind: str) -> str:
     return str(value)
 
 
-_PARAMS = re.compile(r"\([^()]*\)\s*$")
+_PARAMS = re.compile(r"(?<=[\w>])\([^()]*\)\s*$")  # a C++ signature's parameter list, not "(after ...)"
 
 
 def shorten(name: str, width: int) -> str:
@@ -59,8 +59,12 @@ def shorten(name: str, width: int) -> str:
     s = name[5:] if name.startswith("void ") else name
     if len(s) > width:
         s = _PARAMS.sub("", s) or s
-    while len(s) > width and re.search(r"<[^<>]*[^<>…][^<>]*>", s):
-        s = re.sub(r"<[^<>]*[^<>…][^<>]*>", "<…>", s, count=1)
+    while len(s) > width:  # innermost template arguments first; a collapsed "<…>" counts as one token
+        t = s.replace("<…>", "\x00")
+        m = re.search(r"<[^<>]*>", t)
+        if not m:
+            break
+        s = (t[: m.start()] + "\x00" + t[m.end() :]).replace("\x00", "<…>")
     if len(s) > width:
         head = (width - 1) // 2
         s = s[:head] + "…" + s[len(s) - (width - 1 - head) :]

@@ -1,0 +1,47 @@
+"""The shared table model: names shortened by the documented rule, trace strings inert in the terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from bottleneck_oracle.analysis.whatif import Edit
+from bottleneck_oracle.report.tables import Column, TableModel, shorten
+from bottleneck_oracle.report.terminal import plain, print_table
+
+KERNEL = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::BUnaryFunctor<float, float, float, at::native::MulFunctor<float> >, "
+    "at::detail::Array<char*, 2> >(int, at::native::BUnaryFunctor<float, float, float, at::native::MulFunctor<float> >, at::detail::Array<char*, 2>)"
+)
+
+
+def test_names_are_shortened_by_the_rule_keeping_what_tells_them_apart():
+    assert shorten("aten::mm", 20) == "aten::mm"  # fits: unchanged
+    assert shorten(KERNEL, 50) == "at::native::vectorized_elementwise_kernel<…>"  # void, parameters, templates
+    assert (
+        shorten("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", 40)
+        == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"[:19] + "…" + "NG_SIMPLE_Sum_int8_t"
+    )
+    # "(after ...)" is not a parameter list: the middle goes, both ends stay
+    short = shorten("own time of AddmmBackward0 (after aten::resolve_conj)", 30)
+    assert len(short) == 30 and short.startswith("own time of A") and short.endswith("resolve_conj)")
+    for width in (4, 10, 33, 80):
+        assert len(shorten(KERNEL, width)) <= width
+
+
+def test_control_characters_and_markup_stay_inert():
+    assert plain("a\x1b[31mred\x9b") == "a\\x1b[31mred\\x9b"
+    t = TableModel("t", [Column("op", "name"), Column("ms", "ms")], [["[/bold][link=http://x]evil\x1b[2J", 1500.0]])
+    buf = io.StringIO()
+    print_table(Console(file=buf, width=80, force_terminal=True), t)
+    text = buf.getvalue()
+    assert "\x1b[2J" not in text and "\\x1b[2J" in text and "[/bold]" in text and "1.500" in text
+
+
+def test_edits_are_said_in_words():
+    assert Edit.parse("rank=1,gap=1,scale=0.11").describe() == "make the untraced time after rank 1's ops 11% of what it is"
+    assert Edit.parse("name~=all_reduce,scale=0.5").describe() == "make ops whose name contains 'all_reduce' 50% of what it is"
+    assert Edit.parse("cat=kernel,max_us=20,scale=0").describe() == "remove GPU kernels of at most 20 µs"
+    assert Edit.parse("id=7,delay_ms=5").describe() == "add 5 ms to each of op #7"
+    assert Edit.parse("name~=nccl,detach=1").describe().startswith("let ops whose name contains 'nccl' neither wait")
