@@ -6,7 +6,6 @@ import io
 
 import numpy as np
 import pytest
-from chakra.schema.protobuf import et_def_pb2 as pb
 
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import graphs, load
@@ -14,6 +13,7 @@ from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline.chakra import chakra_graph, read_chakra
 from bottleneck_oracle.graph_pipeline.et import load_execution_trace
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
+from bottleneck_oracle.graph_pipeline.vendor import et_def_pb2 as pb
 from conftest import PUBLIC
 
 

@@ -3,7 +3,7 @@
 A Chakra ET file is a GlobalMetadata message then Node messages, each prefixed by its
 length as a varint; one file per rank (``name.<rank>.et`` or ``rank-<rank>.et``). Nodes
 carry their dependencies (data_deps, ctrl_deps) and, when converted from a profiled run,
-start times and durations. Messages are decoded with mlc-chakra's schema (et_def_pb2);
+start times and durations. Messages are decoded with Chakra's schema (et_def_pb2, vendored in graph_pipeline/vendor);
 nothing in the file is executed.
 
 Mapping: COMP / MEM nodes are ``compute``, COMM_COLL / COMM_SEND / COMM_RECV nodes are
@@ -19,7 +19,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline.builder import RawGraph, finalize
@@ -36,9 +35,11 @@ _COMM_KIND = {
 }  # fmt: skip
 
 
-def _pb():
-    from chakra.schema.protobuf import et_def_pb2
-
+def _pb(path: str | Path = "Chakra ET"):
+    try:
+        from bottleneck_oracle.graph_pipeline.vendor import et_def_pb2
+    except ImportError:
+        raise TraceError(path, "reading Chakra .et files needs protobuf: pip install 'bottleneck-oracle[chakra]'") from None
     return et_def_pb2
 
 
@@ -77,7 +78,9 @@ def read_chakra(path: str | Path) -> tuple[object, list]:
             raise TraceError(p, f"corrupt or truncated gzip data ({exc})") from None
     if not raw:
         raise TraceError(p, "file is empty")
-    pb = _pb()
+    pb = _pb(p)
+    from google.protobuf.message import DecodeError
+
     messages = []
     pos = 0
     while pos < len(raw):

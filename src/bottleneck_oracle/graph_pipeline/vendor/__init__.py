@@ -1,0 +1,1 @@
+"""Third-party generated code kept as is (see the header of each file)."""
