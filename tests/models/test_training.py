@@ -11,6 +11,7 @@ import torch
 
 from bottleneck_oracle.config import ModelsConfig
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.models import checkpoint as C
 from bottleneck_oracle.models.hetero_gat import NODE_TYPES
 from bottleneck_oracle.training import train as T
 from bottleneck_oracle.training.eval import METRICS, evaluate
@@ -64,16 +65,16 @@ def checkpoint(dataset, tmp_path_factory):
 
 
 def test_checkpoint_round_trip(checkpoint, dataset):
-    ckpt = T.load_checkpoint(checkpoint)  # weights_only=True inside
+    ckpt = C.load_checkpoint(checkpoint)  # weights_only=True inside
     sample = T.CACHE.get(T.read_rows(dataset)[-1]["path"])
     for variant in ("directed", "correction"):
-        a = T.gat_from(ckpt, variant)
-        b = T.gat_from(T.load_checkpoint(checkpoint), variant)
+        a = C.gat_from(ckpt, variant)
+        b = C.gat_from(C.load_checkpoint(checkpoint), variant)
         batch = T._batch([sample], variant)
         with torch.no_grad():
             assert torch.equal(a(batch)["step"], b(batch)["step"])
     assert ckpt["feature_schema"]["compute"][0] == "log1p_mdur_us"
-    assert T.xgb_from(ckpt).num_boosted_rounds() > 0
+    assert C.xgb_from(ckpt).num_boosted_rounds() > 0
 
 
 def test_incompatible_checkpoints_are_refused(checkpoint, tmp_path):
@@ -81,16 +82,16 @@ def test_incompatible_checkpoints_are_refused(checkpoint, tmp_path):
     old = dict(ckpt, feature_version=ckpt["feature_version"] - 1)
     torch.save(old, tmp_path / "old.pt")
     with pytest.raises(OracleError, match="feature schema .* rebuild the dataset and retrain"):
-        T.load_checkpoint(tmp_path / "old.pt")
+        C.load_checkpoint(tmp_path / "old.pt")
     torch.save(dict(ckpt, checkpoint_version=99), tmp_path / "new.pt")
     with pytest.raises(OracleError, match="checkpoint format 99"):
-        T.load_checkpoint(tmp_path / "new.pt")
+        C.load_checkpoint(tmp_path / "new.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
     with pytest.raises(OracleError, match="not a BottleneckOracle checkpoint"):
-        T.load_checkpoint(tmp_path / "foreign.pt")
+        C.load_checkpoint(tmp_path / "foreign.pt")
     (tmp_path / "junk.pt").write_bytes(b"\x80\x04not a zip")
     with pytest.raises(OracleError, match="junk.pt: not a readable checkpoint"):
-        T.load_checkpoint(tmp_path / "junk.pt")
+        C.load_checkpoint(tmp_path / "junk.pt")
 
 
 class _Evil:
@@ -99,9 +100,9 @@ class _Evil:
 
 
 def test_a_pickle_with_code_is_not_run(tmp_path, capsys):
-    torch.save({"format": T.FORMAT, "x": _Evil()}, tmp_path / "evil.pt")
+    torch.save({"format": C.FORMAT, "x": _Evil()}, tmp_path / "evil.pt")
     with pytest.raises(OracleError, match="not a readable checkpoint"):
-        T.load_checkpoint(tmp_path / "evil.pt")
+        C.load_checkpoint(tmp_path / "evil.pt")
     assert "pickled code ran" not in capsys.readouterr().out
 
 

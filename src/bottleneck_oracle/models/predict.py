@@ -17,7 +17,7 @@ from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.whatif import with_durations
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.hetero import to_heterodata
+from bottleneck_oracle.models.hetero import to_heterodata
 
 PRETRAINED = "pretrained.pt"
 
@@ -85,7 +85,7 @@ class Predictor:
     the bound is refused too. Refused answers are None with the reason, never a number."""
 
     def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None) -> None:
-        from bottleneck_oracle.training.train import gat_from, load_checkpoint
+        from bottleneck_oracle.models.checkpoint import gat_from, load_checkpoint
 
         # graphs of one step are small: torch's default pool (a thread per core) only contends with
         # the rest of the machine; a fixed, small count keeps --advise near the replay's speed
@@ -97,8 +97,8 @@ class Predictor:
 
     def refusal(self, g: ExecutionGraph, data) -> str | None:
         """None if the model may answer for graph ``g`` (model input ``data``), else why not."""
-        from bottleneck_oracle.graph_pipeline.hetero import COMPUTE_COLUMNS, NETWORK_COLUMNS
         from bottleneck_oracle.models.baselines import graph_inputs
+        from bottleneck_oracle.models.hetero import COMPUTE_COLUMNS, NETWORK_COLUMNS
 
         ranges = self.ckpt.get("feature_ranges") or {}
         if g.nodes["on_gpu"].any() and "compute" in ranges and float(ranges["compute"][1][COMPUTE_COLUMNS.index("on_gpu")]) < 1:

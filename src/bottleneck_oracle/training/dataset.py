@@ -26,7 +26,7 @@ from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.builder import build_graphs
 from bottleneck_oracle.graph_pipeline.events import load_events
-from bottleneck_oracle.graph_pipeline.hetero import from_tensors, to_heterodata, to_tensors
+from bottleneck_oracle.models.hetero import from_tensors, to_heterodata, to_tensors
 
 DATASET = "dataset.jsonl"
 

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from bottleneck_oracle.models.baselines import pooled_features
+from bottleneck_oracle.models.checkpoint import gat_from, load_checkpoint, mlp_from, xgb_from
 from bottleneck_oracle.models.hetero_gat import NODE_TYPES, prepare
-from bottleneck_oracle.training.train import gat_from, load_checkpoint, mlp_from, read_rows, split_data, xgb_from
+from bottleneck_oracle.training.train import read_rows, split_data
 
 SIGN_DEADZONE = 0.01  # of the baseline step
 NODE_GRAPHS = 40  # held-out graphs the node-level metrics are computed on, per split
