@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from bottleneck_oracle.errors import ConfigError
+from bottleneck_oracle.errors import ConfigError, OracleError
+from bottleneck_oracle.files import read_text
 
 # Names the config validates against, defined here so that reading a config needs neither torch
 # nor PyG; the modules that implement them import these (systems.model.SIZES has one GPT per size).
@@ -164,10 +165,12 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: config file not found")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        text = read_text(p, "config file")
+    except OracleError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
     if not isinstance(raw, dict):

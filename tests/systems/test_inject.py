@@ -111,11 +111,16 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
     for s in table.steps:
         step_time[s.number] = max(step_time.get(s.number, 0.0), s.span)
     deltas = [step_time[s] - np.median([step_time[s - 1], step_time[s + 1]]) for s in injected]
-    assert np.median(deltas) == pytest.approx(20_000, rel=0.15), deltas
-    # the delay does not leak into the next step: it is as fast as the other unperturbed ones
     after = [step_time[s + 1] for s in injected]
     others = [t for n, t in step_time.items() if n > 1 and n not in injected and n - 1 not in injected]
-    assert abs(np.median(after) - np.median(others)) < 5_000, (after, others)
+    # noise-aware margins: 15% of the delay on a quiet machine, three robust sigmas of the
+    # unperturbed steps when the machine is loaded (the other rank then gets the CPU while one
+    # sleeps, and part of the delay is absorbed)
+    sigma = 1.4826 * float(np.median(np.abs(np.array(others) - np.median(others))))
+    margin = max(0.15 * 20_000, 3 * sigma)
+    assert abs(np.median(deltas) - 20_000) <= margin and np.median(deltas) > 0, (deltas, sigma)
+    # the delay does not leak into the next step: it is as fast as the other unperturbed ones
+    assert abs(np.median(after) - np.median(others)) < max(5_000, 3 * sigma), (after, others)
     manifest = read_manifest(tmp_path)
     assert sorted(r["step"] for r in manifest) == injected and {r["rank"] for r in manifest} == {1}
     marker = [i for i, n in enumerate(table.names) if n.startswith(f"oracle_inject:{kind}:")]

@@ -161,7 +161,8 @@ def typical_durations(
 
 def _gap_weights(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
     gap = _gaps(g)
-    return gap, np.where(gap >= 0, g.edges["weight"][np.maximum(gap, 0)], 0.0)
+    w = g.edges["weight"]
+    return gap, np.where(gap >= 0, w[np.maximum(gap, 0)], 0.0) if len(w) else np.zeros(len(gap))
 
 
 def typical_gaps(

@@ -24,6 +24,7 @@ from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
+MAX_DELAY_MS = 3_600_000.0  # an edit adds or takes at most an hour per op: beyond, it is a typo or a hostile reply
 PHASES = ("forward", "backward", "optimizer")  # codes 1, 2, 3 of analysis.phases.node_phases
 
 
@@ -59,8 +60,14 @@ class Edit:
     delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.scale < 0:
-            raise ValueError(f"scale must be >= 0 (found {self.scale})")
+        if not 0 <= self.scale < float("inf"):
+            raise ValueError(f"scale must be a finite number >= 0 (found {self.scale})")
+        if not abs(self.delay_ms) <= MAX_DELAY_MS:
+            raise ValueError(f"delay_ms must be a number within ±{MAX_DELAY_MS:g} ms (found {self.delay_ms})")
+        if self.max_us is not None and not 0 <= self.max_us < float("inf"):
+            raise ValueError(f"max_us must be a finite number >= 0 (found {self.max_us})")
+        if any(not 0 <= i < 2**62 for i in self.ids):
+            raise ValueError(f"node ids are non-negative integers below 2**62 (found {max(self.ids, key=abs)})")
         if not (
             self.ids
             or self.name

@@ -9,6 +9,7 @@ files), which keeps float64 resolution below 1 ns.
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import multiprocessing
 import os
@@ -323,6 +324,22 @@ _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
 _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
 
 
+def _name(b: bytes) -> str:
+    """An event name from its raw JSON string bytes: escapes decoded; bytes that are not UTF-8
+    become U+FFFD and lone UTF-16 surrogates (``\\ud800``) "?", so every later consumer (the HTML
+    report, the JSON output, the terminal) sees valid text."""
+    if b"\\" not in b:
+        return b.decode("utf-8", errors="replace")
+    try:
+        return orjson.loads(b'"' + b + b'"')
+    except orjson.JSONDecodeError:
+        try:
+            text = json.loads('"' + b.decode("utf-8", errors="replace") + '"')  # the stdlib keeps lone surrogates ...
+        except ValueError:  # an escape JSON does not know: keep the characters as they are
+            return b.decode("utf-8", errors="replace")
+        return text.encode("utf-8", errors="replace").decode("utf-8")  # ... which become "?" here
+
+
 class _Builder:
     """The columns of one trace file, from the scanner's output (``_merge`` joins files).
 
@@ -455,7 +472,7 @@ class _Builder:
         names = []
         for i in x[first[order]].tolist():
             b = raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])]
-            names.append(orjson.loads(b'"' + b + b'"') if b"\\" in b else b.decode("utf-8", errors="replace"))
+            names.append(_name(b))
         return names, code
 
     def _ids(self, num: np.ndarray, str_hash: np.ndarray) -> np.ndarray:
@@ -554,6 +571,8 @@ def trace_files(path: str | Path) -> list[Path]:
         raise TraceError(p, "no such file or folder")
     if p.is_file():
         return [p]
+    if not p.is_dir():
+        raise TraceError(p, "is not a regular file or folder (a FIFO, device or socket); pass a trace file or a folder of them")
     files = sorted(f for f in p.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
     if not files:
         raise TraceError(p, "folder holds no .json or .json.gz trace files")

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.files import read_text
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 FIELDS = ("id", "title", "when", "keywords", "explanation", "remedy", "assumes", "edits", "references")
@@ -48,8 +49,8 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
     """The shipped knowledge base (llm/recipes.yaml), or another file in the same format."""
     p = Path(path) if path else Path(str(resources.files("bottleneck_oracle.llm") / "recipes.yaml"))
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml.safe_load(read_text(p, "recipe file"))
+    except yaml.YAMLError as exc:
         raise OracleError(f"{p}: cannot read the recipe file ({exc.__class__.__name__})") from None
     if not isinstance(raw, list):
         raise OracleError(f"{p}: expected a list of recipes")
