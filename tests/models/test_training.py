@@ -36,7 +36,10 @@ def _all(dataset):
     return T.SplitData(whatif, plain, [], [], [], [], [])
 
 
-@pytest.mark.parametrize("variant", ["bidirectional", "directed", "correction"])
+# the correction variant (the shipped one's default) in the default run; the plain variants train the same way
+@pytest.mark.parametrize(
+    "variant", [pytest.param("bidirectional", marks=pytest.mark.slow), pytest.param("directed", marks=pytest.mark.slow), "correction"]
+)
 def test_a_20_graph_run_reduces_its_loss_and_beats_a_constant(dataset, variant):
     data = _all(dataset)
     assert len(data.train_plain) == 20 and len(data.train_whatif) >= 4

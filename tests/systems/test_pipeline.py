@@ -11,7 +11,7 @@ from bottleneck_oracle.api import analyze
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
 
 
-@pytest.fixture(scope="module", params=["1f1b", "afab"])
+@pytest.fixture(scope="module", params=["1f1b", pytest.param("afab", marks=pytest.mark.slow)])  # AFAB: same rules, another schedule
 def pipeline_run(request, tmp_path_factory):
     from bottleneck_oracle.systems.pipeline import PipelineRun, record
 
@@ -54,6 +54,7 @@ def test_cpm_step_time_matches_the_measured_step_within_2_percent(pipeline_run):
         assert isinstance(a, StepAnalysis) and len(a.cpm.path) > 0
 
 
+@pytest.mark.slow  # four processes on two cores: 11 s
 def test_dp_x_pp_on_four_ranks(tmp_path):
     """2 replicas x 2 stages: send/recv within each replica, one gradient all-reduce per stage
     across the replicas."""
