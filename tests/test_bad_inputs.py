@@ -208,6 +208,14 @@ def run(args: list[str], capsys, seconds: int = 30) -> tuple[int, str, str]:
     return code, out, err
 
 
+# inputs that used to be accepted silently: each now gets a warning (and a sane result) or an error
+NOT_SILENT = {
+    "nested_step": "warning", "duplicated_events": "warning", "dur_string": "warning", "zero_length_step": "warning",
+    "ts_huge": "warning", "dur_huge": "warning", "folder_with_truth_json": "warning", "ranks_from_two_runs": "error",
+    "dur_inf": "warning", "edit_scale_nan": "error", "edit_delay_nan": "error", "edit_delay_huge_negative": "error",
+}  # fmt: skip
+
+
 def test_the_corpus_is_large_enough(cases):
     assert len(cases) >= 60
 
@@ -223,6 +231,9 @@ def test_every_bad_input_gets_a_clean_answer(cases, capsys):
             problems.append(f"{case}: raised {exc.__class__.__name__}: {str(exc)[:200]}")
             continue
         errors = [line for line in err.splitlines() if line.startswith("error:")]
+        expect = NOT_SILENT.get(case.split(":")[-1])
+        if expect and not any(line.startswith(f"{expect}:") for line in err.splitlines()):
+            problems.append(f"{case}: accepted without a {expect} (exit {code})")
         if code not in (0, 2):
             problems.append(f"{case}: exit {code}")
         if "Traceback" in err or "Traceback" in out:

@@ -313,7 +313,18 @@ def build_graphs(table: EventTable, steps: list[int] | None = None, options: Bui
         warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=2)
         return [build_graph(table, None, options)]
     for number in present:
-        ranks = {s.rank for s in table.steps if s.number == number}
+        mine = [s for s in table.steps if s.number == number]
+        ranks = {s.rank for s in mine}
+        starts = [s.start for s in mine]
+        longest = max(s.span for s in mine)
+        if len(mine) > 1 and max(starts) - min(starts) > max(MIXED_RUNS_US, 10 * longest):
+            first, last = min(mine, key=lambda s: s.start), max(mine, key=lambda s: s.start)
+            raise GraphError(
+                f"rank {last.rank} starts ProfilerStep#{number} {(last.start - first.start) / 1e6:.1f} s after rank {first.rank}, "
+                f"for a step of {longest / 1000:.1f} ms: these traces are from different runs (or from hosts whose clocks disagree)"
+            )
+        if longest <= 0:
+            warnings.warn(f"ProfilerStep#{number} lasts 0 µs on every rank: nothing ran in it", OracleWarning, stacklevel=2)
         absent = sorted(set(table.ranks) - ranks)
         if absent:
             warnings.warn(
@@ -329,6 +340,7 @@ def build_graphs(table: EventTable, steps: list[int] | None = None, options: Bui
         return list(pool.map(_worker_build, present, chunksize=max(1, len(present) // (4 * workers))))
 
 
+MIXED_RUNS_US = 1e6  # µs: ranks starting one step further apart than this (and 10 steps) are not one run
 PARALLEL_EVENTS = 200_000  # build the steps of tables at least this large in parallel
 _WORKER: dict = {}  # per worker process: the table and options it builds from
 

@@ -14,6 +14,7 @@ import math
 import multiprocessing
 import os
 import re
+import warnings
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -23,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bottleneck_oracle.errors import TraceError
+from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
 
+MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -324,6 +326,19 @@ _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
 _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
 
 
+def _duplicates(pid, tid, ts, dur, code, cls) -> np.ndarray:
+    """Events identical to an earlier one (thread, name, class, start, duration): a trace written twice."""
+    if not len(ts):
+        return np.zeros(0, dtype=bool)
+    order = np.lexsort((dur, ts, code, cls, tid, pid))
+    same = np.ones(len(order) - 1, dtype=bool)
+    for col in (pid, tid, cls, code, ts, dur):
+        same &= col[order][1:] == col[order][:-1]
+    out = np.zeros(len(ts), dtype=bool)
+    out[order[1:][same]] = True
+    return out
+
+
 def _name(b: bytes) -> str:
     """An event name from its raw JSON string bytes: escapes decoded; bytes that are not UTF-8
     become U+FFFD and lone UTF-16 surrogates (``\\ud800``) "?", so every later consumer (the HTML
@@ -357,6 +372,7 @@ class _Builder:
         self.steps: list[tuple[int, int, float, float, int, int]] = []  # times relative to base
         self.base = 0  # integer µs that this file's times are relative to
         self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
+        self.notes: list[str] = []  # warnings about this file, raised in the main process (files may be parsed in workers)
 
     def add_scanned(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -372,11 +388,27 @@ class _Builder:
         if len(missing):
             i = int(missing[0])
             raise TraceError(path, f"event at byte {int(ev['obj_lo'][i])} has no numeric ts or no name")
+        # an event a week away from the rest (or lasting a week) is a corrupt record: kept, it would
+        # stretch every window and cost the float64 times their sub-µs resolution
+        ts_abs = ev["ts_i"][x].astype(np.float64) + ev["ts_f"][x]
+        med = float(np.median(ts_abs))
+        far = ~(np.abs(ts_abs - med) <= MAX_SPAN_US) | ~(ev["dur_i"][x].astype(np.float64) + ev["dur_f"][x] <= MAX_SPAN_US)
+        if far.any() and not far.all():
+            self.notes.append(f"{path}: {int(far.sum())} events more than a week from the rest of the trace (or lasting a week) dropped")
+            x = x[~far]
+            fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
+            flow &= np.abs(fts - med) <= MAX_SPAN_US
         names, code = self._names(raw, ev, x)
         base = int(min(ev["ts_i"][x].min(), ev["ts_i"][flow].min() if flow.any() else ev["ts_i"][x].min()))
         self.base = base
         ts = (ev["ts_i"][x] - base).astype(np.float64) + ev["ts_f"][x]
         dur = ev["dur_i"][x].astype(np.float64) + ev["dur_f"][x]
+        no_dur = int((~ev["has_dur"][x]).sum())
+        if no_dur:
+            self.notes.append(f"{path}: {no_dur} complete events have no numeric dur; read as 0 µs")
+        if not np.isfinite(dur).all() or not np.isfinite(ts).all():
+            i = int(np.flatnonzero(~np.isfinite(dur) | ~np.isfinite(ts))[0])
+            raise TraceError(path, f"event {names[code[i]][:80]!r} has a ts or dur that is not a finite number")
         if (dur < 0).any():
             i = int(np.flatnonzero(dur < 0)[0])
             raise TraceError(path, f"event {names[code[i]][:80]!r} at ts={ts[i] + base} has a negative duration ({dur[i]} µs)")
@@ -392,6 +424,10 @@ class _Builder:
             number = int(names[code[i]][len(F.STEP_PREFIX) :])
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
         keep = ~is_step
+        dup = _duplicates(pid, tid, ts, dur, code, xcls)
+        if dup.any():
+            self.notes.append(f"{path}: {int(dup.sum())} duplicated events (same thread, name, start and duration) dropped")
+            keep &= ~dup
         rows = x[keep]
         n = len(rows)
         part = {
@@ -579,12 +615,24 @@ def trace_files(path: str | Path) -> list[Path]:
     return files
 
 
+class NotATrace(TraceError):
+    """Valid JSON that is not a profiler trace (a results file, an execution trace)."""
+
+
 def _not_a_trace(path: Path, raw: bytes, is_object: bool, has_nodes: bool, has_schema: bool) -> TraceError:
     if has_nodes and has_schema:
-        return TraceError(path, "is a PyTorch execution trace, not a Kineto trace; pass it with --et (paired with its Kineto trace)")
+        return NotATrace(path, "is a PyTorch execution trace, not a Kineto trace; pass it with --et (paired with its Kineto trace)")
     doc = _decode(path, raw) if is_object else None
     keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else "no object"
-    return TraceError(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
+    return NotATrace(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
+
+
+def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
+    """A folder's file: its builder, or why it is not a trace (the folder skips it)."""
+    try:
+        return _parse_file(path, single)
+    except NotATrace as exc:
+        return exc
 
 
 def _parse_file(path: Path, single: bool) -> _Builder:
@@ -622,18 +670,45 @@ def load_events(path: str | Path, workers: int | None = None) -> EventTable:
     if workers is None:
         big = sum(f.stat().st_size for f in files) > PARALLEL_BYTES
         workers = min(len(files), os.cpu_count() or 1) if big else 1
+    parse = _parse_file if single else _parse_in_folder
     if workers > 1:
         ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            builders = list(pool.map(_parse_file, files, [single] * len(files)))
+            parsed = list(pool.map(parse, files, [single] * len(files)))
     else:
-        builders = [_parse_file(f, single) for f in files]
+        parsed = [parse(f, single) for f in files]
+    builders = [b for b in parsed if isinstance(b, _Builder)]
+    skipped = [b for b in parsed if isinstance(b, NotATrace)]
+    if not builders:
+        raise TraceError(path, f"folder holds no profiler trace ({skipped[0].problem}: {Path(skipped[0].path).name})")
+    for exc in skipped:  # a results file or an execution trace beside the rank traces
+        warnings.warn(f"{exc.path}: skipped, {exc.problem}", OracleWarning, stacklevel=2)
     seen: dict[int, str] = {}
     for b in builders:
         if b.rank in seen:
             raise TraceError(b.path, f"rank {b.rank} appears twice (also in {seen[b.rank]})")
         seen[b.rank] = b.path
+        b.steps = _outermost_steps(b)
+        for note in b.notes:
+            warnings.warn(note, OracleWarning, stacklevel=2)
     return _merge(builders)
+
+
+def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:
+    """One ProfilerStep#N per rank: a second span with the same number (nested in the first, or a
+    trace written twice) is dropped with a note, keeping the longest."""
+    best: dict[int, tuple] = {}
+    for s in b.steps:
+        if s[1] not in best or s[3] - s[2] > best[s[1]][3] - best[s[1]][2]:
+            best[s[1]] = s
+    if len(best) < len(b.steps):
+        numbers = sorted({s[1] for s in b.steps if sum(t[1] == s[1] for t in b.steps) > 1})
+        warnings.warn(
+            f"{b.path}: ProfilerStep#{numbers[0]} appears more than once (nested or repeated); the longest span is used",
+            OracleWarning,
+            stacklevel=3,
+        )
+    return sorted(best.values(), key=lambda s: s[2])
 
 
 def cpu_parents(table: EventTable) -> np.ndarray:

@@ -251,6 +251,7 @@ def scan_events(
     has_ts,
     dur_i,
     dur_f,
+    has_dur,
     fid,
     corr,
     ext,
@@ -323,6 +324,7 @@ def scan_events(
                     elif key == 6:
                         dur_i[k] = ip
                         dur_f[k] = fp
+                        has_dur[k] = True
                     else:
                         fid[k] = ip
                 elif key == 8 and c == 123:  # args: the three ids every event may carry
@@ -403,6 +405,7 @@ COLUMNS = (
     "has_ts",
     "dur_i",
     "dur_f",
+    "has_dur",
     "fid",
     "corr",
     "ext",
@@ -414,7 +417,7 @@ COLUMNS = (
 
 
 _DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": np.uint64, "tid_str": np.uint64,
-           "ts_f": np.float64, "dur_f": np.float64, "has_ts": np.bool_}  # fmt: skip
+           "ts_f": np.float64, "dur_f": np.float64, "has_ts": np.bool_, "has_dur": np.bool_}  # fmt: skip
 _FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1}
 
 
