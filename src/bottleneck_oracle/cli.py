@@ -17,6 +17,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path, atomic_paths, check_target
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning
+from bottleneck_oracle.report.tables import shorten
 from bottleneck_oracle.report.terminal import CONTROL_CHARS
 
 app = typer.Typer(
@@ -196,7 +197,10 @@ def analyze(
         top_b = x["blame"]["nodes"][:3]
         if top_b:
             out.print(
-                Text(f"Step {step_no} blame: " + "; ".join(f"{n['name'][:50]} (rank {n['rank']}) {_ms(n['saving_us'])} ms" for n in top_b))
+                Text(
+                    f"Step {step_no} blame: "
+                    + "; ".join(f"{shorten(n['name'], 70)} (rank {n['rank']}) {_ms(n['saving_us'])} ms" for n in top_b)
+                )
             )
         for sug in x["advice"]["suggestions"][:3]:
             out.print(
@@ -445,8 +449,8 @@ def whatif(
             )
         cp = r["critical_path"]
         if cp["joined"] or cp["left"]:
-            joined = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"
-            left = ", ".join(f"{x['name'][:40]} (rank {x['rank']})" for x in cp["left"][:5]) or "—"
+            joined = ", ".join(f"{shorten(x['name'], 50)} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"
+            left = ", ".join(f"{shorten(x['name'], 50)} (rank {x['rank']})" for x in cp["left"][:5]) or "—"
             out.print(Text(f"{where(r)}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}"))
         else:
             out.print(f"{where(r)}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
@@ -498,12 +502,12 @@ def blame(
             model = [_model_ms(x["model_saving_us"]) if "model_saving_us" in x else "—"] if with_model else []
             t.rows.append([k, x["name"], x["rank"], x["saving_us"], x["share"], x["dur_us"], x["typical_us"], x["typical_from"], *model])
         print_table(out, t)
-        slow = "; ".join(f"{x['name'][:40]} (rank {x['rank']}) +{_ms(x['dur_us'] - x['typical_us'])} ms, saves {_ms(x['saving_us'])}"
+        slow = "; ".join(f"{shorten(x['name'], 50)} (rank {x['rank']}) +{_ms(x['dur_us'] - x['typical_us'])} ms, saves {_ms(x['saving_us'])}"
                          for x in r["anomalies"][:5])  # fmt: skip
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
         ranks = ", ".join(f"rank {x['rank']} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ranks"])
         out.print(f"By rank: {ranks}", highlight=False)
-        ops = "; ".join(f"{x['name'][:40]} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ops"][:5])
+        ops = "; ".join(f"{shorten(x['name'], 50)} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ops"][:5])
         out.print(Text(f"By op kind: {ops}"))
 
 
