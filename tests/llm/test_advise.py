@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -214,3 +215,62 @@ def test_an_unreachable_server_is_one_clear_error(step):
     a, b, phases, table = step
     with pytest.raises(OracleError, match="cannot reach the LLM server"):
         advise(a, b, phases, table, llm=ChatClient("http://127.0.0.1:9/v1", "m", timeout_s=2))
+
+
+class _Hostile:
+    """A loopback server that misbehaves: drips its reply, fails first, or nests its JSON deeply."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.calls = mode, 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.calls += 1
+                if outer.mode == "503-then-ok" and outer.calls == 1:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                content = "[" * 100_000 + "]" * 100_000 if outer.mode == "deep" else VALID
+                data = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if outer.mode == "drip":
+                    for b in data[:50]:
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                    return
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_a_slow_drip_server_hits_the_deadline():
+    s = _Hostile("drip")
+    t = time.monotonic()
+    with pytest.raises(OracleError, match="cannot reach|within"):
+        ChatClient(s.url, "m", timeout_s=1.5).chat([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t < 8.0  # the total deadline, not a per-byte timeout
+    s.httpd.shutdown()
+
+
+def test_a_5xx_is_retried_once_and_deep_json_is_refused():
+    s = _Hostile("503-then-ok")
+    assert json.loads(ChatClient(s.url, "m", timeout_s=10).chat([{"role": "user", "content": "hi"}]))["suggestions"]
+    assert s.calls == 2
+    s.httpd.shutdown()
+    deep = _Hostile("deep")
+    content = ChatClient(deep.url, "m", timeout_s=10).chat([{"role": "user", "content": "hi"}])
+    suggestions, problems = parse_llm_output(content, {})
+    assert suggestions == [] and "deeper than" in problems[0]
+    deep.httpd.shutdown()

@@ -29,6 +29,7 @@ from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.llm.client import loads_bounded
 from bottleneck_oracle.llm.retrieve import BM25, Recipe, load_recipes
 
 FAMILIES = {  # metric -> name patterns (lower case substrings)
@@ -271,9 +272,11 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
     if fenced:
         text = fenced.group(1)
     try:
-        doc = json.loads(text)
+        doc = loads_bounded(text)
     except json.JSONDecodeError as exc:
         return [], [f"the reply is not JSON ({exc.msg} at {exc.pos})"]
+    except ValueError as exc:  # nested too deep, or a number Python will not hold
+        return [], [f"the reply is not usable JSON ({exc})"]
     if not isinstance(doc, dict) or set(doc) != {"suggestions"} or not isinstance(doc["suggestions"], list):
         return [], ['the reply must be an object with exactly one key, "suggestions", holding a list']
     out, problems = [], []
