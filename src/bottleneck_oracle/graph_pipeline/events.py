@@ -326,8 +326,10 @@ _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
 _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
 
 
-def _duplicates(pid, tid, ts, dur, code, cls) -> np.ndarray:
-    """Events identical to an earlier one (thread, name, class, start, duration): a trace written twice."""
+def _duplicates(pid, tid, ts, dur, code, cls, raw: bytes, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Events whose JSON text is the same as an earlier one's: a trace written twice. (Two calls
+    of one name starting in the same microsecond with the same duration are common in µs-resolution
+    traces; they differ in their correlation or External ids, so only identical text counts.)"""
     if not len(ts):
         return np.zeros(0, dtype=bool)
     order = np.lexsort((dur, ts, code, cls, tid, pid))
@@ -335,7 +337,10 @@ def _duplicates(pid, tid, ts, dur, code, cls) -> np.ndarray:
     for col in (pid, tid, cls, code, ts, dur):
         same &= col[order][1:] == col[order][:-1]
     out = np.zeros(len(ts), dtype=bool)
-    out[order[1:][same]] = True
+    for k in np.flatnonzero(same).tolist():
+        a, b = int(order[k]), int(order[k + 1])
+        if raw[int(lo[a]) : int(hi[a])] == raw[int(lo[b]) : int(hi[b])]:
+            out[b] = True
     return out
 
 
@@ -424,7 +429,7 @@ class _Builder:
             number = int(names[code[i]][len(F.STEP_PREFIX) :])
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
         keep = ~is_step
-        dup = _duplicates(pid, tid, ts, dur, code, xcls)
+        dup = _duplicates(pid, tid, ts, dur, code, xcls, raw, ev["obj_lo"][x], ev["obj_hi"][x])
         if dup.any():
             self.notes.append(f"{path}: {int(dup.sum())} duplicated events (same thread, name, start and duration) dropped")
             keep &= ~dup

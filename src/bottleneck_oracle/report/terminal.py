@@ -46,8 +46,9 @@ def _strip_common_prefix(t: TableModel, cells: list[list[str]]) -> list[str]:
     moves from the cells into the header, so the width goes to what differs."""
     headers = [c.header for c in t.columns]
     for j, c in enumerate(t.columns):
-        if c.kind != "name" or len(cells) < 2:
-            continue
+        names = {r[j] for r in cells}
+        if c.kind != "name" or len(names) < 2 or max(len(n) for n in names) <= 2 * NAME_MIN:
+            continue  # all alike, or short enough to show whole
         common = os.path.commonprefix([r[j] for r in cells])
         cut = max(common.rfind(sep) for sep in "_:. ")
         if cut >= 6 and all(len(r[j]) > cut + 1 for r in cells):
@@ -63,7 +64,7 @@ def print_table(console: Console, t: TableModel) -> None:
     width = max(console.width, 40)
     need = _widths(t, cells)
     names = [j for j, c in enumerate(t.columns) if c.kind == "name"]
-    keys = [j for j, c in enumerate(t.columns) if c.kind == "key"]
+    keys = [j for j, c in enumerate(t.columns) if c.kind == "key"] or names[:1]  # repeated in every part
     fixed = [j for j in range(len(t.columns)) if j not in names]
 
     name_min = max(NAME_MIN, int(NAME_SHARE * width))
@@ -72,13 +73,13 @@ def print_table(console: Console, t: TableModel) -> None:
         return sum(min(need[j], name_min) if j in names else need[j] for j in cols) + _BORDER * len(cols) + 1
 
     groups: list[list[int]] = []
-    current = list(keys) + list(names)
+    current = list(dict.fromkeys(keys + names))
     for j in fixed:
         if j in keys:
             continue
         if size(current + [j]) > width and len(current) > len(keys) + len(names):
             groups.append(current)
-            current = list(keys) + ([] if groups else list(names))
+            current = list(keys) + ([] if groups else [n for n in names if n not in keys])
         current.append(j)
     groups.append(current)
     for part, cols in enumerate(groups):
