@@ -40,6 +40,41 @@ def _quiet_oracle_warnings():
         yield
 
 
+class Hung(Exception):
+    """A command that gave no answer within its time limit (reading a FIFO, a stalled server)."""
+
+
+def _hung(signum, frame):
+    raise Hung("no answer within the time limit")
+
+
+def run_cli(args: list[str], capsys, seconds: int = 0) -> tuple[int, str, str]:
+    """Run ``bottleneck-oracle ARGS`` in this process: (exit code, stdout, stderr). With
+    ``seconds``, a hang raises Hung instead of stalling the test run."""
+    import signal
+    import sys
+
+    from bottleneck_oracle import cli
+
+    old = sys.argv
+    sys.argv = ["bottleneck-oracle", *args]
+    previous = signal.signal(signal.SIGALRM, _hung) if seconds else None
+    if seconds:
+        signal.alarm(seconds)
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        if seconds:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @functools.cache
 def cached_analyses(path: Path) -> tuple:
     """Every step of a fixture, built and analysed with the default configuration (shared, read-only)."""

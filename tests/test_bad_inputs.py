@@ -9,14 +9,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-from bottleneck_oracle import cli
-from conftest import PUBLIC, SAMPLE
+from conftest import PUBLIC, SAMPLE, run_cli
 
 SMALL = PUBLIC / "cuda_event_sync_1gpu.json.gz"  # 1 GPU, one step: fast to analyse
 
@@ -182,30 +179,8 @@ def cases(tmp_path_factory) -> list:
     return corpus(tmp_path_factory.mktemp("corpus"))
 
 
-class Hung(Exception):
-    pass
-
-
-def _hung(signum, frame):
-    raise Hung("no answer within the time limit")
-
-
-def run(args: list[str], capsys, seconds: int = 30) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["bottleneck-oracle", *args]
-    previous = signal.signal(signal.SIGALRM, _hung)
-    signal.alarm(seconds)  # a hang (reading a FIFO) becomes a failure, not a stuck test run
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    return run_cli(args, capsys, seconds=30)  # a hang (reading a FIFO) becomes a failure, not a stuck test run
 
 
 # inputs that used to be accepted silently: each now gets a warning (and a sane result) or an error

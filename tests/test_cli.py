@@ -12,23 +12,12 @@ from pathlib import Path
 import pytest
 
 from bottleneck_oracle import cli
-from conftest import PUBLIC, SAMPLE
+from conftest import PUBLIC, SAMPLE, run_cli
 
 COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "whatif", "blame", "advise", "version"]
 
 
-def run(args: list[str], capsys) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["bottleneck-oracle", *args]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 @pytest.mark.parametrize("command", COMMANDS)

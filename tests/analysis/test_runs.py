@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bottleneck_oracle import api, cli
-from conftest import DATA
+from conftest import DATA, run_cli
 
 STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms in every forward pass
 STRAGGLER_AGAIN = DATA / "gloo_ddp_8steps_straggler_rerun"  # the same job, recorded again
@@ -40,16 +40,7 @@ def test_compare_says_within_noise_for_two_recordings_of_the_same_job():
 
 def test_compare_cli_gate_and_json(capsys):
     def run(args):
-        old = sys.argv
-        sys.argv = ["bottleneck-oracle", *args]
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        finally:
-            sys.argv = old
-        return code, *capsys.readouterr()
+        return run_cli(args, capsys)
 
     code, out, _ = run(["compare", str(CLEAN), str(STRAGGLER), "--json", "--fail-if-slower", "5"])
     doc = json.loads(out)
