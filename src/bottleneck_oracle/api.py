@@ -153,16 +153,24 @@ def _reference_pool(path, baseline, steps, config, gs: list[ExecutionGraph]) -> 
     return build(path, None, config)[1] if steps else gs
 
 
+MAX_REFERENCES = 32  # reference steps per blamed step: the nearest ones (blame stays linear in the number of steps)
+
+
 def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -> tuple[list[ExecutionGraph], str]:
     """(reference steps of ``g``, how to say where they came from): a baseline's steps, or the
-    trace's other steps without the first (warm-up) when there are three or more."""
+    trace's other steps without the first (warm-up) when there are three or more; at most
+    MAX_REFERENCES of them, the nearest to ``g`` in step number."""
+    if not baseline:
+        if len(pool) >= 3 and all(r.step is not None for r in pool):
+            first = min(r.step for r in pool)
+            pool = [r for r in pool if r.step != first]
+        pool = [r for r in pool if r.step != g.step]
+    if len(pool) > MAX_REFERENCES:
+        here = g.step if g.step is not None else 0
+        pool = sorted(pool, key=lambda r: (abs((r.step if r.step is not None else 0) - here), r.step or 0))[:MAX_REFERENCES]
     if baseline:
         return pool, "baseline"
-    if len(pool) >= 3 and all(r.step is not None for r in pool):
-        first = min(r.step for r in pool)
-        pool = [r for r in pool if r.step != first]
-    refs = [r for r in pool if r.step != g.step]
-    return refs, f"{len(refs)} other step{'s' if len(refs) != 1 else ''}" if refs else "peer ranks"
+    return pool, f"{len(pool)} other step{'s' if len(pool) != 1 else ''}" if pool else "peer ranks"
 
 
 def blame(
@@ -189,10 +197,11 @@ def blame(
         predictor = _predictor(checkpoint)
         predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
     out = []
+    memo: dict = {}
     for g in gs:
         refs, row_refs = _references(g, pool, baseline is not None)
         base = run_cpm(g)
-        b = blame_graph(g, refs, top, base)
+        b = blame_graph(g, refs, top, base, memo)
         if table is not None:
             name_gaps(b, g, table)
         row = b.to_dict()
@@ -262,10 +271,11 @@ def advise_graphs(
         predictor = _predictor(checkpoint)
     kb = load_recipes(recipes)
     out = []
+    memo: dict = {}
     for a in analyses:
         g = a.graph
         refs, row_refs = _references(g, refs_all, baseline)
-        b = blame_graph(g, refs, 10, a.cpm)
+        b = blame_graph(g, refs, 10, a.cpm, memo)
         if table is not None:
             name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)

@@ -7,6 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -53,6 +54,7 @@ def _inert(o: object) -> object:
 out = _PlainConsole(markup=False)
 err = _PlainConsole(stderr=True, markup=False)
 
+MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
 
@@ -69,6 +71,16 @@ def _fail(msg: str, code: int = 2) -> None:
 
 def _config(path: Path | None) -> Config:
     return load_config(path)
+
+
+def _print_json(doc: object) -> None:
+    """``--json`` output: orjson (fast on the long critical paths of big steps), indented, one
+    trailing newline; a value JSON cannot hold (NaN, infinity) is an error, never invalid JSON."""
+    try:
+        data = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    except TypeError as exc:
+        raise OracleError(f"cannot write the result as JSON ({exc})") from None
+    sys.stdout.write(data.decode() + "\n")
 
 
 def _ms(us: float) -> str:
@@ -103,7 +115,16 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
 
     out.print(Text("BottleneckOracle ", style="bold") + Text(f"{__version__} — {source}"))
     print_table(out, tables.steps_table(analyses))
-    for a in analyses:
+    detailed = analyses
+    if len(analyses) > MAX_STEP_DETAILS:
+        slowest = sorted(analyses, key=lambda a: -a.step_time)[:MAX_STEP_DETAILS]
+        detailed = [a for a in analyses if a in slowest]
+        out.print(
+            Text(
+                f"{len(analyses)} steps; details below for the {MAX_STEP_DETAILS} slowest (--step N for others, `summary` for every step against the median)"
+            )
+        )
+    for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         c = a.graph.summary_counts()
         out.print(
@@ -190,7 +211,7 @@ def analyze(
             if s_doc["step"] in extras:
                 s_doc["blame"] = extras[s_doc["step"]]["blame"]
                 s_doc["advice"] = extras[s_doc["step"]]["advice"]
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        _print_json(doc)
         return
     _print_summary(analyses, str(path), k)
     for step_no, x in extras.items():
@@ -245,7 +266,7 @@ def parse(
     with atomic_path(output / "graphs.json") as tmp:
         tmp.write_text(json.dumps(manifest, indent=1))
     if as_json:
-        sys.stdout.write(json.dumps(manifest, indent=1) + "\n")
+        _print_json(manifest)
     else:
         for e in entries:
             out.print(f"{output / e['file']}: {e['nodes']} nodes, {e['edges']} edges, ranks {e['ranks']}", highlight=False)
@@ -276,7 +297,7 @@ def generate(
 
         summary = run_grid(cfg.grid, target, progress)
     if as_json:
-        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        _print_json(summary)
     else:
         out.print(
             f"{summary['recorded']} runs recorded, {summary['skipped']} already done; "
@@ -309,7 +330,7 @@ def build_dataset_cmd(
             lambda d, t: bar.update(task, completed=d, total=t),
         )
     if as_json:
-        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        _print_json(summary)
     else:
         out.print(
             f"{summary['samples']} graphs ({summary['perturbed']} with injected culprits), held out {summary['held_out']}; {summary['dataset']}",
@@ -336,7 +357,7 @@ def train(
             None if as_json else (lambda msg: status.update(msg)),
         )  # fmt: skip
     if as_json:
-        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        _print_json(summary)
         return
     for split, info in summary["checkpoints"].items():
         epochs = ", ".join(f"{v} {e}" for v, e in info["epochs"].items())
@@ -372,7 +393,7 @@ def evaluate(
         with atomic_path(json_file) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        _print_json(result)
         return
     t = Table(title="What-if against measured re-runs (held-out part of each split)")
     for col in ["split", "model"] + [c[1] for c in COLUMNS]:
@@ -409,7 +430,7 @@ def whatif(
     edit = edit or []
     rows = api.whatif(trace, edit, step or None, _config(config), checkpoint, not no_model, microbatches)
     if as_json:
-        sys.stdout.write(json.dumps({"trace": str(trace), "edits": edit, "steps": rows}, indent=1) + "\n")
+        _print_json({"trace": str(trace), "edits": edit, "steps": rows})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
@@ -481,7 +502,7 @@ def blame(
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
     rows = api.blame(trace, baseline, step or None, _config(config), top, checkpoint, not no_model)
     if as_json:
-        sys.stdout.write(json.dumps({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": rows}, indent=1) + "\n")
+        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": rows})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
@@ -543,7 +564,7 @@ def advise(
         llm = ChatClient(llm_base_url, llm_model, llm_key_env)
     rows = api.advise(trace, step or None, _config(config), baseline, checkpoint, not no_model, llm, recipes)
     if as_json:
-        sys.stdout.write(json.dumps({"trace": str(trace), "steps": rows}, indent=1) + "\n")
+        _print_json({"trace": str(trace), "steps": rows})
         return
     for r in rows:
         out.print(Text(f"Step {r['step']}", style="bold") + Text(f": {_ms(r['makespan_us'])} ms; suggestions by {r['generator']}"))
@@ -580,7 +601,7 @@ def summary(
 
     s = api.summary(path, step or None, _config(config))
     if as_json:
-        sys.stdout.write(json.dumps(s.to_dict(), indent=1) + "\n")
+        _print_json(s.to_dict())
         return
     steady = [x for x in s.steps if not x.warmup]
     out.print(
@@ -634,7 +655,7 @@ def compare(
     c.moved = c.moved[:top]
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:
-        sys.stdout.write(json.dumps({**c.to_dict(), "gate_failed": gate}, indent=1) + "\n")
+        _print_json({**c.to_dict(), "gate_failed": gate})
     else:
         lo, hi = c.interval_us
         how = {"faster": "faster than", "slower": "slower than", "within noise": "within noise of"}[c.verdict]

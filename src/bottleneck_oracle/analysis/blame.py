@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.analysis.cpm import CPMResult, origins, run_cpm
 from bottleneck_oracle.analysis.whatif import single_edge_makespans, single_node_makespans
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
@@ -42,8 +42,23 @@ MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 
 
-def _keys(g: ExecutionGraph) -> list[tuple]:
-    """(rank, on_gpu, name, occurrence) of every node: its identity across steps."""
+KeyMemo = dict[int, tuple[ExecutionGraph, list[tuple]]]  # id(graph) -> (graph, its _keys): one per blame run over many steps
+
+
+def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[tuple]:
+    """(rank, on_gpu, name, occurrence) of every node: its identity across steps. ``memo``: the
+    keys already computed in this run (a step is the reference of many others)."""
+    if memo is not None:
+        hit = memo.get(id(g))
+        if hit is not None and hit[0] is g:
+            return hit[1]
+    keys = _node_keys(g)
+    if memo is not None:
+        memo[id(g)] = (g, keys)
+    return keys
+
+
+def _node_keys(g: ExecutionGraph) -> list[tuple]:
     n = g.nodes
     order = np.lexsort((n["start"], n["name"], n["on_gpu"], n["rank"]))
     keys: list[tuple] = [()] * g.n_nodes
@@ -94,9 +109,20 @@ def _gaps(g: ExecutionGraph) -> np.ndarray:
     return out
 
 
+def _quantile(s: list[float], q: float) -> float:
+    """The q-quantile of sorted ``s``, linear interpolation (numpy's default method), in plain
+    Python: blame asks for three of them per node and counterpart set, mostly of a few values,
+    where np.quantile's per-call overhead (~0.1 ms) made it quadratic-feeling in the step count."""
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
 def _robust(vals: list[float]) -> tuple[float, float]:
     """(median, noise: how far above the median the upper outlier fence Q3 + K x IQR lies)."""
-    q1, med, q3 = np.quantile(vals, [0.25, 0.5, 0.75])
+    s = sorted(vals)
+    q1, med, q3 = _quantile(s, 0.25), _quantile(s, 0.5), _quantile(s, 0.75)
     return float(med), float(q3 + TUKEY_K * (q3 - q1) - med)
 
 
@@ -139,15 +165,15 @@ def _leads(g: ExecutionGraph) -> np.ndarray:
     thread's step (no predecessor), else -1."""
     rel = g.release
     ok = np.isfinite(rel) & (g.nodes["category"] != Category.BARRIER) & (g.nodes["rank"] >= 0)
-    start = np.array([g.rank_start(int(r)) for r in g.nodes["rank"]]) if g.n_nodes else np.zeros(0)
+    start = origins(g)  # each node's rank's step start
     return np.where(ok, np.maximum(np.where(ok, rel, 0.0) - start, 0.0), -1.0)
 
 
 Keys = tuple[list[tuple], list[list[tuple]], dict[int, int]]  # (_keys of the step, of each reference, peer_groups)
 
 
-def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph]) -> Keys:
-    return _keys(g), [_keys(r) for r in references], peer_groups(g)
+def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph], memo: KeyMemo | None = None) -> Keys:
+    return _keys(g, memo), [_keys(r, memo) for r in references], peer_groups(g)
 
 
 def typical_durations(
@@ -205,11 +231,14 @@ class Blame:
                 "nodes": self.nodes, "anomalies": self.anomalies, "ranks": self.ranks, "ops": self.ops}  # fmt: skip
 
 
-def blame(g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cpm: CPMResult | None = None) -> Blame:
-    """Rank the nodes (and ranks, and op kinds) of ``g`` by the step time restoring them saves."""
+def blame(
+    g: ExecutionGraph, references: list[ExecutionGraph], top: int = 20, cpm: CPMResult | None = None, memo: KeyMemo | None = None
+) -> Blame:
+    """Rank the nodes (and ranks, and op kinds) of ``g`` by the step time restoring them saves.
+    ``memo``: shared by the calls of one run over many steps (see _keys)."""
     base = cpm or run_cpm(g)
     n = g.nodes
-    keys = _all_keys(g, references)
+    keys = _all_keys(g, references, memo)
     typical, source, noise = typical_durations(g, references, keys)
     d = n["mdur"].astype(np.float64)
     real = n["category"] != Category.BARRIER

@@ -20,6 +20,7 @@ from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.report import tables
 from bottleneck_oracle.report.tables import TableModel, fmt
 
+MAX_STEP_SECTIONS = 20  # per-step sections (timeline, tables) for at most this many steps: the slowest
 MAX_TIMELINE_BARS = 20_000  # ops off the critical path beyond this are left out (the longest are kept)
 _COLORS = {"compute": "#4c78a8", "communication": "#f58518", "cpu_overhead": "#72b7b2", "idle": "#bab0ac", "untraced": "#222222"}
 _SEGMENT_COLORS = {"wait": "#ff9f1c", "framework": "#f4a6a6", "launch": "#f4a6a6", "untraced": "#222222"}
@@ -201,7 +202,15 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: dic
         _table(tables.steps_table(analyses)),
         breakdown_plot(analyses),
     ]
-    for a in analyses:
+    detailed = analyses
+    if len(analyses) > MAX_STEP_SECTIONS:
+        slowest = sorted(analyses, key=lambda a: -a.step_time)[:MAX_STEP_SECTIONS]
+        detailed = [a for a in analyses if a in slowest]
+        parts.append(
+            f"<p>{len(analyses)} steps: the table above has every one; the sections below are the {MAX_STEP_SECTIONS} slowest "
+            "(<code>--step N</code> selects others).</p>"
+        )
+    for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         parts.append(f"<h2>Step {_esc(str(label))}</h2>")
         for w in (a.untraced_warning(), a.queue_warning()):
