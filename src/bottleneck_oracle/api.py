@@ -186,8 +186,8 @@ def blame(
     duration saves (analysis.blame). Typical durations come from ``baseline``'s steps when given,
     else from the trace's other steps (the first one, warm-up, left out when there are three or
     more). The top nodes' savings are also predicted by the graph network (its default variant)."""
+    from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
     from bottleneck_oracle.analysis.blame import blame as blame_graph
-    from bottleneck_oracle.analysis.blame import name_gaps
     from bottleneck_oracle.analysis.cpm import run_cpm
 
     table, gs = build(path, steps, config)
@@ -197,7 +197,7 @@ def blame(
         predictor = _predictor(checkpoint)
         predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
     out = []
-    memo: dict = {}
+    memo = KeyMemo()
     for g in gs:
         refs, row_refs = _references(g, pool, baseline is not None)
         base = run_cpm(g)
@@ -260,8 +260,8 @@ def advise_graphs(
     recipes: str | Path | None = None,
 ) -> list[dict]:
     """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
+    from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
     from bottleneck_oracle.analysis.blame import blame as blame_graph
-    from bottleneck_oracle.analysis.blame import name_gaps
     from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.llm.graphrag import advise as advise_step
     from bottleneck_oracle.llm.retrieve import load_recipes
@@ -271,7 +271,7 @@ def advise_graphs(
         predictor = _predictor(checkpoint)
     kb = load_recipes(recipes)
     out = []
-    memo: dict = {}
+    memo = KeyMemo()
     for a in analyses:
         g = a.graph
         refs, row_refs = _references(g, refs_all, baseline)

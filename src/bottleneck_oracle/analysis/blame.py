@@ -42,20 +42,35 @@ MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 
 
-KeyMemo = dict[int, tuple[ExecutionGraph, list[tuple]]]  # id(graph) -> (graph, its _keys): one per blame run over many steps
+class KeyMemo:
+    """The node keys of the graphs of one blame run over many steps (a step is the reference of
+    many others: its keys are computed once), each also as an integer id shared by equal keys."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[int, tuple[ExecutionGraph, list[tuple], np.ndarray]] = {}
+        self.ids: dict[tuple, int] = {}
+        self.arrays: dict[str, dict[int, tuple[ExecutionGraph, np.ndarray]]] = {}
+
+    def derived(self, g: ExecutionGraph, what: str, fn) -> np.ndarray:
+        """``fn(g)``, computed once per graph in this run (the leads and gaps of a reference step)."""
+        cache = self.arrays.setdefault(what, {})
+        hit = cache.get(id(g))
+        if hit is None or hit[0] is not g:
+            hit = cache[id(g)] = (g, fn(g))
+        return hit[1]
+
+    def get(self, g: ExecutionGraph) -> tuple[list[tuple], np.ndarray]:
+        hit = self.graphs.get(id(g))
+        if hit is None or hit[0] is not g:
+            keys = _node_keys(g)
+            ids = np.array([self.ids.setdefault(k, len(self.ids)) for k in keys], dtype=np.int64)
+            hit = self.graphs[id(g)] = (g, keys, ids)
+        return hit[1], hit[2]
 
 
 def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[tuple]:
-    """(rank, on_gpu, name, occurrence) of every node: its identity across steps. ``memo``: the
-    keys already computed in this run (a step is the reference of many others)."""
-    if memo is not None:
-        hit = memo.get(id(g))
-        if hit is not None and hit[0] is g:
-            return hit[1]
-    keys = _node_keys(g)
-    if memo is not None:
-        memo[id(g)] = (g, keys)
-    return keys
+    """(rank, on_gpu, name, occurrence) of every node: its identity across steps."""
+    return (memo or KeyMemo()).get(g)[0]
 
 
 def _node_keys(g: ExecutionGraph) -> list[tuple]:
@@ -127,36 +142,53 @@ def _robust(vals: list[float]) -> tuple[float, float]:
 
 
 def _typical(
-    values: np.ndarray, keys: list[tuple], references: list[tuple[list[tuple], np.ndarray]], groups: dict[int, int] | None
+    values: np.ndarray,
+    keys: list[tuple],
+    references: list[tuple[list[tuple], np.ndarray]],
+    groups: dict[int, int] | None,
+    ids: tuple[np.ndarray, list[np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Median (and noise margin, see _robust) of each key's values in the references and on the peer ranks
-    (``groups``: rank -> peer group; None: every rank is a peer); the smaller median where both exist."""
+    (``groups``: rank -> peer group; None: every rank is a peer); the smaller median where both exist.
+    ``ids``: the keys of the step and of each reference as integer ids (KeyMemo), for speed."""
+    n, r = len(keys), len(references)
+    typical = np.maximum(np.asarray(values, dtype=np.float64), 0.0)  # nothing to compare with: no excess claimed
+    noise = np.zeros(n)
+    source = np.zeros(n, dtype=np.int8)
+    ref_med = ref_noise = None
+    if r:  # one row per node, one column per reference step; a reference without the op did not run it: 0 µs
+        if ids is None:
+            memo = KeyMemo()
+            ids = (np.array([memo.ids.setdefault(k, len(memo.ids)) for k in keys], dtype=np.int64),
+                   [np.array([memo.ids.setdefault(k, len(memo.ids)) for k in rk], dtype=np.int64) for rk, _ in references])  # fmt: skip
+        own, theirs = ids
+        order = np.argsort(own, kind="stable")
+        sorted_own = own[order]
+        table = np.zeros((n, r))
+        for j, ((_, ref_values), rid) in enumerate(zip(references, theirs)):
+            if not len(rid) or not n:
+                continue
+            p = np.minimum(np.searchsorted(sorted_own, rid), n - 1)
+            hit = sorted_own[p] == rid
+            table[order[p[hit]], j] = np.maximum(np.asarray(ref_values, dtype=np.float64)[hit], 0.0)
+        table.sort(axis=1)
+        q1, ref_med, q3 = (_column_quantile(table, q) for q in (0.25, 0.5, 0.75))
+        ref_noise = q3 + TUKEY_K * (q3 - q1) - ref_med
+        typical, noise, source = ref_med.copy(), ref_noise.copy(), np.full(n, 2, dtype=np.int8)
     peer = (lambda key: (0, *key[1:])) if groups is None else (lambda key: (groups.get(key[0], key[0]), *key[1:]))
-    seen: dict[tuple, list[float]] = defaultdict(list)
-    for ref_keys, ref_values in references:
-        for key, v in zip(ref_keys, ref_values):
-            if v >= 0:
-                seen[key].append(float(v))
     across: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for i, (key, v) in enumerate(zip(keys, values)):
         if v >= 0:
             across[peer(key)].append((i, float(v)))
-    typical = np.zeros(len(keys))
-    noise = np.zeros(len(keys))
-    source = np.zeros(len(keys), dtype=np.int8)
-    for i, key in enumerate(keys):
-        est = []
-        if references:  # a reference step without this op did not run it: 0 µs there
-            vals = seen.get(key, [])
-            est.append((*_robust(vals + [0.0] * (len(references) - len(vals))), 2))
-        others = [v for j, v in across[peer(key)] if j != i]
-        if others:
-            est.append((*_robust(others), 1))
-        if est:  # the smaller median; the wider noise margin (one peer rank alone shows no spread)
-            typical[i], _, source[i] = min(est)
-            noise[i] = max(x[1] for x in est)
-        else:  # nothing to compare with (one rank, no reference step): no excess claimed
-            typical[i] = max(float(values[i]), 0.0)
+    for members in across.values():
+        if len(members) < 2:
+            continue  # nobody to compare with
+        for i, _ in members:
+            others = [v for j, v in members if j != i]
+            med, nz = (others[0], 0.0) if len(others) == 1 else _robust(others)  # one peer: its value, no spread
+            if ref_med is None or (med, nz, 1) < (ref_med[i], ref_noise[i], 2):  # the smaller median ...
+                typical[i], source[i] = med, 1
+            noise[i] = max(nz, ref_noise[i]) if ref_med is not None else nz  # ... the wider margin (one peer alone shows no spread)
     return typical, source, noise
 
 
@@ -169,11 +201,23 @@ def _leads(g: ExecutionGraph) -> np.ndarray:
     return np.where(ok, np.maximum(np.where(ok, rel, 0.0) - start, 0.0), -1.0)
 
 
-Keys = tuple[list[tuple], list[list[tuple]], dict[int, int]]  # (_keys of the step, of each reference, peer_groups)
+def _column_quantile(rows_sorted: np.ndarray, q: float) -> np.ndarray:
+    """The q-quantile of every row of a row-sorted matrix (linear interpolation, numpy's default)."""
+    pos = (rows_sorted.shape[1] - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, rows_sorted.shape[1] - 1)
+    return rows_sorted[:, lo] + (rows_sorted[:, hi] - rows_sorted[:, lo]) * (pos - lo)
+
+
+# (_keys of the step, of each reference, peer_groups, (their ids: the step's, each reference's))
+Keys = tuple[list[tuple], list[list[tuple]], dict[int, int], tuple[np.ndarray, list[np.ndarray]]]
 
 
 def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph], memo: KeyMemo | None = None) -> Keys:
-    return _keys(g, memo), [_keys(r, memo) for r in references], peer_groups(g)
+    memo = memo or KeyMemo()
+    own, own_ids = memo.get(g)
+    refs = [memo.get(r) for r in references]
+    return own, [k for k, _ in refs], peer_groups(g), (own_ids, [i for _, i in refs])
 
 
 def typical_durations(
@@ -181,8 +225,8 @@ def typical_durations(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(typical modelled duration µs, where it came from: 2 reference steps, 1 peer ranks, 0 none,
     its noise margin µs there). ``all_ranks``: compare with every other rank, peers or not."""
-    gk, rks, groups = keys or _all_keys(g, references)
-    return _typical(g.nodes["mdur"], gk, [(k, r.nodes["mdur"]) for k, r in zip(rks, references)], None if all_ranks else groups)
+    gk, rks, groups, ids = keys or _all_keys(g, references)
+    return _typical(g.nodes["mdur"], gk, [(k, r.nodes["mdur"]) for k, r in zip(rks, references)], None if all_ranks else groups, ids)
 
 
 def _gap_weights(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
@@ -192,23 +236,26 @@ def _gap_weights(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
 
 
 def typical_gaps(
-    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
+    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None, memo: KeyMemo | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(program-order edge id after each node or -1, its latency µs, its typical latency µs,
     source, noise margin µs) for the untraced time after each node."""
-    gk, rks, groups = keys or _all_keys(g, references)
+    memo = memo or KeyMemo()
+    gk, rks, groups, ids = keys or _all_keys(g, references, memo)
     gap, w = _gap_weights(g)
-    typical, source, noise = _typical(w, gk, [(k, _gap_weights(r)[1]) for k, r in zip(rks, references)], groups)
+    ref_w = [(k, memo.derived(r, "gaps", lambda h: _gap_weights(h)[1])) for k, r in zip(rks, references)]
+    typical, source, noise = _typical(w, gk, ref_w, groups, ids)
     return gap, w, typical, source, noise
 
 
 def typical_leads(
-    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None
+    g: ExecutionGraph, references: list[ExecutionGraph], keys: Keys | None = None, memo: KeyMemo | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(untraced time before each thread's first op of the step or -1, its typical, source, noise)."""
-    gk, rks, groups = keys or _all_keys(g, references)
+    memo = memo or KeyMemo()
+    gk, rks, groups, ids = keys or _all_keys(g, references, memo)
     lead = _leads(g)
-    typical, source, noise = _typical(lead, gk, [(k, _leads(r)) for k, r in zip(rks, references)], groups)
+    typical, source, noise = _typical(lead, gk, [(k, memo.derived(r, "leads", _leads)) for k, r in zip(rks, references)], groups, ids)
     return lead, typical, source, noise
 
 
@@ -238,6 +285,7 @@ def blame(
     ``memo``: shared by the calls of one run over many steps (see _keys)."""
     base = cpm or run_cpm(g)
     n = g.nodes
+    memo = memo or KeyMemo()
     keys = _all_keys(g, references, memo)
     typical, source, noise = typical_durations(g, references, keys)
     d = n["mdur"].astype(np.float64)
@@ -248,7 +296,7 @@ def blame(
     cand = np.flatnonzero(slower)
     saving = base.makespan - single_node_makespans(g, cand, -excess[cand], base) if len(cand) else np.zeros(0)
     # untraced time after a node on its thread (program-order latency), against its typical
-    gap, gap_w, gap_typical, gap_source, gap_noise = typical_gaps(g, references, keys)
+    gap, gap_w, gap_typical, gap_source, gap_noise = typical_gaps(g, references, keys, memo)
     w = g.edges["weight"].astype(np.float64)
     gap_excess = np.where((gap >= 0) & (gap_w - gap_typical > np.maximum(MIN_EXCESS_US, gap_noise)), gap_w - gap_typical, 0.0)
     gcand = np.flatnonzero(gap_excess > 0)
@@ -256,7 +304,7 @@ def blame(
     restored_w = w.copy()
     restored_w[gap[gcand]] -= gap_excess[gcand]
     # untraced time before a thread's first op of the step
-    lead, lead_typical, lead_source, lead_noise = typical_leads(g, references, keys)
+    lead, lead_typical, lead_source, lead_noise = typical_leads(g, references, keys, memo)
     lead_excess = np.where((lead >= 0) & (lead - lead_typical > np.maximum(MIN_EXCESS_US, lead_noise)), lead - lead_typical, 0.0)
     lcand = np.flatnonzero(lead_excess > 0)
     restored_rel = g.release.astype(np.float64).copy()
@@ -341,29 +389,26 @@ def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
     return [int(i) for i in np.argsort(-dev)[:k]]
 
 
-def name_gaps(b: Blame, g: ExecutionGraph, table) -> None:
-    """Rename the untraced gaps after an op by the op that encloses them in ``table`` (an
-    EventTable), in place: nodes are the leaves of a thread's op tree, so the time between two
-    leaves of one parent is that parent's own time (``aten::mm``'s compute between its
-    ``aten::resolve_conj`` and ``aten::_unsafe_view``), or untraced Python inside a range."""
-    from bottleneck_oracle.graph_pipeline.events import EvClass
-
-    c, n, e = table.cols, g.nodes, g.edges
-    ts_rel = g.window_start - table.t0
+def name_gaps(b: Blame, g: ExecutionGraph, table=None) -> None:
+    """Rename the untraced gaps after an op by the op that encloses them, in place: nodes are the
+    leaves of a thread's op tree, so the time between two leaves of one parent is that parent's
+    own time (``aten::mm``'s compute between its ``aten::resolve_conj`` and ``aten::_unsafe_view``),
+    or untraced Python inside a range. The parent is the innermost event open over the whole gap,
+    read from the graph's gap pieces (``table`` is no longer needed; kept for callers)."""
+    e, gp = g.edges, g.gaps
+    order = np.argsort(gp["node"], kind="stable")
+    sorted_nodes = gp["node"][order]
     for x in [*b.nodes, *b.anomalies]:
         if x.get("kind") != "gap" or "edge" not in x:
             continue
         src, dst = int(e["src"][x["edge"]]), int(e["dst"][x["edge"]])
-        lo, hi = float(n["start"][src] + n["dur"][src]), float(n["start"][dst])
-        rows = table.rows_between(int(n["rank"][src]), ts_rel - 1.0, ts_rel + lo + 0.5)
-        rows = rows[
-            (c["cls"][rows] == EvClass.CPU) & (c["tid"][rows] == n["tid"][src]) & (c["ts"][rows] + c["dur"][rows] - ts_rel >= hi - 0.5)
-        ]
-        if not len(rows):
+        lo, hi = float(g.nodes["start"][src] + g.nodes["dur"][src]), float(g.nodes["start"][dst])
+        mine = order[np.searchsorted(sorted_nodes, dst, side="left") : np.searchsorted(sorted_nodes, dst, side="right")]
+        owners = mine[(gp["owner"][mine] >= 0) & (gp["owner_start"][mine] <= lo + 0.5) & (gp["owner_end"][mine] >= hi - 0.5)]
+        if not len(owners):
             continue
-        parent = table.names[int(c["name"][rows[np.argmin(c["dur"][rows])]])]
+        parent = g.names[int(gp["owner"][owners[np.argmax(gp["owner_start"][owners])]])]  # the innermost of them
         if parent.startswith("ProfilerStep#"):
             continue
-        leaf = g.node_name(src)
         x["parent"] = parent
-        x["name"] = f"own time of {parent} (after {leaf})"
+        x["name"] = f"own time of {parent} (after {g.node_name(src)})"

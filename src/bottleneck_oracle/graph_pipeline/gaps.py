@@ -95,6 +95,7 @@ def gap_pieces(w, lead_from: np.ndarray) -> dict[str, np.ndarray]:
         "end": hi,
         "owner": np.where(has, c["name"][ev], -1).astype(np.int32),
         "owner_start": np.where(has, w.ts[ev], np.nan),
+        "owner_end": np.where(has, w.end[ev], np.nan),
         "owner_op": has & ~c["is_range"][ev],
     }
 

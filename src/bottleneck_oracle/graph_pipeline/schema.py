@@ -108,6 +108,7 @@ GAP_COLUMNS = {
     "end": (np.float64, "µs from the window start"),
     "owner": (np.int32, "index into ExecutionGraph.names of the innermost event open then (-1: none)"),
     "owner_start": (np.float64, "µs, when the owner opened (NaN: no owner)"),
+    "owner_end": (np.float64, "µs, when the owner closed (NaN: no owner)"),
     "owner_op": (np.bool_, "the owner is an op (its own time is work), not a range of program code"),
 }
 
