@@ -209,12 +209,12 @@ class EventTable:
 _CHUNK = 64 * 2**20  # bytes read at a time from a gzip stream (the whole trace is never asked for at once)
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path) -> bytes | bytearray:
     """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named.
 
     Memory is asked for by size: a plain file's size is known before reading; a gzip stream is
-    read in chunks and refused as soon as it passes MAX_TRACE_BYTES (a small file that inflates
-    to gigabytes is a bomb, not a trace)."""
+    read into one buffer sized from its trailer (see _gunzip) and refused as soon as it passes
+    MAX_TRACE_BYTES (a small file that inflates to gigabytes is a bomb, not a trace)."""
     if not path.exists():
         raise TraceError(path, "no such file")
     if path.is_dir():
@@ -226,17 +226,7 @@ def read_bytes(path: Path) -> bytes:
             head = fh.read(2)
             fh.seek(0)
             if head == b"\x1f\x8b":
-                chunks, total = [], 0
-                with gzip.open(fh) as gz:
-                    while chunk := gz.read(_CHUNK):
-                        total += len(chunk)
-                        if total > MAX_TRACE_BYTES:
-                            raise TraceError(
-                                path, f"decompresses to more than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window"
-                            )
-                        chunks.append(chunk)
-                raw = b"".join(chunks)
-                del chunks
+                raw = _gunzip(path, fh)
             else:
                 size = os.fstat(fh.fileno()).st_size
                 if size > MAX_TRACE_BYTES:
@@ -248,9 +238,38 @@ def read_bytes(path: Path) -> bytes:
         raise TraceError(path, "not enough memory to read the trace (see the limits in the README)") from None
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not raw.strip():
+    if not raw or raw.isspace():  # (strip() would copy a gigabyte to find out)
         raise TraceError(path, "file is empty")
     return raw
+
+
+def _gunzip(path: Path, fh) -> bytearray:
+    """The decompressed bytes of an open gzip file, in one buffer: sized from the gzip trailer
+    (ISIZE) when that is plausible, so a 1 GiB trace needs 1 GiB, not a list of chunks plus
+    their join; grown chunk by chunk otherwise, refused beyond MAX_TRACE_BYTES."""
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(-4, os.SEEK_END)
+    hint = int.from_bytes(fh.read(4), "little")
+    fh.seek(0)
+    # JSON compresses up to ~30x: a larger claimed ratio is a bomb or a wrapped size, not a plan
+    buf = bytearray(hint if 0 < hint <= min(64 * size, MAX_TRACE_BYTES) else 0)
+    view = memoryview(buf)
+    n = 0
+    with gzip.open(fh) as gz:
+        while n < len(buf):
+            k = gz.readinto(view[n:])
+            if not k:
+                break
+            n += k
+        view.release()
+        del buf[n:]
+        while chunk := gz.read(_CHUNK):  # more than the trailer said (several members, a size above 4 GiB)
+            if len(buf) + len(chunk) > MAX_TRACE_BYTES:
+                raise TraceError(
+                    path, f"decompresses to more than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window"
+                )
+            buf += chunk
+    return buf
 
 
 def _decode(path: Path, raw: bytes) -> object:
@@ -627,8 +646,9 @@ class NotATrace(TraceError):
 def _not_a_trace(path: Path, raw: bytes, is_object: bool, has_nodes: bool, has_schema: bool) -> TraceError:
     if has_nodes and has_schema:
         return NotATrace(path, "is a PyTorch execution trace, not a Kineto trace; pass it with --et (paired with its Kineto trace)")
-    doc = _decode(path, raw) if is_object else None
-    keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else "no object"
+    # name a few of its keys, without building a large foreign document in memory
+    doc = _decode(path, raw) if is_object and len(raw) <= 16 * 2**20 else None
+    keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else ("an object" if is_object else "no object")
     return NotATrace(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
 
 

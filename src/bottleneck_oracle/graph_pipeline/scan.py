@@ -421,9 +421,21 @@ _DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": 
 _FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1}
 
 
+def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes, step: int = 64 * 2**20) -> int:
+    """Occurrences of ``needle`` in buf[lo:hi] (at least the non-overlapping count: an upper bound where
+    occurrences overlap), counted through a memoryview: no copy of the buffer, no temporary array."""
+    view = memoryview(buf)[lo:hi]
+    total = 0
+    for a in range(0, len(view), step):  # each chunk reaches len(needle) - 1 bytes into the next: an occurrence
+        total += view[a : min(a + step + len(needle) - 1, len(view))].tobytes().count(needle)  # is counted where it starts
+    return total
+
+
 def scan(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, dict[str, np.ndarray]]:
     """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi]."""
-    cap = int(np.count_nonzero(buf[lo:hi] == 123)) + 1  # no more events than '{' bytes
+    # no more events than '"ph"' keys (every event has one; an args object with one only adds room),
+    # counted in C without a temporary array the size of the trace
+    cap = _count(buf, lo, hi, b'"ph"') + 1
     cols = {k: np.full(cap, _FILL[k], dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
     count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())
     return err, pos, {k: v[:count] for k, v in cols.items()}
