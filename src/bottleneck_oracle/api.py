@@ -32,7 +32,7 @@ def load(path: str | Path, et: str | Path | None = None) -> EventTable:
     dependencies of the run's PyTorch execution trace(s) when ``et`` is given."""
     table = load_events(path)
     if et is not None:
-        attach(table, load_execution_traces(et, table.ranks))
+        attach(table, load_execution_traces(et, table))
     return table
 
 

@@ -148,6 +148,17 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
             )
 
 
+def _et_line(ets: list[dict]) -> str:
+    """One line on how the execution traces joined: per rank, joined of op nodes."""
+    joined, total = sum(e["joined"] for e in ets), sum(e["op_nodes"] for e in ets)
+    how = sorted({f"rank by {e['rank_from']}, joined by {e['join_rule']}" for e in ets})
+    low = [f"rank {e['rank']} {e['joined']}/{e['op_nodes']}" for e in ets if e["joined"] < e["op_nodes"] / 2]
+    return (
+        f"Execution traces: {len(ets)} file(s), {joined} of {total} ops joined to Kineto ops ({100 * joined / max(total, 1):.1f}%; "
+        f"{'; '.join(how)})" + (f"; under half joined: {', '.join(low)}" if low else "")
+    )
+
+
 @app.command()
 def analyze(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
@@ -207,6 +218,8 @@ def analyze(
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
         doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": [a.to_dict(k) for a in analyses]}
+        if table is not None and table.execution_traces:
+            doc["execution_traces"] = table.execution_traces
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 s_doc["blame"] = extras[s_doc["step"]]["blame"]
@@ -214,6 +227,8 @@ def analyze(
         _print_json(doc)
         return
     _print_summary(analyses, str(path), k)
+    if table is not None and table.execution_traces:
+        out.print(Text(_et_line(table.execution_traces)))
     for step_no, x in extras.items():
         top_b = x["blame"]["nodes"][:3]
         if top_b:

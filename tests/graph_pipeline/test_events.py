@@ -35,6 +35,26 @@ def test_rank_from_file_name_when_no_distributed_info(tmp_path):
     assert load_events(tmp_path).ranks == [3, 5]
 
 
+def test_one_subfolder_per_rank(tmp_path):
+    """rank3/trace.json or 3/trace.json: the rank from the folder when the file does not say."""
+    doc = json.loads(gzip.open(PUBLIC / "amd_mi250_minitoy.json.gz").read())
+    for folder in ("rank3", "5"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "trace.json").write_text(json.dumps(doc))
+    (tmp_path / "notes").mkdir()  # a folder that is not a rank, without traces
+    assert load_events(tmp_path).ranks == [3, 5]
+    flat = load_events(SAMPLE)  # distributedInfo wins over the folder's name
+    nested = tmp_path / "nested"
+    for i, f in enumerate(sorted(SAMPLE.glob("*.json.gz"))):
+        (nested / f"rank{1 - i}").mkdir(parents=True)
+        (nested / f"rank{1 - i}" / "trace.json.gz").write_bytes(f.read_bytes())
+    t = load_events(nested)
+    assert t.ranks == flat.ranks and len(t) == len(flat)
+    for r in flat.ranks:  # the same events on each rank, whatever order the files were read in
+        a, b = t.cols["rank"] == r, flat.cols["rank"] == r
+        assert np.array_equal(np.sort(t.cols["ts"][a]), np.sort(flat.cols["ts"][b]))
+
+
 def test_gpu_kernels_carry_correlation_and_stream():
     t = load_events(PUBLIC / "simple_add_1gpu.json.gz")
     k = t.cols["cls"] == EvClass.KERNEL

@@ -31,7 +31,8 @@ from bottleneck_oracle.graph_pipeline import scan
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_RANK_FOLDER = re.compile(r"(?:rank[-_]?)?(\d+)", re.IGNORECASE)
 
 
 class EvClass(IntEnum):
@@ -109,6 +110,8 @@ class EventTable:
     """(rank, pid, tid) -> the thread's or GPU stream's name in the trace's metadata."""
     data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
+    execution_traces: list[dict] = field(default_factory=list)
+    """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     """Cached (rows sorted by rank then anchor, their rank, their anchor) for window look-ups."""
     launcher: np.ndarray | None = None
@@ -286,11 +289,15 @@ def read_json(path: Path) -> object:
 
 
 def rank_of(doc: dict, path: Path, default: int | None) -> int:
-    """Rank from distributedInfo.rank, else from a file name like rank-3.json.gz."""
+    """Rank from distributedInfo.rank, else from a file name like rank-3.json.gz, else from a
+    folder named like rank3 or 3 that holds the file."""
     info = doc.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         return int(info["rank"])
-    m = _RANK_IN_NAME.search(path.name)
+    m = RANK_IN_NAME.search(path.name)
+    if m:
+        return int(m.group(1))
+    m = _RANK_FOLDER.fullmatch(path.parent.name)  # one subfolder per rank: rank3/trace.json, 3/trace.json
     if m:
         return int(m.group(1))
     if default is not None:
@@ -633,10 +640,16 @@ def trace_files(path: str | Path) -> list[Path]:
         return [p]
     if not p.is_dir():
         raise TraceError(p, "is not a regular file or folder (a FIFO, device or socket); pass a trace file or a folder of them")
-    files = sorted(f for f in p.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
+    files = _json_files(p)
+    if not files:  # one subfolder per rank (rank0/, rank1/, ... or 0/, 1/, ...)
+        files = [f for sub in sorted(d for d in p.iterdir() if d.is_dir()) for f in _json_files(sub)]
     if not files:
-        raise TraceError(p, "folder holds no .json or .json.gz trace files")
+        raise TraceError(p, "folder holds no .json or .json.gz trace files (nor do its subfolders)")
     return files
+
+
+def _json_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
 
 
 class NotATrace(TraceError):
