@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.config import Config
-from bottleneck_oracle.graph_pipeline import chakra
+from bottleneck_oracle.errors import OracleWarning
+from bottleneck_oracle.graph_pipeline import chakra, clocks
 from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
@@ -27,10 +29,17 @@ def _predictor(checkpoint: str | Path | None):
     return Predictor(checkpoint)
 
 
-def load(path: str | Path, et: str | Path | None = None) -> EventTable:
+def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0) -> EventTable:
     """Events of a Kineto trace file or a folder of per-rank trace files, with the data
-    dependencies of the run's PyTorch execution trace(s) when ``et`` is given."""
+    dependencies of the run's PyTorch execution trace(s) when ``et`` is given. With
+    ``ranks_per_host`` > 0 the clocks of the hosts are aligned (graph_pipeline.clocks);
+    ``table.clocks`` says what moved."""
     table = load_events(path)
+    hosts = clocks.hosts_by_block(table.ranks, ranks_per_host) if ranks_per_host > 0 else None
+    report = clocks.align(table, hosts)
+    table.clocks = report.as_dict() if hosts is not None or report.warnings else {}
+    for line in report.warnings:
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     if et is not None:
         attach(table, load_execution_traces(et, table))
     return table
@@ -56,7 +65,7 @@ def build(
     event table: one graph for the whole trace, and None for the table."""
     if chakra.is_chakra(path):
         return None, [chakra.chakra_graph(path)]
-    table = load(path, et)
+    table = load(path, et, (config or Config()).graph.ranks_per_host)
     return table, graphs(table, steps, config)
 
 

@@ -57,6 +57,10 @@ err = _PlainConsole(stderr=True, markup=False)
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
+HOSTS_HELP = (
+    "Ranks per host (0..N-1 on the first): align each host's clock to the first's from the collectives "
+    "they ran together. Default: graph.ranks_per_host (0, one clock)."
+)
 
 
 def _error(msg: str) -> None:
@@ -69,8 +73,11 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _config(path: Path | None) -> Config:
-    return load_config(path)
+def _config(path: Path | None, ranks_per_host: int | None = None) -> Config:
+    cfg = load_config(path)
+    if ranks_per_host is not None:
+        cfg.graph.ranks_per_host = ranks_per_host
+    return cfg
 
 
 def _print_json(doc: object) -> None:
@@ -127,10 +134,17 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
     for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         c = a.graph.summary_counts()
+        m = a.graph.meta.get("collectives") or {}
+        matched = (
+            f"; matched {m['by_seq']} by sequence number, {m['by_order']} by order, {m['unmatched_ops']} ops unmatched"
+            if c["network_nodes"] and m
+            else ""
+        )
         out.print(
             Text(f"\nStep {label}", style="bold")
             + Text(
-                f": {c['nodes']} nodes ({c['network_nodes']} network, {c['barriers']} barriers), {c['edges']} edges, critical path {len(a.cpm.path)} ops"
+                f": {c['nodes']} nodes ({c['network_nodes']} network, {c['barriers']} barriers{matched}), {c['edges']} edges, "
+                f"critical path {len(a.cpm.path)} ops"
             )
         )
         out.print(Text(_path_summary(a)))
@@ -159,6 +173,16 @@ def _et_line(ets: list[dict]) -> str:
     )
 
 
+def _clock_line(hosts: list[dict]) -> str:
+    """One line on the clock offsets applied per host."""
+    moved = [
+        f"host {h['host']} (ranks {h['ranks'][0]}-{h['ranks'][-1]}) {h['offset_us'] / 1000:+.3f} ms "
+        f"(from {h['instances']} collectives, spread {h['spread_us']:.0f} us)"
+        for h in hosts[1:]
+    ]
+    return f"Clocks: {len(hosts)} host(s), aligned to host {hosts[0]['host']}: " + ("; ".join(moved) or "nothing to align")
+
+
 @app.command()
 def analyze(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
@@ -180,12 +204,13 @@ def analyze(
     ),
     no_model: bool = typer.Option(False, "--no-model", help="With --advise: validate with the replay only, not the pretrained model."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
 ) -> None:
     """Step time, critical path, slack and per-rank skew of every step in PATH.
 
     PATH is a Kineto/Chrome trace (.json, .json.gz), a folder of per-rank traces, or
     MLCommons Chakra ET files (.et)."""
-    cfg = _config(config)
+    cfg = _config(config, ranks_per_host)
     k = top or cfg.analysis.top_k
     for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
         if target:
@@ -220,6 +245,8 @@ def analyze(
         doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": [a.to_dict(k) for a in analyses]}
         if table is not None and table.execution_traces:
             doc["execution_traces"] = table.execution_traces
+        if table is not None and table.clocks:
+            doc["clocks"] = table.clocks
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 s_doc["blame"] = extras[s_doc["step"]]["blame"]
@@ -229,6 +256,8 @@ def analyze(
     _print_summary(analyses, str(path), k)
     if table is not None and table.execution_traces:
         out.print(Text(_et_line(table.execution_traces)))
+    if table is not None and table.clocks.get("hosts"):
+        out.print(Text(_clock_line(table.clocks["hosts"])))
     for step_no, x in extras.items():
         top_b = x["blame"]["nodes"][:3]
         if top_b:
@@ -264,12 +293,13 @@ def parse(
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
 ) -> None:
     """Build the ExecutionGraph of every step and save it (plain arrays, no pickles)."""
     if (path is None) == (input_ is None):
         _fail("parse takes one trace PATH" if path is None else "give the trace as PATH or --input, not both")
     source = path or input_
-    cfg = _config(config)
+    cfg = _config(config, ranks_per_host)
     output = output or Path(cfg.paths.graphs)
     _, graphs = api.build(source, step or None, cfg)
     entries = []
@@ -439,11 +469,12 @@ def whatif(
     ),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
     edit = edit or []
-    rows = api.whatif(trace, edit, step or None, _config(config), checkpoint, not no_model, microbatches)
+    rows = api.whatif(trace, edit, step or None, _config(config, ranks_per_host), checkpoint, not no_model, microbatches)
     if as_json:
         _print_json({"trace": str(trace), "edits": edit, "steps": rows})
         return
@@ -512,10 +543,11 @@ def blame(
     ),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
-    rows = api.blame(trace, baseline, step or None, _config(config), top, checkpoint, not no_model)
+    rows = api.blame(trace, baseline, step or None, _config(config, ranks_per_host), top, checkpoint, not no_model)
     if as_json:
         _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": rows})
         return
@@ -569,6 +601,7 @@ def advise(
     ),
     no_model: bool = typer.Option(False, "--no-model", help="Validate with the replay only."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """What to change: optimisation suggestions retrieved for the step's symptoms, each checked by replay and the model."""
@@ -577,7 +610,7 @@ def advise(
         from bottleneck_oracle.llm.client import ChatClient
 
         llm = ChatClient(llm_base_url, llm_model, llm_key_env)
-    rows = api.advise(trace, step or None, _config(config), baseline, checkpoint, not no_model, llm, recipes)
+    rows = api.advise(trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, not no_model, llm, recipes)
     if as_json:
         _print_json({"trace": str(trace), "steps": rows})
         return
@@ -608,13 +641,14 @@ def summary(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file or a folder of per-rank traces."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Every step against the run's median: the steady-state step time, and the unusual steps with their top cause."""
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    s = api.summary(path, step or None, _config(config))
+    s = api.summary(path, step or None, _config(config, ranks_per_host))
     if as_json:
         _print_json(s.to_dict())
         return
@@ -660,13 +694,14 @@ def compare(
     ),
     top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many moves on the critical path to list."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
+    ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Did the change help, and why: step-time change with its noise, what joined and left the critical path, per kind and per rank."""
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    c = api.compare(baseline, candidate, _config(config))
+    c = api.compare(baseline, candidate, _config(config, ranks_per_host))
     c.moved = c.moved[:top]
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:

@@ -35,9 +35,14 @@ class GraphConfig:
     """µs: traces without cuda_sync events: an op on another stream that ended at most this long before a late GPU op released it."""
     clock_tolerance_us: float = 5.0
     """µs: how far a rank's CPU and GPU clocks may disagree; an edge running back in time by more is dropped."""
+    ranks_per_host: int = 0
+    """Ranks per host (ranks 0..N-1 on the first): each host's clock is aligned to the first's from the
+    collectives they ran together. 0: every rank shares one clock (one host, or synchronised clocks)."""
 
     def __post_init__(self) -> None:
         _non_negative("graph", self, ("feeds_resume_us", "idle_gap_us", "stream_wait_us", "clock_tolerance_us"))
+        if not isinstance(self.ranks_per_host, int) or isinstance(self.ranks_per_host, bool) or self.ranks_per_host < 0:
+            raise ConfigError(f"graph.ranks_per_host must be an integer >= 0 (found {self.ranks_per_host!r})")
 
 
 @dataclass(kw_only=True, slots=True)

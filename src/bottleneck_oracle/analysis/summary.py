@@ -255,6 +255,7 @@ class StepAnalysis:
             "untraced_us": self.untraced_us,
             "gpu_queue": self.gpu_queue(),
             "dropped_edges": g.meta.get("dropped_edges", {}),
+            "collective_matching": g.meta.get("collectives", {}),
             "warnings": [w for w in (self.untraced_warning(), self.queue_warning()) if w],
             "critical_path": self.critical_path(),
         }

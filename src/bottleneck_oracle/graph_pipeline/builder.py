@@ -30,12 +30,12 @@ import numpy as np
 from bottleneck_oracle.errors import GraphError, OracleWarning
 from bottleneck_oracle.graph_pipeline import edges as rules
 from bottleneck_oracle.graph_pipeline import fields as F
-from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, modelled_ends
-from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
-from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, make_window
+from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, make_window
 
 
 @dataclass(kw_only=True, slots=True)
@@ -240,7 +240,8 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     peer = np.full(len(rows), -1, dtype=np.int64)  # a backend send/recv's peer is its c10d call's
     for call, work in pairs:
         peer[work] = c["peer"][call]
-    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer)
+    seq = _sequence_numbers(w, pairs)
+    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq)
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
     src, dst, kind, is_wait = E.arrays()
@@ -263,10 +264,29 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
         names=w.names, nodes=nodes, end=end, inst=inst, src=src, dst=dst, kind=kind, is_wait=is_wait,
         window_start=table.t0 + w.w0, step=step, measured=w.measured,
         meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION,
-              "dropped_edges": dropped, "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps}, **_thread_names(table, nodes)},
+              "dropped_edges": dropped, "collectives": match_report(w.ckind, inst, seq), "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps}, **_thread_names(table, nodes)},
         carry=w.carry, gaps=pieces,
     )  # fmt: skip
     return finalize(raw)
+
+
+def _sequence_numbers(w: Window, pairs: list[tuple[int, int]]) -> np.ndarray:
+    """Per node, the collective's sequence number in its process group (-1 unknown). A GPU
+    collective without one takes it from the CPU op of its rank with the same External id (the
+    record_param_comms that launched it); a backend op from its c10d call."""
+    c, rows = w.c, w.node_rows
+    seq = c["seq"][rows].copy()
+    lacking = np.flatnonzero(w.is_net & (seq < 0) & (c["ext_id"][rows] >= 0))
+    if len(lacking):
+        known = np.flatnonzero((c["seq"] >= 0) & (c["cls"] == EvClass.CPU) & (c["ext_id"] >= 0))
+        if len(known):
+            lookup = dict(zip(zip(c["rank"][known].tolist(), c["ext_id"][known].tolist()), c["seq"][known].tolist()))
+            for n, r, x in zip(lacking.tolist(), c["rank"][rows[lacking]].tolist(), c["ext_id"][rows[lacking]].tolist()):
+                seq[n] = lookup.get((r, x), -1)
+    for call, work in pairs:
+        if seq[work] < 0:
+            seq[work] = c["seq"][call]
+    return seq
 
 
 def _thread_names(table: EventTable, nodes: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:

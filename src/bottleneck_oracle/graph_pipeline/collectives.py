@@ -1,9 +1,13 @@
 """Cross-rank matching of collectives and point-to-point ops.
 
-Rule: on every rank, the k-th network op of one kind, process group and message
-size in a window is the same collective (ranks issue collectives in the same
-order: c10d requires it). A send pairs with a recv of the same size on another
-rank. Each instance seen on two or more ranks gets a barrier node.
+Rules, in order: a collective that carries its sequence number in its process group (the
+``Seq`` argument recent PyTorch writes on record_param_comms and NCCL kernels) is the
+instance of that (process group, sequence number, kind) on every rank: exact, whatever ops a
+rank's trace lacks. Otherwise, on every rank, the k-th network op of one kind, process group
+and message size in a window is the same collective (ranks issue collectives in the same
+order: c10d requires it); one op missing on one rank shifts the pairing of the later ones.
+A send pairs with a recv of the same size on another rank. Each instance seen on two or more
+ranks gets a barrier node. ``match_report`` counts the instances each rule matched.
 
 Symmetric collectives (all-reduce, all-gather, reduce-scatter, all-to-all,
 barrier) finish together: the last data exchange completes on every rank at
@@ -35,33 +39,45 @@ SYMMETRIC = (
 
 
 def match_instances(
-    rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, pg: np.ndarray, nelems: np.ndarray, peer: np.ndarray | None = None
+    rank: np.ndarray,
+    start: np.ndarray,
+    ckind: np.ndarray,
+    pg: np.ndarray,
+    nelems: np.ndarray,
+    peer: np.ndarray | None = None,
+    seq: np.ndarray | None = None,
 ) -> np.ndarray:
     """Instance id per node (-1: compute, or a network op seen on one rank only).
     ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown; ``peer`` the
     other rank of a send or recv (-1 unknown): the k-th send of a size from a to b pairs with
-    the k-th recv of that size on b from a."""
+    the k-th recv of that size on b from a; ``seq`` the collective's sequence number in its
+    process group (-1 unknown): collectives with one are matched by (group, number, kind)."""
     inst = np.full(len(rank), -1, dtype=np.int64)
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
         return inst
     size = np.where(np.isnan(nelems[net]), -1, nelems[net]).astype(np.int64)
     peers = peer[net] if peer is not None else np.full(len(net), -1)
+    seqs = seq[net] if seq is not None else np.full(len(net), -1)
     sequences: dict[tuple, list[tuple[float, int]]] = {}
-    for i, r, k, g, m, t, q in zip(
-        net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist(), peers.tolist()
-    ):
-        sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
     groups: dict[tuple, list[int]] = {}
-    for (r, k, g, m, q), seq in sequences.items():
-        seq.sort()
+    for i, r, k, g, m, t, q, s in zip(
+        net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist(), peers.tolist(),
+        seqs.tolist(),
+    ):  # fmt: skip
+        if s >= 0 and k not in P2P_KINDS:
+            groups.setdefault(("seq", k, g, s), []).append(i)
+        else:
+            sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
+    for (r, k, g, m, q), calls in sequences.items():
+        calls.sort()
         if k not in P2P_KINDS:
             family: tuple = (k,)
         elif q < 0:
             family = ("p2p", -1, -1)
         else:  # (sender, receiver)
             family = ("p2p", r, q) if k == CollectiveKind.SEND else ("p2p", q, r)
-        for j, (_, i) in enumerate(seq):
+        for j, (_, i) in enumerate(calls):
             groups.setdefault((*family, g, m, j), []).append(i)
     n = 0
     for key, members in groups.items():
@@ -73,6 +89,19 @@ def match_instances(
         inst[members] = n
         n += 1
     return inst
+
+
+def match_report(ckind: np.ndarray, inst: np.ndarray, seq: np.ndarray | None = None) -> dict[str, int]:
+    """How the network ops of a window were matched: instances by sequence number, instances by
+    order, and network ops left unmatched (on one rank only, or pairing no peer)."""
+    net = ckind >= 0
+    matched = inst[net & (inst >= 0)]
+    by_seq = 0
+    if seq is not None and len(matched):
+        with_seq = np.unique(inst[net & (inst >= 0) & (seq >= 0) & ~np.isin(ckind, P2P_KINDS)])
+        by_seq = len(with_seq)
+    n_inst = len(np.unique(matched))
+    return {"by_seq": by_seq, "by_order": n_inst - by_seq, "unmatched_ops": int((net & (inst < 0)).sum())}
 
 
 def modelled_ends(start: np.ndarray, end: np.ndarray, ckind: np.ndarray, inst: np.ndarray) -> np.ndarray:

@@ -110,6 +110,8 @@ class EventTable:
     """(rank, pid, tid) -> the thread's or GPU stream's name in the trace's metadata."""
     data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
+    clocks: dict = field(default_factory=dict)
+    """Clock alignment across hosts (clocks.align): per host its ranks and the offset applied, and warnings."""
     execution_traces: list[dict] = field(default_factory=list)
     """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -347,6 +349,7 @@ _SPARSE = (
     "elem_bytes",
     "sync_kind",
     "peer",
+    "seq",
 )
 _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
 _SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
@@ -580,6 +583,12 @@ class _Builder:
         if group != -1:
             sparse["group_size"][0].append(row)
             sparse["group_size"][1].append(group)
+        seq = _first(args, F.SEQ_KEYS)
+        if isinstance(seq, str) and seq.isdigit() and len(seq) < 19:
+            seq = int(seq)
+        if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2**62:
+            sparse["seq"][0].append(row)
+            sparse["seq"][1].append(seq)
         ranks_v, pg_name = _first(args, F.PG_RANKS_KEYS), _first(args, F.PG_NAME_KEYS)
         if ranks_v is not None or pg_name is not None:
             sparse["pg"][0].append(row)

@@ -36,6 +36,7 @@ ARG_SPECS = {
 SYNC_KIND_KEY = "cuda_sync_kind"
 PG_RANKS_KEYS = ("Process Group Ranks", "process_group_ranks")
 PG_NAME_KEYS = ("Process Group Name", "process_group_name")
+SEQ_KEYS = ("Seq", "seq")  # a collective's sequence number in its process group (recent PyTorch, record_param_comms / NCCL kernels)
 INPUT_DIMS_KEY = "Input Dims"
 CONCRETE_INPUTS_KEY = "Concrete Inputs"  # scalar arguments as strings; c10d::send/recv_: [tensors, pg, peer, tag]
 INPUT_TYPE_KEY = "Input type"

@@ -1,0 +1,190 @@
+"""Clocks of ranks on different hosts, aligned from the collectives they ran together.
+
+Each host stamps its ranks' events with its own clock; two hosts' clocks can differ by
+milliseconds (NTP keeps them close, not equal). Cross-rank edges compare times of different
+ranks, so an offset between hosts reads as a late rank: waits that did not happen, a wrong
+straggler. Ranks of one host share its clock.
+
+The reference instant is the end of a symmetric collective (all-reduce, all-gather,
+reduce-scatter, all-to-all, barrier): the last data exchange completes on every rank at about
+the same moment, whoever arrived last. A rank's recorded end can be later than that (a
+descheduled backend thread closes its span late), never earlier, so per instance the earliest
+end on each host is taken. A host's offset is the median, over the instances it shares with
+the reference host (the host of the lowest rank), of its earliest end minus the reference's.
+
+Instances are matched as the graph builder matches them (collectives.match_instances: the k-th
+op of one kind, process group and size on every rank), within each ProfilerStep, so a
+collective missing on one rank misaligns at most its own step. The GPU-side op is the one
+whose end counts on GPU ranks (an NCCL kernel; the CPU call only launches it), the backend op
+(gloo:*) on CPU ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
+from bottleneck_oracle.graph_pipeline.schema import collective_kind
+
+SUSPECT_US = 1000.0
+"""A rank whose collectives end this much earlier or later than the lowest rank's, steadily,
+looks like a rank on another host with its own clock: a warning suggests ``--ranks-per-host``."""
+
+
+@dataclass(slots=True)
+class HostClock:
+    host: int
+    ranks: list[int]
+    offset_us: float  # subtracted from this host's times (0 for the reference host)
+    instances: int  # collectives shared with the reference host that the offset is the median of
+    spread_us: float  # median absolute deviation of the per-instance differences
+
+
+@dataclass(slots=True)
+class ClockReport:
+    hosts: list[HostClock] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "hosts": [
+                {"host": h.host, "ranks": h.ranks, "offset_us": h.offset_us, "instances": h.instances, "spread_us": h.spread_us}
+                for h in self.hosts
+            ],
+            "warnings": list(self.warnings),
+        }
+
+
+def hosts_by_block(ranks: list[int], ranks_per_host: int) -> dict[int, int]:
+    """torchrun's placement: ranks 0..N-1 on the first host, N..2N-1 on the second, and so on."""
+    if ranks_per_host < 1:
+        raise ValueError("ranks per host must be at least 1")
+    return {r: r // ranks_per_host for r in ranks}
+
+
+def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, end, instance) of every symmetric collective seen on two or more ranks."""
+    c = table.cols
+    names = table.names
+    kind_of = np.array([collective_kind(n) for n in names], dtype=np.int16)
+    lower = [n.lower() for n in names]
+    gloo = np.array([n.startswith("gloo:") for n in lower], dtype=bool)
+    nccl = np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool)
+    code = c["name"]
+    net = ((gloo[code] & (c["cls"] == EvClass.CPU)) | (nccl[code] & (c["cls"] == EvClass.KERNEL))) & np.isin(
+        kind_of[code], np.array(SYMMETRIC, dtype=np.int16)
+    )
+    rows = np.flatnonzero(net)
+    empty = np.zeros(0)
+    if not len(rows):
+        return empty.astype(np.int64), empty, empty.astype(np.int64)
+    anchor = table.anchors()[rows]
+    rank = c["rank"][rows].astype(np.int64)
+    step = np.full(len(rows), -1, dtype=np.int64)
+    for s in table.steps:  # which ProfilerStep each op belongs to (-1: outside every step)
+        inside = (rank == s.rank) & (anchor >= s.start) & (anchor < s.end)
+        step[inside] = s.number
+    pg = c["pg"][rows].astype(np.int64)
+    group = np.unique(np.stack([step, pg]), axis=1, return_inverse=True)[1].reshape(-1)
+    ckind = kind_of[code[rows]].astype(np.int8)
+    inst = match_instances(rank, anchor, ckind, group, c["msg_nelems"][rows])
+    keep = inst >= 0
+    end = c["ts"][rows] + c["dur"][rows]
+    return rank[keep], end[keep], inst[keep]
+
+
+def _offsets(rank: np.ndarray, end: np.ndarray, inst: np.ndarray, host_of: dict[int, int], ref: int) -> dict[int, tuple[float, int, float]]:
+    """Per host: (offset µs, instances used, spread µs) relative to host ``ref``."""
+    host = np.array([host_of[int(r)] for r in rank.tolist()], dtype=np.int64)
+    n_inst = int(inst.max()) + 1 if len(inst) else 0
+    out: dict[int, tuple[float, int, float]] = {}
+    for h in sorted(set(host_of.values())):
+        first = {}
+        for hh in (ref, h):
+            e = np.full(n_inst, np.inf)
+            m = host == hh
+            np.minimum.at(e, inst[m], end[m])
+            first[hh] = e
+        both = np.isfinite(first[ref]) & np.isfinite(first[h])
+        d = (first[h] - first[ref])[both]
+        if not len(d):
+            out[h] = (0.0, 0, float("nan"))
+            continue
+        med = float(np.median(d))
+        out[h] = (med, len(d), float(np.median(np.abs(d - med))))
+    return out
+
+
+def shift(table: EventTable, offsets: dict[int, float]) -> None:
+    """Subtract ``offsets[rank]`` µs from every time of that rank (events, steps, flows), in place."""
+    c = table.cols
+    per_rank = np.zeros(max(table.ranks) + 1 if table.ranks else 0)
+    for r, o in offsets.items():
+        per_rank[r] = o
+    if not per_rank.any():
+        return
+    c["ts"] = c["ts"] - per_rank[c["rank"]]
+    fl = table.flows
+    if len(fl.get("ts", ())):
+        fl["ts"] = fl["ts"] - per_rank[fl["rank"]]
+    for s in table.steps:
+        s.start -= per_rank[s.rank]
+        s.end -= per_rank[s.rank]
+    low = float(min(c["ts"].min(), min((s.start for s in table.steps), default=np.inf)))
+    if low != 0.0:  # times stay relative to the earliest event
+        table.t0 += low
+        c["ts"] -= low
+        if len(fl.get("ts", ())):
+            fl["ts"] = fl["ts"] - low
+        for s in table.steps:
+            s.start -= low
+            s.end -= low
+    table.steps.sort(key=lambda s: (s.number, s.rank))
+    table.by_rank_ts = table.streams = None  # caches ordered by time
+
+
+def align(table: EventTable, host_of: dict[int, int] | None = None) -> ClockReport:
+    """Align the clocks of the hosts in ``host_of`` (rank -> host) in place and report the
+    offsets applied. Without ``host_of`` nothing moves; a rank whose collectives end steadily
+    more than SUSPECT_US away from the lowest rank's is named in a warning."""
+    report = ClockReport()
+    ranks = table.ranks
+    if len(ranks) < 2:
+        return report
+    rank, end, inst = _symmetric_ends(table)
+    if host_of is None:
+        per_rank = _offsets(rank, end, inst, {r: r for r in ranks}, ranks[0])
+        odd = [(r, o) for r, (o, n, spread) in per_rank.items() if n >= 3 and abs(o) > SUSPECT_US and spread < abs(o) / 4]
+        if odd:
+            shown = ", ".join(f"rank {r} {o / 1000:+.2f} ms" for r, o in odd[:6]) + (" ..." if len(odd) > 6 else "")
+            report.warnings.append(
+                f"collectives end at steadily different times on some ranks than on rank {ranks[0]} ({shown}): "
+                "clocks of different hosts? Pass --ranks-per-host N to align them"
+            )
+        return report
+    missing = [r for r in ranks if r not in host_of]
+    if missing:
+        raise ValueError(f"no host given for rank {missing[0]}")
+    ref = host_of[ranks[0]]
+    found = _offsets(rank, end, inst, host_of, ref)
+    offsets: dict[int, float] = {}
+    for h, (o, n, spread) in sorted(found.items()):
+        members = sorted(r for r in ranks if host_of[r] == h)
+        if n == 0 and h != ref:
+            report.warnings.append(
+                f"host {h} (ranks {_ranks_text(members)}) shares no collective with host {ref}: its clock is left as recorded"
+            )
+        report.hosts.append(HostClock(h, members, o if n else 0.0, n, spread if n else 0.0))
+        for r in members:
+            offsets[r] = o if n else 0.0
+    shift(table, offsets)
+    return report
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
