@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,systems,models,report,chakra]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,systems,models,report,chakra,dask]'
 	touch $(STAMP)
 
 venv: $(STAMP)

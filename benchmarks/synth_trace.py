@@ -31,6 +31,23 @@ class _Rank:
         self.corr = 1
         self.ext = 1
         self.flow = 1
+        self.written = 0
+
+    def flush(self, out: Path, last: bool = False) -> None:
+        """Append the events so far to rank-N.json (Kineto's layout: a space after each colon
+        and comma; HTA reads the rank with a regex on it) and forget them."""
+        path = out / f"rank-{self.rank}.json"
+        sep = (", ", ": ")
+        with open(path, "w" if self.written == 0 else "a") as fh:
+            if self.written == 0:
+                head = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": self.rank, "world_size": self.world}}
+                fh.write(json.dumps(head, separators=sep)[:-1] + ', "traceEvents": [')
+            for e in self.events:
+                fh.write((", " if self.written else "") + json.dumps(e, separators=sep))
+                self.written += 1
+            if last:
+                fh.write("]}")
+        self.events = []
 
     def x(self, cat, name, tid, ts, dur, args=None, pid=None) -> dict:
         e = {
@@ -116,6 +133,7 @@ def generate(out: str | Path, events: int = 1_000_000, ranks: int = 8, layers: i
                     R.fwd_starts.append(R.op(R.main, name, f"sm90_xmma_gemm_{name[6:]}_kernel", 60.0))
                 R.x("user_annotation", f"layers.{layer}", R.main, a, R.t - a)
             R.t = max(R.t, R.stream_free[COMPUTE_STREAM] - 200.0)  # backward starts as the GPU catches up
+            R.flush(out)
         for b in range(buckets):
             for R in rs:
                 for i in range(len(FORWARD_OPS) * layers // buckets):
@@ -154,6 +172,7 @@ def generate(out: str | Path, events: int = 1_000_000, ranks: int = 8, layers: i
                 k["dur"] = round(arrive + 900.0 - k["ts"], 3)
                 R.stream_free[NCCL_STREAM] = arrive + 900.0
                 R.t += 8.0
+                R.flush(out)
         for R in rs:
             R.t = max(R.t, max(x.t for x in rs) - 50.0)
             for _ in range(layers):
@@ -174,10 +193,7 @@ def generate(out: str | Path, events: int = 1_000_000, ranks: int = 8, layers: i
             R.t = max(R.t, done) + 6.0
             R.x("user_annotation", f"ProfilerStep#{step}", R.main, R.step_start, R.t - R.step_start)
             R.t += 5.0
-    total = 0
+            R.flush(out)  # events are final once written: memory holds one step of the job, not the whole trace
     for R in rs:
-        doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": R.rank, "world_size": ranks}, "traceEvents": R.events}
-        # Kineto's own layout: a space after each colon and comma (HTA reads the rank with a regex on it)
-        (out / f"rank-{R.rank}.json").write_text(json.dumps(doc, separators=(", ", ": ")))
-        total += len(R.events)
-    return {"events": total, "ranks": ranks, "steps": steps, "folder": str(out)}
+        R.flush(out, last=True)
+    return {"events": sum(R.written for R in rs), "ranks": ranks, "steps": steps, "folder": str(out)}

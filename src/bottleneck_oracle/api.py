@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
 from bottleneck_oracle.graph_pipeline import chakra, clocks
 from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs
+from bottleneck_oracle.graph_pipeline.engine import Engine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+
+ExecutorSpec = str | Executor | Engine | Any | None
+"""Where parsing and graph building run: see ``build``."""
 
 
 def _predictor(checkpoint: str | Path | None):
@@ -29,12 +37,13 @@ def _predictor(checkpoint: str | Path | None):
     return Predictor(checkpoint)
 
 
-def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0) -> EventTable:
+def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0, executor: ExecutorSpec = None) -> EventTable:
     """Events of a Kineto trace file or a folder of per-rank trace files, with the data
     dependencies of the run's PyTorch execution trace(s) when ``et`` is given. With
     ``ranks_per_host`` > 0 the clocks of the hosts are aligned (graph_pipeline.clocks);
-    ``table.clocks`` says what moved."""
-    table = load_events(path)
+    ``table.clocks`` says what moved. ``executor``: where the files are parsed (see ``build``)."""
+    with _engine(executor) as eng:
+        table = load_events(path, engine=eng)
     hosts = clocks.hosts_by_block(table.ranks, ranks_per_host) if ranks_per_host > 0 else None
     report = clocks.align(table, hosts)
     table.clocks = report.as_dict() if hosts is not None or report.warnings else {}
@@ -45,7 +54,23 @@ def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0
     return table
 
 
-def graphs(table: EventTable, steps: list[int] | None = None, config: Config | None = None) -> list[ExecutionGraph]:
+@contextmanager
+def _engine(executor: ExecutorSpec) -> Iterator[Engine | None]:
+    """The engine of ``executor``; one this call created is shut down after it."""
+    if executor is None:
+        yield None
+        return
+    eng = make_engine(executor)
+    try:
+        yield eng
+    finally:
+        if eng is not executor:
+            eng.close()
+
+
+def graphs(
+    table: EventTable, steps: list[int] | None = None, config: Config | None = None, executor: ExecutorSpec = None
+) -> list[ExecutionGraph]:
     """One ExecutionGraph per ProfilerStep (all ranks merged), or one for the whole trace."""
     cfg = config or Config()
     gc = cfg.graph
@@ -55,25 +80,40 @@ def graphs(table: EventTable, steps: list[int] | None = None, config: Config | N
         stream_wait_us=gc.stream_wait_us,
         clock_tolerance_us=gc.clock_tolerance_us,
     )
-    return build_graphs(table, steps, options)
+    with _engine(executor) as eng:
+        return build_graphs(table, steps, options, eng)
 
 
 def build(
-    path: str | Path, steps: list[int] | None = None, config: Config | None = None, et: str | Path | None = None
+    path: str | Path,
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    et: str | Path | None = None,
+    executor: ExecutorSpec = None,
 ) -> tuple[EventTable | None, list[ExecutionGraph]]:
     """The graphs of any supported input. Chakra ET input (.et files) has no steps and no
-    event table: one graph for the whole trace, and None for the table."""
+    event table: one graph for the whole trace, and None for the table.
+
+    ``executor`` runs the per-rank parsing and the per-step graph building: None or "local"
+    (this machine's processes), "dask" (a Dask LocalCluster), "dask://HOST:PORT" (a running
+    Dask scheduler), a ``distributed.Client``, or any ``concurrent.futures.Executor``. The
+    answers are the same on every one (graph_pipeline.engine)."""
     if chakra.is_chakra(path):
         return None, [chakra.chakra_graph(path)]
-    table = load(path, et, (config or Config()).graph.ranks_per_host)
-    return table, graphs(table, steps, config)
+    with _engine(executor) as eng:
+        table = load(path, et, (config or Config()).graph.ranks_per_host, eng)
+        return table, graphs(table, steps, config, eng)
 
 
 def analyze(
-    path: str | Path, steps: list[int] | None = None, config: Config | None = None, et: str | Path | None = None
+    path: str | Path,
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    et: str | Path | None = None,
+    executor: ExecutorSpec = None,
 ) -> tuple[EventTable | None, list[StepAnalysis]]:
-    """Build and run the critical path method on every selected step."""
-    table, gs = build(path, steps, config, et)
+    """Build and run the critical path method on every selected step (``executor``: see ``build``)."""
+    table, gs = build(path, steps, config, et, executor)
     gap = (config or Config()).analysis.untraced_gap_us
     return table, [StepAnalysis.of(g, gap) for g in gs]
 

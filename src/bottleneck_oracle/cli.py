@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import warnings
@@ -57,6 +58,10 @@ err = _PlainConsole(stderr=True, markup=False)
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
+EXECUTOR_HELP = (
+    "Where per-rank parsing and per-step graph building run: local (this machine's cores), dask (a Dask LocalCluster), "
+    "or dask://HOST:PORT (a running Dask scheduler; workers read the traces at the same path)."
+)
 HOSTS_HELP = (
     "Ranks per host (0..N-1 on the first): align each host's clock to the first's from the collectives "
     "they ran together. Default: graph.ranks_per_host (0, one clock)."
@@ -205,6 +210,7 @@ def analyze(
     no_model: bool = typer.Option(False, "--no-model", help="With --advise: validate with the replay only, not the pretrained model."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
 ) -> None:
     """Step time, critical path, slack and per-rank skew of every step in PATH.
 
@@ -216,7 +222,7 @@ def analyze(
         if target:
             check_target(target)
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else _null():
-        table, analyses = api.analyze(path, step or None, cfg, et)
+        table, analyses = api.analyze(path, step or None, cfg, et, executor)
     if perfetto and table is None:
         _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
     extras = {}
@@ -294,6 +300,7 @@ def parse(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
 ) -> None:
     """Build the ExecutionGraph of every step and save it (plain arrays, no pickles)."""
     if (path is None) == (input_ is None):
@@ -301,7 +308,7 @@ def parse(
     source = path or input_
     cfg = _config(config, ranks_per_host)
     output = output or Path(cfg.paths.graphs)
-    _, graphs = api.build(source, step or None, cfg)
+    _, graphs = api.build(source, step or None, cfg, None, executor)
     entries = []
     for g in graphs:
         name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
@@ -775,15 +782,33 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except Exception as exc:  # click usage errors carry their own message
-        try:
-            from click.exceptions import Abort, ClickException
-        except ImportError:  # newer typer vendors click
-            from typer._click.exceptions import ClickException
-            from typer.exceptions import Abort
-
-        if isinstance(exc, ClickException):  # one line, like every other error (usage: --help)
+        usage, abort = _click_exceptions()
+        if isinstance(exc, usage):  # one line, like every other error (usage: --help)
             _error(f"{exc.format_message()} (see bottleneck-oracle --help)")
             sys.exit(exc.exit_code)
-        if isinstance(exc, Abort):
+        if isinstance(exc, abort):
             sys.exit(1)
         raise
+
+
+def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """Usage-error and abort classes of the click typer uses: newer typer vendors its own
+    (typer._click), older ones use the click package, and both can be installed at once (Dask
+    brings click): the classes of each that is present."""
+    usage: list[type] = []
+    abort: list[type] = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        usage.append(mod.ClickException)
+        if hasattr(mod, "Abort"):
+            abort.append(mod.Abort)
+    try:
+        from typer.exceptions import Abort as TyperAbort
+
+        abort.append(TyperAbort)
+    except ImportError:
+        pass
+    return tuple(usage), tuple(abort)

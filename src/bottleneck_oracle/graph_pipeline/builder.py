@@ -19,10 +19,8 @@ reported as untraced by the analysis (analysis.segments).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +29,7 @@ from bottleneck_oracle.errors import GraphError, OracleWarning
 from bottleneck_oracle.graph_pipeline import edges as rules
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
+from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -320,8 +319,12 @@ def _rank_starts(w, table: EventTable) -> dict[str, float]:
     return {str(r): float(w.ts[w.c["rank"] == r].min()) for r in table.ranks}
 
 
-def build_graphs(table: EventTable, steps: list[int] | None = None, options: BuildOptions | None = None) -> list[ExecutionGraph]:
-    """One graph per ProfilerStep present on any rank (or one for the whole trace, with a warning)."""
+def build_graphs(
+    table: EventTable, steps: list[int] | None = None, options: BuildOptions | None = None, engine: Engine | None = None
+) -> list[ExecutionGraph]:
+    """One graph per ProfilerStep present on any rank (or one for the whole trace, with a
+    warning). Steps are independent: large tables are built one process per core, or on
+    ``engine`` (graph_pipeline.engine), which receives the table once per worker."""
     present = sorted({s.number for s in table.steps})
     if steps is not None:
         missing = sorted(set(steps) - set(present))
@@ -350,24 +353,18 @@ def build_graphs(table: EventTable, steps: list[int] | None = None, options: Bui
             warnings.warn(
                 f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=2
             )
+    table.index()  # computed once, before the table is shared
+    table.launchers()
+    if engine is not None and not isinstance(engine, LocalEngine):
+        return engine.map(_build_task, present, shared=(table, options))
     workers = min(os.cpu_count() or 1, len(present)) if len(table) >= PARALLEL_EVENTS else 1
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [build_graph(table, number, options) for number in present]
-    # steps are independent: one process per core; forked workers share the table's memory
-    table.index()
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(table, options)) as pool:
-        return list(pool.map(_worker_build, present, chunksize=max(1, len(present) // (4 * workers))))
+    return LocalEngine(workers).map(_build_task, present, shared=(table, options))
 
 
 MIXED_RUNS_US = 1e6  # µs: ranks starting one step further apart than this (and 10 steps) are not one run
 PARALLEL_EVENTS = 200_000  # build the steps of tables at least this large in parallel
-_WORKER: dict = {}  # per worker process: the table and options it builds from
 
 
-def _worker_init(table: EventTable, options: BuildOptions | None) -> None:
-    _WORKER["table"], _WORKER["options"] = table, options
-
-
-def _worker_build(step: int) -> ExecutionGraph:
-    return build_graph(_WORKER["table"], step, _WORKER["options"])
+def _build_task(shared: tuple[EventTable, BuildOptions | None], step: int) -> ExecutionGraph:
+    table, options = shared
+    return build_graph(table, step, options)

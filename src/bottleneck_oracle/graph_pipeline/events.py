@@ -11,12 +11,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import multiprocessing
 import os
 import re
 import warnings
 import zlib
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -27,6 +25,7 @@ import orjson
 from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
+from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
@@ -707,23 +706,25 @@ def _parse_file(path: Path, single: bool) -> _Builder:
     return b
 
 
-def load_events(path: str | Path, workers: int | None = None) -> EventTable:
+def _parse_task(single: bool, path: Path) -> _Builder | NotATrace:
+    return _parse_file(path, single) if single else _parse_in_folder(path, single)
+
+
+def load_events(path: str | Path, workers: int | None = None, engine: Engine | None = None) -> EventTable:
     """Load one trace file or a folder of per-rank trace files into one EventTable.
 
-    Large folders are parsed with one process per core (``workers``; default: all cores
-    when the files hold more than PARALLEL_BYTES)."""
+    Each file is parsed on its own: large folders with one process per core (``workers``;
+    default: all cores when the files hold more than PARALLEL_BYTES), or on ``engine``
+    (graph_pipeline.engine: a Dask cluster, any concurrent.futures.Executor)."""
     files = trace_files(path)
     single = len(files) == 1
-    if workers is None:
-        big = sum(f.stat().st_size for f in files) > PARALLEL_BYTES
-        workers = min(len(files), os.cpu_count() or 1) if big else 1
-    parse = _parse_file if single else _parse_in_folder
-    if workers > 1:
-        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            parsed = list(pool.map(parse, files, [single] * len(files)))
+    if engine is not None and not isinstance(engine, LocalEngine) and not single:
+        parsed = engine.map(_parse_task, files, shared=single)
     else:
-        parsed = [parse(f, single) for f in files]
+        if workers is None:
+            big = sum(f.stat().st_size for f in files) > PARALLEL_BYTES
+            workers = min(len(files), os.cpu_count() or 1) if big else 1
+        parsed = LocalEngine(workers).map(_parse_task, files, shared=single)
     builders = [b for b in parsed if isinstance(b, _Builder)]
     skipped = [b for b in parsed if isinstance(b, NotATrace)]
     if not builders:

@@ -1,0 +1,114 @@
+"""Rank-scale benchmark: N ranks x 2 steps of the synthetic GPU job (benchmarks/synth_trace.py),
+`bottleneck-oracle analyze DIR --json` end to end, with the local engine and with a Dask
+LocalCluster (`--executor dask`), on this machine.
+
+    python benchmarks/bench_ranks.py --ranks 1024 4096
+
+Each run is its own process; its process tree is sampled every 0.2 s (psutil), so the figures
+are the peak resident memory of the main process and of the largest worker (forked parse
+workers, Dask workers). The answers of the two engines are compared (the whole --json output).
+Results are printed and appended to benchmarks/out/ranks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+CLI = [sys.executable, "-m", "bottleneck_oracle"]
+
+
+def _generate(ranks: int) -> Path:
+    folder = OUT / f"ranks_{ranks}x2"
+    if (folder / "DONE").exists():
+        return folder
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate, EVENTS_PER_STEP; "
+        f"print(json.dumps(generate({str(folder)!r}, events={ranks} * 2 * EVENTS_PER_STEP, ranks={ranks})))"
+    )
+    t = time.perf_counter()
+    info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    (folder / "DONE").write_text(json.dumps(info))
+    print(f"generated {info['events']:,} events, {ranks} ranks, {info['steps']} steps in {time.perf_counter() - t:.0f} s", flush=True)
+    return folder
+
+
+def _measure(args: list[str]) -> dict:
+    """Run a command; wall time, peak RSS of the main process and of its largest descendant."""
+    peak = {"main": 0, "worker": 0, "tree": 0}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                main = root.memory_info().rss
+                kids = [k.memory_info().rss for k in root.children(recursive=True)]
+            except psutil.Error:
+                kids, main = [], peak["main"]
+            peak["main"] = max(peak["main"], main)
+            peak["worker"] = max([peak["worker"], *kids])
+            peak["tree"] = max(peak["tree"], main + sum(kids))
+            done.wait(0.2)
+
+    t = time.perf_counter()
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t
+    done.set()
+    th.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    steps = json.loads(out)["steps"]
+    return {
+        "wall_s": wall,
+        "peak_main_mb": peak["main"] / 2**20,
+        "peak_worker_mb": peak["worker"] / 2**20,
+        "peak_tree_mb": peak["tree"] / 2**20,
+        "answer_sha": hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()[:16],
+        "steps": [(s["step"], s["step_time_us"], s["measured_us"], (s["straggler"] or {}).get("rank")) for s in steps],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1024])
+    p.add_argument("--executors", nargs="+", default=["local", "dask"])
+    a = p.parse_args()
+    OUT.mkdir(exist_ok=True)
+    results = []
+    for n in a.ranks:
+        folder = _generate(n)
+        size = sum(f.stat().st_size for f in folder.glob("*.json")) / 2**30
+        info = json.loads((folder / "DONE").read_text())
+        for ex in a.executors:
+            subprocess.run(["sync"], check=False)
+            r = _measure([*CLI, "analyze", str(folder), "--json", "--executor", ex])
+            r.update(ranks=n, events=info["events"], json_gib=size, executor=ex, cores=os.cpu_count())
+            results.append(r)
+            print(
+                f"{n} ranks, {info['events']:,} events ({size:.2f} GiB JSON), --executor {ex}: {r['wall_s']:.1f} s end to end, "
+                f"peak RSS main {r['peak_main_mb']:.0f} MB, largest worker {r['peak_worker_mb']:.0f} MB, whole tree {r['peak_tree_mb']:.0f} MB; "
+                f"answers {r['answer_sha']} steps {r['steps']}",
+                flush=True,
+            )
+    with open(OUT / "ranks.json", "a") as fh:
+        for r in results:
+            fh.write(json.dumps({**r, "date": time.strftime("%Y-%m-%d")}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

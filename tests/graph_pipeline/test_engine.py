@@ -1,0 +1,82 @@
+"""The same answers wherever parsing and graph building run: this machine's processes, a Dask
+LocalCluster (real scheduler and worker processes, over its real protocol), any Executor."""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bottleneck_oracle import api
+from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline import builder, events
+from bottleneck_oracle.graph_pipeline.engine import DaskEngine, LocalEngine, make_engine
+from conftest import REAL, SAMPLE, run_cli
+
+distributed = pytest.importorskip("distributed")
+CASES = [SAMPLE, REAL / "dlrm_v100_8rank"]
+
+
+def _answers(path, executor) -> str:
+    _, analyses = api.analyze(path, None, None, None, executor)
+    return json.dumps([a.to_dict(20) for a in analyses], sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.name)
+def test_dask_cluster_gives_the_local_answers(path, client, monkeypatch):
+    local = _answers(path, "local")
+    ran_on = set()
+    original = events._parse_task
+
+    def parse_and_say_where(single, f):  # proof the work ran in the cluster's worker processes
+        return original(single, f), os.getpid()
+
+    monkeypatch.setattr(builder, "PARALLEL_EVENTS", 0)  # build steps through the engine even for small tables
+    engine = make_engine(client)
+    where = engine.map(parse_and_say_where, list(events.trace_files(path)), shared=False)
+    ran_on.update(pid for _, pid in where)
+    workers = set(client.run(os.getpid).values())
+    assert ran_on and ran_on <= workers and os.getpid() not in ran_on
+    assert _answers(path, client) == local
+
+
+def test_any_executor_gives_the_local_answers():
+    with ThreadPoolExecutor(2) as pool:
+        assert _answers(REAL / "dlrm_v100_8rank", pool) == _answers(REAL / "dlrm_v100_8rank", None)
+
+
+def test_local_engine_keeps_input_order():
+    assert LocalEngine(2).map(operator.add, range(20), shared=100) == list(range(100, 120))
+
+
+def test_executor_errors_are_one_line(capsys):
+    with pytest.raises(OracleError, match="unknown executor"):
+        make_engine("spark")
+    code, _, err = run_cli(["analyze", str(SAMPLE), "--executor", "spark"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "unknown executor 'spark'" in err
+    with pytest.raises(OracleError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:1"):
+        DaskEngine(address="tcp://127.0.0.1:1", timeout=2)
+
+
+def test_cli_executor_dask(capsys):
+    code, out, _ = run_cli(["analyze", str(SAMPLE), "--executor", "dask", "--json"], capsys, seconds=120)
+    assert code == 0
+    assert json.dumps(json.loads(out)["steps"], sort_keys=True) == json.dumps(json.loads(_cli_local(capsys))["steps"], sort_keys=True)
+
+
+def _cli_local(capsys) -> str:
+    code, out, _ = run_cli(["analyze", str(SAMPLE), "--json"], capsys)
+    assert code == 0
+    return out
