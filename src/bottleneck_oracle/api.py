@@ -102,7 +102,9 @@ def build(
         return None, [chakra.chakra_graph(path)]
     with _engine(executor) as eng:
         table = load(path, et, (config or Config()).graph.ranks_per_host, eng)
-        return table, graphs(table, steps, config, eng)
+        gs = graphs(table, steps, config, eng)
+    table.drop_caches()
+    return table, gs
 
 
 def analyze(

@@ -92,7 +92,14 @@ def _print_json(doc: object) -> None:
         data = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         raise OracleError(f"cannot write the result as JSON ({exc})") from None
-    sys.stdout.write(data.decode() + "\n")
+    sys.stdout.flush()
+    out_bytes = getattr(sys.stdout, "buffer", None)
+    if out_bytes is not None:  # the bytes as they are: a long run's JSON is not copied into a str (twice)
+        out_bytes.write(data)
+        out_bytes.write(b"\n")
+        out_bytes.flush()
+    else:
+        sys.stdout.write(data.decode() + "\n")
 
 
 def _ms(us: float) -> str:

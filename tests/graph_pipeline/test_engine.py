@@ -80,3 +80,11 @@ def _cli_local(capsys) -> str:
     code, out, _ = run_cli(["analyze", str(SAMPLE), "--json"], capsys)
     assert code == 0
     return out
+
+
+def test_forked_build_hands_back_the_same_graphs(monkeypatch):
+    """Large tables build their steps in forked workers that hand the graphs back as files."""
+    in_process = _answers(SAMPLE, None)
+    monkeypatch.setattr(builder, "PARALLEL_EVENTS", 0)
+    monkeypatch.setattr(builder.os, "cpu_count", lambda: 2)
+    assert _answers(SAMPLE, None) == in_process

@@ -14,6 +14,16 @@ from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 __all__ = ["BREAKDOWN_KEYS", "StepAnalysis"]
 
 
+def _rank_positions(ranks: np.ndarray, node_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the position of its rank in the sorted ``ranks`` (0 where it has none: barriers)
+    and whether it has one."""
+    pos = np.searchsorted(ranks, node_rank)
+    inside = pos < len(ranks)
+    pos = np.where(inside, pos, 0)
+    on = inside & (ranks[pos] == node_rank) if len(ranks) else inside
+    return np.where(on, pos, 0), on
+
+
 @dataclass(slots=True)
 class StepAnalysis:
     graph: ExecutionGraph
@@ -36,12 +46,11 @@ class StepAnalysis:
         """Each rank's step time from the CPM (µs): from its own step start to the end of its
         last op. Ranks start a step at different times, so the merged window is longer."""
         g, r = self.graph, self.cpm
-        rank = g.nodes["rank"]
-        out = {}
-        for rk in g.ranks:
-            m = rank == rk
-            out[rk] = float(r.eft[m].max() - g.rank_start(rk)) if m.any() else 0.0
-        return out
+        ranks = np.asarray(g.ranks, dtype=np.int64)
+        pos, on = _rank_positions(ranks, g.nodes["rank"])
+        last = np.full(len(ranks), -np.inf)
+        np.maximum.at(last, pos[on], r.eft[on])
+        return {rk: float(last[i] - g.rank_start(rk)) if np.isfinite(last[i]) else 0.0 for i, rk in enumerate(g.ranks)}
 
     @property
     def step_time(self) -> float:
@@ -159,16 +168,28 @@ class StepAnalysis:
         launch = e["kind"] == EdgeKind.LAUNCH
         src, dst = e["src"][launch], e["dst"][launch]
         ends = g.meta.get("step_end_us", {})
+        ranks = np.asarray(g.ranks, dtype=np.int64)
+        pos, _ = _rank_positions(ranks, n["rank"])
+        gpu = np.flatnonzero(n["on_gpu"])
+        has_gpu = np.bincount(pos[gpu], minlength=len(ranks)) > 0
+        gpu_end = np.full(len(ranks), -np.inf)
+        np.maximum.at(gpu_end, pos[gpu], n["start"][gpu] + n["dur"][gpu])
+        lag_of = np.zeros(len(ranks))  # median launch-to-start delay per rank: one sort, not one scan per rank
+        key = pos[dst]
+        order = np.lexsort((n["start"][dst] - n["start"][src], key))
+        k, lags = key[order], (n["start"][dst] - n["start"][src])[order]
+        cut = np.flatnonzero(np.diff(k)) + 1
+        for part, vals in zip(np.split(k, cut), np.split(lags, cut)):
+            if len(part):
+                lag_of[part[0]] = float(np.median(vals))
         out = []
-        for rk in g.ranks:
-            mine = n["rank"][dst] == rk
-            gpu = n["on_gpu"] & (n["rank"] == rk)
-            if not gpu.any():
+        for i, rk in enumerate(g.ranks):
+            if not has_gpu[i]:
                 continue
-            lag = float(np.median(n["start"][dst[mine]] - n["start"][src[mine]])) if mine.any() else 0.0
             end_cpu = ends.get(str(rk))
-            tail = float((n["start"][gpu] + n["dur"][gpu]).max() - end_cpu) if end_cpu is not None else 0.0
+            tail = float(gpu_end[i] - end_cpu) if end_cpu is not None else 0.0
             span = g.measured.get(rk, 0.0)
+            lag = float(lag_of[i])
             out.append({"rank": rk, "lag_us": lag, "gpu_after_step_us": max(tail, 0.0), "deeper_than_step": bool(span and lag > span)})
         return {"ranks": out, "deeper_than_step": any(x["deeper_than_step"] for x in out)} if out else None
 
@@ -198,20 +219,22 @@ class StepAnalysis:
         t = self.critical_time(with_gaps=True)
         wait = n["mstart"] - n["start"]
         predicted = self.rank_step_times()
-        out = []
-        for rk in g.ranks:
-            m = n["rank"] == rk
-            out.append(
-                {
-                    "rank": rk,
-                    "step_us": float(g.measured[rk]),
-                    "predicted_step_us": predicted[rk],
-                    "collective_wait_us": float(wait[m & (n["node_type"] == NodeType.NETWORK)].sum()),
-                    "critical_us": float(t[m].sum()),
-                    "critical_share": float(t[m].sum() / (r.makespan or 1.0)),
-                }
-            )
-        return out
+        ranks = np.asarray(g.ranks, dtype=np.int64)
+        pos, on = _rank_positions(ranks, n["rank"])  # sums by bincount, not a scan per rank
+        net = on & (n["node_type"] == NodeType.NETWORK)
+        waits = np.bincount(pos[net], weights=wait[net], minlength=len(ranks))
+        crit = np.bincount(pos[on], weights=t[on], minlength=len(ranks))
+        return [
+            {
+                "rank": rk,
+                "step_us": float(g.measured[rk]),
+                "predicted_step_us": predicted[rk],
+                "collective_wait_us": float(waits[i]),
+                "critical_us": float(crit[i]),
+                "critical_share": float(crit[i] / (r.makespan or 1.0)),
+            }
+            for i, rk in enumerate(g.ranks)
+        ]
 
     def straggler(self) -> dict | None:
         """The rank the others waited for at the collectives on the critical path: at each such

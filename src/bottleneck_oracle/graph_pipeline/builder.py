@@ -20,6 +20,7 @@ reported as untraced by the analysis (analysis.segments).
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 
@@ -266,6 +267,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
               "dropped_edges": dropped, "collectives": match_report(w.ckind, inst, seq), "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps}, **_thread_names(table, nodes)},
         carry=w.carry, gaps=pieces,
     )  # fmt: skip
+    del w, c, E  # the window's columns are the largest thing held: gone before finalize allocates
     return finalize(raw)
 
 
@@ -358,7 +360,15 @@ def build_graphs(
     if engine is not None and not isinstance(engine, LocalEngine):
         return engine.map(_build_task, present, shared=(table, options))
     workers = min(os.cpu_count() or 1, len(present)) if len(table) >= PARALLEL_EVENTS else 1
-    return LocalEngine(workers).map(_build_task, present, shared=(table, options))
+    if workers < 2:
+        return [build_graph(table, number, options) for number in present]
+    # forked workers hand their graphs back as files: a pickled graph would be held twice on each side
+    with tempfile.TemporaryDirectory(prefix="bottleneck-oracle-") as folder:
+        out = []
+        for path in LocalEngine(workers).imap(_build_to_file, present, shared=(table, options, folder)):
+            out.append(ExecutionGraph.load(path))
+            os.unlink(path)
+        return out
 
 
 MIXED_RUNS_US = 1e6  # µs: ranks starting one step further apart than this (and 10 steps) are not one run
@@ -368,3 +378,10 @@ PARALLEL_EVENTS = 200_000  # build the steps of tables at least this large in pa
 def _build_task(shared: tuple[EventTable, BuildOptions | None], step: int) -> ExecutionGraph:
     table, options = shared
     return build_graph(table, step, options)
+
+
+def _build_to_file(shared: tuple[EventTable, BuildOptions | None, str], step: int) -> str:
+    table, options, folder = shared
+    path = os.path.join(folder, f"step-{step}.npz")
+    build_graph(table, step, options).save(path, compress=False)
+    return path

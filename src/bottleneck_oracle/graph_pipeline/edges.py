@@ -157,9 +157,9 @@ def data_dependencies(table: EventTable, w: Window, E: EdgeSet) -> None:
 class _LaunchOrder:
     """GPU ops of one rank (or one stream) in launch order, with a running latest-end index."""
 
-    def __init__(self, w: Window, mask: np.ndarray) -> None:
-        corr = w.c["correlation"][w.gpu_rows]
-        idx = np.flatnonzero(mask & (corr >= 0))
+    def __init__(self, w: Window, members: np.ndarray, corr: np.ndarray) -> None:
+        """``members``: positions in w.gpu_rows; ``corr``: the correlation id of every GPU op."""
+        idx = members[corr[members] >= 0]
         self.idx = idx[np.argsort(corr[idx], kind="stable")]
         self.corr = corr[self.idx]
         self.end = end = w.end[w.gpu_rows[self.idx]]
@@ -186,6 +186,14 @@ class _LaunchOrder:
         return int(self.idx[p]) if p < len(self.idx) else -1
 
 
+def _groups(keys: np.ndarray) -> dict[int, np.ndarray]:
+    """Positions of each distinct key, ascending: one sort instead of one scan per key."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    cut = np.flatnonzero(np.diff(k)) + 1
+    return {int(part[0]): idx for part, idx in zip(np.split(k, cut), np.split(order, cut))} if len(k) else {}
+
+
 def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: float) -> None:
     """A blocking sync call waits for the GPU ops launched before it:
     context sync -> the latest-ending op of the device, stream sync -> of the stream,
@@ -199,21 +207,31 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     grank = rank[w.gpu_rows]
     gstream = c["tid"][w.gpu_rows]
     orders: dict[tuple, _LaunchOrder] = {}
+    by_rank = _groups(grank)  # GPU ops of each rank, of each (rank, stream): found once, not per lookup
+    by_stream = _groups(grank.astype(np.int64) * (1 << 32) + (gstream.astype(np.int64) & 0xFFFFFFFF))
+    empty = np.zeros(0, dtype=np.int64)
+    gcorr = corr[w.gpu_rows]
 
     def lo(r: int, stream: int | None = None) -> _LaunchOrder:
         key = (r, stream)
         if key not in orders:
-            mask = grank == r if stream is None else (grank == r) & (gstream == stream)
-            orders[key] = _LaunchOrder(w, mask)
+            members = by_rank.get(r, empty) if stream is None else by_stream.get(r * (1 << 32) + (stream & 0xFFFFFFFF), empty)
+            orders[key] = _LaunchOrder(w, members, gcorr)
         return orders[key]
 
     rt = np.flatnonzero((cls == EvClass.RUNTIME) & (corr >= 0))
-    caller_of = dict(zip(zip(rank[rt].tolist(), corr[rt].tolist()), rt.tolist()))
-    waits_src, waits_dst, order_src, order_dst = [], [], [], []
     syncs = np.flatnonzero(cls == EvClass.GPU_SYNC)
-    for s in syncs.tolist():
+    # the runtime call of each sync record (same rank and correlation id; the last such call, as a
+    # dict would keep it), found by one sort instead of a dict of every runtime call of the step
+    rt_key = rank[rt].astype(np.int64) * (1 << 40) + corr[rt]
+    by_key = np.argsort(rt_key, kind="stable")
+    s_key = rank[syncs].astype(np.int64) * (1 << 40) + corr[syncs]
+    at = np.searchsorted(rt_key[by_key], s_key, side="right") - 1
+    found = (at >= 0) & (rt_key[by_key][np.maximum(at, 0)] == s_key) if len(rt) else np.zeros(len(syncs), dtype=bool)
+    caller_of_sync = np.where(found, rt[by_key][np.maximum(at, 0)] if len(rt) else -1, -1)
+    waits_src, waits_dst, order_src, order_dst = [], [], [], []
+    for s, caller in zip(syncs.tolist(), caller_of_sync.tolist()):
         kind, r = int(c["sync_kind"][s]), int(rank[s])
-        caller = caller_of.get((r, int(corr[s])), -1)
         node = int(w.ev2node[caller]) if caller >= 0 else -1
         g = -1
         limit = float(w.end[caller]) + tol if caller >= 0 else np.inf

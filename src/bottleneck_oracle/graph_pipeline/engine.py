@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
@@ -43,13 +43,18 @@ class LocalEngine:
 
     def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
         """``[fn(shared, item) for item in items]``, on up to ``workers`` forked processes."""
+        return list(self.imap(fn, items, shared, workers))
+
+    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+        """The results of ``map`` one at a time, in input order, as they are ready."""
         items = list(items)
         n = min(workers or self.workers, len(items))
         if n < 2 or "fork" not in multiprocessing.get_all_start_methods():
-            return [fn(shared, it) for it in items]
+            yield from (fn(shared, it) for it in items)
+            return
         ctx = multiprocessing.get_context("fork")  # forked workers see ``shared`` without a copy
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_shared, initargs=(shared,)) as pool:
-            return list(pool.map(_call_with_shared, [fn] * len(items), items, chunksize=max(1, len(items) // (4 * n))))
+            yield from pool.map(_call_with_shared, [fn] * len(items), items, chunksize=max(1, min(16, len(items) // (4 * n))))
 
     def close(self) -> None:
         pass
@@ -64,8 +69,11 @@ class FuturesEngine:
         self.executor = executor
 
     def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
+        return list(self.imap(fn, items, shared, workers))
+
+    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
         items = list(items)
-        return list(self.executor.map(fn, [shared] * len(items), items))
+        yield from self.executor.map(fn, [shared] * len(items), items)
 
     def close(self) -> None:
         pass
@@ -98,13 +106,19 @@ class DaskEngine:
             self.client = Client(self._cluster)
 
     def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
+        return list(self.imap(fn, items, shared, workers))
+
+    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+        """Results in input order; each is released on the cluster once fetched."""
         items = list(items)
         if not items:
-            return []
+            return
         ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
         futures = self.client.map(fn, [ref] * len(items), items, pure=False)
         try:
-            return self.client.gather(futures)
+            for i in range(len(futures)):
+                yield futures[i].result()
+                futures[i] = None
         finally:
             del futures, ref
 

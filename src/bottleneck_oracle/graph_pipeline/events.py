@@ -120,6 +120,10 @@ class EventTable:
     streams: tuple[np.ndarray, np.ndarray] | None = None
     """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
 
+    def drop_caches(self) -> None:
+        """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
+        self.by_rank_ts = self.launcher = self.streams = None
+
     def launchers(self) -> np.ndarray:
         """Per row, the row of the runtime call that launched it: GPU ops and GPU-side sync records
         are joined to the runtime call of the same rank with the same correlation id (flows are
@@ -190,7 +194,8 @@ class EventTable:
         """Rows of the events of ``rank`` whose anchor (see ``anchors``) is in [start, end), in
         table order: CPU events that start there and the GPU ops they launched."""
         order, rank_s, ts_s = self.index()
-        lo, hi = np.searchsorted(rank_s, rank, side="left"), np.searchsorted(rank_s, rank, side="right")
+        key = rank_s.dtype.type(rank)  # of the array's type: a Python int would convert the whole array per call
+        lo, hi = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
         a = lo + np.searchsorted(ts_s[lo:hi], start, side="left")
         b = lo + np.searchsorted(ts_s[lo:hi], end, side="left")
         return order[a:b]
@@ -351,7 +356,15 @@ _SPARSE = (
     "seq",
 )
 _SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
-_SPARSE_DTYPE = {"pg": np.int32, "sync_kind": np.int8, "group_size": np.int32, "elem_bytes": np.float64, "msg_nelems": np.float64}
+_SPARSE_DTYPE = {
+    "pg": np.int32,
+    "sync_kind": np.int8,
+    "group_size": np.int32,
+    "elem_bytes": np.float32,  # 1, 2, 4, 8: exact
+    "msg_nelems": np.float64,
+    "wait_stream": np.int32,  # a stream id
+    "peer": np.int32,  # a rank
+}
 
 
 def _duplicates(pid, tid, ts, dur, code, cls, raw: bytes, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -465,7 +478,7 @@ class _Builder:
         n = len(rows)
         part = {
             "rank": np.full(n, rank, dtype=np.int32),
-            "src_idx": rows.astype(np.int64),
+            "src_idx": rows.astype(np.int32),  # event index in its file (a file holds far fewer than 2**31)
             "pid": pid[keep],
             "tid": tid[keep],
             "ts": ts[keep],
@@ -497,7 +510,12 @@ class _Builder:
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
             arr = np.full(n, default, dtype=dtype)
             if idx:
-                arr[np.asarray(idx, dtype=np.int64)] = np.asarray(vals, dtype=dtype)
+                where, got = np.asarray(idx, dtype=np.int64), np.asarray(vals)
+                if np.issubdtype(dtype, np.integer):  # a value the column cannot hold is unknown, not an overflow
+                    info = np.iinfo(dtype)
+                    fits = (got >= info.min) & (got <= info.max) if got.dtype != object else np.zeros(len(got), dtype=bool)
+                    where, got = where[fits], got[fits]
+                arr[where] = got.astype(dtype)
             part[col] = arr
         self.parts.append(part)
         self.names = names
@@ -601,42 +619,95 @@ class _Builder:
             sparse["elem_bytes"][1].append(float(F.DTYPE_BYTES[dtype]))
 
 
-def _merge(builders: list[_Builder]) -> EventTable:
-    """One table from per-file builders: name and process-group codes made global, times
-    relative to the earliest event of all files (each file's are relative to its own base)."""
-    names: list[str] = []
-    codes: dict[str, int] = {}
-    pg_codes: dict[str, int] = {}
-    base = min(b.base for b in builders)
-    parts, flows, steps = [], [], []
-    for b in builders:
+class _Merger:
+    """One table from per-file builders, added one at a time as their files are parsed: name and
+    process-group codes made global, times relative to the earliest event of all files (each
+    file's are relative to its own base). Each builder's rows are copied into growing columns and
+    the builder dropped, so the parsed files and the table are never held at once; the columns are
+    sized from the files' bytes after the first (``expected_bytes``), grown by half when short."""
+
+    def __init__(self, expected_bytes: int) -> None:
+        self.expected_bytes = expected_bytes
+        self.names: list[str] = []
+        self.codes: dict[str, int] = {}
+        self.pg_codes: dict[str, int] = {}
+        self.base: float | None = None
+        self.cols: dict[str, np.ndarray] = {}
+        self.n = 0
+        self.flows: list[dict[str, np.ndarray]] = []
+        self.steps: list[tuple] = []
+        self.files: dict[int, str] = {}
+        self.meta: dict[int, dict] = {}
+        self.thread_names: dict[tuple[int, int, int], str] = {}
+
+    def _reserve(self, rows: int, template: dict[str, np.ndarray], bytes_seen: int) -> None:
+        need = self.n + rows
+        if self.cols and need <= len(self.cols["ts"]):
+            return
+        if not self.cols:  # rows per byte of the first file, times every file's bytes
+            cap = max(need, int(rows * self.expected_bytes / max(bytes_seen, 1) * 1.02) + 1024)
+        else:
+            cap = max(need, int(len(self.cols["ts"]) * 1.5))
+        for k, v in template.items():  # one column at a time: growing costs one column, not the table
+            grown = np.empty(cap, dtype=v.dtype)
+            if k in self.cols:
+                grown[: self.n] = self.cols[k][: self.n]
+            self.cols[k] = grown
+
+    def add(self, b: _Builder) -> None:
+        if self.base is None:
+            self.base = float(b.base)
         for n in b.names:
-            if n not in codes:
-                codes[n] = len(names)
-                names.append(n)
-        remap = np.array([codes[n] for n in b.names], dtype=np.int32)
-        pg_remap = np.array([pg_codes.setdefault(k, len(pg_codes)) for k in b.pg_codes], dtype=np.int32)
-        shift = float(b.base - base)
+            if n not in self.codes:
+                self.codes[n] = len(self.names)
+                self.names.append(n)
+        remap = np.array([self.codes[n] for n in b.names], dtype=np.int32)
+        pg_remap = np.array([self.pg_codes.setdefault(k, len(self.pg_codes)) for k in b.pg_codes], dtype=np.int32)
+        shift = float(b.base - self.base)
+        size = Path(b.path).stat().st_size if b.path and Path(b.path).exists() else 1
         for part in b.parts:
-            part = dict(part)
-            part["name"] = remap[part["name"]]
-            part["ts"] = part["ts"] + shift
-            if len(pg_remap):
-                part["pg"] = np.where(part["pg"] >= 0, pg_remap[np.maximum(part["pg"], 0)], -1).astype(np.int32)
-            parts.append(part)
-        flows.append({**b.flows, "ts": b.flows["ts"] + shift})
-        steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
-    cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    first = float(min(cols["ts"].min(), min((s[2] for s in steps), default=math.inf)))
-    cols["ts"] -= first
-    fl = {k: np.concatenate([f[k] for f in flows]) for k in flows[0]}
-    fl["ts"] -= first
-    step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
-    return EventTable(
-        t0=float(base) + first, names=names, cols=cols, steps=step_list, flows=fl,
-        files={b.rank: b.path for b in builders}, meta={b.rank: b.meta for b in builders},
-        thread_names={(b.rank, p, t): name for b in builders for (p, t), name in b.thread_names.items()},
-    )  # fmt: skip
+            m = len(part["ts"])
+            self._reserve(m, part, size)
+            for k, v in part.items():
+                if k == "name":
+                    v = remap[v]
+                elif k == "ts":
+                    v = v + shift
+                elif k == "pg" and len(pg_remap):
+                    v = np.where(v >= 0, pg_remap[np.maximum(v, 0)], -1)
+                self.cols[k][self.n : self.n + m] = v
+            self.n += m
+        b.parts = []
+        self.flows.append({**b.flows, "ts": b.flows["ts"] + shift})
+        self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
+        self.files[b.rank] = b.path
+        self.meta[b.rank] = b.meta
+        self.thread_names.update({(b.rank, p, t): name for (p, t), name in b.thread_names.items()})
+
+    def table(self) -> EventTable:
+        cols = {}
+        for k in list(self.cols):  # trimmed to the rows there are, one column at a time
+            v = self.cols.pop(k)
+            cols[k] = v[: self.n].copy() if len(v) > self.n else v
+            del v
+        steps = self.steps
+        first = float(min(cols["ts"].min(), min((s[2] for s in steps), default=math.inf)))
+        cols["ts"] -= first
+        fl = {k: np.concatenate([f[k] for f in self.flows]) for k in self.flows[0]}
+        fl["ts"] -= first
+        step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
+        return EventTable(
+            t0=float(self.base or 0.0) + first, names=self.names, cols=cols, steps=step_list, flows=fl,
+            files=self.files, meta=self.meta, thread_names=self.thread_names,
+        )  # fmt: skip
+
+
+def _merge(builders: list[_Builder]) -> EventTable:
+    """One table from per-file builders (see _Merger)."""
+    merger = _Merger(sum(Path(b.path).stat().st_size for b in builders if b.path and Path(b.path).exists()))
+    for b in builders:
+        merger.add(b)
+    return merger.table()
 
 
 def trace_files(path: str | Path) -> list[Path]:
@@ -718,28 +789,30 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
     (graph_pipeline.engine: a Dask cluster, any concurrent.futures.Executor)."""
     files = trace_files(path)
     single = len(files) == 1
-    if engine is not None and not isinstance(engine, LocalEngine) and not single:
-        parsed = engine.map(_parse_task, files, shared=single)
-    else:
+    if engine is None or isinstance(engine, LocalEngine) or single:
         if workers is None:
             big = sum(f.stat().st_size for f in files) > PARALLEL_BYTES
             workers = min(len(files), os.cpu_count() or 1) if big else 1
-        parsed = LocalEngine(workers).map(_parse_task, files, shared=single)
-    builders = [b for b in parsed if isinstance(b, _Builder)]
-    skipped = [b for b in parsed if isinstance(b, NotATrace)]
-    if not builders:
-        raise TraceError(path, f"folder holds no profiler trace ({skipped[0].problem}: {Path(skipped[0].path).name})")
-    for exc in skipped:  # a results file or an execution trace beside the rank traces
-        warnings.warn(f"{exc.path}: skipped, {exc.problem}", OracleWarning, stacklevel=2)
+        engine = LocalEngine(workers)
+    merger = _Merger(sum(f.stat().st_size for f in files))
+    skipped: list[NotATrace] = []
     seen: dict[int, str] = {}
-    for b in builders:
+    for b in engine.imap(_parse_task, files, shared=single):  # in file order, merged as they arrive
+        if isinstance(b, NotATrace):
+            skipped.append(b)
+            continue
         if b.rank in seen:
             raise TraceError(b.path, f"rank {b.rank} appears twice (also in {seen[b.rank]})")
         seen[b.rank] = b.path
         b.steps = _outermost_steps(b)
         for note in b.notes:
             warnings.warn(note, OracleWarning, stacklevel=2)
-    return _merge(builders)
+        merger.add(b)
+    if not seen:
+        raise TraceError(path, f"folder holds no profiler trace ({skipped[0].problem}: {Path(skipped[0].path).name})")
+    for exc in skipped:  # a results file or an execution trace beside the rank traces
+        warnings.warn(f"{exc.path}: skipped, {exc.problem}", OracleWarning, stacklevel=2)
+    return merger.table()
 
 
 def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:

@@ -100,7 +100,8 @@ class ExecutionGraph:
 
     # -- safe persistence: plain arrays in an .npz, metadata as JSON, no pickles --
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, compress: bool = True) -> None:
+        """Write the graph to ``path`` (.npz); ``compress=False`` for a file read back at once."""
         path = Path(path)
         arrays = {f"node__{k}": v for k, v in self.nodes.items()}
         arrays.update({f"edge__{k}": v for k, v in self.edges.items()})
@@ -116,7 +117,7 @@ class ExecutionGraph:
         }
         arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            np.savez_compressed(fh, **arrays)
+            (np.savez_compressed if compress else np.savez)(fh, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> ExecutionGraph:
