@@ -439,3 +439,53 @@ def scan(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, dict[str, np.ndar
     cols = {k: np.full(cap, _FILL[k], dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
     count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())
     return err, pos, {k: v[:count] for k, v in cols.items()}
+
+
+@numba.njit(cache=True, nogil=True)
+def _object_bounds(buf, lo, hi, starts, ends):
+    """Start and end (one past the '}') of each object of the array buf[lo:hi] ('[' ... ']')."""
+    cap = len(starts)
+    n = 0
+    depth = 0
+    in_str = False
+    esc = False
+    i = lo + 1
+    while i < hi:
+        c = buf[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 92:
+                esc = True
+            elif c == 34:
+                in_str = False
+        elif c == 34:
+            in_str = True
+        elif c == 123 or c == 91:
+            if depth == 0:
+                if c != 123:
+                    return n, NOT_OBJECT, i
+                if n >= cap:
+                    return n, TOO_MANY, i
+                starts[n] = i
+            depth += 1
+        elif c == 125 or c == 93:
+            depth -= 1
+            if depth < 0:
+                return n, OK, 0
+            if depth == 0:
+                ends[n] = i + 1
+                n += 1
+        i += 1
+    return n, TRUNCATED, i
+
+
+def object_bounds(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(error, error_pos, starts, ends) of the events of the array buf[lo:hi]: event i is
+    buf[starts[i]:ends[i]], numbered as ``scan`` numbers them. Two int64 per event: an overlay
+    can rewrite a few events and copy the rest as they are, without decoding the trace."""
+    cap = _count(buf, lo, hi, b'"ph"') + 1
+    starts = np.empty(cap, dtype=np.int64)
+    ends = np.empty(cap, dtype=np.int64)
+    n, err, pos = _object_bounds(buf, lo, hi, starts, ends)
+    return err, pos, starts[:n].copy(), ends[:n].copy()
