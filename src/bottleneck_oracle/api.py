@@ -13,7 +13,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
 from bottleneck_oracle.graph_pipeline import chakra, clocks
-from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs
+from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs, iter_graphs
 from bottleneck_oracle.graph_pipeline.engine import Engine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
@@ -72,16 +72,18 @@ def graphs(
     table: EventTable, steps: list[int] | None = None, config: Config | None = None, executor: ExecutorSpec = None
 ) -> list[ExecutionGraph]:
     """One ExecutionGraph per ProfilerStep (all ranks merged), or one for the whole trace."""
-    cfg = config or Config()
-    gc = cfg.graph
-    options = BuildOptions(
+    with _engine(executor) as eng:
+        return build_graphs(table, steps, _options(config), eng)
+
+
+def _options(config: Config | None) -> BuildOptions:
+    gc = (config or Config()).graph
+    return BuildOptions(
         feeds_resume_us=gc.feeds_resume_us,
         idle_gap_us=gc.idle_gap_us,
         stream_wait_us=gc.stream_wait_us,
         clock_tolerance_us=gc.clock_tolerance_us,
     )
-    with _engine(executor) as eng:
-        return build_graphs(table, steps, options, eng)
 
 
 def build(
@@ -118,6 +120,41 @@ def analyze(
     table, gs = build(path, steps, config, et, executor)
     gap = (config or Config()).analysis.untraced_gap_us
     return table, [StepAnalysis.of(g, gap) for g in gs]
+
+
+def analyze_stream(
+    path: str | Path,
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    et: str | Path | None = None,
+    executor: ExecutorSpec = None,
+) -> tuple[EventTable | None, Iterator[StepAnalysis]]:
+    """``analyze``, one step at a time: each step's graph is built and analysed when the iterator
+    reaches it, so a run of thousands of steps never holds every graph at once. Bad input (a
+    missing step, traces of different runs) raises here, before the first step."""
+    cfg = config or Config()
+    gap = cfg.analysis.untraced_gap_us
+    if chakra.is_chakra(path):
+        return None, iter([StepAnalysis.of(chakra.chakra_graph(path), gap)])
+    eng = make_engine(executor) if executor is not None else None
+    try:
+        table = load(path, et, cfg.graph.ranks_per_host, eng)
+        graphs_of = iter_graphs(table, steps, _options(cfg), eng)
+    except BaseException:
+        if eng is not None and eng is not executor:
+            eng.close()
+        raise
+
+    def run() -> Iterator[StepAnalysis]:
+        try:
+            for g in graphs_of:
+                yield StepAnalysis.of(g, gap)
+        finally:
+            table.drop_caches()
+            if eng is not None and eng is not executor:
+                eng.close()
+
+    return table, run()
 
 
 def whatif(

@@ -85,13 +85,20 @@ def _config(path: Path | None, ranks_per_host: int | None = None) -> Config:
     return cfg
 
 
+_JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def _dumps(doc: object) -> bytes:
+    try:
+        return orjson.dumps(doc, option=_JSON_OPTIONS)
+    except TypeError as exc:
+        raise OracleError(f"cannot write the result as JSON ({exc})") from None
+
+
 def _print_json(doc: object) -> None:
     """``--json`` output: orjson (fast on the long critical paths of big steps), indented, one
     trailing newline; a value JSON cannot hold (NaN, infinity) is an error, never invalid JSON."""
-    try:
-        data = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-    except TypeError as exc:
-        raise OracleError(f"cannot write the result as JSON ({exc})") from None
+    data = _dumps(doc)
     sys.stdout.flush()
     out_bytes = getattr(sys.stdout, "buffer", None)
     if out_bytes is not None:  # the bytes as they are: a long run's JSON is not copied into a str (twice)
@@ -228,6 +235,16 @@ def analyze(
     for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
         if target:
             check_target(target)
+    if as_json and not (html or perfetto or with_advice):  # step by step: a long run's graphs are never all held
+        table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
+        steps_json = [orjson.Fragment(_dumps(a.to_dict(k))) for a in stream]
+        doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": steps_json}
+        if table is not None and table.execution_traces:
+            doc["execution_traces"] = table.execution_traces
+        if table is not None and table.clocks:
+            doc["clocks"] = table.clocks
+        _print_json(doc)
+        return
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else _null():
         table, analyses = api.analyze(path, step or None, cfg, et, executor)
     if perfetto and table is None:

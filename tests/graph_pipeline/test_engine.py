@@ -88,3 +88,17 @@ def test_forked_build_hands_back_the_same_graphs(monkeypatch):
     monkeypatch.setattr(builder, "PARALLEL_EVENTS", 0)
     monkeypatch.setattr(builder.os, "cpu_count", lambda: 2)
     assert _answers(SAMPLE, None) == in_process
+
+
+def test_steps_are_built_as_they_are_consumed(monkeypatch):
+    """analyze --json walks the steps one at a time: a step's graph is built when reached."""
+    built = []
+    original = builder.build_graph
+    monkeypatch.setattr(builder, "build_graph", lambda t, s, o=None: built.append(s) or original(t, s, o))
+    table, stream = api.analyze_stream(SAMPLE)
+    assert built == []
+    first = next(stream)
+    assert built == [first.graph.step] == [1]
+    assert [a.graph.step for a in stream] == [2, 3] and built == [1, 2, 3]
+    with pytest.raises(Exception, match="no ProfilerStep#9"):  # a bad selection fails before any step is built
+        api.analyze_stream(SAMPLE, [9])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -327,6 +328,15 @@ def build_graphs(
     """One graph per ProfilerStep present on any rank (or one for the whole trace, with a
     warning). Steps are independent: large tables are built one process per core, or on
     ``engine`` (graph_pipeline.engine), which receives the table once per worker."""
+    return list(iter_graphs(table, steps, options, engine))
+
+
+def iter_graphs(
+    table: EventTable, steps: list[int] | None = None, options: BuildOptions | None = None, engine: Engine | None = None
+) -> Iterator[ExecutionGraph]:
+    """The graphs of ``build_graphs`` one at a time, in step order (a long run's graphs need not
+    all be held at once). The steps are checked before anything is built: a bad selection or
+    traces of different runs raise here, not halfway through."""
     present = sorted({s.number for s in table.steps})
     if steps is not None:
         missing = sorted(set(steps) - set(present))
@@ -335,8 +345,8 @@ def build_graphs(
         present = sorted(set(steps))
     if not present:
         files = ", ".join(table.files.values())
-        warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=2)
-        return [build_graph(table, None, options)]
+        warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=3)
+        return iter([build_graph(table, None, options)])
     for number in present:
         mine = [s for s in table.steps if s.number == number]
         ranks = {s.rank for s in mine}
@@ -349,26 +359,31 @@ def build_graphs(
                 f"for a step of {longest / 1000:.1f} ms: these traces are from different runs (or from hosts whose clocks disagree)"
             )
         if longest <= 0:
-            warnings.warn(f"ProfilerStep#{number} lasts 0 µs on every rank: nothing ran in it", OracleWarning, stacklevel=2)
+            warnings.warn(f"ProfilerStep#{number} lasts 0 µs on every rank: nothing ran in it", OracleWarning, stacklevel=3)
         absent = sorted(set(table.ranks) - ranks)
         if absent:
             warnings.warn(
-                f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=2
+                f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=3
             )
     table.index()  # computed once, before the table is shared
     table.launchers()
+    return _graphs(table, present, options, engine)
+
+
+def _graphs(table: EventTable, present: list[int], options: BuildOptions | None, engine: Engine | None) -> Iterator[ExecutionGraph]:
     if engine is not None and not isinstance(engine, LocalEngine):
-        return engine.map(_build_task, present, shared=(table, options))
+        yield from engine.imap(_build_task, present, shared=(table, options))
+        return
     workers = min(os.cpu_count() or 1, len(present)) if len(table) >= PARALLEL_EVENTS else 1
     if workers < 2:
-        return [build_graph(table, number, options) for number in present]
+        yield from (build_graph(table, number, options) for number in present)
+        return
     # forked workers hand their graphs back as files: a pickled graph would be held twice on each side
     with tempfile.TemporaryDirectory(prefix="bottleneck-oracle-") as folder:
-        out = []
         for path in LocalEngine(workers).imap(_build_to_file, present, shared=(table, options, folder)):
-            out.append(ExecutionGraph.load(path))
+            g = ExecutionGraph.load(path)
             os.unlink(path)
-        return out
+            yield g
 
 
 MIXED_RUNS_US = 1e6  # µs: ranks starting one step further apart than this (and 10 steps) are not one run
