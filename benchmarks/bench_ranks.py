@@ -2,7 +2,7 @@
 `bottleneck-oracle analyze DIR --json` end to end, with the local engine and with a Dask
 LocalCluster (`--executor dask`), on this machine.
 
-    python benchmarks/bench_ranks.py --ranks 1024 4096
+    python benchmarks/bench_ranks.py --ranks 1024 4096 [--one-file-gib 1]
 
 Each run is its own process; its process tree is sampled every 0.2 s (psutil), so the figures
 are the peak resident memory of the main process and of the largest worker (forked parse
@@ -83,13 +83,42 @@ def _measure(args: list[str]) -> dict:
     }
 
 
+EVENTS_PER_GIB = 6_920_000  # events of the synthetic job's one-rank trace per GiB of JSON (measured: 7,000,604 in 1.01 GiB)
+
+
+def _one_file(gib: float) -> Path:
+    """One rank's trace of about ``gib`` GiB of JSON (the same generator, one rank, many steps)."""
+    folder = OUT / f"one_file_{gib:g}gib"
+    if not (folder / "DONE").exists():
+        code = (
+            f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate; "
+            f"print(json.dumps(generate({str(folder)!r}, events={int(gib * EVENTS_PER_GIB)}, ranks=1)))"
+        )
+        info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        (folder / "DONE").write_text(json.dumps(info))
+    return folder / "rank-0.json"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1024])
+    p.add_argument("--ranks", type=int, nargs="*", default=[1024])
     p.add_argument("--executors", nargs="+", default=["local", "dask"])
+    p.add_argument("--one-file-gib", type=float, default=0, help="also one rank's trace of this many GiB: analyze --json and --perfetto")
     a = p.parse_args()
     OUT.mkdir(exist_ok=True)
     results = []
+    if a.one_file_gib:
+        trace = _one_file(a.one_file_gib)
+        info = json.loads((trace.parent / "DONE").read_text())
+        for extra in ([], ["--perfetto", str(OUT / "overlay.json.gz")]):
+            r = _measure([*CLI, "analyze", str(trace), "--json", *extra])
+            r.update(ranks=1, events=info["events"], json_gib=trace.stat().st_size / 2**30, executor="local", options=extra[:1])
+            results.append(r)
+            print(
+                f"one file, {info['events']:,} events ({r['json_gib']:.2f} GiB JSON, {info['steps']} steps), analyze --json {' '.join(extra[:1])}: "
+                f"{r['wall_s']:.1f} s, peak RSS main {r['peak_main_mb']:.0f} MB, largest worker {r['peak_worker_mb']:.0f} MB",
+                flush=True,
+            )
     for n in a.ranks:
         folder = _generate(n)
         size = sum(f.stat().st_size for f in folder.glob("*.json")) / 2**30
