@@ -235,9 +235,21 @@ def analyze(
     for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
         if target:
             check_target(target)
-    if as_json and not (html or perfetto or with_advice):  # step by step: a long run's graphs are never all held
+    if as_json and not (html or with_advice):  # step by step: a long run's graphs are never all held
         table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
-        steps_json = [orjson.Fragment(_dumps(a.to_dict(k))) for a in stream]
+        if perfetto and table is None:
+            _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
+        steps_json, paths = [], []
+        for a in stream:
+            steps_json.append(orjson.Fragment(_dumps(a.to_dict(k))))
+            if perfetto:
+                from bottleneck_oracle.report.perfetto import critical_events
+
+                paths.append(critical_events(a))
+        if perfetto:
+            from bottleneck_oracle.report.perfetto import write_overlay_paths
+
+            write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
         doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": steps_json}
         if table is not None and table.execution_traces:
             doc["execution_traces"] = table.execution_traces

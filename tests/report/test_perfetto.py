@@ -82,3 +82,15 @@ def test_text_a_strict_reader_refuses_is_refused(tmp_path):
         table, analyses = api.analyze(f)
         with pytest.raises(TraceError, match="not valid JSON"):
             write_overlay(table, analyses, tmp_path / "o.json")
+
+
+def test_json_and_terminal_runs_write_the_same_overlay(tmp_path, capsys):
+    """analyze --json --perfetto keeps only each step's critical events (its graphs are not all
+    held); the overlay is the one the terminal run writes from the full analyses."""
+    from conftest import run_cli
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert run_cli(["analyze", str(REAL / "dlrm_v100_8rank"), "--perfetto", str(a)], capsys)[0] == 0
+    code, out, _ = run_cli(["analyze", str(REAL / "dlrm_v100_8rank"), "--perfetto", str(b), "--json"], capsys)
+    assert code == 0 and json.loads(out)["steps"]
+    assert json.loads(a.read_bytes()) == json.loads(b.read_bytes())

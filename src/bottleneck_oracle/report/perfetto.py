@@ -31,8 +31,21 @@ def _pid(rank: int, pid: object, multi: bool) -> object:
     return f"rank {rank}: {pid}"
 
 
+def critical_events(a: StepAnalysis) -> tuple[np.ndarray, np.ndarray]:
+    """A step's critical path as the overlay needs it: the table rows of its ops in path order
+    and their slack (µs). Small: a long run keeps this per step, not the graphs."""
+    ev = a.graph.nodes["event"][a.cpm.path]
+    real = a.cpm.path[ev >= 0]
+    return ev[ev >= 0].astype(np.int64), a.cpm.slack[real].astype(np.float64)
+
+
 def write_overlay(table: EventTable, analyses: list[StepAnalysis], out: str | Path, gz: bool | None = None) -> Path:
-    """Write the annotated trace atomically (gzipped if ``gz``, by default if the name ends in .gz); returns the path.
+    """Write the annotated trace atomically (gzipped if ``gz``, by default if the name ends in .gz); returns the path."""
+    return write_overlay_paths(table, [critical_events(a) for a in analyses], out, gz)
+
+
+def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndarray]], out: str | Path, gz: bool | None = None) -> Path:
+    """``write_overlay`` from each step's ``critical_events``.
 
     Streamed: each rank file is read as bytes, its events located (scan.object_bounds), the
     events that change decoded and rewritten one at a time, the rest copied as they are. Memory
@@ -42,12 +55,8 @@ def write_overlay(table: EventTable, analyses: list[StepAnalysis], out: str | Pa
     rows_cp: list[np.ndarray] = []
     slack_of: dict[int, float] = {}
     flows: list[tuple[int, int]] = []
-    for a in analyses:
-        ev = a.graph.nodes["event"][a.cpm.path]
-        real = a.cpm.path[ev >= 0]
-        for node in real.tolist():
-            slack_of[int(a.graph.nodes["event"][node])] = float(a.cpm.slack[node])
-        ev = ev[ev >= 0]
+    for ev, slack_us in paths:
+        slack_of.update(zip(ev.tolist(), slack_us.tolist()))
         rows_cp.append(ev)
         flows.extend(zip(ev[:-1].tolist(), ev[1:].tolist()))
     crit_rows = ancestors_of(cpu_parents(table), np.concatenate(rows_cp) if rows_cp else np.zeros(0, np.int64))
