@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bottleneck_oracle import api
@@ -17,7 +18,7 @@ from bottleneck_oracle.config import Config, GraphConfig
 from bottleneck_oracle.errors import ConfigError, OracleWarning
 from bottleneck_oracle.graph_pipeline import clocks
 from bottleneck_oracle.graph_pipeline.events import load_events
-from conftest import DATA, REAL, run_cli
+from conftest import DATA, PUBLIC, REAL, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from synth_trace import generate  # noqa: E402
@@ -127,3 +128,13 @@ def test_no_false_alarm_on_one_host(folder):
 def test_ranks_per_host_is_validated():
     with pytest.raises(ConfigError, match="ranks_per_host"):
         GraphConfig(ranks_per_host=-1)
+
+
+def test_a_host_with_no_shared_collective_is_left_as_recorded():
+    """Two ranks that ran only send/recv (no symmetric collective): nothing to align from; said so."""
+    table = load_events(PUBLIC / "sampled_128rank")
+    before = table.cols["ts"].copy()
+    report = clocks.align(table, clocks.hosts_by_block(table.ranks, 1))
+    assert [h.offset_us for h in report.hosts] == [0.0, 0.0] and report.hosts[1].instances == 0
+    assert any("shares no collective" in w for w in report.warnings)
+    assert np.array_equal(table.cols["ts"], before)
