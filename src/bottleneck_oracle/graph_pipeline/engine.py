@@ -53,8 +53,13 @@ class LocalEngine:
             yield from (fn(shared, it) for it in items)
             return
         ctx = multiprocessing.get_context("fork")  # forked workers see ``shared`` without a copy
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_shared, initargs=(shared,)) as pool:
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_shared, initargs=(shared,))
+        done = False
+        try:
             yield from pool.map(_call_with_shared, [fn] * len(items), items, chunksize=max(1, min(16, len(items) // (4 * n))))
+            done = True
+        finally:  # a failed item (a bad file) stops the rest at once instead of waiting for every queued one
+            pool.shutdown(wait=done, cancel_futures=not done)
 
     def close(self) -> None:
         pass
