@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -93,6 +94,24 @@ def _dumps(doc: object) -> bytes:
         return orjson.dumps(doc, option=_JSON_OPTIONS)
     except TypeError as exc:
         raise OracleError(f"cannot write the result as JSON ({exc})") from None
+
+
+def _print_json_spooled(head: dict, spool, tail: dict) -> None:
+    """``_print_json`` of ``{**head, "steps": [...], **tail}`` where the steps' JSON is in the
+    file ``spool`` (comma-separated): copied to stdout a block at a time, never held whole."""
+    out_bytes = getattr(sys.stdout, "buffer", None)
+    write = out_bytes.write if out_bytes is not None else (lambda b: sys.stdout.write(b.decode()))
+    sys.stdout.flush()
+    write(_dumps(head)[:-2] + b',\n  "steps": [\n')
+    spool.seek(0)
+    while block := spool.read(16 * 2**20):
+        write(block)
+    write(b"\n  ]")
+    for key, value in tail.items():
+        write(b",\n  " + orjson.dumps(key) + b": " + _dumps(value))
+    write(b"\n}\n")
+    if out_bytes is not None:
+        out_bytes.flush()
 
 
 def _print_json(doc: object) -> None:
@@ -239,23 +258,24 @@ def analyze(
         table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
         if perfetto and table is None:
             _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
-        steps_json, paths = [], []
-        for a in stream:
-            steps_json.append(orjson.Fragment(_dumps(a.to_dict(k))))
+        paths = []
+        with tempfile.TemporaryFile(prefix="bottleneck-oracle-") as spool:  # steps' JSON, printed once all succeeded
+            for n_steps, a in enumerate(stream):
+                spool.write((b",\n" if n_steps else b"") + _dumps(a.to_dict(k)))
+                if perfetto:
+                    from bottleneck_oracle.report.perfetto import critical_events
+
+                    paths.append(critical_events(a))
             if perfetto:
-                from bottleneck_oracle.report.perfetto import critical_events
+                from bottleneck_oracle.report.perfetto import write_overlay_paths
 
-                paths.append(critical_events(a))
-        if perfetto:
-            from bottleneck_oracle.report.perfetto import write_overlay_paths
-
-            write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": steps_json}
-        if table is not None and table.execution_traces:
-            doc["execution_traces"] = table.execution_traces
-        if table is not None and table.clocks:
-            doc["clocks"] = table.clocks
-        _print_json(doc)
+                write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
+            tail = {}
+            if table is not None and table.execution_traces:
+                tail["execution_traces"] = table.execution_traces
+            if table is not None and table.clocks:
+                tail["clocks"] = table.clocks
+            _print_json_spooled({"version": __version__, "input": str(path), "ranks": table.ranks if table else []}, spool, tail)
         return
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else _null():
         table, analyses = api.analyze(path, step or None, cfg, et, executor)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import mmap
 import os
 import re
+import tempfile
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -252,6 +254,74 @@ def read_bytes(path: Path) -> bytes | bytearray:
     return raw
 
 
+MAP_BYTES = 256 * 2**20
+"""Trace files at least this large (on disk) are read through a file mapping (map_trace)."""
+
+
+class MappedTrace:
+    """A trace's JSON bytes through a read-only file mapping: the file itself, or a gzip trace
+    decompressed into an unlinked temporary file. Slicing gives bytes, like a bytes object; the
+    pages already scanned can be given back (``release``), so a trace of gigabytes is never held
+    whole — what stays is what was read lately."""
+
+    def __init__(self, fh) -> None:
+        self._fh = fh
+        self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def __len__(self) -> int:
+        return len(self.map)
+
+    def __getitem__(self, item):
+        return self.map[item]
+
+    def release(self, end: int) -> None:
+        """Give back the resident pages of bytes [0, end) (they are read again if touched)."""
+        end -= end % mmap.PAGESIZE
+        if end > 0 and hasattr(self.map, "madvise"):
+            self.map.madvise(mmap.MADV_DONTNEED, 0, end)
+
+
+def map_trace(path: Path) -> bytes | bytearray | MappedTrace:
+    """``read_bytes``, but a file of MAP_BYTES or more on disk comes back as a MappedTrace: a
+    plain file mapped as it is, a gzip file decompressed block by block into a temporary file
+    (same limits and errors as read_bytes) and mapped."""
+    try:
+        size = path.stat().st_size if path.is_file() else 0
+    except OSError:
+        size = 0
+    if size < MAP_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
+        return read_bytes(path)
+    try:
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+        if not gz:
+            fh = open(path, "rb")  # noqa: SIM115 - kept open for the mapping's lifetime
+            if size > MAX_TRACE_BYTES:
+                fh.close()
+                raise TraceError(path, f"larger than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
+            return MappedTrace(fh)
+        tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
+        total = 0
+        with gzip.open(path, "rb") as src:
+            while chunk := src.read(_CHUNK):
+                total += len(chunk)
+                if total > MAX_TRACE_BYTES:
+                    tmp.close()
+                    raise TraceError(
+                        path, f"decompresses to more than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window"
+                    )
+                tmp.write(chunk)
+        tmp.flush()
+        if total == 0:
+            tmp.close()
+            raise TraceError(path, "file is empty")
+        return MappedTrace(tmp)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceError(path, f"corrupt or truncated gzip data ({exc.__class__.__name__}: {exc})") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
 def _gunzip(path: Path, fh) -> bytearray:
     """The decompressed bytes of an open gzip file, in one buffer: sized from the gzip trailer
     (ISIZE) when that is plausible, so a 1 GiB trace needs 1 GiB, not a list of chunks plus
@@ -452,14 +522,27 @@ class _Builder:
         no_dur = int((~ev["has_dur"][x]).sum())
         if no_dur:
             self.notes.append(f"{path}: {no_dur} complete events have no numeric dur; read as 0 µs")
+        f = np.flatnonzero(flow)
+        self.flows = {
+            "rank": np.full(len(f), rank, dtype=np.int64),
+            "pid": self._ids(ev["pid"][f], ev["pid_str"][f]),
+            "tid": self._ids(ev["tid"][f], ev["tid_str"][f]),
+            "ts": (ev["ts_i"][f] - base).astype(np.float64) + ev["ts_f"][f],
+            "id": ev["fid"][f],
+            "is_start": ph[f] == ord("s"),
+        }
+        self._thread_names(path, raw, ev)
+        # each scanner column is let go once read: a long trace's columns are not all held beside the table
+        for k in ("ts_i", "ts_f", "dur_i", "dur_f", "has_dur", "has_ts", "fid", "name_hash", "name_lo", "name_hi"):
+            ev.pop(k)
         if not np.isfinite(dur).all() or not np.isfinite(ts).all():
             i = int(np.flatnonzero(~np.isfinite(dur) | ~np.isfinite(ts))[0])
             raise TraceError(path, f"event {names[code[i]][:80]!r} has a ts or dur that is not a finite number")
         if (dur < 0).any():
             i = int(np.flatnonzero(dur < 0)[0])
             raise TraceError(path, f"event {names[code[i]][:80]!r} at ts={ts[i] + base} has a negative duration ({dur[i]} µs)")
-        pid = self._ids(ev["pid"][x], ev["pid_str"][x])
-        tid = self._ids(ev["tid"][x], ev["tid_str"][x])
+        pid = self._ids(ev.pop("pid")[x], ev.pop("pid_str")[x])
+        tid = self._ids(ev.pop("tid")[x], ev.pop("tid_str")[x])
         xcls = cls[x].astype(np.int8)
         # ProfilerStep#N spans are step markers, not ops
         step_codes = np.array(
@@ -485,11 +568,11 @@ class _Builder:
             "dur": dur[keep],
             "name": code[keep].astype(np.int32),
             "cls": xcls[keep],
-            "is_range": np.isin(ev["cat"][rows], _RANGE_HASHES),
-            "correlation": ev["corr"][rows],
-            "ext_id": ev["ext"][rows],
-            "rf_id": ev["rfid"][rows],
-            "stream": ev["stream"][rows],
+            "is_range": np.isin(ev.pop("cat")[rows], _RANGE_HASHES),
+            "correlation": ev.pop("corr")[rows],
+            "ext_id": ev.pop("ext")[rows],
+            "rf_id": ev.pop("rfid")[rows],
+            "stream": ev.pop("stream")[rows],
         }
         sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE if k not in part}
         # the few events whose args need more than the scanner reads are decoded in full
@@ -519,16 +602,6 @@ class _Builder:
             part[col] = arr
         self.parts.append(part)
         self.names = names
-        self._thread_names(path, raw, ev)
-        f = np.flatnonzero(flow)
-        self.flows = {
-            "rank": np.full(len(f), rank, dtype=np.int64),
-            "pid": self._ids(ev["pid"][f], ev["pid_str"][f]),
-            "tid": self._ids(ev["tid"][f], ev["tid_str"][f]),
-            "ts": (ev["ts_i"][f] - base).astype(np.float64) + ev["ts_f"][f],
-            "id": ev["fid"][f],
-            "is_start": ph[f] == ord("s"),
-        }
         return n
 
     def _thread_names(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> None:
@@ -753,17 +826,20 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
 
 
 def _parse_file(path: Path, single: bool) -> _Builder:
-    raw = read_bytes(path)
-    buf = np.frombuffer(raw, dtype=np.uint8)
+    raw = map_trace(path)
+    mapped = isinstance(raw, MappedTrace)
+    buf = np.frombuffer(raw.map if mapped else raw, dtype=np.uint8)
     lo, hi, is_object, has_nodes, has_schema, err = scan.find_events(buf)
     if err == scan.OK and lo < 0:
         raise _not_a_trace(path, raw, is_object, has_nodes, has_schema)
-    if err == scan.OK:
-        err, pos, ev = scan.scan(buf, lo, hi)
+    if mapped:  # finding the events array read every page
+        raw.release(len(raw))
+    if err == scan.OK:  # a mapped trace gives back the pages it has scanned as it goes
+        err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if mapped else None)
     else:
         pos = 0
     if err != scan.OK:
-        if err in (scan.BAD_JSON, scan.TRUNCATED):
+        if err in (scan.BAD_JSON, scan.TRUNCATED) and len(raw) <= MAP_BYTES:
             _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
         raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
     if not len(ev["ph"]):

@@ -431,13 +431,33 @@ def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes, step: int = 64 * 2*
     return total
 
 
-def scan(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, dict[str, np.ndarray]]:
-    """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi]."""
+SCAN_BLOCK = 1_000_000  # events scanned per call when the caller gives scanned bytes back as it goes
+
+
+def scan(buf: np.ndarray, lo: int, hi: int, release=None) -> tuple[int, int, dict[str, np.ndarray]]:
+    """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi].
+
+    With ``release`` (a callable taking a byte offset), the events are scanned SCAN_BLOCK at a time
+    and ``release(pos)`` is called with the start of the next unscanned event after each block:
+    the bytes before it are done with (a mapped trace gives their pages back)."""
     # no more events than '"ph"' keys (every event has one; an args object with one only adds room),
     # counted in C without a temporary array the size of the trace
     cap = _count(buf, lo, hi, b'"ph"') + 1
     cols = {k: np.full(cap, _FILL[k], dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
-    count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())
+    if release is None:
+        count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())
+        return err, pos, {k: v[:count] for k, v in cols.items()}
+    release(hi)  # counting read every page: give them back, the blocks read them again one by one
+    count, start = 0, lo
+    while True:
+        block = [v[count : min(count + SCAN_BLOCK, cap)] for v in cols.values()]
+        n, err, pos = scan_events(buf, start, hi, KEY_HASH, ARG_HASH, *block)
+        count += n
+        if err == TOO_MANY and count < cap:  # the block is full: go on from the event that did not fit
+            release(pos)
+            start = pos - 1  # the scanner starts one byte after ``lo`` (past the array's '[')
+            continue
+        break
     return err, pos, {k: v[:count] for k, v in cols.items()}
 
 

@@ -20,7 +20,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline import scan
-from bottleneck_oracle.graph_pipeline.events import EventTable, _decode, ancestors_of, cpu_parents, read_bytes
+from bottleneck_oracle.graph_pipeline.events import EventTable, MappedTrace, _decode, ancestors_of, cpu_parents, map_trace
 
 
 def _pid(rank: int, pid: object, multi: bool) -> object:
@@ -52,45 +52,57 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
     is one file's bytes and two integers per event, not the decoded trace."""
     out = Path(out)
     gz = out.name.endswith(".gz") if gz is None else gz
-    rows_cp: list[np.ndarray] = []
-    slack_of: dict[int, float] = {}
-    flows: list[tuple[int, int]] = []
-    for ev, slack_us in paths:
-        slack_of.update(zip(ev.tolist(), slack_us.tolist()))
-        rows_cp.append(ev)
-        flows.extend(zip(ev[:-1].tolist(), ev[1:].tolist()))
-    crit_rows = ancestors_of(cpu_parents(table), np.concatenate(rows_cp) if rows_cp else np.zeros(0, np.int64))
+    empty = np.zeros(0, np.int64)
+    ev_all = np.concatenate([ev for ev, _ in paths]) if paths else empty
+    slack_all = np.concatenate([sl for _, sl in paths]) if paths else np.zeros(0)
+    flow_a = np.concatenate([ev[:-1] for ev, _ in paths]) if paths else empty  # consecutive critical events
+    flow_b = np.concatenate([ev[1:] for ev, _ in paths]) if paths else empty
+    crit_rows = ancestors_of(cpu_parents(table), ev_all)
     rank_col, src_idx = table.cols["rank"], table.cols["src_idx"]
-
-    def key(row: int) -> tuple[int, int]:
-        return int(rank_col[row]), int(src_idx[row])
-
-    marks = {key(r) for r in crit_rows.tolist()}
-    slack = {key(r): v for r, v in slack_of.items()}
-    ends_needed = {key(r) for pair in flows for r in pair}
     multi = len(table.files) > 1
-    located: dict[tuple[int, int], dict] = {}  # flow endpoints as written: pid, tid, ts, dur
+    # per rank: which events change, as arrays over the file's events (not sets of Python tuples)
+    ends_rows = np.unique(np.concatenate([flow_a, flow_b]))
+    located: dict[int, tuple[np.ndarray, list]] = {}  # rank -> (endpoint event indices, their pid/tid/ts/dur as written)
     with atomic_path(out) as tmp, gzip.open(tmp, "wb", compresslevel=5) if gz else open(tmp, "wb") as fh:
         fh.write(b'{"traceEvents":[')
         first = True
         for rank, path in sorted(table.files.items()):
-            raw = read_bytes(Path(path))
-            buf = np.frombuffer(raw, dtype=np.uint8)
+            raw = map_trace(Path(path))  # a large file through a mapping, its pages given back behind the writer
+            mapped = isinstance(raw, MappedTrace)
+            data = raw.map if mapped else raw
+            buf = np.frombuffer(data, dtype=np.uint8)
             lo, hi, _, _, _, err = scan.find_events(buf)
             if err == scan.OK and lo >= 0:
                 err, pos, starts, ends = scan.object_bounds(buf, lo, hi)
             if err != scan.OK or lo < 0:
                 raise TraceError(path, "changed since it was analysed (its events can no longer be found)")
             if not multi:
-                _check_text(Path(path), raw, int(lo), int(hi))
-            change = range(len(starts)) if multi else sorted(i for r, i in marks | slack.keys() | ends_needed if r == rank)
+                _check_text(Path(path), data, int(lo), int(hi))
+            if mapped:
+                raw.release(len(raw))
+            n = len(starts)
+
+            def on_rank(rows: np.ndarray, n: int = n, rank: int = rank) -> np.ndarray:
+                idx = src_idx[rows[rank_col[rows] == rank]].astype(np.int64)
+                return idx[idx < n]
+
+            mark = np.zeros(n, dtype=bool)
+            mark[on_rank(crit_rows)] = True
+            slack_v = np.full(n, np.nan)
+            mine = rank_col[ev_all] == rank
+            keep = src_idx[ev_all[mine]] < n
+            slack_v[src_idx[ev_all[mine]][keep]] = slack_all[mine][keep]
+            endpoint = np.zeros(n, dtype=bool)
+            endpoint[on_rank(ends_rows)] = True
+            ep_idx = np.flatnonzero(endpoint)
+            ep_info: list = [None] * len(ep_idx)
+            located[rank] = (ep_idx, ep_info)
+            change = range(n) if multi else np.flatnonzero(mark | ~np.isnan(slack_v) | endpoint).tolist()
             at = 0  # next event not yet written
             for i in change:
-                if i >= len(starts):
-                    continue
                 if i > at:  # the unchanged events before it, bytes as they are (separators included)
                     fh.write(b"" if first else b",")
-                    fh.write(raw[int(starts[at]) : int(ends[i - 1])])
+                    _copy(fh, raw, int(starts[at]), int(ends[i - 1]))
                     first = False
                 e = _decode(Path(path), raw[int(starts[i]) : int(ends[i])])
                 if isinstance(e, dict):
@@ -98,36 +110,53 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
                         e["pid"] = _pid(rank, e["pid"], multi)
                     if e.get("ph") == "M" and e.get("name") == "process_name" and multi:
                         e.setdefault("args", {})["name"] = f"rank {rank}: {e.get('args', {}).get('name', '')}"
-                    if (rank, i) in marks:
+                    if mark[i]:
                         e.setdefault("args", {})["critical"] = 1
-                    if (rank, i) in slack:
-                        e.setdefault("args", {})["slack_us"] = round(slack[(rank, i)], 3)
-                    if (rank, i) in ends_needed:
-                        located[(rank, i)] = {k: e.get(k) for k in ("pid", "tid", "ts", "dur")}
+                    if not np.isnan(slack_v[i]):
+                        e.setdefault("args", {})["slack_us"] = round(float(slack_v[i]), 3)
+                    if endpoint[i]:
+                        ep_info[int(np.searchsorted(ep_idx, i))] = (e.get("pid"), e.get("tid"), e.get("ts"), e.get("dur"))
                 fh.write(b"" if first else b",")
                 fh.write(orjson.dumps(e))
                 first = False
                 at = i + 1
-            if at < len(starts):
+            if at < n:
                 fh.write(b"" if first else b",")
-                fh.write(raw[int(starts[at]) : int(ends[-1])])
+                _copy(fh, raw, int(starts[at]), int(ends[-1]))
                 first = False
-            del raw, buf, starts, ends
-        for k, (a, b) in enumerate(flows):
-            ea, eb = located.get(key(a)), located.get(key(b))
-            if ea is None or eb is None or not isinstance(ea.get("ts"), (int, float)) or not isinstance(eb.get("ts"), (int, float)):
+            del raw, data, buf, starts, ends, mark, slack_v, endpoint
+
+        def where(row: int) -> tuple | None:
+            ep_idx, info = located.get(int(rank_col[row]), (empty, []))
+            k = int(np.searchsorted(ep_idx, int(src_idx[row])))
+            return info[k] if k < len(ep_idx) and ep_idx[k] == src_idx[row] else None
+
+        for k, (a, b) in enumerate(zip(flow_a.tolist(), flow_b.tolist())):
+            ea, eb = where(a), where(b)
+            if ea is None or eb is None or not isinstance(ea[2], (int, float)) or not isinstance(eb[2], (int, float)):
                 continue
             common = {"cat": "critical_path", "name": "critical_path", "id": 900_000_000 + k}
-            dur = ea["dur"] if isinstance(ea.get("dur"), (int, float)) else 0
+            dur = ea[3] if isinstance(ea[3], (int, float)) else 0
             for flow in (
-                {**common, "ph": "s", "pid": ea["pid"], "tid": ea["tid"], "ts": ea["ts"] + dur},
-                {**common, "ph": "f", "bp": "e", "pid": eb["pid"], "tid": eb["tid"], "ts": eb["ts"]},
+                {**common, "ph": "s", "pid": ea[0], "tid": ea[1], "ts": ea[2] + dur},
+                {**common, "ph": "f", "bp": "e", "pid": eb[0], "tid": eb[1], "ts": eb[2]},
             ):
                 fh.write(b"" if first else b",")
                 fh.write(orjson.dumps(flow))
                 first = False
         fh.write(b'],"displayTimeUnit":"ms","bottleneckOracle":' + orjson.dumps({"critical_events": int(len(crit_rows))}) + b"}")
     return out
+
+
+def _copy(fh, raw, a: int, b: int) -> None:
+    """Write bytes [a, b) of a trace a block at a time; a mapped trace gives each block's pages back."""
+    mapped = isinstance(raw, MappedTrace)
+    data = raw.map if mapped else raw
+    for x in range(a, b, _BLOCK):
+        y = min(b, x + _BLOCK)
+        fh.write(data[x:y])
+        if mapped:
+            raw.release(y)
 
 
 # a high surrogate escape not followed by a low one, or a low one not preceded by a high one

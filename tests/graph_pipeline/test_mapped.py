@@ -1,0 +1,59 @@
+"""Large traces are read through a file mapping and scanned a block at a time, giving scanned
+pages back: the table is the one the in-memory read gives, plain or gzip, and bad input is the
+same one-line error."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.errors import TraceError
+from bottleneck_oracle.graph_pipeline import events, scan
+from bottleneck_oracle.graph_pipeline.events import load_events
+from conftest import PUBLIC, REAL, SAMPLE
+
+
+def _same(a, b) -> None:
+    assert a.names == b.names and a.ranks == b.ranks and len(a) == len(b)
+    for k in a.cols:
+        assert np.array_equal(a.cols[k], b.cols[k], equal_nan=a.cols[k].dtype.kind == "f"), k
+    assert [(s.rank, s.number, s.start, s.end) for s in a.steps] == [(s.rank, s.number, s.start, s.end) for s in b.steps]
+    assert a.thread_names == b.thread_names
+
+
+@pytest.mark.parametrize(
+    "path", [SAMPLE, REAL / "dlrm_v100_8rank", PUBLIC / "cuda_event_sync_multistream_1gpu.json.gz"], ids=lambda p: p.name
+)
+def test_mapped_read_gives_the_same_table(path, tmp_path, monkeypatch):
+    in_memory = load_events(path)
+    released = []
+    monkeypatch.setattr(events, "MAP_BYTES", 0)
+    monkeypatch.setattr(scan, "SCAN_BLOCK", 97)  # many blocks, boundaries everywhere
+    original = events.MappedTrace.release
+    monkeypatch.setattr(events.MappedTrace, "release", lambda self, end: released.append(end) or original(self, end))
+    _same(load_events(path), in_memory)
+    assert released  # pages were given back block by block
+    if path.is_file():  # the same trace uncompressed: mapped as it is
+        plain = tmp_path / "plain.json"
+        plain.write_bytes(gzip.open(path).read())
+        _same(load_events(plain), in_memory)
+
+
+def test_mapped_bad_input_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "MAP_BYTES", 0)
+    monkeypatch.setattr(scan, "SCAN_BLOCK", 50)
+    good = gzip.open(SAMPLE / "rank-0.json.gz").read()
+    cases = {
+        "cut.json.gz": gzip.compress(good)[:-2000],
+        "cut.json": good[: len(good) // 2],
+        "empty.json.gz": gzip.compress(b""),
+        "garbage.json.gz": b"\x1f\x8b" + b"\x00" * 100,
+    }
+    for name, data in cases.items():
+        f = tmp_path / name
+        f.write_bytes(data)
+        with pytest.raises(TraceError) as exc:
+            load_events(f)
+        assert str(f) in str(exc.value) and "\n" not in str(exc.value), name
