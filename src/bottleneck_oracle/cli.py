@@ -154,19 +154,22 @@ def _path_summary(a: StepAnalysis) -> str:
     return "critical path: " + ", ".join(parts) if parts else "critical path: empty"
 
 
-def _print_summary(analyses: list[StepAnalysis], source: str, top: int) -> None:
+def _print_summary(analyses: list[StepAnalysis], source: str, top: int, rows: list[list] | None = None, n_steps: int = 0) -> None:
+    """The summary of ``analyses``; or, for a run walked step by step, of the steps table ``rows``
+    (tables.step_row) of all ``n_steps`` steps with ``analyses`` holding only the slowest."""
     from bottleneck_oracle.report import tables
     from bottleneck_oracle.report.terminal import print_table
 
     out.print(Text("BottleneckOracle ", style="bold") + Text(f"{__version__} — {source}"))
-    print_table(out, tables.steps_table(analyses))
+    print_table(out, tables.steps_table(analyses, rows))
+    n_steps = n_steps or len(analyses)
     detailed = analyses
-    if len(analyses) > MAX_STEP_DETAILS:
+    if n_steps > MAX_STEP_DETAILS:
         slowest = sorted(analyses, key=lambda a: -a.step_time)[:MAX_STEP_DETAILS]
         detailed = [a for a in analyses if a in slowest]
         out.print(
             Text(
-                f"{len(analyses)} steps; details below for the {MAX_STEP_DETAILS} slowest (--step N for others, `summary` for every step against the median)"
+                f"{n_steps} steps; details below for the {MAX_STEP_DETAILS} slowest (--step N for others, `summary` for every step against the median)"
             )
         )
     for a in detailed:
@@ -254,6 +257,36 @@ def analyze(
     for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
         if target:
             check_target(target)
+    if not as_json and not (html or with_advice):  # step by step too: all rows, details of the slowest only
+        table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
+        if perfetto and table is None:
+            _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
+        from bottleneck_oracle.report.tables import step_row
+
+        rows, kept, paths = [], [], []
+        with err.status(f"analysing {path} ...", spinner="dots") if err.is_terminal else _null():
+            for a in stream:
+                rows.append(step_row(a))
+                if perfetto:
+                    from bottleneck_oracle.report.perfetto import critical_events
+
+                    paths.append(critical_events(a))
+                kept.append(a)
+                if len(kept) > MAX_STEP_DETAILS:  # keep the slowest (first ones on ties), in step order
+                    drop = min(range(len(kept)), key=lambda i: (kept[i].step_time, -i))
+                    del kept[drop]
+            if perfetto:
+                from bottleneck_oracle.report.perfetto import write_overlay_paths
+
+                write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
+        _print_summary(kept, str(path), k, rows, len(rows))
+        if table is not None and table.execution_traces:
+            out.print(Text(_et_line(table.execution_traces)))
+        if table is not None and table.clocks.get("hosts"):
+            out.print(Text(_clock_line(table.clocks["hosts"])))
+        if perfetto:
+            out.print(f"Perfetto trace: {perfetto}", highlight=False)
+        return
     if as_json and not (html or with_advice):  # step by step: a long run's graphs are never all held
         table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
         if perfetto and table is None:

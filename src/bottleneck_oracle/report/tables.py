@@ -71,7 +71,15 @@ def shorten(name: str, width: int) -> str:
     return s
 
 
-def steps_table(analyses: list[StepAnalysis]) -> TableModel:
+def step_row(a: StepAnalysis) -> list:
+    """One row of the steps table (kept per step when the analyses themselves are not)."""
+    b = a.breakdown()
+    return [a.graph.step if a.graph.step is not None else "-", len(a.graph.ranks), a.measured, a.step_time,
+            (a.step_time - a.measured) / (a.measured or 1), a.cpm.window, *[b[k] for k in BREAKDOWN_KEYS]]  # fmt: skip
+
+
+def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) -> TableModel:
+    """The steps table of ``analyses``, or of ``rows`` made by ``step_row``."""
     t = TableModel(
         "Steps (ms)",
         [Column("step", "key"), Column("ranks", "int"), Column("measured", "ms"), Column("CPM", "ms"), Column("error", "signed_pct"),
@@ -79,12 +87,7 @@ def steps_table(analyses: list[StepAnalysis]) -> TableModel:
         + [Column(k.replace("_", " ").replace("communication", "comm").replace("cpu overhead", "cpu ovh"), "ms") for k in BREAKDOWN_KEYS],
         caption="measured / CPM: slowest rank's step; window: first rank's start to last op's end; then the critical path by kind",
     )  # fmt: skip
-    for a in analyses:
-        b = a.breakdown()
-        t.rows.append(
-            [a.graph.step if a.graph.step is not None else "-", len(a.graph.ranks), a.measured, a.step_time,
-             (a.step_time - a.measured) / (a.measured or 1), a.cpm.window, *[b[k] for k in BREAKDOWN_KEYS]]
-        )  # fmt: skip
+    t.rows = rows if rows is not None else [step_row(a) for a in analyses]
     return t
 
 
