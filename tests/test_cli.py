@@ -239,3 +239,17 @@ def test_whatif_microbatches_on_a_pipeline_step(generated_grid, capsys):
     assert mb["formula_delta_us"] < 0  # same batch in more, smaller micro-batches: a smaller bubble
     code, _, err = run(["whatif", str(SAMPLE), "--microbatches", "8", "--no-model"], capsys)
     assert code == 2 and "not a pipeline-parallel step" in err
+
+
+def test_terminal_summary_walked_step_by_step_is_the_full_one(tmp_path, capsys, monkeypatch):
+    """The terminal run keeps only the 20 slowest steps' analyses; its output equals the one
+    printed from every step's analysis (the --html path holds them all)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_trace import generate
+
+    generate(tmp_path / "job", events=60_000, ranks=1)  # 27 steps: more than the 20 detailed
+    monkeypatch.setenv("COLUMNS", "120")
+    code, streamed, _ = run(["analyze", str(tmp_path / "job")], capsys)
+    code2, held, _ = run(["analyze", str(tmp_path / "job"), "--html", str(tmp_path / "r.html")], capsys)
+    assert code == code2 == 0 and "details below for the 20 slowest" in streamed
+    assert streamed == held.replace(f"HTML report: {tmp_path / 'r.html'}\n", "")
