@@ -116,3 +116,17 @@ def test_execution_trace_from_another_run_is_refused(tmp_path):
         load(PUBLIC / "cuda_event_sync_1gpu.json.gz", et=PUBLIC / "simple_add.pytorch_et.json.gz")
     with pytest.raises(TraceError, match="not a PyTorch execution trace"):
         load_execution_trace(PUBLIC / "cuda_event_sync_1gpu.json.gz")
+
+
+def test_chakra_through_the_cli(two_ranks, tmp_path, capsys):
+    """analyze walks Chakra input (one window, no event table) like Kineto input: terminal and JSON."""
+    import json as _json
+
+    from conftest import run_cli
+
+    code, out, _ = run_cli(["analyze", str(two_ranks)], capsys)
+    assert code == 0 and "Step (whole trace)" in out
+    code, out, _ = run_cli(["analyze", str(two_ranks), "--json"], capsys)
+    assert code == 0 and _json.loads(out)["ranks"] == [] and len(_json.loads(out)["steps"]) == 1
+    code, _, err = run_cli(["analyze", str(two_ranks), "--perfetto", str(tmp_path / "o.json")], capsys)
+    assert code == 2 and "Chakra ET input has none to annotate" in err and not (tmp_path / "o.json").exists()
