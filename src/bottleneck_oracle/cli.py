@@ -7,6 +7,7 @@ import json
 import sys
 import tempfile
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import orjson
@@ -224,6 +225,66 @@ def _clock_line(hosts: list[dict]) -> str:
     return f"Clocks: {len(hosts)} host(s), aligned to host {hosts[0]['host']}: " + ("; ".join(moved) or "nothing to align")
 
 
+def _check_overlay_input(path: Path, table, perfetto: Path | None) -> None:
+    if perfetto and table is None:
+        _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
+
+
+def _json_head(path: Path, table) -> dict:
+    return {"version": __version__, "input": str(path), "ranks": table.ranks if table else []}
+
+
+def _json_tail(table) -> dict:
+    """What ``--json`` says of the whole input after its steps: execution traces, clocks."""
+    tail = {}
+    if table is not None and table.execution_traces:
+        tail["execution_traces"] = table.execution_traces
+    if table is not None and table.clocks:
+        tail["clocks"] = table.clocks
+    return tail
+
+
+def _print_table_lines(table) -> None:
+    """The terminal's lines on the whole input after the steps: execution traces, clocks."""
+    if table is not None and table.execution_traces:
+        out.print(Text(_et_line(table.execution_traces)))
+    if table is not None and table.clocks.get("hosts"):
+        out.print(Text(_clock_line(table.clocks["hosts"])))
+
+
+def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None) -> None:
+    """``analyze`` without --html / --advise, one step at a time: each step leaves its JSON
+    (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
+    its critical events for --perfetto; the terminal keeps the analyses of the slowest steps only."""
+    from bottleneck_oracle.report.perfetto import critical_events, write_overlay_paths
+    from bottleneck_oracle.report.tables import step_row
+
+    table, stream = api.analyze_stream(path, steps, cfg, et, executor)
+    _check_overlay_input(path, table, perfetto)
+    rows, kept, paths = [], [], []
+    status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
+    with tempfile.TemporaryFile(prefix="bottleneck-oracle-") if as_json else nullcontext() as spool, status:
+        for n, a in enumerate(stream):
+            if as_json:
+                spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))
+            else:
+                rows.append(step_row(a))
+                kept.append(a)
+                if len(kept) > MAX_STEP_DETAILS:  # keep the slowest (first ones on ties), in step order
+                    del kept[min(range(len(kept)), key=lambda i: (kept[i].step_time, -i))]
+            if perfetto:
+                paths.append(critical_events(a))
+        if perfetto:
+            write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
+        if as_json:
+            _print_json_spooled(_json_head(path, table), spool, _json_tail(table))
+            return
+    _print_summary(kept, str(path), k, rows, len(rows))
+    _print_table_lines(table)
+    if perfetto:
+        out.print(f"Perfetto trace: {perfetto}", highlight=False)
+
+
 @app.command()
 def analyze(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
@@ -257,66 +318,15 @@ def analyze(
     for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
         if target:
             check_target(target)
-    if not as_json and not (html or with_advice):  # step by step too: all rows, details of the slowest only
-        table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
-        if perfetto and table is None:
-            _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
-        from bottleneck_oracle.report.tables import step_row
-
-        rows, kept, paths = [], [], []
-        with err.status(f"analysing {path} ...", spinner="dots") if err.is_terminal else _null():
-            for a in stream:
-                rows.append(step_row(a))
-                if perfetto:
-                    from bottleneck_oracle.report.perfetto import critical_events
-
-                    paths.append(critical_events(a))
-                kept.append(a)
-                if len(kept) > MAX_STEP_DETAILS:  # keep the slowest (first ones on ties), in step order
-                    drop = min(range(len(kept)), key=lambda i: (kept[i].step_time, -i))
-                    del kept[drop]
-            if perfetto:
-                from bottleneck_oracle.report.perfetto import write_overlay_paths
-
-                write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        _print_summary(kept, str(path), k, rows, len(rows))
-        if table is not None and table.execution_traces:
-            out.print(Text(_et_line(table.execution_traces)))
-        if table is not None and table.clocks.get("hosts"):
-            out.print(Text(_clock_line(table.clocks["hosts"])))
-        if perfetto:
-            out.print(f"Perfetto trace: {perfetto}", highlight=False)
+    if not (html or with_advice):  # step by step: a long run's graphs are never all held
+        _analyze_stepwise(path, step or None, cfg, et, executor, k, as_json, perfetto)
         return
-    if as_json and not (html or with_advice):  # step by step: a long run's graphs are never all held
-        table, stream = api.analyze_stream(path, step or None, cfg, et, executor)
-        if perfetto and table is None:
-            _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
-        paths = []
-        with tempfile.TemporaryFile(prefix="bottleneck-oracle-") as spool:  # steps' JSON, printed once all succeeded
-            for n_steps, a in enumerate(stream):
-                spool.write((b",\n" if n_steps else b"") + _dumps(a.to_dict(k)))
-                if perfetto:
-                    from bottleneck_oracle.report.perfetto import critical_events
-
-                    paths.append(critical_events(a))
-            if perfetto:
-                from bottleneck_oracle.report.perfetto import write_overlay_paths
-
-                write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-            tail = {}
-            if table is not None and table.execution_traces:
-                tail["execution_traces"] = table.execution_traces
-            if table is not None and table.clocks:
-                tail["clocks"] = table.clocks
-            _print_json_spooled({"version": __version__, "input": str(path), "ranks": table.ranks if table else []}, spool, tail)
-        return
-    with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else _null():
+    with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
         table, analyses = api.analyze(path, step or None, cfg, et, executor)
-    if perfetto and table is None:
-        _fail(f"{path}: --perfetto marks the critical path in a Kineto trace; Chakra ET input has none to annotate")
+    _check_overlay_input(path, table, perfetto)
     extras = {}
     if with_advice:
-        with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else _null():
+        with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
             rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=not no_model)
         extras = {
             r["step"]: {
@@ -337,11 +347,7 @@ def analyze(
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
-        doc = {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "steps": [a.to_dict(k) for a in analyses]}
-        if table is not None and table.execution_traces:
-            doc["execution_traces"] = table.execution_traces
-        if table is not None and table.clocks:
-            doc["clocks"] = table.clocks
+        doc = {**_json_head(path, table), "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 s_doc["blame"] = extras[s_doc["step"]]["blame"]
@@ -349,10 +355,7 @@ def analyze(
         _print_json(doc)
         return
     _print_summary(analyses, str(path), k)
-    if table is not None and table.execution_traces:
-        out.print(Text(_et_line(table.execution_traces)))
-    if table is not None and table.clocks.get("hosts"):
-        out.print(Text(_clock_line(table.clocks["hosts"])))
+    _print_table_lines(table)
     for step_no, x in extras.items():
         top_b = x["blame"]["nodes"][:3]
         if top_b:
@@ -840,14 +843,6 @@ def compare(
 def version() -> None:
     """Print the version."""
     out.print(__version__)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
