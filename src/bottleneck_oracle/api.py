@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Executor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +100,34 @@ def build(
     (this machine's processes), "dask" (a Dask LocalCluster), "dask://HOST:PORT" (a running
     Dask scheduler), a ``distributed.Client``, or any ``concurrent.futures.Executor``. The
     answers are the same on every one (graph_pipeline.engine)."""
+    table, gs = _graph_stream(path, steps, config, et, executor)
+    return table, list(gs)
+
+
+def _graph_stream(
+    path: str | Path, steps: list[int] | None, config: Config | None, et: str | Path | None, executor: ExecutorSpec
+) -> tuple[EventTable | None, Iterator[ExecutionGraph]]:
+    """``build``'s graphs one at a time. The input is read and the steps checked here (bad input
+    raises before the first graph); the engine is shut down when the iterator ends."""
     if chakra.is_chakra(path):
-        return None, [chakra.chakra_graph(path)]
-    with _engine(executor) as eng:
+        return None, iter([chakra.chakra_graph(path)])
+    stack = ExitStack()
+    try:
+        eng = stack.enter_context(_engine(executor))
         table = load(path, et, (config or Config()).graph.ranks_per_host, eng)
-        gs = graphs(table, steps, config, eng)
-    table.drop_caches()
-    return table, gs
+        graphs_of = iter_graphs(table, steps, _options(config), eng)
+    except BaseException:
+        stack.close()
+        raise
+
+    def run() -> Iterator[ExecutionGraph]:
+        with stack:
+            try:
+                yield from graphs_of
+            finally:
+                table.drop_caches()
+
+    return table, run()
 
 
 def analyze(
@@ -117,9 +138,8 @@ def analyze(
     executor: ExecutorSpec = None,
 ) -> tuple[EventTable | None, list[StepAnalysis]]:
     """Build and run the critical path method on every selected step (``executor``: see ``build``)."""
-    table, gs = build(path, steps, config, et, executor)
-    gap = (config or Config()).analysis.untraced_gap_us
-    return table, [StepAnalysis.of(g, gap) for g in gs]
+    table, stream = analyze_stream(path, steps, config, et, executor)
+    return table, list(stream)
 
 
 def analyze_stream(
@@ -132,29 +152,9 @@ def analyze_stream(
     """``analyze``, one step at a time: each step's graph is built and analysed when the iterator
     reaches it, so a run of thousands of steps never holds every graph at once. Bad input (a
     missing step, traces of different runs) raises here, before the first step."""
-    cfg = config or Config()
-    gap = cfg.analysis.untraced_gap_us
-    if chakra.is_chakra(path):
-        return None, iter([StepAnalysis.of(chakra.chakra_graph(path), gap)])
-    eng = make_engine(executor) if executor is not None else None
-    try:
-        table = load(path, et, cfg.graph.ranks_per_host, eng)
-        graphs_of = iter_graphs(table, steps, _options(cfg), eng)
-    except BaseException:
-        if eng is not None and eng is not executor:
-            eng.close()
-        raise
-
-    def run() -> Iterator[StepAnalysis]:
-        try:
-            for g in graphs_of:
-                yield StepAnalysis.of(g, gap)
-        finally:
-            table.drop_caches()
-            if eng is not None and eng is not executor:
-                eng.close()
-
-    return table, run()
+    gap = (config or Config()).analysis.untraced_gap_us
+    table, gs = _graph_stream(path, steps, config, et, executor)
+    return table, (StepAnalysis.of(g, gap) for g in gs)
 
 
 def whatif(
