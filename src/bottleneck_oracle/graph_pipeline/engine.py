@@ -33,17 +33,27 @@ def _call_with_shared(fn: Callable, item: Any) -> Any:
     return fn(_SHARED["data"], item)
 
 
-class LocalEngine:
+class Engine:
+    """An engine (module docstring). What every engine does with ``imap``: ``map`` lists it; ``close`` has nothing to free."""
+
+    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+        raise NotImplementedError
+
+    def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
+        """``[fn(shared, item) for item in items]``, where the engine runs its work."""
+        return list(self.imap(fn, items, shared, workers))
+
+    def close(self) -> None:
+        pass
+
+
+class LocalEngine(Engine):
     """Processes of this machine; one when ``workers`` is 1 (then nothing is copied)."""
 
     name = "local"
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
-
-    def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
-        """``[fn(shared, item) for item in items]``, on up to ``workers`` forked processes."""
-        return list(self.imap(fn, items, shared, workers))
 
     def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
         """The results of ``map`` one at a time, in input order, as they are ready."""
@@ -61,11 +71,8 @@ class LocalEngine:
         finally:  # a failed item (a bad file) stops the rest at once instead of waiting for every queued one
             pool.shutdown(wait=done, cancel_futures=not done)
 
-    def close(self) -> None:
-        pass
 
-
-class FuturesEngine:
+class FuturesEngine(Engine):
     """Any concurrent.futures.Executor; ``shared`` travels with each task."""
 
     name = "executor"
@@ -73,18 +80,12 @@ class FuturesEngine:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
 
-    def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
-        return list(self.imap(fn, items, shared, workers))
-
     def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
         items = list(items)
         yield from self.executor.map(fn, [shared] * len(items), items)
 
-    def close(self) -> None:
-        pass
 
-
-class DaskEngine:
+class DaskEngine(Engine):
     """A Dask distributed cluster: this machine's LocalCluster, or a scheduler's address."""
 
     name = "dask"
@@ -110,9 +111,6 @@ class DaskEngine:
             )
             self.client = Client(self._cluster)
 
-    def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
-        return list(self.imap(fn, items, shared, workers))
-
     def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
         """Results in input order; each is released on the cluster once fetched."""
         items = list(items)
@@ -134,15 +132,12 @@ class DaskEngine:
                 self._cluster.close()
 
 
-Engine = LocalEngine | FuturesEngine | DaskEngine
-
-
 def make_engine(spec: str | Executor | Any | None = None, workers: int | None = None) -> Engine:
     """An engine from ``local`` / ``dask`` / ``dask://HOST:PORT`` / ``tcp://HOST:PORT``, a
     concurrent.futures.Executor, a distributed.Client, or None (local)."""
     if spec is None or spec == "local":
         return LocalEngine(workers)
-    if isinstance(spec, (LocalEngine, FuturesEngine, DaskEngine)):
+    if isinstance(spec, Engine):
         return spec
     if isinstance(spec, Executor):
         return FuturesEngine(spec)
