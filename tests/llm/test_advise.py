@@ -79,34 +79,46 @@ def test_offline_advice_is_validated_by_replay_and_ranked(step):
         assert r["reason"]
 
 
+def _serve(respond) -> tuple[ThreadingHTTPServer, str]:
+    """A loopback HTTP server whose POSTs ``respond(handler)`` answers; (server, its /v1 URL)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            respond(self)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+
+
+def _headers(handler: BaseHTTPRequestHandler, data: bytes) -> None:
+    """A 200 JSON reply's status and headers, for a body of ``data``."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+
+
 class _Server:
     """A chat-completions endpoint on loopback that answers with queued replies and records requests."""
 
     def __init__(self, replies: list[str]) -> None:
         self.replies = list(replies)
         self.requests: list[dict] = []
-        outer = self
+        self.httpd, self.url = _serve(self._respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                content = outer.replies.pop(0) if outer.replies else '{"suggestions": []}'
-                reply = {"id": "x", "object": "chat.completion", "model": body["model"],
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}  # fmt: skip
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _respond(self, h: BaseHTTPRequestHandler) -> None:
+        body = json.loads(h.rfile.read(int(h.headers["Content-Length"])))
+        self.requests.append({"path": h.path, "auth": h.headers.get("Authorization"), "body": body})
+        content = self.replies.pop(0) if self.replies else '{"suggestions": []}'
+        reply = {"id": "x", "object": "chat.completion", "model": body["model"],
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}  # fmt: skip
+        data = json.dumps(reply).encode()
+        _headers(h, data)
+        h.wfile.write(data)
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -222,37 +234,26 @@ class _Hostile:
 
     def __init__(self, mode: str) -> None:
         self.mode, self.calls = mode, 0
-        outer = self
+        self.httpd, self.url = _serve(self._respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                outer.calls += 1
-                if outer.mode == "503-then-ok" and outer.calls == 1:
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                content = "[" * 100_000 + "]" * 100_000 if outer.mode == "deep" else VALID
-                data = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if outer.mode == "drip":
-                    for b in data[:50]:
-                        self.wfile.write(bytes([b]))
-                        self.wfile.flush()
-                        time.sleep(0.2)
-                    return
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _respond(self, h: BaseHTTPRequestHandler) -> None:
+        h.rfile.read(int(h.headers["Content-Length"]))
+        self.calls += 1
+        if self.mode == "503-then-ok" and self.calls == 1:
+            h.send_response(503)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        content = "[" * 100_000 + "]" * 100_000 if self.mode == "deep" else VALID
+        data = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+        _headers(h, data)
+        if self.mode == "drip":
+            for b in data[:50]:
+                h.wfile.write(bytes([b]))
+                h.wfile.flush()
+                time.sleep(0.2)
+            return
+        h.wfile.write(data)
 
 
 def test_a_slow_drip_server_hits_the_deadline():
