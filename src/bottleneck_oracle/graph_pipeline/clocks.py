@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
-from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
-from bottleneck_oracle.graph_pipeline.schema import collective_kind
+from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
 
 SUSPECT_US = 1000.0
 """A rank whose collectives end this much earlier or later than the lowest rank's, steadily,
@@ -68,15 +68,9 @@ def hosts_by_block(ranks: list[int], ranks_per_host: int) -> dict[int, int]:
 def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rank, end, instance) of every symmetric collective seen on two or more ranks."""
     c = table.cols
-    names = table.names
-    kind_of = np.array([collective_kind(n) for n in names], dtype=np.int16)
-    lower = [n.lower() for n in names]
-    gloo = np.array([n.startswith("gloo:") for n in lower], dtype=bool)
-    nccl = np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool)
+    kind_of, gloo, nccl, _ = name_flags(table.names)
     code = c["name"]
-    net = ((gloo[code] & (c["cls"] == EvClass.CPU)) | (nccl[code] & (c["cls"] == EvClass.KERNEL))) & np.isin(
-        kind_of[code], np.array(SYMMETRIC, dtype=np.int16)
-    )
+    net = is_network(code, c["cls"], gloo, nccl) & np.isin(kind_of[code], np.array(SYMMETRIC, dtype=np.int8))
     rows = np.flatnonzero(net)
     empty = np.zeros(0)
     if not len(rows):
@@ -89,7 +83,7 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
         step[inside] = s.number
     pg = c["pg"][rows].astype(np.int64)
     group = np.unique(np.stack([step, pg]), axis=1, return_inverse=True)[1].reshape(-1)
-    ckind = kind_of[code[rows]].astype(np.int8)
+    ckind = kind_of[code[rows]]
     inst = match_instances(rank, anchor, ckind, group, c["msg_nelems"][rows])
     keep = inst >= 0
     end = c["ts"][rows] + c["dur"][rows]

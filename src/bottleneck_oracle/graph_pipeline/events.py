@@ -472,7 +472,7 @@ def _name(b: bytes) -> str:
 
 
 class _Builder:
-    """The columns of one trace file, from the scanner's output (``_merge`` joins files).
+    """The columns of one trace file, from the scanner's output (``_Merger`` joins files).
 
     The scanner gives the columns every event has; arguments only a few events carry
     (CUDA sync details, collective sizes, peers) are decoded for those events and stored
@@ -737,7 +737,8 @@ class _Merger:
         remap = np.array([self.codes[n] for n in b.names], dtype=np.int32)
         pg_remap = np.array([self.pg_codes.setdefault(k, len(self.pg_codes)) for k in b.pg_codes], dtype=np.int32)
         shift = float(b.base - self.base)
-        size = Path(b.path).stat().st_size if b.path and Path(b.path).exists() else 1
+        # the first file's bytes size the columns (rows per byte); later files only fill them
+        size = Path(b.path).stat().st_size if not self.cols and b.path and Path(b.path).exists() else 1
         for part in b.parts:
             m = len(part["ts"])
             self._reserve(m, part, size)
@@ -773,14 +774,6 @@ class _Merger:
             t0=float(self.base or 0.0) + first, names=self.names, cols=cols, steps=step_list, flows=fl,
             files=self.files, meta=self.meta, thread_names=self.thread_names,
         )  # fmt: skip
-
-
-def _merge(builders: list[_Builder]) -> EventTable:
-    """One table from per-file builders (see _Merger)."""
-    merger = _Merger(sum(Path(b.path).stat().st_size for b in builders if b.path and Path(b.path).exists()))
-    for b in builders:
-        merger.add(b)
-    return merger.table()
 
 
 def trace_files(path: str | Path) -> list[Path]:

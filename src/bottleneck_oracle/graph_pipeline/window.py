@@ -172,6 +172,24 @@ class Window:
         return np.where(self.is_net, self.c["msg_nelems"][self.node_rows] * elem, np.nan)
 
 
+def name_flags(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per name: its CollectiveKind (-1: none), whether it is a gloo backend op, an NCCL kernel,
+    a c10d call that is not a wait."""
+    lower = [n.lower() for n in names]
+    return (
+        np.array([collective_kind(n) for n in names], dtype=np.int8),
+        np.array([n.startswith("gloo:") for n in lower], dtype=bool),
+        np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool),
+        np.array([n.startswith("c10d::") and "wait" not in n for n in lower], dtype=bool),
+    )
+
+
+def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.ndarray) -> np.ndarray:
+    """Events that are network ops: a gloo backend op on the CPU, an NCCL kernel on the GPU
+    (``gloo`` and ``nccl`` per name code, from name_flags)."""
+    return (gloo[name] & (cls == EvClass.CPU)) | (nccl[name] & (cls == EvClass.KERNEL))
+
+
 def make_window(table: EventTable, step: int | None) -> Window:
     rows, w0, measured, steps = select_window(table, step)
     c, rows, names = _with_step_ends(table, rows, steps)
@@ -179,11 +197,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     dur = c["dur"]
     end = ts + dur
     cls = c["cls"]
-    lower = [n.lower() for n in names]
-    name_coll = np.array([collective_kind(n) for n in names], dtype=np.int8)
-    name_gloo = np.array([n.startswith("gloo:") for n in lower], dtype=bool)
-    name_nccl = np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool)
-    name_c10d = np.array([n.startswith("c10d::") and "wait" not in n for n in lower], dtype=bool)
+    name_coll, name_gloo, name_nccl, name_c10d = name_flags(names)
 
     # CPU leaves: sorted by (thread, ts, -dur), an event is a leaf if the next one on its
     # thread starts at or after its end (leaves of one thread therefore never overlap)
@@ -214,7 +228,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     ev2node = np.full(len(ts), -1, dtype=np.int64)
     ev2node[node_rows] = np.arange(len(node_rows))
     nname, ncls = c["name"][node_rows], cls[node_rows]
-    is_net = (name_gloo[nname] & (ncls == EvClass.CPU)) | (name_nccl[nname] & (ncls == EvClass.KERNEL))
+    is_net = is_network(nname, ncls, name_gloo, name_nccl)
 
     # a GPU op queued behind work an earlier step launched on its stream starts when that ends
     carry = np.full(len(node_rows), -np.inf)
