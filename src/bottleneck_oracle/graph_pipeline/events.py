@@ -17,6 +17,8 @@ import re
 import tempfile
 import warnings
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -220,6 +222,24 @@ class EventTable:
 _CHUNK = 64 * 2**20  # bytes read at a time from a gzip stream (the whole trace is never asked for at once)
 
 
+def _too_large(path: Path, inflated: bool) -> TraceError:
+    what = "decompresses to more than" if inflated else "larger than"
+    return TraceError(path, f"{what} {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
+
+
+@contextmanager
+def _read_errors(path: Path) -> Iterator[None]:
+    """Errors of reading a trace file as one TraceError naming the file and the problem."""
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceError(path, f"corrupt or truncated gzip data ({exc.__class__.__name__}: {exc})") from None
+    except MemoryError:
+        raise TraceError(path, "not enough memory to read the trace (see the limits in the README)") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
 def read_bytes(path: Path) -> bytes | bytearray:
     """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named.
 
@@ -232,23 +252,15 @@ def read_bytes(path: Path) -> bytes | bytearray:
         raise TraceError(path, "is a folder, expected a trace file")
     if not path.is_file():
         raise TraceError(path, "is not a regular file (a FIFO, device or socket); pass a trace file")
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(2)
-            fh.seek(0)
-            if head == b"\x1f\x8b":
-                raw = _gunzip(path, fh)
-            else:
-                size = os.fstat(fh.fileno()).st_size
-                if size > MAX_TRACE_BYTES:
-                    raise TraceError(path, f"larger than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
-                raw = fh.read()
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise TraceError(path, f"corrupt or truncated gzip data ({exc.__class__.__name__}: {exc})") from None
-    except MemoryError:
-        raise TraceError(path, "not enough memory to read the trace (see the limits in the README)") from None
-    except OSError as exc:
-        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    with _read_errors(path), open(path, "rb") as fh:
+        head = fh.read(2)
+        fh.seek(0)
+        if head == b"\x1f\x8b":
+            raw = _gunzip(path, fh)
+        else:
+            if os.fstat(fh.fileno()).st_size > MAX_TRACE_BYTES:
+                raise _too_large(path, inflated=False)
+            raw = fh.read()
     if not raw or raw.isspace():  # (strip() would copy a gigabyte to find out)
         raise TraceError(path, "file is empty")
     return raw
@@ -291,15 +303,13 @@ def map_trace(path: Path) -> bytes | bytearray | MappedTrace:
         size = 0
     if size < MAP_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
         return read_bytes(path)
-    try:
+    with _read_errors(path):
         with open(path, "rb") as fh:
             gz = fh.read(2) == b"\x1f\x8b"
         if not gz:
-            fh = open(path, "rb")  # noqa: SIM115 - kept open for the mapping's lifetime
             if size > MAX_TRACE_BYTES:
-                fh.close()
-                raise TraceError(path, f"larger than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
-            return MappedTrace(fh)
+                raise _too_large(path, inflated=False)
+            return MappedTrace(open(path, "rb"))  # noqa: SIM115 - kept open for the mapping's lifetime
         tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
         total = 0
         with gzip.open(path, "rb") as src:
@@ -307,19 +317,13 @@ def map_trace(path: Path) -> bytes | bytearray | MappedTrace:
                 total += len(chunk)
                 if total > MAX_TRACE_BYTES:
                     tmp.close()
-                    raise TraceError(
-                        path, f"decompresses to more than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window"
-                    )
+                    raise _too_large(path, inflated=True)
                 tmp.write(chunk)
         tmp.flush()
         if total == 0:
             tmp.close()
             raise TraceError(path, "file is empty")
         return MappedTrace(tmp)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise TraceError(path, f"corrupt or truncated gzip data ({exc.__class__.__name__}: {exc})") from None
-    except OSError as exc:
-        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
 def _gunzip(path: Path, fh) -> bytearray:
@@ -344,9 +348,7 @@ def _gunzip(path: Path, fh) -> bytearray:
         del buf[n:]
         while chunk := gz.read(_CHUNK):  # more than the trailer said (several members, a size above 4 GiB)
             if len(buf) + len(chunk) > MAX_TRACE_BYTES:
-                raise TraceError(
-                    path, f"decompresses to more than {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window"
-                )
+                raise _too_large(path, inflated=True)
             buf += chunk
     return buf
 
