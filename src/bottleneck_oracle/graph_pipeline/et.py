@@ -212,8 +212,9 @@ def _steady(m: list[tuple[int, int]], rf_id: np.ndarray, key: np.ndarray) -> boo
     return float((np.diff(off) == 0).mean()) >= 0.8
 
 
-def _join(et: ExecutionTrace, table: EventTable, key: np.ndarray, cpu: np.ndarray) -> tuple[np.ndarray, str]:
-    """Kineto row per ET node (-1: none) and the rule that joined them.
+def _join(et: ExecutionTrace, table: EventTable, key: np.ndarray, cpu: np.ndarray, ops: np.ndarray) -> tuple[np.ndarray, str]:
+    """Kineto row per ET node (-1: none) and the rule that joined them (``ops``: the nodes that
+    are ops, not the ET's own process and thread nodes).
 
     First by id: the ET's rf_id equals the Kineto op's record-function id with the same name
     (one profiler session, one thread). Where that leaves most ops unjoined, by thread order:
@@ -230,7 +231,6 @@ def _join(et: ExecutionTrace, table: EventTable, key: np.ndarray, cpu: np.ndarra
         r = by_id.get(rf, -1)
         if r >= 0 and names[c["name"][r]] == name:
             direct[i] = r
-    ops = np.array([not n.startswith(_PROFILER_NODE) for n in et.names], dtype=bool)
     if (direct[ops] >= 0).mean() >= 0.9 if ops.any() else True:
         return direct, "record-function id"
     aligned = np.full(len(et.names), -1, dtype=np.int64)
@@ -273,8 +273,8 @@ def attach(table: EventTable, traces: list[ExecutionTrace]) -> int:
     for et in traces:
         if et.rank not in table.files:
             raise TraceError(et.path, f"rank {et.rank} has no Kineto trace (ranks: {table.ranks})")
-        row_of, rule = _join(et, table, key, cpu)
-        ops = np.array([not n.startswith(_PROFILER_NODE) for n in et.names], dtype=bool)
+        ops = np.array([not n.startswith(_PROFILER_NODE) for n in et.names], dtype=bool)  # the ET's op nodes
+        row_of, rule = _join(et, table, key, cpu, ops)
         et.op_nodes, et.joined, et.join_rule = int(ops.sum()), int((row_of[ops] >= 0).sum()), rule
         if et.joined == 0:
             raise TraceError(
