@@ -102,3 +102,29 @@ def generated_grid(tmp_path_factory) -> tuple[Path, object]:
     out = tmp_path_factory.mktemp("grid")
     generate(grid, out)
     return out, grid
+
+
+def loopback_server(respond) -> tuple:
+    """A loopback HTTP server whose POSTs ``respond(handler)`` answers: (server, its base URL).
+    The tests' stand-in for an OpenAI-compatible LLM server, spoken to over real HTTP."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            respond(self)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def json_headers(handler, data: bytes, status: int = 200, kind: str = "application/json") -> None:
+    """A reply's status and headers, for a body of ``data``."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", kind)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PUBLIC, SAMPLE, run_cli
+from conftest import PUBLIC, SAMPLE, json_headers, loopback_server, run_cli
 
 SMALL = PUBLIC / "cuda_event_sync_1gpu.json.gz"  # 1 GPU, one step: fast to analyse
 
@@ -171,12 +171,188 @@ def corpus(root: Path) -> list[tuple[str, list[str], Path | None]]:
         "unknown_command": ["frobnicate", s],
     }.items():
         cases.append((case, args, None))
+    cases += bomb_cases(root) + model_cases(root) + dataset_cases(root)
     return cases
 
 
+def gzip_bomb(path: Path, head: bytes, unit: bytes, inflated: int, tail: bytes) -> Path:
+    """A gzip file of ``head`` + ``unit`` repeated to about ``inflated`` bytes + ``tail``: one
+    compressed member written again and again (valid gzip; about 1000:1), made in milliseconds."""
+    block = unit * max(1, (1 << 20) // len(unit))
+    member = gzip.compress(block, 9)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(head))
+        for _ in range(max(1, inflated // len(block))):
+            f.write(member)
+        f.write(gzip.compress(tail))
+    return path
+
+
+EVENT = b'{"ph":"X","name":"aten::mm","ts":1,"dur":1,"pid":1,"tid":1},'
+LAST = b'{"ph":"X","name":"aten::mm","ts":2,"dur":1,"pid":1,"tid":1}]}'
+
+
+def bomb_cases(root: Path, inflated: int = 300 * 2**20) -> list[tuple[str, list[str], Path | None]]:
+    """Small files that inflate to hundreds of MB (the slow tests use gigabytes): refused after
+    tens of MB, whatever they inflate to."""
+    zeros = gzip_bomb(root / "zeros_array.json.gz", b"[", b"0,", inflated, b"0]")
+    events = gzip_bomb(root / "events_bomb.json.gz", b'{"traceEvents":[', EVENT, inflated, LAST)
+    et = gzip_bomb(root / "zeros.et.gz", b"", b"\0" * 4096, inflated, b"")
+    et_json = gzip_bomb(root / "et_bomb.json.gz", b'{"schema": "1.0.1", "nodes": [', b'{"id": 1, "name": "x"},', inflated, b'{"id": 2}]}')
+    s = str(SAMPLE)
+    return [
+        ("bomb:zeros_array", ["analyze", str(zeros), "--json"], None),
+        ("bomb:events", ["analyze", str(events), "--html", str(root / "bomb.html")], root / "bomb.html"),
+        ("bomb:et_zeros", ["analyze", s, "--et", str(et)], None),
+        ("bomb:et_json", ["analyze", s, "--et", str(et_json), "--json"], None),
+        ("bomb:summary", ["summary", str(events)], None),
+    ]
+
+
+def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
+    """Damaged and hostile checkpoints (made from the shipped one): each one error line, before
+    anything of the sizes it claims is allocated."""
+    import argparse
+
+    import torch
+
+    from bottleneck_oracle.models.predict import pretrained_path
+
+    def variant(name: str, change) -> Path:
+        ckpt = torch.load(pretrained_path(), weights_only=True)
+        change(ckpt)
+        path = root / f"{name}.pt"
+        torch.save(ckpt, path)
+        return path
+
+    def each_gat(fn):
+        return lambda c: [fn(v) for v in c["gat"].values()]
+
+    checkpoints = {
+        "absurd_hidden": variant("hidden", each_gat(lambda v: v["config"].update(hidden=10**8))),
+        "hidden_not_matching_weights": variant("hidden64", each_gat(lambda v: v["config"].update(hidden=64))),
+        "weights_missing": variant("noweight", each_gat(lambda v: v["state"].pop(next(iter(v["state"]))))),
+        "no_models": variant("nogat", lambda c: c.pop("gat")),
+        "config_wrong_type": variant("cfgtype", each_gat(lambda v: v["config"].update(layers="three"))),
+        "feature_ranges_junk": variant("ranges", lambda c: c.update(feature_ranges={"compute": "wide"})),
+        "another_format": variant("format", lambda c: c.update(format="something-else")),
+    }
+    not_a_dict = root / "list.pt"
+    torch.save([1, 2, 3], not_a_dict)
+    checkpoints["not_a_dict"] = not_a_dict
+    code = root / "code.pt"
+    torch.save({"format": argparse.Namespace(x=1)}, code)  # weights_only refuses to build a class
+    checkpoints["pickled_object"] = code
+    s = str(SAMPLE)
+    cases = []
+    for case, path in checkpoints.items():
+        cases.append((f"checkpoint:{case}", ["whatif", s, "--edit", "rank=1,scale=0.5", "--checkpoint", str(path)], None))
+    cases.append(("checkpoint:blame_absurd_hidden", ["blame", s, "--checkpoint", str(checkpoints["absurd_hidden"])], None))
+    return cases
+
+
+def dataset_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
+    """Damaged datasets and run manifests for train, eval and build-dataset."""
+    from bottleneck_oracle.models.predict import pretrained_path
+
+    row = {"id": "r/step-1", "path": str(root / "none.pt"), "split_random": "train", "split_ood_size": "train",
+           "split_ood_layout": "train", "split_ood_injection": "train", "whatif": None}  # fmt: skip
+
+    def dataset(name: str, lines: list[str]) -> Path:
+        d = root / name
+        d.mkdir()
+        (d / "dataset.jsonl").write_text("\n".join(lines) + "\n")
+        return d
+
+    junk_sample = root / "junk_sample.pt"
+    junk_sample.write_bytes(os.urandom(300))
+    sets = {
+        "junk_line": dataset("ds_junk", [json.dumps(row), "{not json"]),
+        "row_not_object": dataset("ds_list", ["[1, 2]"]),
+        "row_missing_split": dataset("ds_missing", [json.dumps({k: v for k, v in row.items() if k != "split_random"})]),
+        "path_not_string": dataset("ds_pathnum", [json.dumps({**row, "path": 5})]),
+        "sample_missing": dataset("ds_nosample", [json.dumps(row)]),
+        "sample_junk": dataset("ds_junksample", [json.dumps({**row, "path": str(junk_sample)})]),
+    }
+    cases = []
+    for case, d in sets.items():
+        cases.append((f"dataset:train_{case}", ["train", "--dataset", str(d), "--out", str(root / f"ck_{case}")], None))
+    cases.append(("dataset:eval_junk_line", ["eval", "--checkpoint", str(pretrained_path()), "--dataset", str(sets["junk_line"])], None))
+    for case, lines in {"manifest_junk": ["{oops"], "manifest_missing_keys": [json.dumps({"run_id": "x"})]}.items():
+        raw = root / case
+        raw.mkdir()
+        (raw / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+        cases.append((f"dataset:{case}", ["build-dataset", str(raw), "--out", str(root / f"out_{case}")], None))
+    return cases
+
+
+class HostileLLM:
+    """An OpenAI-compatible endpoint on loopback that misbehaves in the way its URL names
+    (``<url>/<mode>/v1``): junk bodies, wrong shapes, error codes, huge or deep replies,
+    oversized numbers, hostile edits and terminal escapes in the explanation."""
+
+    def __init__(self) -> None:
+        self.httpd, self.url = loopback_server(self._respond)
+
+    @staticmethod
+    def content(mode: str) -> str:
+        one = {
+            "recipe": "dp-allreduce-overlap",
+            "explanation": "The all-reduce waits on the path.",
+            "edits": ["name~=all_reduce,scale=0.5"],
+        }
+        return {
+            "deep": "[" * 100_000 + "]" * 100_000,
+            "big_int": '{"suggestions": [{"recipe": ' + "9" * 5000 + ', "explanation": "x", "edits": ["rank=1,scale=0.5"]}]}',
+            "big_id_edit": json.dumps({"suggestions": [{**one, "edits": ["id=99999999999999999999999,scale=0.5"]}]}),
+            "hostile_edits": json.dumps(
+                {"suggestions": [{**one, "edits": ["rank=1,delay_ms=-1e12"]}, {**one, "edits": ["rank=1,scale=nan"]}]}
+            ),
+            "escapes": json.dumps({"suggestions": [{**one, "explanation": "\x1b[2J\x1b]8;;file:///etc/passwd\x07[link=x]click[/link]"}]}),
+            "not_suggestions": json.dumps({"answer": 42}),
+            "prose": "Sure! Here is my advice: overlap the all-reduce.",
+        }.get(mode, json.dumps({"suggestions": [one]}))
+
+    def _respond(self, h) -> None:
+        h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        mode = h.path.strip("/").split("/")[0]
+        if mode in ("s500", "s404"):
+            json_headers(h, b"{}", status=int(mode[1:]))
+            h.wfile.write(b"{}")
+            return
+        if mode == "html":
+            data = b"<html><body>Bad gateway</body></html>"
+            json_headers(h, data, kind="text/html")
+        elif mode == "junk_body":
+            data = os.urandom(2000)
+            json_headers(h, data)
+        elif mode == "huge":
+            data = json.dumps({"choices": [{"message": {"content": "x" * 3_000_000}}]}).encode()
+            json_headers(h, data)
+        elif mode == "no_choices":
+            data = json.dumps({"object": "error", "message": "model not loaded"}).encode()
+            json_headers(h, data)
+        else:
+            data = json.dumps({"choices": [{"message": {"content": self.content(mode)}}]}).encode()
+            json_headers(h, data)
+        h.wfile.write(data)
+
+    def cases(self) -> list[tuple[str, list[str], Path | None]]:
+        modes = ["deep", "big_int", "big_id_edit", "hostile_edits", "escapes", "not_suggestions", "prose",
+                 "s500", "s404", "html", "junk_body", "huge", "no_choices"]  # fmt: skip
+        return [(f"llm:{m}", ["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{self.url}/{m}/v1"], None) for m in modes]
+
+
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> list:
-    return corpus(tmp_path_factory.mktemp("corpus"))
+def llm():
+    server = HostileLLM()
+    yield server
+    server.httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory, llm) -> list:
+    return corpus(tmp_path_factory.mktemp("corpus")) + llm.cases()
 
 
 def run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -193,6 +369,8 @@ NOT_SILENT = {
 
 def test_the_corpus_is_large_enough(cases):
     assert len(cases) >= 60
+    kinds = {case.split(":")[0] for case, _, _ in cases}
+    assert {"analyze", "analyze-json", "bomb", "checkpoint", "dataset", "llm"} <= kinds
 
 
 def test_every_bad_input_gets_a_clean_answer(cases, capsys):
@@ -213,6 +391,8 @@ def test_every_bad_input_gets_a_clean_answer(cases, capsys):
             problems.append(f"{case}: exit {code}")
         if "Traceback" in err or "Traceback" in out:
             problems.append(f"{case}: traceback")
+        if "\x1b" in out or "\x1b" in err:
+            problems.append(f"{case}: an escape character reached the terminal")
         if code == 2 and len(errors) != 1:
             problems.append(f"{case}: {len(errors)} error lines: {err[:300]!r}")
         if code == 2 and output is not None and output.exists():
@@ -223,3 +403,110 @@ def test_every_bad_input_gets_a_clean_answer(cases, capsys):
             except ValueError as exc:
                 problems.append(f"{case}: --json printed invalid JSON ({str(exc)[:80]})")
     assert not problems, "\n".join(problems)
+
+
+# ---- slow: full-size bombs and large traces, each in its own process with its peak memory measured
+
+PEAK = (
+    "import json, resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+    "print(json.dumps([r.returncode, r.stderr[-3000:], resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024]))"
+)
+
+
+def measured(args: list[str], timeout: int = 900) -> tuple[int, str, float, float]:
+    """Run the CLI in a fresh process: (exit code, stderr, peak RSS of its largest process in MiB, seconds)."""
+    import subprocess
+    import sys
+    import time
+
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args],
+                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    code, err, peak = json.loads(r.stdout)
+    return code, err, peak, time.monotonic() - t
+
+
+@pytest.mark.slow
+def test_full_size_bombs_are_refused_in_bounded_memory(tmp_path):
+    """The bombs of the report that set off this corpus, full size: a 2 MB gzip inflating to 2.2 GB,
+    the same with valid events, a 1 MB .et.gz of zeros inflating to 1 GB, a 20 MB .et of zeros, and
+    a checkpoint claiming a 10^8-wide model: one error line each, under 1 GiB."""
+    import torch
+
+    from bottleneck_oracle.models.predict import pretrained_path
+
+    zeros = gzip_bomb(tmp_path / "zeros.json.gz", b"[", b"0,", 2_200_000_000, b"0]")
+    events = gzip_bomb(tmp_path / "events.json.gz", b'{"traceEvents":[', EVENT, 2_200_000_000, LAST)
+    et_gz = gzip_bomb(tmp_path / "zeros.et.gz", b"", b"\0" * 4096, 1_000_000_000, b"")
+    et = tmp_path / "zeros.et"
+    et.write_bytes(b"\0" * 20_000_000)
+    ckpt = torch.load(pretrained_path(), weights_only=True)
+    for v in ckpt["gat"].values():
+        v["config"]["hidden"] = 10**8
+    torch.save(ckpt, tmp_path / "hidden.pt")
+    s = str(SAMPLE)
+    report = []
+    for name, args in {
+        "json array bomb": ["analyze", str(zeros), "--json"],
+        "event bomb": ["analyze", str(events)],
+        "ET gzip bomb": ["analyze", s, "--et", str(et_gz)],
+        "ET of zeros": ["analyze", s, "--et", str(et)],
+        "checkpoint 10^8 wide": ["whatif", s, "--edit", "rank=1,scale=0.5", "--checkpoint", str(tmp_path / "hidden.pt")],
+    }.items():
+        code, err, peak, seconds = measured(args)
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        report.append(f"{name}: exit {code}, {peak:.0f} MiB, {seconds:.1f} s: {lines[0] if lines else err[-200:]}")
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, report[-1]
+        assert peak < 1024, report[-1]
+    print("\n".join(report))
+
+
+def _synthetic(folder: Path, steps: int, ranks: int, layers: int) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from synth_trace import EVENTS_PER_STEP, generate
+
+    generate(folder, events=steps * ranks * EVENTS_PER_STEP, ranks=ranks, layers=layers)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_2000_step_trace_blames_and_reports_in_a_minute(tmp_path):
+    """blame and the HTML report stay linear in the number of steps: 2,000 steps of the 2-rank
+    synthetic job each finish within 60 s (90 s on a loaded machine: the figure is printed)."""
+    trace = _synthetic(tmp_path / "steps", steps=2000, ranks=2, layers=2)
+    report = []
+    for name, args in {
+        "blame": ["blame", str(trace), "--no-model"],
+        "analyze --html": ["analyze", str(trace), "--html", str(tmp_path / "r.html")],
+    }.items():
+        code, err, peak, seconds = measured(args)
+        report.append(f"{name}: exit {code}, {seconds:.1f} s, {peak:.0f} MiB")
+        assert code == 0, err[-2000:]
+        assert seconds < 90, report[-1]
+    print("\n".join(report))
+
+
+@pytest.mark.slow
+def test_a_one_gib_trace_is_analysed_in_bounded_memory():
+    """A 1 GiB single-rank trace (the synthetic job, ~7 M events): analyze --json under 2 GB
+    peak RSS, analyze --json --perfetto under 2.5 GB. The trace is made once, in benchmarks/out."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from bench_ranks import _one_file
+
+    trace = _one_file(1.0)
+    overlay = trace.parent / "overlay.json.gz"
+    report = []
+    for name, args, limit in (
+        ("analyze --json", ["analyze", str(trace), "--json"], 2e9),
+        ("analyze --json --perfetto", ["analyze", str(trace), "--json", "--perfetto", str(overlay)], 2.5e9),
+    ):
+        code, err, peak, seconds = measured(args, timeout=1800)
+        report.append(f"{name}: exit {code}, {seconds:.0f} s, {peak:.0f} MiB")
+        assert code == 0, err[-2000:]
+        assert peak * 2**20 < limit, report[-1]
+    overlay.unlink(missing_ok=True)
+    print("\n".join(report))

@@ -653,6 +653,13 @@ def blame(
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
+    if len(rows) > MAX_STEP_DETAILS:  # a long run: the steps with the most to explain, not thousands of tables
+        out.print(
+            f"{len(rows)} steps; below the {MAX_STEP_DETAILS} with the most to explain (--step N for others, --json for every step)",
+            highlight=False,
+        )
+        keep = {id(r) for r in sorted(rows, key=lambda r: -r["excess_us"])[:MAX_STEP_DETAILS]}
+        rows = [r for r in rows if id(r) in keep]
     for r in rows:
         out.print(
             Text(f"Step {r['step']}", style="bold")

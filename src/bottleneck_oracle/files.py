@@ -39,3 +39,29 @@ def read_text(path: str | Path, what: str, max_bytes: int = MAX_TEXT_BYTES) -> s
         raise OracleError(f"{p}: the {what} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise OracleError(f"{p}: cannot read the {what} ({exc.strerror or exc})") from None
+
+
+MAX_JSONL_BYTES = 1 << 30  # a manifest or dataset index larger than this is not one
+
+
+def read_jsonl(path: str | Path, what: str, required: tuple[str, ...], remedy: str) -> list[dict]:
+    """The rows of a JSON-lines file (a run manifest, a dataset index), each an object holding the
+    ``required`` keys; a line that is not one is an OracleError naming the file, the line and the
+    ``remedy``, not a KeyError later."""
+    import json
+
+    rows = []
+    for n, line in enumerate(read_text(path, what, MAX_JSONL_BYTES).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise OracleError(f"{path}:{n}: not a JSON object ({remedy})") from None
+        if not isinstance(row, dict):
+            raise OracleError(f"{path}:{n}: not a JSON object ({remedy})")
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise OracleError(f"{path}:{n}: a row without {', '.join(missing)} ({remedy})")
+        rows.append(row)
+    return rows

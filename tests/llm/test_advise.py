@@ -4,14 +4,13 @@ HTTP server on loopback speaking the chat-completions protocol."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from tests.conftest import cached_load
+from tests.conftest import cached_load, json_headers, loopback_server
 
 from bottleneck_oracle.analysis.blame import blame
 from bottleneck_oracle.analysis.phases import node_phases
@@ -80,26 +79,12 @@ def test_offline_advice_is_validated_by_replay_and_ranked(step):
 
 
 def _serve(respond) -> tuple[ThreadingHTTPServer, str]:
-    """A loopback HTTP server whose POSTs ``respond(handler)`` answers; (server, its /v1 URL)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's naming)
-            respond(self)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    """A loopback chat-completions server whose POSTs ``respond(handler)`` answers; (server, its /v1 URL)."""
+    httpd, url = loopback_server(respond)
+    return httpd, f"{url}/v1"
 
 
-def _headers(handler: BaseHTTPRequestHandler, data: bytes) -> None:
-    """A 200 JSON reply's status and headers, for a body of ``data``."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
+_headers = json_headers
 
 
 class _Server:

@@ -33,6 +33,8 @@ from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
+MAX_GZIP_RATIO = 100  # trace JSON compresses 10-30x; a gzip stream inflating more than this is a bomb ...
+BOMB_FLOOR = 64 * 2**20  # ... once it has inflated past this many bytes (small, repetitive files stay readable)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _RANK_FOLDER = re.compile(r"(?:rank[-_]?)?(\d+)", re.IGNORECASE)
@@ -227,6 +229,20 @@ def _too_large(path: Path, inflated: bool) -> TraceError:
     return TraceError(path, f"{what} {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
 
 
+def _check_inflation(path: Path, fh, total: int) -> None:
+    """Refuse a gzip stream that has inflated ``total`` bytes from the ``fh.tell()`` bytes read so
+    far: past MAX_TRACE_BYTES, or past BOMB_FLOOR at more than MAX_GZIP_RATIO times its input
+    (a decompression bomb is refused after tens of megabytes, not after filling the memory)."""
+    if total > MAX_TRACE_BYTES:
+        raise _too_large(path, inflated=True)
+    if total > BOMB_FLOOR and total > MAX_GZIP_RATIO * max(fh.tell(), 1):
+        raise TraceError(
+            path,
+            f"gzip data inflates more than {MAX_GZIP_RATIO}x ({fh.tell():,} bytes to over {total:,}): "
+            "a decompression bomb, not a profiler trace",
+        )
+
+
 @contextmanager
 def _read_errors(path: Path) -> Iterator[None]:
     """Errors of reading a trace file as one TraceError naming the file and the problem."""
@@ -312,12 +328,14 @@ def map_trace(path: Path) -> bytes | bytearray | MappedTrace:
             return MappedTrace(open(path, "rb"))  # noqa: SIM115 - kept open for the mapping's lifetime
         tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
         total = 0
-        with gzip.open(path, "rb") as src:
+        with open(path, "rb") as raw, gzip.open(raw, "rb") as src:
             while chunk := src.read(_CHUNK):
                 total += len(chunk)
-                if total > MAX_TRACE_BYTES:
+                try:
+                    _check_inflation(path, raw, total)
+                except TraceError:
                     tmp.close()
-                    raise _too_large(path, inflated=True)
+                    raise
                 tmp.write(chunk)
         tmp.flush()
         if total == 0:
@@ -347,8 +365,7 @@ def _gunzip(path: Path, fh) -> bytearray:
         view.release()
         del buf[n:]
         while chunk := gz.read(_CHUNK):  # more than the trailer said (several members, a size above 4 GiB)
-            if len(buf) + len(chunk) > MAX_TRACE_BYTES:
-                raise _too_large(path, inflated=True)
+            _check_inflation(path, fh, len(buf) + len(chunk))
             buf += chunk
     return buf
 

@@ -7,6 +7,7 @@ of the analysed window; message sizes are bytes.
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
 import numpy as np
@@ -145,6 +146,7 @@ COLLECTIVE_PATTERNS = (
 )
 
 
+@functools.lru_cache(maxsize=1 << 16)  # names repeat in every step: classify each once
 def collective_kind(name: str) -> int:
     """CollectiveKind of a network op name, -1 if it names none."""
     key = name.lower().replace("_", "")

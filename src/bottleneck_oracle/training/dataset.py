@@ -24,8 +24,10 @@ from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_ph
 from bottleneck_oracle.analysis.whatif import injection_sites, with_durations
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.files import read_jsonl
 from bottleneck_oracle.graph_pipeline.builder import build_graphs
 from bottleneck_oracle.graph_pipeline.events import load_events
+from bottleneck_oracle.models.checkpoint import safe_load
 from bottleneck_oracle.models.hetero import from_tensors, to_heterodata, to_tensors
 
 DATASET = "dataset.jsonl"
@@ -56,7 +58,10 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
     manifest = raw / "manifest.jsonl"
     if not manifest.is_file():
         raise OracleError(f"{raw}: no manifest.jsonl (run `bottleneck-oracle generate` first)")
-    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(
+        manifest, "run manifest", ("run_id", "size", "layout", "kind", "step", "step_time_us", "path", "injection", "baseline_step"),
+        "the manifest is damaged: record the runs again with `generate`",
+    )  # fmt: skip
     if not rows:
         raise OracleError(f"{manifest}: holds no steps")
     ood = {
@@ -145,8 +150,14 @@ def _whatif_sample(path: Path, table, base, perturbed, culprit: list[int], row: 
 
 def load_sample(path: str | Path):
     """A saved sample as HeteroData (no pickled code is run: weights_only)."""
-    tensors = torch.load(path, weights_only=True)
+    tensors = safe_load(Path(path), "dataset sample")
+    if not isinstance(tensors, dict):
+        raise OracleError(f"{path}: not a dataset sample (rebuild the dataset with `build-dataset`)")
     culprit = tensors.pop("culprit", torch.zeros(0, dtype=torch.int64))
-    data = from_tensors(tensors)
+    try:
+        data = from_tensors(tensors)
+    except Exception as exc:  # noqa: BLE001 - PyG's validation raises several types for a damaged sample
+        first = (str(exc).splitlines() or [""])[0][:120]
+        raise OracleError(f"{path}: not a dataset sample ({first}; rebuild the dataset with `build-dataset`)") from None
     data.culprit = culprit
     return data

@@ -13,7 +13,6 @@ configs, the feature schema and the versions, and is read back with weights_only
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import torch
 from bottleneck_oracle import __version__
 from bottleneck_oracle.config import ModelsConfig
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.files import read_jsonl
 from bottleneck_oracle.models.baselines import fit_mlp, fit_xgb, graph_inputs, pooled_features
 from bottleneck_oracle.models.checkpoint import CHECKPOINT_VERSION, FORMAT, save_checkpoint
 from bottleneck_oracle.models.hetero import FEATURE_VERSION, feature_schema
@@ -49,10 +49,19 @@ def read_rows(dataset: str | Path) -> list[dict]:
     path = path / DATASET if path.is_dir() else path
     if not path.is_file():
         raise OracleError(f"{path}: no dataset (run `bottleneck-oracle build-dataset` first)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path, "dataset index", ROW_KEYS, "the dataset is damaged: rebuild it with `build-dataset`")
+    for n, row in enumerate(rows, 1):
+        whatif = row.get("whatif")
+        if not all(isinstance(row[k], str) for k in ROW_KEYS) or (
+            whatif is not None and not (isinstance(whatif, dict) and isinstance(whatif.get("path"), str))
+        ):
+            raise OracleError(f"{path}: sample {n} has a path or split that is not a string (rebuild it with `build-dataset`)")
     if not rows:
         raise OracleError(f"{path}: the dataset is empty")
     return rows
+
+
+ROW_KEYS = ("id", "path", "split_random", "split_ood_size", "split_ood_layout", "split_ood_injection")  # what training reads of a row
 
 
 def _hash_val(key: str, seed: int) -> bool:
