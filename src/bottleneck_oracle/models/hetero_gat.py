@@ -14,6 +14,10 @@ types ``depends_on``, ``triggers``, ``feeds``, ``syncs``). Three variants:
 Heads: graph-level log(step / reference step), node-level slack (log1p of ms) and
 criticality (a logit). The reference step is the input trace's measured step (for a what-if,
 the unedited baseline), so every prediction is relative to something the user has measured.
+
+This module is what training runs. Inference runs ``models.gat_numpy.NumpyGAT``, the same
+forward in numpy on this module's state dict (tested equal), so it needs no torch; the config,
+the edge types and the input transforms (``prepare``) are defined there once for both.
 """
 
 from __future__ import annotations
