@@ -176,6 +176,10 @@ def test_foreign_and_incompatible_companions_are_refused(shipped, tmp_path):
     np.savez(tmp_path / "pickled.npz", meta=np.array([{"companion_format": C.COMPANION_FORMAT}], dtype=object))
     with pytest.raises(OracleError, match="pickled.npz: not a readable inference file"):  # object arrays need pickle: refused
         C.load_inference(tmp_path / "pickled.npz")
+    meta = {"companion_format": C.COMPANION_FORMAT, "arrays": [["gat/directed/x", "|O", [1], 0]]}
+    np.savez(tmp_path / "objects.npz", meta=np.array(json.dumps(meta)), arrays=np.zeros(8, dtype=np.uint8))
+    with pytest.raises(OracleError, match="objects.npz: not a readable inference file .*holds objects"):
+        C.load_inference(tmp_path / "objects.npz")
     pt = tmp_path / "old.pt"
     torch.save(dict(shipped, feature_version=shipped["feature_version"] - 1), pt)
     with pytest.raises(OracleError, match="feature schema .* rebuild the dataset and retrain"):

@@ -3,8 +3,9 @@ and ``eval``. A checkpoint ``X.pt`` is a plain dict of tensors, numbers and stri
 ``torch.save`` and read with ``torch.load(weights_only=True)``: nothing in it is executed.
 
 Beside it ``train`` writes its inference part, ``X.npz``: the graph networks' configs and
-weights, the feature ranges, the versions and the feature schema, as numpy arrays plus one JSON
-string, read with ``np.load(allow_pickle=False)`` and no torch (the baselines stay in the .pt,
+weights, the feature ranges, the versions and the feature schema, as two arrays (``meta``, a JSON
+string that also indexes the others; ``arrays``, their bytes end to end, one read instead of
+hundreds) read with ``np.load(allow_pickle=False)`` and no torch (the baselines stay in the .pt,
 for ``eval``). The .npz names the SHA-256 of the .pt it was written from; inference
 (``load_inference``) reads it only while that matches, and otherwise reads the .pt with torch
 and converts it in memory. ``write_companion`` writes the .npz of an existing .pt.
@@ -26,6 +27,7 @@ FORMAT = "bottleneck-oracle/checkpoint"
 CHECKPOINT_VERSION = 1
 COMPANION_FORMAT = "bottleneck-oracle/inference"
 COMPANION_SUFFIX = ".npz"
+ALIGN = 16  # bytes: each array of a companion starts at a multiple of this
 META_KEYS = ("format", "checkpoint_version", "feature_version", "feature_schema", "package_version", "split")
 
 
@@ -107,13 +109,17 @@ def write_companion(path: str | Path, ckpt: dict | None = None) -> Path:
     part = inference_part(ckpt if ckpt is not None else load_checkpoint(path))
     meta = {k: part[k] for k in META_KEYS if k in part}
     meta |= {"companion_format": COMPANION_FORMAT, "source_sha256": _sha256(path), "gat": {v: e["config"] for v, e in part["gat"].items()}}
-    arrays = {"meta": np.array(json.dumps(meta))}
-    for v, e in part["gat"].items():
-        arrays |= {f"gat/{v}/{k}": a for k, a in e["state"].items()}
+    arrays = {f"gat/{v}/{k}": a for v, e in part["gat"].items() for k, a in e["state"].items()}
     arrays |= {f"feature_ranges/{t}": r for t, r in part["feature_ranges"].items()}
+    chunks, meta["arrays"], offset = [], [], 0
+    for name, a in arrays.items():
+        data = np.ascontiguousarray(a).tobytes()
+        meta["arrays"].append([name, a.dtype.str, list(a.shape), offset])
+        chunks.append(data + bytes(-len(data) % ALIGN))
+        offset += len(data) + -len(data) % ALIGN
     out = companion_path(path)
     with atomic_path(out) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, meta=np.array(json.dumps(meta)), arrays=np.frombuffer(b"".join(chunks), dtype=np.uint8))
     return out
 
 
@@ -139,8 +145,14 @@ def _read_companion(path: Path, source: Path | None = None) -> dict | None:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"][()]))
-            arrays = {k: z[k] for k in z.files if k != "meta"}
-    except Exception as exc:  # not a zip, no meta, an object array (refused without pickle), bad JSON
+            blob = z["arrays"]
+        arrays = {}
+        for name, dtype, shape, offset in meta["arrays"]:
+            dt = np.dtype(dtype)
+            if dt.hasobject:
+                raise TypeError(f"{name} holds objects")
+            arrays[name] = blob[offset : offset + dt.itemsize * int(np.prod(shape, dtype=np.int64))].view(dt).reshape(shape)
+    except Exception as exc:  # not a zip, a missing array, an object array (refused without pickle), bad JSON or index
         raise OracleError(f"{path}: not a readable inference file ({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]})") from None
     if not isinstance(meta, dict) or meta.get("companion_format") != COMPANION_FORMAT:
         raise OracleError(f"{path}: not a BottleneckOracle inference file")
