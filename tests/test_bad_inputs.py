@@ -237,6 +237,16 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
         "feature_ranges_junk": variant("ranges", lambda c: c.update(feature_ranges={"compute": "wide"})),
         "another_format": variant("format", lambda c: c.update(format="something-else")),
     }
+    import numpy as np
+
+    with np.load(pretrained_path().with_suffix(".npz")) as z:  # the torch-free inference file, its configs changed
+        meta, blob = json.loads(str(z["meta"][()])), z["arrays"]
+    for cfg in meta["gat"].values():
+        cfg["hidden"] = 64
+    np.savez(root / "wide.npz", meta=np.array(json.dumps(meta)), arrays=blob)
+    checkpoints["npz_config_not_matching_weights"] = root / "wide.npz"
+    (root / "junk.npz").write_bytes(os.urandom(700))
+    checkpoints["npz_junk"] = root / "junk.npz"
     not_a_dict = root / "list.pt"
     torch.save([1, 2, 3], not_a_dict)
     checkpoints["not_a_dict"] = not_a_dict

@@ -24,16 +24,10 @@ ExecutorSpec = str | Executor | Engine | Any | None
 
 
 def _predictor(checkpoint: str | Path | None):
-    """The graph network (models.predict.Predictor); a clear error when its extra is not installed."""
-    try:
-        from bottleneck_oracle.models.predict import Predictor
-    except ImportError as exc:
-        from bottleneck_oracle.errors import OracleError
+    """The graph network (models.predict.Predictor). It runs in numpy from the checkpoint's .npz;
+    a .pt without one needs torch, and says so when it is not installed."""
+    from bottleneck_oracle.models.predict import Predictor
 
-        raise OracleError(
-            f"the graph network needs torch and torch_geometric ({exc.name} is not installed): "
-            "pip install 'bottleneck-oracle[models]', or pass --no-model for the replay alone"
-        ) from None
     return Predictor(checkpoint)
 
 

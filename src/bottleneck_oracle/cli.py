@@ -564,7 +564,10 @@ def whatif(
         None, "--microbatches", min=1, help="Pipeline steps: re-split the batch into this many micro-batches (1F1B formula)."
     ),
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", metavar="PATH", help="Model checkpoint (default: the pretrained one shipped with the package)."
+        None,
+        "--checkpoint",
+        metavar="PATH",
+        help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
@@ -638,7 +641,10 @@ def blame(
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     top: int = typer.Option(10, "--top", metavar="N", help="How many nodes and op kinds to list."),
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", metavar="PATH", help="Model checkpoint (default: the pretrained one shipped with the package)."
+        None,
+        "--checkpoint",
+        metavar="PATH",
+        help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
     no_model: bool = typer.Option(False, "--no-model", help="Replay only (no graph network)."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
@@ -703,7 +709,10 @@ def advise(
         None, "--recipes", metavar="PATH", help="Another recipe file in the format of the shipped llm/recipes.yaml."
     ),
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", metavar="PATH", help="Model checkpoint (default: the pretrained one shipped with the package)."
+        None,
+        "--checkpoint",
+        metavar="PATH",
+        help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
     no_model: bool = typer.Option(False, "--no-model", help="Validate with the replay only."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ import torch
 from bottleneck_oracle.config import ModelsConfig
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.models import checkpoint as C
+from bottleneck_oracle.models.gat_numpy import GATConfig, NumpyGAT, model_inputs
+from bottleneck_oracle.models.hetero import from_heterodata
 from bottleneck_oracle.models.hetero_gat import NODE_TYPES
 from bottleneck_oracle.training import train as T
 from bottleneck_oracle.training.eval import METRICS, evaluate
@@ -78,6 +81,15 @@ def test_checkpoint_round_trip(checkpoint, dataset):
             assert torch.equal(a(batch)["step"], b(batch)["step"])
     assert ckpt["feature_schema"]["compute"][0] == "log1p_mdur_us"
     assert C.xgb_from(ckpt).num_boosted_rounds() > 0
+    # train writes the inference part beside the checkpoint; inference reads it without torch and answers the same
+    assert C.companion_path(checkpoint).is_file()
+    part = C._read_companion(C.companion_path(checkpoint), source=Path(checkpoint))
+    assert part is not None and list(part["gat"]) == ["directed", "correction"]
+    for variant, entry in part["gat"].items():
+        with torch.no_grad():
+            want = C.gat_from(ckpt, variant)(T._batch([sample], variant))["step"].numpy()
+        got = NumpyGAT(GATConfig.from_dict(entry["config"]), entry["state"])(model_inputs(from_heterodata(sample), variant))["step"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_incompatible_checkpoints_are_refused(checkpoint, tmp_path):

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from bottleneck_oracle.models.gat_numpy import graph_features
+
 
 def pooled_features(data) -> np.ndarray:
     """One vector per sample: per node type the sum / mean / max of every feature column and the
@@ -31,14 +33,9 @@ def pooled_features(data) -> np.ndarray:
 
 
 def graph_inputs(data) -> torch.Tensor:
-    """The graph-level inputs every learned model gets (shape [4]): log(reference step ms), the
-    edit's size / reference step, log of the replay's and the formula's ratio to the reference."""
-    ref = float(data.ref_step)
+    """``gat_numpy.graph_features`` of a HeteroData sample, as a tensor (shape [4])."""
     edit = float(data.edit_us) if "edit_us" in data else 0.0
-    return torch.tensor(
-        [np.log(ref / 1000.0), edit / ref, np.log(float(data.replay_step) / ref), np.log(float(data.formula_step) / ref)],
-        dtype=torch.float32,
-    )
+    return torch.from_numpy(graph_features(float(data.ref_step), edit, float(data.replay_step), float(data.formula_step)))
 
 
 class MLPRegressor(nn.Module):

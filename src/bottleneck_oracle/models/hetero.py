@@ -20,16 +20,24 @@ Dataset samples (training.dataset) add, shape [1] each: ``ref_step`` (the measur
 features are relative to; for a what-if sample the unedited baseline's), ``replay_step`` and
 ``formula_step`` (the replay's and the analytic formula's estimate of y_step) and ``edit_us``
 (the what-if's added time; 0 for a graph as recorded).
+
+``graph_arrays`` builds all of it in numpy (``GraphArrays``: what inference reads, without
+torch); ``to_heterodata`` is those arrays as a HeteroData (what training reads).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, NODE_TYPE_NAMES, Category, CollectiveKind, EdgeKind, NodeType
+
+if TYPE_CHECKING:
+    import torch
 
 FEATURE_VERSION = 3  # 3: the THREAD edge kind
 
@@ -78,42 +86,96 @@ def node_features(g: ExecutionGraph) -> dict[str, np.ndarray]:
     return {"compute": comp[~is_net], "network": net[is_net]}
 
 
-def to_heterodata(g: ExecutionGraph, cpm: CPMResult | None = None):
-    """The PyG HeteroData of a graph, with CPM labels; validated."""
-    from torch_geometric.data import HeteroData
+SCALARS = ("y_step", "ref_step", "replay_step", "formula_step", "edit_us")
 
+
+def f32(v: float) -> float:
+    """``v`` rounded to float32, as a shape-[1] float32 tensor holds it."""
+    return float(np.float32(v))
+
+
+@dataclass(slots=True)
+class GraphArrays:
+    """A graph's model input in numpy: per node type ``x``, ``slack``, ``est``, ``critical``,
+    ``node_id``; per edge type ``edge_index``, ``edge_attr``; the per-graph scalars (float32
+    values; None where not set). ``to_heterodata`` gives the same as a PyG HeteroData."""
+
+    nodes: dict[str, dict[str, np.ndarray]]
+    edges: dict[tuple[str, str, str], dict[str, np.ndarray]]
+    scalars: dict[str, float] = field(default_factory=dict)
+
+    def set(self, **values: float) -> None:
+        for k, v in values.items():
+            if k not in SCALARS:
+                raise KeyError(k)
+            self.scalars[k] = f32(v)
+
+    def to_heterodata(self):
+        import torch
+        from torch_geometric.data import HeteroData
+
+        data = HeteroData()
+        for t, arrays in self.nodes.items():
+            for k, v in arrays.items():
+                data[t][k] = torch.from_numpy(v)
+        for k, v in self.scalars.items():
+            data[k] = torch.tensor([v], dtype=torch.float32)
+        for triple, arrays in self.edges.items():
+            for k, v in arrays.items():
+                data[triple][k] = torch.from_numpy(v)
+        data.validate(raise_on_error=True)
+        return data
+
+
+def from_heterodata(data) -> GraphArrays:
+    """A (single-graph) HeteroData's node, edge and per-graph values as numpy arrays."""
+    nodes = {t: {k: v.numpy() for k, v in data[t].items()} for t in NODE_TYPE_NAMES.values()}
+    edges = {triple: {k: v.numpy() for k, v in data[triple].items()} for triple in EDGE_TYPES}
+    return GraphArrays(nodes, edges, {k: float(data[k]) for k in SCALARS if k in data})
+
+
+def graph_arrays(g: ExecutionGraph, cpm: CPMResult | None = None) -> GraphArrays:
+    """The model input of a graph in numpy, with CPM labels (``to_heterodata``'s content)."""
     r = cpm or run_cpm(g)
     n, e = g.nodes, g.edges
     is_net = n["node_type"] == NodeType.NETWORK
     local = np.empty(g.n_nodes, dtype=np.int64)  # index of each node within its type
     local[~is_net] = np.arange(int((~is_net).sum()))
     local[is_net] = np.arange(int(is_net.sum()))
-    data = HeteroData()
     feats = node_features(g)
     critical = r.critical
-    for t, mask in (("compute", ~is_net), ("network", is_net)):
-        store = data[t]
-        store.x = torch.from_numpy(feats[t])
-        store.slack = torch.from_numpy(r.slack[mask].astype(np.float32))
-        store.est = torch.from_numpy(r.est[mask].astype(np.float32))
-        store.critical = torch.from_numpy(critical[mask])
-        store.node_id = torch.from_numpy(np.flatnonzero(mask))
-    data.y_step = torch.tensor([max(g.measured.values())], dtype=torch.float32)
+    nodes = {
+        t: {
+            "x": feats[t],
+            "slack": r.slack[mask].astype(np.float32),
+            "est": r.est[mask].astype(np.float32),
+            "critical": critical[mask],
+            "node_id": np.flatnonzero(mask),
+        }
+        for t, mask in (("compute", ~is_net), ("network", is_net))
+    }
     src_t, dst_t = n["node_type"][e["src"]], n["node_type"][e["dst"]]
     attr = np.hstack([(e["weight"] / 1000.0)[:, None], _one_hot(e["kind"].astype(np.int64), len(EdgeKind))]).astype(np.float32)
+    edges = {}
     for triple in EDGE_TYPES:
         s_type = NodeType.COMPUTE if triple[0] == "compute" else NodeType.NETWORK
         d_type = NodeType.COMPUTE if triple[2] == "compute" else NodeType.NETWORK
         m = (src_t == s_type) & (dst_t == d_type)
-        store = data[triple]
-        store.edge_index = torch.from_numpy(np.stack([local[e["src"][m]], local[e["dst"][m]]]))
-        store.edge_attr = torch.from_numpy(attr[m])
-    data.validate(raise_on_error=True)
-    return data
+        edges[triple] = {"edge_index": np.stack([local[e["src"][m]], local[e["dst"][m]]]), "edge_attr": attr[m]}
+    out = GraphArrays(nodes, edges)
+    out.set(y_step=max(g.measured.values()))
+    return out
+
+
+def to_heterodata(g: ExecutionGraph, cpm: CPMResult | None = None):
+    """The PyG HeteroData of a graph, with CPM labels; validated."""
+    return graph_arrays(g, cpm).to_heterodata()
 
 
 def to_tensors(data) -> dict[str, torch.Tensor]:
     """A HeteroData as a flat dict of plain tensors (torch.load(weights_only=True) can read it)."""
+    import torch
+
     out = {"feature_version": torch.tensor(FEATURE_VERSION)}
     for t in NODE_TYPE_NAMES.values():
         for k, v in data[t].items():
@@ -129,6 +191,7 @@ def to_tensors(data) -> dict[str, torch.Tensor]:
 
 def from_tensors(tensors: dict[str, torch.Tensor]):
     """The HeteroData back from to_tensors' dict."""
+    import torch
     from torch_geometric.data import HeteroData
 
     if int(tensors.get("feature_version", torch.tensor(-1))) != FEATURE_VERSION:

@@ -14,85 +14,38 @@ types ``depends_on``, ``triggers``, ``feeds``, ``syncs``). Three variants:
 Heads: graph-level log(step / reference step), node-level slack (log1p of ms) and
 criticality (a logit). The reference step is the input trace's measured step (for a what-if,
 the unedited baseline), so every prediction is relative to something the user has measured.
+
+This module is what training runs. Inference runs ``models.gat_numpy.NumpyGAT``, the same
+forward in numpy on this module's state dict (tested equal), so it needs no torch; the config,
+the edge types and the input transforms (``prepare``) are defined there once for both.
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from torch_geometric.nn import GATConv, HeteroConv, global_max_pool, global_mean_pool
 
-from bottleneck_oracle.config import GAT_VARIANTS
-from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES
+from bottleneck_oracle.models.gat_numpy import CPM_INPUTS, NODE_TYPES, VARIANTS, GATConfig, edge_types, model_inputs
+from bottleneck_oracle.models.hetero import from_heterodata
 
-VARIANTS = GAT_VARIANTS
-NODE_TYPES = ("compute", "network")
-CPM_INPUTS = 3  # est / ref, slack / ref, critical
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GATConfig:
-    variant: str = "directed"
-    hidden: int = 32
-    layers: int = 3
-    heads: int = 2
-    dropout: float = 0.0
-    in_dims: tuple[tuple[str, int], ...] = ()
-    edge_dim: int = 0
-
-    def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS} (found {self.variant!r})")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        if self.layers < 1:
-            raise ValueError("layers must be >= 1")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["in_dims"] = [list(p) for p in self.in_dims]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GATConfig:
-        d = dict(d)
-        d["in_dims"] = tuple((str(a), int(b)) for a, b in d.get("in_dims", ()))
-        return cls(**d)
-
-
-def edge_types(variant: str) -> list[tuple[str, str, str]]:
-    types = list(EDGE_TYPES)
-    if variant == "bidirectional":
-        types += [(d, f"rev_{r}", s) for s, r, d in EDGE_TYPES]
-    return types
+__all__ = ["CPM_INPUTS", "NODE_TYPES", "VARIANTS", "GATConfig", "HeteroGAT", "edge_types", "in_dims_of", "prepare"]
 
 
 def prepare(data, variant: str):
-    """Model inputs of one sample (in place): reverse edges for the bidirectional variant, CPM
-    columns appended to the node features for the correction variant, the graph inputs."""
-    from bottleneck_oracle.models.baselines import graph_inputs
-
+    """Model inputs of one sample (in place; ``gat_numpy.model_inputs``, the definition inference
+    uses too): ``x_in`` per node type, ``edge_in`` (and the reverse edges for the bidirectional
+    variant) per edge type, ``g_in``."""
     if getattr(data, "_prepared", None) == variant:
         return data
-    ref = float(data.ref_step)
+    inp = model_inputs(from_heterodata(data), variant)
     for t in NODE_TYPES:
-        store = data[t]
-        x = store.x
-        if variant == "correction":
-            cpm = torch.stack([store.est / ref, store.slack / ref, store.critical.float()], dim=1) if len(x) else x.new_zeros((0, 3))
-            x = torch.cat([x, cpm.to(x.dtype)], dim=1)
-        store.x_in = x
-    for s, r, d in EDGE_TYPES:
-        a = data[(s, r, d)].edge_attr
-        w = a[:, :1]
-        data[(s, r, d)].edge_in = torch.cat([torch.sign(w) * torch.log1p(w.abs()), a[:, 1:]], dim=1)
-        if variant == "bidirectional":
-            data[(d, f"rev_{r}", s)].edge_index = data[(s, r, d)].edge_index.flip(0)
-            data[(d, f"rev_{r}", s)].edge_in = data[(s, r, d)].edge_in
-    g = graph_inputs(data)
-    data.g_in = (g if variant == "correction" else g[:2]).unsqueeze(0)
+        data[t].x_in = torch.from_numpy(inp.x[t])
+    for et in edge_types(variant):
+        if et[1].startswith("rev_"):
+            data[et].edge_index = torch.from_numpy(inp.edge_index[et])
+        data[et].edge_in = torch.from_numpy(inp.edge_in[et])
+    data.g_in = torch.from_numpy(inp.g_in).unsqueeze(0)
     data._prepared = variant
     return data
 

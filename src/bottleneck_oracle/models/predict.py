@@ -2,7 +2,10 @@
 
 ``Predictor`` loads a checkpoint (the shipped ``pretrained.pt`` by default) and answers, for one
 ExecutionGraph and a set of duration edits, the step time the replay predicts and the step time
-each HeteroGAT variant predicts, all relative to the step as measured.
+each HeteroGAT variant predicts, all relative to the step as measured. It runs the variants in
+numpy (``models.gat_numpy``) from the checkpoint's ``.npz`` companion, without importing torch;
+``engine="torch"`` runs the PyTorch Geometric modules instead (the same numbers; the reference
+the numpy forward is tested against).
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.whatif import with_durations
+from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.models.hetero import to_heterodata
+from bottleneck_oracle.models.gat_numpy import GATConfig, NumpyGAT, graph_inputs_of, model_inputs
+from bottleneck_oracle.models.hetero import GraphArrays, graph_arrays
 
 PRETRAINED = "pretrained.pt"
 
@@ -29,8 +33,8 @@ def pretrained_path() -> Path:
 def sample_for(
     g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
     weight: np.ndarray | None = None, release: np.ndarray | None = None, phases: tuple[np.ndarray, np.ndarray] | None = None,
-):  # fmt: skip
-    """The model input of ``g`` with modelled durations ``dur``, edge latencies ``weight`` and
+) -> tuple[GraphArrays, CPMResult]:  # fmt: skip
+    """The model input of ``g`` (numpy; ``.to_heterodata()`` for PyG) with modelled durations ``dur``, edge latencies ``weight`` and
     releases ``release`` (a what-if; None: as recorded). ``phases``: ``node_phases(table, g)``
     if the caller has it (else computed from ``table``)."""
     from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
@@ -49,10 +53,7 @@ def sample_for(
         phase, mb = np.zeros(g.n_nodes, dtype=np.int8), np.full(g.n_nodes, -1, dtype=np.int16)
     pp = is_pipeline(g, table)
     formula_dt = 0.0 if dur is None else formula_step(g, d1, phase, mb, pp) - formula_step(g, d0, phase, mb, pp)
-    data = to_heterodata(edited, r1)
-    data.ref_step = torch.tensor([ref], dtype=torch.float32)
-    data.replay_step = torch.tensor([ref + r1.makespan - base.makespan], dtype=torch.float32)
-    data.formula_step = torch.tensor([max(ref + formula_dt, 1.0)], dtype=torch.float32)
+    data = graph_arrays(edited, r1)
     gap = 0.0
     if weight is not None:
         keep = np.isfinite(np.asarray(weight))
@@ -63,12 +64,13 @@ def sample_for(
                 np.where(np.isfinite(g.release), np.nan_to_num(np.asarray(release), neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0)
             ).sum()
         )
-    data.edit_us = torch.tensor([float(np.abs(d1 - d0).sum()) + gap], dtype=torch.float32)
-    data.y_step = torch.tensor([ref], dtype=torch.float32)
+    data.set(ref_step=ref, replay_step=ref + r1.makespan - base.makespan, formula_step=max(ref + formula_dt, 1.0))
+    data.set(edit_us=float(np.abs(d1 - d0).sum()) + gap, y_step=ref)
     return data, r1
 
 
-THREADS = 1  # torch threads for inference
+ENGINES = ("numpy", "torch")
+THREADS = 1  # torch threads for inference with engine="torch"
 MAX_RATIO = 5.0  # a predicted step more than this many times longer or shorter than the reference is out of domain
 MARGIN = 0.25  # a feature may exceed the training range by this share of the range before the input is out of domain
 
@@ -82,25 +84,45 @@ class Predictor:
     outside the domain: a GPU trace for a model trained without GPU ops, or a feature outside
     the training range (the checkpoint's ``feature_ranges``) widened by MARGIN on each side;
     predictions are bounded to [1/MAX_RATIO, MAX_RATIO] x the reference step, and one that hits
-    the bound is refused too. Refused answers are None with the reason, never a number."""
+    the bound is refused too. Refused answers are None with the reason, never a number.
 
-    def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None) -> None:
-        from bottleneck_oracle.models.checkpoint import gat_from, load_checkpoint
+    ``engine``: "numpy" (default) reads the checkpoint's inference part (``load_inference``: the
+    ``.npz`` beside a ``.pt``, or a ``.pt`` converted with torch when it has none) and runs
+    ``NumpyGAT``; "torch" reads the ``.pt`` and runs the PyG modules."""
 
-        # graphs of one step are small: torch's default pool (a thread per core) only contends with
-        # the rest of the machine; a fixed, small count keeps --advise near the replay's speed
-        torch.set_num_threads(THREADS)
+    def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None, engine: str = "numpy") -> None:
+        from bottleneck_oracle.models.checkpoint import as_numpy, gat_from, load_checkpoint, load_inference
+
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES} (found {engine!r})")
+        self.engine = engine
         self.path = Path(checkpoint) if checkpoint else pretrained_path()
-        self.ckpt = load_checkpoint(self.path)
-        self.variants = [v for v in (variants or list(self.ckpt["gat"])) if v in self.ckpt["gat"]]
-        self.models = {v: gat_from(self.ckpt, v) for v in self.variants}
+        if engine == "torch":
+            import torch
 
-    def refusal(self, g: ExecutionGraph, data) -> str | None:
+            # graphs of one step are small: torch's default pool (a thread per core) only contends with
+            # the rest of the machine; a fixed, small count keeps --advise near the replay's speed
+            torch.set_num_threads(THREADS)
+            self.ckpt = load_checkpoint(self.path)
+        else:
+            self.ckpt = load_inference(self.path)
+        self.variants = [v for v in (variants or list(self.ckpt["gat"])) if v in self.ckpt["gat"]]
+        if engine == "torch":
+            self.models = {v: gat_from(self.ckpt, v) for v in self.variants}
+        else:
+            try:
+                self.models = {
+                    v: NumpyGAT(GATConfig.from_dict(self.ckpt["gat"][v]["config"]), self.ckpt["gat"][v]["state"]) for v in self.variants
+                }
+            except ValueError as exc:
+                raise OracleError(f"{self.path}: {exc}") from None
+        self.ranges = {t: as_numpy(r) for t, r in (self.ckpt.get("feature_ranges") or {}).items()}
+
+    def refusal(self, g: ExecutionGraph, data: GraphArrays) -> str | None:
         """None if the model may answer for graph ``g`` (model input ``data``), else why not."""
-        from bottleneck_oracle.models.baselines import graph_inputs
         from bottleneck_oracle.models.hetero import COMPUTE_COLUMNS, NETWORK_COLUMNS
 
-        ranges = self.ckpt.get("feature_ranges") or {}
+        ranges = self.ranges
         if g.nodes["on_gpu"].any() and "compute" in ranges and float(ranges["compute"][1][COMPUTE_COLUMNS.index("on_gpu")]) < 1:
             return "out of domain: a GPU trace, and the model was trained on CPU (gloo) runs only"
         columns = {
@@ -111,31 +133,37 @@ class Predictor:
         for t, cols in columns.items():
             if t not in ranges:
                 continue
-            x = graph_inputs(data)[None, :] if t == "graph" else data[t].x
+            x = graph_inputs_of(data)[None, :] if t == "graph" else data.nodes[t]["x"]
             if not len(x):
                 continue
             lo, hi = ranges[t][0], ranges[t][1]
             pad = MARGIN * (hi - lo)
             outside = (x < lo - pad - 1e-6) | (x > hi + pad + 1e-6)
             if outside.any():
-                col = int(outside.any(0).float().argmax())
+                col = int(outside.any(0).argmax())
                 return f"out of domain: {t} feature {cols[col]} outside its training range [{float(lo[col]):.3g}, {float(hi[col]):.3g}]"
         return None
 
-    def step_times(self, data) -> dict[str, float]:
-        """Predicted step time (µs) of a model input, per variant, bounded to MAX_RATIO x the reference."""
+    def log_ratios(self, data: GraphArrays) -> dict[str, float]:
+        """Each variant's raw output: log(predicted step / reference step)."""
+        if self.engine == "numpy":
+            return {v: float(self.models[v](model_inputs(data, v))["step"][0]) for v in self.variants}
+        import torch
         from torch_geometric.data import Batch
 
         from bottleneck_oracle.models.hetero_gat import prepare
 
+        hetero = data.to_heterodata()
+        with torch.no_grad():
+            return {v: float(self.models[v](Batch.from_data_list([prepare(hetero.clone(), v)]))["step"][0]) for v in self.variants}
+
+    def step_times(self, data: GraphArrays) -> dict[str, float]:
+        """Predicted step time (µs) of a model input, per variant, bounded to MAX_RATIO x the reference."""
         out = {}
         bound = float(np.log(MAX_RATIO))
-        with torch.no_grad():
-            for v in self.variants:
-                y = self.models[v](Batch.from_data_list([prepare(data.clone(), v)]))
-                log_ratio = float(y["step"][0])
-                log_ratio = log_ratio if np.isfinite(log_ratio) else bound
-                out[v] = float(data.ref_step) * float(np.exp(np.clip(log_ratio, -bound, bound)))
+        for v, log_ratio in self.log_ratios(data).items():
+            log_ratio = log_ratio if np.isfinite(log_ratio) else bound
+            out[v] = data.scalars["ref_step"] * float(np.exp(np.clip(log_ratio, -bound, bound)))
         return out
 
     def effect(self, g: ExecutionGraph, base_data, edited_data) -> dict:
@@ -144,7 +172,7 @@ class Predictor:
         reason = self.refusal(g, base_data) or self.refusal(g, edited_data)
         if reason is None:
             before, after = self.step_times(base_data), self.step_times(edited_data)
-            ref = float(base_data.ref_step)
+            ref = base_data.scalars["ref_step"]
             hit = [
                 v
                 for v in self.variants
