@@ -53,7 +53,7 @@ def safe_load(path: Path, what: str) -> object:
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        if "weights only" not in str(exc).lower():
+        if "weights only" not in str(exc).lower() or not zipfile.is_zipfile(path):
             raise OracleError(f"{path}: not a {what} (not a file torch.save wrote)") from None
         raise OracleError(
             f"{path}: not a {what}: it holds objects other than tensors and plain values (read with weights_only=True, nothing was run)"
