@@ -88,7 +88,7 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
             b = blame(a.graph, refs, 3, a.cpm)
             if b.nodes:
                 x = b.nodes[0]
-                row.cause = {"name": x["name"], "kind": x["kind"], "rank": x["rank"], "saving_us": x["saving_us"]}
+                row.cause = {"name": x.name, "kind": x.kind, "rank": x.rank, "saving_us": x.saving_us}
         out.steps.append(row)
     return out
 
