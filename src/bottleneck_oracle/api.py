@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bottleneck_oracle.analysis.results import BlameModel, NodeRef, PathChange, Replay, Resplit, StepAdvice, StepBlame, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
@@ -20,11 +20,16 @@ from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
+if TYPE_CHECKING:
+    from bottleneck_oracle.analysis.runs import Comparison, RunSummary
+    from bottleneck_oracle.llm.client import ChatClient
+    from bottleneck_oracle.models.predict import Predictor
+
 ExecutorSpec = str | Executor | Engine | Any | None
 """Where parsing and graph building run: see ``build``."""
 
 
-def _predictor(checkpoint: str | Path | None):
+def _predictor(checkpoint: str | Path | None) -> Predictor:
     """The graph network (models.predict.Predictor); a clear error when its extra is not installed."""
     try:
         from bottleneck_oracle.models.predict import Predictor
@@ -217,7 +222,7 @@ def whatif(
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
             parts = formula_parts(g, d, *phase_mb)
             now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
-            resplit = Resplit(old=parts["m"], new=microbatches, stages=parts["p"], formula_delta_us=then - now,
+            resplit = Resplit(old=int(parts["m"]), new=microbatches, stages=int(parts["p"]), formula_delta_us=then - now,
                               step_us=measured + replay.delta_us + then - now)  # fmt: skip
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
@@ -235,7 +240,9 @@ def whatif(
     return out
 
 
-def _reference_pool(path, baseline, steps, config, gs: list[ExecutionGraph]) -> list[ExecutionGraph]:
+def _reference_pool(
+    path: str | Path, baseline: str | Path | None, steps: list[int] | None, config: Config | None, gs: list[ExecutionGraph]
+) -> list[ExecutionGraph]:
     """The steps typical durations come from: the baseline's, or all of the trace's own."""
     if baseline is not None:
         return build(baseline, None, config)[1]
@@ -251,7 +258,7 @@ def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -
     MAX_REFERENCES of them, the nearest to ``g`` in step number."""
     if not baseline:
         if len(pool) >= 3 and all(r.step is not None for r in pool):
-            first = min(r.step for r in pool)
+            first = min(r.step for r in pool if r.step is not None)
             pool = [r for r in pool if r.step != first]
         pool = [r for r in pool if r.step != g.step]
     if len(pool) > MAX_REFERENCES:
@@ -284,7 +291,8 @@ def blame(
     predictor = None
     if use_model:
         predictor = _predictor(checkpoint)
-        predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
+        variants: list[str] = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models]
+        predictor.variants = variants[:1]
     out: list[StepBlame] = []
     memo = KeyMemo()
     for g in gs:
@@ -326,7 +334,7 @@ def advise(
     baseline: str | Path | None = None,
     checkpoint: str | Path | None = None,
     use_model: bool = True,
-    llm=None,
+    llm: ChatClient | None = None,
     recipes: str | Path | None = None,
 ) -> list[StepAdvice]:
     """Per step: validated optimisation suggestions (llm.graphrag), from the offline recipe engine or
@@ -344,7 +352,7 @@ def advise_graphs(
     baseline: bool = False,
     checkpoint: str | Path | None = None,
     use_model: bool = True,
-    llm=None,
+    llm: ChatClient | None = None,
     recipes: str | Path | None = None,
 ) -> list[StepAdvice]:
     """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
@@ -371,7 +379,7 @@ def advise_graphs(
     return out
 
 
-def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None):
+def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None) -> RunSummary:
     """Every step of a run against its median, outliers with their top cause (analysis.runs.RunSummary)."""
     from bottleneck_oracle.analysis.runs import summarize
 
@@ -379,7 +387,7 @@ def summary(path: str | Path, steps: list[int] | None = None, config: Config | N
     return summarize(analyses, str(path))
 
 
-def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0):
+def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0) -> Comparison:
     """Baseline run against candidate run: the step-time change with its noise, what moved on the
     critical path, per kind and per rank (analysis.runs.Comparison)."""
     from bottleneck_oracle.analysis.runs import compare as compare_runs

@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import orjson
 import typer
@@ -266,7 +267,7 @@ def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int,
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
     with tempfile.TemporaryFile(prefix="bottleneck-oracle-") if as_json else nullcontext() as spool, status:
         for n, a in enumerate(stream):
-            if as_json:
+            if spool is not None:  # --json
                 spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))
             else:
                 rows.append(step_row(a))
@@ -275,9 +276,9 @@ def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int,
                     del kept[min(range(len(kept)), key=lambda i: (kept[i].step_time, -i))]
             if perfetto:
                 paths.append(critical_events(a))
-        if perfetto:
+        if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        if as_json:
+        if spool is not None:
             _print_json_spooled(_json_head(path, table), spool, _json_tail(table))
             return
     _print_summary(kept, str(path), k, rows, len(rows))
@@ -332,11 +333,11 @@ def analyze(
         extras = {r.step: r for r in rows}
     if html or perfetto:  # both written, or neither: a failure leaves nothing behind
         with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):
-            if html:
+            if html_tmp is not None:
                 from bottleneck_oracle.report.html import write_report
 
                 write_report(analyses, str(path), html_tmp, k, extras)
-            if perfetto:
+            if perfetto_tmp is not None and table is not None:
                 from bottleneck_oracle.report.perfetto import write_overlay
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
@@ -393,7 +394,7 @@ def parse(
     cfg = _config(config, ranks_per_host)
     output = output or Path(cfg.paths.graphs)
     _, graphs = api.build(source, step or None, cfg, None, executor)
-    entries = []
+    entries: list[dict[str, Any]] = []
     for g in graphs:
         name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
         g.save(output / name)
@@ -869,12 +870,12 @@ def main() -> None:
         raise
 
 
-def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
+def _click_exceptions() -> tuple[tuple[type[Any], ...], tuple[type[Any], ...]]:
     """Usage-error and abort classes of the click typer uses: newer typer vendors its own
     (typer._click), older ones use the click package, and both can be installed at once (Dask
     brings click): the classes of each that is present."""
-    usage: list[type] = []
-    abort: list[type] = []
+    usage: list[type[Any]] = []
+    abort: list[type[Any]] = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
             mod = importlib.import_module(module)

@@ -28,6 +28,7 @@ reported as a share of the saving of restoring everything.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,16 +44,20 @@ MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 
 
+NodeKey = tuple[int, bool, str, int]
+"""(rank or peer group, on_gpu, name, occurrence in the step) of a node: its identity across steps."""
+
+
 class KeyMemo:
     """The node keys of the graphs of one blame run over many steps (a step is the reference of
     many others: its keys are computed once), each also as an integer id shared by equal keys."""
 
     def __init__(self) -> None:
-        self.graphs: dict[int, tuple[ExecutionGraph, list[tuple], np.ndarray]] = {}
-        self.ids: dict[tuple, int] = {}
+        self.graphs: dict[int, tuple[ExecutionGraph, list[NodeKey], np.ndarray]] = {}
+        self.ids: dict[NodeKey, int] = {}
         self.arrays: dict[str, dict[int, tuple[ExecutionGraph, np.ndarray]]] = {}
 
-    def derived(self, g: ExecutionGraph, what: str, fn) -> np.ndarray:
+    def derived(self, g: ExecutionGraph, what: str, fn: Callable[[ExecutionGraph], np.ndarray]) -> np.ndarray:
         """``fn(g)``, computed once per graph in this run (the leads and gaps of a reference step)."""
         cache = self.arrays.setdefault(what, {})
         hit = cache.get(id(g))
@@ -60,7 +65,7 @@ class KeyMemo:
             hit = cache[id(g)] = (g, fn(g))
         return hit[1]
 
-    def get(self, g: ExecutionGraph) -> tuple[list[tuple], np.ndarray]:
+    def get(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
         hit = self.graphs.get(id(g))
         if hit is None or hit[0] is not g:
             keys = _node_keys(g)
@@ -69,15 +74,15 @@ class KeyMemo:
         return hit[1], hit[2]
 
 
-def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[tuple]:
+def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[NodeKey]:
     """(rank, on_gpu, name, occurrence) of every node: its identity across steps."""
     return (memo or KeyMemo()).get(g)[0]
 
 
-def _node_keys(g: ExecutionGraph) -> list[tuple]:
+def _node_keys(g: ExecutionGraph) -> list[NodeKey]:
     n = g.nodes
     order = np.lexsort((n["start"], n["name"], n["on_gpu"], n["rank"]))
-    keys: list[tuple] = [()] * g.n_nodes
+    keys: list[NodeKey] = [(0, False, "", 0)] * g.n_nodes  # every entry is set below
     prev, k = None, 0
     for i in order:
         base = (int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["name"][i]))
@@ -144,8 +149,8 @@ def _robust(vals: list[float]) -> tuple[float, float]:
 
 def _typical(
     values: np.ndarray,
-    keys: list[tuple],
-    references: list[tuple[list[tuple], np.ndarray]],
+    keys: list[NodeKey],
+    references: list[tuple[list[NodeKey], np.ndarray]],
     groups: dict[int, int] | None,
     ids: tuple[np.ndarray, list[np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -176,8 +181,11 @@ def _typical(
         q1, ref_med, q3 = (_column_quantile(table, q) for q in (0.25, 0.5, 0.75))
         ref_noise = q3 + TUKEY_K * (q3 - q1) - ref_med
         typical, noise, source = ref_med.copy(), ref_noise.copy(), np.full(n, 2, dtype=np.int8)
-    peer = (lambda key: (0, *key[1:])) if groups is None else (lambda key: (groups.get(key[0], key[0]), *key[1:]))
-    across: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+
+    def peer(key: NodeKey) -> NodeKey:
+        return (0 if groups is None else groups.get(key[0], key[0]), *key[1:])
+
+    across: dict[NodeKey, list[tuple[int, float]]] = defaultdict(list)
     for i, (key, v) in enumerate(zip(keys, values)):
         if v >= 0:
             across[peer(key)].append((i, float(v)))
@@ -187,9 +195,9 @@ def _typical(
         for i, _ in members:
             others = [v for j, v in members if j != i]
             med, nz = (others[0], 0.0) if len(others) == 1 else _robust(others)  # one peer: its value, no spread
-            if ref_med is None or (med, nz, 1) < (ref_med[i], ref_noise[i], 2):  # the smaller median ...
+            if ref_med is None or ref_noise is None or (med, nz, 1) < (ref_med[i], ref_noise[i], 2):  # the smaller median ...
                 typical[i], source[i] = med, 1
-            noise[i] = max(nz, ref_noise[i]) if ref_med is not None else nz  # ... the wider margin (one peer alone shows no spread)
+            noise[i] = max(nz, ref_noise[i]) if ref_noise is not None else nz  # ... the wider margin (one peer alone shows no spread)
     return typical, source, noise
 
 
@@ -207,11 +215,12 @@ def _column_quantile(rows_sorted: np.ndarray, q: float) -> np.ndarray:
     pos = (rows_sorted.shape[1] - 1) * q
     lo = int(pos)
     hi = min(lo + 1, rows_sorted.shape[1] - 1)
-    return rows_sorted[:, lo] + (rows_sorted[:, hi] - rows_sorted[:, lo]) * (pos - lo)
+    out: np.ndarray = rows_sorted[:, lo] + (rows_sorted[:, hi] - rows_sorted[:, lo]) * (pos - lo)
+    return out
 
 
 # (_keys of the step, of each reference, peer_groups, (their ids: the step's, each reference's))
-Keys = tuple[list[tuple], list[list[tuple]], dict[int, int], tuple[np.ndarray, list[np.ndarray]]]
+Keys = tuple[list[NodeKey], list[list[NodeKey]], dict[int, int], tuple[np.ndarray, list[np.ndarray]]]
 
 
 def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph], memo: KeyMemo | None = None) -> Keys:
@@ -414,7 +423,7 @@ def blame(
     out.ranks.sort(key=lambda r: -r.saving_us)
     by_name: dict[str, float] = defaultdict(float)
     for i in cand:
-        by_name[g.node_name(i)] += float(excess[i])
+        by_name[g.node_name(int(i))] += float(excess[i])
     for name in sorted(by_name, key=lambda k: -by_name[k])[: max(top, 10)]:
         m = np.array([s == name for s in g.names])[n["name"]]
         s = base.makespan - run_cpm(g, np.where(m, restored, d)).makespan
@@ -452,7 +461,7 @@ def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
     return [int(i) for i in np.argsort(-dev)[:k]]
 
 
-def name_gaps(b: Blame, g: ExecutionGraph, table=None) -> None:
+def name_gaps(b: Blame, g: ExecutionGraph, table: object = None) -> None:
     """Rename the untraced gaps after an op by the op that encloses them, in place: nodes are the
     leaves of a thread's op tree, so the time between two leaves of one parent is that parent's
     own time (``aten::mm``'s compute between its ``aten::resolve_conj`` and ``aten::_unsafe_view``),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class StepRow:
     warmup: bool
     untraced_us: float
     top: str  # what the critical path spent most time on (segments.label)
-    cause: dict | None = None  # outliers: blame's top culprit {name, kind, rank, saving_us}
+    cause: dict[str, Any] | None = None  # outliers: blame's top culprit {name, kind, rank, saving_us}
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class RunSummary:
     spread_us: float  # 1.4826 x MAD of those steps
     steps: list[StepRow] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -108,28 +109,31 @@ class Comparison:
     interval_us: tuple[float, float]  # 95% bootstrap interval of delta
     noise_us: float  # the runs' step-to-step noise: pooled standard deviation of their step times
     verdict: str  # "faster", "slower" or "within noise"
-    moved: list[dict] = field(default_factory=list)  # per (what, rank): baseline_us, candidate_us, delta_us per step, largest first
-    by_kind: dict[str, dict] = field(default_factory=dict)  # breakdown class -> baseline_us, candidate_us, delta_us
-    by_rank: list[dict] = field(default_factory=list)  # rank -> median step time in each run
+    moved: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # per (what, rank): baseline_us, candidate_us, delta_us per step, largest first
+    by_kind: dict[str, dict[str, Any]] = field(default_factory=dict)  # breakdown class -> baseline_us, candidate_us, delta_us
+    by_rank: list[dict[str, Any]] = field(default_factory=list)  # rank -> median step time in each run
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["interval_us"] = list(self.interval_us)
         return d
 
     @property
-    def left(self) -> list[dict]:
+    def left(self) -> list[dict[str, Any]]:
         """What left the critical path (or lost most time on it), largest loss first."""
         return [m for m in self.moved if m["delta_us"] < 0]
 
     @property
-    def joined(self) -> list[dict]:
+    def joined(self) -> list[dict[str, Any]]:
         return [m for m in self.moved if m["delta_us"] > 0]
 
 
-def _per_step(analyses: list[StepAnalysis]) -> dict[tuple, float]:
-    total: dict[tuple, float] = defaultdict(float)
-    kind: dict[tuple, str] = {}
+def _per_step(analyses: list[StepAnalysis]) -> dict[tuple[str, int], tuple[float, str]]:
+    """(what, rank) -> (its mean time per step on the critical path, its segment kind)."""
+    total: dict[tuple[str, int], float] = defaultdict(float)
+    kind: dict[tuple[str, int], str] = {}
     for a in analyses:
         for s in a.segments():
             key = (label(s), s.rank)
@@ -163,14 +167,14 @@ def compare(
     called = abs(delta) > NOISE_FACTOR * noise
     verdict = "faster" if hi < 0 and called else "slower" if lo > 0 and called else "within noise"
     pb, pc = _per_step(b), _per_step(c)
-    moved = []
+    moved: list[dict[str, Any]] = []
     for key in set(pb) | set(pc):
         x, y = pb.get(key, (0.0, ""))[0], pc.get(key, (0.0, ""))[0]
         moved.append(
             {
                 "what": key[0],
                 "rank": key[1],
-                "kind": (pb.get(key) or pc.get(key))[1],
+                "kind": (pb[key] if key in pb else pc[key])[1],
                 "baseline_us": x,
                 "candidate_us": y,
                 "delta_us": y - x,

@@ -94,7 +94,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             m[f"{name}_share"] = float(t[phases == code].sum() / ms)
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
-    ctx = {"busiest_rank": str(max(busy, key=busy.get)) if busy else "0"}
+    ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
     top = a.top_ops(1)
     m["top_op_share"] = float(top[0]["share"]) if top else 0.0
     ctx["top_op"] = top[0]["name"] if top else ""
@@ -112,11 +112,11 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     # untraced time on the critical path (analysis.segments): stretches between ops with no traced cause
     m["untraced_share"] = float(a.untraced_us / ms)
     ctx["untraced_share_pct"] = f"{100 * m['untraced_share']:.0f}"
-    per_rank: dict[int, float] = {}
+    untraced: dict[int, float] = {}
     for seg in a.segments():
         if seg.kind == "untraced":
-            per_rank[seg.rank] = per_rank.get(seg.rank, 0.0) + seg.dur
-    ctx["untraced_rank"] = str(max(per_rank, key=per_rank.get)) if per_rank else "0"
+            untraced[seg.rank] = untraced.get(seg.rank, 0.0) + seg.dur
+    ctx["untraced_rank"] = str(max(untraced, key=lambda r: untraced[r])) if untraced else "0"
     return m, ctx
 
 
