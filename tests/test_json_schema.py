@@ -107,9 +107,21 @@ def test_whatif_json_has_the_documented_keys(capsys, generated_grid):
 @pytest.mark.parametrize("command", ["summary", "compare"])
 def test_summary_and_compare_json_have_the_documented_keys(command, capsys):
     if command == "summary":
-        doc = json_of(["summary", str(STRAGGLER)], capsys)
+        doc = json_of(["summary", str(DATA / "gloo_ddp_10steps_injected")], capsys)
         check("summary", doc)
         for step in doc["steps"]:
             check("summary step", step)
+        causes = [step["cause"] for step in doc["steps"] if step["cause"] is not None]
+        assert causes  # the injected steps are outliers
+        for cause in causes:
+            check("summary cause", cause)
     else:
-        check("compare", json_of(["compare", str(CLEAN), str(STRAGGLER)], capsys))
+        doc = json_of(["compare", str(CLEAN), str(STRAGGLER)], capsys)
+        check("compare", doc)
+        assert doc["moved"] and doc["by_kind"] and doc["by_rank"]
+        for m in doc["moved"]:
+            check("compare moved", m)
+        for k in doc["by_kind"].values():
+            check("compare by_kind", k)
+        for r in doc["by_rank"]:
+            check("compare by_rank", r)

@@ -763,11 +763,7 @@ def summary(
     for x in s.steps:
         if x.outlier:
             cause = x.cause
-            why = (
-                f"{cause['name']} on rank {cause['rank']} (restoring it saves {_ms(cause['saving_us'])} ms)"
-                if cause
-                else "no single culprit"
-            )
+            why = f"{cause.name} on rank {cause.rank} (restoring it saves {_ms(cause.saving_us)} ms)" if cause else "no single culprit"
             out.print(Text(f"step {x.step}: {100 * x.vs_median:+.1f}% vs median; top cause: {why}"))
     if not any(x.outlier for x in s.steps):
         out.print("no outlier steps", highlight=False)
@@ -813,20 +809,20 @@ def compare(
         )  # fmt: skip
         t = TableModel("What moved on the critical path (ms per step)", [Column("what", "name"), Column("rank", "int"), Column("kind"),
                        Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")])  # fmt: skip
-        t.rows = [[m["what"], m["rank"], m["kind"], m["baseline_us"], m["candidate_us"], m["delta_us"]] for m in c.moved]
+        t.rows = [[m.what, m.rank, m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
         print_table(out, t)
         t = TableModel(
             "By kind (ms per step)",
             [Column("kind", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
         )
-        t.rows = [[k, v["baseline_us"], v["candidate_us"], v["delta_us"]] for k, v in c.by_kind.items()]
+        t.rows = [[k, v.baseline_us, v.candidate_us, v.delta_us] for k, v in c.by_kind.items()]
         print_table(out, t)
         if len(c.by_rank) > 1:
             t = TableModel(
                 "By rank (median step ms)",
                 [Column("rank", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
             )
-            t.rows = [[r["rank"], r["baseline_us"], r["candidate_us"], r["delta_us"]] for r in c.by_rank]
+            t.rows = [[r.rank, r.baseline_us, r.candidate_us, r.delta_us] for r in c.by_rank]
             print_table(out, t)
         if gate:
             _error(f"candidate is slower by {100 * c.delta_share:.1f}% (more than --fail-if-slower {fail_if_slower:g}%)")
