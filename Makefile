@@ -27,6 +27,7 @@ test-slow: venv  ## slow tests only
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy  ## the whole package (pyproject.toml [tool.mypy]); --strict on the API: tests/test_types.py
 
 bench: venv  ## 1M-event benchmark against HTA and networkx (HTA in its own venv)
 	$(PY) benchmarks/bench_scale.py --events 1000000 --ranks 8

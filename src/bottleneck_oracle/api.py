@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bottleneck_oracle.analysis.results import BlameModel, NodeRef, PathChange, Replay, Resplit, StepAdvice, StepBlame, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
@@ -19,11 +20,16 @@ from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
+if TYPE_CHECKING:
+    from bottleneck_oracle.analysis.runs import Comparison, RunSummary
+    from bottleneck_oracle.llm.client import ChatClient
+    from bottleneck_oracle.models.predict import Predictor
+
 ExecutorSpec = str | Executor | Engine | Any | None
 """Where parsing and graph building run: see ``build``."""
 
 
-def _predictor(checkpoint: str | Path | None):
+def _predictor(checkpoint: str | Path | None) -> Predictor:
     """The graph network (models.predict.Predictor). It runs in numpy from the checkpoint's .npz;
     a .pt without one needs torch, and says so when it is not installed."""
     from bottleneck_oracle.models.predict import Predictor
@@ -159,7 +165,7 @@ def whatif(
     checkpoint: str | Path | None = None,
     use_model: bool = True,
     microbatches: int | None = None,
-) -> list[dict]:
+) -> list[StepWhatIf]:
     """Per step: the step time after ``edits`` (``Edit.parse`` strings) by the exact replay and by
     each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
     the critical path before and after. ``microbatches``: a pipeline step re-split into that
@@ -178,7 +184,7 @@ def whatif(
     predictor = None
     if use_model:
         predictor = _predictor(checkpoint)
-    out = []
+    out: list[StepWhatIf] = []
     for g in gs:
         phase_mb = node_phases(table, g) if table is not None else None
         phases = phase_mb[0] if phase_mb is not None else None
@@ -193,42 +199,44 @@ def whatif(
             + (w[fin] - g.edges["weight"][fin]).sum()
             + np.where(np.isfinite(g.release), np.nan_to_num(rel, neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0).sum()
         )
-        row = {"step": g.step, "measured_us": measured, "edited_nodes": len(ids), "edited_gaps": int(fin[eids].sum()),
-               "detached_edges": int((~fin).sum()), "added_us": added}  # fmt: skip
+        model: dict[str, Any] | None = None
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
 
             data, edited = sample_for(g, d, table, base, w, rel, phase_mb)
-            row["model"] = predictor.effect(g, sample_for(g, None, table, base, phases=phase_mb)[0], data)
+            model = predictor.effect(g, sample_for(g, None, table, base, phases=phase_mb)[0], data)
         else:
             edited = run_cpm(g, d, w, rel)
-        row["replay"] = {"step_us": measured + edited.makespan - base.makespan, "delta_us": edited.makespan - base.makespan}
+        replay = Replay(step_us=measured + edited.makespan - base.makespan, delta_us=edited.makespan - base.makespan)
+        resplit = None
         if microbatches is not None:
             from bottleneck_oracle.analysis.phases import formula_parts, is_pipeline, pipeline_step
 
-            if not is_pipeline(g, table):
+            if phase_mb is None or not is_pipeline(g, table):
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
             parts = formula_parts(g, d, *phase_mb)
             now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
-            row["microbatches"] = {"from": parts["m"], "to": microbatches, "stages": parts["p"], "formula_delta_us": then - now,
-                                   "step_us": measured + row["replay"]["delta_us"] + then - now}  # fmt: skip
+            resplit = Resplit(old=int(parts["m"]), new=microbatches, stages=int(parts["p"]), formula_delta_us=then - now,
+                              step_us=measured + replay.delta_us + then - now)  # fmt: skip
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
-        def names(s, g=g, d=d):
+        def names(s: set[int], g: ExecutionGraph = g, d: np.ndarray = d) -> list[NodeRef]:
             ranked = sorted(s, key=lambda i: -float(d[i]))[:10]
-            return [{"id": int(i), "name": g.node_name(i), "rank": int(g.nodes["rank"][i])} for i in ranked]
+            return [NodeRef(int(i), g.node_name(i), int(g.nodes["rank"][i])) for i in ranked]
 
-        row["critical_path"] = {
-            "nodes_before": len(before),
-            "nodes_after": len(after),
-            "joined": names(after - before),
-            "left": names(before - after),
-        }
-        out.append(row)
+        out.append(
+            StepWhatIf(
+                step=g.step, measured_us=measured, edited_nodes=len(ids), edited_gaps=int(fin[eids].sum()),
+                detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit,
+                critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
+            )
+        )  # fmt: skip
     return out
 
 
-def _reference_pool(path, baseline, steps, config, gs: list[ExecutionGraph]) -> list[ExecutionGraph]:
+def _reference_pool(
+    path: str | Path, baseline: str | Path | None, steps: list[int] | None, config: Config | None, gs: list[ExecutionGraph]
+) -> list[ExecutionGraph]:
     """The steps typical durations come from: the baseline's, or all of the trace's own."""
     if baseline is not None:
         return build(baseline, None, config)[1]
@@ -244,7 +252,7 @@ def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -
     MAX_REFERENCES of them, the nearest to ``g`` in step number."""
     if not baseline:
         if len(pool) >= 3 and all(r.step is not None for r in pool):
-            first = min(r.step for r in pool)
+            first = min(r.step for r in pool if r.step is not None)
             pool = [r for r in pool if r.step != first]
         pool = [r for r in pool if r.step != g.step]
     if len(pool) > MAX_REFERENCES:
@@ -263,7 +271,7 @@ def blame(
     top: int = 10,
     checkpoint: str | Path | None = None,
     use_model: bool = True,
-) -> list[dict]:
+) -> list[StepBlame]:
     """Per step: nodes, ranks and op kinds ranked by the step time restoring them to their typical
     duration saves (analysis.blame). Typical durations come from ``baseline``'s steps when given,
     else from the trace's other steps (the first one, warm-up, left out when there are three or
@@ -277,8 +285,9 @@ def blame(
     predictor = None
     if use_model:
         predictor = _predictor(checkpoint)
-        predictor.variants = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models][:1]
-    out = []
+        variants: list[str] = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models]
+        predictor.variants = variants[:1]
+    out: list[StepBlame] = []
     memo = KeyMemo()
     for g in gs:
         refs, row_refs = _references(g, pool, baseline is not None)
@@ -286,29 +295,28 @@ def blame(
         b = blame_graph(g, refs, top, base, memo)
         if table is not None:
             name_gaps(b, g, table)
-        row = b.to_dict()
-        row["measured_us"] = max(g.measured.values())
-        row["references"] = row_refs
+        row = StepBlame(b, max(g.measured.values()), row_refs)
         if predictor is not None and b.nodes:
             from bottleneck_oracle.analysis.phases import node_phases
             from bottleneck_oracle.models.predict import sample_for
 
             (variant,) = predictor.variants
-            row["model"] = {"checkpoint": str(predictor.path), "variant": variant}
+            row.model = BlameModel(str(predictor.path), variant)
             phases = node_phases(table, g) if table is not None else None
             unedited = sample_for(g, None, table, base, phases=phases)[0]
             for x in b.nodes[:5]:  # the same restoration the replay's saving is for
                 d, w, rel = g.nodes["mdur"].astype(float).copy(), g.edges["weight"].astype(float).copy(), g.release.astype(float).copy()
-                if x["kind"] == "op":
-                    d[x["id"]] = x["typical_us"]
-                elif "edge" in x:  # the untraced time after the op
-                    w[x["edge"]] = x["typical_us"]
+                if x.kind == "op":
+                    d[x.id] = x.typical_us
+                elif x.edge is not None:  # the untraced time after the op
+                    w[x.edge] = x.typical_us
                 else:  # the untraced time before a thread's first op, from the rank's step start
-                    rel[x["id"]] = g.rank_start(x["rank"]) + x["typical_us"]
+                    rel[x.id] = g.rank_start(x.rank) + x.typical_us
                 data, _ = sample_for(g, d, table, base, w, rel, phases)
                 answer = predictor.effect(g, unedited, data)
-                x["model_saving_us"] = None if answer["out_of_domain"] else -answer["delta_us"][variant]
-                row["model"]["out_of_domain"] = answer["out_of_domain"]
+                x.model_predicted = True
+                x.model_saving_us = None if answer["out_of_domain"] else -answer["delta_us"][variant]
+                row.model.out_of_domain = answer["out_of_domain"]
         out.append(row)
     return out
 
@@ -320,9 +328,9 @@ def advise(
     baseline: str | Path | None = None,
     checkpoint: str | Path | None = None,
     use_model: bool = True,
-    llm=None,
+    llm: ChatClient | None = None,
     recipes: str | Path | None = None,
-) -> list[dict]:
+) -> list[StepAdvice]:
     """Per step: validated optimisation suggestions (llm.graphrag), from the offline recipe engine or
     from ``llm`` (an llm.client.ChatClient), with the blame they are based on."""
     table, gs = build(path, steps, config)
@@ -338,9 +346,9 @@ def advise_graphs(
     baseline: bool = False,
     checkpoint: str | Path | None = None,
     use_model: bool = True,
-    llm=None,
+    llm: ChatClient | None = None,
     recipes: str | Path | None = None,
-) -> list[dict]:
+) -> list[StepAdvice]:
     """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
     from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
     from bottleneck_oracle.analysis.blame import blame as blame_graph
@@ -352,7 +360,7 @@ def advise_graphs(
     if use_model:
         predictor = _predictor(checkpoint)
     kb = load_recipes(recipes)
-    out = []
+    out: list[StepAdvice] = []
     memo = KeyMemo()
     for a in analyses:
         g = a.graph
@@ -361,14 +369,11 @@ def advise_graphs(
         if table is not None:
             name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)
-        row = advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb).to_dict()
-        row["blame"] = b.to_dict()
-        row["references"] = row_refs
-        out.append(row)
+        out.append(StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb), b, row_refs))
     return out
 
 
-def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None):
+def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None) -> RunSummary:
     """Every step of a run against its median, outliers with their top cause (analysis.runs.RunSummary)."""
     from bottleneck_oracle.analysis.runs import summarize
 
@@ -376,7 +381,7 @@ def summary(path: str | Path, steps: list[int] | None = None, config: Config | N
     return summarize(analyses, str(path))
 
 
-def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0):
+def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0) -> Comparison:
     """Baseline run against candidate run: the step-time change with its noise, what moved on the
     critical path, per kind and per rank (analysis.runs.Comparison)."""
     from bottleneck_oracle.analysis.runs import compare as compare_runs

@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import orjson
 import typer
@@ -17,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bottleneck_oracle import __version__, api
+from bottleneck_oracle.analysis.results import StepAdvice, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path, atomic_paths, check_target
 from bottleneck_oracle.config import Config, load_config
@@ -265,7 +267,7 @@ def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int,
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
     with tempfile.TemporaryFile(prefix="bottleneck-oracle-") if as_json else nullcontext() as spool, status:
         for n, a in enumerate(stream):
-            if as_json:
+            if spool is not None:  # --json
                 spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))
             else:
                 rows.append(step_row(a))
@@ -274,9 +276,9 @@ def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int,
                     del kept[min(range(len(kept)), key=lambda i: (kept[i].step_time, -i))]
             if perfetto:
                 paths.append(critical_events(a))
-        if perfetto:
+        if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        if as_json:
+        if spool is not None:
             _print_json_spooled(_json_head(path, table), spool, _json_tail(table))
             return
     _print_summary(kept, str(path), k, rows, len(rows))
@@ -324,25 +326,18 @@ def analyze(
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
         table, analyses = api.analyze(path, step or None, cfg, et, executor)
     _check_overlay_input(path, table, perfetto)
-    extras = {}
+    extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
             rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=not no_model)
-        extras = {
-            r["step"]: {
-                "blame": r["blame"],
-                "advice": {k2: v for k2, v in r.items() if k2 not in ("blame",)},
-                "references": r["references"],
-            }
-            for r in rows
-        }
+        extras = {r.step: r for r in rows}
     if html or perfetto:  # both written, or neither: a failure leaves nothing behind
         with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):
-            if html:
+            if html_tmp is not None:
                 from bottleneck_oracle.report.html import write_report
 
                 write_report(analyses, str(path), html_tmp, k, extras)
-            if perfetto:
+            if perfetto_tmp is not None and table is not None:
                 from bottleneck_oracle.report.perfetto import write_overlay
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
@@ -350,26 +345,24 @@ def analyze(
         doc = {**_json_head(path, table), "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
-                s_doc["blame"] = extras[s_doc["step"]]["blame"]
-                s_doc["advice"] = extras[s_doc["step"]]["advice"]
+                x = extras[s_doc["step"]]
+                s_doc["blame"] = x.blame.to_dict()
+                s_doc["advice"] = {**x.advice.to_dict(), "references": x.references}
         _print_json(doc)
         return
     _print_summary(analyses, str(path), k)
     _print_table_lines(table)
     for step_no, x in extras.items():
-        top_b = x["blame"]["nodes"][:3]
+        top_b = x.blame.nodes[:3]
         if top_b:
             out.print(
-                Text(
-                    f"Step {step_no} blame: "
-                    + "; ".join(f"{shorten(n['name'], 70)} (rank {n['rank']}) {_ms(n['saving_us'])} ms" for n in top_b)
-                )
+                Text(f"Step {step_no} blame: " + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b))
             )
-        for sug in x["advice"]["suggestions"][:3]:
+        for sug in x.advice.suggestions[:3]:
             out.print(
                 Text(
-                    f"Step {step_no} advice: {sug['title']} — replay saves {_ms(sug['replay_saving_us'])} ms if we "
-                    f"{'; '.join(sug.get('edits_in_words') or sug['edits'])} ({'; '.join(sug['edits'])})"
+                    f"Step {step_no} advice: {sug.title} — replay saves {_ms(sug.replay_saving_us)} ms if we "
+                    f"{'; '.join(sug.edits_in_words or sug.edits)} ({'; '.join(sug.edits)})"
                 )
             )
     for label, target in (("HTML report", html), ("Perfetto trace", perfetto)):
@@ -401,7 +394,7 @@ def parse(
     cfg = _config(config, ranks_per_host)
     output = output or Path(cfg.paths.graphs)
     _, graphs = api.build(source, step or None, cfg, None, executor)
-    entries = []
+    entries: list[dict[str, Any]] = []
     for g in graphs:
         name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
         g.save(output / name)
@@ -578,12 +571,12 @@ def whatif(
     edit = edit or []
     rows = api.whatif(trace, edit, step or None, _config(config, ranks_per_host), checkpoint, not no_model, microbatches)
     if as_json:
-        _print_json({"trace": str(trace), "edits": edit, "steps": rows})
+        _print_json({"trace": str(trace), "edits": edit, "steps": [r.to_dict() for r in rows]})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    variants = list(rows[0]["model"]["step_us"]) if rows and "model" in rows[0] else []
+    variants = list(rows[0].model["step_us"]) if rows and rows[0].model is not None else []
     t = TableModel(
         f"What-if: {'; '.join(edit) or f'{microbatches} micro-batches'}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
@@ -591,44 +584,44 @@ def whatif(
         caption="step times in ms; Δ: the edited replay against the unedited one (the model's: its edited against its unedited prediction)",
     )  # fmt: skip
 
-    def label(r: dict) -> str:
-        return "whole trace" if r["step"] is None else str(r["step"])
+    def label(r: StepWhatIf) -> str:
+        return "whole trace" if r.step is None else str(r.step)
 
-    def where(r: dict) -> str:
-        return "whole trace" if r["step"] is None else f"step {r['step']}"
+    def where(r: StepWhatIf) -> str:
+        return "whole trace" if r.step is None else f"step {r.step}"
 
     for r in rows:
-        model = r.get("model", {})
+        model = r.model or {}
         t.rows.append(
-            [label(r), _edited(r), r["measured_us"], r["replay"]["step_us"], r["replay"]["delta_us"],
+            [label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us,
              *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants]]
         )  # fmt: skip
     print_table(out, t)
     for r in rows:
-        if r.get("model", {}).get("out_of_domain"):
-            out.print(Text(f"{where(r)}: graph network {r['model']['out_of_domain']}; the replay is the answer"))
+        if r.model is not None and r.model.get("out_of_domain"):
+            out.print(Text(f"{where(r)}: graph network {r.model['out_of_domain']}; the replay is the answer"))
             break
     for r in rows:
-        if "microbatches" in r:
-            mbx = r["microbatches"]
+        if r.microbatches is not None:
+            mbx = r.microbatches
             out.print(
-                f"{where(r)}: {mbx['from']} -> {mbx['to']} micro-batches over {mbx['stages']} stages: "
-                f"{mbx['formula_delta_us'] / 1000:+.3f} ms by the 1F1B formula -> {_ms(mbx['step_us'])} ms",
+                f"{where(r)}: {mbx.old} -> {mbx.new} micro-batches over {mbx.stages} stages: "
+                f"{mbx.formula_delta_us / 1000:+.3f} ms by the 1F1B formula -> {_ms(mbx.step_us)} ms",
                 highlight=False,
             )
-        cp = r["critical_path"]
-        if cp["joined"] or cp["left"]:
-            joined = ", ".join(f"{shorten(x['name'], 50)} (rank {x['rank']})" for x in cp["joined"][:5]) or "—"
-            left = ", ".join(f"{shorten(x['name'], 50)} (rank {x['rank']})" for x in cp["left"][:5]) or "—"
-            out.print(Text(f"{where(r)}: critical path {cp['nodes_before']} -> {cp['nodes_after']} nodes; joined: {joined}; left: {left}"))
+        cp = r.critical_path
+        if cp.joined or cp.left:
+            joined = ", ".join(f"{shorten(x.name, 50)} (rank {x.rank})" for x in cp.joined[:5]) or "—"
+            left = ", ".join(f"{shorten(x.name, 50)} (rank {x.rank})" for x in cp.left[:5]) or "—"
+            out.print(Text(f"{where(r)}: critical path {cp.nodes_before} -> {cp.nodes_after} nodes; joined: {joined}; left: {left}"))
         else:
-            out.print(f"{where(r)}: critical path unchanged ({cp['nodes_after']} nodes)", highlight=False)
+            out.print(f"{where(r)}: critical path unchanged ({cp.nodes_after} nodes)", highlight=False)
 
 
-def _edited(r: dict) -> str:
+def _edited(r: StepWhatIf) -> str:
     """What an edit changed, in words: nodes, untraced gaps, removed dependencies."""
-    parts = [f"{r['edited_nodes']} ops" if r["edited_nodes"] else "", f"{r['edited_gaps']} gaps" if r["edited_gaps"] else "",
-             f"{r['detached_edges']} deps removed" if r["detached_edges"] else ""]  # fmt: skip
+    parts = [f"{r.edited_nodes} ops" if r.edited_nodes else "", f"{r.edited_gaps} gaps" if r.edited_gaps else "",
+             f"{r.detached_edges} deps removed" if r.detached_edges else ""]  # fmt: skip
     return ", ".join(p for p in parts if p) or "nothing"
 
 
@@ -654,7 +647,7 @@ def blame(
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
     rows = api.blame(trace, baseline, step or None, _config(config, ranks_per_host), top, checkpoint, not no_model)
     if as_json:
-        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": rows})
+        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": [r.to_dict() for r in rows]})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
@@ -664,30 +657,31 @@ def blame(
             f"{len(rows)} steps; below the {MAX_STEP_DETAILS} with the most to explain (--step N for others, --json for every step)",
             highlight=False,
         )
-        keep = {id(r) for r in sorted(rows, key=lambda r: -r["excess_us"])[:MAX_STEP_DETAILS]}
+        keep = {id(r) for r in sorted(rows, key=lambda r: -r.blame.excess)[:MAX_STEP_DETAILS]}
         rows = [r for r in rows if id(r) in keep]
     for r in rows:
+        b = r.blame
         out.print(
-            Text(f"Step {r['step']}", style="bold")
-            + Text(f": {_ms(r['measured_us'])} ms measured; restoring every op to typical ({r['references']}) "
-                   f"gives {_ms(r['restored_makespan_us'])} ms: {_ms(r['excess_us'])} ms to explain")
+            Text(f"Step {r.step}", style="bold")
+            + Text(f": {_ms(r.measured_us)} ms measured; restoring every op to typical ({r.references}) "
+                   f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain")
         )  # fmt: skip
-        with_model = "model" in r
+        with_model = r.model is not None
         t = TableModel(
             "Culprit ops (saving if restored to typical, ms)",
             [Column("#", "key"), Column("op", "name"), Column("rank", "int"), Column("saving", "ms"), Column("share", "pct"), Column("dur", "ms"),
              Column("typical", "ms"), Column("typical from")] + ([Column("model saving")] if with_model else []),
         )  # fmt: skip
-        for k, x in enumerate(r["nodes"], 1):
-            model = [_model_ms(x["model_saving_us"]) if "model_saving_us" in x else "—"] if with_model else []
-            t.rows.append([k, x["name"], x["rank"], x["saving_us"], x["share"], x["dur_us"], x["typical_us"], x["typical_from"], *model])
+        for k, x in enumerate(b.nodes, 1):
+            model = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
+            t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *model])
         print_table(out, t)
-        slow = "; ".join(f"{shorten(x['name'], 50)} (rank {x['rank']}) +{_ms(x['dur_us'] - x['typical_us'])} ms, saves {_ms(x['saving_us'])}"
-                         for x in r["anomalies"][:5])  # fmt: skip
+        slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"
+                         for x in b.anomalies[:5])  # fmt: skip
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
-        ranks = ", ".join(f"rank {x['rank']} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ranks"])
+        ranks = ", ".join(f"rank {x.rank} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ranks)
         out.print(f"By rank: {ranks}", highlight=False)
-        ops = "; ".join(f"{shorten(x['name'], 50)} {_ms(x['saving_us'])} ms ({100 * x['share']:.0f}%)" for x in r["ops"][:5])
+        ops = "; ".join(f"{shorten(x.name, 50)} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ops[:5])
         out.print(Text(f"By op kind: {ops}"))
 
 
@@ -727,28 +721,29 @@ def advise(
         llm = ChatClient(llm_base_url, llm_model, llm_key_env)
     rows = api.advise(trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, not no_model, llm, recipes)
     if as_json:
-        _print_json({"trace": str(trace), "steps": rows})
+        _print_json({"trace": str(trace), "steps": [r.to_dict() for r in rows]})
         return
     for r in rows:
-        out.print(Text(f"Step {r['step']}", style="bold") + Text(f": {_ms(r['makespan_us'])} ms; suggestions by {r['generator']}"))
-        if not r["suggestions"]:
+        a = r.advice
+        out.print(Text(f"Step {a.step}", style="bold") + Text(f": {_ms(a.makespan_us)} ms; suggestions by {a.generator}"))
+        if not a.suggestions:
             out.print("  no suggestion survived validation", highlight=False)
-        for k, s in enumerate(r["suggestions"], 1):
-            model = "out of domain" if s.get("model_out_of_domain") else ", ".join(f"{v} {_ms(x)}" for v, x in s["model_saving_us"].items())
-            pct = 100 * s["replay_saving_us"] / max(r["makespan_us"], 1.0)
+        for k, s in enumerate(a.suggestions, 1):
+            model = "out of domain" if s.model_out_of_domain else ", ".join(f"{v} {_model_ms(x)}" for v, x in s.model_saving_us.items())
+            pct = 100 * s.replay_saving_us / max(a.makespan_us, 1.0)
             out.print(
                 Text(
-                    f"{k}. {s['title']} — saves {_ms(s['replay_saving_us'])} ms ({pct:.1f}%) by replay"
+                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay"
                     + (f"; model: {model} ms" if model else "")
                 )
             )
-            out.print(Text(f"   {s['explanation']}"))
-            if s["remedy"]:
-                out.print(Text(f"   Remedy: {s['remedy']}"))
-            words = "; ".join(s.get("edits_in_words") or s["edits"])
-            out.print(Text(f"   What-if: {words} ({'; '.join(s['edits'])}, {s['edited_nodes']} nodes)"))
-        if r["rejected"]:
-            out.print(f"  {len(r['rejected'])} suggestion(s) rejected (see --json)", highlight=False)
+            out.print(Text(f"   {s.explanation}"))
+            if s.remedy:
+                out.print(Text(f"   Remedy: {s.remedy}"))
+            words = "; ".join(s.edits_in_words or s.edits)
+            out.print(Text(f"   What-if: {words} ({'; '.join(s.edits)}, {s.edited_nodes} nodes)"))
+        if a.rejected:
+            out.print(f"  {len(a.rejected)} suggestion(s) rejected (see --json)", highlight=False)
 
 
 @app.command()
@@ -784,11 +779,7 @@ def summary(
     for x in s.steps:
         if x.outlier:
             cause = x.cause
-            why = (
-                f"{cause['name']} on rank {cause['rank']} (restoring it saves {_ms(cause['saving_us'])} ms)"
-                if cause
-                else "no single culprit"
-            )
+            why = f"{cause.name} on rank {cause.rank} (restoring it saves {_ms(cause.saving_us)} ms)" if cause else "no single culprit"
             out.print(Text(f"step {x.step}: {100 * x.vs_median:+.1f}% vs median; top cause: {why}"))
     if not any(x.outlier for x in s.steps):
         out.print("no outlier steps", highlight=False)
@@ -834,20 +825,20 @@ def compare(
         )  # fmt: skip
         t = TableModel("What moved on the critical path (ms per step)", [Column("what", "name"), Column("rank", "int"), Column("kind"),
                        Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")])  # fmt: skip
-        t.rows = [[m["what"], m["rank"], m["kind"], m["baseline_us"], m["candidate_us"], m["delta_us"]] for m in c.moved]
+        t.rows = [[m.what, m.rank, m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
         print_table(out, t)
         t = TableModel(
             "By kind (ms per step)",
             [Column("kind", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
         )
-        t.rows = [[k, v["baseline_us"], v["candidate_us"], v["delta_us"]] for k, v in c.by_kind.items()]
+        t.rows = [[k, v.baseline_us, v.candidate_us, v.delta_us] for k, v in c.by_kind.items()]
         print_table(out, t)
         if len(c.by_rank) > 1:
             t = TableModel(
                 "By rank (median step ms)",
                 [Column("rank", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
             )
-            t.rows = [[r["rank"], r["baseline_us"], r["candidate_us"], r["delta_us"]] for r in c.by_rank]
+            t.rows = [[r.rank, r.baseline_us, r.candidate_us, r.delta_us] for r in c.by_rank]
             print_table(out, t)
         if gate:
             _error(f"candidate is slower by {100 * c.delta_share:.1f}% (more than --fail-if-slower {fail_if_slower:g}%)")
@@ -891,12 +882,12 @@ def main() -> None:
         raise
 
 
-def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
+def _click_exceptions() -> tuple[tuple[type[Any], ...], tuple[type[Any], ...]]:
     """Usage-error and abort classes of the click typer uses: newer typer vendors its own
     (typer._click), older ones use the click package, and both can be installed at once (Dask
     brings click): the classes of each that is present."""
-    usage: list[type] = []
-    abort: list[type] = []
+    usage: list[type[Any]] = []
+    abort: list[type[Any]] = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
             mod = importlib.import_module(module)

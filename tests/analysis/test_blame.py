@@ -24,8 +24,8 @@ def test_the_injected_op_is_found_on_a_dp_run(generated_grid):
         }
         refs = [h for s, h in by_step.items() if s not in (r["step"], min(by_step))]
         b = blame(g, refs, top=3)
-        assert b.nodes[0]["id"] in culprit, (r["step"], b.nodes[0])
-        assert b.nodes[0]["saving_us"] > 0.5 * r["injection"]["delay_ms"] * 1000
+        assert b.nodes[0].id in culprit, (r["step"], b.nodes[0])
+        assert b.nodes[0].saving_us > 0.5 * r["injection"]["delay_ms"] * 1000
         # an op no other rank runs deviates by its whole duration
         assert largest_rank_deviation(g, 1)[0] in culprit
     assert injected
@@ -47,12 +47,12 @@ def test_pipeline_stages_are_not_peers_and_the_injection_is_found(generated_grid
             refs = [h for s, h in by_step.items() if s not in (r["step"], min(by_step))]
             b = blame(g, refs, top=3)
             top = b.nodes[0]
-            assert g.node_name(top["id"]).startswith("oracle_inject:") and top["kind"] == "op", (run.name, r["step"], top)
-            assert top["rank"] == r["injection"]["rank"]
+            assert g.node_name(top.id).startswith("oracle_inject:") and top.kind == "op", (run.name, r["step"], top)
+            assert top.rank == r["injection"]["rank"]
             # also among the ops most slower than typical (there with the waits it caused elsewhere; on a
             # loaded machine contention slows other ops too, so among the first ten)
             slower = blame(g, refs, top=10).anomalies
-            assert top["id"] in [x["id"] for x in slower if x["kind"] == "op"]
+            assert top.id in [x.id for x in slower if x.kind == "op"]
 
 
 def test_a_value_inside_its_counterparts_usual_spread_is_not_an_outlier():
@@ -76,7 +76,7 @@ def test_savings_within_step_noise_rank_by_excess(generated_grid):
     g, refs = graphs[-1], graphs[1:-1]
     b = blame(g, refs, top=50)
     floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)
-    keys = [(x["saving_us"] if x["saving_us"] >= floor else 0.0, x["dur_us"] - x["typical_us"]) for x in b.nodes]
+    keys = [(x.saving_us if x.saving_us >= floor else 0.0, x.dur_us - x.typical_us) for x in b.nodes]
     assert len(keys) >= 3 and keys == sorted(keys, reverse=True)
 
 
@@ -91,16 +91,16 @@ def test_gaps_are_named_by_the_op_that_encloses_them(generated_grid):
     by_step = {g.step: g for g in graphs}
     named = 0
     for row in rows:
-        g = by_step[row["step"]]
-        for x in row["nodes"]:
-            if x["kind"] != "gap" or "parent" not in x:
+        g = by_step[row.step]
+        for x in row.blame.nodes:
+            if x.kind != "gap" or x.parent is None:
                 continue
             named += 1
-            assert x["name"].startswith(f"own time of {x['parent']} (after ")
-            src, dst = int(g.edges["src"][x["edge"]]), int(g.edges["dst"][x["edge"]])
+            assert x.edge is not None and x.name.startswith(f"own time of {x.parent} (after ")
+            src, dst = int(g.edges["src"][x.edge]), int(g.edges["dst"][x.edge])
             lo = g.window_start + g.nodes["start"][src] + g.nodes["dur"][src] - table.t0
             hi = g.window_start + g.nodes["start"][dst] - table.t0
             c = table.cols
-            same_name = np.array([s == x["parent"] for s in table.names])[c["name"]]
+            same_name = np.array([s == x.parent for s in table.names])[c["name"]]
             assert (same_name & (c["ts"] <= lo + 0.5) & (c["ts"] + c["dur"] >= hi - 0.5)).any(), x
     assert named >= 1

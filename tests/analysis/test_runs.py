@@ -25,9 +25,9 @@ def test_compare_says_faster_by_the_straggler_and_names_its_gap():
     lo, hi = c.interval_us
     assert lo <= c.delta_us <= hi < 0
     top = c.left[0]  # what left the critical path first: rank 1's untraced sleep in its forward
-    assert top["rank"] == 1 and top["kind"] == "untraced" and "forward" in top["what"]
-    assert top["delta_us"] <= -15_000 and top["candidate_us"] < 0.1 * top["baseline_us"]
-    assert c.by_kind["untraced"]["delta_us"] <= -15_000
+    assert top.rank == 1 and top.kind == "untraced" and "forward" in top.what
+    assert top.delta_us <= -15_000 and top.candidate_us < 0.1 * top.baseline_us
+    assert c.by_kind["untraced"].delta_us <= -15_000
 
 
 def test_compare_says_within_noise_for_two_recordings_of_the_same_job():
@@ -59,8 +59,8 @@ def test_summary_flags_the_injected_steps_with_their_cause():
     flagged = [x for x in s.steps if x.outlier]
     assert [x.step for x in flagged] == [4, 8]
     for x in flagged:
-        assert x.cause["rank"] == 1 and x.cause["name"].startswith("oracle_inject:phase:forward")
-        assert 25_000 <= x.cause["saving_us"] <= 35_000 and x.vs_median > 0.5
+        assert x.cause is not None and x.cause.rank == 1 and x.cause.name.startswith("oracle_inject:phase:forward")
+        assert 25_000 <= x.cause.saving_us <= 35_000 and x.vs_median > 0.5
     assert s.median_us == pytest.approx(sorted(x.measured_us for x in s.steps[1:])[4], rel=1e-9)
 
 

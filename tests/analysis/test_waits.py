@@ -143,7 +143,7 @@ def test_dlrm_the_late_rank_is_the_straggler_and_what_if_it_came_later():
     assert a.breakdown()["idle"] >= 7000.0
     first7 = next(s["node"] for s in rows if s["rank"] == 7 and s["kind"] == "op")
     (row,) = whatif(path, [f"id={first7},delay_ms=5"], use_model=False)
-    assert 4000.0 <= row["replay"]["delta_us"] <= 5500.0
+    assert 4000.0 <= row.replay.delta_us <= 5500.0
     # the compute stream's kernel after the all-to-all waited for the NCCL stream (no cuda_sync events: inferred)
     g, n = a.graph, a.graph.nodes
     e = g.edges

@@ -28,7 +28,9 @@ reported as a share of the saving of restoring everything.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,16 +44,20 @@ MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 
 
+NodeKey = tuple[int, bool, str, int]
+"""(rank or peer group, on_gpu, name, occurrence in the step) of a node: its identity across steps."""
+
+
 class KeyMemo:
     """The node keys of the graphs of one blame run over many steps (a step is the reference of
     many others: its keys are computed once), each also as an integer id shared by equal keys."""
 
     def __init__(self) -> None:
-        self.graphs: dict[int, tuple[ExecutionGraph, list[tuple], np.ndarray]] = {}
-        self.ids: dict[tuple, int] = {}
+        self.graphs: dict[int, tuple[ExecutionGraph, list[NodeKey], np.ndarray]] = {}
+        self.ids: dict[NodeKey, int] = {}
         self.arrays: dict[str, dict[int, tuple[ExecutionGraph, np.ndarray]]] = {}
 
-    def derived(self, g: ExecutionGraph, what: str, fn) -> np.ndarray:
+    def derived(self, g: ExecutionGraph, what: str, fn: Callable[[ExecutionGraph], np.ndarray]) -> np.ndarray:
         """``fn(g)``, computed once per graph in this run (the leads and gaps of a reference step)."""
         cache = self.arrays.setdefault(what, {})
         hit = cache.get(id(g))
@@ -59,7 +65,7 @@ class KeyMemo:
             hit = cache[id(g)] = (g, fn(g))
         return hit[1]
 
-    def get(self, g: ExecutionGraph) -> tuple[list[tuple], np.ndarray]:
+    def get(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
         hit = self.graphs.get(id(g))
         if hit is None or hit[0] is not g:
             keys = _node_keys(g)
@@ -68,15 +74,15 @@ class KeyMemo:
         return hit[1], hit[2]
 
 
-def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[tuple]:
+def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[NodeKey]:
     """(rank, on_gpu, name, occurrence) of every node: its identity across steps."""
     return (memo or KeyMemo()).get(g)[0]
 
 
-def _node_keys(g: ExecutionGraph) -> list[tuple]:
+def _node_keys(g: ExecutionGraph) -> list[NodeKey]:
     n = g.nodes
     order = np.lexsort((n["start"], n["name"], n["on_gpu"], n["rank"]))
-    keys: list[tuple] = [()] * g.n_nodes
+    keys: list[NodeKey] = [(0, False, "", 0)] * g.n_nodes  # every entry is set below
     prev, k = None, 0
     for i in order:
         base = (int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["name"][i]))
@@ -143,8 +149,8 @@ def _robust(vals: list[float]) -> tuple[float, float]:
 
 def _typical(
     values: np.ndarray,
-    keys: list[tuple],
-    references: list[tuple[list[tuple], np.ndarray]],
+    keys: list[NodeKey],
+    references: list[tuple[list[NodeKey], np.ndarray]],
     groups: dict[int, int] | None,
     ids: tuple[np.ndarray, list[np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -175,8 +181,11 @@ def _typical(
         q1, ref_med, q3 = (_column_quantile(table, q) for q in (0.25, 0.5, 0.75))
         ref_noise = q3 + TUKEY_K * (q3 - q1) - ref_med
         typical, noise, source = ref_med.copy(), ref_noise.copy(), np.full(n, 2, dtype=np.int8)
-    peer = (lambda key: (0, *key[1:])) if groups is None else (lambda key: (groups.get(key[0], key[0]), *key[1:]))
-    across: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+
+    def peer(key: NodeKey) -> NodeKey:
+        return (0 if groups is None else groups.get(key[0], key[0]), *key[1:])
+
+    across: dict[NodeKey, list[tuple[int, float]]] = defaultdict(list)
     for i, (key, v) in enumerate(zip(keys, values)):
         if v >= 0:
             across[peer(key)].append((i, float(v)))
@@ -186,9 +195,9 @@ def _typical(
         for i, _ in members:
             others = [v for j, v in members if j != i]
             med, nz = (others[0], 0.0) if len(others) == 1 else _robust(others)  # one peer: its value, no spread
-            if ref_med is None or (med, nz, 1) < (ref_med[i], ref_noise[i], 2):  # the smaller median ...
+            if ref_med is None or ref_noise is None or (med, nz, 1) < (ref_med[i], ref_noise[i], 2):  # the smaller median ...
                 typical[i], source[i] = med, 1
-            noise[i] = max(nz, ref_noise[i]) if ref_med is not None else nz  # ... the wider margin (one peer alone shows no spread)
+            noise[i] = max(nz, ref_noise[i]) if ref_noise is not None else nz  # ... the wider margin (one peer alone shows no spread)
     return typical, source, noise
 
 
@@ -206,11 +215,12 @@ def _column_quantile(rows_sorted: np.ndarray, q: float) -> np.ndarray:
     pos = (rows_sorted.shape[1] - 1) * q
     lo = int(pos)
     hi = min(lo + 1, rows_sorted.shape[1] - 1)
-    return rows_sorted[:, lo] + (rows_sorted[:, hi] - rows_sorted[:, lo]) * (pos - lo)
+    out: np.ndarray = rows_sorted[:, lo] + (rows_sorted[:, hi] - rows_sorted[:, lo]) * (pos - lo)
+    return out
 
 
 # (_keys of the step, of each reference, peer_groups, (their ids: the step's, each reference's))
-Keys = tuple[list[tuple], list[list[tuple]], dict[int, int], tuple[np.ndarray, list[np.ndarray]]]
+Keys = tuple[list[NodeKey], list[list[NodeKey]], dict[int, int], tuple[np.ndarray, list[np.ndarray]]]
 
 
 def _all_keys(g: ExecutionGraph, references: list[ExecutionGraph], memo: KeyMemo | None = None) -> Keys:
@@ -260,22 +270,88 @@ def typical_leads(
 
 
 @dataclass(slots=True)
+class Culprit:
+    """One blamed candidate: an op (``kind`` "op") or untraced time (``kind`` "gap": after the op
+    ``id`` on its thread, through the program-order edge ``edge``; or, with ``edge`` None, from its
+    rank's step start to the thread's first op ``id``)."""
+
+    id: int
+    kind: str
+    name: str
+    rank: int
+    dur_us: float
+    typical_us: float
+    typical_from: str  # "reference steps", "peer ranks" or "none"
+    noise_us: float
+    saving_us: float  # the step time restoring it to typical saves (replay)
+    share: float  # of the saving of restoring everything
+    slack_us: float
+    edge: int | None = None
+    parent: str | None = None  # the op whose own time an untraced gap is (name_gaps)
+    model_predicted: bool = False  # the graph network was asked for this one's saving
+    model_saving_us: float | None = None  # its answer; None where it refused (out of domain)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "kind": self.kind, "name": self.name, "rank": self.rank, "dur_us": self.dur_us,
+                             "typical_us": self.typical_us, "typical_from": self.typical_from, "noise_us": self.noise_us,
+                             "saving_us": self.saving_us, "share": self.share, "slack_us": self.slack_us}  # fmt: skip
+        if self.edge is not None:
+            d["edge"] = self.edge
+        if self.parent is not None:
+            d["parent"] = self.parent
+        if self.model_predicted:
+            d["model_saving_us"] = self.model_saving_us
+        return d
+
+
+@dataclass(slots=True)
+class RankBlame:
+    """A rank restored to typical as a whole: its saving, and its excess in ops and in untraced time."""
+
+    rank: int
+    saving_us: float
+    share: float
+    op_excess_us: float
+    gap_excess_us: float
+    op_us: float
+    gap_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "saving_us": self.saving_us, "share": self.share, "op_excess_us": self.op_excess_us,
+                "gap_excess_us": self.gap_excess_us, "op_us": self.op_us, "gap_us": self.gap_us}  # fmt: skip
+
+
+@dataclass(slots=True)
+class OpKindBlame:
+    """Every op of one name restored to typical at once."""
+
+    name: str
+    saving_us: float
+    share: float
+    excess_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "saving_us": self.saving_us, "share": self.share, "excess_us": self.excess_us}
+
+
+@dataclass(slots=True)
 class Blame:
     step: int | None
     makespan: float
     restored_makespan: float  # every node restored to typical
-    nodes: list[dict] = field(default_factory=list)  # ranked by saving
-    anomalies: list[dict] = field(default_factory=list)  # the same candidates ranked by excess over typical
-    ranks: list[dict] = field(default_factory=list)
-    ops: list[dict] = field(default_factory=list)
+    nodes: list[Culprit] = field(default_factory=list)  # ranked by saving
+    anomalies: list[Culprit] = field(default_factory=list)  # the same candidates ranked by excess over typical
+    ranks: list[RankBlame] = field(default_factory=list)
+    ops: list[OpKindBlame] = field(default_factory=list)
 
     @property
     def excess(self) -> float:
         return self.makespan - self.restored_makespan
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "makespan_us": self.makespan, "restored_makespan_us": self.restored_makespan, "excess_us": self.excess,
-                "nodes": self.nodes, "anomalies": self.anomalies, "ranks": self.ranks, "ops": self.ops}  # fmt: skip
+                "nodes": [x.to_dict() for x in self.nodes], "anomalies": [x.to_dict() for x in self.anomalies],
+                "ranks": [x.to_dict() for x in self.ranks], "ops": [x.to_dict() for x in self.ops]}  # fmt: skip
 
 
 def blame(
@@ -324,18 +400,15 @@ def blame(
     total = max(base.makespan - everything, 1e-9)
     src_names = ("none", "peer ranks", "reference steps")
 
-    def entry(sav: float, kind: str, i: int) -> dict:
+    def entry(sav: float, kind: str, i: int) -> Culprit:
         if kind == "op":
-            return {"id": i, "kind": "op", "name": g.node_name(i), "rank": int(n["rank"][i]), "dur_us": float(d[i]),
-                    "typical_us": float(typical[i]), "typical_from": src_names[source[i]], "noise_us": float(noise[i]), "saving_us": sav,
-                    "share": float(sav / total), "slack_us": float(base.slack[i])}  # fmt: skip
+            return Culprit(i, "op", g.node_name(i), int(n["rank"][i]), float(d[i]), float(typical[i]), src_names[source[i]], float(noise[i]),
+                           sav, float(sav / total), float(base.slack[i]))  # fmt: skip
         if kind == "lead":
-            return {"id": i, "kind": "gap", "name": _lead_name(g, i), "rank": int(n["rank"][i]),
-                    "dur_us": float(lead[i]), "typical_us": float(lead_typical[i]), "typical_from": src_names[lead_source[i]], "noise_us": float(lead_noise[i]),
-                    "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i])}  # fmt: skip
-        return {"id": i, "kind": "gap", "name": f"untraced time after {g.node_name(i)}", "rank": int(n["rank"][i]),
-                "dur_us": float(gap_w[i]), "typical_us": float(gap_typical[i]), "typical_from": src_names[gap_source[i]], "noise_us": float(gap_noise[i]),
-                "saving_us": sav, "share": float(sav / total), "slack_us": float(base.slack[i]), "edge": int(gap[i])}  # fmt: skip
+            return Culprit(i, "gap", _lead_name(g, i), int(n["rank"][i]), float(lead[i]), float(lead_typical[i]), src_names[lead_source[i]],
+                           float(lead_noise[i]), sav, float(sav / total), float(base.slack[i]))  # fmt: skip
+        return Culprit(i, "gap", f"untraced time after {g.node_name(i)}", int(n["rank"][i]), float(gap_w[i]), float(gap_typical[i]),
+                       src_names[gap_source[i]], float(gap_noise[i]), sav, float(sav / total), float(base.slack[i]), edge=int(gap[i]))  # fmt: skip
 
     out.nodes = [entry(sav, kind, i) for sav, _, kind, i in items[:top]]
     out.anomalies = [entry(sav, kind, i) for sav, _, kind, i in sorted(items, key=lambda x: (-x[1], -x[0]))[:top]]
@@ -345,18 +418,17 @@ def blame(
         rr = np.where(m, restored_rel, g.release)
         s = base.makespan - run_cpm(g, np.where(m, restored, d), rw, rr).makespan
         lead_m = np.where(m & (lead > 0), lead, 0.0)
-        out.ranks.append({"rank": int(rank), "saving_us": float(s), "share": float(s / total), "op_excess_us": float(excess[m].sum()),
-                          "gap_excess_us": float(gap_excess[m].sum() + lead_excess[m].sum()), "op_us": float(d[m].sum()),
-                          "gap_us": float(gap_w[m].sum() + lead_m.sum())})  # fmt: skip
-    out.ranks.sort(key=lambda r: -r["saving_us"])
+        out.ranks.append(RankBlame(int(rank), float(s), float(s / total), float(excess[m].sum()),
+                                   float(gap_excess[m].sum() + lead_excess[m].sum()), float(d[m].sum()), float(gap_w[m].sum() + lead_m.sum())))  # fmt: skip
+    out.ranks.sort(key=lambda r: -r.saving_us)
     by_name: dict[str, float] = defaultdict(float)
     for i in cand:
-        by_name[g.node_name(i)] += float(excess[i])
+        by_name[g.node_name(int(i))] += float(excess[i])
     for name in sorted(by_name, key=lambda k: -by_name[k])[: max(top, 10)]:
         m = np.array([s == name for s in g.names])[n["name"]]
         s = base.makespan - run_cpm(g, np.where(m, restored, d)).makespan
-        out.ops.append({"name": name, "saving_us": float(s), "share": float(s / total), "excess_us": by_name[name]})
-    out.ops.sort(key=lambda r: -r["saving_us"])
+        out.ops.append(OpKindBlame(name, float(s), float(s / total), by_name[name]))
+    out.ops.sort(key=lambda r: -r.saving_us)
     out.ops = out.ops[:top]
     return out
 
@@ -389,7 +461,7 @@ def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
     return [int(i) for i in np.argsort(-dev)[:k]]
 
 
-def name_gaps(b: Blame, g: ExecutionGraph, table=None) -> None:
+def name_gaps(b: Blame, g: ExecutionGraph, table: object = None) -> None:
     """Rename the untraced gaps after an op by the op that encloses them, in place: nodes are the
     leaves of a thread's op tree, so the time between two leaves of one parent is that parent's
     own time (``aten::mm``'s compute between its ``aten::resolve_conj`` and ``aten::_unsafe_view``),
@@ -399,9 +471,9 @@ def name_gaps(b: Blame, g: ExecutionGraph, table=None) -> None:
     order = np.argsort(gp["node"], kind="stable")
     sorted_nodes = gp["node"][order]
     for x in [*b.nodes, *b.anomalies]:
-        if x.get("kind") != "gap" or "edge" not in x:
+        if x.kind != "gap" or x.edge is None:
             continue
-        src, dst = int(e["src"][x["edge"]]), int(e["dst"][x["edge"]])
+        src, dst = int(e["src"][x.edge]), int(e["dst"][x.edge])
         lo, hi = float(g.nodes["start"][src] + g.nodes["dur"][src]), float(g.nodes["start"][dst])
         mine = order[np.searchsorted(sorted_nodes, dst, side="left") : np.searchsorted(sorted_nodes, dst, side="right")]
         owners = mine[(gp["owner"][mine] >= 0) & (gp["owner_start"][mine] <= lo + 0.5) & (gp["owner_end"][mine] >= hi - 0.5)]
@@ -410,5 +482,5 @@ def name_gaps(b: Blame, g: ExecutionGraph, table=None) -> None:
         parent = g.names[int(gp["owner"][owners[np.argmax(gp["owner_start"][owners])]])]  # the innermost of them
         if parent.startswith("ProfilerStep#"):
             continue
-        x["parent"] = parent
-        x["name"] = f"own time of {parent} (after {g.node_name(src)})"
+        x.parent = parent
+        x.name = f"own time of {parent} (after {g.node_name(src)})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ def hta_agreement(table: EventTable, graph: ExecutionGraph, cpm: CPMResult, over
     rows = ancestors_of(cpu_parents(table), rows[rows >= 0])
     c = table.cols
     ours_all = {_key(c["tid"][i], c["ts"][i] + table.t0, table.names[c["name"][i]]) for i in rows.tolist()}
-    doc = read_json(Path(overlay))
+    doc: Any = read_json(Path(overlay))  # a Chrome trace document, read as it is
     events = {
         _key(e.get("tid"), e["ts"], e.get("name", "")): e
         for e in doc["traceEvents"]

@@ -34,6 +34,14 @@ _PHASE = re.compile(r"^(?:## )?(forward|backward|optimizer|dp_allreduce)(?:\.mb(
 _CODES = {"forward": FORWARD, "backward": BACKWARD, "optimizer": OPTIMIZER, "dp_allreduce": DP_SYNC}
 
 
+def _phase(name: str) -> re.Match[str]:
+    """The _PHASE match of a range name already selected by it."""
+    m = _PHASE.match(name)
+    if m is None:
+        raise ValueError(f"not a phase range: {name!r}")
+    return m
+
+
 def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
     """(phase code, micro-batch index or -1) of every node: the innermost phase range
     (``profiler.phase``, or the profiler's ``## forward ##`` / ``## backward ##``) on the node's
@@ -52,13 +60,13 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
         start = n["start"][mine]
         best = np.full(len(mine), np.inf)
         for r in rows[np.argsort(-c["dur"][rows])]:  # longest first, so inner ranges win
-            m = _PHASE.match(table.names[c["name"][r]])
+            m = _phase(table.names[c["name"][r]])
             lo, hi = c["ts"][r] - ts_rel, c["ts"][r] - ts_rel + c["dur"][r]
             inside = (start >= lo - 0.5) & (start < hi) & (n["tid"][mine] == c["tid"][r]) & (c["dur"][r] < best)
             phase[mine[inside]] = _CODES[m.group(1)]
             mb[mine[inside]] = int(m.group(2)) if m.group(2) else -1
             best[inside] = c["dur"][r]
-        for r in rows[[_PHASE.match(table.names[c["name"][r]]).group(1) == "backward" for r in rows]] if len(rows) else rows:
+        for r in rows[[_phase(table.names[c["name"][r]]).group(1) == "backward" for r in rows]] if len(rows) else rows:
             lo, hi = c["ts"][r] - ts_rel, c["ts"][r] - ts_rel + c["dur"][r]
             other = ~np.isinf(best) | (n["tid"][mine] == c["tid"][r])
             inside = ~other & (start >= lo - 0.5) & (start < hi)

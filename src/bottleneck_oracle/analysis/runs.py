@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,16 @@ def _steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
 
 
 @dataclass(slots=True)
+class Cause:
+    """An outlier step's top cause: blame's first culprit against the run's typical steps."""
+
+    name: str
+    kind: str  # "op" or "gap" (untraced time)
+    rank: int
+    saving_us: float
+
+
+@dataclass(slots=True)
 class StepRow:
     step: int | None
     measured_us: float
@@ -50,7 +61,7 @@ class StepRow:
     warmup: bool
     untraced_us: float
     top: str  # what the critical path spent most time on (segments.label)
-    cause: dict | None = None  # outliers: blame's top culprit {name, kind, rank, saving_us}
+    cause: Cause | None = None  # outliers only
 
 
 @dataclass(slots=True)
@@ -60,7 +71,7 @@ class RunSummary:
     spread_us: float  # 1.4826 x MAD of those steps
     steps: list[StepRow] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -88,9 +99,40 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
             b = blame(a.graph, refs, 3, a.cpm)
             if b.nodes:
                 x = b.nodes[0]
-                row.cause = {"name": x["name"], "kind": x["kind"], "rank": x["rank"], "saving_us": x["saving_us"]}
+                row.cause = Cause(x.name, x.kind, x.rank, x.saving_us)
         out.steps.append(row)
     return out
+
+
+@dataclass(slots=True)
+class Move:
+    """What moved on the critical path: the per-step time of one (what, rank) in each run."""
+
+    what: str  # segments.label: an op, a range's framework or untraced time, a wait
+    rank: int
+    kind: str  # the segment kind
+    baseline_us: float
+    candidate_us: float
+    delta_us: float
+
+
+@dataclass(slots=True)
+class KindChange:
+    """The critical path's mean time per step in one breakdown class, in each run."""
+
+    baseline_us: float
+    candidate_us: float
+    delta_us: float
+
+
+@dataclass(slots=True)
+class RankChange:
+    """A rank's median step time in each run (None: the rank is not in that run)."""
+
+    rank: int
+    baseline_us: float | None
+    candidate_us: float | None
+    delta_us: float | None
 
 
 @dataclass(slots=True)
@@ -108,28 +150,29 @@ class Comparison:
     interval_us: tuple[float, float]  # 95% bootstrap interval of delta
     noise_us: float  # the runs' step-to-step noise: pooled standard deviation of their step times
     verdict: str  # "faster", "slower" or "within noise"
-    moved: list[dict] = field(default_factory=list)  # per (what, rank): baseline_us, candidate_us, delta_us per step, largest first
-    by_kind: dict[str, dict] = field(default_factory=dict)  # breakdown class -> baseline_us, candidate_us, delta_us
-    by_rank: list[dict] = field(default_factory=list)  # rank -> median step time in each run
+    moved: list[Move] = field(default_factory=list)  # largest change first
+    by_kind: dict[str, KindChange] = field(default_factory=dict)  # breakdown class -> its change
+    by_rank: list[RankChange] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["interval_us"] = list(self.interval_us)
         return d
 
     @property
-    def left(self) -> list[dict]:
+    def left(self) -> list[Move]:
         """What left the critical path (or lost most time on it), largest loss first."""
-        return [m for m in self.moved if m["delta_us"] < 0]
+        return [m for m in self.moved if m.delta_us < 0]
 
     @property
-    def joined(self) -> list[dict]:
-        return [m for m in self.moved if m["delta_us"] > 0]
+    def joined(self) -> list[Move]:
+        return [m for m in self.moved if m.delta_us > 0]
 
 
-def _per_step(analyses: list[StepAnalysis]) -> dict[tuple, float]:
-    total: dict[tuple, float] = defaultdict(float)
-    kind: dict[tuple, str] = {}
+def _per_step(analyses: list[StepAnalysis]) -> dict[tuple[str, int], tuple[float, str]]:
+    """(what, rank) -> (its mean time per step on the critical path, its segment kind)."""
+    total: dict[tuple[str, int], float] = defaultdict(float)
+    kind: dict[tuple[str, int], str] = {}
     for a in analyses:
         for s in a.segments():
             key = (label(s), s.rank)
@@ -163,28 +206,20 @@ def compare(
     called = abs(delta) > NOISE_FACTOR * noise
     verdict = "faster" if hi < 0 and called else "slower" if lo > 0 and called else "within noise"
     pb, pc = _per_step(b), _per_step(c)
-    moved = []
+    moved: list[Move] = []
     for key in set(pb) | set(pc):
         x, y = pb.get(key, (0.0, ""))[0], pc.get(key, (0.0, ""))[0]
         moved.append(
-            {
-                "what": key[0],
-                "rank": key[1],
-                "kind": (pb.get(key) or pc.get(key))[1],
-                "baseline_us": x,
-                "candidate_us": y,
-                "delta_us": y - x,
-            }
+            Move(what=key[0], rank=key[1], kind=(pb[key] if key in pb else pc[key])[1], baseline_us=x, candidate_us=y, delta_us=y - x)
         )
-    moved = sorted((m for m in moved if abs(m["delta_us"]) > 1e-6), key=lambda m: -abs(m["delta_us"]))
+    moved = sorted((m for m in moved if abs(m.delta_us) > 1e-6), key=lambda m: -abs(m.delta_us))
     kinds = {}
     for k in BREAKDOWN_KEYS:
         x = float(np.mean([a.breakdown()[k] for a in b]))
         y = float(np.mean([a.breakdown()[k] for a in c]))
-        kinds[k] = {"baseline_us": x, "candidate_us": y, "delta_us": y - x}
+        kinds[k] = KindChange(baseline_us=x, candidate_us=y, delta_us=y - x)
     rb, rc = _rank_medians(b), _rank_medians(c)
-    ranks = [{"rank": r, "baseline_us": rb.get(r), "candidate_us": rc.get(r), "delta_us": (rc[r] - rb[r]) if r in rb and r in rc else None}
-             for r in sorted(set(rb) | set(rc))]  # fmt: skip
+    ranks = [RankChange(r, rb.get(r), rc.get(r), (rc[r] - rb[r]) if r in rb and r in rc else None) for r in sorted(set(rb) | set(rc))]
     spread = [ROBUST * float(np.median(np.abs(t - np.median(t)))) for t in (tb, tc)]
     return Comparison(
         baseline=base_name, candidate=cand_name, baseline_median_us=mb, candidate_median_us=mc, baseline_steps=len(tb), candidate_steps=len(tc),

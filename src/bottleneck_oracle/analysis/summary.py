@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class StepAnalysis:
                 t[s.node] += s.dur
         return t
 
-    def top_ops(self, k: int = 20) -> list[dict]:
+    def top_ops(self, k: int = 20) -> list[dict[str, Any]]:
         """What the critical path's time went to, largest first: ops (an op's own time between
         its children included), the framework time of ranges, waits, launch latency, untraced
         time (segments.label); shares of the makespan add up to 1 over all of them."""
@@ -103,7 +104,7 @@ class StepAnalysis:
         order = sorted(total, key=lambda x: (-total[x], x))[:k]
         return [{"name": x, "kind": kind[x], "critical_us": total[x], "share": total[x] / ms, "count": count[x]} for x in order]
 
-    def critical_path(self) -> list[dict]:
+    def critical_path(self) -> list[dict[str, Any]]:
         """The segments as JSON rows, in time order (schema in README: critical_path)."""
         g = self.graph
         threads, streams = g.meta.get("thread_names", {}), g.meta.get("stream_names", {})
@@ -142,7 +143,7 @@ class StepAnalysis:
         if total <= share * ms:
             return None
         g = self.graph
-        where: dict[tuple, float] = {}
+        where: dict[tuple[int, int, bool], float] = {}
         for s in segs:
             where[(s.rank, s.tid, s.on_gpu)] = where.get((s.rank, s.tid, s.on_gpu), 0.0) + s.dur
         (rank, tid, gpu), most = max(where.items(), key=lambda kv: kv[1])
@@ -156,7 +157,7 @@ class StepAnalysis:
             f"before {g.node_name(big.node)} at {big.start / 1000:.3f} ms"
         )
 
-    def gpu_queue(self) -> dict | None:
+    def gpu_queue(self) -> dict[str, Any] | None:
         """How far each rank's GPU ran behind its CPU in this step: the median delay from a launch
         call's start to its GPU op's start, how long after the step's CPU end the GPU finished the
         step's work, and whether the queue was deeper than the step (the GPU still ran earlier
@@ -193,7 +194,7 @@ class StepAnalysis:
             out.append({"rank": rk, "lag_us": lag, "gpu_after_step_us": max(tail, 0.0), "deeper_than_step": bool(span and lag > span)})
         return {"ranks": out, "deeper_than_step": any(x["deeper_than_step"] for x in out)} if out else None
 
-    def lowest_slack_comm(self, k: int = 10) -> list[dict]:
+    def lowest_slack_comm(self, k: int = 10) -> list[dict[str, Any]]:
         g, r = self.graph, self.cpm
         n = g.nodes
         net = np.flatnonzero((n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER))
@@ -212,7 +213,7 @@ class StepAnalysis:
             for i in order
         ]
 
-    def ranks(self) -> list[dict]:
+    def ranks(self) -> list[dict[str, Any]]:
         """Per-rank step span, time spent waiting in collectives, share of the critical path."""
         g, r = self.graph, self.cpm
         n = g.nodes
@@ -236,7 +237,7 @@ class StepAnalysis:
             for i, rk in enumerate(g.ranks)
         ]
 
-    def straggler(self) -> dict | None:
+    def straggler(self) -> dict[str, Any] | None:
         """The rank the others waited for at the collectives on the critical path: at each such
         barrier, the last participant to arrive imposed the others' waits; reported with the
         longest of them (µs). None if no collective on the critical path made a rank wait."""
@@ -254,10 +255,10 @@ class StepAnalysis:
             imposed[culprit] = max(imposed.get(culprit, 0.0), float(waited.max(initial=0.0)))
         if not imposed or max(imposed.values()) <= 0:
             return None
-        rank = max(imposed, key=imposed.get)
+        rank = max(imposed, key=lambda r: imposed[r])
         return {"rank": rank, "imposed_wait_us": imposed[rank]}
 
-    def to_dict(self, top: int = 20) -> dict:
+    def to_dict(self, top: int = 20) -> dict[str, Any]:
         g, r = self.graph, self.cpm
         step_time = self.step_time
         return {

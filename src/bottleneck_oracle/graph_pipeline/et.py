@@ -235,10 +235,10 @@ def _join(et: ExecutionTrace, table: EventTable, key: np.ndarray, cpu: np.ndarra
         return direct, "record-function id"
     aligned = np.full(len(et.names), -1, dtype=np.int64)
     k_rows = rows[np.argsort(key[rows], kind="stable")]
-    k_threads = {}
+    k_threads: dict[tuple[int, int], list[int]] = {}
     for r in k_rows.tolist():
         k_threads.setdefault((int(c["pid"][r]), int(c["tid"][r])), []).append(r)
-    e_threads = {}
+    e_threads: dict[int, list[int]] = {}
     for i in np.flatnonzero(ops)[np.argsort(et.rf_id[ops], kind="stable")].tolist():
         e_threads.setdefault(int(et.tid[i]), []).append(i)
     pairs = []

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import orjson
@@ -268,6 +269,7 @@ def read_bytes(path: Path) -> bytes | bytearray:
         raise TraceError(path, "is a folder, expected a trace file")
     if not path.is_file():
         raise TraceError(path, "is not a regular file (a FIFO, device or socket); pass a trace file")
+    raw: bytes | bytearray
     with _read_errors(path), open(path, "rb") as fh:
         head = fh.read(2)
         fh.seek(0)
@@ -299,7 +301,11 @@ class MappedTrace:
     def __len__(self) -> int:
         return len(self.map)
 
-    def __getitem__(self, item):
+    @overload
+    def __getitem__(self, item: int) -> int: ...
+    @overload
+    def __getitem__(self, item: slice) -> bytes: ...
+    def __getitem__(self, item: int | slice) -> int | bytes:
         return self.map[item]
 
     def release(self, end: int) -> None:
@@ -309,7 +315,11 @@ class MappedTrace:
             self.map.madvise(mmap.MADV_DONTNEED, 0, end)
 
 
-def map_trace(path: Path) -> bytes | bytearray | MappedTrace:
+TraceBytes = bytes | bytearray | MappedTrace
+"""A trace file's JSON: read into memory, or mapped (map_trace). Slices of each are bytes."""
+
+
+def map_trace(path: Path) -> TraceBytes:
     """``read_bytes``, but a file of MAP_BYTES or more on disk comes back as a MappedTrace: a
     plain file mapped as it is, a gzip file decompressed block by block into a temporary file
     (same limits and errors as read_bytes) and mapped."""
@@ -370,7 +380,7 @@ def _gunzip(path: Path, fh) -> bytearray:
     return buf
 
 
-def _decode(path: Path, raw: bytes) -> object:
+def _decode(path: Path, raw: bytes | bytearray) -> object:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -456,7 +466,7 @@ _SPARSE_DTYPE = {
 }
 
 
-def _duplicates(pid, tid, ts, dur, code, cls, raw: bytes, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _duplicates(pid, tid, ts, dur, code, cls, raw: TraceBytes, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Events whose JSON text is the same as an earlier one's: a trace written twice. (Two calls
     of one name starting in the same microsecond with the same duration are common in µs-resolution
     traces; they differ in their correlation or External ids, so only identical text counts.)"""
@@ -474,7 +484,7 @@ def _duplicates(pid, tid, ts, dur, code, cls, raw: bytes, lo: np.ndarray, hi: np
     return out
 
 
-def _name(b: bytes) -> str:
+def _name(b: bytes | bytearray) -> str:
     """An event name from its raw JSON string bytes: escapes decoded; bytes that are not UTF-8
     become U+FFFD and lone UTF-16 surrogates (``\\ud800``) "?", so every later consumer (the HTML
     report, the JSON output, the terminal) sees valid text."""
@@ -509,7 +519,7 @@ class _Builder:
         self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
         self.notes: list[str] = []  # warnings about this file, raised in the main process (files may be parsed in workers)
 
-    def add_scanned(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> int:
+    def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
         rank = self.rank
         cls = _CAT_BY_HASH.lookup(ev["cat"])
@@ -614,7 +624,7 @@ class _Builder:
             if idx:
                 where, got = np.asarray(idx, dtype=np.int64), np.asarray(vals)
                 if np.issubdtype(dtype, np.integer):  # a value the column cannot hold is unknown, not an overflow
-                    info = np.iinfo(dtype)
+                    info = np.iinfo(arr.dtype)
                     fits = (got >= info.min) & (got <= info.max) if got.dtype != object else np.zeros(len(got), dtype=bool)
                     where, got = where[fits], got[fits]
                 arr[where] = got.astype(dtype)
@@ -623,17 +633,17 @@ class _Builder:
         self.names = names
         return n
 
-    def _thread_names(self, path: Path, raw: bytes, ev: dict[str, np.ndarray]) -> None:
+    def _thread_names(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> None:
         """Names of the CPU threads and GPU streams from the trace's "thread_name" metadata events
         (a thread renamed later keeps its last name: "pt_autograd_0" over "pt_main_thread")."""
         meta = np.flatnonzero((ev["ph"] == ord("M")) & (ev["name_lo"] >= 0))
         want = b"thread_name"
-        meta = [i for i in meta.tolist() if raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])] == want]
-        if not meta:
+        named = [i for i in meta.tolist() if raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])] == want]
+        if not named:
             return
-        idx = np.array(meta, dtype=np.int64)
+        idx = np.array(named, dtype=np.int64)
         pids, tids = self._ids(ev["pid"][idx], ev["pid_str"][idx]), self._ids(ev["tid"][idx], ev["tid_str"][idx])
-        for i, pid, tid in zip(meta, pids.tolist(), tids.tolist()):
+        for i, pid, tid in zip(named, pids.tolist(), tids.tolist()):
             obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
             args = obj.get("args") if isinstance(obj, dict) else None
             name = args.get("name") if isinstance(args, dict) else None
@@ -641,7 +651,7 @@ class _Builder:
                 self.thread_names[(int(pid), int(tid))] = name.strip()
 
     @staticmethod
-    def _names(raw: bytes, ev: dict[str, np.ndarray], x: np.ndarray) -> tuple[list[str], np.ndarray]:
+    def _names(raw: TraceBytes, ev: dict[str, np.ndarray], x: np.ndarray) -> tuple[list[str], np.ndarray]:
         """Decoded names (one per distinct hash) and each event's index into them."""
         _, first, code = np.unique(ev["name_hash"][x], return_index=True, return_inverse=True)
         order = np.argsort(first)  # names in order of first appearance
@@ -820,11 +830,11 @@ class NotATrace(TraceError):
     """Valid JSON that is not a profiler trace (a results file, an execution trace)."""
 
 
-def _not_a_trace(path: Path, raw: bytes, is_object: bool, has_nodes: bool, has_schema: bool) -> TraceError:
+def _not_a_trace(path: Path, raw: TraceBytes, is_object: bool, has_nodes: bool, has_schema: bool) -> TraceError:
     if has_nodes and has_schema:
         return NotATrace(path, "is a PyTorch execution trace, not a Kineto trace; pass it with --et (paired with its Kineto trace)")
     # name a few of its keys, without building a large foreign document in memory
-    doc = _decode(path, raw) if is_object and len(raw) <= 16 * 2**20 else None
+    doc = _decode(path, raw) if is_object and not isinstance(raw, MappedTrace) and len(raw) <= 16 * 2**20 else None
     keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else ("an object" if is_object else "no object")
     return NotATrace(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
 
@@ -839,19 +849,18 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
 
 def _parse_file(path: Path, single: bool) -> _Builder:
     raw = map_trace(path)
-    mapped = isinstance(raw, MappedTrace)
-    buf = np.frombuffer(raw.map if mapped else raw, dtype=np.uint8)
+    buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
     lo, hi, is_object, has_nodes, has_schema, err = scan.find_events(buf)
     if err == scan.OK and lo < 0:
         raise _not_a_trace(path, raw, is_object, has_nodes, has_schema)
-    if mapped:  # finding the events array read every page
+    if isinstance(raw, MappedTrace):  # finding the events array read every page
         raw.release(len(raw))
     if err == scan.OK:  # a mapped trace gives back the pages it has scanned as it goes
-        err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if mapped else None)
+        err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if isinstance(raw, MappedTrace) else None)
     else:
         pos = 0
     if err != scan.OK:
-        if err in (scan.BAD_JSON, scan.TRUNCATED) and len(raw) <= MAP_BYTES:
+        if err in (scan.BAD_JSON, scan.TRUNCATED) and not isinstance(raw, MappedTrace) and len(raw) <= MAP_BYTES:
             _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
         raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
     if not len(ev["ph"]):

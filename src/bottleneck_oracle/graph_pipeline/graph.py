@@ -117,7 +117,10 @@ class ExecutionGraph:
         }
         arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            (np.savez_compressed if compress else np.savez)(fh, **arrays)
+            if compress:
+                np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stubs take a ** key for allow_pickle
+            else:
+                np.savez(fh, **arrays)  # type: ignore[arg-type]  # (the same)
 
     @classmethod
     def load(cls, path: str | Path) -> ExecutionGraph:

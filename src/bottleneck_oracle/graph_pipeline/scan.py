@@ -424,7 +424,7 @@ _FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream
 def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes, step: int = 64 * 2**20) -> int:
     """Occurrences of ``needle`` in buf[lo:hi] (at least the non-overlapping count: an upper bound where
     occurrences overlap), counted through a memoryview: no copy of the buffer, no temporary array."""
-    view = memoryview(buf)[lo:hi]
+    view = buf.data[lo:hi]
     total = 0
     for a in range(0, len(view), step):  # each chunk reaches len(needle) - 1 bytes into the next: an occurrence
         total += view[a : min(a + step + len(needle) - 1, len(view))].tobytes().count(needle)  # is counted where it starts

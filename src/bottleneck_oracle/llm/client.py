@@ -16,6 +16,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 from bottleneck_oracle.errors import OracleError
 
@@ -93,7 +94,7 @@ class ChatClient:
         if len(raw) > MAX_REPLY_BYTES:
             raise OracleError(f"{self.base_url}: the LLM reply is larger than {MAX_REPLY_BYTES} bytes")
         try:
-            doc = loads_bounded(raw)
+            doc: Any = loads_bounded(raw)  # JSON: checked by the lookups below
             content = doc["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise OracleError(f"{self.base_url}: not a chat-completions reply") from None

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.analysis.blame import Blame
+from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
+from bottleneck_oracle.analysis.results import Advice, Suggestion
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
@@ -94,7 +94,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             m[f"{name}_share"] = float(t[phases == code].sum() / ms)
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
-    ctx = {"busiest_rank": str(max(busy, key=busy.get)) if busy else "0"}
+    ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
     top = a.top_ops(1)
     m["top_op_share"] = float(top[0]["share"]) if top else 0.0
     ctx["top_op"] = top[0]["name"] if top else ""
@@ -104,28 +104,28 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     ctx["straggler_where"], ctx["straggler_remedy"] = "in its ops", ""
     if b is not None and b.ranks and len(g.ranks) > 1 and b.excess > 0.02 * ms:
         worst = b.ranks[0]
-        m["straggler_share"] = float(worst["share"])
-        ctx["straggler_rank"] = str(worst["rank"])
-        ctx["straggler_scale"] = f"{max(0.0, 1 - worst['op_excess_us'] / max(worst['op_us'], 1.0)):.3f}"
-        ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst['gap_excess_us'] / max(worst['gap_us'], 1.0)):.3f}"
+        m["straggler_share"] = float(worst.share)
+        ctx["straggler_rank"] = str(worst.rank)
+        ctx["straggler_scale"] = f"{max(0.0, 1 - worst.op_excess_us / max(worst.op_us, 1.0)):.3f}"
+        ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
         ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst)
     # untraced time on the critical path (analysis.segments): stretches between ops with no traced cause
     m["untraced_share"] = float(a.untraced_us / ms)
     ctx["untraced_share_pct"] = f"{100 * m['untraced_share']:.0f}"
-    per_rank: dict[int, float] = {}
+    untraced: dict[int, float] = {}
     for seg in a.segments():
         if seg.kind == "untraced":
-            per_rank[seg.rank] = per_rank.get(seg.rank, 0.0) + seg.dur
-    ctx["untraced_rank"] = str(max(per_rank, key=per_rank.get)) if per_rank else "0"
+            untraced[seg.rank] = untraced.get(seg.rank, 0.0) + seg.dur
+    ctx["untraced_rank"] = str(max(untraced, key=lambda r: untraced[r])) if untraced else "0"
     return m, ctx
 
 
-def _straggler_story(b: Blame, worst: dict) -> tuple[str, str]:
+def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
     """Where the straggler's excess is (its top culprit) and the remedy that fits it: untraced time
     (often the data loader or host-side Python) asks for a different look than slower ops."""
-    mine = [x for x in b.nodes if x["rank"] == worst["rank"]]
-    top = mine[0]["name"] if mine else "spread over its ops"
-    gaps = worst["gap_excess_us"] >= worst["op_excess_us"]
+    mine = [x for x in b.nodes if x.rank == worst.rank]
+    top = mine[0].name if mine else "spread over its ops"
+    gaps = worst.gap_excess_us >= worst.op_excess_us
     lower = top.lower()
     if "dataloader" in lower or "enumerate(" in lower or "data_load" in lower:
         remedy = (f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
@@ -153,7 +153,7 @@ def causal_subgraph(a: StepAnalysis, b: Blame | None, k_hop: int = 1) -> dict:
     t = a.critical_time()
     seeds = [int(i) for i in r.path[np.argsort(-t[r.path])][:20]] if len(r.path) else []
     if b is not None:
-        seeds += [x["id"] for x in b.nodes[:10]]
+        seeds += [x.id for x in b.nodes[:10]]
     keep = list(dict.fromkeys(seeds))
     frontier = set(keep)
     for _ in range(k_hop):
@@ -165,7 +165,7 @@ def causal_subgraph(a: StepAnalysis, b: Blame | None, k_hop: int = 1) -> dict:
                 keep.append(int(i))
         frontier = nxt
     ids = np.array(keep, dtype=np.int64)
-    blamed = {x["id"]: x["saving_us"] for x in (b.nodes if b else [])}
+    blamed = {x.id: x.saving_us for x in (b.nodes if b else [])}
     nodes = [
         {"id": int(i), "name": g.node_name(i), "rank": int(n["rank"][i]), "kind": Category(int(n["category"][i])).name.lower(),
          "dur_us": round(float(n["mdur"][i]), 1), "slack_us": round(float(r.slack[i]), 1), "critical": bool(r.critical[i]),
@@ -194,33 +194,6 @@ def holds(recipe: Recipe, metrics: dict[str, float]) -> bool:
 
 def instantiate(template: str, ctx: dict[str, str]) -> str:
     return re.sub(r"\{([a-z_]+)\}", lambda m: ctx.get(m.group(1), m.group(0)), template)
-
-
-@dataclass(slots=True)
-class Suggestion:
-    source: str  # recipe id, or "llm"
-    title: str
-    explanation: str
-    edits: list[str]
-    remedy: str = ""
-    replay_saving_us: float = 0.0
-    model_saving_us: dict[str, float | None] = field(default_factory=dict)
-    model_out_of_domain: str | None = None  # why the graph network gave no answer (Predictor.refusal)
-    edited_nodes: int = 0
-    references: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {"source": self.source, "title": self.title, "explanation": self.explanation, "remedy": self.remedy, "edits": self.edits,
-                "edits_in_words": [_in_words(e) for e in self.edits],
-                "edited_nodes": self.edited_nodes, "replay_saving_us": self.replay_saving_us, "model_saving_us": self.model_saving_us,
-                "model_out_of_domain": self.model_out_of_domain, "references": self.references}  # fmt: skip
-
-
-def _in_words(edit: str) -> str:
-    try:
-        return Edit.parse(edit).describe()
-    except OracleError:
-        return edit
 
 
 def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str, float], ctx: dict[str, str]) -> list[Suggestion]:
@@ -367,21 +340,6 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
         + "\n</recipes>\nSuggest the changes most likely to shorten this step."
     )  # fmt: skip
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-@dataclass(slots=True)
-class Advice:
-    step: int | None
-    makespan_us: float
-    metrics: dict[str, float]
-    retrieved: list[dict]
-    suggestions: list[Suggestion]
-    rejected: list[dict]
-    generator: str
-
-    def to_dict(self) -> dict:
-        return {"step": self.step, "makespan_us": self.makespan_us, "generator": self.generator, "metrics": self.metrics,
-                "retrieved": self.retrieved, "suggestions": [s.to_dict() for s in self.suggestions], "rejected": self.rejected}  # fmt: skip
 
 
 def advise(

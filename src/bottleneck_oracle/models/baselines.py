@@ -41,6 +41,9 @@ def graph_inputs(data) -> torch.Tensor:
 class MLPRegressor(nn.Module):
     """Two hidden layers on the standardised pooled features; predicts log(step / reference)."""
 
+    mu: torch.Tensor  # buffers: the features' standardisation
+    sd: torch.Tensor
+
     def __init__(self, n_in: int, hidden: int = 64) -> None:
         super().__init__()
         self.register_buffer("mu", torch.zeros(n_in))

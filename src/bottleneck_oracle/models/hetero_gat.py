@@ -22,6 +22,9 @@ the edge types and the input transforms (``prepare``) are defined there once for
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 from torch import nn
 from torch_geometric.nn import GATConv, HeteroConv, global_max_pool, global_mean_pool
@@ -72,8 +75,9 @@ class HeteroGAT(nn.Module):
         n_g = 4 if cfg.variant == "correction" else 2
         self.step_head = nn.Sequential(nn.Linear(4 * h + n_g, h), nn.ELU(), nn.Linear(h, 1))
         if cfg.variant == "correction":  # start as the replay
-            nn.init.zeros_(self.step_head[-1].weight)
-            nn.init.zeros_(self.step_head[-1].bias)
+            last = cast(nn.Linear, self.step_head[-1])
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
         self.node_head = nn.ModuleDict({t: nn.Sequential(nn.Linear(h, h), nn.ELU(), nn.Linear(h, 2)) for t in NODE_TYPES})
 
     def forward(self, batch) -> dict[str, torch.Tensor]:
@@ -81,7 +85,7 @@ class HeteroGAT(nn.Module):
         h = {t: torch.nn.functional.elu(self.encode[t](batch[t].x_in)) for t in NODE_TYPES}
         edge_index = {et: batch[et].edge_index for et in self.types}
         edge_attr = {et: batch[et].edge_in for et in self.types}
-        for conv, norm in zip(self.convs, self.norms):
+        for conv, norm in zip(self.convs, cast("Iterable[nn.ModuleDict]", self.norms)):
             msg = conv(h, edge_index, edge_attr_dict=edge_attr)
             h = {t: norm[t](h[t] + torch.nn.functional.elu(msg[t])) if t in msg else h[t] for t in NODE_TYPES}
         n_graphs = batch.g_in.shape[0]

@@ -8,11 +8,13 @@ Needs the ``report`` extra (plotly): ``pip install 'bottleneck-oracle[report]'``
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from bottleneck_oracle import __version__
+from bottleneck_oracle.analysis.results import StepAdvice
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
@@ -138,47 +140,46 @@ def slack_plot(a: StepAnalysis) -> str:
     return _figure(fig)
 
 
-def _extras(x: dict) -> list[str]:
+def _extras(x: StepAdvice) -> list[str]:
     """The blame and advice sections of one step (api.advise output)."""
     parts = []
-    b = x.get("blame")
-    if b and b["nodes"]:
+    b = x.blame
+    if b.nodes:
         parts.append("<h3>Blame: what restoring each op to its typical duration saves</h3>")
         parts.append(
-            f"<p>Restoring everything: {b['restored_makespan_us'] / 1000:.3f} ms, {b['excess_us'] / 1000:.3f} ms to explain "
-            f"(typical durations from {_esc(str(x.get('references', '')))}).</p>"
+            f"<p>Restoring everything: {b.restored_makespan / 1000:.3f} ms, {b.excess / 1000:.3f} ms to explain "
+            f"(typical durations from {_esc(x.references)}).</p>"
         )
         t = TableModel("Culprits", [tables.Column("op", "name"), tables.Column("rank", "int"), tables.Column("duration (ms)", "ms"),
                                     tables.Column("typical (ms)", "ms"), tables.Column("typical from"), tables.Column("saving (ms)", "ms"),
                                     tables.Column("share", "pct")])  # fmt: skip
-        t.rows = [[n["name"], n["rank"], n["dur_us"], n["typical_us"], n["typical_from"], n["saving_us"], n["share"]] for n in b["nodes"]]
+        t.rows = [[n.name, n.rank, n.dur_us, n.typical_us, n.typical_from, n.saving_us, n.share] for n in b.nodes]
         parts.append(_table(t))
-        if b.get("anomalies"):
+        if b.anomalies:
             t = TableModel("Slower than typical, whatever it cost (a delay that overlapped waiting saves nothing)",
                            [tables.Column("op", "name"), tables.Column("rank", "int"), tables.Column("slower by (ms)", "ms"),
                             tables.Column("saving (ms)", "ms"), tables.Column("slack (ms)", "ms")])  # fmt: skip
-            t.rows = [[n["name"], n["rank"], n["dur_us"] - n["typical_us"], n["saving_us"], n["slack_us"]] for n in b["anomalies"][:5]]
+            t.rows = [[n.name, n.rank, n.dur_us - n.typical_us, n.saving_us, n.slack_us] for n in b.anomalies[:5]]
             parts.append(_table(t))
         t = TableModel("Ranks", [tables.Column("rank", "key"), tables.Column("saving (ms)", "ms"), tables.Column("share", "pct")])
-        t.rows = [[r["rank"], r["saving_us"], r["share"]] for r in b["ranks"]]
+        t.rows = [[r.rank, r.saving_us, r.share] for r in b.ranks]
         parts.append(_table(t))
-    a = x.get("advice")
-    if a:
-        parts.append(f"<h3>Advice ({_esc(a['generator'])}; every suggestion replayed)</h3>")
-        if not a["suggestions"]:
-            parts.append("<p>No suggestion survived validation.</p>")
-        t = TableModel("Suggestions", [tables.Column("suggestion"), tables.Column("why"), tables.Column("remedy"), tables.Column("what-if edit"),
-                                       tables.Column("replay saving (ms)", "ms"), tables.Column("model saving (ms)")])  # fmt: skip
-        for sug in a["suggestions"]:
-            model = (
-                "out of domain"
-                if sug.get("model_out_of_domain")
-                else ", ".join(f"{v} {t_ / 1000:.3f}" for v, t_ in sug["model_saving_us"].items() if t_ is not None)
-            )
-            words = "; ".join(f"{w} ({e})" for w, e in zip(sug.get("edits_in_words") or sug["edits"], sug["edits"]))
-            t.rows.append([sug["title"], sug["explanation"], sug["remedy"], words, sug["replay_saving_us"], model])
-        if t.rows:
-            parts.append(_table(t))
+    a = x.advice
+    parts.append(f"<h3>Advice ({_esc(a.generator)}; every suggestion replayed)</h3>")
+    if not a.suggestions:
+        parts.append("<p>No suggestion survived validation.</p>")
+    t = TableModel("Suggestions", [tables.Column("suggestion"), tables.Column("why"), tables.Column("remedy"), tables.Column("what-if edit"),
+                                   tables.Column("replay saving (ms)", "ms"), tables.Column("model saving (ms)")])  # fmt: skip
+    for sug in a.suggestions:
+        model = (
+            "out of domain"
+            if sug.model_out_of_domain
+            else ", ".join(f"{v} {t_ / 1000:.3f}" for v, t_ in sug.model_saving_us.items() if t_ is not None)
+        )
+        words = "; ".join(f"{w} ({e})" for w, e in zip(sug.edits_in_words or sug.edits, sug.edits))
+        t.rows.append([sug.title, sug.explanation, sug.remedy, words, sug.replay_saving_us, model])
+    if t.rows:
+        parts.append(_table(t))
     return parts
 
 
@@ -190,7 +191,7 @@ _STYLE = (
 )
 
 
-def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: dict | None = None) -> str:
+def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None) -> str:
     _, offline = _plotly()
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -233,7 +234,9 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: dic
     return "\n".join(parts)
 
 
-def write_report(analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20, extras: dict | None = None) -> Path:
+def write_report(
+    analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None
+) -> Path:
     out = Path(out)
     text = render(analyses, source, top, extras)
     with atomic_path(out) as tmp:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import mmap
 import re
 from pathlib import Path
 
@@ -68,8 +69,7 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
         first = True
         for rank, path in sorted(table.files.items()):
             raw = map_trace(Path(path))  # a large file through a mapping, its pages given back behind the writer
-            mapped = isinstance(raw, MappedTrace)
-            data = raw.map if mapped else raw
+            data = raw.map if isinstance(raw, MappedTrace) else raw
             buf = np.frombuffer(data, dtype=np.uint8)
             lo, hi, _, _, _, err = scan.find_events(buf)
             if err == scan.OK and lo >= 0:
@@ -78,7 +78,7 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
                 raise TraceError(path, "changed since it was analysed (its events can no longer be found)")
             if not multi:
                 _check_text(Path(path), data, int(lo), int(hi))
-            if mapped:
+            if isinstance(raw, MappedTrace):
                 raw.release(len(raw))
             n = len(starts)
 
@@ -166,7 +166,7 @@ _LONE_SURROGATE = re.compile(
 _BLOCK = 16 * 2**20
 
 
-def _check_text(path: Path, raw: bytes | bytearray, lo: int, hi: int) -> None:
+def _check_text(path: Path, raw: bytes | bytearray | mmap.mmap, lo: int, hi: int) -> None:
     """The events copied verbatim must be what a strict JSON reader takes: UTF-8 without lone
     surrogate escapes (checked a block at a time, never the whole text decoded at once)."""
     view = memoryview(raw)[lo:hi]

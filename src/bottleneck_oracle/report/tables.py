@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
@@ -29,7 +30,7 @@ class TableModel:
     caption: str = ""
 
 
-def fmt(value: object, kind: str) -> str:
+def fmt(value: Any, kind: str) -> str:
     """A cell as text: ms with 3 decimals from µs, shares in %, None as "—"."""
     if value is None:
         return "—"

@@ -61,7 +61,7 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
         torch.manual_seed(run.seed)
         gen = torch.Generator().manual_seed(run.seed + rank)
         if run.size is None:
-            model = torch.nn.Sequential(
+            model: torch.nn.Module = torch.nn.Sequential(
                 torch.nn.Linear(256, run.hidden),
                 torch.nn.ReLU(),
                 torch.nn.Linear(run.hidden, run.hidden),

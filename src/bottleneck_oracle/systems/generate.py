@@ -35,7 +35,10 @@ LAYOUT = re.compile(r"^(dp|tp|pp)(\d+)(?:-(afab|1f1b))?$")
 
 
 def world_of(layout: str) -> int:
-    return int(LAYOUT.match(layout).group(2))
+    m = LAYOUT.match(layout)
+    if m is None:
+        raise ValueError(f"not a layout (dpN, tpN, ppN or ppN-afab|1f1b): {layout!r}")
+    return int(m.group(2))
 
 
 def cells(grid: GridConfig) -> list[dict]:
@@ -124,11 +127,11 @@ def manifest_rows(folder: Path, cell: dict) -> list[dict]:
         inj["calls"] += 1
     rows = []
     for step in sorted(step_time):
-        inj = injected.get(step)
+        got = injected.get(step)
         rows.append(
             {
                 **cell, "step": step, "ranks": len(table.ranks), "step_time_us": step_time[step], "path": str(folder),
-                "injection": inj, "baseline_step": None if inj is None else step - 1,
+                "injection": got, "baseline_step": None if got is None else step - 1,
             }
         )  # fmt: skip
     return rows

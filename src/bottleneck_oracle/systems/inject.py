@@ -98,7 +98,7 @@ class Injector:
         self.out = Path(out_dir)
         self.step = -1
         self.records: list[dict] = []
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def _due(self, kind: str, target: str = "") -> list[Injection]:
         return [i for i in self.mine if i.step == self.step and i.kind == kind and (not target or fnmatch.fnmatchcase(target, i.target))]
@@ -170,7 +170,7 @@ class Injector:
 
 def read_manifest(folder: str | Path) -> list[dict]:
     """Every injection recorded in a trace folder, all ranks."""
-    out = []
+    out: list[dict] = []
     for f in sorted(Path(folder).glob("injections-rank-*.jsonl")):
         out.extend(json.loads(line) for line in f.read_text().splitlines() if line.strip())
     return out

@@ -78,11 +78,13 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: first stage x (batch, seq) tokens, others (batch, seq, width); the last
         returns a scalar loss, the others (batch, seq, width) activations."""
-        if self.first:
+        if self.embed is not None and self.pos is not None:  # the first stage
             x = self.embed(x) + self.pos[:, : x.shape[1]]
         for layer in self.layers.values():
             x = layer(x)
-        if self.last:
+        if self.head is not None and self.ln is not None:  # the last stage
+            if targets is None:
+                raise ValueError("the last pipeline stage needs the targets")
             logits = self.head(self.ln(x))
             return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return x
@@ -120,6 +122,8 @@ def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, sha
                 out.backward(grad)
             x = inputs.pop(mb)
             if not stage.first:
+                if x.grad is None:
+                    raise RuntimeError(f"micro-batch {mb}: the stage's input got no gradient")
                 pending.append(dist.isend(x.grad, base + rank - 1))
 
     m = run.microbatches

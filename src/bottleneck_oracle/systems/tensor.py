@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from bottleneck_oracle.systems.inject import Injection, Injector
 from bottleneck_oracle.systems.launch import process_group, profiled_steps, spawn, train_step
-from bottleneck_oracle.systems.model import GPT, SIZES, GPTConfig, synthetic_batch
+from bottleneck_oracle.systems.model import GPT, MLP, SIZES, Attention, GPTConfig, synthetic_batch
 
 
 class _CopyToParallel(torch.autograd.Function):
@@ -65,7 +65,7 @@ def _shard(linear: nn.Linear, rank: int, world: int, dim: int) -> nn.Linear:
 
 
 class ParallelAttention(nn.Module):
-    def __init__(self, attn: nn.Module, cfg: GPTConfig, rank: int, world: int) -> None:
+    def __init__(self, attn: Attention, cfg: GPTConfig, rank: int, world: int) -> None:
         super().__init__()
         self.heads = cfg.heads // world
         w = cfg.width
@@ -89,7 +89,7 @@ class ParallelAttention(nn.Module):
 
 
 class ParallelMLP(nn.Module):
-    def __init__(self, mlp: nn.Module, rank: int, world: int) -> None:
+    def __init__(self, mlp: MLP, rank: int, world: int) -> None:
         super().__init__()
         self.fc = _shard(mlp.fc, rank, world, dim=0)
         self.out = _shard(mlp.out, rank, world, dim=1)
@@ -103,8 +103,11 @@ class ParallelMLP(nn.Module):
 def parallelize(model: GPT, rank: int, world: int) -> GPT:
     """Replace every block's attention and MLP by their tensor-parallel shards, in place."""
     for block in model.layers:
-        block.attn = ParallelAttention(block.attn, model.cfg, rank, world)
-        block.mlp = ParallelMLP(block.mlp, rank, world)
+        attn, mlp = block.attn, block.mlp
+        if not isinstance(attn, Attention) or not isinstance(mlp, MLP):
+            raise TypeError("parallelize shards a GPT's Attention and MLP blocks, once")
+        block.attn = ParallelAttention(attn, model.cfg, rank, world)
+        block.mlp = ParallelMLP(mlp, rank, world)
     return model
 
 

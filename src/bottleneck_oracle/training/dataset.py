@@ -1,6 +1,6 @@
 """build-dataset: generated runs -> one labelled PyG graph per profiled step, with splits.
 
-Each sample is a HeteroData (graph_pipeline.hetero) saved as plain tensors (loadable with
+Each sample is a HeteroData (models.hetero) saved as plain tensors (loadable with
 torch.load(weights_only=True)), labelled with the measured step time, per-node slack, EST and
 criticality from the CPM, the injected culprit nodes (the ``oracle_inject:*`` ranges on the
 injected rank) and the paired baseline sample (the unperturbed step before). ``dataset.jsonl``

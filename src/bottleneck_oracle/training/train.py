@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -239,15 +240,24 @@ def feature_ranges(samples: list) -> dict[str, torch.Tensor]:
     return out
 
 
+def _prefixed(progress: Callable[[str], None] | None, prefix: str) -> Callable[[str], None] | None:
+    """``progress`` with ``prefix`` before every message (None stays None)."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda m: report(prefix + m)
+
+
 def train(dataset: str | Path, out: str | Path, cfg: ModelsConfig, progress: Callable[[str], None] | None = None) -> dict:
     """Train a checkpoint per configured split into ``out`` (``<split>.pt``)."""
     rows = read_rows(dataset)
     out = Path(out)
-    summary = {"checkpoints": {}, "dataset": str(dataset)}
+    checkpoints: dict[str, dict[str, Any]] = {}
+    summary = {"checkpoints": checkpoints, "dataset": str(dataset)}
     for split in cfg.splits:
         t0 = time.perf_counter()
-        ckpt = train_split(rows, split, cfg, (lambda m, s=split: progress(f"{s}: {m}")) if progress else None)
+        ckpt = train_split(rows, split, cfg, _prefixed(progress, f"{split}: "))
         path = save_checkpoint(ckpt, out / f"{split}.pt")
-        summary["checkpoints"][split] = {"path": str(path), "seconds": round(time.perf_counter() - t0, 1), **ckpt["counts"],
+        checkpoints[split] = {"path": str(path), "seconds": round(time.perf_counter() - t0, 1), **ckpt["counts"],
                                          "epochs": {v: e["epochs"] for v, e in ckpt["gat"].items()}}  # fmt: skip
     return summary
