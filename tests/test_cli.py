@@ -14,7 +14,7 @@ import pytest
 from bottleneck_oracle import cli
 from conftest import PUBLIC, SAMPLE, run_cli
 
-COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "whatif", "blame", "advise", "version"]
+COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "whatif", "blame", "advise", "summary", "compare", "version"]
 
 
 run = run_cli
@@ -27,6 +27,10 @@ def test_every_command_has_help(command, capsys):
     assert "Usage" in out and len(out.strip().splitlines()) >= 3
     registered = {c.name or c.callback.__name__: c.callback for c in cli.app.registered_commands}
     assert registered[command].__doc__, f"{command} has no help text"
+    import re
+
+    tags = re.findall(r"<[a-z]+>|\{[A-Z_]+\}", out)  # typer's <path>/<str> type tags, {PATH} in the usage line
+    assert not tags, f"{command} --help shows {tags}"
 
 
 def test_top_level_help_lists_all_commands(capsys):

@@ -36,6 +36,22 @@ app = typer.Typer(
 )
 
 
+def _plain_arguments() -> None:
+    """Positional arguments in --help as plain names, like the options: ``PATH`` rather than
+    ``PATH <path>`` beside it and ``{PATH}`` in the usage line (typer's defaults)."""
+    from typer.core import TyperArgument
+
+    def usage(self: TyperArgument) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign,assignment]
+    TyperArgument._usage_display_name = usage  # type: ignore[method-assign]
+
+
+_plain_arguments()
+
+
 class _PlainConsole(Console):
     """A Console that prints trace strings, paths and LLM replies as data: no Rich markup is
     interpreted (a name like ``[/bold]`` or ``[link=...]`` is text), no automatic highlighting,
@@ -629,7 +645,7 @@ def _edited(r: StepWhatIf) -> str:
 def blame(
     trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
     baseline: Path = typer.Option(
-        None, "--baseline", help="A trace of the same job as it normally runs (default: the trace's other steps)."
+        None, "--baseline", metavar="PATH", help="A trace of the same job as it normally runs (default: the trace's other steps)."
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     top: int = typer.Option(10, "--top", metavar="N", help="How many nodes and op kinds to list."),
@@ -693,7 +709,10 @@ def advise(
         None, "--baseline", metavar="PATH", help="A normal run of the same job, for the blame's typical durations."
     ),
     llm_base_url: str = typer.Option(
-        None, "--llm-base-url", help="An OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: the offline recipe engine)."
+        None,
+        "--llm-base-url",
+        metavar="URL",
+        help="An OpenAI-compatible server, e.g. http://localhost:8000/v1 (default: the offline recipe engine).",
     ),
     llm_model: str = typer.Option("default", "--llm-model", metavar="TEXT", help="Model name to ask the server for."),
     llm_key_env: str = typer.Option(

@@ -213,7 +213,10 @@ def load_inference(path: str | Path) -> dict:
     if not path.is_file():
         raise OracleError(f"{path}: checkpoint not found")
     if path.suffix == COMPANION_SUFFIX:
-        return _read_companion(path)
+        part = _read_companion(path)
+        if part is None:  # (only a companion read for its .pt can be stale)
+            raise OracleError(f"{path}: not a readable inference file")
+        return part
     companion = companion_path(path)
     if companion.is_file():
         part = _read_companion(companion, source=path)

@@ -178,32 +178,37 @@ class NumpyGAT:
         n_g = 4 if cfg.variant == "correction" else 2
         att = (1, self.heads, self.channels)
 
-        def get(key: str, shape: tuple[int, ...], optional: bool = False) -> np.ndarray | None:
+        def maybe(key: str, shape: tuple[int, ...]) -> np.ndarray | None:
+            """The weight ``key`` (None if the model has none), checked to have ``shape``."""
             if key not in state:
-                if optional:
-                    return None
-                raise ValueError(f"the {cfg.variant} model's weights lack {key}")
+                return None
             used.add(key)
             a = np.asarray(state[key], dtype=np.float32)
             if a.shape != shape:
                 raise ValueError(f"the {cfg.variant} model's {key} is {a.shape}, its config builds {shape}")
             return a
 
+        def get(key: str, shape: tuple[int, ...]) -> np.ndarray:
+            a = maybe(key, shape)
+            if a is None:
+                raise ValueError(f"the {cfg.variant} model's weights lack {key}")
+            return a
+
         def conv(layer: int, et: tuple[str, str, str]) -> _Conv:
             names = [f"convs.{layer}.convs.<{'___'.join(et)}>.", f"convs.{layer}.convs.{'__'.join(et)}."]
             prefix = next((p for p in names if f"{p}att_src" in state), names[0])
-            shared = get(prefix + "lin.weight", (h, h), optional=True)
+            shared = maybe(prefix + "lin.weight", (h, h))
             hc = (self.heads, self.channels)
-            att_edge = get(prefix + "att_edge", att, optional=True)
+            att_edge = maybe(prefix + "att_edge", att)
             return _Conv(
                 lin_src=shared if shared is not None else get(prefix + "lin_src.weight", (h, h)),
                 lin_dst=shared if shared is not None else get(prefix + "lin_dst.weight", (h, h)),
                 att_src=get(prefix + "att_src", att).reshape(hc),
                 att_dst=get(prefix + "att_dst", att).reshape(hc),
-                lin_edge=get(prefix + "lin_edge.weight", (h, cfg.edge_dim), optional=True),
+                lin_edge=maybe(prefix + "lin_edge.weight", (h, cfg.edge_dim)),
                 att_edge=None if att_edge is None else att_edge.reshape(hc),
-                res=get(prefix + "res.weight", (h, h), optional=True),
-                bias=get(prefix + "bias", (h,), optional=True),
+                res=maybe(prefix + "res.weight", (h, h)),
+                bias=maybe(prefix + "bias", (h,)),
             )
 
         self.encode = {t: (get(f"encode.{t}.weight", (h, dims[t])), get(f"encode.{t}.bias", (h,))) for t in NODE_TYPES}
@@ -226,7 +231,7 @@ class NumpyGAT:
         heads, ch = self.heads, self.channels
         xs = _linear(x_src, p.lin_src).reshape(-1, heads, ch)
         xd = _linear(x_dst, p.lin_dst).reshape(-1, heads, ch)
-        out = np.zeros((len(x_dst), heads, ch), dtype=np.float32)
+        out: np.ndarray = np.zeros((len(x_dst), heads, ch), dtype=np.float32)
         if edge_index.shape[1]:
             src, dst = edge_index
             order, starts, ids, group = seg
