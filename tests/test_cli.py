@@ -179,7 +179,7 @@ def test_train_and_eval_name_what_is_missing(capsys, tmp_path):
     assert code == 2 and "no dataset" in err and str(tmp_path / "none") in err and out == ""
     (tmp_path / "x.pt").write_bytes(b"garbage")
     code, out, err = run(["eval", "--checkpoint", str(tmp_path / "x.pt")], capsys)
-    assert code == 2 and "x.pt: not a readable checkpoint" in err and len(err.strip().splitlines()) == 1 and out == ""
+    assert code == 2 and "x.pt: not a checkpoint" in err and len(err.strip().splitlines()) == 1 and out == ""
 
 
 def test_whatif_json_has_replay_and_the_pretrained_model(capsys):
