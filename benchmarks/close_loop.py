@@ -119,7 +119,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for k, sc in enumerate(scenarios(args.steps)):
             before = record(DDPRun(out=f"{tmp}/{k}-before", **sc["run"]))
-            advice = api.advise(before)
+            advice = [a.to_dict() for a in api.advise(before)]  # the --json shape
             per_step = [a["suggestions"][0] for a in advice[1:] if a["suggestions"]]
             if not per_step:
                 results.append({"scenario": sc["name"], "top": None, "note": "no suggestion survived validation"})

@@ -76,9 +76,9 @@ def main() -> int:
             # same range every third step, so its other steps make a 5 ms injection look usual)
             b_clean = blame(g, [h for s, h in by_step.items() if s in clean and s != min(by_step)], top=3, cpm=cpm)
             ranked = {
-                methods[0]: [x["id"] if x["kind"] == "op" else -1 for x in b.nodes],  # the injected range itself, not the time after it
-                methods[1]: [x["id"] if x["kind"] == "op" else -1 for x in b_clean.nodes],
-                methods[2]: [x["id"] if x["kind"] == "op" else -1 for x in b.anomalies],
+                methods[0]: [x.id if x.kind == "op" else -1 for x in b.nodes],  # the injected range itself, not the time after it
+                methods[1]: [x.id if x.kind == "op" else -1 for x in b_clean.nodes],
+                methods[2]: [x.id if x.kind == "op" else -1 for x in b.anomalies],
                 methods[3]: longest_on_critical_path(g, cpm),
                 methods[4]: largest_rank_deviation(g),
             }
