@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.analysis.blame import blame, largest_rank_deviation, longest_on_critical_path
+from bottleneck_oracle.analysis.blame import blame
 from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.analysis.naive import largest_rank_deviation, longest_on_critical_path
 from bottleneck_oracle.api import build
 
 

@@ -45,7 +45,7 @@ def _plain_arguments() -> None:
         name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
         return name + ("..." if self.nargs != 1 else "")
 
-    TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign,assignment]
+    TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
     TyperArgument._usage_display_name = usage  # type: ignore[method-assign]
 
 

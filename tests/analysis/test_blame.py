@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from bottleneck_oracle.analysis.blame import blame, largest_rank_deviation
+from bottleneck_oracle.analysis.blame import blame
+from bottleneck_oracle.analysis.naive import largest_rank_deviation
 from bottleneck_oracle.api import build
 
 

@@ -445,22 +445,6 @@ def _lead_name(g: ExecutionGraph, i: int) -> str:
     return f"untraced time before {g.node_name(i)} (from the step start)"
 
 
-def longest_on_critical_path(g: ExecutionGraph, cpm: CPMResult | None = None, k: int = 3) -> list[int]:
-    """Naive culprit finder 1: the longest ops on the critical path."""
-    r = cpm or run_cpm(g)
-    path = [int(i) for i in r.path if g.nodes["category"][i] != Category.BARRIER]
-    return sorted(path, key=lambda i: -float(g.nodes["mdur"][i]))[:k]
-
-
-def largest_rank_deviation(g: ExecutionGraph, k: int = 3) -> list[int]:
-    """Naive culprit finder 2: the ops most slower than the same op on the other ranks (every
-    other rank, peer or not; no counterpart: deviation = its whole duration)."""
-    typical, source, _ = typical_durations(g, [], all_ranks=True)
-    dev = g.nodes["mdur"] - np.where(source == 0, 0.0, typical)
-    dev[g.nodes["category"] == Category.BARRIER] = -np.inf
-    return [int(i) for i in np.argsort(-dev)[:k]]
-
-
 def name_gaps(b: Blame, g: ExecutionGraph, table: object = None) -> None:
     """Rename the untraced gaps after an op by the op that encloses them, in place: nodes are the
     leaves of a thread's op tree, so the time between two leaves of one parent is that parent's

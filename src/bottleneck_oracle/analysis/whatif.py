@@ -423,33 +423,8 @@ def main_thread(g: ExecutionGraph, rank: int) -> int:
     return int(tids[np.argmax(counts)])
 
 
-def _chain(g: ExecutionGraph, rank: int, tid: int) -> np.ndarray:
+def thread_chain(g: ExecutionGraph, rank: int, tid: int) -> np.ndarray:
+    """The CPU compute nodes of one thread of ``rank``, in start order."""
     n = g.nodes
     ids = np.flatnonzero((n["rank"] == rank) & (n["tid"] == tid) & ~n["on_gpu"] & (n["node_type"] == NodeType.COMPUTE))
     return ids[np.argsort(n["start"][ids], kind="stable")]
-
-
-def injection_sites(base: ExecutionGraph, perturbed: ExecutionGraph, culprit_ids: list[int]) -> list[int]:
-    """The nodes of ``base`` (an unperturbed step of the same run) that precede, on their thread,
-    each injected delay that ``perturbed`` carries: the op the delay follows, found by name and
-    occurrence on the same rank's training-loop thread (a module called once per micro-batch is
-    delayed once per call). Lengthening them by the delay is the what-if of the injection."""
-    if not culprit_ids:
-        raise OracleError(f"step {perturbed.step} carries no injected delay")
-    p = perturbed.nodes
-    sites = []
-    for c in sorted(culprit_ids, key=lambda i: p["start"][i]):
-        rank, tid = int(p["rank"][c]), int(p["tid"][c])
-        chain = [i for i in _chain(perturbed, rank, tid) if not perturbed.node_name(i).startswith("oracle_inject:")]
-        before = [i for i in chain if p["start"][i] < p["start"][c]]
-        target = _chain(base, rank, main_thread(base, rank))
-        if not before:
-            sites.append(int(target[0]))
-            continue
-        name = perturbed.node_name(before[-1])
-        occurrence = sum(perturbed.node_name(i) == name for i in before)
-        same = [i for i in target if base.node_name(i) == name]
-        if len(same) < occurrence:
-            raise OracleError(f"step {base.step} has {len(same)} {name!r} on rank {rank}, step {perturbed.step} has {occurrence}")
-        sites.append(int(same[occurrence - 1]))
-    return sites

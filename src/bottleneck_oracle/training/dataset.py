@@ -21,12 +21,13 @@ import torch
 
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
-from bottleneck_oracle.analysis.whatif import injection_sites, with_durations
+from bottleneck_oracle.analysis.whatif import main_thread, thread_chain, with_durations
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.files import read_jsonl
 from bottleneck_oracle.graph_pipeline.builder import build_graphs
 from bottleneck_oracle.graph_pipeline.events import load_events
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.models.checkpoint import safe_load
 from bottleneck_oracle.models.hetero import from_tensors, to_heterodata, to_tensors
 
@@ -51,6 +52,32 @@ def culprits(g, injection: dict | None) -> list[int]:
     prefix = f"oracle_inject:{injection['kind']}:"
     ids = [i for i in range(g.n_nodes) if g.nodes["rank"][i] == injection["rank"] and g.node_name(i).startswith(prefix)]
     return ids
+
+
+def injection_sites(base: ExecutionGraph, perturbed: ExecutionGraph, culprit_ids: list[int]) -> list[int]:
+    """The nodes of ``base`` (an unperturbed step of the same run) that precede, on their thread,
+    each injected delay that ``perturbed`` carries: the op the delay follows, found by name and
+    occurrence on the same rank's training-loop thread (a module called once per micro-batch is
+    delayed once per call). Lengthening them by the delay is the what-if of the injection."""
+    if not culprit_ids:
+        raise OracleError(f"step {perturbed.step} carries no injected delay")
+    p = perturbed.nodes
+    sites = []
+    for c in sorted(culprit_ids, key=lambda i: p["start"][i]):
+        rank, tid = int(p["rank"][c]), int(p["tid"][c])
+        chain = [i for i in thread_chain(perturbed, rank, tid) if not perturbed.node_name(i).startswith("oracle_inject:")]
+        before = [i for i in chain if p["start"][i] < p["start"][c]]
+        target = thread_chain(base, rank, main_thread(base, rank))
+        if not before:
+            sites.append(int(target[0]))
+            continue
+        name = perturbed.node_name(before[-1])
+        occurrence = sum(perturbed.node_name(i) == name for i in before)
+        same = [i for i in target if base.node_name(i) == name]
+        if len(same) < occurrence:
+            raise OracleError(f"step {base.step} has {len(same)} {name!r} on rank {rank}, step {perturbed.step} has {occurrence}")
+        sites.append(int(same[occurrence - 1]))
+    return sites
 
 
 def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict:
