@@ -32,6 +32,17 @@ ARG_SPECS = {
     )
 }
 
+# what the JSON scanner (scan.py) reads of every event, by the hash of the key's bytes, in this
+# order: the event's own keys, and the hot args (the first raw names of correlation, ext_id and
+# stream above, and the record-function id the execution-trace join uses)
+EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
+SCANNED_ARG_KEYS = (
+    ARG_SPECS["correlation"].raw_names[0],
+    ARG_SPECS["ext_id"].raw_names[0],
+    ARG_SPECS["stream"].raw_names[0],
+    "Record function id",
+)
+
 # args keys with structured values, read by dedicated code in events.py
 SYNC_KIND_KEY = "cuda_sync_kind"
 PG_RANKS_KEYS = ("Process Group Ranks", "process_group_ranks")

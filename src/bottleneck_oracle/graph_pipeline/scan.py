@@ -18,6 +18,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline import fields as F
+
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 
@@ -31,9 +33,9 @@ ERRORS = {
     NOT_OBJECT: "traceEvents holds an element that is not an object",
 }
 
-# event keys (by hash of their bytes)
-_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
-_ARG_KEYS = ("correlation", "External id", "stream", "Record function id")
+# event keys and hot args, by hash of their bytes (the field contract: fields.py)
+_KEYS = F.EVENT_KEYS
+_ARG_KEYS = F.SCANNED_ARG_KEYS
 
 
 def fnv1a(data: bytes) -> int:
