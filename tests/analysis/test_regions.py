@@ -96,7 +96,9 @@ def write_run(folder, steps: int = 6, extra_pairs: int = 0, extra_steps: tuple[i
             R.step_start = step_start
         done = max(arrive) + 300.0
         for R, a in zip(ranks, arrive):
-            R.events.append(_x("gloo:all_reduce", "user_annotation", a, done - a, 2, R.pid, **{"Input Dims": [[NELEMS]], "Input type": ["float"]}))
+            R.events.append(
+                _x("gloo:all_reduce", "user_annotation", a, done - a, 2, R.pid, **{"Input Dims": [[NELEMS]], "Input type": ["float"]})
+            )
             R.t = done + 10.0
             R.op("aten::div_", 30.0)
             R.events.append(_x(f"ProfilerStep#{step}", "user_annotation", R.step_start, R.t + 20.0 - R.step_start, 1, R.pid))

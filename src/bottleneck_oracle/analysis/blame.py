@@ -93,7 +93,6 @@ class KeyMemo:
             hit = self.graphs[id(g)] = (g, keys, ids)
         return hit[1], hit[2]
 
-
     def regions(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
         """The region keys of ``g`` (_region_keys) and their integer ids, computed once per graph."""
         hit = self.region_graphs.get(id(g))
@@ -584,13 +583,13 @@ def region_blame(
     # a region no peer runs (its peer group has other ranks in the step) is typically absent there
     present: dict[NodeKey, int] = defaultdict(int)
     for k in keys:
-        present[(groups.get(k[0], k[0]), *k[1:])] += 1
+        present[(groups.get(k[0], k[0]), k[1], k[2], k[3])] += 1
     group_size: dict[int, int] = defaultdict(int)
     for r in g.ranks:
         group_size[groups.get(int(r), int(r))] += 1
     for i, k in enumerate(keys):
         gk = groups.get(k[0], k[0])
-        if group_size[gk] >= 2 and present[(gk, *k[1:])] == 1 and typical[i] > 0.0:
+        if group_size[gk] >= 2 and present[(gk, k[1], k[2], k[3])] == 1 and typical[i] > 0.0:
             typical[i], source[i] = 0.0, 1
     excess = rt - typical
     floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
@@ -630,9 +629,21 @@ def region_blame(
     specific.sort(key=lambda j: (-saving[j], -excess[j]))
     src_names = ("none", "peer ranks", "reference steps")
     return [
-        Region(int(rg["rank"][j]), int(rg["tid"][j]), keys[j][2], keys[j][3], "range" if rg["is_range"][j] else "op",
-               float(rg["end"][j] - rg["start"][j]), float(rt[j]), float(typical[j]), src_names[source[j]], float(noise[j]),
-               saving[j], saving[j] / base.makespan if base.makespan > 0 else 0.0, int(rg["last"][j] - rg["first"][j] + 1))  # fmt: skip
+        Region(
+            int(rg["rank"][j]),
+            int(rg["tid"][j]),
+            keys[j][2],
+            keys[j][3],
+            "range" if rg["is_range"][j] else "op",
+            float(rg["end"][j] - rg["start"][j]),
+            float(rt[j]),
+            float(typical[j]),
+            src_names[source[j]],
+            float(noise[j]),
+            saving[j],
+            saving[j] / base.makespan if base.makespan > 0 else 0.0,
+            int(rg["last"][j] - rg["first"][j] + 1),
+        )  # fmt: skip
         for j in specific[:top]
     ]
 

@@ -34,8 +34,8 @@ from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_i
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
-from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, make_window
 
