@@ -186,3 +186,26 @@ def test_the_recorded_straggler_is_blamed_on_its_forward_range():
         top = r.blame.regions[0]
         assert (top.name, top.rank, top.typical_from) == ("forward", 1, "peer ranks"), (r.step, r.blame.regions[:3])
         assert 8_000 < top.saving_us < 22_000, (r.step, top)
+
+
+def test_a_region_holds_the_ops_inside_it_and_survives_save_and_load(tmp_path):
+    """The graph's regions: ``block`` on rank 1 holds its 20 regular and 200 extra ops (the
+    consecutive leaves of its thread between its start and end) and nothing else; saved and
+    loaded, the regions are the same."""
+    from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+
+    write_run(tmp_path / "run", steps=3, extra_pairs=100, extra_steps=(2,))
+    _, graphs = build(tmp_path / "run")
+    g = next(h for h in graphs if h.step == 2)
+    rg, n = g.regions, g.nodes
+    (j,) = [i for i in range(len(rg["name"])) if g.names[rg["name"][i]] == "block" and rg["rank"][i] == 1]
+    inside = range(int(rg["first"][j]), int(rg["last"][j]) + 1)
+    assert len(inside) == 220 and rg["is_range"][j]
+    assert {g.node_name(i) for i in inside} == {"aten::mm", "aten::tanh"}
+    assert all(rg["start"][j] <= n["start"][i] and n["start"][i] + n["dur"][i] <= rg["end"][j] + 1e-6 for i in inside)
+    on_thread = (n["rank"] == 1) & (n["tid"] == rg["tid"][j]) & ~n["on_gpu"]
+    within = (n["start"] >= rg["start"][j]) & (n["start"] < rg["end"][j])
+    assert int((on_thread & within).sum()) == 220
+    g.save(tmp_path / "g.npz")
+    h = ExecutionGraph.load(tmp_path / "g.npz")
+    assert set(h.regions) == set(rg) and all((h.regions[k] == rg[k]).all() for k in rg)
