@@ -63,6 +63,9 @@ def test_blame_and_advise_json_have_the_documented_keys(capsys):
             check("blame rank", x)
         for x in step["ops"]:
             check("blame op", x)
+        for x in step["regions"]:
+            check("blame region", x)
+        assert step["regions"] and step["regions"][0]["name"] == "forward"  # the straggler's sleep is in its forward range
         check("blame model", step["model"])
     assert seen_model
     doc = json_of(["advise", str(STRAGGLER), "--step", "3", "--no-model"], capsys)

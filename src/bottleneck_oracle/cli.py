@@ -374,6 +374,11 @@ def analyze(
             out.print(
                 Text(f"Step {step_no} blame: " + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b))
             )
+        if x.blame.regions:
+            out.print(
+                Text(f"Step {step_no} regions: "
+                     + "; ".join(f"{shorten(r.name, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r in x.blame.regions[:3]))
+            )  # fmt: skip
         for sug in x.advice.suggestions[:3]:
             out.print(
                 Text(
@@ -695,6 +700,15 @@ def blame(
         slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"
                          for x in b.anomalies[:5])  # fmt: skip
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
+        if b.regions:
+            t = TableModel(
+                "Regions taking their typical time as a whole (saving, ms)",
+                [Column("#", "key"), Column("region", "name"), Column("rank", "int"), Column("saving", "ms"), Column("of step", "pct"),
+                 Column("own time", "ms"), Column("typical", "ms"), Column("typical from"), Column("ops", "int")],
+            )  # fmt: skip
+            for k, x in enumerate(b.regions[:5], 1):
+                t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, x.nodes])
+            print_table(out, t)
         ranks = ", ".join(f"rank {x.rank} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ranks)
         out.print(f"By rank: {ranks}", highlight=False)
         ops = "; ".join(f"{shorten(x.name, 50)} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ops[:5])

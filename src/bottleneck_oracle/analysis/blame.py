@@ -23,6 +23,22 @@ same candidates are also listed by how much slower than typical they were (``ano
 whatever they cost: a delay that overlapped waiting shows there with its (zero) saving and its
 slack. Ranks and op kinds are restored as a whole (one replay each), and their saving is
 reported as a share of the saving of restoring everything.
+
+Regions (``region_blame``): a slowdown made of many small ops (a few hundred extra matmuls in
+one ``record_function`` range) is spread thin over single ops, each with a small saving. So the
+enclosing events of the leaf ops (the graph's regions: ranges, ``nn.Module`` and Python ranges,
+parent ops, autograd hooks) are blamed as a whole too. A region's time is its own work: the
+modelled durations of the ops inside it and the untraced time between them that lies inside its
+span (waiting excluded, as the graph models it). Its typical time is that of the same region
+(same rank, name and occurrence in the step) in the reference steps and on the peer ranks, the
+smaller where both exist, as for ops; a region that its peers do not run at all is typically
+absent there (0 µs: a range only one data-parallel replica runs is extra work). Its saving is the
+replay of the region taking its typical time: every op duration and untraced stretch inside it
+scaled by typical / time. Scaling, not restoring each op inside to its own typical duration,
+because extra ops have no counterpart to be restored to (and shift the occurrence of every op
+after them). Only the regions most slower than typical are replayed, and of nested regions
+whose savings are within 10% of each other the innermost is reported (the most specific
+region that explains the excess).
 """
 
 from __future__ import annotations
@@ -42,6 +58,8 @@ from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, Ed
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
 MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-run noise: ranked as none
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
+REGION_REPLAYS = 20  # regions replayed per step: the ones most slower than typical
+REGION_NESTED_SHARE = 0.9  # a region enclosing one that saves at least this share of its saving is not reported
 
 
 NodeKey = tuple[int, bool, str, int]
@@ -56,6 +74,8 @@ class KeyMemo:
         self.graphs: dict[int, tuple[ExecutionGraph, list[NodeKey], np.ndarray]] = {}
         self.ids: dict[NodeKey, int] = {}
         self.arrays: dict[str, dict[int, tuple[ExecutionGraph, np.ndarray]]] = {}
+        self.region_graphs: dict[int, tuple[ExecutionGraph, list[NodeKey], np.ndarray]] = {}
+        self.region_ids: dict[NodeKey, int] = {}
 
     def derived(self, g: ExecutionGraph, what: str, fn: Callable[[ExecutionGraph], np.ndarray]) -> np.ndarray:
         """``fn(g)``, computed once per graph in this run (the leads and gaps of a reference step)."""
@@ -71,6 +91,15 @@ class KeyMemo:
             keys = _node_keys(g)
             ids = np.array([self.ids.setdefault(k, len(self.ids)) for k in keys], dtype=np.int64)
             hit = self.graphs[id(g)] = (g, keys, ids)
+        return hit[1], hit[2]
+
+    def regions(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
+        """The region keys of ``g`` (_region_keys) and their integer ids, computed once per graph."""
+        hit = self.region_graphs.get(id(g))
+        if hit is None or hit[0] is not g:
+            keys = _region_keys(g)
+            ids = np.array([self.region_ids.setdefault(k, len(self.region_ids)) for k in keys], dtype=np.int64)
+            hit = self.region_graphs[id(g)] = (g, keys, ids)
         return hit[1], hit[2]
 
 
@@ -89,6 +118,20 @@ def _node_keys(g: ExecutionGraph) -> list[NodeKey]:
         k = k + 1 if base == prev else 0
         prev = base
         keys[i] = (base[0], base[1], g.names[base[2]], k)
+    return keys
+
+
+def _region_keys(g: ExecutionGraph) -> list[NodeKey]:
+    """(rank, False, name, occurrence among the rank's regions of that name by start) of every region."""
+    rg = g.regions
+    order = np.lexsort((rg["start"], rg["name"], rg["rank"]))
+    keys: list[NodeKey] = [(0, False, "", 0)] * len(order)
+    prev, k = None, 0
+    for i in order.tolist():
+        base = (int(rg["rank"][i]), int(rg["name"][i]))
+        k = k + 1 if base == prev else 0
+        prev = base
+        keys[i] = (base[0], False, g.names[base[1]], k)
     return keys
 
 
@@ -335,6 +378,30 @@ class OpKindBlame:
 
 
 @dataclass(slots=True)
+class Region:
+    """An enclosing event (a range, an ``nn.Module``, a parent op) taking its typical time as a whole."""
+
+    rank: int
+    tid: int
+    name: str
+    occurrence: int  # of the regions of this name on its rank in the step, by start
+    kind: str  # "range" (record_function, Python, nn.Module) or "op" (a parent op)
+    span_us: float  # from its start to its end, as measured (waiting included)
+    dur_us: float  # its own time: the ops inside it and the untraced time between them (waiting excluded)
+    typical_us: float
+    typical_from: str  # "reference steps", "peer ranks" or "none"
+    noise_us: float
+    saving_us: float  # the step time it taking its typical time saves (replay)
+    share: float  # of the step time
+    nodes: int  # ops inside it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "tid": self.tid, "name": self.name, "occurrence": self.occurrence, "kind": self.kind,
+                "span_us": self.span_us, "dur_us": self.dur_us, "typical_us": self.typical_us, "typical_from": self.typical_from,
+                "noise_us": self.noise_us, "saving_us": self.saving_us, "share": self.share, "nodes": self.nodes}  # fmt: skip
+
+
+@dataclass(slots=True)
 class Blame:
     step: int | None
     makespan: float
@@ -343,6 +410,7 @@ class Blame:
     anomalies: list[Culprit] = field(default_factory=list)  # the same candidates ranked by excess over typical
     ranks: list[RankBlame] = field(default_factory=list)
     ops: list[OpKindBlame] = field(default_factory=list)
+    regions: list[Region] = field(default_factory=list)  # the most specific regions, ranked by saving
 
     @property
     def excess(self) -> float:
@@ -351,7 +419,8 @@ class Blame:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "makespan_us": self.makespan, "restored_makespan_us": self.restored_makespan, "excess_us": self.excess,
                 "nodes": [x.to_dict() for x in self.nodes], "anomalies": [x.to_dict() for x in self.anomalies],
-                "ranks": [x.to_dict() for x in self.ranks], "ops": [x.to_dict() for x in self.ops]}  # fmt: skip
+                "ranks": [x.to_dict() for x in self.ranks], "ops": [x.to_dict() for x in self.ops],
+                "regions": [x.to_dict() for x in self.regions]}  # fmt: skip
 
 
 def blame(
@@ -430,7 +499,153 @@ def blame(
         out.ops.append(OpKindBlame(name, float(s), float(s / total), by_name[name]))
     out.ops.sort(key=lambda r: -r.saving_us)
     out.ops = out.ops[:top]
+    out.regions = region_blame(g, references, top, base, memo, keys[2])
     return out
+
+
+@dataclass(slots=True)
+class RegionTime:
+    """Each region's own time in parts (see region_time): what scaling the region touches."""
+
+    work: np.ndarray  # µs per region: ops + untraced time inside
+    gap: np.ndarray  # per node, its positive program-order edge to the next leaf of its thread, or -1
+    before: np.ndarray  # µs per region: the part inside it of the untraced time before its first op (that edge's weight)
+    lead: np.ndarray  # µs per region: the part inside it of its first op's lead from the step start (its release)
+    after: np.ndarray  # µs per region: the part inside it of the untraced time after its last op
+
+
+def region_time(g: ExecutionGraph) -> RegionTime:
+    """The own time of every region of ``g``: the modelled durations of its ops, the untraced time
+    between them (program-order latencies) and the parts inside its span of the untraced time
+    before its first op and after its last one (a latency is counted in the share of its stretch
+    that lies inside the region)."""
+    rg, n, e = g.regions, g.nodes, g.edges
+    nn = g.n_nodes
+    d = n["mdur"].astype(np.float64)
+    gap, gap_w = _gap_weights(g)
+    nxt = np.where(gap >= 0, e["dst"][np.maximum(gap, 0)] if len(e["dst"]) else -1, -1)
+    chain = (gap >= 0) & (nxt == np.arange(nn) + 1)
+    gap = np.where(chain, gap, -1)
+    gi = np.where(chain, gap_w, 0.0)
+    first, last = rg["first"].astype(np.int64), rg["last"].astype(np.int64)
+    m = len(first)
+    if not m:
+        z = np.zeros(0)
+        return RegionTime(z, gap, z, z, z)
+    cs_d = np.concatenate([[0.0], np.cumsum(d)])
+    cs_g = np.concatenate([[0.0], np.cumsum(gi)])
+    work = cs_d[last + 1] - cs_d[first] + cs_g[last] - cs_g[first]
+    start = n["start"].astype(np.float64)
+    end = start + n["dur"]
+
+    def inside(lo: np.ndarray, hi: np.ndarray, weight: np.ndarray, r_lo: np.ndarray, r_hi: np.ndarray) -> np.ndarray:
+        span = hi - lo
+        part = np.clip(np.minimum(hi, r_hi) - np.maximum(lo, r_lo), 0.0, None)
+        return np.where(span > 1e-9, weight * np.minimum(part / np.where(span > 1e-9, span, 1.0), 1.0), 0.0)
+
+    prev = np.maximum(first - 1, 0)
+    has_before = (first > 0) & chain[prev]
+    before = np.where(has_before, inside(end[prev], start[first], gi[prev], rg["start"], rg["end"]), 0.0)
+    lead_all = _leads(g)
+    lead = np.where(~has_before & (lead_all[first] > 0), inside(origins(g)[first], start[first], np.maximum(lead_all[first], 0.0),
+                                                                 rg["start"], rg["end"]), 0.0)  # fmt: skip
+    nxt_leaf = np.minimum(last + 1, nn - 1)
+    after = np.where(chain[last], inside(end[last], start[nxt_leaf], gi[last], rg["start"], rg["end"]), 0.0)
+    return RegionTime(work + before + lead + after, gap, before, lead, after)
+
+
+def _region_work(g: ExecutionGraph) -> np.ndarray:
+    return region_time(g).work
+
+
+def region_blame(
+    g: ExecutionGraph,
+    references: list[ExecutionGraph],
+    top: int = 20,
+    cpm: CPMResult | None = None,
+    memo: KeyMemo | None = None,
+    groups: dict[int, int] | None = None,
+) -> list[Region]:
+    """The most specific regions of ``g`` (see the module docstring), ranked by the step time
+    their taking their typical time saves; only savings of at least 1% of the step time."""
+    rg = g.regions
+    if not len(rg["first"]):
+        return []
+    base = cpm or run_cpm(g)
+    memo = memo or KeyMemo()
+    groups = peer_groups(g) if groups is None else groups
+    keys, ids = memo.regions(g)
+    parts = region_time(g)
+    rt = parts.work
+    ref_keys = [memo.regions(r) for r in references]
+    ref_work = [memo.derived(r, "region_time", _region_work) for r in references]
+    typical, source, noise = _typical(rt, keys, [(k, w) for (k, _), w in zip(ref_keys, ref_work)], groups, (ids, [i for _, i in ref_keys]))
+    # a region no peer runs (its peer group has other ranks in the step) is typically absent there
+    present: dict[NodeKey, int] = defaultdict(int)
+    for k in keys:
+        present[(groups.get(k[0], k[0]), k[1], k[2], k[3])] += 1
+    group_size: dict[int, int] = defaultdict(int)
+    for r in g.ranks:
+        group_size[groups.get(int(r), int(r))] += 1
+    for i, k in enumerate(keys):
+        gk = groups.get(k[0], k[0])
+        if group_size[gk] >= 2 and present[(gk, k[1], k[2], k[3])] == 1 and typical[i] > 0.0:
+            typical[i], source[i] = 0.0, 1
+    excess = rt - typical
+    floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
+    step_marker = np.array([g.names[int(x)].startswith("ProfilerStep#") for x in rg["name"]], dtype=bool)
+    cand = np.flatnonzero((excess > np.maximum(MIN_EXCESS_US, noise)) & (excess >= floor) & ~step_marker)
+    cand = cand[np.argsort(-excess[cand], kind="stable")][:REGION_REPLAYS]
+    if not len(cand):
+        return []
+    d = g.nodes["mdur"].astype(np.float64)
+    w = g.edges["weight"].astype(np.float64)
+    rel = g.release.astype(np.float64)
+    saving: dict[int, float] = {}
+    for j in cand.tolist():
+        f = float(np.clip(typical[j] / rt[j], 0.0, 1.0)) if rt[j] > 0 else 1.0
+        a, b = int(rg["first"][j]), int(rg["last"][j])
+        dd, ww, rr = d.copy(), w.copy(), rel.copy()
+        dd[a : b + 1] *= f
+        inner = parts.gap[a:b]
+        inner = inner[inner >= 0]
+        ww[inner] *= f
+        if parts.before[j] > 0:
+            ww[parts.gap[a - 1]] -= (1.0 - f) * parts.before[j]
+        if parts.after[j] > 0:
+            ww[parts.gap[b]] -= (1.0 - f) * parts.after[j]
+        if parts.lead[j] > 0:
+            rr[a] -= (1.0 - f) * parts.lead[j]
+        saving[j] = float(base.makespan - run_cpm(g, dd, ww, rr).makespan)
+    kept = [j for j in saving if saving[j] >= floor]
+    # of nested regions saving about the same, the innermost: regions come in (thread, start, -dur) order
+    specific = []
+    for j in kept:
+        inner_ones = [k for k in kept if k > j and rg["rank"][k] == rg["rank"][j] and rg["tid"][k] == rg["tid"][j]
+                      and rg["first"][k] >= rg["first"][j] and rg["last"][k] <= rg["last"][j]
+                      and rg["start"][k] >= rg["start"][j] - 1e-6 and rg["end"][k] <= rg["end"][j] + 1e-6]  # fmt: skip
+        if not any(saving[k] >= REGION_NESTED_SHARE * saving[j] for k in inner_ones):
+            specific.append(j)
+    specific.sort(key=lambda j: (-saving[j], -excess[j]))
+    src_names = ("none", "peer ranks", "reference steps")
+    return [
+        Region(
+            int(rg["rank"][j]),
+            int(rg["tid"][j]),
+            keys[j][2],
+            keys[j][3],
+            "range" if rg["is_range"][j] else "op",
+            float(rg["end"][j] - rg["start"][j]),
+            float(rt[j]),
+            float(typical[j]),
+            src_names[source[j]],
+            float(noise[j]),
+            saving[j],
+            saving[j] / base.makespan if base.makespan > 0 else 0.0,
+            int(rg["last"][j] - rg["first"][j] + 1),
+        )  # fmt: skip
+        for j in specific[:top]
+    ]
 
 
 def _lead_name(g: ExecutionGraph, i: int) -> str:

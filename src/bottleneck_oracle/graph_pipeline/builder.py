@@ -35,6 +35,7 @@ from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, make_window
 
@@ -105,6 +106,7 @@ class RawGraph:
     meta: dict
     carry: np.ndarray | None = None  # µs per op: earliest start from work an earlier step queued (-inf: none)
     gaps: dict[str, np.ndarray] | None = None  # the pieces of time between a thread's ops (gaps.py)
+    regions: dict[str, np.ndarray] | None = None  # the events enclosing leaf ops (regions.py)
 
 
 def finalize(raw: RawGraph) -> ExecutionGraph:
@@ -217,6 +219,7 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
         measured=raw.measured,
         meta=raw.meta,
         gaps=raw.gaps if raw.gaps is not None else empty_gaps(),
+        regions=raw.regions if raw.regions is not None else empty_regions(),
     )
     g.validate()
     return g
@@ -266,7 +269,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
         window_start=table.t0 + w.w0, step=step, measured=w.measured,
         meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION,
               "dropped_edges": dropped, "collectives": match_report(w.ckind, inst, seq), "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps}, **_thread_names(table, nodes)},
-        carry=w.carry, gaps=pieces,
+        carry=w.carry, gaps=pieces, regions=window_regions(w),
     )  # fmt: skip
     del w, c, E  # the window's columns are the largest thing held: gone before finalize allocates
     return finalize(raw)

@@ -11,10 +11,12 @@ import numpy as np
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps
+from bottleneck_oracle.graph_pipeline.regions import empty_regions
 from bottleneck_oracle.graph_pipeline.schema import (
     EDGE_COLUMNS,
     GAP_COLUMNS,
     NODE_COLUMNS,
+    REGION_COLUMNS,
     SCHEMA_VERSION,
     Category,
     EdgeKind,
@@ -40,6 +42,8 @@ class ExecutionGraph:
     meta: dict = field(default_factory=dict)
     gaps: dict[str, np.ndarray] = field(default_factory=empty_gaps)
     """The time between consecutive ops of each CPU thread, in pieces (schema.GAP_COLUMNS)."""
+    regions: dict[str, np.ndarray] = field(default_factory=empty_regions)
+    """The CPU events enclosing leaf ops, each with its range of leaf nodes (schema.REGION_COLUMNS)."""
 
     @property
     def n_nodes(self) -> int:
@@ -78,6 +82,12 @@ class ExecutionGraph:
             raise GraphError(f"gap columns are missing or of different lengths ({sorted(lengths)})")
         if len(self.gaps["node"]) and (self.gaps["node"].min() < 0 or self.gaps["node"].max() >= n):
             raise GraphError("a gap piece points outside the node table")
+        lengths = {len(self.regions.get(col, ())) for col in REGION_COLUMNS}
+        if len(lengths) != 1:
+            raise GraphError(f"region columns are missing or of different lengths ({sorted(lengths)})")
+        rg = self.regions
+        if len(rg["first"]) and (rg["first"].min() < 0 or rg["last"].max() >= n or (rg["last"] < rg["first"]).any()):
+            raise GraphError("a region points outside the node table")
         if (self.nodes["mdur"] < -1e-6).any():
             i = int(np.argmin(self.nodes["mdur"]))
             raise GraphError(f"node {self.node_name(i)!r} has a negative modelled duration")
@@ -106,6 +116,7 @@ class ExecutionGraph:
         arrays = {f"node__{k}": v for k, v in self.nodes.items()}
         arrays.update({f"edge__{k}": v for k, v in self.edges.items()})
         arrays.update({f"gap__{k}": v for k, v in self.gaps.items()})
+        arrays.update({f"region__{k}": v for k, v in self.regions.items()})
         arrays["release"] = self.release
         header = {
             "schema_version": SCHEMA_VERSION,
@@ -144,6 +155,7 @@ class ExecutionGraph:
             measured={int(k): v for k, v in header["measured"].items()},
             meta=header["meta"],
             gaps={k[5:]: v for k, v in data.items() if k.startswith("gap__")},
+            regions={k[8:]: v for k, v in data.items() if k.startswith("region__")} or empty_regions(),  # saved before regions: none
         )
         g.validate()
         return g

@@ -114,6 +114,23 @@ GAP_COLUMNS = {
 }
 
 
+# The enclosing CPU events of the leaf ops (record_function / user annotation ranges, nn.Module and
+# Python ranges, parent ops, autograd hooks): ExecutionGraph.regions, one row per event that has
+# leaves inside it. A region's leaves are the nodes first..last (a thread's leaves are consecutive
+# nodes, in time order). Rows are in (thread, start, -duration) order: an enclosed region comes
+# after the regions that enclose it.
+REGION_COLUMNS = {
+    "name": (np.int32, "index into ExecutionGraph.names"),
+    "rank": (np.int32, "rank of the process"),
+    "tid": (np.int64, "CPU thread id"),
+    "start": (np.float64, "µs from the window start"),
+    "end": (np.float64, "µs from the window start"),
+    "first": (np.int64, "the first leaf node inside it"),
+    "last": (np.int64, "the last leaf node inside it"),
+    "is_range": (np.bool_, "a range of program code (record_function, Python), not an op"),
+}
+
+
 class CollectiveKind(IntEnum):
     ALL_REDUCE = 0
     ALL_GATHER = 1
