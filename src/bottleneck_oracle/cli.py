@@ -702,12 +702,12 @@ def blame(
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
         if b.regions:
             t = TableModel(
-                "Regions taking their typical time as a whole (saving, ms)",
+                "Regions (saving if one takes its typical time, ms)",
                 [Column("#", "key"), Column("region", "name"), Column("rank", "int"), Column("saving", "ms"), Column("of step", "pct"),
-                 Column("own time", "ms"), Column("typical", "ms"), Column("typical from"), Column("ops", "int")],
+                 Column("own time", "ms"), Column("typical", "ms"), Column("typical from")],
             )  # fmt: skip
-            for k, x in enumerate(b.regions[:5], 1):
-                t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, x.nodes])
+            for k, reg in enumerate(b.regions[:5], 1):
+                t.rows.append([k, reg.name, reg.rank, reg.saving_us, reg.share, reg.dur_us, reg.typical_us, reg.typical_from])
             print_table(out, t)
         ranks = ", ".join(f"rank {x.rank} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ranks)
         out.print(f"By rank: {ranks}", highlight=False)
