@@ -126,3 +126,22 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
     marker = [i for i, n in enumerate(table.names) if n.startswith(f"oracle_inject:{kind}:")]
     rows = np.isin(table.cols["name"], marker)
     assert rows.sum() == len(injected) and set(table.cols["rank"][rows].tolist()) == {1}
+
+
+def test_a_pinned_rank_runs_on_one_core_of_its_own():
+    """The low-noise protocol's pinning: rank r gets core r modulo the cores it may use (checked in
+    a child process, so the test run itself stays unpinned)."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("this OS cannot pin processes")
+    cores = sorted(os.sched_getaffinity(0))
+    code = (
+        "import os; from bottleneck_oracle.systems.launch import pin_to_core; every = os.sched_getaffinity(0)\n"
+        "for r in range(3):\n"
+        "    os.sched_setaffinity(0, every); c = pin_to_core(r); print(c, *sorted(os.sched_getaffinity(0)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [f"{cores[r % len(cores)]} {cores[r % len(cores)]}" for r in range(3)]

@@ -44,6 +44,8 @@ class DDPRun:
     """A GPT size from model.SIZES instead of the MLP (hidden is then unused)."""
     injections: tuple[Injection, ...] = ()
     """Delays to inject, each on one rank at one step (= its ProfilerStep number)."""
+    pin: bool = False
+    """Pin each rank to a core of its own (rank modulo the cores): the low-noise recording protocol."""
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size not in SIZES:
@@ -57,7 +59,7 @@ class DDPRun:
 
 
 def _worker(rank: int, run: DDPRun, port: int) -> None:
-    with process_group(rank, run.world, port):
+    with process_group(rank, run.world, port, pin=run.pin):
         torch.manual_seed(run.seed)
         gen = torch.Generator().manual_seed(run.seed + rank)
         if run.size is None:

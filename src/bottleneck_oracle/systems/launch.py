@@ -35,9 +35,23 @@ def spawn(worker: Callable, run, nprocs: int | None = None) -> Path:
     return out
 
 
+def pin_to_core(rank: int) -> int | None:
+    """Pin this process to one of the cores it may run on (rank modulo their number), so two
+    ranks do not trade cores between steps; the core, or None where the OS cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
 @contextmanager
-def process_group(rank: int, world: int, port: int) -> Iterator[None]:
-    """A gloo process group on loopback for one worker, single-threaded ops, torn down after."""
+def process_group(rank: int, world: int, port: int, pin: bool = False) -> Iterator[None]:
+    """A gloo process group on loopback for one worker, single-threaded ops (with ``pin``, on a
+    core of its own: ``pin_to_core``), torn down after."""
+    if pin:
+        pin_to_core(rank)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
