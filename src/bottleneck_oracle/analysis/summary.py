@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.analysis.kernels import FamilyTime, Overlap, families, overlap, scope
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, UNTRACED_GAP_US, Segment, breakdown, explain, label, node_class
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
@@ -282,7 +283,17 @@ class StepAnalysis:
             "collective_matching": g.meta.get("collectives", {}),
             "warnings": [w for w in (self.untraced_warning(), self.queue_warning()) if w],
             "critical_path": self.critical_path(),
+            "kernel_families": {"scope": scope(g)[0], "families": [f.to_dict() for f in self.kernel_families()]},
+            "overlap": [o.to_dict() for o in self.overlap()],
         }
+
+    def kernel_families(self) -> list[FamilyTime]:
+        """Time per kernel family (per op family in a trace without GPU work): analysis.kernels."""
+        return families(self.graph, self.critical_time())
+
+    def overlap(self) -> list[Overlap]:
+        """Per rank, its communication time and how much of it compute hides: analysis.kernels."""
+        return overlap(self.graph)
 
     def queue_warning(self) -> str | None:
         q = self.gpu_queue()

@@ -226,7 +226,7 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: Map
                 parts.append(f"<p class='warn'>{_esc(w)}</p>")
         parts.append(timeline(a))
         parts.append(_table(tables.top_ops_table(a, top)))
-        for t in (tables.comm_table(a), tables.ranks_table(a)):
+        for t in (tables.families_table(a), tables.comm_table(a), tables.overlap_table(a), tables.ranks_table(a)):
             if t is not None:
                 parts.append(_table(t))
         s = a.straggler()

@@ -118,6 +118,31 @@ def comm_table(a: StepAnalysis) -> TableModel | None:
     return t
 
 
+def families_table(a: StepAnalysis) -> TableModel | None:
+    fams = a.kernel_families()
+    if not fams:
+        return None
+    t = TableModel(
+        "GPU time by kernel family",
+        [Column("family", "name"), Column("kernels", "int"), Column("total ms", "ms"), Column("share", "pct"), Column("critical ms", "ms")],
+    )
+    t.rows = [[f.family, f.count, f.total_us, f.share, f.critical_us] for f in fams]
+    return t
+
+
+def overlap_table(a: StepAnalysis) -> TableModel | None:
+    rows = a.overlap()
+    if not rows:
+        return None
+    t = TableModel(
+        "Communication hidden behind compute",
+        [Column("rank", "key"), Column("communication ms", "ms"), Column("overlapped ms", "ms"), Column("exposed ms", "ms"),
+         Column("overlapped", "pct")],
+    )  # fmt: skip
+    t.rows = [[o.rank, o.communication_us, o.overlapped_us, o.exposed_us, o.overlap_share] for o in rows]
+    return t
+
+
 def ranks_table(a: StepAnalysis) -> TableModel | None:
     ranks = a.ranks()
     if len(ranks) < 2:

@@ -1,0 +1,166 @@
+"""Where a step's device time goes by kernel family, and how much of its communication is hidden
+behind compute.
+
+Families are read from kernel (or, in a trace without GPU work, op) names by the first matching
+rule of FAMILIES, a documented, ordered list: communication kernels first (NCCL/RCCL/gloo names),
+then convolution before GEMM (cuDNN's convolution kernels are "implicit_gemm"), attention, GEMM,
+normalization, memory movement, reductions, element-wise math, else "other".
+
+Overlap, per rank: the time its communication runs (the union of its communication intervals),
+and how much of that time some compute of the same rank runs too; the rest is exposed
+communication, the part a faster network or better overlap can win back.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import Category, NodeType
+
+FAMILIES: tuple[tuple[str, str], ...] = (
+    ("communication", r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|sendrecv|c10d::"),
+    ("normalization", r"bn_fw|bn_bw|batch_?norm|layer_?norm|group_?norm|rms_?norm|instance_?norm"),
+    ("convolution", r"conv|cudnn|winograd|implicit_gemm|dgrad|wgrad|fprop"),
+    ("attention", r"flash|attention|attn|fmha|sdpa"),
+    ("gemm", r"gemm|matmul|cublas|cutlass|xmma|aten::(mm|addmm|bmm|baddbmm|linear)$"),
+    ("normalization", r"norm|softmax"),
+    ("memory", r"memcpy|memset|copy|aten::(cat|fill_|zero_|empty|clone|contiguous|to|_to_copy|index_select|gather|scatter)"),
+    ("reduction", r"reduce|aten::(sum|mean|max|min|amax|argmax|norm)"),
+    ("elementwise", r"elementwise|vectorized|unrolled|aten::(add|mul|sub|div|relu|gelu|silu|sigmoid|tanh|exp|pow|threshold|where|dropout)"),
+)
+_RULES = [(f, re.compile(p)) for f, p in FAMILIES]
+
+
+def family(name: str) -> str:
+    """The family of a kernel or op name (first matching rule of FAMILIES, else "other")."""
+    low = name.lower()
+    for f, rule in _RULES:
+        if rule.search(low):
+            return f
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyTime:
+    family: str
+    count: int
+    total_us: float  # summed measured durations
+    share: float  # of the summed durations of the step's kernels (ops)
+    critical_us: float  # of it on the critical path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "count": self.count, "total_us": self.total_us, "share": self.share, "critical_us": self.critical_us}
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    rank: int
+    communication_us: float  # time some communication of the rank runs (union of its intervals)
+    overlapped_us: float  # of it, time some compute of the rank runs too
+    exposed_us: float  # communication_us - overlapped_us
+
+    @property
+    def overlap_share(self) -> float:
+        return self.overlapped_us / self.communication_us if self.communication_us > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "communication_us": self.communication_us, "overlapped_us": self.overlapped_us,
+                "exposed_us": self.exposed_us, "overlap_share": self.overlap_share}  # fmt: skip
+
+
+def scope(g: ExecutionGraph) -> tuple[str, np.ndarray]:
+    """("gpu", the GPU nodes) where the step has GPU work, else ("cpu", every op node); barriers
+    (the graph's stand-ins for a collective's rendezvous) are not work."""
+    n = g.nodes
+    gpu = n["on_gpu"].astype(bool)
+    work = (n["category"] != Category.BARRIER) & (n["rank"] >= 0)
+    return ("gpu", np.flatnonzero(gpu & work)) if gpu.any() else ("cpu", np.flatnonzero(work))
+
+
+def families(g: ExecutionGraph, critical: np.ndarray) -> list[FamilyTime]:
+    """Time per kernel family of a step with GPU work (``critical``: each node's time on the
+    critical path, StepAnalysis.critical_time()), largest first; [] without GPU work."""
+    where, ids = scope(g)
+    if where != "gpu" or not len(ids):  # a CPU op's time is mostly its own time between its children, not a leaf's
+        return []
+    fam = _families_of(g, ids)
+    dur = np.asarray(g.nodes["dur"][ids], dtype=np.float64)
+    total = float(dur.sum())
+    out = []
+    for f in sorted(set(fam)):
+        m = fam == f
+        out.append(FamilyTime(f, int(m.sum()), float(dur[m].sum()), float(dur[m].sum()) / total if total > 0 else 0.0,
+                              float(np.asarray(critical, dtype=np.float64)[ids][m].sum())))  # fmt: skip
+    return sorted(out, key=lambda x: -x.total_us)
+
+
+def _families_of(g: ExecutionGraph, ids: np.ndarray) -> np.ndarray:
+    names = {int(i): g.node_name(int(i)) for i in ids}
+    fam = np.array([family(names[int(i)]) for i in ids], dtype=object)
+    fam[g.nodes["node_type"][ids] == NodeType.NETWORK] = "communication"
+    return fam
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint, sorted intervals covering the union of [starts, ends)."""
+    if not len(starts):
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.r_[True, s[1:] > reach[:-1]]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:], len(s)] - 1
+    return s[first], reach[last]
+
+
+def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Length of the intersection of two disjoint sorted interval sets."""
+    (sa, ea), (sb, eb) = a, b
+    total, i, j = 0.0, 0, 0
+    while i < len(sa) and j < len(sb):
+        lo, hi = max(float(sa[i]), float(sb[j])), min(float(ea[i]), float(eb[j]))
+        if hi > lo:
+            total += hi - lo
+        if ea[i] < eb[j]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap(g: ExecutionGraph) -> list[Overlap]:
+    """Per rank with communication in scope: its communication time, and how much of it runs
+    beside compute of the same rank: its kernels but communication and memory movement (on a
+    CPU-only trace: its leaf ops and ops' own time between their children)."""
+    where, ids = scope(g)
+    if not len(ids):
+        return []
+    fam = _families_of(g, ids)
+    n = g.nodes
+    start = np.asarray(n["start"][ids], dtype=np.float64)
+    end = start + np.asarray(n["dur"][ids], dtype=np.float64)
+    rank = n["rank"][ids]
+    comm = fam == "communication"
+    compute = ~comm & (fam != "memory")
+    if where == "cpu":  # CPU compute is mostly ops' own time between their children: the gap pieces an op owns
+        gp = g.gaps
+        own = gp["owner_op"].astype(bool) & (n["rank"][gp["node"]] >= 0)
+        k = int(own.sum())
+        start = np.r_[start, gp["start"][own]]
+        end = np.r_[end, gp["end"][own]]
+        rank = np.r_[rank, n["rank"][gp["node"][own]]]
+        comm, compute = np.r_[comm, np.zeros(k, bool)], np.r_[compute, np.ones(k, bool)]
+    out = []
+    for r in sorted({int(x) for x in rank[comm]}):
+        mine = rank == r
+        c = _union(start[comm & mine], end[comm & mine])
+        busy = float((c[1] - c[0]).sum())
+        hidden = _intersection(c, _union(start[compute & mine], end[compute & mine]))
+        out.append(Overlap(r, busy, float(hidden), float(busy - hidden)))
+    return out
