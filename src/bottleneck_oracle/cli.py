@@ -670,7 +670,7 @@ def blame(
     if as_json:
         _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": [r.to_dict() for r in rows]})
         return
-    from bottleneck_oracle.report.tables import Column, TableModel
+    from bottleneck_oracle.report.tables import Column, TableModel, regions_table
     from bottleneck_oracle.report.terminal import print_table
 
     if len(rows) > MAX_STEP_DETAILS:  # a long run: the steps with the most to explain, not thousands of tables
@@ -700,15 +700,9 @@ def blame(
         slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"
                          for x in b.anomalies[:5])  # fmt: skip
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
-        if b.regions:
-            t = TableModel(
-                "Regions (saving if one takes its typical time, ms)",
-                [Column("#", "key"), Column("region", "name"), Column("rank", "int"), Column("saving", "ms"), Column("of step", "pct"),
-                 Column("own time", "ms"), Column("typical", "ms"), Column("typical from")],
-            )  # fmt: skip
-            for k, reg in enumerate(b.regions[:5], 1):
-                t.rows.append([k, reg.name, reg.rank, reg.saving_us, reg.share, reg.dur_us, reg.typical_us, reg.typical_from])
-            print_table(out, t)
+        regions = regions_table(b, 5)
+        if regions is not None:
+            print_table(out, regions)
         ranks = ", ".join(f"rank {x.rank} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ranks)
         out.print(f"By rank: {ranks}", highlight=False)
         ops = "; ".join(f"{shorten(x.name, 50)} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ops[:5])

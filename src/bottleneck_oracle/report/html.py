@@ -164,13 +164,9 @@ def _extras(x: StepAdvice) -> list[str]:
         t = TableModel("Ranks", [tables.Column("rank", "key"), tables.Column("saving (ms)", "ms"), tables.Column("share", "pct")])
         t.rows = [[r.rank, r.saving_us, r.share] for r in b.ranks]
         parts.append(_table(t))
-    if b.regions:
-        t = TableModel("Regions (ranges, modules, parent ops) taking their typical time as a whole",
-                       [tables.Column("region", "name"), tables.Column("rank", "int"), tables.Column("own time (ms)", "ms"),
-                        tables.Column("typical (ms)", "ms"), tables.Column("typical from"), tables.Column("saving (ms)", "ms"),
-                        tables.Column("of the step", "pct"), tables.Column("ops", "int")])  # fmt: skip
-        t.rows = [[r.name, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes] for r in b.regions[:10]]
-        parts.append(_table(t))
+    regions = tables.regions_table(b, 10)
+    if regions is not None:
+        parts.append(_table(regions))
     a = x.advice
     parts.append(f"<h3>Advice ({_esc(a.generator)}; every suggestion replayed)</h3>")
     if not a.suggestions:

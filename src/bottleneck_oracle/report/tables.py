@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bottleneck_oracle.analysis.blame import Blame
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
@@ -140,6 +141,19 @@ def overlap_table(a: StepAnalysis) -> TableModel | None:
          Column("overlapped", "pct")],
     )  # fmt: skip
     t.rows = [[o.rank, o.communication_us, o.overlapped_us, o.exposed_us, o.overlap_share] for o in rows]
+    return t
+
+
+def regions_table(b: Blame, k: int) -> TableModel | None:
+    """Blame's ``k`` most specific regions (terminal ``blame`` and the HTML report)."""
+    if not b.regions:
+        return None
+    t = TableModel(
+        "Regions (ranges, modules, parent ops) taking their typical time as a whole",
+        [Column("region", "name"), Column("rank", "int"), Column("own time (ms)", "ms"), Column("typical (ms)", "ms"), Column("typical from"),
+         Column("saving (ms)", "ms"), Column("of the step", "pct"), Column("ops", "int")],
+    )  # fmt: skip
+    t.rows = [[r.name, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes] for r in b.regions[:k]]
     return t
 
 
