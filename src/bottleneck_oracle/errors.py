@@ -29,5 +29,11 @@ class ConfigError(OracleError):
     """A configuration file or value is wrong."""
 
 
+def first_line(exc: BaseException, width: int = 120) -> str:
+    """The first line of an exception's message, at most ``width`` characters ('' if it has none):
+    what a one-line error quotes of a library's own error."""
+    return (str(exc).splitlines() or [""])[0][:width]
+
+
 class OracleWarning(UserWarning):
     """A partial or unusual input: the analysis goes on with what could be used."""

@@ -4,6 +4,7 @@ config would otherwise block forever, a binary file raise a decoding traceback).
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def read_jsonl(path: str | Path, what: str, required: tuple[str, ...], remedy: s
     """The rows of a JSON-lines file (a run manifest, a dataset index), each an object holding the
     ``required`` keys; a line that is not one is an OracleError naming the file, the line and the
     ``remedy``, not a KeyError later."""
-    import json
-
     rows = []
     for n, line in enumerate(read_text(path, what, MAX_JSONL_BYTES).splitlines(), 1):
         if not line.strip():

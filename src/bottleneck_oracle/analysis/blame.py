@@ -58,6 +58,7 @@ from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, Ed
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
 MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-run noise: ranked as none
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
+TYPICAL_FROM = ("none", "peer ranks", "reference steps")  # where a typical value came from, by _typical's source code
 REGION_REPLAYS = 20  # regions replayed per step: the ones most slower than typical
 REGION_NESTED_SHARE = 0.9  # a region enclosing one that saves at least this share of its saving is not reported
 
@@ -85,22 +86,27 @@ class KeyMemo:
             hit = cache[id(g)] = (g, fn(g))
         return hit[1]
 
-    def get(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
-        hit = self.graphs.get(id(g))
+    @staticmethod
+    def _memo(
+        g: ExecutionGraph,
+        graphs: dict[int, tuple[ExecutionGraph, list[NodeKey], np.ndarray]],
+        ids: dict[NodeKey, int],
+        keys_of: Callable[[ExecutionGraph], list[NodeKey]],
+    ) -> tuple[list[NodeKey], np.ndarray]:
+        """``keys_of(g)`` and their integer ids in ``ids``, computed once per graph (``graphs``)."""
+        hit = graphs.get(id(g))
         if hit is None or hit[0] is not g:
-            keys = _node_keys(g)
-            ids = np.array([self.ids.setdefault(k, len(self.ids)) for k in keys], dtype=np.int64)
-            hit = self.graphs[id(g)] = (g, keys, ids)
+            keys = keys_of(g)
+            hit = graphs[id(g)] = (g, keys, np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64))
         return hit[1], hit[2]
+
+    def get(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
+        """The node keys of ``g`` (_node_keys) and their integer ids, computed once per graph."""
+        return self._memo(g, self.graphs, self.ids, _node_keys)
 
     def regions(self, g: ExecutionGraph) -> tuple[list[NodeKey], np.ndarray]:
         """The region keys of ``g`` (_region_keys) and their integer ids, computed once per graph."""
-        hit = self.region_graphs.get(id(g))
-        if hit is None or hit[0] is not g:
-            keys = _region_keys(g)
-            ids = np.array([self.region_ids.setdefault(k, len(self.region_ids)) for k in keys], dtype=np.int64)
-            hit = self.region_graphs[id(g)] = (g, keys, ids)
-        return hit[1], hit[2]
+        return self._memo(g, self.region_graphs, self.region_ids, _region_keys)
 
 
 def _keys(g: ExecutionGraph, memo: KeyMemo | None = None) -> list[NodeKey]:
@@ -467,17 +473,16 @@ def blame(
     everything = run_cpm(g, restored, restored_w, restored_rel).makespan
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
-    src_names = ("none", "peer ranks", "reference steps")
 
     def entry(sav: float, kind: str, i: int) -> Culprit:
         if kind == "op":
-            return Culprit(i, "op", g.node_name(i), int(n["rank"][i]), float(d[i]), float(typical[i]), src_names[source[i]], float(noise[i]),
+            return Culprit(i, "op", g.node_name(i), int(n["rank"][i]), float(d[i]), float(typical[i]), TYPICAL_FROM[source[i]], float(noise[i]),
                            sav, float(sav / total), float(base.slack[i]))  # fmt: skip
         if kind == "lead":
-            return Culprit(i, "gap", _lead_name(g, i), int(n["rank"][i]), float(lead[i]), float(lead_typical[i]), src_names[lead_source[i]],
+            return Culprit(i, "gap", _lead_name(g, i), int(n["rank"][i]), float(lead[i]), float(lead_typical[i]), TYPICAL_FROM[lead_source[i]],
                            float(lead_noise[i]), sav, float(sav / total), float(base.slack[i]))  # fmt: skip
         return Culprit(i, "gap", f"untraced time after {g.node_name(i)}", int(n["rank"][i]), float(gap_w[i]), float(gap_typical[i]),
-                       src_names[gap_source[i]], float(gap_noise[i]), sav, float(sav / total), float(base.slack[i]), edge=int(gap[i]))  # fmt: skip
+                       TYPICAL_FROM[gap_source[i]], float(gap_noise[i]), sav, float(sav / total), float(base.slack[i]), edge=int(gap[i]))  # fmt: skip
 
     out.nodes = [entry(sav, kind, i) for sav, _, kind, i in items[:top]]
     out.anomalies = [entry(sav, kind, i) for sav, _, kind, i in sorted(items, key=lambda x: (-x[1], -x[0]))[:top]]
@@ -627,7 +632,6 @@ def region_blame(
         if not any(saving[k] >= REGION_NESTED_SHARE * saving[j] for k in inner_ones):
             specific.append(j)
     specific.sort(key=lambda j: (-saving[j], -excess[j]))
-    src_names = ("none", "peer ranks", "reference steps")
     return [
         Region(
             int(rg["rank"][j]),
@@ -638,7 +642,7 @@ def region_blame(
             float(rg["end"][j] - rg["start"][j]),
             float(rt[j]),
             float(typical[j]),
-            src_names[source[j]],
+            TYPICAL_FROM[source[j]],
             float(noise[j]),
             saving[j],
             saving[j] / base.makespan if base.makespan > 0 else 0.0,

@@ -13,6 +13,7 @@ communication, the part a faster network or better overlap can win back.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
 _RULES = [(f, re.compile(p)) for f, p in FAMILIES]
 
 
+@functools.lru_cache(maxsize=1 << 16)  # kernel names repeat in every step: classify each once
 def family(name: str) -> str:
     """The family of a kernel or op name (first matching rule of FAMILIES, else "other")."""
     low = name.lower()
@@ -100,8 +102,7 @@ def families(g: ExecutionGraph, critical: np.ndarray) -> list[FamilyTime]:
 
 
 def _families_of(g: ExecutionGraph, ids: np.ndarray) -> np.ndarray:
-    names = {int(i): g.node_name(int(i)) for i in ids}
-    fam = np.array([family(names[int(i)]) for i in ids], dtype=object)
+    fam = np.array([family(g.node_name(int(i))) for i in ids], dtype=object)
     fam[g.nodes["node_type"][ids] == NodeType.NETWORK] = "communication"
     return fam
 

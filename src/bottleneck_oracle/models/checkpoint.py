@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle.atomic import atomic_path
-from bottleneck_oracle.errors import OracleError
-from bottleneck_oracle.models.gat_numpy import GATConfig
+from bottleneck_oracle.errors import OracleError, first_line
+from bottleneck_oracle.models.gat_numpy import GRAPH_COLUMNS, GATConfig
 from bottleneck_oracle.models.hetero import COMPUTE_COLUMNS, FEATURE_VERSION, NETWORK_COLUMNS, feature_schema
 
 FORMAT = "bottleneck-oracle/checkpoint"
@@ -61,8 +61,7 @@ def safe_load(path: Path, what: str) -> object:
     except FileNotFoundError:
         raise OracleError(f"{path}: {what} not found") from None
     except Exception as exc:  # noqa: BLE001 - foreign or corrupt files
-        first = (str(exc).splitlines() or [""])[0][:120]
-        raise OracleError(f"{path}: not a readable {what} ({exc.__class__.__name__}: {first})") from None
+        raise OracleError(f"{path}: not a readable {what} ({exc.__class__.__name__}: {first_line(exc)})") from None
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -121,7 +120,7 @@ def _check_models(path: Path, ckpt: dict) -> None:
         try:
             cfg = GATConfig.from_dict(entry["config"])
         except (TypeError, ValueError) as exc:
-            raise OracleError(f"{where}: bad config ({str(exc).splitlines()[0][:160]})") from None
+            raise OracleError(f"{where}: bad config ({first_line(exc, 160)})") from None
         dims = [d for _, d in cfg.in_dims]
         if (
             not 0 < cfg.hidden <= MAX_HIDDEN
@@ -136,7 +135,7 @@ def _check_models(path: Path, ckpt: dict) -> None:
             )
     ranges = ckpt.get("feature_ranges")
     if ranges is not None:
-        width = {"compute": len(COMPUTE_COLUMNS), "network": len(NETWORK_COLUMNS), "graph": 4}
+        width = {"compute": len(COMPUTE_COLUMNS), "network": len(NETWORK_COLUMNS), "graph": len(GRAPH_COLUMNS)}
         if not isinstance(ranges, dict) or not all(
             t in width and hasattr(r, "shape") and tuple(r.shape) == (2, width[t]) for t, r in ranges.items()
         ):
@@ -241,8 +240,7 @@ def _read_companion(path: Path, source: Path | None = None) -> dict | None:
                 raise TypeError(f"{name} holds objects")
             arrays[name] = blob[offset : offset + dt.itemsize * int(np.prod(shape, dtype=np.int64))].view(dt).reshape(shape)
     except Exception as exc:  # not a zip, a missing array, an object array (refused without pickle), bad JSON or index
-        first = (str(exc).splitlines() or [""])[0][:120]
-        raise OracleError(f"{path}: not a readable inference file ({exc.__class__.__name__}: {first})") from None
+        raise OracleError(f"{path}: not a readable inference file ({exc.__class__.__name__}: {first_line(exc)})") from None
     if not isinstance(meta, dict) or meta.get("companion_format") != COMPANION_FORMAT:
         raise OracleError(f"{path}: not a BottleneckOracle inference file")
     if source is not None and meta.get("source_sha256") != _sha256(source):

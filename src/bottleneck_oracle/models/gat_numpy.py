@@ -76,6 +76,9 @@ def edge_types(variant: str) -> list[tuple[str, str, str]]:
     return types
 
 
+GRAPH_COLUMNS = ("log_ref_step_ms", "edit_share", "log_replay_ratio", "log_formula_ratio")  # graph_features, in order
+
+
 def graph_features(ref: float, edit: float, replay: float, formula: float) -> np.ndarray:
     """The graph-level inputs every learned model gets (float32, shape [4]): log(reference step
     ms), the edit's size / reference step, log of the replay's and the formula's ratio to the

@@ -20,7 +20,7 @@ from bottleneck_oracle.analysis.whatif import with_durations
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.models.gat_numpy import GATConfig, NumpyGAT, graph_inputs_of, model_inputs
+from bottleneck_oracle.models.gat_numpy import GRAPH_COLUMNS, GATConfig, NumpyGAT, graph_inputs_of, model_inputs
 from bottleneck_oracle.models.hetero import GraphArrays, graph_arrays
 
 PRETRAINED = "pretrained.pt"
@@ -128,7 +128,7 @@ class Predictor:
         columns = {
             "compute": COMPUTE_COLUMNS,
             "network": NETWORK_COLUMNS,
-            "graph": ["log_ref_step_ms", "edit_share", "log_replay_ratio", "log_formula_ratio"],
+            "graph": GRAPH_COLUMNS,
         }
         for t, cols in columns.items():
             if t not in ranges:

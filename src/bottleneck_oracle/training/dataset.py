@@ -23,7 +23,7 @@ from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
 from bottleneck_oracle.analysis.whatif import main_thread, thread_chain, with_durations
 from bottleneck_oracle.atomic import atomic_path
-from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.errors import OracleError, first_line
 from bottleneck_oracle.files import read_jsonl
 from bottleneck_oracle.graph_pipeline.builder import build_graphs
 from bottleneck_oracle.graph_pipeline.events import load_events
@@ -184,7 +184,6 @@ def load_sample(path: str | Path):
     try:
         data = from_tensors(tensors)
     except Exception as exc:  # noqa: BLE001 - PyG's validation raises several types for a damaged sample
-        first = (str(exc).splitlines() or [""])[0][:120]
-        raise OracleError(f"{path}: not a dataset sample ({first}; rebuild the dataset with `build-dataset`)") from None
+        raise OracleError(f"{path}: not a dataset sample ({first_line(exc)}; rebuild the dataset with `build-dataset`)") from None
     data.culprit = culprit
     return data
