@@ -30,6 +30,11 @@ from conftest import PUBLIC, REAL, SAMPLE, cached_analyses
         ("Memcpy HtoD (Pageable -> Device)", "memory"),
         ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", "attention"),
         ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>(float*, float const*, int)", "normalization"),
+        ("igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt64x128x32_wt32x32x8_ws1x1_wr2x1_ta1x8x1x1_1x", "convolution"),  # MIOpen (mi300 trace)
+        ("_ZN2ck16tensor_operation6device37kernel_batched_gemm_xdlops_bwd_weightINS_47Grid", "convolution"),  # CK conv weight gradient
+        ("Cijk_Ailk_Bljk_BBS_BH_MT32x32x64_MI16x16x16x1_SN_1LDSB0_APM1_ABV0_ACED", "gemm"),  # rocBLAS / Tensile
+        ("batched_transpose_16x32_half", "memory"),
+        ("SubTensorOpWithScalar1d", "elementwise"),
         ("some_custom_kernel", "other"),
     ],
 )

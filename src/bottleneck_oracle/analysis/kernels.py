@@ -26,13 +26,16 @@ from bottleneck_oracle.graph_pipeline.schema import Category, NodeType
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|sendrecv|c10d::"),
     ("normalization", r"bn_fw|bn_bw|batch_?norm|layer_?norm|group_?norm|rms_?norm|instance_?norm"),
-    ("convolution", r"conv|cudnn|winograd|implicit_gemm|dgrad|wgrad|fprop"),
+    ("convolution", r"conv|cudnn|winograd|implicit_gemm|dgrad|wgrad|fprop|miopen|igemm_(fwd|bwd|wrw)|gemm_xdlops_bwd_weight"),
     ("attention", r"flash|attention|attn|fmha|sdpa"),
-    ("gemm", r"gemm|matmul|cublas|cutlass|xmma|aten::(mm|addmm|bmm|baddbmm|linear)$"),
+    ("gemm", r"gemm|matmul|cublas|cutlass|xmma|^cijk_|aten::(mm|addmm|bmm|baddbmm|linear)$"),
     ("normalization", r"norm|softmax"),
-    ("memory", r"memcpy|memset|copy|aten::(cat|fill_|zero_|empty|clone|contiguous|to|_to_copy|index_select|gather|scatter)"),
+    ("memory", r"memcpy|memset|copy|transpose|aten::(cat|fill_|zero_|empty|clone|contiguous|to|_to_copy|index_select|gather|scatter)"),
     ("reduction", r"reduce|aten::(sum|mean|max|min|amax|argmax|norm)"),
-    ("elementwise", r"elementwise|vectorized|unrolled|aten::(add|mul|sub|div|relu|gelu|silu|sigmoid|tanh|exp|pow|threshold|where|dropout)"),
+    (
+        "elementwise",
+        r"elementwise|vectorized|unrolled|tensorop|aten::(add|mul|sub|div|relu|gelu|silu|sigmoid|tanh|exp|pow|threshold|where|dropout)",
+    ),
 )
 _RULES = [(f, re.compile(p)) for f, p in FAMILIES]
 
