@@ -18,7 +18,7 @@ def test_the_injected_op_is_found_on_a_dp_run(generated_grid):
     injected = [r for r in rows if r["run_id"] == run.name and r["injection"]]
     _, graphs = build(run)
     by_step = {g.step: g for g in graphs}
-    first = []
+    first, savings = [], []
     for r in injected:
         g = by_step[r["step"]]
         culprit = {
@@ -28,7 +28,9 @@ def test_the_injected_op_is_found_on_a_dp_run(generated_grid):
         b = blame(g, refs, top=3)
         found = [x for x in b.nodes if x.id in culprit]
         assert found, (r["step"], b.nodes)  # among the first three
-        assert found[0].saving_us > 0.5 * r["injection"]["delay_ms"] * 1000
+        # never more than the op itself lasted; most of the delay in the typical step (below)
+        assert 0 < found[0].saving_us <= found[0].dur_us + 1, found[0]
+        savings.append(found[0].saving_us / (r["injection"]["delay_ms"] * 1000))
         first.append(b.nodes[0].id in culprit)
         # an op no other rank runs deviates by its whole duration
         assert largest_rank_deviation(g, 1)[0] in culprit
@@ -36,6 +38,10 @@ def test_the_injected_op_is_found_on_a_dp_run(generated_grid):
     # first in most steps: on a loaded machine another op can really stall as long as the injection
     # (a CPU hog preempting it: aten::gelu_backward 12.6 ms instead of 0.18 ms), and blame names it too
     assert sum(first) >= 0.6 * len(first), first
+    # the peer waits for the injected rank at the all-reduce, so removing the delay saves most of it;
+    # on a loaded machine the peer can itself be preempted in one step and wait less (a CI run saw
+    # 8.6 ms of 20), hence the median over the injected steps
+    assert np.median(savings) > 0.5, savings
 
 
 def test_pipeline_stages_are_not_peers_and_the_injection_is_found(generated_grid):
