@@ -436,15 +436,56 @@ def generate(
     out_dir: Path = typer.Option(
         None, "--out", "-o", metavar="PATH", help="Folder for the runs and manifest.jsonl (default: paths.raw of the config)."
     ),
+    paired: bool = typer.Option(
+        False,
+        "--paired",
+        help="Record paired conditions instead: a slowdown in every step of a block between clean blocks (DP and PP layouts).",
+    ),
+    block: int = typer.Option(12, "--block", min=4, metavar="N", help="--paired: profiled steps per block (the first of each is dropped)."),
+    bound: float = typer.Option(
+        0.05, "--bound", min=0.0, metavar="FRACTION", help="--paired: re-record a launch whose clean blocks differ by more than this."
+    ),
+    retries: int = typer.Option(1, "--retries", min=0, metavar="N", help="--paired: re-recordings of a launch above the bound, at most."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
-    """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped)."""
+    """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped).
+
+    With --paired: persistent conditions (stall, extra compute, slow collective, slow rank; every
+    rank and delay of the grid) each in a block of steps between two clean blocks of the same
+    launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
+    floor of its launch."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bottleneck_oracle.systems.generate import generate as run_grid
 
     cfg = _config(config)
     target = out_dir or Path(cfg.paths.raw)
+    if paired:
+        from bottleneck_oracle.systems.paired import default_launches, generate_paired
+
+        layouts = [x for x in cfg.grid.layouts if x.startswith(("dp2", "pp2"))]
+        if not layouts:
+            raise OracleError(f"{config}: --paired records dp2 and pp2 layouts; grid.layouts has none of them ({cfg.grid.layouts})")
+        launches = default_launches(cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, batch=cfg.grid.batch, seed=cfg.grid.seed)
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=as_json
+        ) as bar:
+            task = bar.add_task("launches", total=len(launches))
+
+            def advance(launch_id: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, description=launch_id or "done")
+
+            summary = generate_paired(launches, target, bound=bound, retries=retries, progress=advance)
+        if as_json:
+            _print_json(summary)
+        else:
+            out.print(
+                f"{summary['recorded']} launches recorded, {summary['skipped']} already done; {summary['conditions']} conditions in "
+                f"{summary['manifest']}; noise floor: clean blocks' spread {100 * (summary['median_clean_spread'] or 0):.1f}%, "
+                f"clean vs clean {100 * (summary['median_clean_vs_clean'] or 0):.1f}% (medians); {summary['noisy_launches']} launches above the bound",
+                highlight=False,
+            )
+        return
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=as_json
     ) as bar:

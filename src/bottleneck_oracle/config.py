@@ -14,7 +14,7 @@ from bottleneck_oracle.files import read_text
 # Names the config validates against, defined here so that reading a config needs neither torch
 # nor PyG; the modules that implement them import these (systems.model.SIZES has one GPT per size).
 MODEL_SIZES = ("tiny", "small", "medium")
-INJECTION_KINDS = ("module", "phase", "collective", "rank")
+INJECTION_KINDS = ("module", "phase", "collective", "rank", "compute")
 GAT_VARIANTS = ("bidirectional", "directed", "correction")
 
 

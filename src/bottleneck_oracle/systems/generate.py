@@ -63,7 +63,7 @@ def injections_for(cell: dict, grid: GridConfig, seed: int) -> tuple[Injection, 
         rank = rng.randrange(world)
         delay = rng.choice(grid.delays_ms)
         kind = cell["kind"]
-        if kind == "module":
+        if kind in ("module", "compute"):
             if cell["layout"].startswith("pp"):  # the layers a stage holds
                 lo, hi = rank * layers // world, (rank + 1) * layers // world
                 layer = rng.randrange(lo, hi)

@@ -3,7 +3,9 @@
 An ``Injection`` slows one thing on one rank at one step: a module (by name pattern, e.g.
 ``layers.1.mlp``: after its forward), a phase (``forward`` / ``backward`` / ``optimizer``: at its
 start), a collective (DDP's gradient all-reduce: before it is issued), or the whole rank (at the
-start of the step). The amount is ``delay_ms``, or for a module ``factor`` times its own forward
+start of the step); ``compute`` adds real work instead of a sleep after a module's forward: small
+matmul + tanh pairs, as many as take ``delay_ms`` on this rank when nothing else runs (timed once
+per process), the "many small ops" kind of slowdown no single op explains. The amount is ``delay_ms``, or for a module ``factor`` times its own forward
 time. On CPU the delay is a sleep; on a CUDA module it is a device-side sleep, so the GPU is
 delayed, not only the launch. Every injection runs inside a ``oracle_inject:<what>`` profiler
 range, so the culprit is visible in the trace, and is written to
@@ -35,13 +37,13 @@ PHASES = ("forward", "backward", "optimizer")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Injection:
     kind: str
-    """module | phase | collective | rank"""
+    """module | phase | collective | rank | compute"""
     rank: int
     """The rank that is slowed."""
     step: int
     """The training step (= its ProfilerStep number) that is slowed."""
     target: str = ""
-    """Module name pattern (fnmatch) for kind=module, a phase name for kind=phase."""
+    """Module name pattern (fnmatch) for kind=module and kind=compute, a phase name for kind=phase."""
     delay_ms: float = 0.0
     """Added time, ms."""
     factor: float = 1.0
@@ -52,8 +54,8 @@ class Injection:
             raise ValueError(f"kind must be one of {KINDS} (found {self.kind!r})")
         if self.kind == "phase" and self.target not in PHASES:
             raise ValueError(f"target of a phase injection must be one of {PHASES} (found {self.target!r})")
-        if self.kind == "module" and not self.target:
-            raise ValueError("a module injection needs a target pattern, e.g. 'layers.1.mlp'")
+        if self.kind in ("module", "compute") and not self.target:
+            raise ValueError(f"a {self.kind} injection needs a target pattern, e.g. 'layers.1.mlp'")
         if self.delay_ms < 0 or self.factor < 1:
             raise ValueError(f"delay_ms must be >= 0 and factor >= 1 (found {self.delay_ms}, {self.factor})")
         if self.delay_ms == 0 and self.factor == 1:
@@ -70,6 +72,27 @@ def _delay(seconds: float, like: torch.Tensor | None) -> None:
 
 
 _CYCLES: dict[str, float] = {}
+PAIR = 64  # side of the square matrices of the extra compute's matmul + tanh pairs
+
+
+def _pair_seconds() -> float:
+    """Seconds one matmul + tanh pair takes here (median of 5 timings of 50 pairs, after a warm-up)."""
+    a, w = torch.randn(PAIR, PAIR), torch.randn(PAIR, PAIR) / PAIR
+    for _ in range(20):
+        a = torch.tanh(a @ w)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(50):
+            a = torch.tanh(a @ w)
+        times.append((time.perf_counter() - t0) / 50)
+    return sorted(times)[2]
+
+
+def _compute(pairs: int) -> None:
+    a, w = torch.ones(PAIR, PAIR), torch.full((PAIR, PAIR), 1.0 / PAIR)
+    for _ in range(pairs):
+        a = torch.tanh(a @ w)
 
 
 def _cycles_per_second(device: torch.device) -> float:
@@ -99,21 +122,27 @@ class Injector:
         self.step = -1
         self.records: list[dict] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._pair_s = _pair_seconds() if any(i.kind == "compute" for i in self.mine) else 0.0
 
     def _due(self, kind: str, target: str = "") -> list[Injection]:
         return [i for i in self.mine if i.step == self.step and i.kind == kind and (not target or fnmatch.fnmatchcase(target, i.target))]
 
     def _apply(self, inj: Injection, seconds: float, where: str, like: torch.Tensor | None = None) -> None:
         start = time.perf_counter()
+        extra: dict = {}
         with record_function(f"oracle_inject:{inj.kind}:{where}"):
-            _delay(seconds, like)
+            if inj.kind == "compute":
+                extra["pairs"] = max(1, round(seconds / self._pair_s))
+                _compute(extra["pairs"])
+            else:
+                _delay(seconds, like)
         if like is not None and like.is_cuda:
             torch.cuda.synchronize(like.device)
-        self.records.append({**asdict(inj), "where": where, "slept_ms": 1000 * (time.perf_counter() - start)})
+        self.records.append({**asdict(inj), "where": where, "slept_ms": 1000 * (time.perf_counter() - start), **extra})
 
     def attach(self, model: nn.Module) -> None:
         """Hooks on every module that a module injection of this rank names."""
-        patterns = {i.target for i in self.mine if i.kind == "module"}
+        patterns = {i.target for i in self.mine if i.kind in ("module", "compute")}
         for name, module in model.named_modules():
             name = name.removeprefix("module.")  # DDP wraps the model as .module
             if any(fnmatch.fnmatchcase(name, p) for p in patterns):
@@ -128,8 +157,8 @@ class Injector:
 
     def _post(self, name: str) -> Callable:
         def hook(module, args, output):
-            for inj in self._due("module", name):
-                own = time.perf_counter() - getattr(module, "_oracle_t0", time.perf_counter())
+            own = time.perf_counter() - getattr(module, "_oracle_t0", time.perf_counter())
+            for inj in self._due("module", name) + self._due("compute", name):
                 seconds = inj.delay_ms / 1000 + (inj.factor - 1) * own
                 self._apply(inj, seconds, name, output if isinstance(output, torch.Tensor) else None)
 

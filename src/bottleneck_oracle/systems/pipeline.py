@@ -47,6 +47,8 @@ class PipelineRun:
     steps: int = 3
     seed: int = 0
     injections: tuple[Injection, ...] = ()
+    pin: bool = False
+    """Pin each rank to a core of its own (rank modulo the cores): the low-noise recording protocol."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -145,7 +147,7 @@ def _train_step(stage: Stage, rank: int, world: int, run: PipelineRun, data, sha
 
 
 def _worker(rank: int, run: PipelineRun, port: int) -> None:
-    with process_group(rank, run.world * run.dp, port):
+    with process_group(rank, run.world * run.dp, port, pin=run.pin):
         stage_rank, replica = rank % run.world, rank // run.world
         # one gradient all-reduce group per stage, over its replicas (every rank creates every group)
         groups = [dist.new_group([r * run.world + s for r in range(run.dp)]) for s in range(run.world)] if run.dp > 1 else None

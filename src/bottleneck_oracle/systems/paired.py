@@ -1,0 +1,243 @@
+"""Paired conditions: a slowdown in every step of a block, measured against clean blocks around it.
+
+The ground truth that what-if and blame are checked against. A launch runs blocks of ``block``
+profiled steps, interleaved: clean, condition 1, clean, condition 2, ..., clean; every rank pinned
+to a core of its own with one thread (``launch.pin_to_core``), the warm-up step discarded, and the
+first step of every block too (where the job changes from one condition to the next). A
+condition is a slowdown on one rank in every step of its block:
+
+- ``stall``: a sleep after a module's forward (a hook that blocks, a slow data fetch in a module);
+- ``compute``: real extra work after a module's forward, small matmul + tanh pairs (many small
+  ops, no single one of which explains the slowdown);
+- ``collective``: a sleep before DDP's gradient all-reduce is issued (DP layouts only);
+- ``rank``: a sleep at the start of the step (a slow rank).
+
+In a pipeline, module slowdowns run once per micro-batch, so each call gets ``delay_ms /
+microbatches`` and the step carries ``delay_ms`` in all.
+
+Measured (``conditions.jsonl`` in the launch folder, one line per condition): the step time of a
+step is the slowest rank's ``ProfilerStep`` span; a block's time is the median of its steps; a
+condition's measured saving (what removing it saves) is its block's time minus the mean of the
+two clean blocks around it. The noise floor: each clean block's robust relative spread (1.4826 x
+MAD / median) and the clean-vs-clean difference of the two clean neighbours of each condition
+(|after - before| / before). A launch whose median clean-vs-clean difference is above ``bound`` is
+recorded again, at most ``retries`` times; its rows say ``noisy: true`` if it still was.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.graph_pipeline.events import load_events
+from bottleneck_oracle.systems.ddp import DDPRun
+from bottleneck_oracle.systems.ddp import record as record_ddp
+from bottleneck_oracle.systems.inject import Injection
+from bottleneck_oracle.systems.model import SIZES
+from bottleneck_oracle.systems.pipeline import PipelineRun
+from bottleneck_oracle.systems.pipeline import record as record_pipeline
+
+KINDS = ("stall", "compute", "collective", "rank")
+CONDITIONS = "conditions.jsonl"
+PAIRED = "paired.jsonl"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Condition:
+    kind: str
+    """stall | compute | collective | rank"""
+    rank: int
+    delay_ms: float
+    """Added time per step, ms."""
+    target: str = ""
+    """The module of a stall or compute condition (e.g. ``layers.0.mlp``)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS} (found {self.kind!r})")
+        if self.kind in ("stall", "compute") and not self.target:
+            raise ValueError(f"a {self.kind} condition needs a target module")
+        if not self.delay_ms > 0:
+            raise ValueError(f"delay_ms must be > 0 (found {self.delay_ms})")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launch:
+    """One launch of paired conditions."""
+
+    launch_id: str
+    layout: str
+    """dp2 or pp2-1f1b / pp2-afab (world 2)."""
+    size: str
+    conditions: tuple[Condition, ...]
+    block: int = 8
+    batch: int = 4
+    microbatches: int = 4
+    seed: int = 0
+
+    @property
+    def world(self) -> int:
+        return int(self.layout[2])
+
+    @property
+    def steps(self) -> int:
+        return self.block * (2 * len(self.conditions) + 1)
+
+    def block_steps(self, b: int) -> list[int]:
+        """Profiled steps of block ``b`` (0: the first clean block; 2k+1: condition k)."""
+        return list(range(1 + b * self.block, 1 + (b + 1) * self.block))
+
+    def injections(self) -> tuple[Injection, ...]:
+        per_call = self.microbatches if self.layout.startswith("pp") else 1
+        kind = {"stall": "module", "compute": "compute", "collective": "collective", "rank": "rank"}
+        out = []
+        for k, c in enumerate(self.conditions):
+            delay = c.delay_ms / per_call if c.kind in ("stall", "compute") else c.delay_ms
+            for step in self.block_steps(2 * k + 1):
+                out.append(Injection(kind=kind[c.kind], target=c.target, rank=c.rank, step=step, delay_ms=delay))
+        return tuple(out)
+
+
+def stage_layers(layout: str, size: str, rank: int) -> range:
+    """The layers a rank runs: all of them under DP, its stage's under PP."""
+    n = SIZES[size].layers
+    if layout.startswith("pp"):
+        world = int(layout[2])
+        return range(rank * n // world, (rank + 1) * n // world)
+    return range(n)
+
+
+def default_launches(
+    sizes: list[str], layouts: list[str], delays_ms: list[float], per_launch: int = 8, block: int = 8, batch: int = 4, seed: int = 0
+) -> list[Launch]:
+    """Every kind x rank x delay on every size x layout, ``per_launch`` conditions to a launch (in
+    an order that mixes kinds within a launch)."""
+    out: list[Launch] = []
+    for size in sizes:
+        for layout in layouts:
+            world = int(layout[2])
+            conds: list[Condition] = []
+            for delay in delays_ms:
+                for rank in range(world):
+                    layers = stage_layers(layout, size, rank)
+                    for kind in KINDS:
+                        if kind == "collective" and not layout.startswith("dp"):
+                            continue
+                        target = f"layers.{layers[0]}.mlp" if kind in ("stall", "compute") else ""
+                        conds.append(Condition(kind=kind, rank=rank, delay_ms=float(delay), target=target))
+            for i in range(0, len(conds), per_launch):
+                out.append(Launch(launch_id=f"{size}-{layout}-{i // per_launch}", layout=layout, size=size, conditions=tuple(conds[i : i + per_launch]),
+                                  block=block, batch=batch, seed=seed + len(out)))  # fmt: skip
+    return out
+
+
+def _record(launch: Launch, folder: Path) -> None:
+    injections = launch.injections()
+    if launch.layout.startswith("dp"):
+        record_ddp(DDPRun(out=str(folder), world=launch.world, steps=launch.steps, size=launch.size, batch=launch.batch, bucket_mb=25.0,
+                          seed=launch.seed, injections=injections, pin=True))  # fmt: skip
+    else:
+        record_pipeline(PipelineRun(out=str(folder), world=launch.world, size=launch.size, schedule=launch.layout.split("-", 1)[1],
+                                    microbatches=launch.microbatches, batch=max(1, launch.batch // 2), steps=launch.steps, seed=launch.seed,
+                                    injections=injections, pin=True))  # fmt: skip
+
+
+def step_times(folder: Path) -> dict[int, float]:
+    """Step time (µs) of every profiled step: the slowest rank's ProfilerStep span."""
+    table = load_events(folder)
+    per: dict[int, float] = {}
+    for s in table.steps:
+        per[s.number] = max(per.get(s.number, 0.0), s.span)
+    return per
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def spread(xs: list[float]) -> float:
+    """Robust relative spread: 1.4826 x MAD / median."""
+    m = _median(xs)
+    return 1.4826 * _median([abs(x - m) for x in xs]) / m if m > 0 else 0.0
+
+
+def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
+    """One row per condition: block medians, measured saving, the noise floor around it."""
+
+    def block(b: int) -> list[float]:
+        return [times[s] for s in launch.block_steps(b)[1:] if s in times]  # the block's first step is a transition
+
+    rows = []
+    for k, c in enumerate(launch.conditions):
+        before, pert, after = block(2 * k), block(2 * k + 1), block(2 * k + 2)
+        cb, cp, ca = _median(before), _median(pert), _median(after)
+        rows.append({
+            "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "index": k, "condition": asdict(c),
+            "steps": launch.block_steps(2 * k + 1)[1:], "clean_steps": launch.block_steps(2 * k)[1:] + launch.block_steps(2 * k + 2)[1:],
+            "perturbed_us": cp, "clean_before_us": cb, "clean_after_us": ca, "measured_saving_us": cp - (cb + ca) / 2,
+            "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread(before), spread(after)), "perturbed_spread": spread(pert),
+        })  # fmt: skip
+    return rows
+
+
+def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int = 1) -> list[dict]:
+    """Record a launch into ``out / launch_id`` (again while its clean-vs-clean difference is above
+    ``bound``, at most ``retries`` more times); writes and returns its condition rows."""
+    folder = out / launch.launch_id
+    attempts = 0
+    while True:
+        if folder.exists():
+            shutil.rmtree(folder)
+        _record(launch, folder)
+        attempts += 1
+        rows = measure(launch, step_times(folder))
+        noise = _median([r["clean_vs_clean"] for r in rows])
+        if noise <= bound or attempts > retries:
+            break
+    for r in rows:
+        r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound)
+    with atomic_path(folder / CONDITIONS) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def read_rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / CONDITIONS).read_text().splitlines() if line.strip()]
+
+
+def generate_paired(
+    launches: list[Launch], out: str | Path, bound: float = 0.05, retries: int = 1, progress: Callable[[str, int, int], None] | None = None
+) -> dict:
+    """Record every launch not yet done (those with a conditions.jsonl are kept), then write
+    ``paired.jsonl`` (all conditions) and return a summary with the noise floor."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    recorded = skipped = 0
+    for i, launch in enumerate(launches):
+        folder = out / launch.launch_id
+        if (folder / CONDITIONS).exists():
+            rows.extend(read_rows(folder))
+            skipped += 1
+            continue
+        if progress:
+            progress(launch.launch_id, i, len(launches))
+        rows.extend(record_launch(launch, out, bound, retries))
+        recorded += 1
+        with atomic_path(out / PAIRED) as tmp:
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with atomic_path(out / PAIRED) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if progress:
+        progress("", len(launches), len(launches))
+    return {
+        "launches": len(launches), "recorded": recorded, "skipped": skipped, "conditions": len(rows), "manifest": str(out / PAIRED),
+        "median_clean_spread": _median([r["clean_spread"] for r in rows]) if rows else None,
+        "median_clean_vs_clean": _median([r["clean_vs_clean"] for r in rows]) if rows else None,
+        "noisy_launches": len({r["launch_id"] for r in rows if r["noisy"]}),
+    }  # fmt: skip

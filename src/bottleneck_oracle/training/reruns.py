@@ -1,0 +1,315 @@
+"""What-if against re-runs: predicted vs measured saving of the paired conditions.
+
+``generate --paired`` (systems.paired) records persistent slowdowns, each in a block of steps
+between two clean blocks, and measures what removing one saves: median(block) - mean(medians of
+the clean blocks around it). This module predicts that saving from the perturbed steps alone and
+scores the predictors against the measurement:
+
+- ``own``: the slowdown's own measured time (the injected ranges on the slowed rank: a sleep's
+  range, or the span of the extra ops), what a per-op profile view shows;
+- ``replay``: the exact replay (analysis.whatif) with the injected ranges removed: their ops take
+  no time and the untraced time after them goes too;
+- ``blame_op`` / ``blame_region``: blame's first op row and first region row, the perturbed step
+  compared with its peer ranks and the other steps of its block (which all carry the slowdown:
+  a persistent slowdown has to be found against peers);
+- ``corrected``: the replay with per-node duration corrections from a model trained on other
+  conditions (see ``fit_corrections``), and a 90% interval.
+
+Each predictor's figure for a condition is the median over the block's steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bottleneck_oracle.analysis.blame import KeyMemo, blame
+from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.analysis.whatif import Edit, apply_edits
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import Category
+
+PREFIX = "oracle_inject:"
+
+
+def read_paired(path: str | Path) -> list[dict]:
+    """The rows of a paired.jsonl (or of a folder holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "paired.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def removal_edits(rank: int) -> list[Edit]:
+    """Remove the injected ranges of one rank: their ops, and the untraced time after them."""
+    return [Edit(module=f"{PREFIX}*", rank=rank, scale=0.0), Edit(module=f"{PREFIX}*", rank=rank, scale=0.0, gap=True)]
+
+
+@dataclass(slots=True)
+class StepFeatures:
+    """Per node of one perturbed step: model inputs, and the edited durations of the replay."""
+
+    x: np.ndarray  # [n, F]
+    dur: np.ndarray  # durations after the removal edits (the replay's)
+    weight: np.ndarray
+    release: np.ndarray
+    removed: np.ndarray  # bool: nodes inside the injected ranges
+
+
+FEATURES = (
+    "log_dur",
+    "same_rank",
+    "after_removed",
+    "log_after",
+    "concurrent",
+    "cpu_op",
+    "collective",
+    "runtime",
+    "critical",
+    "log_removed",
+)
+
+
+def step_features(g: ExecutionGraph, table, rank: int) -> StepFeatures:
+    """Node features that say how a node stands to the removed work: on the slowed rank or not,
+    after it in the step (and how long after), running while it ran (on another rank), its own
+    duration, category and whether it is on the critical path; and the removed total."""
+    n = g.nodes
+    d, w, rel, ids, _ = apply_edits(g, removal_edits(rank), table=table)
+    removed = np.zeros(g.n_nodes, dtype=bool)
+    removed[ids] = True
+    start, dur = n["start"].astype(np.float64), n["mdur"].astype(np.float64)
+    if removed.any():
+        r0, r1 = float(start[removed].min()), float((start + dur)[removed].max())
+    else:
+        r0 = r1 = float(start.max())
+    base = run_cpm(g)
+    cat = n["category"]
+    same = n["rank"] == rank
+    after = start >= r1
+    concurrent = (~same) & (start < r1) & (start + dur > r0)
+    x = np.column_stack([
+        np.log1p(np.maximum(dur, 0.0)), same, after, np.log1p(np.maximum(start - r1, 0.0)), concurrent,
+        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), cat == Category.RUNTIME,
+        base.slack <= 1.0, np.full(g.n_nodes, math.log1p(float((g.nodes["mdur"] - d)[removed].sum()))),
+    ]).astype(np.float32)  # fmt: skip
+    return StepFeatures(x, d, w, rel, removed)
+
+
+@dataclass(slots=True)
+class Conditions:
+    """Per condition: measured and predicted savings (µs), and the per-step inputs of the model."""
+
+    rows: list[dict]
+    measured: np.ndarray
+    own: np.ndarray
+    replay: np.ndarray
+    blame_op: np.ndarray
+    blame_region: np.ndarray
+    region_names: list[str]
+    steps: list[list[tuple[ExecutionGraph, StepFeatures, np.ndarray]]] = field(default_factory=list)
+    """per condition, per perturbed step: the graph, its features, and the target (log of the
+    node's typical clean duration over its perturbed duration; NaN where unmatched)"""
+
+
+def _keys(g: ExecutionGraph) -> list[tuple]:
+    """A node's identity across steps: rank, thread, name, occurrence on that thread."""
+    n = g.nodes
+    seen: dict[tuple, int] = {}
+    out = []
+    for i in range(g.n_nodes):
+        k = (int(n["rank"][i]), int(n["tid"][i]), int(n["name"][i]))
+        c = seen.get(k, 0)
+        seen[k] = c + 1
+        out.append((*k, c))
+    return out
+
+
+def _names(g: ExecutionGraph) -> list[str]:
+    return list(g.names)
+
+
+def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_model_inputs: bool = True) -> Conditions:
+    """Predictions for the conditions of one launch (its rows of paired.jsonl), from its graphs."""
+    by_step = {g.step: g for g in graphs}
+    out = Conditions(rows=[], measured=np.zeros(0), own=np.zeros(0), replay=np.zeros(0), blame_op=np.zeros(0), blame_region=np.zeros(0),
+                     region_names=[])  # fmt: skip
+    meas, own, rep, bop, breg = [], [], [], [], []
+    memo = KeyMemo()
+    for r in rows:
+        c = r["condition"]
+        gs = [by_step[s] for s in r["steps"] if s in by_step]
+        clean = [by_step[s] for s in r["clean_steps"] if s in by_step]
+        if not gs or not clean:
+            continue
+        o, rp, bo, br, names, per_step = [], [], [], [], [], []
+        clean_dur: dict[tuple, list[float]] = {}
+        if with_model_inputs:
+            for h in clean:
+                for k, v in zip(_keys(h), h.nodes["mdur"]):
+                    clean_dur.setdefault((k[0], k[1], h.names[k[2]], k[3]), []).append(float(v))
+        for g in gs:
+            feats = step_features(g, table, c["rank"])
+            base = run_cpm(g)
+            edited = run_cpm(g, feats.dur, feats.weight, feats.release)
+            rp.append(base.makespan - edited.makespan)
+            o.append(
+                float(g.nodes["mdur"][feats.removed].sum()) + float((g.edges["weight"] - feats.weight)[np.isfinite(feats.weight)].sum())
+            )
+            b = blame(g, [h for h in gs if h is not g], top=3, cpm=base, memo=memo)
+            bo.append(b.nodes[0].saving_us if b.nodes else 0.0)
+            br.append(b.regions[0].saving_us if b.regions else 0.0)
+            names.append(b.regions[0].name if b.regions else "")
+            if with_model_inputs:
+                y = np.full(g.n_nodes, np.nan)
+                for i, k in enumerate(_keys(g)):
+                    ref = clean_dur.get((k[0], k[1], g.names[k[2]], k[3]))
+                    d = float(g.nodes["mdur"][i])
+                    if ref and d > 0 and not feats.removed[i]:
+                        y[i] = math.log(max(float(np.median(ref)), 0.01) / max(d, 0.01))
+                per_step.append((g, feats, y))
+        out.rows.append(r)
+        meas.append(r["measured_saving_us"])
+        own.append(float(np.median(o)))
+        rep.append(float(np.median(rp)))
+        bop.append(float(np.median(bo)))
+        breg.append(float(np.median(br)))
+        out.region_names.append(max(set(names), key=names.count))
+        out.steps.append(per_step)
+    out.measured, out.own, out.replay, out.blame_op, out.blame_region = (np.array(v, dtype=np.float64) for v in (meas, own, rep, bop, breg))
+    return out
+
+
+def merge(parts: list[Conditions]) -> Conditions:
+    out = Conditions(rows=[], measured=np.zeros(0), own=np.zeros(0), replay=np.zeros(0), blame_op=np.zeros(0), blame_region=np.zeros(0),
+                     region_names=[])  # fmt: skip
+    for p in parts:
+        out.rows += p.rows
+        out.region_names += p.region_names
+        out.steps += p.steps
+    for name in ("measured", "own", "replay", "blame_op", "blame_region"):
+        setattr(out, name, np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0))
+    return out
+
+
+# -- the correction model -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Corrections:
+    """Per-node duration corrections: an ensemble of ridge regressions (bootstrap resamples of the
+    training conditions) on ``FEATURES`` and their pairwise products with the node's relation to
+    the removed work, predicting log(clean duration / perturbed duration) of each node left after
+    the removal; and the conformal half-width of a 90% interval on the corrected saving, relative
+    to the removed time. Numpy only: it runs wherever the analysis runs."""
+
+    coef: np.ndarray  # [members, n_terms]
+    mean: np.ndarray  # [n_terms] standardisation of the terms
+    std: np.ndarray
+    halfwidth: float = 0.0
+
+    def node_factors(self, x: np.ndarray) -> np.ndarray:
+        """[members, n]: each member's duration factor per node."""
+        z = (_terms(x) - self.mean) / self.std
+        z = np.column_stack([z, np.ones(len(z))])
+        return np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
+
+    def saving(self, g: ExecutionGraph, f: StepFeatures) -> float:
+        """The corrected replay's saving for one step: the CPM on the removal's durations times the
+        predicted factors (the ensemble's mean factor per node)."""
+        factor = self.node_factors(f.x).mean(axis=0)
+        d = np.where(f.removed, f.dur, f.dur * factor)
+        return run_cpm(g).makespan - run_cpm(g, d, f.weight, f.release).makespan
+
+
+RELATIONS = (1, 2, 4)  # same_rank, after_removed, concurrent: crossed with every feature
+
+
+def _terms(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return np.column_stack([x] + [x * x[:, [j]] for j in RELATIONS])
+
+
+def fit_corrections(train: Conditions, members: int = 20, seed: int = 0, ridge: float = 10.0) -> Corrections:
+    """Fit the ensemble on the matched nodes of the training conditions (targets clipped to
+    [-1, 1]: a node at most e times faster or slower)."""
+    rng = np.random.default_rng(seed)
+    per_cond = []
+    for steps in train.steps:
+        xs = [_terms(f.x[np.isfinite(y)]) for _, f, y in steps]
+        ys = [np.clip(y[np.isfinite(y)], -1.0, 1.0) for _, _, y in steps]
+        if xs:
+            per_cond.append((np.concatenate(xs), np.concatenate(ys)))
+    allx = np.concatenate([x for x, _ in per_cond])
+    mean, std = allx.mean(axis=0), allx.std(axis=0)
+    std[std == 0] = 1.0
+    # the normal equations of each condition, summed over a bootstrap resample
+    grams = []
+    for x, y in per_cond:
+        z = np.column_stack([(x - mean) / std, np.ones(len(x))])
+        grams.append((z.T @ z, z.T @ y))
+    k = grams[0][0].shape[0]
+    reg = ridge * np.eye(k)
+    reg[-1, -1] = 0.0
+    coef = []
+    for _ in range(members):
+        pick = rng.integers(0, len(grams), len(grams))
+        a = sum(grams[i][0] for i in pick) + reg
+        b = sum(grams[i][1] for i in pick)
+        coef.append(np.linalg.solve(a, b))
+    return Corrections(np.array(coef), mean, std)
+
+
+def corrected(model: Corrections, c: Conditions) -> np.ndarray:
+    """The corrected saving of each condition: the median over its steps."""
+    return np.array([float(np.median([model.saving(g, f) for g, f, _ in steps])) for steps in c.steps])
+
+
+def calibrate(model: Corrections, cal: Conditions, level: float = 0.9) -> None:
+    """Split conformal: the ``level`` quantile of |measured - corrected| / removed time over the
+    calibration conditions becomes the interval's relative half-width."""
+    pred = corrected(model, cal)
+    scale = np.maximum(cal.own, 1.0)
+    score = np.abs(cal.measured - pred) / scale
+    k = min(len(score) - 1, int(math.ceil((len(score) + 1) * level)) - 1)
+    model.halfwidth = float(np.sort(score)[k]) if len(score) else float("inf")
+
+
+# -- scores ---------------------------------------------------------------------------------
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's tau-b of two rankings."""
+    n = len(a)
+    conc = disc = ta = tb = 0
+    for i in range(n):
+        da, db = np.sign(a[i + 1 :] - a[i]), np.sign(b[i + 1 :] - b[i])
+        conc += int(np.sum(da * db > 0))
+        disc += int(np.sum(da * db < 0))
+        ta += int(np.sum((da == 0) & (db != 0)))
+        tb += int(np.sum((db == 0) & (da != 0)))
+    den = math.sqrt((conc + disc + ta) * (conc + disc + tb))
+    return (conc - disc) / den if den else float("nan")
+
+
+def scores(pred: np.ndarray, measured: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None, boot: int = 1000,
+           seed: int = 0) -> dict:  # fmt: skip
+    """MAPE (with a bootstrap 90% interval over conditions), sign accuracy, Kendall's tau, share
+    within 25%, and the coverage of [lo, hi] when given."""
+    ape = np.abs(pred - measured) / np.maximum(np.abs(measured), 1.0)
+    rng = np.random.default_rng(seed)
+    means = [float(np.mean(ape[rng.integers(0, len(ape), len(ape))])) for _ in range(boot)] if len(ape) else [float("nan")]
+    out = {
+        "n": int(len(ape)), "mape": float(np.mean(ape)) if len(ape) else float("nan"),
+        "mape_ci90": [float(np.quantile(means, 0.05)), float(np.quantile(means, 0.95))], "median_ape": float(np.median(ape)) if len(ape) else float("nan"),
+        "within_25pct": float(np.mean(ape <= 0.25)) if len(ape) else float("nan"),
+        "sign": float(np.mean(np.sign(pred) == np.sign(measured))) if len(ape) else float("nan"),
+        "kendall_tau": kendall_tau(pred, measured) if len(ape) > 1 else float("nan"),
+    }  # fmt: skip
+    if lo is not None and hi is not None:
+        out["coverage"] = float(np.mean((measured >= lo) & (measured <= hi)))
+    return out

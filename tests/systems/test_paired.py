@@ -1,0 +1,82 @@
+"""Paired conditions (systems.paired): the block schedule, the measurement, the extra-compute
+injection, and (slow) one real recorded launch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bottleneck_oracle.systems.inject import Injection, Injector
+from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle.systems.paired import CONDITIONS, Condition, Launch, default_launches, measure, record_launch, spread
+
+
+def test_conditions_sit_in_every_step_of_their_block_between_clean_blocks():
+    conds = (Condition(kind="stall", rank=1, delay_ms=20, target="layers.0.mlp"), Condition(kind="rank", rank=0, delay_ms=10))
+    dp = Launch(launch_id="a", layout="dp2", size="tiny", conditions=conds, block=4)
+    assert dp.steps == 20 and dp.block_steps(0) == [1, 2, 3, 4] and dp.block_steps(3) == [13, 14, 15, 16]
+    inj = dp.injections()
+    assert [i.step for i in inj if i.kind == "module"] == dp.block_steps(1) and {i.delay_ms for i in inj if i.kind == "module"} == {20}
+    assert [i.step for i in inj if i.kind == "rank"] == dp.block_steps(3) and {i.rank for i in inj if i.kind == "rank"} == {0}
+    # a pipeline runs a module once per micro-batch: the step carries the whole delay
+    pp = Launch(launch_id="b", layout="pp2-1f1b", size="tiny", conditions=conds, block=4, microbatches=4)
+    assert {i.delay_ms for i in pp.injections() if i.kind == "module"} == {5.0}
+    with pytest.raises(ValueError, match="target module"):
+        Condition(kind="compute", rank=0, delay_ms=5)
+
+
+def test_the_default_grid_covers_every_kind_rank_and_delay():
+    launches = default_launches(["tiny"], ["dp2", "pp2-1f1b"], [5.0, 20.0], per_launch=8)
+    conds = [(launch.layout, c) for launch in launches for c in launch.conditions]
+    assert sum(layout == "dp2" for layout, _ in conds) == 2 * 2 * 4 and sum(layout == "pp2-1f1b" for layout, _ in conds) == 2 * 2 * 3
+    assert all(len(launch.conditions) <= 8 for launch in launches)
+    # a pipeline stage's module: the first layer it holds
+    assert {c.target for layout, c in conds if layout == "pp2-1f1b" and c.kind == "stall" and c.rank == 1} == {"layers.1.mlp"}
+
+
+def test_measure_takes_block_medians_without_the_transition_steps():
+    launch = Launch(launch_id="m", layout="dp2", size="tiny", conditions=(Condition(kind="rank", rank=0, delay_ms=10),), block=4)
+    times = {s: 100.0 for s in range(1, 13)}
+    times.update({1: 999.0, 5: 999.0, 9: 999.0})  # each block's first step is dropped
+    times.update({6: 130.0, 7: 131.0, 8: 129.0, 10: 104.0, 11: 104.0, 12: 104.0})
+    (row,) = measure(launch, times)
+    assert row["perturbed_us"] == 130.0 and row["measured_saving_us"] == pytest.approx(130.0 - 102.0)
+    assert row["clean_vs_clean"] == pytest.approx(0.04) and row["steps"] == [6, 7, 8] and row["clean_steps"] == [2, 3, 4, 10, 11, 12]
+    assert spread([1.0, 1.0, 1.0]) == 0.0 and spread([1.0, 2.0, 3.0]) == pytest.approx(1.4826 / 2)
+
+
+def test_extra_compute_is_real_small_ops_inside_its_range(tmp_path):
+    cfg = SIZES["tiny"]
+    model = GPT(cfg)
+    injector = Injector([Injection(kind="compute", target="layers.0.mlp", rank=0, step=1, delay_ms=10)], rank=0, out_dir=tmp_path)
+    injector.attach(model)
+    injector.at_step(1)
+    tokens, targets = synthetic_batch(cfg, 2, torch.Generator().manual_seed(0))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(tokens, targets)
+    (rec,) = injector.records
+    assert rec["kind"] == "compute" and rec["pairs"] > 10
+    events = prof.events()
+    (rng,) = [e for e in events if e.name == "oracle_inject:compute:layers.0.mlp"]
+    inside = [e for e in events if e.time_range.start >= rng.time_range.start and e.time_range.end <= rng.time_range.end]
+    assert sum(e.name == "aten::tanh" for e in inside) == rec["pairs"]
+    assert sum(e.name in ("aten::mm", "aten::matmul") for e in inside) >= rec["pairs"]
+    assert rec["slept_ms"] >= 3  # the pairs were timed without the profiler: at least a third of the target under it
+
+
+@pytest.mark.slow
+def test_a_recorded_launch_measures_its_stall(tmp_path):
+    """A 30 ms stall and 30 ms of extra compute on one rank of a 2-rank DDP job, each in a block of
+    6 steps between clean blocks: the measured saving is the delay, within a noise-aware margin."""
+    conds = (
+        Condition(kind="stall", rank=1, delay_ms=30, target="layers.0.mlp"),
+        Condition(kind="compute", rank=0, delay_ms=30, target="layers.0.mlp"),
+    )
+    launch = Launch(launch_id="one", layout="dp2", size="tiny", conditions=conds, block=6)
+    rows = record_launch(launch, tmp_path, bound=0.05, retries=1)
+    assert [json.loads(x)["index"] for x in (tmp_path / "one" / CONDITIONS).read_text().splitlines()] == [0, 1]
+    for r in rows:
+        noise = 3 * max(r["clean_spread"], r["clean_vs_clean"]) * r["clean_before_us"]
+        assert abs(r["measured_saving_us"] - 30_000) <= max(0.3 * 30_000, noise), r
