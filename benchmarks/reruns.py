@@ -3,12 +3,17 @@
 Record the conditions first (ranks pinned, interleaved clean / slowed / clean blocks):
 
     bottleneck-oracle generate --paired --config benchmarks/paired.yaml --out data/paired
-    python benchmarks/reruns.py data/paired [--folds 4] [--json benchmarks/reruns_results.json]
+    python benchmarks/reruns.py data/paired [--folds 4] [--checkpoint data/checkpoints/random.pt] [--json benchmarks/reruns_results.json]
 
 Every condition is predicted held out: the launches are split into folds; the correction model
 of a fold is fitted on the other folds' launches (three quarters of them) and its 90% interval
 calibrated on the rest (split conformal). Prints one markdown table per breakdown (all
 conditions, by kind, by size and layout) and the noise floor of the recordings.
+
+Beside the replay: the pipeline / busy-rank formula (analysis.phases.formula_step), the bundled
+HeteroGAT (its predicted step with the slowdown removed against its predicted step as recorded),
+and with ``--checkpoint`` the pooled MLP and XGBoost of a `train` checkpoint (needs torch and
+xgboost), each predicting the step with the injected ranges removed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,41 @@ import numpy as np
 from bottleneck_oracle.api import build
 from bottleneck_oracle.training.reruns import Conditions, calibrate, corrected, evaluate_launch, fit_corrections, merge, read_paired, scores
 
-PREDICTORS = ("own", "replay", "corrected", "blame_op", "blame_region")
+
+def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
+    """Per condition (median over its steps) the saving the formula, the bundled graph network and
+    the pooled baselines predict for removing the injected ranges."""
+    from bottleneck_oracle.models.predict import sample_for
+
+    out: dict[str, list[float]] = defaultdict(list)
+    for steps in c.steps:
+        per: dict[str, list[float]] = defaultdict(list)
+        for g, f, _ in steps:
+            before, _ = sample_for(g, table=table)
+            after, _ = sample_for(g, f.dur, table, weight=f.weight, release=f.release)
+            ref = before.scalars["ref_step"]
+            per["formula"].append(ref - after.scalars["formula_step"])
+            if predictor is not None:
+                eff = predictor.effect(g, before, after)
+                for v, d in eff["delta_us"].items():
+                    per[f"HeteroGAT {v}"].append(float("nan") if d is None else -d)
+            if ckpt is not None:
+                import torch
+                import xgboost as xgb
+
+                from bottleneck_oracle.models.baselines import pooled_features
+                from bottleneck_oracle.models.checkpoint import mlp_from, xgb_from
+
+                mlp, booster = ckpt.setdefault("_mlp", mlp_from(ckpt)), ckpt.setdefault("_xgb", xgb_from(ckpt))
+                x = np.stack([pooled_features(before.to_heterodata()), pooled_features(after.to_heterodata())])
+                with torch.no_grad():
+                    m = ref * np.exp(mlp(torch.from_numpy(x)).numpy().astype(np.float64))
+                b = ref * np.exp(booster.predict(xgb.DMatrix(x)).astype(np.float64))
+                per["MLP (pooled)"].append(float(m[0] - m[1]))
+                per["XGBoost (pooled)"].append(float(b[0] - b[1]))
+        for k, v in per.items():
+            out[k].append(float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan"))
+    return {k: np.array(v) for k, v in out.items()}
 
 
 def pick(c: Conditions, idx: list[int]) -> Conditions:
@@ -52,17 +91,37 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paired", help="folder written by generate --paired")
     ap.add_argument("--folds", type=int, default=4)
+    ap.add_argument("--checkpoint", default=None, help="a `train` checkpoint: add its pooled MLP and XGBoost")
+    ap.add_argument("--no-gat", action="store_true", help="leave out the bundled graph network")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--save-corrections",
+        default=None,
+        metavar="NPZ",
+        help="fit the corrections on every condition and save them (interval: the held-out residuals' 90% quantile)",
+    )
     a = ap.parse_args()
+    predictor = ckpt = None
+    if not a.no_gat:
+        from bottleneck_oracle.models.predict import Predictor
+
+        predictor = Predictor()
+    if a.checkpoint:
+        from bottleneck_oracle.models.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(a.checkpoint)
     t0 = time.monotonic()
     rows = read_paired(a.paired)
     by_launch: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_launch[r["launch_id"]].append(r)
     parts = []
+    extra: dict[str, list[np.ndarray]] = defaultdict(list)
     for lid, rs in sorted(by_launch.items()):
         table_, graphs = build(rs[0]["path"])
         parts.append(evaluate_launch(rs, table_, graphs))
+        for k, v in baselines(parts[-1], table_, predictor, ckpt).items():
+            extra[k].append(v)
         print(f"{lid}: {len(rs)} conditions, {len(graphs)} steps ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     launches = sorted(by_launch)
     fold_of = {lid: i % a.folds for i, lid in enumerate(launches)}
@@ -85,7 +144,20 @@ def main() -> int:
         lo[test], hi[test] = p - half, p + half
         print(f"fold {k}: fit on {len(fit)}, calibrated on {len(cal)} (half-width {model.halfwidth:.3f} of the removed time), "
               f"{len(test)} held out ({time.monotonic() - t0:.0f} s)", file=sys.stderr)  # fmt: skip
+    if a.save_corrections:
+        import math
+
+        model = fit_corrections(allc, seed=a.folds)
+        removed = np.array([max(float(np.median([f.removed_us for _, f, _ in steps])), 1.0) for steps in allc.steps])
+        score = np.sort(np.abs(allc.measured - corr) / removed)
+        model.halfwidth = float(score[min(len(score) - 1, math.ceil((len(score) + 1) * 0.9) - 1)])
+        model.trained_on = (
+            f"{len(allc.rows)} paired conditions ({', '.join(sorted({r['size'] + ' ' + r['layout'] for r in allc.rows}))}; gloo, 2 ranks)"
+        )
+        model.save(a.save_corrections)
+        print(f"corrections saved to {a.save_corrections}: half-width {model.halfwidth:.3f} of the removed time", file=sys.stderr)
     preds = {"own": allc.own, "replay": allc.replay, "corrected": corr, "blame_op": allc.blame_op, "blame_region": allc.blame_region}
+    preds.update({k: np.concatenate(v) for k, v in extra.items()})
     out: dict = {"conditions": len(allc.rows), "launches": len(launches), "folds": a.folds}
     cvc = [r["clean_vs_clean"] for r in allc.rows]
     spr = [r["clean_spread"] for r in allc.rows]

@@ -9,7 +9,17 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bottleneck_oracle.analysis.results import BlameModel, NodeRef, PathChange, Replay, Resplit, StepAdvice, StepBlame, StepWhatIf
+from bottleneck_oracle.analysis.results import (
+    BlameModel,
+    Corrected,
+    NodeRef,
+    PathChange,
+    Replay,
+    Resplit,
+    StepAdvice,
+    StepBlame,
+    StepWhatIf,
+)
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
@@ -181,9 +191,13 @@ def whatif(
     if not parsed and microbatches is None:
         raise OracleError("whatif needs an --edit or --microbatches")
     table, gs = build(path, steps, config)
-    predictor = None
+    predictor = corrections = None
     if use_model:
         predictor = _predictor(checkpoint)
+        from bottleneck_oracle.models.corrections import load_corrections, pretrained_corrections
+
+        if pretrained_corrections().is_file():
+            corrections = load_corrections()
     out: list[StepWhatIf] = []
     for g in gs:
         phase_mb = node_phases(table, g) if table is not None else None
@@ -208,6 +222,21 @@ def whatif(
         else:
             edited = run_cpm(g, d, w, rel)
         replay = Replay(step_us=measured + edited.makespan - base.makespan, delta_us=edited.makespan - base.makespan)
+        corrected = None
+        if corrections is not None:
+            from bottleneck_oracle.models.corrections import edit_features
+
+            feats = edit_features(g, d, w, rel, base)
+            reason = corrections.refusal(feats)
+            if reason is None:
+                saving = corrections.saving(g, feats, base)
+                lo, hi = corrections.interval(saving, feats)
+                corrected = Corrected(step_us=measured - saving, delta_us=-saving, interval_us=(-hi, -lo), out_of_domain=None,
+                                      trained_on=corrections.trained_on)  # fmt: skip
+            else:
+                corrected = Corrected(
+                    step_us=None, delta_us=None, interval_us=None, out_of_domain=reason, trained_on=corrections.trained_on
+                )
         resplit = None
         if microbatches is not None:
             from bottleneck_oracle.analysis.phases import formula_parts, is_pipeline, pipeline_step
@@ -227,7 +256,7 @@ def whatif(
         out.append(
             StepWhatIf(
                 step=g.step, measured_us=measured, edited_nodes=len(ids), edited_gaps=int(fin[eids].sum()),
-                detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit,
+                detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit, corrected=corrected,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
         )  # fmt: skip

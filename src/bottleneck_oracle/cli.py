@@ -639,11 +639,14 @@ def whatif(
     from bottleneck_oracle.report.terminal import print_table
 
     variants = list(rows[0].model["step_us"]) if rows and rows[0].model is not None else []
+    corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
     t = TableModel(
         f"What-if: {'; '.join(edit) or f'{microbatches} micro-batches'}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
+        + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
         + [Column(f"{v}", "text") for v in variants] + [Column(f"Δ {v}", "text") for v in variants],
-        caption="step times in ms; Δ: the edited replay against the unedited one (the model's: its edited against its unedited prediction)",
+        caption="step times in ms; Δ: the edited replay against the unedited one (corrected: the replay with per-node duration "
+        "corrections learned from paired re-runs; the model's: its edited against its unedited prediction)",
     )  # fmt: skip
 
     def label(r: StepWhatIf) -> str:
@@ -654,11 +657,21 @@ def whatif(
 
     for r in rows:
         model = r.model or {}
+        c = r.corrected
+        fixes = []
+        if corrected:
+            ok = c is not None and c.delta_us is not None and c.interval_us is not None
+            fixes = [_model_ms(c.delta_us if ok else None, signed=True),
+                     f"{c.interval_us[0] / 1000:+.3f} .. {c.interval_us[1] / 1000:+.3f}" if ok else "—"]  # fmt: skip
         t.rows.append(
-            [label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us,
+            [label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes,
              *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants]]
         )  # fmt: skip
     print_table(out, t)
+    for r in rows:
+        if r.corrected is not None and r.corrected.out_of_domain:
+            out.print(Text(f"{where(r)}: corrections {r.corrected.out_of_domain}; the replay is the answer"))
+            break
     for r in rows:
         if r.model is not None and r.model.get("out_of_domain"):
             out.print(Text(f"{where(r)}: graph network {r.model['out_of_domain']}; the replay is the answer"))

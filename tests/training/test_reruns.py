@@ -44,7 +44,8 @@ def test_the_replay_and_the_region_row_recover_a_persistent_slowdown_the_op_rows
     assert c.blame_op[0] < 0.2 * measured  # 120 small ops: no single one explains it
     # per-node targets: the nodes left after the removal, matched to the clean steps by identity
     g, f, y = c.steps[0][0]
-    assert f.removed.sum() == 120 and np.isfinite(y).sum() > 0.5 * (~f.removed).sum()
+    assert f.edited.sum() == 120 and np.isfinite(y).sum() > 0.5 * (~f.edited).sum()
+    assert f.removed_us == pytest.approx(extra, rel=0.1)
 
 
 def test_the_correction_model_stays_at_the_replay_where_nothing_else_changes(tmp_path):
@@ -69,3 +70,31 @@ def test_scores_and_kendall_tau():
     s = scores(np.array([10.0, 20.0, -5.0]), np.array([10.0, 25.0, 5.0]), lo=np.array([9.0, 10.0, -10.0]), hi=np.array([11.0, 22.0, 0.0]))
     assert s["mape"] == pytest.approx((0 + 0.2 + 2.0) / 3)
     assert s["sign"] == pytest.approx(2 / 3) and s["coverage"] == pytest.approx(1 / 3) and s["within_25pct"] == pytest.approx(2 / 3)
+
+
+def test_corrections_round_trip_and_refuse_what_they_were_not_trained_on(tmp_path):
+    from bottleneck_oracle.analysis.whatif import Edit, apply_edits
+    from bottleneck_oracle.errors import OracleError
+    from bottleneck_oracle.models.corrections import edit_features, load_corrections
+
+    parts = [_launch(tmp_path / f"r{k}", pairs=30 + 10 * k, seed=k)[0] for k in range(2)]
+    model = fit_corrections(merge(parts), members=3)
+    model.halfwidth, model.trained_on = 0.2, "two synthetic launches"
+    model.save(tmp_path / "c.npz")
+    back = load_corrections(tmp_path / "c.npz")
+    g, f, _ = parts[1].steps[0][0]
+    assert back.trained_on == "two synthetic launches" and back.refusal(f) is None
+    assert back.saving(g, f) == pytest.approx(model.saving(g, f))
+    lo, hi = back.interval(100.0, f)
+    assert hi - lo == pytest.approx(2 * 0.2 * f.removed_us)
+    # an edit that lengthens work is outside what paired removals taught it
+    d, w, rel, _, _ = apply_edits(g, [Edit(name="aten::mm", rank=0, delay_ms=1.0)])
+    assert "lengthens" in back.refusal(edit_features(g, d, w, rel))
+    # so is a node far outside the training range (a 1000x longer op)
+    x = f.x.copy()
+    x[:, 0] += 7.0
+    f.x = x
+    assert "out of domain: node term log_dur" in back.refusal(f)
+    (tmp_path / "junk.npz").write_bytes(b"not an archive")
+    with pytest.raises(OracleError, match="not a corrections file"):
+        load_corrections(tmp_path / "junk.npz")

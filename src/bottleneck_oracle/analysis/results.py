@@ -57,6 +57,22 @@ class Replay:
 
 
 @dataclass(slots=True)
+class Corrected:
+    """The replay with per-node duration corrections (models.corrections): the edited step time,
+    the delta and its 90% interval; or None for all three and ``out_of_domain`` saying why."""
+
+    step_us: float | None
+    delta_us: float | None
+    interval_us: tuple[float, float] | None
+    out_of_domain: str | None
+    trained_on: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_us": self.step_us, "delta_us": self.delta_us, "interval_us": list(self.interval_us) if self.interval_us else None,
+                "out_of_domain": self.out_of_domain, "trained_on": self.trained_on}  # fmt: skip
+
+
+@dataclass(slots=True)
 class Resplit:
     """A pipeline step re-split from ``old`` to ``new`` micro-batches over ``stages`` stages, by the 1F1B formula."""
 
@@ -84,6 +100,7 @@ class StepWhatIf:
     critical_path: PathChange
     model: dict[str, Any] | None = None  # the graph network's answer (models.predict.Predictor.effect)
     microbatches: Resplit | None = None
+    corrected: Corrected | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"step": self.step, "measured_us": self.measured_us, "edited_nodes": self.edited_nodes,
@@ -91,6 +108,8 @@ class StepWhatIf:
         if self.model is not None:
             d["model"] = self.model
         d["replay"] = self.replay.to_dict()
+        if self.corrected is not None:
+            d["corrected"] = self.corrected.to_dict()
         if self.microbatches is not None:
             d["microbatches"] = self.microbatches.to_dict()
         d["critical_path"] = self.critical_path.to_dict()

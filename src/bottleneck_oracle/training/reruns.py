@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle.analysis.blame import KeyMemo, blame
-from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category
+from bottleneck_oracle.models.corrections import Corrections, EditFeatures, edit_features, terms
 
 PREFIX = "oracle_inject:"
 
@@ -49,55 +49,10 @@ def removal_edits(rank: int) -> list[Edit]:
     return [Edit(module=f"{PREFIX}*", rank=rank, scale=0.0), Edit(module=f"{PREFIX}*", rank=rank, scale=0.0, gap=True)]
 
 
-@dataclass(slots=True)
-class StepFeatures:
-    """Per node of one perturbed step: model inputs, and the edited durations of the replay."""
-
-    x: np.ndarray  # [n, F]
-    dur: np.ndarray  # durations after the removal edits (the replay's)
-    weight: np.ndarray
-    release: np.ndarray
-    removed: np.ndarray  # bool: nodes inside the injected ranges
-
-
-FEATURES = (
-    "log_dur",
-    "same_rank",
-    "after_removed",
-    "log_after",
-    "concurrent",
-    "cpu_op",
-    "collective",
-    "runtime",
-    "critical",
-    "log_removed",
-)
-
-
-def step_features(g: ExecutionGraph, table, rank: int) -> StepFeatures:
-    """Node features that say how a node stands to the removed work: on the slowed rank or not,
-    after it in the step (and how long after), running while it ran (on another rank), its own
-    duration, category and whether it is on the critical path; and the removed total."""
-    n = g.nodes
-    d, w, rel, ids, _ = apply_edits(g, removal_edits(rank), table=table)
-    removed = np.zeros(g.n_nodes, dtype=bool)
-    removed[ids] = True
-    start, dur = n["start"].astype(np.float64), n["mdur"].astype(np.float64)
-    if removed.any():
-        r0, r1 = float(start[removed].min()), float((start + dur)[removed].max())
-    else:
-        r0 = r1 = float(start.max())
-    base = run_cpm(g)
-    cat = n["category"]
-    same = n["rank"] == rank
-    after = start >= r1
-    concurrent = (~same) & (start < r1) & (start + dur > r0)
-    x = np.column_stack([
-        np.log1p(np.maximum(dur, 0.0)), same, after, np.log1p(np.maximum(start - r1, 0.0)), concurrent,
-        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), cat == Category.RUNTIME,
-        base.slack <= 1.0, np.full(g.n_nodes, math.log1p(float((g.nodes["mdur"] - d)[removed].sum()))),
-    ]).astype(np.float32)  # fmt: skip
-    return StepFeatures(x, d, w, rel, removed)
+def step_features(g: ExecutionGraph, table, rank: int, base: CPMResult | None = None) -> EditFeatures:
+    """The correction model's inputs for removing the injected ranges of ``rank`` from ``g``."""
+    d, w, rel, _, _ = apply_edits(g, removal_edits(rank), table=table)
+    return edit_features(g, d, w, rel, base)
 
 
 @dataclass(slots=True)
@@ -111,7 +66,7 @@ class Conditions:
     blame_op: np.ndarray
     blame_region: np.ndarray
     region_names: list[str]
-    steps: list[list[tuple[ExecutionGraph, StepFeatures, np.ndarray]]] = field(default_factory=list)
+    steps: list[list[tuple[ExecutionGraph, EditFeatures, np.ndarray]]] = field(default_factory=list)
     """per condition, per perturbed step: the graph, its features, and the target (log of the
     node's typical clean duration over its perturbed duration; NaN where unmatched)"""
 
@@ -153,13 +108,11 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
                 for k, v in zip(_keys(h), h.nodes["mdur"]):
                     clean_dur.setdefault((k[0], k[1], h.names[k[2]], k[3]), []).append(float(v))
         for g in gs:
-            feats = step_features(g, table, c["rank"])
             base = run_cpm(g)
+            feats = step_features(g, table, c["rank"], base)
             edited = run_cpm(g, feats.dur, feats.weight, feats.release)
             rp.append(base.makespan - edited.makespan)
-            o.append(
-                float(g.nodes["mdur"][feats.removed].sum()) + float((g.edges["weight"] - feats.weight)[np.isfinite(feats.weight)].sum())
-            )
+            o.append(feats.removed_us)
             b = blame(g, [h for h in gs if h is not g], top=3, cpm=base, memo=memo)
             bo.append(b.nodes[0].saving_us if b.nodes else 0.0)
             br.append(b.regions[0].saving_us if b.regions else 0.0)
@@ -169,7 +122,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
                 for i, k in enumerate(_keys(g)):
                     ref = clean_dur.get((k[0], k[1], g.names[k[2]], k[3]))
                     d = float(g.nodes["mdur"][i])
-                    if ref and d > 0 and not feats.removed[i]:
+                    if ref and d > 0 and not feats.edited[i]:
                         y[i] = math.log(max(float(np.median(ref)), 0.01) / max(d, 0.01))
                 per_step.append((g, feats, y))
         out.rows.append(r)
@@ -199,52 +152,20 @@ def merge(parts: list[Conditions]) -> Conditions:
 # -- the correction model -------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Corrections:
-    """Per-node duration corrections: an ensemble of ridge regressions (bootstrap resamples of the
-    training conditions) on ``FEATURES`` and their pairwise products with the node's relation to
-    the removed work, predicting log(clean duration / perturbed duration) of each node left after
-    the removal; and the conformal half-width of a 90% interval on the corrected saving, relative
-    to the removed time. Numpy only: it runs wherever the analysis runs."""
-
-    coef: np.ndarray  # [members, n_terms]
-    mean: np.ndarray  # [n_terms] standardisation of the terms
-    std: np.ndarray
-    halfwidth: float = 0.0
-
-    def node_factors(self, x: np.ndarray) -> np.ndarray:
-        """[members, n]: each member's duration factor per node."""
-        z = (_terms(x) - self.mean) / self.std
-        z = np.column_stack([z, np.ones(len(z))])
-        return np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
-
-    def saving(self, g: ExecutionGraph, f: StepFeatures) -> float:
-        """The corrected replay's saving for one step: the CPM on the removal's durations times the
-        predicted factors (the ensemble's mean factor per node)."""
-        factor = self.node_factors(f.x).mean(axis=0)
-        d = np.where(f.removed, f.dur, f.dur * factor)
-        return run_cpm(g).makespan - run_cpm(g, d, f.weight, f.release).makespan
-
-
-RELATIONS = (1, 2, 4)  # same_rank, after_removed, concurrent: crossed with every feature
-
-
-def _terms(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return np.column_stack([x] + [x * x[:, [j]] for j in RELATIONS])
-
-
 def fit_corrections(train: Conditions, members: int = 20, seed: int = 0, ridge: float = 10.0) -> Corrections:
     """Fit the ensemble on the matched nodes of the training conditions (targets clipped to
-    [-1, 1]: a node at most e times faster or slower)."""
+    [-1, 1]: a node at most e times faster or slower); uncalibrated (see ``calibrate``)."""
     rng = np.random.default_rng(seed)
     per_cond = []
     for steps in train.steps:
-        xs = [_terms(f.x[np.isfinite(y)]) for _, f, y in steps]
+        xs = [terms(f.x[np.isfinite(y)]) for _, f, y in steps]
         ys = [np.clip(y[np.isfinite(y)], -1.0, 1.0) for _, _, y in steps]
         if xs:
             per_cond.append((np.concatenate(xs), np.concatenate(ys)))
+    if not per_cond:
+        raise ValueError("no training conditions with matched nodes")
     allx = np.concatenate([x for x, _ in per_cond])
+    every = np.concatenate([terms(f.x) for steps in train.steps for _, f, _ in steps])  # the range inference sees: every node
     mean, std = allx.mean(axis=0), allx.std(axis=0)
     std[std == 0] = 1.0
     # the normal equations of each condition, summed over a bootstrap resample
@@ -258,10 +179,8 @@ def fit_corrections(train: Conditions, members: int = 20, seed: int = 0, ridge: 
     coef = []
     for _ in range(members):
         pick = rng.integers(0, len(grams), len(grams))
-        a = sum(grams[i][0] for i in pick) + reg
-        b = sum(grams[i][1] for i in pick)
-        coef.append(np.linalg.solve(a, b))
-    return Corrections(np.array(coef), mean, std)
+        coef.append(np.linalg.solve(sum(grams[i][0] for i in pick) + reg, sum(grams[i][1] for i in pick)))
+    return Corrections(np.array(coef), mean, std, every.min(axis=0), every.max(axis=0), trained_on=f"{len(per_cond)} paired conditions")
 
 
 def corrected(model: Corrections, c: Conditions) -> np.ndarray:
@@ -271,9 +190,10 @@ def corrected(model: Corrections, c: Conditions) -> np.ndarray:
 
 def calibrate(model: Corrections, cal: Conditions, level: float = 0.9) -> None:
     """Split conformal: the ``level`` quantile of |measured - corrected| / removed time over the
-    calibration conditions becomes the interval's relative half-width."""
+    calibration conditions (the ceil((n + 1) level)-th smallest) becomes the interval's relative
+    half-width."""
     pred = corrected(model, cal)
-    scale = np.maximum(cal.own, 1.0)
+    scale = np.array([max(float(np.median([f.removed_us for _, f, _ in steps])), 1.0) for steps in cal.steps])
     score = np.abs(cal.measured - pred) / scale
     k = min(len(score) - 1, int(math.ceil((len(score) + 1) * level)) - 1)
     model.halfwidth = float(np.sort(score)[k]) if len(score) else float("inf")

@@ -1,0 +1,182 @@
+"""Per-node duration corrections to the replay: what the exact replay cannot know.
+
+The replay keeps every op's duration as measured when an edit removes or shortens work. On a
+real machine the other ops change too: a rank that sleeps less leaves less time for the other
+to run alone, ops after a stall start with cold caches, a shorter step moves a collective's
+wait. ``Corrections`` predicts, for every node an edit leaves in place, the factor its duration
+changes by (log(after / before), as measured on paired re-runs: ``generate --paired``), and the
+CPM composes the corrected durations exactly like the replay. It is an ensemble of ridge
+regressions (bootstrap resamples of the training conditions) over ``FEATURES`` and their
+products with a node's relation to the edited work, and it reports a 90% interval on the
+corrected saving (split conformal on held-out conditions: the quantile of |measured -
+corrected| over the time the edit removes).
+
+Numpy only (no torch): ``whatif`` runs it wherever the analysis runs. It answers only edits of
+the kind it was trained on (they shorten or remove work; nothing lengthens) with node features
+inside their training range (``refusal``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import Category
+
+PRETRAINED = "corrections.npz"
+FEATURES = (
+    "log_dur",  # log1p(modelled duration, µs)
+    "same_rank",  # on a rank the edit touches
+    "after_edited",  # starts after the last edited node ended
+    "log_after",  # log1p(µs from that end to the node's start)
+    "concurrent",  # on another rank, running while the edited work ran
+    "cpu_op",
+    "collective",  # collective or send/recv
+    "runtime",
+    "critical",  # on the critical path before the edit (slack <= 1 µs)
+    "log_removed",  # log1p(µs of work and untraced time the edit removes)
+)
+RELATIONS = (1, 2, 4)  # same_rank, after_edited, concurrent: crossed with every feature
+MARGIN = 0.25  # a term may leave its training range by this share of the range before the input is out of domain
+
+
+@dataclass(slots=True)
+class EditFeatures:
+    """Per node of one step: model inputs, and the edited durations, latencies and releases."""
+
+    x: np.ndarray  # [n, len(FEATURES)] float32
+    dur: np.ndarray
+    weight: np.ndarray
+    release: np.ndarray
+    edited: np.ndarray  # bool: nodes the edit changed (removed work)
+    removed_us: float  # work and untraced time the edit removes, µs
+    lengthens: bool  # the edit adds time somewhere (outside what the corrections were trained on)
+
+
+def edit_features(
+    g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray, release: np.ndarray, base: CPMResult | None = None
+) -> EditFeatures:
+    """How each node stands to the work an edit (durations ``dur``, edge latencies ``weight``,
+    releases ``release``: ``whatif.apply_edits``) changes: on the edited rank or not, after the
+    edited work (and how long after), running on another rank while it ran; the node's own
+    duration, category and criticality; and the total removed."""
+    n = g.nodes
+    d0 = n["mdur"].astype(np.float64)
+    dur = np.asarray(dur, dtype=np.float64)
+    edited = np.abs(dur - d0) > 1e-9
+    w0 = g.edges["weight"].astype(np.float64)
+    fin = np.isfinite(weight)
+    dw = np.where(fin, np.asarray(weight, dtype=np.float64) - w0, 0.0)
+    edited[g.edges["src"][np.abs(dw) > 1e-9]] = True
+    both = np.isfinite(g.release) & np.isfinite(release)
+    dr = np.zeros(g.n_nodes)
+    dr[both] = np.asarray(release, dtype=np.float64)[both] - g.release[both]
+    edited[np.abs(dr) > 1e-9] = True
+    removed_us = float(-(dur - d0)[dur < d0].sum() - dw[dw < 0].sum() - dr[dr < 0].sum())
+    lengthens = bool((dur - d0 > 1e-6).any() or (dw > 1e-6).any() or (dr > 1e-6).any())
+    start = n["start"].astype(np.float64)
+    if edited.any():
+        r0, r1 = float(start[edited].min()), float((start + d0)[edited].max())
+    else:
+        r0 = r1 = float(start.max())
+    base = base or run_cpm(g)
+    cat = n["category"]
+    ranks = np.unique(n["rank"][edited])
+    same = np.isin(n["rank"], ranks)
+    after = start >= r1
+    concurrent = (~same) & (start < r1) & (start + d0 > r0)
+    x = np.column_stack([
+        np.log1p(np.maximum(d0, 0.0)), same, after, np.log1p(np.maximum(start - r1, 0.0)), concurrent,
+        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), cat == Category.RUNTIME,
+        base.slack <= 1.0, np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
+    ]).astype(np.float32)  # fmt: skip
+    return EditFeatures(x, dur, np.asarray(weight, dtype=np.float64), np.asarray(release, dtype=np.float64), edited, removed_us, lengthens)
+
+
+def terms(x: np.ndarray) -> np.ndarray:
+    """The regression's inputs: the features and their products with the relation features."""
+    x = x.astype(np.float64)
+    return np.column_stack([x] + [x * x[:, [j]] for j in RELATIONS])
+
+
+@dataclass(slots=True)
+class Corrections:
+    coef: np.ndarray  # [members, n_terms + 1]: the last is the intercept
+    mean: np.ndarray  # [n_terms]: standardisation of the terms
+    std: np.ndarray
+    lo: np.ndarray  # [n_terms]: the training range of each term
+    hi: np.ndarray
+    halfwidth: float = float("inf")
+    """90% interval half-width, as a share of the removed time (inf: not calibrated)."""
+    trained_on: str = ""
+
+    def node_factors(self, x: np.ndarray) -> np.ndarray:
+        """[members, n]: each member's duration factor per node (within [1/e, e])."""
+        z = (terms(x) - self.mean) / self.std
+        z = np.column_stack([z, np.ones(len(z))])
+        return np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
+
+    def refusal(self, f: EditFeatures) -> str | None:
+        """Why the corrections do not answer this edit (None: they do)."""
+        if f.lengthens:
+            return "out of domain: the corrections were trained on edits that remove or shorten work, and this edit lengthens some"
+        if not f.edited.any():
+            return "out of domain: the edit changes no node"
+        t = terms(f.x)
+        span = np.maximum(self.hi - self.lo, 1e-9)
+        bad = np.flatnonzero(((t < self.lo - MARGIN * span) | (t > self.hi + MARGIN * span)).any(axis=0))
+        if len(bad):
+            j = int(bad[0])
+            name = FEATURES[j % len(FEATURES)] + ("" if j < len(FEATURES) else f" x {FEATURES[RELATIONS[j // len(FEATURES) - 1]]}")
+            return f"out of domain: node term {name} outside its training range [{self.lo[j]:.3g}, {self.hi[j]:.3g}]"
+        return None
+
+    def corrected_durations(self, f: EditFeatures) -> np.ndarray:
+        factor = self.node_factors(f.x).mean(axis=0)
+        return np.where(f.edited, f.dur, f.dur * factor)
+
+    def saving(self, g: ExecutionGraph, f: EditFeatures, base: CPMResult | None = None) -> float:
+        """The corrected replay's saving (µs): the CPM on the edit's durations, every node the edit
+        leaves in place scaled by the ensemble's mean factor."""
+        base = base or run_cpm(g)
+        return base.makespan - run_cpm(g, self.corrected_durations(f), f.weight, f.release).makespan
+
+    def interval(self, saving: float, f: EditFeatures) -> tuple[float, float]:
+        half = self.halfwidth * max(f.removed_us, 1.0)
+        return saving - half, saving + half
+
+    def save(self, path: str | Path) -> None:
+        np.savez(path, coef=self.coef, mean=self.mean, std=self.std, lo=self.lo, hi=self.hi, halfwidth=np.array(self.halfwidth),
+                 trained_on=np.array(self.trained_on), features=np.array(FEATURES))  # fmt: skip
+
+
+def pretrained_corrections() -> Path:
+    """Where the bundled corrections live (trained on the paired grid of docs/eval.md)."""
+    return Path(str(resources.files("bottleneck_oracle.models") / PRETRAINED))
+
+
+def load_corrections(path: str | Path | None = None) -> Corrections:
+    """A saved ``Corrections`` (the bundled one by default); OracleError (one line) if the file is not one."""
+    path = Path(path) if path is not None else pretrained_corrections()
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if tuple(str(s) for s in z["features"]) != FEATURES:
+                raise OracleError(f"{path}: corrections for other features ({', '.join(str(s) for s in z['features'])})")
+            k = len(FEATURES) * (1 + len(RELATIONS))
+            arrays = {name: np.asarray(z[name], dtype=np.float64) for name in ("coef", "mean", "std", "lo", "hi")}
+            out = Corrections(**arrays, halfwidth=float(z["halfwidth"]), trained_on=str(z["trained_on"]))
+    except (OSError, ValueError, KeyError) as exc:
+        raise OracleError(f"{path}: not a corrections file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    shapes = {"coef": (out.coef.ndim == 2 and out.coef.shape[1] == k + 1), "mean": out.mean.shape == (k,), "std": out.std.shape == (k,),
+              "lo": out.lo.shape == (k,), "hi": out.hi.shape == (k,)}  # fmt: skip
+    bad = [name for name, ok in shapes.items() if not ok]
+    if bad or not np.isfinite(out.coef).all() or (out.std <= 0).any():
+        raise OracleError(f"{path}: not a corrections file (wrong shape or values: {', '.join(bad) or 'coef/std'})")
+    return out
