@@ -97,6 +97,7 @@ def test_whatif_json_has_the_documented_keys(capsys, generated_grid):
         check("whatif step", step)
         check("whatif replay", step["replay"])
         check("whatif model", step["model"])
+        check("whatif corrected", step["corrected"])
         check("whatif critical_path", step["critical_path"])
         for x in step["critical_path"]["joined"] + step["critical_path"]["left"]:
             assert set(x) == {"id", "name", "rank"}

@@ -660,9 +660,10 @@ def whatif(
         c = r.corrected
         fixes = []
         if corrected:
-            ok = c is not None and c.delta_us is not None and c.interval_us is not None
-            fixes = [_model_ms(c.delta_us if ok else None, signed=True),
-                     f"{c.interval_us[0] / 1000:+.3f} .. {c.interval_us[1] / 1000:+.3f}" if ok else "—"]  # fmt: skip
+            if c is not None and c.delta_us is not None and c.interval_us is not None:
+                fixes = [_model_ms(c.delta_us, signed=True), f"{c.interval_us[0] / 1000:+.3f} .. {c.interval_us[1] / 1000:+.3f}"]
+            else:
+                fixes = [_model_ms(None), "—"]
         t.rows.append(
             [label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes,
              *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants]]

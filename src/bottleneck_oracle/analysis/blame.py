@@ -250,6 +250,22 @@ def _typical(
     return typical, source, noise
 
 
+def absent_on_peers(g: ExecutionGraph, keys: list[NodeKey], groups: dict[int, int], typical: np.ndarray, source: np.ndarray) -> None:
+    """A node or region no peer runs (its peer group has other ranks in the step, none of which has
+    its key) is typically absent: typical 0 µs, from the peer ranks, even where every reference
+    step has it too (a slowdown in every step shows against the peers only). In place."""
+    present: dict[NodeKey, int] = defaultdict(int)
+    for k in keys:
+        present[(groups.get(k[0], k[0]), k[1], k[2], k[3])] += 1
+    group_size: dict[int, int] = defaultdict(int)
+    for r in g.ranks:
+        group_size[groups.get(int(r), int(r))] += 1
+    for i, k in enumerate(keys):
+        gk = groups.get(k[0], k[0])
+        if group_size[gk] >= 2 and present[(gk, k[1], k[2], k[3])] == 1 and typical[i] > 0.0:
+            typical[i], source[i] = 0.0, 1
+
+
 def _leads(g: ExecutionGraph) -> np.ndarray:
     """Per node, the untraced time from its rank's step start to its release if it starts a
     thread's step (no predecessor), else -1."""
@@ -439,6 +455,7 @@ def blame(
     memo = memo or KeyMemo()
     keys = _all_keys(g, references, memo)
     typical, source, noise = typical_durations(g, references, keys)
+    absent_on_peers(g, keys[0], keys[2], typical, source)
     d = n["mdur"].astype(np.float64)
     real = n["category"] != Category.BARRIER
     slower = real & (d - typical > np.maximum(MIN_EXCESS_US, noise))
@@ -585,17 +602,7 @@ def region_blame(
     ref_keys = [memo.regions(r) for r in references]
     ref_work = [memo.derived(r, "region_time", _region_work) for r in references]
     typical, source, noise = _typical(rt, keys, [(k, w) for (k, _), w in zip(ref_keys, ref_work)], groups, (ids, [i for _, i in ref_keys]))
-    # a region no peer runs (its peer group has other ranks in the step) is typically absent there
-    present: dict[NodeKey, int] = defaultdict(int)
-    for k in keys:
-        present[(groups.get(k[0], k[0]), k[1], k[2], k[3])] += 1
-    group_size: dict[int, int] = defaultdict(int)
-    for r in g.ranks:
-        group_size[groups.get(int(r), int(r))] += 1
-    for i, k in enumerate(keys):
-        gk = groups.get(k[0], k[0])
-        if group_size[gk] >= 2 and present[(gk, k[1], k[2], k[3])] == 1 and typical[i] > 0.0:
-            typical[i], source[i] = 0.0, 1
+    absent_on_peers(g, keys, groups, typical, source)
     excess = rt - typical
     floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
     step_marker = np.array([g.names[int(x)].startswith("ProfilerStep#") for x in rg["name"]], dtype=bool)

@@ -66,6 +66,11 @@ class Conditions:
     blame_op: np.ndarray
     blame_region: np.ndarray
     region_names: list[str]
+    noise: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """the measured saving's standard error (µs): bootstrap over the steps of its three blocks"""
+    remeasured: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """the saving measured against the clean block before alone, and (``measured_after``) after alone"""
+    measured_after: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps: list[list[tuple[ExecutionGraph, EditFeatures, np.ndarray]]] = field(default_factory=list)
     """per condition, per perturbed step: the graph, its features, and the target (log of the
     node's typical clean duration over its perturbed duration; NaN where unmatched)"""
@@ -93,7 +98,8 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
     by_step = {g.step: g for g in graphs}
     out = Conditions(rows=[], measured=np.zeros(0), own=np.zeros(0), replay=np.zeros(0), blame_op=np.zeros(0), blame_region=np.zeros(0),
                      region_names=[])  # fmt: skip
-    meas, own, rep, bop, breg = [], [], [], [], []
+    meas, own, rep, bop, breg, noise, before, after = [], [], [], [], [], [], [], []
+    rng = np.random.default_rng(0)
     memo = KeyMemo()
     for r in rows:
         c = r["condition"]
@@ -127,14 +133,34 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
                 per_step.append((g, feats, y))
         out.rows.append(r)
         meas.append(r["measured_saving_us"])
+        t = {g.step: max(g.measured.values()) for g in graphs}
+        tp = np.array([t[s] for s in r["steps"] if s in t])
+        half = len(r["clean_steps"]) // 2
+        tb = np.array([t[s] for s in r["clean_steps"][:half] if s in t])
+        ta = np.array([t[s] for s in r["clean_steps"][half:] if s in t])
+        noise.append(_bootstrap_se(tp, tb, ta, rng))
+        before.append(float(np.median(tp) - np.median(tb)))
+        after.append(float(np.median(tp) - np.median(ta)))
         own.append(float(np.median(o)))
         rep.append(float(np.median(rp)))
         bop.append(float(np.median(bo)))
         breg.append(float(np.median(br)))
         out.region_names.append(max(set(names), key=names.count))
         out.steps.append(per_step)
-    out.measured, out.own, out.replay, out.blame_op, out.blame_region = (np.array(v, dtype=np.float64) for v in (meas, own, rep, bop, breg))
+    out.measured, out.own, out.replay, out.blame_op, out.blame_region, out.noise, out.remeasured, out.measured_after = (
+        np.array(v, dtype=np.float64) for v in (meas, own, rep, bop, breg, noise, before, after)
+    )
     return out
+
+
+def _bootstrap_se(tp: np.ndarray, tb: np.ndarray, ta: np.ndarray, rng: np.random.Generator, n: int = 400) -> float:
+    """Standard error of median(perturbed) - (median(before) + median(after)) / 2, resampling each block's steps."""
+    if not (len(tp) and len(tb) and len(ta)):
+        return float("nan")
+    draws = [
+        np.median(rng.choice(tp, len(tp))) - (np.median(rng.choice(tb, len(tb))) + np.median(rng.choice(ta, len(ta)))) / 2 for _ in range(n)
+    ]
+    return float(np.std(draws))
 
 
 def merge(parts: list[Conditions]) -> Conditions:
@@ -144,7 +170,7 @@ def merge(parts: list[Conditions]) -> Conditions:
         out.rows += p.rows
         out.region_names += p.region_names
         out.steps += p.steps
-    for name in ("measured", "own", "replay", "blame_op", "blame_region"):
+    for name in ("measured", "own", "replay", "blame_op", "blame_region", "noise", "remeasured", "measured_after"):
         setattr(out, name, np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0))
     return out
 
@@ -219,12 +245,18 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
 def scores(pred: np.ndarray, measured: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None, boot: int = 1000,
            seed: int = 0) -> dict:  # fmt: skip
     """MAPE (with a bootstrap 90% interval over conditions), sign accuracy, Kendall's tau, share
-    within 25%, and the coverage of [lo, hi] when given."""
+    within 25%, and the coverage of [lo, hi] when given; over the conditions the predictor
+    answered (a finite prediction: a model refuses inputs outside its domain), ``answered`` their share."""
+    answered = np.isfinite(pred)
+    n_all = len(pred)
+    pred, measured = pred[answered], measured[answered]
+    if lo is not None and hi is not None:
+        lo, hi = lo[answered], hi[answered]
     ape = np.abs(pred - measured) / np.maximum(np.abs(measured), 1.0)
     rng = np.random.default_rng(seed)
     means = [float(np.mean(ape[rng.integers(0, len(ape), len(ape))])) for _ in range(boot)] if len(ape) else [float("nan")]
     out = {
-        "n": int(len(ape)), "mape": float(np.mean(ape)) if len(ape) else float("nan"),
+        "n": int(len(ape)), "answered": float(len(ape) / n_all) if n_all else float("nan"), "mape": float(np.mean(ape)) if len(ape) else float("nan"),
         "mape_ci90": [float(np.quantile(means, 0.05)), float(np.quantile(means, 0.95))], "median_ape": float(np.median(ape)) if len(ape) else float("nan"),
         "within_25pct": float(np.mean(ape <= 0.25)) if len(ape) else float("nan"),
         "sign": float(np.mean(np.sign(pred) == np.sign(measured))) if len(ape) else float("nan"),
