@@ -31,6 +31,13 @@ from bottleneck_oracle.api import build
 from bottleneck_oracle.training.reruns import Conditions, calibrate, corrected, evaluate_launch, fit_corrections, merge, read_paired, scores
 
 REMEASURE, REMEASURE_TRUTH = "re-measurement (noise)", "_after"
+REPORT: list[str] = []
+
+
+def emit(text: str) -> None:
+    """Print a piece of the report (and keep it for --markdown)."""
+    print(text)
+    REPORT.append(text)
 
 
 def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
@@ -178,18 +185,18 @@ def main() -> int:
     out["noise"] = {"median_clean_spread": statistics.median(spr), "median_clean_vs_clean": statistics.median(cvc),
                     "median_launch_clean_vs_clean": statistics.median(per_launch.values()), "launches_above_bound": sum(r[0]["noisy"] for r in by_launch.values()),
                     "bound": rows[0]["bound"]}  # fmt: skip
-    print(f"Noise floor: clean blocks' robust spread {100 * out['noise']['median_clean_spread']:.1f}% (median over conditions); clean vs clean "
+    emit(f"Noise floor: clean blocks' robust spread {100 * out['noise']['median_clean_spread']:.1f}% (median over conditions); clean vs clean "
           f"{100 * out['noise']['median_clean_vs_clean']:.1f}% (median over conditions), {out['noise']['launches_above_bound']} of {len(launches)} "
           f"launches above the {100 * out['noise']['bound']:.0f}% bound after re-recording\n")  # fmt: skip
     text, out["all"] = table("All conditions", preds, allc.measured, lo, hi)
-    print(text)
+    emit(text)
     resolvable = [i for i in range(len(allc.rows)) if allc.noise[i] <= 0.1 * abs(allc.measured[i])]
     out["resolvable"] = {"n": len(resolvable), "rule": "the measured saving's bootstrap standard error is at most 10% of it"}
     text, out["resolvable"]["scores"] = table(
         "Resolvable conditions (the measurement's standard error at most 10% of the saving)",
         {k: v[resolvable] for k, v in preds.items()}, allc.measured[resolvable], lo[resolvable], hi[resolvable],
     )  # fmt: skip
-    print(text)
+    emit(text)
     groups: dict[str, dict[str, list[int]]] = {"kind": defaultdict(list), "size, layout": defaultdict(list), "delay_ms": defaultdict(list)}
     for i, r in enumerate(allc.rows):
         groups["delay_ms"][f"{r['condition']['delay_ms']:g}"].append(i)
@@ -201,7 +208,7 @@ def main() -> int:
             text, out["by"][f"{by}={key}"] = table(
                 f"{by} = {key}", {k: v[idx] for k, v in preds.items()}, allc.measured[idx], lo[idx], hi[idx]
             )
-            print(text)
+            emit(text)
     out["rows"] = [
         {"launch_id": r["launch_id"], "condition": r["condition"], "measured_us": float(allc.measured[i]), "noise_us": float(allc.noise[i]),
          "interval_us": [float(lo[i]), float(hi[i])], "region": allc.region_names[i], **{k: float(v[i]) for k, v in preds.items()}}
@@ -213,6 +220,11 @@ def main() -> int:
     ):
         region_check(allc, subset, label, out)
     out["seconds"] = time.monotonic() - t0
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(f"# What-if against re-runs\n\n`python benchmarks/reruns.py {a.paired} --folds {a.folds}"
+                    f"{' --checkpoint ' + a.checkpoint if a.checkpoint else ''}` ({out['conditions']} conditions in {out['launches']} launches, "
+                    f"{out['seconds'] / 60:.0f} min).\n\n" + "\n".join(REPORT) + "\n")  # fmt: skip
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -229,7 +241,7 @@ def region_check(allc: Conditions, comp: list[int], label: str, out: dict) -> No
                                     "top_region_is_injected": float(np.mean([n.startswith("oracle_inject:") for n in named])),
                                     "op_share_of_measured": float(np.median(allc.blame_op[comp] / np.maximum(allc.measured[comp], 1.0)))}  # fmt: skip
         rc = out[f"{label}region_on_compute"]
-        print(f"Region blame on the {len(comp)} {label.rstrip('_')} extra-compute conditions: top region within 25% of the measured saving in "
+        emit(f"Region blame on the {len(comp)} {label.rstrip('_')} extra-compute conditions: top region within 25% of the measured saving in "
               f"{100 * rc['within_25pct']:.0f}% (top op row: {100 * rc['op_within_25pct']:.0f}%; the op row's saving is "
               f"{100 * rc['op_share_of_measured']:.0f}% of the measured, median); the top region is the injected range in "
               f"{100 * rc['top_region_is_injected']:.0f}%")  # fmt: skip

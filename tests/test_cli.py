@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bottleneck_oracle import cli
-from conftest import PUBLIC, SAMPLE, run_cli
+from conftest import DATA, PUBLIC, SAMPLE, run_cli
 
 COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "whatif", "blame", "advise", "summary", "compare", "version"]
 
@@ -257,3 +257,25 @@ def test_terminal_summary_walked_step_by_step_is_the_full_one(tmp_path, capsys, 
     code2, held, _ = run(["analyze", str(tmp_path / "job"), "--html", str(tmp_path / "r.html")], capsys)
     assert code == code2 == 0 and "details below for the 20 slowest" in streamed
     assert streamed == held.replace(f"HTML report: {tmp_path / 'r.html'}\n", "")
+
+
+def test_whatif_shows_the_corrected_replay_with_its_interval_beside_the_replay(capsys):
+    """The bundled corrections (trained on paired re-runs) answer an edit that removes work with a
+    corrected delta inside its 90% interval, refuse one that adds work, and --no-model leaves them out."""
+    straggler = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms inside forward in every step
+    args = ["whatif", str(straggler), "--step", "4", "--edit", "module=forward,rank=1,gap=1,scale=0", "--json"]
+    code, out, _ = run(args, capsys)
+    assert code == 0
+    (row,) = json.loads(out)["steps"]
+    c = row["corrected"]
+    assert c["out_of_domain"] is None, c
+    lo, hi = c["interval_us"]
+    assert lo <= c["delta_us"] <= hi and c["delta_us"] < 0 and c["step_us"] == pytest.approx(row["measured_us"] + c["delta_us"])
+    assert hi - lo <= 3 * abs(row["added_us"]) and "paired conditions" in c["trained_on"]
+    code, out, _ = run(["whatif", str(straggler), "--step", "4", "--edit", "rank=1,name~=copy_,delay_ms=5", "--json"], capsys)
+    (row,) = json.loads(out)["steps"]
+    assert code == 0 and row["corrected"]["delta_us"] is None and "lengthens" in row["corrected"]["out_of_domain"]
+    code, out, _ = run(["whatif", str(straggler), "--step", "4", "--edit", "rank=1,name~=copy_,delay_ms=5"], capsys)
+    assert code == 0 and "corrections out of domain" in out and "the replay is the answer" in out
+    code, out, _ = run([*args[:-1], "--no-model", "--json"], capsys)
+    assert "corrected" not in json.loads(out)["steps"][0]
