@@ -279,3 +279,21 @@ def test_whatif_shows_the_corrected_replay_with_its_interval_beside_the_replay(c
     assert code == 0 and "corrections out of domain" in out and "the replay is the answer" in out
     code, out, _ = run([*args[:-1], "--no-model", "--json"], capsys)
     assert "corrected" not in json.loads(out)["steps"][0]
+
+
+def test_blame_shows_the_corrected_saving_of_its_top_rows(capsys):
+    straggler = DATA / "gloo_ddp_8steps_straggler"
+    code, out, _ = run(["blame", str(straggler), "--step", "4", "--json"], capsys)
+    assert code == 0
+    (step,) = json.loads(out)["steps"]
+    asked = [x for x in step["nodes"] if "corrected_saving_us" in x]
+    assert asked and len(asked) <= 5
+    for x in asked:
+        if x["corrected_saving_us"] is not None:  # restoring an op to typical shortens it: in the corrections' domain
+            lo, hi = x["corrected_interval_us"]
+            assert lo <= x["corrected_saving_us"] <= hi
+    assert any(x["corrected_saving_us"] is not None for x in asked)
+    code, out, _ = run(["blame", str(straggler), "--step", "4"], capsys)
+    assert code == 0 and "corrected [90%]" in out
+    code, out, _ = run(["blame", str(straggler), "--step", "4", "--json", "--no-model"], capsys)
+    assert all("corrected_saving_us" not in x for x in json.loads(out)["steps"][0]["nodes"])

@@ -33,6 +33,7 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 if TYPE_CHECKING:
     from bottleneck_oracle.analysis.runs import Comparison, RunSummary
     from bottleneck_oracle.llm.client import ChatClient
+    from bottleneck_oracle.models.corrections import Corrections
     from bottleneck_oracle.models.predict import Predictor
 
 ExecutorSpec = str | Executor | Engine | Any | None
@@ -167,6 +168,13 @@ def analyze_stream(
     return table, (StepAnalysis.of(g, gap) for g in gs)
 
 
+def _corrections() -> Corrections | None:
+    """The bundled per-node corrections to the replay (models.corrections), if the package has them."""
+    from bottleneck_oracle.models.corrections import load_corrections, pretrained_corrections
+
+    return load_corrections() if pretrained_corrections().is_file() else None
+
+
 def whatif(
     path: str | Path,
     edits: list[str],
@@ -194,10 +202,7 @@ def whatif(
     predictor = corrections = None
     if use_model:
         predictor = _predictor(checkpoint)
-        from bottleneck_oracle.models.corrections import load_corrections, pretrained_corrections
-
-        if pretrained_corrections().is_file():
-            corrections = load_corrections()
+        corrections = _corrections()
     out: list[StepWhatIf] = []
     for g in gs:
         phase_mb = node_phases(table, g) if table is not None else None
@@ -311,11 +316,12 @@ def blame(
 
     table, gs = build(path, steps, config)
     pool = _reference_pool(path, baseline, steps, config, gs)
-    predictor = None
+    predictor = corrections = None
     if use_model:
         predictor = _predictor(checkpoint)
         variants: list[str] = [v for v in ("correction", "directed", "bidirectional") if v in predictor.models]
         predictor.variants = variants[:1]
+        corrections = _corrections()
     out: list[StepBlame] = []
     memo = KeyMemo()
     for g in gs:
@@ -346,6 +352,14 @@ def blame(
                 x.model_predicted = True
                 x.model_saving_us = None if answer["out_of_domain"] else -answer["delta_us"][variant]
                 row.model.out_of_domain = answer["out_of_domain"]
+                if corrections is not None:
+                    from bottleneck_oracle.models.corrections import edit_features
+
+                    feats = edit_features(g, d, w, rel, base)
+                    x.corrected = True
+                    if corrections.refusal(feats) is None:
+                        x.corrected_saving_us = corrections.saving(g, feats, base)
+                        x.corrected_interval_us = corrections.interval(x.corrected_saving_us, feats)
         out.append(row)
     return out
 

@@ -441,7 +441,8 @@ def generate(
         "--paired",
         help="Record paired conditions instead: a slowdown in every step of a block between clean blocks (DP and PP layouts).",
     ),
-    block: int = typer.Option(12, "--block", min=4, metavar="N", help="--paired: profiled steps per block (the first of each is dropped)."),
+    block: int = typer.Option(3, "--block", min=2, metavar="N", help="--paired: profiled steps per block (the first of each is dropped)."),
+    repeats: int = typer.Option(6, "--repeats", min=1, metavar="N", help="--paired: slowed blocks per condition, each between clean ones."),
     bound: float = typer.Option(
         0.05, "--bound", min=0.0, metavar="FRACTION", help="--paired: re-record a launch whose clean blocks differ by more than this."
     ),
@@ -451,8 +452,8 @@ def generate(
     """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped).
 
     With --paired: persistent conditions (stall, extra compute, slow collective, slow rank; every
-    rank and delay of the grid) each in a block of steps between two clean blocks of the same
-    launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
+    rank and delay of the grid), each in short blocks of steps interleaved with clean blocks of
+    the same launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
     floor of its launch."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -466,7 +467,9 @@ def generate(
         layouts = [x for x in cfg.grid.layouts if x.startswith(("dp2", "pp2"))]
         if not layouts:
             raise OracleError(f"{config}: --paired records dp2 and pp2 layouts; grid.layouts has none of them ({cfg.grid.layouts})")
-        launches = default_launches(cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, batch=cfg.grid.batch, seed=cfg.grid.seed)
+        launches = default_launches(
+            cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, repeats=repeats, batch=cfg.grid.batch, seed=cfg.grid.seed
+        )
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=as_json
         ) as bar:
@@ -743,13 +746,22 @@ def blame(
                    f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain")
         )  # fmt: skip
         with_model = r.model is not None
+        with_corrected = any(x.corrected for x in b.nodes)
         t = TableModel(
             "Culprit ops (saving if restored to typical, ms)",
             [Column("#", "key"), Column("op", "name"), Column("rank", "int"), Column("saving", "ms"), Column("share", "pct"), Column("dur", "ms"),
-             Column("typical", "ms"), Column("typical from")] + ([Column("model saving")] if with_model else []),
+             Column("typical", "ms"), Column("typical from")] + ([Column("model saving")] if with_model else [])
+            + ([Column("corrected [90%]")] if with_corrected else []),
+            caption="corrected: the replay's saving with per-node corrections learned from paired re-runs, and its 90% interval"
+            if with_corrected else "",
         )  # fmt: skip
         for k, x in enumerate(b.nodes, 1):
             model = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
+            if with_corrected:
+                iv = x.corrected_interval_us
+                fix = "—" if not x.corrected else _model_ms(None) if x.corrected_saving_us is None or iv is None else (
+                    f"{x.corrected_saving_us / 1000:.3f} [{iv[0] / 1000:.3f}, {iv[1] / 1000:.3f}]")  # fmt: skip
+                model.append(fix)
             t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *model])
         print_table(out, t)
         slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"

@@ -15,13 +15,18 @@ from bottleneck_oracle.systems.paired import CONDITIONS, Condition, Launch, defa
 
 def test_conditions_sit_in_every_step_of_their_block_between_clean_blocks():
     conds = (Condition(kind="stall", rank=1, delay_ms=20, target="layers.0.mlp"), Condition(kind="rank", rank=0, delay_ms=10))
-    dp = Launch(launch_id="a", layout="dp2", size="tiny", conditions=conds, block=4)
+    dp = Launch(launch_id="a", layout="dp2", size="tiny", conditions=conds, block=4, repeats=1)
     assert dp.steps == 20 and dp.block_steps(0) == [1, 2, 3, 4] and dp.block_steps(3) == [13, 14, 15, 16]
     inj = dp.injections()
     assert [i.step for i in inj if i.kind == "module"] == dp.block_steps(1) and {i.delay_ms for i in inj if i.kind == "module"} == {20}
     assert [i.step for i in inj if i.kind == "rank"] == dp.block_steps(3) and {i.rank for i in inj if i.kind == "rank"} == {0}
     # a pipeline runs a module once per micro-batch: the step carries the whole delay
     pp = Launch(launch_id="b", layout="pp2-1f1b", size="tiny", conditions=conds, block=4, microbatches=4)
+    # interleaved: clean, slowed, clean, slowed, ... per condition, the clean blocks in two alternating groups
+    fine = Launch(launch_id="c", layout="dp2", size="tiny", conditions=conds, block=3, repeats=3)
+    assert fine.steps == 3 * (2 * 2 * 3 + 1) and fine.slowed_blocks(0) == [1, 3, 5] and fine.slowed_blocks(1) == [7, 9, 11]
+    assert fine.clean_blocks(1) == ([6, 10], [8, 12])
+    assert sorted(i.step for i in fine.injections() if i.kind == "rank") == [s for b in (7, 9, 11) for s in fine.block_steps(b)]
     assert {i.delay_ms for i in pp.injections() if i.kind == "module"} == {5.0}
     with pytest.raises(ValueError, match="target module"):
         Condition(kind="compute", rank=0, delay_ms=5)
@@ -37,7 +42,7 @@ def test_the_default_grid_covers_every_kind_rank_and_delay():
 
 
 def test_measure_takes_block_medians_without_the_transition_steps():
-    launch = Launch(launch_id="m", layout="dp2", size="tiny", conditions=(Condition(kind="rank", rank=0, delay_ms=10),), block=4)
+    launch = Launch(launch_id="m", layout="dp2", size="tiny", conditions=(Condition(kind="rank", rank=0, delay_ms=10),), block=4, repeats=1)
     times = {s: 100.0 for s in range(1, 13)}
     times.update({1: 999.0, 5: 999.0, 9: 999.0})  # each block's first step is dropped
     times.update({6: 130.0, 7: 131.0, 8: 129.0, 10: 104.0, 11: 104.0, 12: 104.0})
@@ -68,13 +73,13 @@ def test_extra_compute_is_real_small_ops_inside_its_range(tmp_path):
 
 @pytest.mark.slow
 def test_a_recorded_launch_measures_its_stall(tmp_path):
-    """A 30 ms stall and 30 ms of extra compute on one rank of a 2-rank DDP job, each in a block of
-    6 steps between clean blocks: the measured saving is the delay, within a noise-aware margin."""
+    """A 30 ms stall and 30 ms of extra compute on one rank of a 2-rank DDP job, each in three
+    blocks of 3 steps interleaved with clean ones: the measured saving is the delay, within a noise-aware margin."""
     conds = (
         Condition(kind="stall", rank=1, delay_ms=30, target="layers.0.mlp"),
         Condition(kind="compute", rank=0, delay_ms=30, target="layers.0.mlp"),
     )
-    launch = Launch(launch_id="one", layout="dp2", size="tiny", conditions=conds, block=6)
+    launch = Launch(launch_id="one", layout="dp2", size="tiny", conditions=conds, block=3, repeats=3)
     rows = record_launch(launch, tmp_path, bound=0.05, retries=1)
     assert [json.loads(x)["index"] for x in (tmp_path / "one" / CONDITIONS).read_text().splitlines()] == [0, 1]
     for r in rows:

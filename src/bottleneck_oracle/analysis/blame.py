@@ -355,6 +355,9 @@ class Culprit:
     parent: str | None = None  # the op whose own time an untraced gap is (name_gaps)
     model_predicted: bool = False  # the graph network was asked for this one's saving
     model_saving_us: float | None = None  # its answer; None where it refused (out of domain)
+    corrected: bool = False  # the corrections (models.corrections) were asked for this one's saving
+    corrected_saving_us: float | None = None  # the corrected replay's saving; None where out of domain
+    corrected_interval_us: tuple[float, float] | None = None  # its 90% interval
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "kind": self.kind, "name": self.name, "rank": self.rank, "dur_us": self.dur_us,
@@ -366,6 +369,9 @@ class Culprit:
             d["parent"] = self.parent
         if self.model_predicted:
             d["model_saving_us"] = self.model_saving_us
+        if self.corrected:
+            d["corrected_saving_us"] = self.corrected_saving_us
+            d["corrected_interval_us"] = list(self.corrected_interval_us) if self.corrected_interval_us else None
         return d
 
 

@@ -1,10 +1,14 @@
 """Paired conditions: a slowdown in every step of a block, measured against clean blocks around it.
 
-The ground truth that what-if and blame are checked against. A launch runs blocks of ``block``
-profiled steps, interleaved: clean, condition 1, clean, condition 2, ..., clean; every rank pinned
-to a core of its own with one thread (``launch.pin_to_core``), the warm-up step discarded, and the
-first step of every block too (where the job changes from one condition to the next). A
-condition is a slowdown on one rank in every step of its block:
+The ground truth that what-if and blame are checked against. A launch runs short blocks of
+``block`` profiled steps, interleaved: clean, slowed, clean, slowed, ... — ``repeats`` slowed
+blocks per condition, then the next condition's — every rank pinned to a core of its own with
+one thread (``launch.pin_to_core``), the warm-up step discarded, and the first step of every
+block too (where the job changes from one condition to the next). Short interleaved blocks
+cancel the machine's drift, which long blocks do not: on the 2-core recording machine, the
+medians of two 11-step clean blocks 3 s apart differed by 8% (median over 112 pairs), while the
+same steps split into alternate halves differed by 3.6%. A condition is a slowdown on one rank
+in every step of its blocks:
 
 - ``stall``: a sleep after a module's forward (a hook that blocks, a slow data fetch in a module);
 - ``compute``: real extra work after a module's forward, small matmul + tanh pairs (many small
@@ -16,11 +20,11 @@ In a pipeline, module slowdowns run once per micro-batch, so each call gets ``de
 microbatches`` and the step carries ``delay_ms`` in all.
 
 Measured (``conditions.jsonl`` in the launch folder, one line per condition): the step time of a
-step is the slowest rank's ``ProfilerStep`` span; a block's time is the median of its steps; a
-condition's measured saving (what removing it saves) is its block's time minus the mean of the
-two clean blocks around it. The noise floor: each clean block's robust relative spread (1.4826 x
-MAD / median) and the clean-vs-clean difference of the two clean neighbours of each condition
-(|after - before| / before). A launch whose median clean-vs-clean difference is above ``bound`` is
+step is the slowest rank's ``ProfilerStep`` span; a condition's measured saving (what removing it
+saves) is the median of its slowed steps minus the mean of the medians of its two clean groups
+(the clean blocks around its slowed ones, taken alternately: ``Launch.clean_blocks``). The noise
+floor: each clean group's robust relative spread (1.4826 x MAD / median) and the clean-vs-clean
+difference of the two groups (|second - first| / first). A launch whose median clean-vs-clean difference is above ``bound`` is
 recorded again, at most ``retries`` times; its rows say ``noisy: true`` if it still was.
 """
 
@@ -75,7 +79,11 @@ class Launch:
     """dp2 or pp2-1f1b / pp2-afab (world 2)."""
     size: str
     conditions: tuple[Condition, ...]
-    block: int = 8
+    block: int = 3
+    """Profiled steps per block (the first of each is dropped)."""
+    repeats: int = 6
+    """Slowed blocks per condition, each followed by a clean block (the clean blocks between them
+    are shared: clean, slowed, clean, slowed, ..., clean)."""
     batch: int = 4
     microbatches: int = 4
     seed: int = 0
@@ -86,11 +94,22 @@ class Launch:
 
     @property
     def steps(self) -> int:
-        return self.block * (2 * len(self.conditions) + 1)
+        return self.block * (2 * len(self.conditions) * self.repeats + 1)
 
     def block_steps(self, b: int) -> list[int]:
-        """Profiled steps of block ``b`` (0: the first clean block; 2k+1: condition k)."""
+        """Profiled steps of block ``b`` (even: clean; odd: slowed, see ``slowed_blocks``)."""
         return list(range(1 + b * self.block, 1 + (b + 1) * self.block))
+
+    def slowed_blocks(self, k: int) -> list[int]:
+        """The blocks of condition ``k``: 2 (k R + j) + 1 for j < R (R = repeats)."""
+        return [2 * (k * self.repeats + j) + 1 for j in range(self.repeats)]
+
+    def clean_blocks(self, k: int) -> tuple[list[int], list[int]]:
+        """The clean blocks around condition ``k``'s, in two alternating groups (before each of
+        its slowed blocks, and the one after the last, taken in turn): the clean-vs-clean
+        comparison is between the groups, interleaved like the slowed blocks."""
+        blocks = [b - 1 for b in self.slowed_blocks(k)] + [self.slowed_blocks(k)[-1] + 1]
+        return blocks[0::2], blocks[1::2]
 
     def injections(self) -> tuple[Injection, ...]:
         per_call = self.microbatches if self.layout.startswith("pp") else 1
@@ -98,7 +117,7 @@ class Launch:
         out = []
         for k, c in enumerate(self.conditions):
             delay = c.delay_ms / per_call if c.kind in ("stall", "compute") else c.delay_ms
-            for step in self.block_steps(2 * k + 1):
+            for step in (s for b in self.slowed_blocks(k) for s in self.block_steps(b)):
                 out.append(Injection(kind=kind[c.kind], target=c.target, rank=c.rank, step=step, delay_ms=delay))
         return tuple(out)
 
@@ -113,8 +132,9 @@ def stage_layers(layout: str, size: str, rank: int) -> range:
 
 
 def default_launches(
-    sizes: list[str], layouts: list[str], delays_ms: list[float], per_launch: int = 8, block: int = 8, batch: int = 4, seed: int = 0
-) -> list[Launch]:
+    sizes: list[str], layouts: list[str], delays_ms: list[float], per_launch: int = 8, block: int = 3, repeats: int = 6, batch: int = 4,
+    seed: int = 0,
+) -> list[Launch]:  # fmt: skip
     """Every kind x rank x delay on every size x layout, ``per_launch`` conditions to a launch (in
     an order that mixes kinds within a launch)."""
     out: list[Launch] = []
@@ -132,7 +152,7 @@ def default_launches(
                         conds.append(Condition(kind=kind, rank=rank, delay_ms=float(delay), target=target))
             for i in range(0, len(conds), per_launch):
                 out.append(Launch(launch_id=f"{size}-{layout}-{i // per_launch}", layout=layout, size=size, conditions=tuple(conds[i : i + per_launch]),
-                                  block=block, batch=batch, seed=seed + len(out)))  # fmt: skip
+                                  block=block, repeats=repeats, batch=batch, seed=seed + len(out)))  # fmt: skip
     return out
 
 
@@ -169,18 +189,20 @@ def spread(xs: list[float]) -> float:
 def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
     """One row per condition: block medians, measured saving, the noise floor around it."""
 
-    def block(b: int) -> list[float]:
-        return [times[s] for s in launch.block_steps(b)[1:] if s in times]  # the block's first step is a transition
+    def steps(blocks: list[int]) -> list[int]:
+        return [s for b in blocks for s in launch.block_steps(b)[1:] if s in times]  # a block's first step is a transition
 
     rows = []
     for k, c in enumerate(launch.conditions):
-        before, pert, after = block(2 * k), block(2 * k + 1), block(2 * k + 2)
-        cb, cp, ca = _median(before), _median(pert), _median(after)
+        first, second = launch.clean_blocks(k)
+        slowed, before, after = steps(launch.slowed_blocks(k)), steps(first), steps(second)
+        cb, cp, ca = (_median([times[s] for s in x]) for x in (before, slowed, after))
         rows.append({
             "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "index": k, "condition": asdict(c),
-            "steps": launch.block_steps(2 * k + 1)[1:], "clean_steps": launch.block_steps(2 * k)[1:] + launch.block_steps(2 * k + 2)[1:],
+            "steps": slowed, "clean_steps": before + after, "clean_groups": [before, after],
             "perturbed_us": cp, "clean_before_us": cb, "clean_after_us": ca, "measured_saving_us": cp - (cb + ca) / 2,
-            "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread(before), spread(after)), "perturbed_spread": spread(pert),
+            "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread([times[s] for s in x]) for x in (before, after)),
+            "perturbed_spread": spread([times[s] for s in slowed]),
         })  # fmt: skip
     return rows
 

@@ -136,8 +136,9 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         t = {g.step: max(g.measured.values()) for g in graphs}
         tp = np.array([t[s] for s in r["steps"] if s in t])
         half = len(r["clean_steps"]) // 2
-        tb = np.array([t[s] for s in r["clean_steps"][:half] if s in t])
-        ta = np.array([t[s] for s in r["clean_steps"][half:] if s in t])
+        first, second = r.get("clean_groups") or (r["clean_steps"][:half], r["clean_steps"][half:])
+        tb = np.array([t[s] for s in first if s in t])
+        ta = np.array([t[s] for s in second if s in t])
         noise.append(_bootstrap_se(tp, tb, ta, rng))
         before.append(float(np.median(tp) - np.median(tb)))
         after.append(float(np.median(tp) - np.median(ta)))
