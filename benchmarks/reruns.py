@@ -111,11 +111,12 @@ def main() -> int:
     ap.add_argument("--checkpoint", default=None, help="a `train` checkpoint: add its pooled MLP and XGBoost")
     ap.add_argument("--no-gat", action="store_true", help="leave out the bundled graph network")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None, help="also write the tables to this file (docs/eval-reruns.md)")
     ap.add_argument(
         "--save-corrections",
         default=None,
         metavar="NPZ",
-        help="fit the corrections on every condition and save them (interval: the held-out residuals' 90% quantile)",
+        help="fit the corrections on every condition and save them (interval: the held-out residuals' 90%% quantile)",
     )
     a = ap.parse_args()
     predictor = ckpt = None
