@@ -25,16 +25,14 @@ import time
 
 import numpy as np
 
-from bottleneck_oracle.api import load
+from bottleneck_oracle.graph_pipeline.events import load_events
 from bottleneck_oracle.systems.ddp import DDPRun, record
+from bottleneck_oracle.systems.generate import step_times
 
 
-def step_times(folder) -> list[float]:
+def clean_steps(folder) -> list[float]:
     """Step time (µs) of each profiled step after the first: the slowest rank's span."""
-    table = load(folder)
-    per: dict[int, float] = {}
-    for s in table.steps:
-        per[s.number] = max(per.get(s.number, 0.0), s.span)
+    per = step_times(load_events(folder))
     first = min(per)
     return [t for n, t in sorted(per.items()) if n != first]
 
@@ -52,7 +50,7 @@ def main() -> int:
         for k in range(a.runs):
             for name in ("pinned", "unpinned"):
                 folder = record(DDPRun(out=f"{tmp}/{name}-{k}", world=2, steps=a.steps, hidden=a.hidden, pin=name == "pinned"))
-                runs[name].append(step_times(folder))
+                runs[name].append(clean_steps(folder))
                 m = float(np.median(runs[name][-1]))
                 print(f"{name} run {k}: median step {m / 1000:.3f} ms over {len(runs[name][-1])} steps", file=sys.stderr)
     result: dict[str, object] = {"runs": a.runs, "steps": a.steps, "seconds": time.monotonic() - t0}

@@ -76,14 +76,6 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
-def pick(c: Conditions, idx: list[int]) -> Conditions:
-    out = Conditions(rows=[c.rows[i] for i in idx], measured=c.measured[idx], own=c.own[idx], replay=c.replay[idx], blame_op=c.blame_op[idx],
-                     blame_region=c.blame_region[idx], region_names=[c.region_names[i] for i in idx], noise=c.noise[idx],
-                     remeasured=c.remeasured[idx], measured_after=c.measured_after[idx])  # fmt: skip
-    out.steps = [c.steps[i] for i in idx]
-    return out
-
-
 def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[str, dict]:
     lines = [f"**{title}** ({len(measured)} conditions)", "",
              "| predictor | answered | MAPE [90% CI] | median APE | within 25% | sign | Kendall τ | 90% interval covers |",
@@ -153,9 +145,9 @@ def main() -> int:
         cal_l = set(rest[::4])
         fit = [i for i, lid in enumerate(lid_of) if lid in rest and lid not in cal_l]
         cal = [i for i, lid in enumerate(lid_of) if lid in cal_l]
-        model = fit_corrections(pick(allc, fit), seed=k)
-        calibrate(model, pick(allc, cal))
-        held = pick(allc, test)
+        model = fit_corrections(allc.select(fit), seed=k)
+        calibrate(model, allc.select(cal))
+        held = allc.select(test)
         p = corrected(model, held)
         corr[test] = p
         half = model.halfwidth * np.maximum(held.own, 1.0)

@@ -229,19 +229,15 @@ def whatif(
         replay = Replay(step_us=measured + edited.makespan - base.makespan, delta_us=edited.makespan - base.makespan)
         corrected = None
         if corrections is not None:
-            from bottleneck_oracle.models.corrections import edit_features
-
-            feats = edit_features(g, d, w, rel, base)
-            reason = corrections.refusal(feats)
-            if reason is None:
-                saving = corrections.saving(g, feats, base)
-                lo, hi = corrections.interval(saving, feats)
+            answer = corrections.answer(g, d, w, rel, base)
+            if isinstance(answer, str):
+                corrected = Corrected(
+                    step_us=None, delta_us=None, interval_us=None, out_of_domain=answer, trained_on=corrections.trained_on
+                )
+            else:
+                saving, (lo, hi) = answer
                 corrected = Corrected(step_us=measured - saving, delta_us=-saving, interval_us=(-hi, -lo), out_of_domain=None,
                                       trained_on=corrections.trained_on)  # fmt: skip
-            else:
-                corrected = Corrected(
-                    step_us=None, delta_us=None, interval_us=None, out_of_domain=reason, trained_on=corrections.trained_on
-                )
         resplit = None
         if microbatches is not None:
             from bottleneck_oracle.analysis.phases import formula_parts, is_pipeline, pipeline_step
@@ -353,13 +349,10 @@ def blame(
                 x.model_saving_us = None if answer["out_of_domain"] else -answer["delta_us"][variant]
                 row.model.out_of_domain = answer["out_of_domain"]
                 if corrections is not None:
-                    from bottleneck_oracle.models.corrections import edit_features
-
-                    feats = edit_features(g, d, w, rel, base)
                     x.corrected = True
-                    if corrections.refusal(feats) is None:
-                        x.corrected_saving_us = corrections.saving(g, feats, base)
-                        x.corrected_interval_us = corrections.interval(x.corrected_saving_us, feats)
+                    fixed = corrections.answer(g, d, w, rel, base)
+                    if not isinstance(fixed, str):
+                        x.corrected_saving_us, x.corrected_interval_us = fixed
         out.append(row)
     return out
 

@@ -7,7 +7,8 @@ import json
 import sys
 import tempfile
 import warnings
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -455,8 +456,6 @@ def generate(
     rank and delay of the grid), each in short blocks of steps interleaved with clean blocks of
     the same launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
     floor of its launch."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from bottleneck_oracle.systems.generate import generate as run_grid
 
     cfg = _config(config)
@@ -470,14 +469,7 @@ def generate(
         launches = default_launches(
             cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, repeats=repeats, batch=cfg.grid.batch, seed=cfg.grid.seed
         )
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=as_json
-        ) as bar:
-            task = bar.add_task("launches", total=len(launches))
-
-            def advance(launch_id: str, done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total, description=launch_id or "done")
-
+        with _recording_bar("launches", len(launches), as_json) as advance:
             summary = generate_paired(launches, target, bound=bound, retries=retries, progress=advance)
         if as_json:
             _print_json(summary)
@@ -489,14 +481,7 @@ def generate(
                 highlight=False,
             )
         return
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=as_json
-    ) as bar:
-        task = bar.add_task("runs", total=None)
-
-        def progress(run_id: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=run_id or "done")
-
+    with _recording_bar("runs", None, as_json) as progress:
         summary = run_grid(cfg.grid, target, progress)
     if as_json:
         _print_json(summary)
@@ -506,6 +491,22 @@ def generate(
             f"{summary['steps']} profiled steps ({summary['perturbed_steps']} perturbed) in {summary['manifest']}",
             highlight=False,
         )
+
+
+@contextmanager
+def _recording_bar(what: str, total: int | None, quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar on stderr for a recording, and its callback (id now recording, done, total)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, disable=quiet
+    ) as bar:
+        task = bar.add_task(what, total=total)
+
+        def advance(now: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=now or "done")
+
+        yield advance
 
 
 @app.command("build-dataset")

@@ -148,6 +148,18 @@ class Corrections:
         base = base or run_cpm(g)
         return base.makespan - run_cpm(g, self.corrected_durations(f), f.weight, f.release).makespan
 
+    def answer(
+        self, g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray, release: np.ndarray, base: CPMResult | None = None
+    ) -> tuple[float, tuple[float, float]] | str:
+        """For an edit (``whatif.apply_edits``' durations, latencies and releases): the corrected
+        saving (µs) and its 90% interval, or why the corrections do not answer it."""
+        f = edit_features(g, dur, weight, release, base)
+        reason = self.refusal(f)
+        if reason is not None:
+            return reason
+        saving = self.saving(g, f, base)
+        return saving, self.interval(saving, f)
+
     def interval(self, saving: float, f: EditFeatures) -> tuple[float, float]:
         half = self.halfwidth * max(f.removed_us, 1.0)
         return saving - half, saving + half

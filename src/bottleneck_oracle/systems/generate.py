@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.config import GridConfig
-from bottleneck_oracle.graph_pipeline.events import load_events
+from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.systems.ddp import DDPRun
 from bottleneck_oracle.systems.ddp import record as record_ddp
 from bottleneck_oracle.systems.inject import Injection, read_manifest
@@ -39,6 +39,23 @@ def world_of(layout: str) -> int:
     if m is None:
         raise ValueError(f"not a layout (dpN, tpN, ppN or ppN-afab|1f1b): {layout!r}")
     return int(m.group(2))
+
+
+def stage_layers(layout: str, size: str, rank: int) -> range:
+    """The layers a rank runs: all of them under DP and TP, its stage's under PP."""
+    n = SIZES[size].layers
+    if layout.startswith("pp"):
+        world = world_of(layout)
+        return range(rank * n // world, (rank + 1) * n // world)
+    return range(n)
+
+
+def step_times(table: EventTable) -> dict[int, float]:
+    """Step time (µs) of every profiled step of a recorded run: the slowest rank's ProfilerStep span."""
+    per: dict[int, float] = {}
+    for s in table.steps:
+        per[s.number] = max(per.get(s.number, 0.0), s.span)
+    return per
 
 
 def cells(grid: GridConfig) -> list[dict]:
@@ -65,8 +82,8 @@ def injections_for(cell: dict, grid: GridConfig, seed: int) -> tuple[Injection, 
         kind = cell["kind"]
         if kind in ("module", "compute"):
             if cell["layout"].startswith("pp"):  # the layers a stage holds
-                lo, hi = rank * layers // world, (rank + 1) * layers // world
-                layer = rng.randrange(lo, hi)
+                held = stage_layers(cell["layout"], cell["size"], rank)
+                layer = rng.randrange(held.start, held.stop)
             else:
                 layer = rng.randrange(layers)
             target = f"layers.{layer}.{rng.choice(['attn', 'mlp'])}"
@@ -115,9 +132,7 @@ def run_cell(cell: dict, grid: GridConfig, out: Path, seed: int) -> Path:
 def manifest_rows(folder: Path, cell: dict) -> list[dict]:
     """One row per profiled step of a finished run: measured step time and its injection."""
     table = load_events(folder)
-    step_time: dict[int, float] = {}
-    for s in table.steps:
-        step_time[s.number] = max(step_time.get(s.number, 0.0), s.span)
+    step_time = step_times(table)
     injected: dict[int, dict] = {}
     for r in read_manifest(folder):  # a module runs once per micro-batch: one record per call
         inj = injected.setdefault(

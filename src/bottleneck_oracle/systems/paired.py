@@ -41,8 +41,8 @@ from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.graph_pipeline.events import load_events
 from bottleneck_oracle.systems.ddp import DDPRun
 from bottleneck_oracle.systems.ddp import record as record_ddp
+from bottleneck_oracle.systems.generate import stage_layers, step_times, world_of
 from bottleneck_oracle.systems.inject import Injection
-from bottleneck_oracle.systems.model import SIZES
 from bottleneck_oracle.systems.pipeline import PipelineRun
 from bottleneck_oracle.systems.pipeline import record as record_pipeline
 
@@ -90,7 +90,7 @@ class Launch:
 
     @property
     def world(self) -> int:
-        return int(self.layout[2])
+        return world_of(self.layout)
 
     @property
     def steps(self) -> int:
@@ -122,15 +122,6 @@ class Launch:
         return tuple(out)
 
 
-def stage_layers(layout: str, size: str, rank: int) -> range:
-    """The layers a rank runs: all of them under DP, its stage's under PP."""
-    n = SIZES[size].layers
-    if layout.startswith("pp"):
-        world = int(layout[2])
-        return range(rank * n // world, (rank + 1) * n // world)
-    return range(n)
-
-
 def default_launches(
     sizes: list[str], layouts: list[str], delays_ms: list[float], per_launch: int = 8, block: int = 3, repeats: int = 6, batch: int = 4,
     seed: int = 0,
@@ -140,7 +131,7 @@ def default_launches(
     out: list[Launch] = []
     for size in sizes:
         for layout in layouts:
-            world = int(layout[2])
+            world = world_of(layout)
             conds: list[Condition] = []
             for delay in delays_ms:
                 for rank in range(world):
@@ -165,15 +156,6 @@ def _record(launch: Launch, folder: Path) -> None:
         record_pipeline(PipelineRun(out=str(folder), world=launch.world, size=launch.size, schedule=launch.layout.split("-", 1)[1],
                                     microbatches=launch.microbatches, batch=max(1, launch.batch // 2), steps=launch.steps, seed=launch.seed,
                                     injections=injections, pin=True))  # fmt: skip
-
-
-def step_times(folder: Path) -> dict[int, float]:
-    """Step time (µs) of every profiled step: the slowest rank's ProfilerStep span."""
-    table = load_events(folder)
-    per: dict[int, float] = {}
-    for s in table.steps:
-        per[s.number] = max(per.get(s.number, 0.0), s.span)
-    return per
 
 
 def _median(xs: list[float]) -> float:
@@ -217,7 +199,7 @@ def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int =
             shutil.rmtree(folder)
         _record(launch, folder)
         attempts += 1
-        rows = measure(launch, step_times(folder))
+        rows = measure(launch, step_times(load_events(folder)))
         noise = _median([r["clean_vs_clean"] for r in rows])
         if noise <= bound or attempts > retries:
             break

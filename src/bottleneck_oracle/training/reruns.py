@@ -55,25 +55,42 @@ def step_features(g: ExecutionGraph, table, rank: int, base: CPMResult | None = 
     return edit_features(g, d, w, rel, base)
 
 
+def _empty() -> np.ndarray:
+    return np.zeros(0)
+
+
 @dataclass(slots=True)
 class Conditions:
     """Per condition: measured and predicted savings (µs), and the per-step inputs of the model."""
 
-    rows: list[dict]
-    measured: np.ndarray
-    own: np.ndarray
-    replay: np.ndarray
-    blame_op: np.ndarray
-    blame_region: np.ndarray
-    region_names: list[str]
-    noise: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rows: list[dict] = field(default_factory=list)
+    measured: np.ndarray = field(default_factory=_empty)
+    own: np.ndarray = field(default_factory=_empty)
+    replay: np.ndarray = field(default_factory=_empty)
+    blame_op: np.ndarray = field(default_factory=_empty)
+    blame_region: np.ndarray = field(default_factory=_empty)
+    region_names: list[str] = field(default_factory=list)
+    noise: np.ndarray = field(default_factory=_empty)
     """the measured saving's standard error (µs): bootstrap over the steps of its three blocks"""
-    remeasured: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    remeasured: np.ndarray = field(default_factory=_empty)
     """the saving measured against the clean block before alone, and (``measured_after``) after alone"""
-    measured_after: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    measured_after: np.ndarray = field(default_factory=_empty)
     steps: list[list[tuple[ExecutionGraph, EditFeatures, np.ndarray]]] = field(default_factory=list)
     """per condition, per perturbed step: the graph, its features, and the target (log of the
     node's typical clean duration over its perturbed duration; NaN where unmatched)"""
+
+    def select(self, idx: list[int]) -> Conditions:
+        """The conditions ``idx``, in that order."""
+        out = Conditions(
+            rows=[self.rows[i] for i in idx], region_names=[self.region_names[i] for i in idx], steps=[self.steps[i] for i in idx]
+        )
+        for name in ARRAYS:
+            setattr(out, name, getattr(self, name)[idx])
+        return out
+
+
+ARRAYS = ("measured", "own", "replay", "blame_op", "blame_region", "noise", "remeasured", "measured_after")
+"""The per-condition arrays of ``Conditions``."""
 
 
 def _keys(g: ExecutionGraph) -> list[tuple]:
@@ -89,18 +106,21 @@ def _keys(g: ExecutionGraph) -> list[tuple]:
     return out
 
 
-def _names(g: ExecutionGraph) -> list[str]:
-    return list(g.names)
-
-
 def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_model_inputs: bool = True) -> Conditions:
     """Predictions for the conditions of one launch (its rows of paired.jsonl), from its graphs."""
     by_step = {g.step: g for g in graphs}
-    out = Conditions(rows=[], measured=np.zeros(0), own=np.zeros(0), replay=np.zeros(0), blame_op=np.zeros(0), blame_region=np.zeros(0),
-                     region_names=[])  # fmt: skip
+    step_time = {g.step: max(g.measured.values()) for g in graphs}
+    out = Conditions()
     meas, own, rep, bop, breg, noise, before, after = [], [], [], [], [], [], [], []
     rng = np.random.default_rng(0)
     memo = KeyMemo()
+    identities: dict[int | None, list[tuple]] = {}  # by step: a clean step serves the conditions on both sides of it
+
+    def identity(g: ExecutionGraph) -> list[tuple]:
+        if g.step not in identities:
+            identities[g.step] = [(k[0], k[1], g.names[k[2]], k[3]) for k in _keys(g)]
+        return identities[g.step]
+
     for r in rows:
         c = r["condition"]
         gs = [by_step[s] for s in r["steps"] if s in by_step]
@@ -111,8 +131,8 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         clean_dur: dict[tuple, list[float]] = {}
         if with_model_inputs:
             for h in clean:
-                for k, v in zip(_keys(h), h.nodes["mdur"]):
-                    clean_dur.setdefault((k[0], k[1], h.names[k[2]], k[3]), []).append(float(v))
+                for k, v in zip(identity(h), h.nodes["mdur"]):
+                    clean_dur.setdefault(k, []).append(float(v))
         for g in gs:
             base = run_cpm(g)
             feats = step_features(g, table, c["rank"], base)
@@ -125,15 +145,15 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
             names.append(b.regions[0].name if b.regions else "")
             if with_model_inputs:
                 y = np.full(g.n_nodes, np.nan)
-                for i, k in enumerate(_keys(g)):
-                    ref = clean_dur.get((k[0], k[1], g.names[k[2]], k[3]))
+                for i, k in enumerate(identity(g)):
+                    ref = clean_dur.get(k)
                     d = float(g.nodes["mdur"][i])
                     if ref and d > 0 and not feats.edited[i]:
                         y[i] = math.log(max(float(np.median(ref)), 0.01) / max(d, 0.01))
                 per_step.append((g, feats, y))
         out.rows.append(r)
         meas.append(r["measured_saving_us"])
-        t = {g.step: max(g.measured.values()) for g in graphs}
+        t = step_time
         tp = np.array([t[s] for s in r["steps"] if s in t])
         half = len(r["clean_steps"]) // 2
         first, second = r.get("clean_groups") or (r["clean_steps"][:half], r["clean_steps"][half:])
@@ -165,13 +185,12 @@ def _bootstrap_se(tp: np.ndarray, tb: np.ndarray, ta: np.ndarray, rng: np.random
 
 
 def merge(parts: list[Conditions]) -> Conditions:
-    out = Conditions(rows=[], measured=np.zeros(0), own=np.zeros(0), replay=np.zeros(0), blame_op=np.zeros(0), blame_region=np.zeros(0),
-                     region_names=[])  # fmt: skip
+    out = Conditions()
     for p in parts:
         out.rows += p.rows
         out.region_names += p.region_names
         out.steps += p.steps
-    for name in ("measured", "own", "replay", "blame_op", "blame_region", "noise", "remeasured", "measured_after"):
+    for name in ARRAYS:
         setattr(out, name, np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0))
     return out
 
