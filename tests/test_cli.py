@@ -283,6 +283,11 @@ def test_whatif_shows_the_corrected_replay_with_its_interval_beside_the_replay(c
     assert code == 0 and "corrections out of domain" in out and "the replay is the answer" in out
     code, out, _ = run([*args[:-1], "--no-model", "--json"], capsys)
     assert "corrected" not in json.loads(out)["steps"][0]
+    # trained on CPU (gloo) runs: a GPU trace is refused in words a user can act on
+    gpu = ["whatif", str(PUBLIC / "nccl_2rank_rank0.json.gz"), "--edit", "cat=kernel,scale=0.5", "--json"]
+    code, out, _ = run(gpu, capsys)
+    assert code == 0
+    assert all("a GPU trace" in s["corrected"]["out_of_domain"] for s in json.loads(out)["steps"])
 
 
 def test_blame_shows_the_corrected_saving_of_its_top_rows(capsys):

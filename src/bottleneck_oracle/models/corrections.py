@@ -58,6 +58,7 @@ class EditFeatures:
     edited: np.ndarray  # bool: nodes the edit changed (removed work)
     removed_us: float  # work and untraced time the edit removes, µs
     lengthens: bool  # the edit adds time somewhere (outside what the corrections were trained on)
+    gpu: bool = False  # the step has GPU ops (the corrections were trained on CPU runs)
 
 
 def edit_features(
@@ -97,7 +98,8 @@ def edit_features(
         cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), cat == Category.RUNTIME,
         base.slack <= 1.0, np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
     ]).astype(np.float32)  # fmt: skip
-    return EditFeatures(x, dur, np.asarray(weight, dtype=np.float64), np.asarray(release, dtype=np.float64), edited, removed_us, lengthens)
+    return EditFeatures(x, dur, np.asarray(weight, dtype=np.float64), np.asarray(release, dtype=np.float64), edited, removed_us, lengthens,
+                        bool(n["on_gpu"].any()))  # fmt: skip
 
 
 def terms(x: np.ndarray) -> np.ndarray:
@@ -125,6 +127,8 @@ class Corrections:
 
     def refusal(self, f: EditFeatures) -> str | None:
         """Why the corrections do not answer this edit (None: they do)."""
+        if f.gpu:
+            return "out of domain: a GPU trace, and the corrections were trained on CPU (gloo) runs only"
         if f.lengthens:
             return "out of domain: the corrections were trained on edits that remove or shorten work, and this edit lengthens some"
         if not f.edited.any():
