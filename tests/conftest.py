@@ -28,7 +28,7 @@ def recorded_ddp(tmp_path_factory) -> Path:
     from bottleneck_oracle.systems.ddp import DDPRun, record
 
     out = tmp_path_factory.mktemp("ddp")
-    return record(DDPRun(out=str(out), world=2, steps=5, straggler=1, delay_ms=25.0, hidden=256, bucket_mb=25.0))
+    return record(DDPRun(out=str(out), world=2, steps=9, straggler=1, delay_ms=25.0, hidden=256, bucket_mb=25.0))
 
 
 @pytest.fixture(autouse=True)

@@ -55,10 +55,11 @@ def _first_allreduce_wait(g):
 
 def test_slack_of_the_waiting_rank_equals_its_measured_wait(analysed):
     """On each step, rank 0's early ops can absorb exactly the time it waited at the all-reduce.
-    A late OS wake-up on a loaded 2-core machine can add slack to one step, or (seen once in a
-    clean-clone CI run) put rank 0's first op on the critical path of one step, so the equality
-    is held on the median over steps, and all steps but one must show most of the wait as slack
-    and the straggler's ops on the critical path."""
+    A late OS wake-up on a loaded 2-core machine can move a step's slack off the wait (with a CPU
+    hog beside the test, by 3-12% in 2 of 4 steps), or (seen once in a clean-clone CI run) put
+    rank 0's first op on the critical path of one step, so the equality is held on the median
+    over 8 steps, and all steps but a quarter must show most of the wait as slack and the
+    straggler's ops on the critical path."""
     errors, odd = [], []
     for g, r in analysed[1:]:  # step 1 also carries DDP's start-up broadcasts
         wait = _first_allreduce_wait(g)
@@ -73,5 +74,5 @@ def test_slack_of_the_waiting_rank_equals_its_measured_wait(analysed):
             odd.append(
                 f"step {g.step}: slack {r.slack[first]:.0f} vs wait {wait:.0f} µs, rank 1 median slack {np.median(r.slack[rank1]):.0f}"
             )
-    assert len(errors) >= 3 and len(odd) <= 1, odd
+    assert len(errors) >= 6 and len(odd) <= len(errors) // 4, odd
     assert np.median(errors) <= 0.05, f"relative |slack - wait| per step: {[round(e, 3) for e in errors]}"
