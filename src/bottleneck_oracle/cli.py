@@ -910,9 +910,14 @@ def compare(
     else:
         lo, hi = c.interval_us
         how = {"faster": "faster than", "slower": "slower than", "within noise": "within noise of"}[c.verdict]
+        from bottleneck_oracle.analysis.runs import NOISE_FACTOR
+
+        why = ""
+        if c.verdict == "within noise" and (lo > 0 or hi < 0):  # the interval alone would call it: say why it is not
+            why = f" (under {NOISE_FACTOR:g}x the step-to-step noise: not called)"
         out.print(
             Text(f"candidate is {how} the baseline: {c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%), 95% interval "
-                 f"[{lo / 1000:+.3f}, {hi / 1000:+.3f}] ms, step-to-step noise ±{_ms(c.noise_us)} ms", style="bold")
+                 f"[{lo / 1000:+.3f}, {hi / 1000:+.3f}] ms, step-to-step noise ±{_ms(c.noise_us)} ms{why}", style="bold")
         )  # fmt: skip
         out.print(
             Text(f"baseline {_ms(c.baseline_median_us)} ms (median of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
