@@ -387,12 +387,16 @@ def test_every_bad_input_gets_a_clean_answer(cases, capsys):
     """Exit 0 (a warning and a sane result) or 2 (one error line naming the thing), never a
     traceback or another code; JSON output stays valid JSON; a failed run leaves nothing."""
     problems = []
+    counts: dict[str, dict[str, int]] = {}
     for case, args, output in cases:
         try:
             code, out, err = run(args, capsys)
         except Exception as exc:  # noqa: BLE001 - the point: nothing may escape the CLI
             problems.append(f"{case}: raised {exc.__class__.__name__}: {str(exc)[:200]}")
             continue
+        answer = "error" if code == 2 else "warning" if "warning:" in err else f"exit {code}"
+        per = counts.setdefault(case.split(":")[0] if ":" in case else f"{args[0]} options", {})
+        per[answer] = per.get(answer, 0) + 1
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         expect = NOT_SILENT.get(case.split(":")[-1])
         if expect and not any(line.startswith(f"{expect}:") for line in err.splitlines()):
@@ -412,6 +416,8 @@ def test_every_bad_input_gets_a_clean_answer(cases, capsys):
                 json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
             except ValueError as exc:
                 problems.append(f"{case}: --json printed invalid JSON ({str(exc)[:80]})")
+    with capsys.disabled():  # the counts per class, for the record (pytest -s shows them)
+        print("\n" + "\n".join(f"{k}: {sum(v.values())} ({', '.join(f'{n} {a}' for a, n in sorted(v.items()))})" for k, v in sorted(counts.items())))
     assert not problems, "\n".join(problems)
 
 
