@@ -319,6 +319,14 @@ TraceBytes = bytes | bytearray | MappedTrace
 """A trace file's JSON: read into memory, or mapped (map_trace). Slices of each are bytes."""
 
 
+def _give_back(raw: TraceBytes) -> None:
+    """After reads here and there in a mapped trace (names, args of single events): give its pages
+    back (a 1 GiB trace had 660 MiB resident again after reading its names and thread names,
+    with the kernel's read-ahead around each read; _parse_file turns read-ahead off for them)."""
+    if isinstance(raw, MappedTrace):
+        raw.release(len(raw))
+
+
 def map_trace(path: Path) -> TraceBytes:
     """``read_bytes``, but a file of MAP_BYTES or more on disk comes back as a MappedTrace: a
     plain file mapped as it is, a gzip file decompressed block by block into a temporary file
@@ -544,6 +552,7 @@ class _Builder:
             fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
             flow &= np.abs(fts - med) <= MAX_SPAN_US
         names, code = self._names(raw, ev, x)
+        _give_back(raw)
         base = int(min(ev["ts_i"][x].min(), ev["ts_i"][flow].min() if flow.any() else ev["ts_i"][x].min()))
         self.base = base
         ts = (ev["ts_i"][x] - base).astype(np.float64) + ev["ts_f"][x]
@@ -561,6 +570,7 @@ class _Builder:
             "is_start": ph[f] == ord("s"),
         }
         self._thread_names(path, raw, ev)
+        _give_back(raw)
         # each scanner column is let go once read: a long trace's columns are not all held beside the table
         for k in ("ts_i", "ts_f", "dur_i", "dur_f", "has_dur", "has_ts", "fid", "name_hash", "name_lo", "name_hi"):
             ev.pop(k)
@@ -583,6 +593,7 @@ class _Builder:
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
         keep = ~is_step
         dup = _duplicates(pid, tid, ts, dur, code, xcls, raw, ev["obj_lo"][x], ev["obj_hi"][x])
+        _give_back(raw)
         if dup.any():
             self.notes.append(f"{path}: {int(dup.sum())} duplicated events (same thread, name, start and duration) dropped")
             keep &= ~dup
@@ -607,8 +618,10 @@ class _Builder:
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
-        for r in full.tolist():
+        for k, r in enumerate(full.tolist()):
             e = rows[r]
+            if k % 1024 == 1023 and isinstance(raw, MappedTrace):  # in file order: the pages behind are done with
+                raw.release(int(ev["obj_lo"][e]))
             obj = _decode(path, raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
             args = obj.get("args") if isinstance(obj, dict) else None
             if not isinstance(args, dict):
@@ -629,6 +642,7 @@ class _Builder:
                     where, got = where[fits], got[fits]
                 arr[where] = got.astype(dtype)
             part[col] = arr
+        _give_back(raw)
         self.parts.append(part)
         self.names = names
         return n
@@ -659,7 +673,9 @@ class _Builder:
         rank_of_code[order] = np.arange(len(order))
         code = rank_of_code[code.reshape(-1)]
         names = []
-        for i in x[first[order]].tolist():
+        for k, i in enumerate(x[first[order]].tolist()):
+            if k % 1024 == 1023 and isinstance(raw, MappedTrace):  # in file order: the pages behind are done with
+                raw.release(int(ev["name_lo"][i]))
             b = raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])]
             names.append(_name(b))
         return names, code
@@ -768,7 +784,16 @@ class _Merger:
         shift = float(b.base - self.base)
         # the first file's bytes size the columns (rows per byte); later files only fill them
         size = Path(b.path).stat().st_size if not self.cols and b.path and Path(b.path).exists() else 1
-        for part in b.parts:
+        if not self.cols and len(b.parts) == 1 and size >= self.expected_bytes:  # the one file: its columns become the table's
+            part = b.parts.pop()
+            part["name"] = remap[part["name"]]
+            part["ts"] += shift
+            if "pg" in part and len(pg_remap):
+                part["pg"] = np.where(part["pg"] >= 0, pg_remap[np.maximum(part["pg"], 0)], -1)
+            self.cols, self.n = part, len(part["ts"])
+        b.parts.reverse()
+        while b.parts:  # each part let go once copied: the file's columns and the merged ones are not both held whole
+            part = b.parts.pop()
             m = len(part["ts"])
             self._reserve(m, part, size)
             for k, v in part.items():
@@ -780,7 +805,7 @@ class _Merger:
                     v = np.where(v >= 0, pg_remap[np.maximum(v, 0)], -1)
                 self.cols[k][self.n : self.n + m] = v
             self.n += m
-        b.parts = []
+            del part, v
         self.flows.append({**b.flows, "ts": b.flows["ts"] + shift})
         self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
         self.files[b.rank] = b.path
@@ -859,6 +884,10 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if isinstance(raw, MappedTrace) else None)
     else:
         pos = 0
+    if isinstance(raw, MappedTrace):  # from here on: single events' bytes, no read-ahead
+        raw.release(len(raw))
+        if hasattr(mmap, "MADV_RANDOM"):
+            raw.map.madvise(mmap.MADV_RANDOM)
     if err != scan.OK:
         if err in (scan.BAD_JSON, scan.TRUNCATED) and not isinstance(raw, MappedTrace) and len(raw) <= MAP_BYTES:
             _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
