@@ -417,7 +417,12 @@ def test_every_bad_input_gets_a_clean_answer(cases, capsys):
             except ValueError as exc:
                 problems.append(f"{case}: --json printed invalid JSON ({str(exc)[:80]})")
     with capsys.disabled():  # the counts per class, for the record (pytest -s shows them)
-        print("\n" + "\n".join(f"{k}: {sum(v.values())} ({', '.join(f'{n} {a}' for a, n in sorted(v.items()))})" for k, v in sorted(counts.items())))
+        print(
+            "\n"
+            + "\n".join(
+                f"{k}: {sum(v.values())} ({', '.join(f'{n} {a}' for a, n in sorted(v.items()))})" for k, v in sorted(counts.items())
+            )
+        )
     assert not problems, "\n".join(problems)
 
 
