@@ -448,6 +448,11 @@ def generate(
         0.05, "--bound", min=0.0, metavar="FRACTION", help="--paired: re-record a launch whose clean blocks differ by more than this."
     ),
     retries: int = typer.Option(1, "--retries", min=0, metavar="N", help="--paired: re-recordings of a launch above the bound, at most."),
+    knobs: bool = typer.Option(
+        True,
+        "--knobs/--no-knobs",
+        help="--paired: also record knob changes (batch size, DDP bucket size, micro-batches) as alternating launches (knobs.jsonl).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped).
@@ -455,13 +460,15 @@ def generate(
     With --paired: persistent conditions (stall, extra compute, slow collective, slow rank; every
     rank and delay of the grid), each in short blocks of steps interleaved with clean blocks of
     the same launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
-    floor of its launch."""
+    floor of its launch. Then knob changes (batch size, DDP bucket size, micro-batches at the same
+    global batch), each as launches alternating with its base setting; knobs.jsonl gets each
+    change's measured step-time change and noise floor."""
     from bottleneck_oracle.systems.generate import generate as run_grid
 
     cfg = _config(config)
     target = out_dir or Path(cfg.paths.raw)
     if paired:
-        from bottleneck_oracle.systems.paired import default_launches, generate_paired
+        from bottleneck_oracle.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
 
         layouts = [x for x in cfg.grid.layouts if x.startswith(("dp2", "pp2"))]
         if not layouts:
@@ -471,6 +478,10 @@ def generate(
         )
         with _recording_bar("launches", len(launches), as_json) as advance:
             summary = generate_paired(launches, target, bound=bound, retries=retries, progress=advance)
+        if knobs:
+            changes = default_knobs(cfg.grid.sizes, layouts, batch=cfg.grid.batch, seed=cfg.grid.seed)
+            with _recording_bar("knob changes", len(changes), as_json) as advance:
+                summary["knobs"] = generate_knobs(changes, target, bound=bound, retries=retries, progress=advance)
         if as_json:
             _print_json(summary)
         else:
@@ -480,6 +491,13 @@ def generate(
                 f"clean vs clean {100 * (summary['median_clean_vs_clean'] or 0):.1f}% (medians); {summary['noisy_launches']} launches above the bound",
                 highlight=False,
             )
+            if knobs:
+                k = summary["knobs"]
+                out.print(
+                    f"{k['recorded']} knob changes recorded, {k['skipped']} already done, in {k['manifest']}; base launches differ by "
+                    f"{100 * (k['median_clean_vs_clean'] or 0):.1f}% (median); {k['noisy']} above the bound",
+                    highlight=False,
+                )
         return
     with _recording_bar("runs", None, as_json) as progress:
         summary = run_grid(cfg.grid, target, progress)

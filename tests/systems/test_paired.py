@@ -3,14 +3,29 @@ injection, and (slow) one real recorded launch."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
 import torch
+import yaml
 
 from bottleneck_oracle.systems.inject import Injection, Injector
 from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
-from bottleneck_oracle.systems.paired import CONDITIONS, Condition, Launch, default_launches, measure, record_launch, spread
+from bottleneck_oracle.systems.paired import (
+    CONDITIONS,
+    KNOB_CHANGES,
+    Condition,
+    KnobChange,
+    Launch,
+    default_knobs,
+    default_launches,
+    generate_knobs,
+    measure,
+    measure_knob,
+    record_launch,
+    spread,
+)
 
 
 def test_conditions_sit_in_every_step_of_their_block_between_clean_blocks():
@@ -50,6 +65,51 @@ def test_measure_takes_block_medians_without_the_transition_steps():
     assert row["perturbed_us"] == 130.0 and row["measured_saving_us"] == pytest.approx(130.0 - 102.0)
     assert row["clean_vs_clean"] == pytest.approx(0.04) and row["steps"] == [6, 7, 8] and row["clean_steps"] == [2, 3, 4, 10, 11, 12]
     assert spread([1.0, 1.0, 1.0]) == 0.0 and spread([1.0, 2.0, 3.0]) == pytest.approx(1.4826 / 2)
+
+
+def test_knob_changes_alternate_with_their_base_and_keep_the_global_batch():
+    mb = KnobChange(launch_id="k", layout="pp2-1f1b", size="tiny", knob="microbatches", base=4, changed=8, pairs=2)
+    assert [n for n, _ in mb.order()] == ["base-0", "changed-0", "base-1", "changed-1"]
+    # 4 micro-batches of 2 sequences -> 8 of 1: the same 8 sequences per step
+    assert mb.settings(4) == {"batch": 2, "microbatches": 4, "bucket_mb": 25.0} and mb.settings(8)["batch"] * 8 == 8
+    bucket = KnobChange(launch_id="b", layout="dp2", size="tiny", knob="bucket_mb", base=25, changed=0.05)
+    assert bucket.settings(0.05) == {"batch": 4, "microbatches": 4, "bucket_mb": 0.05}
+    with pytest.raises(ValueError, match="pipeline knob"):
+        KnobChange(launch_id="x", layout="dp2", size="tiny", knob="microbatches", base=4, changed=2)
+    with pytest.raises(ValueError, match="DP knob"):
+        KnobChange(launch_id="x", layout="pp2-1f1b", size="tiny", knob="bucket_mb", base=25, changed=1)
+    knobs = default_knobs(["tiny", "small"], ["dp2", "pp2-1f1b"])
+    assert len(knobs) == 12 and {k.knob for k in knobs} == {"batch", "bucket_mb", "microbatches"}
+    assert len({k.launch_id for k in knobs}) == 12
+
+
+def test_measure_knob_takes_medians_without_each_launch_warm_up():
+    change = KnobChange(launch_id="k", layout="dp2", size="tiny", knob="batch", base=4, changed=8, pairs=2)
+    times = {"base-0": {1: 999.0, 2: 100.0, 3: 100.0}, "base-1": {1: 999.0, 2: 104.0, 3: 104.0},
+             "changed-0": {1: 5.0, 2: 150.0, 3: 150.0}, "changed-1": {1: 5.0, 2: 152.0, 3: 152.0}}  # fmt: skip
+    row = measure_knob(change, times)
+    assert row["base_us"] == pytest.approx(102.0) and row["changed_us"] == pytest.approx(151.0)
+    assert row["measured_change_us"] == pytest.approx(49.0) and row["clean_vs_clean"] == pytest.approx(0.04)
+
+
+@pytest.mark.slow
+def test_a_recorded_knob_change_runs_each_setting(tmp_path):
+    """One pair of launches of the tiny DDP job, 1 bucket against 0.05 MB buckets: each launch
+    ran its own setting (run.yaml), more all-reduces with small buckets, and the row is written."""
+    change = KnobChange(launch_id="bucket", layout="dp2", size="tiny", knob="bucket_mb", base=25, changed=0.05, pairs=1, steps=3)
+    summary = generate_knobs([change], tmp_path, bound=1.0, retries=0)
+    assert summary["knob_changes"] == 1 and (tmp_path / KNOB_CHANGES).exists()
+    (row,) = [json.loads(x) for x in (tmp_path / KNOB_CHANGES).read_text().splitlines()]
+    assert row["base_us"] > 0 and row["changed_us"] > 0 and row["base_paths"] == ["base-0"]
+    counts = {}
+    for name, value in change.order():
+        folder = tmp_path / "bucket" / name
+        assert yaml.safe_load((folder / "run.yaml").read_text())["bucket_mb"] == value
+        events = json.loads(gzip.open(folder / "rank-0.json.gz").read())["traceEvents"]
+        counts[name] = sum("all_reduce" in str(e.get("name", "")) for e in events)
+    assert counts["changed-0"] > counts["base-0"], counts
+    # a second call finds it recorded
+    assert generate_knobs([change], tmp_path, bound=1.0, retries=0)["skipped"] == 1
 
 
 def test_extra_compute_is_real_small_ops_inside_its_range(tmp_path):

@@ -26,6 +26,14 @@ saves) is the median of its slowed steps minus the mean of the medians of its tw
 floor: each clean group's robust relative spread (1.4826 x MAD / median) and the clean-vs-clean
 difference of the two groups (|second - first| / first). A launch whose median clean-vs-clean difference is above ``bound`` is
 recorded again, at most ``retries`` times; its rows say ``noisy: true`` if it still was.
+
+Knob changes (``KnobChange``: the batch size, DDP's gradient bucket size, the number of
+micro-batches of a pipeline step at the same global batch) cannot be switched within a launch:
+they are recorded as launches of their own, alternately with the base setting (base, changed,
+base, changed, ...: ``pairs`` of each), pinned like the conditions, the warm-up step of every
+launch dropped. The measured change is the median of the changed launches' steps minus the
+median of the base launches' steps; the noise floor is the same two figures, the base launches
+taken in two alternating groups (``knobs.jsonl``).
 """
 
 from __future__ import annotations
@@ -47,8 +55,11 @@ from bottleneck_oracle.systems.pipeline import PipelineRun
 from bottleneck_oracle.systems.pipeline import record as record_pipeline
 
 KINDS = ("stall", "compute", "collective", "rank")
+KNOBS = ("batch", "bucket_mb", "microbatches")
 CONDITIONS = "conditions.jsonl"
 PAIRED = "paired.jsonl"
+KNOB_ROWS = "knob.json"
+KNOB_CHANGES = "knobs.jsonl"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,6 +219,164 @@ def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int =
     with atomic_path(folder / CONDITIONS) as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KnobChange:
+    """A knob of the job changed from ``base`` to ``changed``, recorded as alternating launches."""
+
+    launch_id: str
+    layout: str
+    """dp2 or pp2-1f1b / pp2-afab."""
+    size: str
+    knob: str
+    """batch (sequences per rank, or per micro-batch in a pipeline) | bucket_mb (DDP's gradient
+    bucket, MB; DP layouts) | microbatches (pipeline layouts, same global batch)."""
+    base: float
+    changed: float
+    pairs: int = 3
+    """Launches of each setting."""
+    steps: int = 7
+    """Profiled steps per launch (the first is dropped)."""
+    batch: int = 4
+    microbatches: int = 4
+    bucket_mb: float = 25.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.knob not in KNOBS:
+            raise ValueError(f"knob must be one of {KNOBS} (found {self.knob!r})")
+        if self.knob == "bucket_mb" and not self.layout.startswith("dp"):
+            raise ValueError("bucket_mb is a DP knob")
+        if self.knob == "microbatches" and not self.layout.startswith("pp"):
+            raise ValueError("microbatches is a pipeline knob")
+        if not (self.base > 0 and self.changed > 0 and self.base != self.changed):
+            raise ValueError(f"base and changed must be different values > 0 (found {self.base}, {self.changed})")
+
+    @property
+    def world(self) -> int:
+        return world_of(self.layout)
+
+    def settings(self, value: float) -> dict:
+        """batch, microbatches and bucket_mb of a launch with the knob at ``value`` (a pipeline's
+        micro-batch count changes at the same global batch: sequences per micro-batch follow)."""
+        pp = self.layout.startswith("pp")
+        out = {"batch": max(1, self.batch // 2) if pp else self.batch, "microbatches": self.microbatches, "bucket_mb": self.bucket_mb}
+        if self.knob == "microbatches":
+            total = out["batch"] * self.microbatches
+            out.update(microbatches=int(value), batch=max(1, total // int(value)))
+        elif self.knob == "batch":
+            out["batch"] = int(value)
+        else:
+            out["bucket_mb"] = float(value)
+        return out
+
+    def order(self) -> list[tuple[str, float]]:
+        """(folder name, value) of the launches in recording order: base-0, changed-0, base-1, ..."""
+        return [(f"{w}-{i}", v) for i in range(self.pairs) for w, v in (("base", self.base), ("changed", self.changed))]
+
+
+def default_knobs(sizes: list[str], layouts: list[str], batch: int = 4, seed: int = 0) -> list[KnobChange]:
+    """Per size: DP batch halved and doubled, DP buckets from one (25 MB) to many (0.05 MB);
+    pipeline micro-batches 4 -> 2 and 4 -> 8 at the same global batch, sequences per micro-batch doubled."""
+    out: list[KnobChange] = []
+    for size in sizes:
+        for layout in layouts:
+            if layout.startswith("dp"):
+                changes = [("batch", batch, 2 * batch), ("batch", batch, max(1, batch // 2)), ("bucket_mb", 25.0, 0.05)]
+            else:
+                half = max(1, batch // 2)
+                changes = [("microbatches", 4, 2), ("microbatches", 4, 8), ("batch", half, 2 * half)]
+            for knob, a, b in changes:
+                out.append(KnobChange(launch_id=f"knob-{size}-{layout}-{knob}-{a:g}-{b:g}", layout=layout, size=size, knob=knob, base=a,
+                                      changed=b, batch=batch, seed=seed + len(out)))  # fmt: skip
+    return out
+
+
+def _record_knob(change: KnobChange, value: float, folder: Path) -> None:
+    st = change.settings(value)
+    if change.layout.startswith("dp"):
+        record_ddp(DDPRun(out=str(folder), world=change.world, steps=change.steps, size=change.size, batch=st["batch"], bucket_mb=st["bucket_mb"],
+                          seed=change.seed, pin=True))  # fmt: skip
+    else:
+        record_pipeline(PipelineRun(out=str(folder), world=change.world, size=change.size, schedule=change.layout.split("-", 1)[1],
+                                    microbatches=st["microbatches"], batch=st["batch"], steps=change.steps, seed=change.seed, pin=True))  # fmt: skip
+
+
+def measure_knob(change: KnobChange, times: dict[str, dict[int, float]]) -> dict:
+    """The knob's measured change from the step times of its launches (folder name -> step -> µs;
+    each launch's first profiled step dropped)."""
+
+    def kept(names: list[str]) -> list[float]:
+        return [t for n in names for s, t in sorted(times[n].items())[1:]]
+
+    base = [n for n, _ in change.order() if n.startswith("base")]
+    changed = [n for n, _ in change.order() if n.startswith("changed")]
+    first, second = base[0::2], base[1::2]
+    mb, mc = _median(kept(base)), _median(kept(changed))
+    ca, cb = _median(kept(first)), _median(kept(second)) if second else _median(kept(first))
+    return {
+        "launch_id": change.launch_id, "layout": change.layout, "size": change.size, "knob": change.knob, "base": change.base,
+        "changed": change.changed, "settings": {"base": change.settings(change.base), "changed": change.settings(change.changed)},
+        "base_paths": base, "changed_paths": changed, "base_us": mb, "changed_us": mc, "measured_change_us": mc - mb,
+        "clean_vs_clean": abs(cb - ca) / ca, "clean_spread": max(spread(kept([n])) for n in base), "changed_spread": spread(kept(changed)),
+    }  # fmt: skip
+
+
+def record_knob(change: KnobChange, out: Path, bound: float = 0.05, retries: int = 1) -> dict:
+    """Record a knob change's launches into ``out / launch_id`` (again while its base launches
+    differ by more than ``bound``, at most ``retries`` more times); writes and returns its row."""
+    folder = out / change.launch_id
+    attempts = 0
+    while True:
+        if folder.exists():
+            shutil.rmtree(folder)
+        times = {}
+        for name, value in change.order():
+            _record_knob(change, value, folder / name)
+            times[name] = step_times(load_events(folder / name))
+        attempts += 1
+        row = measure_knob(change, times)
+        if row["clean_vs_clean"] <= bound or attempts > retries:
+            break
+    row.update(path=str(folder), attempts=attempts, noisy=row["clean_vs_clean"] > bound, bound=bound)
+    with atomic_path(folder / KNOB_ROWS) as tmp:
+        tmp.write_text(json.dumps(row))
+    return row
+
+
+def generate_knobs(
+    changes: list[KnobChange],
+    out: str | Path,
+    bound: float = 0.05,
+    retries: int = 1,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Record every knob change not yet done (those with a knob.json are kept), then write
+    ``knobs.jsonl`` and return a summary with the noise floor."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    recorded = skipped = 0
+    for i, change in enumerate(changes):
+        done = out / change.launch_id / KNOB_ROWS
+        if done.exists():
+            rows.append(json.loads(done.read_text()))
+            skipped += 1
+            continue
+        if progress:
+            progress(change.launch_id, i, len(changes))
+        rows.append(record_knob(change, out, bound, retries))
+        recorded += 1
+    with atomic_path(out / KNOB_CHANGES) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if progress:
+        progress("", len(changes), len(changes))
+    return {
+        "knob_changes": len(rows), "recorded": recorded, "skipped": skipped, "manifest": str(out / KNOB_CHANGES),
+        "median_clean_vs_clean": _median([r["clean_vs_clean"] for r in rows]) if rows else None,
+        "noisy": sum(r["noisy"] for r in rows),
+    }  # fmt: skip
 
 
 def read_rows(folder: Path) -> list[dict]:
