@@ -699,6 +699,12 @@ def whatif(
         if r.model is not None and r.model.get("out_of_domain"):
             out.print(Text(f"{where(r)}: graph network {r.model['out_of_domain']}; the replay is the answer"))
             break
+    if any(r.microbatches is not None for r in rows):
+        out.print(
+            "the 1F1B formula is bubble arithmetic: it scales each micro-batch's compute with its size, so it misses per-op "
+            "costs a finer split multiplies (on pinned CPU re-runs it had the wrong sign on 4 of 4 re-splits: docs/eval-reruns.md)",
+            highlight=False,
+        )
     for r in rows:
         if r.microbatches is not None:
             mbx = r.microbatches
