@@ -618,9 +618,9 @@ class _Builder:
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
-        for k, r in enumerate(full.tolist()):
+        for j, r in enumerate(full.tolist()):
             e = rows[r]
-            if k % 1024 == 1023 and isinstance(raw, MappedTrace):  # in file order: the pages behind are done with
+            if j % 1024 == 1023 and isinstance(raw, MappedTrace):  # in file order: the pages behind are done with
                 raw.release(int(ev["obj_lo"][e]))
             obj = _decode(path, raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
             args = obj.get("args") if isinstance(obj, dict) else None
