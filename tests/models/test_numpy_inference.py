@@ -102,6 +102,16 @@ def test_the_inputs_are_the_documented_transforms():
         assert (d, f"rev_{r}", s) not in corr.edge_index
     assert corr.g_in.shape == (4,) and bidi.g_in.shape == (2,)
     assert corr.g_in[0] == pytest.approx(np.log(ref / 1000.0), rel=1e-6)
+    # the reverse edges are PyG's ToUndirected(merge=False): the same rev_<rel> types, flipped, same attributes
+    # (built in numpy, as inference runs without PyG)
+    from torch_geometric.transforms import ToUndirected
+
+    und = ToUndirected(merge=False)(data.to_heterodata())
+    rev = [et for et in und.edge_types if et[1].startswith("rev_")]
+    assert sorted(rev) == sorted(et for et in bidi.edge_index if et[1].startswith("rev_"))
+    for s, r, d in rev:
+        np.testing.assert_array_equal(und[(s, r, d)].edge_index.numpy(), bidi.edge_index[(s, r, d)])
+        np.testing.assert_array_equal(und[(s, r, d)].edge_attr.numpy(), data.edges[(d, r[4:], s)]["edge_attr"])
 
 
 @pytest.mark.parametrize(

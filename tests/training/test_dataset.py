@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bottleneck_oracle.api import build
+from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.training.dataset import build_dataset, load_sample
 
 
@@ -42,6 +43,19 @@ def test_dataset_round_trips_and_culprits_match_the_manifest(generated_grid, tmp
     # a saved sample is plain tensors: nothing to unpickle
     raw_tensors = torch.load(samples[0]["path"], weights_only=True)
     assert all(isinstance(v, torch.Tensor) for v in raw_tensors.values())
+    # the same samples as a PyG Dataset: indexable, split like `train` splits them, batched by PyG's DataLoader
+    from torch_geometric.loader import DataLoader
+
+    from bottleneck_oracle.training.train import graph_dataset, parts, read_rows
+
+    ds = graph_dataset(tmp_path)
+    assert len(ds) == len(samples) and float(ds[3].y_step) == float(load_sample(samples[3]["path"]).y_step)
+    test = graph_dataset(tmp_path, "ood_layout", "test")
+    assert len(test) == len(parts(read_rows(tmp_path), "ood_layout", 0)["test"]) == grid.steps
+    batch = next(iter(DataLoader(test, batch_size=3)))
+    assert batch.num_graphs == 3 and batch["compute"].x.shape[0] == sum(test[i]["compute"].x.shape[0] for i in range(3))
+    with pytest.raises(OracleError, match="part must be"):
+        graph_dataset(tmp_path, "random", "holdout")
 
 
 def test_whatif_samples_lengthen_the_op_the_delay_follows(generated_grid, tmp_path):

@@ -81,6 +81,38 @@ def parts(rows: list[dict], split: str, seed: int) -> dict[str, list[dict]]:
     return out
 
 
+def graph_dataset(
+    dataset: str | Path, split: str | None = None, part: str | None = None, seed: int = 0, whatif: bool = False, transform=None
+):
+    """The built dataset as a ``torch_geometric.data.Dataset``: ``ds[i]`` is a sample's HeteroData,
+    read with ``load_sample`` (weights_only: no pickled code runs), so PyG's ``DataLoader``,
+    ``index_select`` and transforms work on it. ``split`` and ``part`` (``train``, ``val`` or
+    ``test``) pick the rows ``train`` uses for that part (``parts``, the same seed); ``whatif``: the
+    what-if samples of those rows instead of their steps."""
+    from torch_geometric.data import Dataset
+
+    rows = read_rows(dataset)
+    if split is not None:
+        if part not in ("train", "val", "test"):
+            raise OracleError(f"part must be train, val or test (found {part!r})")
+        if split != "random" and f"split_{split}" not in rows[0]:
+            raise OracleError(f"{dataset}: no split {split!r} in the dataset index")
+        rows = parts(rows, split, seed)[part]
+    paths = [r["whatif"]["path"] for r in rows if r.get("whatif")] if whatif else [r["path"] for r in rows]
+
+    class GraphDataset(Dataset):
+        def __init__(self) -> None:
+            super().__init__(None, transform=transform)
+
+        def len(self) -> int:
+            return len(paths)
+
+        def get(self, idx: int):
+            return load_sample(paths[idx])
+
+    return GraphDataset()
+
+
 class _Cache:
     """Samples loaded once per process (they are read by every split and variant)."""
 
