@@ -984,6 +984,7 @@ def main() -> None:
     """Entry point: library errors become one clean line and exit code 2."""
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", OracleWarning)
+    _first_run_notice(sys.argv[1:2])
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
@@ -1004,6 +1005,19 @@ def main() -> None:
         if isinstance(exc, abort):
             sys.exit(1)
         raise
+
+
+TRACE_COMMANDS = {"analyze", "parse", "whatif", "blame", "advise", "summary", "compare", "build-dataset"}
+
+
+def _first_run_notice(command: list[str]) -> None:
+    """At a terminal, the first trace command after an install says why it takes a while."""
+    if not (command and command[0] in TRACE_COMMANDS and sys.stderr.isatty()):
+        return
+    from bottleneck_oracle.graph_pipeline.scan import cache_is_cold
+
+    if cache_is_cold():
+        err.print("compiling the trace scanner (the first run after an install; about 10 s, kept for later runs)")
 
 
 def _click_exceptions() -> tuple[tuple[type[Any], ...], tuple[type[Any], ...]]:

@@ -102,3 +102,30 @@ def test_real_kineto_layout_parses_like_the_compact_one(tmp_path):
     for k in a.cols:
         if k != "src_idx":
             assert np.array_equal(a.cols[k], b.cols[k], equal_nan=True), k
+
+
+def test_a_cold_scanner_cache_is_told_at_a_terminal(tmp_path, monkeypatch):
+    """The first trace command after an install compiles the scanner (about 10 s): at a terminal
+    it says so; with the scanner's machine code cached, and off a terminal, it says nothing."""
+    import os
+
+    from bottleneck_oracle import cli
+    from bottleneck_oracle.graph_pipeline import scan as S
+
+    assert S.cache_is_cold(tmp_path)
+    index = tmp_path / "scan.scan_events-250.py311.nbi"
+    index.write_bytes(b"")
+    assert not S.cache_is_cold(tmp_path)
+    source = os.stat(S.__file__).st_mtime
+    os.utime(index, (source - 60, source - 60))  # left by an earlier install: numba compiles again
+    assert S.cache_is_cold(tmp_path)
+    said: list[str] = []
+    monkeypatch.setattr(cli.err, "print", lambda text, **_: said.append(str(text)))
+    monkeypatch.setattr(S, "cache_is_cold", lambda folder=None: True)
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    cli._first_run_notice(["version"])
+    cli._first_run_notice(["analyze"])
+    assert len(said) == 1 and "compiling the trace scanner" in said[0]
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)
+    cli._first_run_notice(["analyze"])
+    assert len(said) == 1

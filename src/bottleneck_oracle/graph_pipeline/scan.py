@@ -15,6 +15,9 @@ the byte offset, which the caller turns into a message naming the file.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numba
 import numpy as np
 
@@ -431,6 +434,24 @@ def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes, step: int = 64 * 2*
     for a in range(0, len(view), step):  # each chunk reaches len(needle) - 1 bytes into the next: an occurrence
         total += view[a : min(a + step + len(needle) - 1, len(view))].tobytes().count(needle)  # is counted where it starts
     return total
+
+
+def cache_is_cold(folder: Path | None = None) -> bool:
+    """True when numba has not yet cached the scanner's machine code in this package's
+    ``__pycache__`` for this source (the first run after an install compiles it, about 10 s; an
+    index older than scan.py is from an earlier install): ``folder`` is that directory (for
+    tests). False when it cannot tell (NUMBA_CACHE_DIR set, a read-only install)."""
+    if folder is None:
+        if os.environ.get("NUMBA_CACHE_DIR"):
+            return False
+        folder = Path(__file__).parent / "__pycache__"
+    try:
+        if folder.exists() and not os.access(folder, os.W_OK):
+            return False
+        source = Path(__file__).stat().st_mtime
+        return not any(f.stat().st_mtime >= source for f in folder.glob("scan.scan_events-*.nbi"))  # older: from an earlier install
+    except OSError:
+        return False
 
 
 SCAN_BLOCK = 1_000_000  # events scanned per call when the caller gives scanned bytes back as it goes
