@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bottleneck_oracle.analysis.results import (
+    BatchScale,
     BlameModel,
     Corrected,
     NodeRef,
@@ -31,6 +32,8 @@ from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from bottleneck_oracle.analysis.runs import Comparison, RunSummary
     from bottleneck_oracle.llm.client import ChatClient
     from bottleneck_oracle.models.corrections import Corrections
@@ -183,11 +186,13 @@ def whatif(
     checkpoint: str | Path | None = None,
     use_model: bool = True,
     microbatches: int | None = None,
+    batch: float | None = None,
 ) -> list[StepWhatIf]:
     """Per step: the step time after ``edits`` (``Edit.parse`` strings) by the exact replay and by
     each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
     the critical path before and after. ``microbatches``: a pipeline step re-split into that
-    many micro-batches, predicted by the 1F1B formula (the replay cannot restructure the graph)."""
+    many micro-batches, predicted by the 1F1B formula (the replay cannot restructure the graph).
+    ``batch``: the batch scaled by this ratio, the step bracketed by two replays (``BatchScale``)."""
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
@@ -196,8 +201,10 @@ def whatif(
     from bottleneck_oracle.errors import OracleError
 
     parsed = [Edit.parse(e) for e in edits]
-    if not parsed and microbatches is None:
-        raise OracleError("whatif needs an --edit or --microbatches")
+    if not parsed and microbatches is None and batch is None:
+        raise OracleError("whatif needs an --edit, --microbatches or --batch")
+    if batch is not None and not 0 < batch < float("inf"):
+        raise OracleError(f"--batch must be a ratio > 0 (found {batch})")
     table, gs = build(path, steps, config)
     predictor = corrections = None
     if use_model:
@@ -248,6 +255,9 @@ def whatif(
             now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
             resplit = Resplit(old=int(parts["m"]), new=microbatches, stages=int(parts["p"]), formula_delta_us=then - now,
                               step_us=measured + replay.delta_us + then - now)  # fmt: skip
+        scaled = None
+        if batch is not None:
+            scaled = _batch_scale(g, table, phases, d, w, rel, batch, measured - base.makespan, path)
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
         def names(s: set[int], g: ExecutionGraph = g, d: np.ndarray = d) -> list[NodeRef]:
@@ -257,7 +267,7 @@ def whatif(
         out.append(
             StepWhatIf(
                 step=g.step, measured_us=measured, edited_nodes=len(ids), edited_gaps=int(fin[eids].sum()),
-                detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit, corrected=corrected,
+                detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit, corrected=corrected, batch=scaled,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
         )  # fmt: skip
@@ -291,6 +301,35 @@ def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -
     if baseline:
         return pool, "baseline"
     return pool, f"{len(pool)} other step{'s' if len(pool) != 1 else ''}" if pool else "peer ranks"
+
+
+def _batch_scale(
+    g: ExecutionGraph, table: EventTable | None, phases: np.ndarray | None, d: np.ndarray, w: np.ndarray, rel: np.ndarray, ratio: float,
+    offset: float, path: str | Path,
+) -> BatchScale:  # fmt: skip
+    """The step with the batch scaled by ``ratio`` (on top of the edits: ``d``, ``w``, ``rel``):
+    the forward and backward passes' CPU ops scaled alone, and with their regions' own time."""
+    from bottleneck_oracle.analysis.cpm import run_cpm
+    from bottleneck_oracle.analysis.whatif import Edit, edited_weights
+    from bottleneck_oracle.errors import OracleError
+    from bottleneck_oracle.graph_pipeline.schema import Category
+
+    if (g.nodes["category"] == Category.KERNEL).any():
+        raise OracleError(f"{path}: step {g.step}: --batch is built and checked on CPU (gloo) runs only; on a GPU the "
+                          "kernels scale with the batch, which it does not model")  # fmt: skip
+    edits = [Edit(phase=p, category="cpu_op", scale=ratio) for p in ("forward", "backward")]
+    ids = [e.select(g, phases, table) for e in edits] if phases is not None else []
+    if not ids or not sum(len(i) for i in ids):
+        raise OracleError(f"{path}: step {g.step}: --batch needs the forward and backward ranges (the profiler's '## forward ##' "
+                          "or a phase hook); this step has no CPU op inside one")  # fmt: skip
+    dd = d.copy()
+    for i in ids:
+        dd[i] = d[i] * ratio
+    _, eids = edited_weights(g, edits, phases, table)
+    ww = w.copy()
+    ww[eids] = w[eids] * ratio
+    return BatchScale(ratio=ratio, ops_alone_step_us=offset + run_cpm(g, dd, w, rel).makespan,
+                      with_own_time_step_us=offset + run_cpm(g, dd, ww, rel).makespan)  # fmt: skip
 
 
 def blame(

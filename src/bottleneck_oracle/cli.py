@@ -640,6 +640,13 @@ def whatif(
     microbatches: int = typer.Option(
         None, "--microbatches", min=1, help="Pipeline steps: re-split the batch into this many micro-batches (1F1B formula)."
     ),
+    batch: float = typer.Option(
+        None,
+        "--batch",
+        metavar="RATIO",
+        help="Scale the batch by this ratio (e.g. 2): the step between two replays, the forward and backward ops scaled alone "
+        "and with their own time (needs forward/backward ranges).",
+    ),
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
@@ -653,7 +660,7 @@ def whatif(
 ) -> None:
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
     edit = edit or []
-    rows = api.whatif(trace, edit, step or None, _config(config, ranks_per_host), checkpoint, not no_model, microbatches)
+    rows = api.whatif(trace, edit, step or None, _config(config, ranks_per_host), checkpoint, not no_model, microbatches, batch)
     if as_json:
         _print_json({"trace": str(trace), "edits": edit, "steps": [r.to_dict() for r in rows]})
         return
@@ -663,7 +670,7 @@ def whatif(
     variants = list(rows[0].model["step_us"]) if rows and rows[0].model is not None else []
     corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
     t = TableModel(
-        f"What-if: {'; '.join(edit) or f'{microbatches} micro-batches'}",
+        f"What-if: {'; '.join(edit) or (f'{microbatches} micro-batches' if microbatches else f'batch x{batch:g}')}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
         + [Column(f"{v}", "text") for v in variants] + [Column(f"Δ {v}", "text") for v in variants],
@@ -705,6 +712,20 @@ def whatif(
             "costs a finer split multiplies (on pinned CPU re-runs it had the wrong sign on 4 of 4 re-splits: docs/eval-reruns.md)",
             highlight=False,
         )
+    if any(r.batch is not None for r in rows):
+        out.print(
+            "batch: the step between two replays, the forward and backward ops scaled alone and with their own time between them "
+            "(on paired CPU re-runs the measured step fell in this range on 5 of 6 batch changes: docs/eval-reruns.md)",
+            highlight=False,
+        )
+    for r in rows:
+        if r.batch is not None:
+            bs = r.batch
+            out.print(
+                f"{where(r)}: batch x{bs.ratio:g}: {_ms(bs.ops_alone_step_us)} to {_ms(bs.with_own_time_step_us)} ms "
+                f"(measured {_ms(r.measured_us)})",
+                highlight=False,
+            )
     for r in rows:
         if r.microbatches is not None:
             mbx = r.microbatches

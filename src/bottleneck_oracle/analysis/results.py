@@ -87,6 +87,22 @@ class Resplit:
 
 
 @dataclass(slots=True)
+class BatchScale:
+    """The batch scaled by ``ratio``: the step between two replays, the forward and backward
+    passes' CPU ops scaled alone (``ops_alone_step_us``) and with their regions' own time between
+    them (``with_own_time_step_us``). Ops have a fixed per-call part a trace cannot separate from
+    the part that scales: on paired CPU re-runs the measured step fell between the two on 5 of
+    6 batch changes (docs/eval-reruns.md)."""
+
+    ratio: float
+    ops_alone_step_us: float
+    with_own_time_step_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "ops_alone_step_us": self.ops_alone_step_us, "with_own_time_step_us": self.with_own_time_step_us}
+
+
+@dataclass(slots=True)
 class StepWhatIf:
     """One step under the edits (api.whatif)."""
 
@@ -101,6 +117,7 @@ class StepWhatIf:
     model: dict[str, Any] | None = None  # the graph network's answer (models.predict.Predictor.effect)
     microbatches: Resplit | None = None
     corrected: Corrected | None = None
+    batch: BatchScale | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"step": self.step, "measured_us": self.measured_us, "edited_nodes": self.edited_nodes,
@@ -112,6 +129,8 @@ class StepWhatIf:
             d["corrected"] = self.corrected.to_dict()
         if self.microbatches is not None:
             d["microbatches"] = self.microbatches.to_dict()
+        if self.batch is not None:
+            d["batch"] = self.batch.to_dict()
         d["critical_path"] = self.critical_path.to_dict()
         return d
 
