@@ -9,7 +9,9 @@ Predictors, each from the base launches' traces only (median over their steps af
   collectives, the optimizer and the untraced time as they were; micro-batches m -> m': the 1F1B
   formula (``whatif --microbatches``; the replay cannot restructure a graph); bucket size: no
   edit expresses it, so no prediction (the row says so);
-- proportional: the whole step scaled by k'/k (batch), unchanged otherwise.
+- proportional: the whole step scaled by k'/k (batch), unchanged otherwise;
+- the batch range (``whatif --batch``): the ops alone scaled, and with their regions' own time;
+  scored by whether the changed launches' median step falls inside it.
 
 Scores: the absolute error of the predicted change against the measured one, relative to the
 measured change, with the measurement's own noise beside it (the base launches' two alternating
@@ -53,8 +55,17 @@ def predict(row: dict, folder: Path) -> dict:
             replay += [r.microbatches.step_us for r in res if r.microbatches is not None]
         before += [s.measured for s in api.analyze(path)[1][1:]]
     base = float(np.median(before))
+    bracket = None
+    if row["knob"] == "batch":  # whatif --batch: the ops alone, and with their own time
+        lo, hi = [], []
+        for name in row["base_paths"]:
+            for r in api.whatif(folder / row["launch_id"] / name, [], use_model=False, batch=ratio)[1:]:
+                lo.append(r.batch.ops_alone_step_us)
+                hi.append(r.batch.with_own_time_step_us)
+        bracket = sorted((float(np.median(lo)), float(np.median(hi))))
     return {
         "base_trace_us": base,
+        "bracket_step_us": bracket,
         "replay": float(np.median(replay)) - base if replay else None,
         "proportional": base * (ratio - 1) if row["knob"] == "batch" else 0.0,
     }
@@ -104,6 +115,14 @@ def main() -> int:
         if errs[k]:
             emit(f"- {k}: MAPE {100 * np.mean(errs[k]):.0f}%, median APE {100 * np.median(errs[k]):.0f}%, "
                  f"sign {100 * np.mean(signs[k]):.0f}% over {len(errs[k])} changes")  # fmt: skip
+    inside = [
+        r["predicted"]["bracket_step_us"][0] <= r["changed_us"] <= r["predicted"]["bracket_step_us"][1]
+        for r in rows
+        if r["predicted"]["bracket_step_us"]
+    ]
+    if inside:
+        emit(f"- whatif --batch (the ops alone to the ops with their own time): the changed launches' median step inside the range on "
+             f"{sum(inside)} of {len(inside)} batch changes")  # fmt: skip
     noise = [r["clean_vs_clean"] for r in rows]
     emit(f"- the base launches' clean-vs-clean difference: median {100 * np.median(noise):.1f}%")
     if a.markdown:
