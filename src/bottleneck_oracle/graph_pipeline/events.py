@@ -319,12 +319,16 @@ TraceBytes = bytes | bytearray | MappedTrace
 """A trace file's JSON: read into memory, or mapped (map_trace). Slices of each are bytes."""
 
 
-def _give_back(raw: TraceBytes) -> None:
+RELEASE_EVERY = 1024
+"""Reads of single events (names, args) between two give-backs of a mapped trace's pages."""
+
+
+def _give_back(raw: TraceBytes, end: int | None = None) -> None:
     """After reads here and there in a mapped trace (names, args of single events): give its pages
-    back (a 1 GiB trace had 660 MiB resident again after reading its names and thread names,
-    with the kernel's read-ahead around each read; _parse_file turns read-ahead off for them)."""
+    back, those before byte ``end`` or all (a 1 GiB trace had 660 MiB resident again after
+    reading its names and thread names; _parse_file turns the kernel's read-ahead off for them)."""
     if isinstance(raw, MappedTrace):
-        raw.release(len(raw))
+        raw.release(len(raw) if end is None else end)
 
 
 def map_trace(path: Path) -> TraceBytes:
@@ -620,8 +624,8 @@ class _Builder:
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
         for j, r in enumerate(full.tolist()):
             e = rows[r]
-            if j % 1024 == 1023 and isinstance(raw, MappedTrace):  # in file order: the pages behind are done with
-                raw.release(int(ev["obj_lo"][e]))
+            if j % RELEASE_EVERY == RELEASE_EVERY - 1:  # in file order: the pages behind are done with
+                _give_back(raw, int(ev["obj_lo"][e]))
             obj = _decode(path, raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
             args = obj.get("args") if isinstance(obj, dict) else None
             if not isinstance(args, dict):
@@ -674,8 +678,8 @@ class _Builder:
         code = rank_of_code[code.reshape(-1)]
         names = []
         for k, i in enumerate(x[first[order]].tolist()):
-            if k % 1024 == 1023 and isinstance(raw, MappedTrace):  # in file order: the pages behind are done with
-                raw.release(int(ev["name_lo"][i]))
+            if k % RELEASE_EVERY == RELEASE_EVERY - 1:  # in file order: the pages behind are done with
+                _give_back(raw, int(ev["name_lo"][i]))
             b = raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])]
             names.append(_name(b))
         return names, code
@@ -784,28 +788,29 @@ class _Merger:
         shift = float(b.base - self.base)
         # the first file's bytes size the columns (rows per byte); later files only fill them
         size = Path(b.path).stat().st_size if not self.cols and b.path and Path(b.path).exists() else 1
+
+        def merged(k: str, v: np.ndarray) -> np.ndarray:
+            """A file's column in the merged table's codes and clock."""
+            if k == "name":
+                return remap[v]
+            if k == "ts":
+                return v + shift
+            if k == "pg" and len(pg_remap):
+                return np.where(v >= 0, pg_remap[np.maximum(v, 0)], -1)
+            return v
+
         if not self.cols and len(b.parts) == 1 and size >= self.expected_bytes:  # the one file: its columns become the table's
             part = b.parts.pop()
-            part["name"] = remap[part["name"]]
-            part["ts"] += shift
-            if "pg" in part and len(pg_remap):
-                part["pg"] = np.where(part["pg"] >= 0, pg_remap[np.maximum(part["pg"], 0)], -1)
-            self.cols, self.n = part, len(part["ts"])
+            self.n = len(part["ts"])
+            self.cols = {k: merged(k, part.pop(k)) for k in list(part)}  # one column at a time
         b.parts.reverse()
         while b.parts:  # each part let go once copied: the file's columns and the merged ones are not both held whole
             part = b.parts.pop()
             m = len(part["ts"])
             self._reserve(m, part, size)
-            for k, v in part.items():
-                if k == "name":
-                    v = remap[v]
-                elif k == "ts":
-                    v = v + shift
-                elif k == "pg" and len(pg_remap):
-                    v = np.where(v >= 0, pg_remap[np.maximum(v, 0)], -1)
-                self.cols[k][self.n : self.n + m] = v
+            for k in list(part):
+                self.cols[k][self.n : self.n + m] = merged(k, part.pop(k))
             self.n += m
-            del part, v
         self.flows.append({**b.flows, "ts": b.flows["ts"] + shift})
         self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
         self.files[b.rank] = b.path
@@ -884,10 +889,9 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if isinstance(raw, MappedTrace) else None)
     else:
         pos = 0
-    if isinstance(raw, MappedTrace):  # from here on: single events' bytes, no read-ahead
-        raw.release(len(raw))
-        if hasattr(mmap, "MADV_RANDOM"):
-            raw.map.madvise(mmap.MADV_RANDOM)
+    _give_back(raw)
+    if isinstance(raw, MappedTrace) and hasattr(mmap, "MADV_RANDOM"):  # from here on: single events' bytes, no read-ahead
+        raw.map.madvise(mmap.MADV_RANDOM)
     if err != scan.OK:
         if err in (scan.BAD_JSON, scan.TRUNCATED) and not isinstance(raw, MappedTrace) and len(raw) <= MAP_BYTES:
             _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
