@@ -44,6 +44,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.graph_pipeline.events import load_events
@@ -53,6 +54,15 @@ from bottleneck_oracle.systems.generate import stage_layers, step_times, world_o
 from bottleneck_oracle.systems.inject import Injection
 from bottleneck_oracle.systems.pipeline import PipelineRun
 from bottleneck_oracle.systems.pipeline import record as record_pipeline
+
+
+class _Launched(Protocol):
+    @property
+    def launch_id(self) -> str: ...
+
+
+T = TypeVar("T")
+Item = TypeVar("Item", bound=_Launched)
 
 KINDS = ("stall", "compute", "collective", "rank")
 KNOBS = ("batch", "bucket_mb", "microbatches")
@@ -158,15 +168,20 @@ def default_launches(
     return out
 
 
-def _record(launch: Launch, folder: Path) -> None:
-    injections = launch.injections()
-    if launch.layout.startswith("dp"):
-        record_ddp(DDPRun(out=str(folder), world=launch.world, steps=launch.steps, size=launch.size, batch=launch.batch, bucket_mb=25.0,
-                          seed=launch.seed, injections=injections, pin=True))  # fmt: skip
+def _record_job(folder: Path, layout: str, size: str, steps: int, seed: int, batch: int, microbatches: int, bucket_mb: float = 25.0,
+                injections: tuple[Injection, ...] = ()) -> None:  # fmt: skip
+    """One pinned launch of the DDP job or the pipeline (``batch``: per rank, or per micro-batch)."""
+    if layout.startswith("dp"):
+        record_ddp(DDPRun(out=str(folder), world=world_of(layout), steps=steps, size=size, batch=batch, bucket_mb=bucket_mb, seed=seed,
+                          injections=injections, pin=True))  # fmt: skip
     else:
-        record_pipeline(PipelineRun(out=str(folder), world=launch.world, size=launch.size, schedule=launch.layout.split("-", 1)[1],
-                                    microbatches=launch.microbatches, batch=max(1, launch.batch // 2), steps=launch.steps, seed=launch.seed,
-                                    injections=injections, pin=True))  # fmt: skip
+        record_pipeline(PipelineRun(out=str(folder), world=world_of(layout), size=size, schedule=layout.split("-", 1)[1],
+                                    microbatches=microbatches, batch=batch, steps=steps, seed=seed, injections=injections, pin=True))  # fmt: skip
+
+
+def _record(launch: Launch, folder: Path) -> None:
+    batch = launch.batch if launch.layout.startswith("dp") else max(1, launch.batch // 2)
+    _record_job(folder, launch.layout, launch.size, launch.steps, launch.seed, batch, launch.microbatches, injections=launch.injections())
 
 
 def _median(xs: list[float]) -> float:
@@ -200,24 +215,38 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
     return rows
 
 
-def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int = 1) -> list[dict]:
-    """Record a launch into ``out / launch_id`` (again while its clean-vs-clean difference is above
-    ``bound``, at most ``retries`` more times); writes and returns its condition rows."""
-    folder = out / launch.launch_id
+def _until_quiet(folder: Path, record: Callable[[], T], noise: Callable[[T], float], bound: float, retries: int) -> tuple[T, int, float]:
+    """Record into ``folder`` (emptied first) until ``noise`` of the result is at most ``bound``,
+    at most ``retries`` more times: (the last result, attempts, its noise)."""
     attempts = 0
     while True:
         if folder.exists():
             shutil.rmtree(folder)
-        _record(launch, folder)
+        result = record()
         attempts += 1
-        rows = measure(launch, step_times(load_events(folder)))
-        noise = _median([r["clean_vs_clean"] for r in rows])
-        if noise <= bound or attempts > retries:
-            break
+        level = noise(result)
+        if level <= bound or attempts > retries:
+            return result, attempts, level
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int = 1) -> list[dict]:
+    """Record a launch into ``out / launch_id`` (again while its clean-vs-clean difference is above
+    ``bound``, at most ``retries`` more times); writes and returns its condition rows."""
+    folder = out / launch.launch_id
+
+    def record() -> list[dict]:
+        _record(launch, folder)
+        return measure(launch, step_times(load_events(folder)))
+
+    rows, attempts, noise = _until_quiet(folder, record, lambda rs: _median([r["clean_vs_clean"] for r in rs]), bound, retries)
     for r in rows:
         r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound)
-    with atomic_path(folder / CONDITIONS) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_jsonl(folder / CONDITIONS, rows)
     return rows
 
 
@@ -295,12 +324,7 @@ def default_knobs(sizes: list[str], layouts: list[str], batch: int = 4, seed: in
 
 def _record_knob(change: KnobChange, value: float, folder: Path) -> None:
     st = change.settings(value)
-    if change.layout.startswith("dp"):
-        record_ddp(DDPRun(out=str(folder), world=change.world, steps=change.steps, size=change.size, batch=st["batch"], bucket_mb=st["bucket_mb"],
-                          seed=change.seed, pin=True))  # fmt: skip
-    else:
-        record_pipeline(PipelineRun(out=str(folder), world=change.world, size=change.size, schedule=change.layout.split("-", 1)[1],
-                                    microbatches=st["microbatches"], batch=st["batch"], steps=change.steps, seed=change.seed, pin=True))  # fmt: skip
+    _record_job(folder, change.layout, change.size, change.steps, change.seed, st["batch"], st["microbatches"], st["bucket_mb"])
 
 
 def measure_knob(change: KnobChange, times: dict[str, dict[int, float]]) -> dict:
@@ -327,22 +351,49 @@ def record_knob(change: KnobChange, out: Path, bound: float = 0.05, retries: int
     """Record a knob change's launches into ``out / launch_id`` (again while its base launches
     differ by more than ``bound``, at most ``retries`` more times); writes and returns its row."""
     folder = out / change.launch_id
-    attempts = 0
-    while True:
-        if folder.exists():
-            shutil.rmtree(folder)
+
+    def record() -> dict:
         times = {}
         for name, value in change.order():
             _record_knob(change, value, folder / name)
             times[name] = step_times(load_events(folder / name))
-        attempts += 1
-        row = measure_knob(change, times)
-        if row["clean_vs_clean"] <= bound or attempts > retries:
-            break
-    row.update(path=str(folder), attempts=attempts, noisy=row["clean_vs_clean"] > bound, bound=bound)
+        return measure_knob(change, times)
+
+    row, attempts, noise = _until_quiet(folder, record, lambda r: r["clean_vs_clean"], bound, retries)
+    row.update(path=str(folder), attempts=attempts, noisy=noise > bound, bound=bound)
     with atomic_path(folder / KNOB_ROWS) as tmp:
         tmp.write_text(json.dumps(row))
     return row
+
+
+def _record_all(
+    items: list[Item],
+    out: Path,
+    manifest: Path,
+    done: Callable[[Item], list[dict] | None],
+    record: Callable[[Item], list[dict]],
+    progress: Callable[[str, int, int], None] | None,
+) -> tuple[list[dict], int, int]:
+    """Record every item ``done`` has no rows for (an interrupted run resumes), rewriting
+    ``manifest`` with all rows after each: (rows, recorded, skipped)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    recorded = skipped = 0
+    for i, item in enumerate(items):
+        kept = done(item)
+        if kept is not None:
+            rows.extend(kept)
+            skipped += 1
+            continue
+        if progress:
+            progress(item.launch_id, i, len(items))
+        rows.extend(record(item))
+        recorded += 1
+        _write_jsonl(manifest, rows)
+    _write_jsonl(manifest, rows)
+    if progress:
+        progress("", len(items), len(items))
+    return rows, recorded, skipped
 
 
 def generate_knobs(
@@ -355,23 +406,12 @@ def generate_knobs(
     """Record every knob change not yet done (those with a knob.json are kept), then write
     ``knobs.jsonl`` and return a summary with the noise floor."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    recorded = skipped = 0
-    for i, change in enumerate(changes):
-        done = out / change.launch_id / KNOB_ROWS
-        if done.exists():
-            rows.append(json.loads(done.read_text()))
-            skipped += 1
-            continue
-        if progress:
-            progress(change.launch_id, i, len(changes))
-        rows.append(record_knob(change, out, bound, retries))
-        recorded += 1
-    with atomic_path(out / KNOB_CHANGES) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if progress:
-        progress("", len(changes), len(changes))
+
+    def done(change: KnobChange) -> list[dict] | None:
+        row = out / change.launch_id / KNOB_ROWS
+        return [json.loads(row.read_text())] if row.exists() else None
+
+    rows, recorded, skipped = _record_all(changes, out, out / KNOB_CHANGES, done, lambda c: [record_knob(c, out, bound, retries)], progress)
     return {
         "knob_changes": len(rows), "recorded": recorded, "skipped": skipped, "manifest": str(out / KNOB_CHANGES),
         "median_clean_vs_clean": _median([r["clean_vs_clean"] for r in rows]) if rows else None,
@@ -389,25 +429,11 @@ def generate_paired(
     """Record every launch not yet done (those with a conditions.jsonl are kept), then write
     ``paired.jsonl`` (all conditions) and return a summary with the noise floor."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    recorded = skipped = 0
-    for i, launch in enumerate(launches):
-        folder = out / launch.launch_id
-        if (folder / CONDITIONS).exists():
-            rows.extend(read_rows(folder))
-            skipped += 1
-            continue
-        if progress:
-            progress(launch.launch_id, i, len(launches))
-        rows.extend(record_launch(launch, out, bound, retries))
-        recorded += 1
-        with atomic_path(out / PAIRED) as tmp:
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with atomic_path(out / PAIRED) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if progress:
-        progress("", len(launches), len(launches))
+
+    def done(launch: Launch) -> list[dict] | None:
+        return read_rows(out / launch.launch_id) if (out / launch.launch_id / CONDITIONS).exists() else None
+
+    rows, recorded, skipped = _record_all(launches, out, out / PAIRED, done, lambda la: record_launch(la, out, bound, retries), progress)
     return {
         "launches": len(launches), "recorded": recorded, "skipped": skipped, "conditions": len(rows), "manifest": str(out / PAIRED),
         "median_clean_spread": _median([r["clean_spread"] for r in rows]) if rows else None,
