@@ -4,8 +4,9 @@ time, against the measured change of alternating launches (``generate --paired``
 
 Predictors, each from the base launches' traces only (median over their steps after the first):
 
-- replay: batch size k -> k': the forward and backward passes' CPU ops scaled by k'/k (``whatif
-  --edit phase=forward,cat=cpu_op,scale=r --edit phase=backward,cat=cpu_op,scale=r``), the
+- replay: batch size k -> k': the forward and backward passes' CPU ops scaled by k'/k with their
+  regions' own time (``whatif --edit phase=forward,cat=cpu_op,scale=r --edit
+  phase=backward,cat=cpu_op,scale=r``, the upper end of ``whatif --batch r``), the
   collectives, the optimizer and the untraced time as they were; micro-batches m -> m': the 1F1B
   formula (``whatif --microbatches``; the replay cannot restructure a graph); bucket size: no
   edit expresses it, so no prediction (the row says so);
@@ -44,25 +45,23 @@ def emit(text: str) -> None:
 def predict(row: dict, folder: Path) -> dict:
     """Predicted step time after the change (µs) by each predictor, from the base launches."""
     ratio = row["changed"] / row["base"]
-    replay, before = [], []
+    replay, before, lo, hi = [], [], [], []
     for name in row["base_paths"]:
         path = folder / row["launch_id"] / name
-        if row["knob"] == "batch":
-            edits = [f"phase=forward,cat=cpu_op,scale={ratio:g}", f"phase=backward,cat=cpu_op,scale={ratio:g}"]
-            replay += [r.replay.step_us for r in api.whatif(path, edits, use_model=False)[1:]]
+        if row["knob"] == "batch":  # whatif --batch: the ops alone, and with their own time (= the replay of the phase edits)
+            res = api.whatif(path, [], use_model=False, batch=ratio)[1:]
+            lo += [r.batch.ops_alone_step_us for r in res if r.batch is not None]
+            hi += [r.batch.with_own_time_step_us for r in res if r.batch is not None]
+            before += [r.measured_us for r in res]
         elif row["knob"] == "microbatches":
             res = api.whatif(path, [], use_model=False, microbatches=int(row["changed"]))[1:]
             replay += [r.microbatches.step_us for r in res if r.microbatches is not None]
-        before += [s.measured for s in api.analyze(path)[1][1:]]
+            before += [r.measured_us for r in res]
+        else:
+            before += [s.measured for s in api.analyze(path)[1][1:]]
+    replay = hi or replay  # a batch change's replay is the range's upper end
     base = float(np.median(before))
-    bracket = None
-    if row["knob"] == "batch":  # whatif --batch: the ops alone, and with their own time
-        lo, hi = [], []
-        for name in row["base_paths"]:
-            for r in api.whatif(folder / row["launch_id"] / name, [], use_model=False, batch=ratio)[1:]:
-                lo.append(r.batch.ops_alone_step_us)
-                hi.append(r.batch.with_own_time_step_us)
-        bracket = sorted((float(np.median(lo)), float(np.median(hi))))
+    bracket = sorted((float(np.median(lo)), float(np.median(hi)))) if lo else None
     return {
         "base_trace_us": base,
         "bracket_step_us": bracket,

@@ -726,7 +726,6 @@ def whatif(
                 f"(measured {_ms(r.measured_us)})",
                 highlight=False,
             )
-    for r in rows:
         if r.microbatches is not None:
             mbx = r.microbatches
             out.print(
