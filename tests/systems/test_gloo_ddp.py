@@ -59,11 +59,15 @@ def test_slack_of_the_waiting_rank_equals_its_measured_wait(analysed):
     hog beside the test, by 3-12% in 2 of 4 steps), or (seen once in a clean-clone CI run) put
     rank 0's first op on the critical path of one step, so the equality is held on the median
     over 8 steps, and all steps but a quarter must show most of the wait as slack and the
-    straggler's ops on the critical path."""
+    straggler's ops on the critical path. A step where rank 0 itself was descheduled long
+    enough to wait under 10 ms (seen once in CI: 8.4 ms) counts toward that quarter."""
     errors, odd = [], []
-    for g, r in analysed[1:]:  # step 1 also carries DDP's start-up broadcasts
+    steps = analysed[1:]  # step 1 also carries DDP's start-up broadcasts
+    for g, r in steps:
         wait = _first_allreduce_wait(g)
-        assert wait > 10_000, f"step {g.step}: rank 0 waited only {wait:.0f} µs"  # rank 1 sleeps 25 ms
+        if wait <= 10_000:  # rank 1 sleeps 25 ms; a descheduled rank 0 can arrive late too (seen in CI: 8.4 ms)
+            odd.append(f"step {g.step}: rank 0 waited only {wait:.0f} µs")
+            continue
         n = g.nodes
         rank0 = np.flatnonzero((n["rank"] == 0) & (n["event"] >= 0))
         first = rank0[np.argmin(n["start"][rank0])]
@@ -74,5 +78,5 @@ def test_slack_of_the_waiting_rank_equals_its_measured_wait(analysed):
             odd.append(
                 f"step {g.step}: slack {r.slack[first]:.0f} vs wait {wait:.0f} µs, rank 1 median slack {np.median(r.slack[rank1]):.0f}"
             )
-    assert len(errors) >= 6 and len(odd) <= len(errors) // 4, odd
+    assert len(steps) >= 8 and len(odd) <= len(steps) // 4, odd
     assert np.median(errors) <= 0.05, f"relative |slack - wait| per step: {[round(e, 3) for e in errors]}"
