@@ -49,10 +49,12 @@ class _Rank:
 
 
 def write_run(folder, steps: int = 6, extra_pairs: int = 0, extra_steps: tuple[int, ...] = (), seed: int = 0, noise: float = 0.03,
-              extra_range: str | None = None) -> dict[int, float]:  # fmt: skip
+              extra_range: str | None = None, repeats: int = 1) -> dict[int, float]:  # fmt: skip
     """Write rank-0.json.gz and rank-1.json.gz. Rank 1 runs ``extra_pairs`` extra mm + tanh pairs
     inside ``block`` in the steps ``extra_steps`` (or, with ``extra_range``, in a range of that
-    name no other rank runs, after ``block``). Returns per step the time rank 1 spent in its extra
+    name no other rank runs, after ``block``). With ``repeats``, ``forward`` runs ``block`` that
+    many times (as a pipeline runs a stage once per micro-batch), each with ``extra_pairs`` extra
+    pairs. Returns per step the time rank 1 spent in its extra
     ops and the untraced time after them (µs)."""
     folder.mkdir(parents=True, exist_ok=True)
     ranks = [_Rank(r, seed, noise) for r in range(2)]
@@ -67,13 +69,14 @@ def write_run(folder, steps: int = 6, extra_pairs: int = 0, extra_steps: tuple[i
             fwd = R.t
             R.t += R.d(GAP_US)
             R.pairs(10, MM_US, TANH_US)
-            block = R.t
-            R.t += R.d(GAP_US)
-            R.pairs(10, MM_US, TANH_US)
             extra = R.rank == 1 and step in extra_steps and extra_pairs > 0
-            if extra and extra_range is None:
-                extra_us[step] = R.pairs(extra_pairs, EXTRA_MM_US, EXTRA_TANH_US)
-            R.range("block", block)
+            for _ in range(repeats):
+                block = R.t
+                R.t += R.d(GAP_US)
+                R.pairs(10, MM_US, TANH_US)
+                if extra and extra_range is None:
+                    extra_us[step] = extra_us.get(step, 0.0) + R.pairs(extra_pairs, EXTRA_MM_US, EXTRA_TANH_US)
+                R.range("block", block)
             if extra and extra_range is not None:
                 other = R.t
                 R.t += R.d(GAP_US)

@@ -378,7 +378,7 @@ def analyze(
         if x.blame.regions:
             out.print(
                 Text(f"Step {step_no} regions: "
-                     + "; ".join(f"{shorten(r.name, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r in x.blame.regions[:3]))
+                     + "; ".join(f"{shorten(r.label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r in x.blame.regions[:3]))
             )  # fmt: skip
         for sug in x.advice.suggestions[:3]:
             out.print(

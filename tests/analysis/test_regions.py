@@ -62,6 +62,25 @@ def test_extra_small_ops_in_one_range_are_blamed_on_the_range(tmp_path, persiste
             assert all(x.share < 0.03 for x in rows[s].blame.regions), (s, rows[s].blame.regions[:3])
 
 
+def test_a_range_run_several_times_a_little_slower_each_time_is_one_region(tmp_path):
+    """``block`` runs 4 times per step (as a stage runs once per micro-batch), 3 extra op pairs
+    inside each on rank 1, in every step: each occurrence alone saves about a quarter of the extra
+    time; the top region is ``block ×4`` on rank 1, saving the whole extra time within 25%, and
+    neither ``forward`` (which encloses all four and saves the same) nor a single occurrence
+    outranks it."""
+    extra = write_run(tmp_path / "run", extra_pairs=3, extra_steps=tuple(range(1, 7)), repeats=4)
+    rows = _by_step(tmp_path / "run")
+    for s in (2, 3, 4, 5, 6):
+        b = rows[s].blame
+        top = b.regions[0]
+        assert (top.name, top.rank, top.occurrences, top.typical_from) == ("block", 1, 4, "peer ranks"), (s, b.regions[:3])
+        assert top.saving_us == pytest.approx(extra[s], rel=0.25), (s, top, extra[s])
+        assert top.label == "block ×4" and top.to_dict()["occurrences"] == 4
+        singles = [x.saving_us for x in b.regions if x.name == "block" and x.occurrences == 1]
+        assert all(v < 0.5 * top.saving_us for v in singles), (s, b.regions[:5])
+        assert "forward" not in [x.name for x in b.regions if x.rank == 1], (s, b.regions[:5])
+
+
 def test_a_range_only_one_rank_runs_is_typically_absent(tmp_path):
     """Rank 1 runs a ``log_metrics`` range of extra ops in every step that rank 0 never runs: its
     typical time is 0 (absent on the peer), so it is blamed with its whole time."""

@@ -38,7 +38,10 @@ scaled by typical / time. Scaling, not restoring each op inside to its own typic
 because extra ops have no counterpart to be restored to (and shift the occurrence of every op
 after them). Only the regions most slower than typical are replayed, and of nested regions
 whose savings are within 10% of each other the innermost is reported (the most specific
-region that explains the excess).
+region that explains the excess). A range run several times in the step (per micro-batch, per
+call) and a little slower each time is also replayed as one region: its slower occurrences, each
+scaled to its own typical time. It encloses each occurrence and is enclosed by a range around
+all of them, for the same innermost rule.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts
 TYPICAL_FROM = ("none", "peer ranks", "reference steps")  # where a typical value came from, by _typical's source code
 REGION_REPLAYS = 20  # regions replayed per step: the ones most slower than typical
 REGION_NESTED_SHARE = 0.9  # a region enclosing one that saves at least this share of its saving is not reported
+REGION_GROUP_REPLAYS = 10  # repeated ranges (all occurrences of a name on a rank, taken as one) replayed per step
 
 
 NodeKey = tuple[int, bool, str, int]
@@ -422,11 +426,18 @@ class Region:
     saving_us: float  # the step time it taking its typical time saves (replay)
     share: float  # of the step time
     nodes: int  # ops inside it
+    occurrences: int = 1  # > 1: every slower occurrence of a range run several times in the step, taken as one (``occurrence``: the first)
+
+    @property
+    def label(self) -> str:
+        """The name, with ``×N`` for a repeated range taken as one."""
+        return self.name if self.occurrences == 1 else f"{self.name} ×{self.occurrences}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "tid": self.tid, "name": self.name, "occurrence": self.occurrence, "kind": self.kind,
-                "span_us": self.span_us, "dur_us": self.dur_us, "typical_us": self.typical_us, "typical_from": self.typical_from,
-                "noise_us": self.noise_us, "saving_us": self.saving_us, "share": self.share, "nodes": self.nodes}  # fmt: skip
+        return {"rank": self.rank, "tid": self.tid, "name": self.name, "occurrence": self.occurrence, "occurrences": self.occurrences,
+                "kind": self.kind, "span_us": self.span_us, "dur_us": self.dur_us, "typical_us": self.typical_us,
+                "typical_from": self.typical_from, "noise_us": self.noise_us, "saving_us": self.saving_us, "share": self.share,
+                "nodes": self.nodes}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -614,55 +625,79 @@ def region_blame(
     step_marker = np.array([g.names[int(x)].startswith("ProfilerStep#") for x in rg["name"]], dtype=bool)
     cand = np.flatnonzero((excess > np.maximum(MIN_EXCESS_US, noise)) & (excess >= floor) & ~step_marker)
     cand = cand[np.argsort(-excess[cand], kind="stable")][:REGION_REPLAYS]
-    if not len(cand):
+    # a range run several times in the step (once per micro-batch, per layer call, per hook
+    # call), each time a little slower: its occurrences taken as one, each to its own typical time
+    slower = np.flatnonzero((excess > np.maximum(0.0, noise)) & rg["is_range"].astype(bool) & ~step_marker)
+    repeated: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for j in slower.tolist():
+        repeated[(keys[j][0], keys[j][2])].append(j)
+    groups_of = [sorted(m) for m in repeated.values() if len(m) >= 2 and float(excess[m].sum()) >= floor]
+    groups_of.sort(key=lambda m: -float(excess[m].sum()))
+    candidates = [[j] for j in cand.tolist()] + groups_of[:REGION_GROUP_REPLAYS]
+    if not candidates:
         return []
     d = g.nodes["mdur"].astype(np.float64)
     w = g.edges["weight"].astype(np.float64)
     rel = g.release.astype(np.float64)
-    saving: dict[int, float] = {}
-    for j in cand.tolist():
-        f = float(np.clip(typical[j] / rt[j], 0.0, 1.0)) if rt[j] > 0 else 1.0
-        a, b = int(rg["first"][j]), int(rg["last"][j])
+    saving: list[float] = []
+    for members in candidates:
         dd, ww, rr = d.copy(), w.copy(), rel.copy()
-        dd[a : b + 1] *= f
-        inner = parts.gap[a:b]
-        inner = inner[inner >= 0]
-        ww[inner] *= f
-        if parts.before[j] > 0:
-            ww[parts.gap[a - 1]] -= (1.0 - f) * parts.before[j]
-        if parts.after[j] > 0:
-            ww[parts.gap[b]] -= (1.0 - f) * parts.after[j]
-        if parts.lead[j] > 0:
-            rr[a] -= (1.0 - f) * parts.lead[j]
-        saving[j] = float(base.makespan - run_cpm(g, dd, ww, rr).makespan)
-    kept = [j for j in saving if saving[j] >= floor]
-    # of nested regions saving about the same, the innermost: regions come in (thread, start, -dur) order
-    specific = []
-    for j in kept:
-        inner_ones = [k for k in kept if k > j and rg["rank"][k] == rg["rank"][j] and rg["tid"][k] == rg["tid"][j]
-                      and rg["first"][k] >= rg["first"][j] and rg["last"][k] <= rg["last"][j]
-                      and rg["start"][k] >= rg["start"][j] - 1e-6 and rg["end"][k] <= rg["end"][j] + 1e-6]  # fmt: skip
-        if not any(saving[k] >= REGION_NESTED_SHARE * saving[j] for k in inner_ones):
-            specific.append(j)
-    specific.sort(key=lambda j: (-saving[j], -excess[j]))
-    return [
-        Region(
-            int(rg["rank"][j]),
-            int(rg["tid"][j]),
-            keys[j][2],
-            keys[j][3],
-            "range" if rg["is_range"][j] else "op",
-            float(rg["end"][j] - rg["start"][j]),
-            float(rt[j]),
-            float(typical[j]),
-            TYPICAL_FROM[source[j]],
-            float(noise[j]),
-            saving[j],
-            saving[j] / base.makespan if base.makespan > 0 else 0.0,
-            int(rg["last"][j] - rg["first"][j] + 1),
-        )  # fmt: skip
-        for j in specific[:top]
+        for j in members:
+            f = float(np.clip(typical[j] / rt[j], 0.0, 1.0)) if rt[j] > 0 else 1.0
+            a, b = int(rg["first"][j]), int(rg["last"][j])
+            dd[a : b + 1] *= f
+            inner = parts.gap[a:b]
+            inner = inner[inner >= 0]
+            ww[inner] *= f
+            if parts.before[j] > 0:
+                ww[parts.gap[a - 1]] -= (1.0 - f) * parts.before[j]
+            if parts.after[j] > 0:
+                ww[parts.gap[b]] -= (1.0 - f) * parts.after[j]
+            if parts.lead[j] > 0:
+                rr[a] -= (1.0 - f) * parts.lead[j]
+        saving.append(float(base.makespan - run_cpm(g, dd, ww, rr).makespan))
+    kept = [c for c in range(len(candidates)) if saving[c] >= floor]
+
+    def within(j: int, k: int) -> bool:
+        """Region k is region j or lies inside it (regions come in (thread, start, -dur) order:
+        of two with the same extent, the later one is the inner)."""
+        return k == j or (k > j and rg["rank"][k] == rg["rank"][j] and rg["tid"][k] == rg["tid"][j]
+                          and rg["first"][k] >= rg["first"][j] and rg["last"][k] <= rg["last"][j]
+                          and rg["start"][k] >= rg["start"][j] - 1e-6 and rg["end"][k] <= rg["end"][j] + 1e-6)  # fmt: skip
+
+    def encloses(x: list[int], y: list[int]) -> bool:
+        return x != y and all(any(within(j, k) for j in x) for k in y)
+
+    # of nested candidates saving about the same, the innermost (a repeated range encloses each of
+    # its occurrences, and is enclosed by a range around all of them)
+    specific = [
+        c for c in kept if not any(saving[o] >= REGION_NESTED_SHARE * saving[c] and encloses(candidates[c], candidates[o]) for o in kept)
     ]
+    specific.sort(key=lambda c: (-saving[c], -float(excess[candidates[c]].sum())))
+    out = []
+    for c in specific[:top]:
+        m = candidates[c]
+        j = m[0]
+        own = float(rt[m].sum())
+        out.append(
+            Region(
+                int(rg["rank"][j]),
+                int(rg["tid"][j]),
+                keys[j][2],
+                keys[j][3],
+                "range" if rg["is_range"][j] else "op",
+                float((rg["end"][m] - rg["start"][m]).sum()),
+                own,
+                own - float(excess[m].sum()) if len(m) > 1 else float(typical[j]),
+                TYPICAL_FROM[int(source[m].max())],
+                float(noise[m].sum()),
+                saving[c],
+                saving[c] / base.makespan if base.makespan > 0 else 0.0,
+                int((rg["last"][m] - rg["first"][m] + 1).sum()),
+                len(m),
+            )
+        )
+    return out
 
 
 def _lead_name(g: ExecutionGraph, i: int) -> str:

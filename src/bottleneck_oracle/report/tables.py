@@ -153,7 +153,7 @@ def regions_table(b: Blame, k: int) -> TableModel | None:
         [Column("region", "name"), Column("rank", "int"), Column("own time (ms)", "ms"), Column("typical (ms)", "ms"), Column("typical from"),
          Column("saving (ms)", "ms"), Column("of the step", "pct"), Column("ops", "int")],
     )  # fmt: skip
-    t.rows = [[r.name, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes] for r in b.regions[:k]]
+    t.rows = [[r.label, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes] for r in b.regions[:k]]
     return t
 
 
