@@ -41,6 +41,9 @@ def test_the_replay_and_the_region_row_recover_a_persistent_slowdown_the_op_rows
     # every other step of the block carries the slowdown too: only the peer rank shows it as extra
     assert c.blame_region[0] == pytest.approx(measured, rel=0.25)
     assert c.region_names[0] == "oracle_inject:compute:layers.0.mlp"
+    # with the clean steps as the baseline, too
+    assert c.blame_region_baseline[0] == pytest.approx(measured, rel=0.25)
+    assert c.baseline_region_names[0] == "oracle_inject:compute:layers.0.mlp"
     assert c.blame_op[0] < 0.2 * measured  # 120 small ops: no single one explains it
     # per-node targets: the nodes left after the removal, matched to the clean steps by identity
     g, f, y = c.steps[0][0]

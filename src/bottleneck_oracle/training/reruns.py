@@ -12,6 +12,9 @@ scores the predictors against the measurement:
 - ``blame_op`` / ``blame_region``: blame's first op row and first region row, the perturbed step
   compared with its peer ranks and the other steps of its block (which all carry the slowdown:
   a persistent slowdown has to be found against peers);
+- ``blame_region_baseline``: blame's first region row with the clean steps as the reference
+  (``blame --baseline`` given the job as it normally runs): the only way to see a slowdown in
+  every step on a rank that has no peer, a pipeline stage;
 - ``corrected``: the replay with per-node duration corrections from a model trained on other
   conditions (see ``fit_corrections``), and a 90% interval.
 
@@ -69,7 +72,9 @@ class Conditions:
     replay: np.ndarray = field(default_factory=_empty)
     blame_op: np.ndarray = field(default_factory=_empty)
     blame_region: np.ndarray = field(default_factory=_empty)
+    blame_region_baseline: np.ndarray = field(default_factory=_empty)
     region_names: list[str] = field(default_factory=list)
+    baseline_region_names: list[str] = field(default_factory=list)
     noise: np.ndarray = field(default_factory=_empty)
     """the measured saving's standard error (µs): bootstrap over the steps of its three blocks"""
     remeasured: np.ndarray = field(default_factory=_empty)
@@ -82,14 +87,17 @@ class Conditions:
     def select(self, idx: list[int]) -> Conditions:
         """The conditions ``idx``, in that order."""
         out = Conditions(
-            rows=[self.rows[i] for i in idx], region_names=[self.region_names[i] for i in idx], steps=[self.steps[i] for i in idx]
+            rows=[self.rows[i] for i in idx],
+            region_names=[self.region_names[i] for i in idx],
+            baseline_region_names=[self.baseline_region_names[i] for i in idx],
+            steps=[self.steps[i] for i in idx],
         )
         for name in ARRAYS:
             setattr(out, name, getattr(self, name)[idx])
         return out
 
 
-ARRAYS = ("measured", "own", "replay", "blame_op", "blame_region", "noise", "remeasured", "measured_after")
+ARRAYS = ("measured", "own", "replay", "blame_op", "blame_region", "blame_region_baseline", "noise", "remeasured", "measured_after")
 """The per-condition arrays of ``Conditions``."""
 
 
@@ -111,7 +119,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
     by_step = {g.step: g for g in graphs}
     step_time = {g.step: max(g.measured.values()) for g in graphs}
     out = Conditions()
-    meas, own, rep, bop, breg, noise, before, after = [], [], [], [], [], [], [], []
+    meas, own, rep, bop, breg, bbase, noise, before, after = [], [], [], [], [], [], [], [], []
     rng = np.random.default_rng(0)
     memo = KeyMemo()
     identities: dict[int | None, list[tuple]] = {}  # by step: a clean step serves the conditions on both sides of it
@@ -127,7 +135,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         clean = [by_step[s] for s in r["clean_steps"] if s in by_step]
         if not gs or not clean:
             continue
-        o, rp, bo, br, names, per_step = [], [], [], [], [], []
+        o, rp, bo, br, bb, names, base_names, per_step = [], [], [], [], [], [], [], []
         clean_dur: dict[tuple, list[float]] = {}
         if with_model_inputs:
             for h in clean:
@@ -142,7 +150,10 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
             b = blame(g, [h for h in gs if h is not g], top=3, cpm=base, memo=memo)
             bo.append(b.nodes[0].saving_us if b.nodes else 0.0)
             br.append(b.regions[0].saving_us if b.regions else 0.0)
-            names.append(b.regions[0].name if b.regions else "")
+            names.append(b.regions[0].label if b.regions else "")
+            b = blame(g, clean, top=3, cpm=base, memo=memo)
+            bb.append(b.regions[0].saving_us if b.regions else 0.0)
+            base_names.append(b.regions[0].label if b.regions else "")
             if with_model_inputs:
                 y = np.full(g.n_nodes, np.nan)
                 for i, k in enumerate(identity(g)):
@@ -166,11 +177,21 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         rep.append(float(np.median(rp)))
         bop.append(float(np.median(bo)))
         breg.append(float(np.median(br)))
+        bbase.append(float(np.median(bb)))
         out.region_names.append(max(set(names), key=names.count))
+        out.baseline_region_names.append(max(set(base_names), key=base_names.count))
         out.steps.append(per_step)
-    out.measured, out.own, out.replay, out.blame_op, out.blame_region, out.noise, out.remeasured, out.measured_after = (
-        np.array(v, dtype=np.float64) for v in (meas, own, rep, bop, breg, noise, before, after)
-    )
+    (
+        out.measured,
+        out.own,
+        out.replay,
+        out.blame_op,
+        out.blame_region,
+        out.blame_region_baseline,
+        out.noise,
+        out.remeasured,
+        out.measured_after,
+    ) = (np.array(v, dtype=np.float64) for v in (meas, own, rep, bop, breg, bbase, noise, before, after))
     return out
 
 
@@ -189,6 +210,7 @@ def merge(parts: list[Conditions]) -> Conditions:
     for p in parts:
         out.rows += p.rows
         out.region_names += p.region_names
+        out.baseline_region_names += p.baseline_region_names
         out.steps += p.steps
     for name in ARRAYS:
         setattr(out, name, np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0))
