@@ -1,0 +1,83 @@
+"""How the clean-vs-clean difference of a paired recording falls with the steps per group.
+
+Issue 14's noise floor: the two interleaved clean groups of a paired condition (7 steps each in
+``generate --paired``'s default) differ by about 5% on this 2-core machine. This script reads the
+clean steps a paired recording already has (every launch's clean blocks, in recorded order),
+splits them into two interleaved groups of n steps — consecutive pairs of steps alternating
+between the groups, as the recorder interleaves its blocks — for growing n, and reports
+|median(A) - median(B)| / median(A), the median over launches and over the disjoint windows of
+4n steps each launch holds. A 1/sqrt(n) fit then says how many steps per group a target needs.
+
+    python benchmarks/noise_by_steps.py data/paired2 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from bottleneck_oracle.api import build
+from bottleneck_oracle.training.reruns import read_paired
+
+
+def clean_by_launch(folder: str) -> dict[str, list[float]]:
+    """Per launch, the step time (µs, the slowest rank's) of each clean step, in step order."""
+    steps: dict[str, set[int]] = defaultdict(set)
+    path = {}
+    for r in read_paired(folder):
+        steps[r["launch_id"]].update(r["clean_steps"])
+        path[r["launch_id"]] = r["path"]
+    out = {}
+    for lid in sorted(steps):
+        _, graphs = build(path[lid])
+        t = {g.step: max(g.measured.values()) for g in graphs}
+        out[lid] = [t[s] for s in sorted(steps[lid]) if s in t]
+    return out
+
+
+def differences(times: list[float], n: int) -> list[float]:
+    """Clean vs clean of two interleaved groups of n steps, in each disjoint window of 2n steps."""
+    out = []
+    for w in range(len(times) // (2 * n)):
+        win = times[w * 2 * n : (w + 1) * 2 * n]
+        a = [x for i, x in enumerate(win) if (i // 2) % 2 == 0]
+        b = [x for i, x in enumerate(win) if (i // 2) % 2 == 1]
+        out.append(abs(float(np.median(a)) - float(np.median(b))) / float(np.median(a)))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paired", help="folder written by generate --paired")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    clean = clean_by_launch(a.paired)
+    fewest = min(len(v) for v in clean.values())
+    rows = []
+    for n in (2, 4, 7, 14, 28, 56):
+        if 2 * n > fewest:
+            break
+        d = [x for v in clean.values() for x in differences(v, n)]
+        rows.append({"steps_per_group": n, "windows": len(d), "median_clean_vs_clean": float(np.median(d))})
+        print(f"{n:3d} steps per group: clean vs clean {100 * rows[-1]['median_clean_vs_clean']:.1f}% (median of {len(d)} windows)")
+    # fit c / sqrt(n) through the measured points (least squares on the log)
+    ns = np.array([r["steps_per_group"] for r in rows], dtype=float)
+    ds = np.array([r["median_clean_vs_clean"] for r in rows])
+    c = float(np.exp(np.mean(np.log(ds) + 0.5 * np.log(ns))))
+    need = {f"{p:g}%": math.ceil((c / (p / 100)) ** 2) for p in (5, 2, 1)}
+    slope = float(np.polyfit(np.log(ns), np.log(ds), 1)[0])
+    print(f"fit: {100 * c:.1f}% / sqrt(n) (measured slope of log difference on log n: {slope:.2f}; 1/sqrt(n) is -0.5)")
+    print("steps per group for a clean-vs-clean of " + ", ".join(f"{k}: {v}" for k, v in need.items()))
+    print(f"clean steps per launch: {fewest} to {max(len(v) for v in clean.values())}, {len(clean)} launches")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "fit_c": c, "slope": slope, "steps_needed": need, "launches": len(clean)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
