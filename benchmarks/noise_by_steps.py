@@ -8,7 +8,17 @@ between the groups, as the recorder interleaves its blocks — for growing n, an
 |median(A) - median(B)| / median(A), the median over launches and over the disjoint windows of
 4n steps each launch holds. A 1/sqrt(n) fit then says how many steps per group a target needs.
 
-    python benchmarks/noise_by_steps.py data/paired2 [--json out.json]
+With ``--score``, each condition's measured saving is also set against the replay's prediction
+(removing the injected ranges) and the truth against itself (the saving measured against the
+clean group before alone vs after alone): with more steps per group, how close the replay gets.
+
+    python benchmarks/noise_by_steps.py data/paired2 [--score] [--json out.json]
+
+The longer recording of docs/eval-reruns.md (one launch: tiny DDP, 10 ms, 33 slowed blocks per
+condition instead of 6; 2 min 40 s):
+
+    bottleneck-oracle generate --paired --config benchmarks/paired_long.yaml --out data/paired_long --repeats 33 --no-knobs
+    python benchmarks/noise_by_steps.py data/paired_long --score
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from collections import defaultdict
 import numpy as np
 
 from bottleneck_oracle.api import build
-from bottleneck_oracle.training.reruns import read_paired
+from bottleneck_oracle.training.reruns import evaluate_launch, read_paired
 
 
 def clean_by_launch(folder: str) -> dict[str, list[float]]:
@@ -50,9 +60,39 @@ def differences(times: list[float], n: int) -> list[float]:
     return out
 
 
+def score(folder: str) -> dict:
+    """Per condition: measured saving with its bootstrap standard error, the replay's prediction,
+    and the re-measurement (before-group saving against the after-group one); APEs summarised."""
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in read_paired(folder):
+        by[r["launch_id"]].append(r)
+    per, ape, re_ape = [], [], []
+    for lid, rs in sorted(by.items()):
+        table, graphs = build(rs[0]["path"])
+        c = evaluate_launch(rs, table, graphs, with_model_inputs=False)
+        for i, r in enumerate(c.rows):
+            m = float(c.measured[i])
+            ape.append(abs(float(c.replay[i]) - m) / max(abs(m), 1.0))
+            re_ape.append(abs(float(c.remeasured[i] - c.measured_after[i])) / max(abs(float(c.measured_after[i])), 1.0))
+            per.append({"launch_id": lid, "condition": r["condition"], "groups": [len(x) for x in r["clean_groups"]],
+                        "clean_vs_clean": r["clean_vs_clean"], "measured_us": m, "noise_us": float(c.noise[i]),
+                        "replay_us": float(c.replay[i]), "replay_ape": ape[-1]})  # fmt: skip
+            k = r["condition"]
+            print(f"{lid} {k['kind']:10s} rank {k['rank']}: measured {m / 1e3:6.2f} ms (se {c.noise[i] / 1e3:.2f}), replay "
+                  f"{c.replay[i] / 1e3:6.2f} ms ({100 * ape[-1]:.0f}%), clean vs clean {100 * r['clean_vs_clean']:.1f}%")  # fmt: skip
+    summary = {"conditions": len(per), "replay_mape": float(np.mean(ape)), "replay_median_ape": float(np.median(ape)),
+               "replay_within_25pct": float(np.mean(np.array(ape) <= 0.25)), "remeasure_mape": float(np.mean(re_ape)),
+               "median_clean_vs_clean": float(np.median([p["clean_vs_clean"] for p in per]))}  # fmt: skip
+    print(f"replay: MAPE {100 * summary['replay_mape']:.1f}%, median APE {100 * summary['replay_median_ape']:.1f}%, within 25% "
+          f"{100 * summary['replay_within_25pct']:.0f}% of {len(per)}; the truth against itself: MAPE {100 * summary['remeasure_mape']:.1f}%; "
+          f"clean vs clean {100 * summary['median_clean_vs_clean']:.1f}% (median)")  # fmt: skip
+    return {"summary": summary, "conditions": per}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paired", help="folder written by generate --paired")
+    ap.add_argument("--score", action="store_true", help="also score the replay against each condition's measured saving")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     clean = clean_by_launch(a.paired)
@@ -73,9 +113,12 @@ def main() -> int:
     print(f"fit: {100 * c:.1f}% / sqrt(n) (measured slope of log difference on log n: {slope:.2f}; 1/sqrt(n) is -0.5)")
     print("steps per group for a clean-vs-clean of " + ", ".join(f"{k}: {v}" for k, v in need.items()))
     print(f"clean steps per launch: {fewest} to {max(len(v) for v in clean.values())}, {len(clean)} launches")
+    out = {"rows": rows, "fit_c": c, "slope": slope, "steps_needed": need, "launches": len(clean)}
+    if a.score:
+        out["scores"] = score(a.paired)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "fit_c": c, "slope": slope, "steps_needed": need, "launches": len(clean)}, f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
 
 

@@ -29,6 +29,10 @@ class ConfigError(OracleError):
     """A configuration file or value is wrong."""
 
 
+class RunError(OracleError):
+    """A job the tool launched (a recording's ranks) failed or was killed."""
+
+
 def first_line(exc: BaseException, width: int = 120) -> str:
     """The first line of an exception's message, at most ``width`` characters ('' if it has none):
     what a one-line error quotes of a library's own error."""

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 
+from bottleneck_oracle.errors import RunError
 from bottleneck_oracle.systems.inject import Injector
 from bottleneck_oracle.systems.profiler import oracle_profile
 
@@ -27,12 +28,34 @@ def free_port() -> int:
 
 def spawn(worker: Callable, run, nprocs: int | None = None) -> Path:
     """Run ``worker(rank, run, port)`` on ``nprocs`` (default ``run.world``) local processes, then
-    write run.yaml (the run's settings) beside the traces; returns the trace folder."""
+    write run.yaml (the run's settings) beside the traces; returns the trace folder. A rank that
+    raises, exits non-zero or is killed becomes one RunError line naming the folder and the rank."""
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(worker, args=(run, free_port()), nprocs=nprocs or run.world, join=True)
+    try:
+        mp.spawn(worker, args=(run, free_port()), nprocs=nprocs or run.world, join=True)
+    except mp.ProcessExitedException as exc:
+        if exc.signal_name is None:
+            raise RunError(f"{out}: rank {exc.error_index} exited with code {exc.exit_code}") from None
+        hint = ""
+        if exc.signal_name == "SIGKILL":
+            hint = " (out of memory? the profiler keeps every event of a launch until it ends: record fewer steps per launch)"
+        raise RunError(f"{out}: rank {exc.error_index} was killed by {exc.signal_name}{hint}") from None
+    except mp.ProcessRaisedException as exc:
+        raise RunError(f"{out}: rank {exc.error_index} failed: {_exception_line(str(exc))}") from None
     (out / "run.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(asdict(run))), sort_keys=False))
     return out
+
+
+def _exception_line(text: str) -> str:
+    """The 'Type: message' line of a child's traceback as torch.multiprocessing passes it on:
+    the first unindented line after the last frame."""
+    lines = text.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    for line in lines[frames[-1] + 1 if frames else 0 :]:
+        if line.strip() and not line.startswith(" "):
+            return line.strip()
+    return "no message"
 
 
 def pin_to_core(rank: int) -> int | None:
