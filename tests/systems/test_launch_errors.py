@@ -25,7 +25,10 @@ def _failing_worker(rank: int, run: _Run, port: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer does
 
 
-@pytest.mark.parametrize("how, message", [("raise", "rank 0 failed: ValueError: the model does not fit"), ("kill", "rank 0 was killed by SIGKILL (out of memory?")])
+@pytest.mark.parametrize(
+    "how, message",
+    [("raise", "rank 0 failed: ValueError: the model does not fit"), ("kill", "rank 0 was killed by SIGKILL (out of memory?")],
+)
 def test_a_failed_rank_is_one_clean_error(tmp_path, how, message):
     with pytest.raises(RunError) as info:
         spawn(_failing_worker, _Run(out=str(tmp_path / "run"), how=how))
