@@ -24,7 +24,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path, atomic_paths, check_target
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning
-from bottleneck_oracle.report.tables import shorten
+from bottleneck_oracle.report.tables import region_labels, shorten
 from bottleneck_oracle.report.terminal import CONTROL_CHARS
 
 app = typer.Typer(
@@ -378,7 +378,7 @@ def analyze(
         if x.blame.regions:
             out.print(
                 Text(f"Step {step_no} regions: "
-                     + "; ".join(f"{shorten(r.label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r in x.blame.regions[:3]))
+                     + "; ".join(f"{shorten(label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r, label in zip(x.blame.regions[:3], region_labels(x.blame.regions[:3]))))
             )  # fmt: skip
         for sug in x.advice.suggestions[:3]:
             out.print(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from bottleneck_oracle.analysis.blame import region_labels
 from bottleneck_oracle.api import blame, build
 from conftest import DATA
 from synthetic_ranks import EXTRA_MM_US, EXTRA_TANH_US, MM_US, TANH_US, write_run  # noqa: F401
@@ -76,6 +77,8 @@ def test_a_range_run_several_times_a_little_slower_each_time_is_one_region(tmp_p
         assert (top.name, top.rank, top.occurrences, top.typical_from) == ("block", 1, 4, "peer ranks"), (s, b.regions[:3])
         assert top.saving_us == pytest.approx(extra[s], rel=0.25), (s, top, extra[s])
         assert top.label == "block ×4" and top.to_dict()["occurrences"] == 4
+        labels = region_labels(b.regions)  # what the tables show: the occurrences listed too are told apart
+        assert labels[0] == "block ×4" and {x for x in labels[1:] if x.startswith("block")} <= {f"block #{k}" for k in range(1, 5)}
         singles = [x.saving_us for x in b.regions if x.name == "block" and x.occurrences == 1]
         assert all(v < 0.5 * top.saving_us for v in singles), (s, b.regions[:5])
         assert "forward" not in [x.name for x in b.regions if x.rank == 1], (s, b.regions[:5])

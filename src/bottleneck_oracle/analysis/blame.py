@@ -440,6 +440,16 @@ class Region:
                 "nodes": self.nodes}  # fmt: skip
 
 
+def region_labels(regions: list[Region]) -> list[str]:
+    """What a table shows for each region: its label, and ``#k`` (the k-th of its name on its
+    rank) where the list names the same region more than once (a repeated range and its
+    occurrences)."""
+    count: dict[tuple[int, str], int] = defaultdict(int)
+    for r in regions:
+        count[(r.rank, r.name)] += 1
+    return [r.label if r.occurrences > 1 or count[(r.rank, r.name)] == 1 else f"{r.name} #{r.occurrence + 1}" for r in regions]
+
+
 @dataclass(slots=True)
 class Blame:
     step: int | None

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bottleneck_oracle.analysis.blame import Blame
+from bottleneck_oracle.analysis.blame import Blame, region_labels
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
@@ -153,7 +153,11 @@ def regions_table(b: Blame, k: int) -> TableModel | None:
         [Column("region", "name"), Column("rank", "int"), Column("own time (ms)", "ms"), Column("typical (ms)", "ms"), Column("typical from"),
          Column("saving (ms)", "ms"), Column("of the step", "pct"), Column("ops", "int")],
     )  # fmt: skip
-    t.rows = [[r.label, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes] for r in b.regions[:k]]
+    shown = b.regions[:k]
+    t.rows = [
+        [label, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes]
+        for r, label in zip(shown, region_labels(shown))
+    ]
     return t
 
 
