@@ -641,6 +641,12 @@ def region_blame(
     repeated: dict[tuple[int, str], list[int]] = defaultdict(list)
     for j in slower.tolist():
         repeated[(keys[j][0], keys[j][2])].append(j)
+    for key, m in repeated.items():  # an occurrence inside another (a recursive Python range): the outer one holds it
+        outer: list[int] = []
+        for j in sorted(m, key=lambda j: (int(rg["tid"][j]), int(rg["first"][j]), -int(rg["last"][j]))):
+            if not (outer and rg["tid"][outer[-1]] == rg["tid"][j] and rg["last"][j] <= rg["last"][outer[-1]]):
+                outer.append(j)
+        repeated[key] = outer
     groups_of = [sorted(m) for m in repeated.values() if len(m) >= 2 and float(excess[m].sum()) >= floor]
     groups_of.sort(key=lambda m: -float(excess[m].sum()))
     candidates = [[j] for j in cand.tolist()] + groups_of[:REGION_GROUP_REPLAYS]
