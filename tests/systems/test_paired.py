@@ -21,6 +21,7 @@ from bottleneck_oracle.systems.paired import (
     default_knobs,
     default_launches,
     generate_knobs,
+    long_launch_warning,
     measure,
     measure_knob,
     record_launch,
@@ -54,6 +55,14 @@ def test_the_default_grid_covers_every_kind_rank_and_delay():
     assert all(len(launch.conditions) <= 8 for launch in launches)
     # a pipeline stage's module: the first layer it holds
     assert {c.target for layout, c in conds if layout == "pp2-1f1b" and c.kind == "stall" and c.rank == 1} == {"layers.1.mlp"}
+
+
+def test_a_launch_too_long_for_one_profiling_window_is_named():
+    """The default grid (291 steps a launch) passes quietly; 33 slowed blocks per condition (1,587
+    steps: 12 GB per rank for the small model) get a warning naming the launch and its steps."""
+    assert long_launch_warning(default_launches(["tiny", "small"], ["dp2", "pp2-1f1b"], [5.0])) is None
+    text = long_launch_warning(default_launches(["small"], ["dp2"], [10.0], repeats=33))
+    assert text is not None and text.startswith("launch small-dp2-0 profiles 1587 steps in one window")
 
 
 def test_measure_takes_block_medians_without_the_transition_steps():
