@@ -635,6 +635,14 @@ def region_blame(
     step_marker = np.array([g.names[int(x)].startswith("ProfilerStep#") for x in rg["name"]], dtype=bool)
     cand = np.flatnonzero((excess > np.maximum(MIN_EXCESS_US, noise)) & (excess >= floor) & ~step_marker)
     cand = cand[np.argsort(-excess[cand], kind="stable")][:REGION_REPLAYS]
+
+    def within(j: int, k: int) -> bool:
+        """Region k is region j or lies inside it (regions come in (thread, start, -dur) order:
+        of two with the same extent, the later one is the inner)."""
+        return k == j or (k > j and rg["rank"][k] == rg["rank"][j] and rg["tid"][k] == rg["tid"][j]
+                          and rg["first"][k] >= rg["first"][j] and rg["last"][k] <= rg["last"][j]
+                          and rg["start"][k] >= rg["start"][j] - 1e-6 and rg["end"][k] <= rg["end"][j] + 1e-6)  # fmt: skip
+
     # a range run several times in the step (once per micro-batch, per layer call, per hook
     # call), each time a little slower: its occurrences taken as one, each to its own typical time
     slower = np.flatnonzero((excess > np.maximum(0.0, noise)) & rg["is_range"].astype(bool) & ~step_marker)
@@ -643,11 +651,11 @@ def region_blame(
         repeated[(keys[j][0], keys[j][2])].append(j)
     for key, m in repeated.items():  # an occurrence inside another (a recursive Python range): the outer one holds it
         outer: list[int] = []
-        for j in sorted(m, key=lambda j: (int(rg["tid"][j]), int(rg["first"][j]), -int(rg["last"][j]))):
-            if not (outer and rg["tid"][outer[-1]] == rg["tid"][j] and rg["last"][j] <= rg["last"][outer[-1]]):
+        for j in m:  # in region order: an enclosing one comes first
+            if not any(within(o, j) for o in outer):
                 outer.append(j)
         repeated[key] = outer
-    groups_of = [sorted(m) for m in repeated.values() if len(m) >= 2 and float(excess[m].sum()) >= floor]
+    groups_of = [m for m in repeated.values() if len(m) >= 2 and float(excess[m].sum()) >= floor]
     groups_of.sort(key=lambda m: -float(excess[m].sum()))
     candidates = [[j] for j in cand.tolist()] + groups_of[:REGION_GROUP_REPLAYS]
     if not candidates:
@@ -673,13 +681,6 @@ def region_blame(
                 rr[a] -= (1.0 - f) * parts.lead[j]
         saving.append(float(base.makespan - run_cpm(g, dd, ww, rr).makespan))
     kept = [c for c in range(len(candidates)) if saving[c] >= floor]
-
-    def within(j: int, k: int) -> bool:
-        """Region k is region j or lies inside it (regions come in (thread, start, -dur) order:
-        of two with the same extent, the later one is the inner)."""
-        return k == j or (k > j and rg["rank"][k] == rg["rank"][j] and rg["tid"][k] == rg["tid"][j]
-                          and rg["first"][k] >= rg["first"][j] and rg["last"][k] <= rg["last"][j]
-                          and rg["start"][k] >= rg["start"][j] - 1e-6 and rg["end"][k] <= rg["end"][j] + 1e-6)  # fmt: skip
 
     def encloses(x: list[int], y: list[int]) -> bool:
         return x != y and all(any(within(j, k) for j in x) for k in y)
