@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.analysis.blame import KeyMemo, blame
+from bottleneck_oracle.analysis.blame import Blame, KeyMemo, blame
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -119,7 +120,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
     by_step = {g.step: g for g in graphs}
     step_time = {g.step: max(g.measured.values()) for g in graphs}
     out = Conditions()
-    meas, own, rep, bop, breg, bbase, noise, before, after = [], [], [], [], [], [], [], [], []
+    vals: dict[str, list[float]] = {name: [] for name in ARRAYS}
     rng = np.random.default_rng(0)
     memo = KeyMemo()
     identities: dict[int | None, list[tuple]] = {}  # by step: a clean step serves the conditions on both sides of it
@@ -135,7 +136,9 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         clean = [by_step[s] for s in r["clean_steps"] if s in by_step]
         if not gs or not clean:
             continue
-        o, rp, bo, br, bb, names, base_names, per_step = [], [], [], [], [], [], [], []
+        per: dict[str, list[float]] = defaultdict(list)  # the step-wise predictions, by ARRAYS name
+        names: dict[str, list[str]] = defaultdict(list)  # the top region's label, by reference
+        per_step = []
         clean_dur: dict[tuple, list[float]] = {}
         if with_model_inputs:
             for h in clean:
@@ -145,15 +148,12 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
             base = run_cpm(g)
             feats = step_features(g, table, c["rank"], base)
             edited = run_cpm(g, feats.dur, feats.weight, feats.release)
-            rp.append(base.makespan - edited.makespan)
-            o.append(feats.removed_us)
+            per["replay"].append(base.makespan - edited.makespan)
+            per["own"].append(feats.removed_us)
             b = blame(g, [h for h in gs if h is not g], top=3, cpm=base, memo=memo)
-            bo.append(b.nodes[0].saving_us if b.nodes else 0.0)
-            br.append(b.regions[0].saving_us if b.regions else 0.0)
-            names.append(b.regions[0].label if b.regions else "")
-            b = blame(g, clean, top=3, cpm=base, memo=memo)
-            bb.append(b.regions[0].saving_us if b.regions else 0.0)
-            base_names.append(b.regions[0].label if b.regions else "")
+            per["blame_op"].append(b.nodes[0].saving_us if b.nodes else 0.0)
+            _top_region(per, names, "blame_region", b)
+            _top_region(per, names, "blame_region_baseline", blame(g, clean, top=3, cpm=base, memo=memo))
             if with_model_inputs:
                 y = np.full(g.n_nodes, np.nan)
                 for i, k in enumerate(identity(g)):
@@ -163,36 +163,30 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
                         y[i] = math.log(max(float(np.median(ref)), 0.01) / max(d, 0.01))
                 per_step.append((g, feats, y))
         out.rows.append(r)
-        meas.append(r["measured_saving_us"])
         t = step_time
         tp = np.array([t[s] for s in r["steps"] if s in t])
         half = len(r["clean_steps"]) // 2
         first, second = r.get("clean_groups") or (r["clean_steps"][:half], r["clean_steps"][half:])
         tb = np.array([t[s] for s in first if s in t])
         ta = np.array([t[s] for s in second if s in t])
-        noise.append(_bootstrap_se(tp, tb, ta, rng))
-        before.append(float(np.median(tp) - np.median(tb)))
-        after.append(float(np.median(tp) - np.median(ta)))
-        own.append(float(np.median(o)))
-        rep.append(float(np.median(rp)))
-        bop.append(float(np.median(bo)))
-        breg.append(float(np.median(br)))
-        bbase.append(float(np.median(bb)))
-        out.region_names.append(max(set(names), key=names.count))
-        out.baseline_region_names.append(max(set(base_names), key=base_names.count))
+        vals["measured"].append(r["measured_saving_us"])
+        vals["noise"].append(_bootstrap_se(tp, tb, ta, rng))
+        vals["remeasured"].append(float(np.median(tp) - np.median(tb)))
+        vals["measured_after"].append(float(np.median(tp) - np.median(ta)))
+        for name, xs in per.items():
+            vals[name].append(float(np.median(xs)))
+        for labels, into in ((names["blame_region"], out.region_names), (names["blame_region_baseline"], out.baseline_region_names)):
+            into.append(max(set(labels), key=labels.count))
         out.steps.append(per_step)
-    (
-        out.measured,
-        out.own,
-        out.replay,
-        out.blame_op,
-        out.blame_region,
-        out.blame_region_baseline,
-        out.noise,
-        out.remeasured,
-        out.measured_after,
-    ) = (np.array(v, dtype=np.float64) for v in (meas, own, rep, bop, breg, bbase, noise, before, after))
+    for name in ARRAYS:
+        setattr(out, name, np.array(vals[name], dtype=np.float64))
     return out
+
+
+def _top_region(per: dict[str, list[float]], names: dict[str, list[str]], name: str, b: Blame) -> None:
+    """Note blame's first region row (its saving and label) under ``name``."""
+    per[name].append(b.regions[0].saving_us if b.regions else 0.0)
+    names[name].append(b.regions[0].label if b.regions else "")
 
 
 def _bootstrap_se(tp: np.ndarray, tb: np.ndarray, ta: np.ndarray, rng: np.random.Generator, n: int = 400) -> float:
