@@ -34,19 +34,10 @@ from bottleneck_oracle.api import build
 from bottleneck_oracle.training.reruns import evaluate_launch, read_paired
 
 
-def clean_by_launch(folder: str) -> dict[str, list[float]]:
-    """Per launch, the step time (µs, the slowest rank's) of each clean step, in step order."""
-    steps: dict[str, set[int]] = defaultdict(set)
-    path = {}
-    for r in read_paired(folder):
-        steps[r["launch_id"]].update(r["clean_steps"])
-        path[r["launch_id"]] = r["path"]
-    out = {}
-    for lid in sorted(steps):
-        _, graphs = build(path[lid])
-        t = {g.step: max(g.measured.values()) for g in graphs}
-        out[lid] = [t[s] for s in sorted(steps[lid]) if s in t]
-    return out
+def clean_times(rows: list[dict], graphs) -> list[float]:
+    """The step time (µs, the slowest rank's) of each clean step of a launch, in step order."""
+    t = {g.step: max(g.measured.values()) for g in graphs}
+    return [t[s] for s in sorted({s for r in rows for s in r["clean_steps"]}) if s in t]
 
 
 def differences(times: list[float], n: int) -> list[float]:
@@ -60,33 +51,35 @@ def differences(times: list[float], n: int) -> list[float]:
     return out
 
 
-def score(folder: str) -> dict:
-    """Per condition: measured saving with its bootstrap standard error, the replay's prediction,
-    and the re-measurement (before-group saving against the after-group one); APEs summarised."""
-    by: dict[str, list[dict]] = defaultdict(list)
-    for r in read_paired(folder):
-        by[r["launch_id"]].append(r)
-    per, ape, re_ape = [], [], []
-    for lid, rs in sorted(by.items()):
-        table, graphs = build(rs[0]["path"])
-        c = evaluate_launch(rs, table, graphs, with_model_inputs=False)
-        for i, r in enumerate(c.rows):
-            m = float(c.measured[i])
-            ape.append(abs(float(c.replay[i]) - m) / max(abs(m), 1.0))
-            re_ape.append(abs(float(c.remeasured[i] - c.measured_after[i])) / max(abs(float(c.measured_after[i])), 1.0))
-            per.append({"launch_id": lid, "condition": r["condition"], "groups": [len(x) for x in r["clean_groups"]],
-                        "clean_vs_clean": r["clean_vs_clean"], "measured_us": m, "noise_us": float(c.noise[i]),
-                        "replay_us": float(c.replay[i]), "replay_ape": ape[-1]})  # fmt: skip
-            k = r["condition"]
-            print(f"{lid} {k['kind']:10s} rank {k['rank']}: measured {m / 1e3:6.2f} ms (se {c.noise[i] / 1e3:.2f}), replay "
-                  f"{c.replay[i] / 1e3:6.2f} ms ({100 * ape[-1]:.0f}%), clean vs clean {100 * r['clean_vs_clean']:.1f}%")  # fmt: skip
-    summary = {"conditions": len(per), "replay_mape": float(np.mean(ape)), "replay_median_ape": float(np.median(ape)),
-               "replay_within_25pct": float(np.mean(np.array(ape) <= 0.25)), "remeasure_mape": float(np.mean(re_ape)),
-               "median_clean_vs_clean": float(np.median([p["clean_vs_clean"] for p in per]))}  # fmt: skip
-    print(f"replay: MAPE {100 * summary['replay_mape']:.1f}%, median APE {100 * summary['replay_median_ape']:.1f}%, within 25% "
-          f"{100 * summary['replay_within_25pct']:.0f}% of {len(per)}; the truth against itself: MAPE {100 * summary['remeasure_mape']:.1f}%; "
-          f"clean vs clean {100 * summary['median_clean_vs_clean']:.1f}% (median)")  # fmt: skip
-    return {"summary": summary, "conditions": per}
+def score(lid: str, rows: list[dict], table, graphs) -> list[dict]:
+    """Per condition of a launch: measured saving with its bootstrap standard error, the replay's
+    prediction and its APE, and the re-measurement's APE (before-group saving against the after-group one)."""
+    c = evaluate_launch(rows, table, graphs, with_model_inputs=False)
+    per = []
+    for i, r in enumerate(c.rows):
+        m = float(c.measured[i])
+        ape = abs(float(c.replay[i]) - m) / max(abs(m), 1.0)
+        re_ape = abs(float(c.remeasured[i] - c.measured_after[i])) / max(abs(float(c.measured_after[i])), 1.0)
+        per.append({"launch_id": lid, "condition": r["condition"], "groups": [len(x) for x in r["clean_groups"]],
+                    "clean_vs_clean": r["clean_vs_clean"], "measured_us": m, "noise_us": float(c.noise[i]),
+                    "replay_us": float(c.replay[i]), "replay_ape": ape, "remeasure_ape": re_ape})  # fmt: skip
+    return per
+
+
+def summary(per: list[dict]) -> dict:
+    """Print each condition's line and the APEs summarised; the summary."""
+    for p in per:
+        k = p["condition"]
+        print(f"{p['launch_id']} {k['kind']:10s} rank {k['rank']}: measured {p['measured_us'] / 1e3:6.2f} ms (se {p['noise_us'] / 1e3:.2f}), "
+              f"replay {p['replay_us'] / 1e3:6.2f} ms ({100 * p['replay_ape']:.0f}%), clean vs clean {100 * p['clean_vs_clean']:.1f}%")  # fmt: skip
+    ape = np.array([p["replay_ape"] for p in per])
+    out = {"conditions": len(per), "replay_mape": float(np.mean(ape)), "replay_median_ape": float(np.median(ape)),
+           "replay_within_25pct": float(np.mean(ape <= 0.25)), "remeasure_mape": float(np.mean([p["remeasure_ape"] for p in per])),
+           "median_clean_vs_clean": float(np.median([p["clean_vs_clean"] for p in per]))}  # fmt: skip
+    print(f"replay: MAPE {100 * out['replay_mape']:.1f}%, median APE {100 * out['replay_median_ape']:.1f}%, within 25% "
+          f"{100 * out['replay_within_25pct']:.0f}% of {len(per)}; the truth against itself: MAPE {100 * out['remeasure_mape']:.1f}%; "
+          f"clean vs clean {100 * out['median_clean_vs_clean']:.1f}% (median)")  # fmt: skip
+    return out
 
 
 def main() -> int:
@@ -95,7 +88,15 @@ def main() -> int:
     ap.add_argument("--score", action="store_true", help="also score the replay against each condition's measured saving")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    clean = clean_by_launch(a.paired)
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in read_paired(a.paired):
+        by[r["launch_id"]].append(r)
+    clean, scored = {}, []
+    for lid, rs in sorted(by.items()):  # each launch built once, for both
+        table, graphs = build(rs[0]["path"])
+        clean[lid] = clean_times(rs, graphs)
+        if a.score:
+            scored += score(lid, rs, table, graphs)
     fewest = min(len(v) for v in clean.values())
     rows = []
     for n in (2, 4, 7, 14, 28, 56):
@@ -115,7 +116,7 @@ def main() -> int:
     print(f"clean steps per launch: {fewest} to {max(len(v) for v in clean.values())}, {len(clean)} launches")
     out = {"rows": rows, "fit_c": c, "slope": slope, "steps_needed": need, "launches": len(clean)}
     if a.score:
-        out["scores"] = score(a.paired)
+        out["scores"] = {"summary": summary(scored), "conditions": scored}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -232,15 +232,15 @@ def region_check(allc: Conditions, comp: list[int], label: str, out: dict) -> No
     if comp:
         m = allc.measured[comp]
 
-        def within(pred: np.ndarray) -> float:
-            return float(np.mean(np.abs(pred[comp] - m) / np.maximum(np.abs(m), 1.0) <= 0.25))
+        def within(pred: np.ndarray, idx: list[int] = comp) -> float:
+            return float(np.mean(np.abs(pred[idx] - allc.measured[idx]) / np.maximum(np.abs(allc.measured[idx]), 1.0) <= 0.25))
 
         named, named_base = [allc.region_names[i] for i in comp], [allc.baseline_region_names[i] for i in comp]
-        dp = [k for k, i in enumerate(comp) if allc.rows[i]["layout"].startswith("dp")]
+        dp = [i for i in comp if allc.rows[i]["layout"].startswith("dp")]
         out[f"{label}region_on_compute"] = rc = {
             "n": len(comp), "within_25pct": within(allc.blame_region), "baseline_within_25pct": within(allc.blame_region_baseline),
             "replay_within_25pct": within(allc.replay), "op_within_25pct": within(allc.blame_op),
-            "dp_n": len(dp), "dp_within_25pct": float(np.mean([abs(allc.blame_region[comp[k]] - m[k]) <= 0.25 * max(abs(m[k]), 1.0) for k in dp])) if dp else 0.0,
+            "dp_n": len(dp), "dp_within_25pct": within(allc.blame_region, dp) if dp else 0.0,
             "top_region_is_injected": float(np.mean([n.startswith("oracle_inject:") for n in named])),
             "baseline_top_region_is_injected": float(np.mean([n.startswith("oracle_inject:") for n in named_base])),
             "op_share_of_measured": float(np.median(allc.blame_op[comp] / np.maximum(m, 1.0))),
