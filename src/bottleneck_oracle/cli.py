@@ -468,7 +468,7 @@ def generate(
     cfg = _config(config)
     target = out_dir or Path(cfg.paths.raw)
     if paired:
-        from bottleneck_oracle.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired, long_launch_warning
+        from bottleneck_oracle.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
 
         layouts = [x for x in cfg.grid.layouts if x.startswith(("dp2", "pp2"))]
         if not layouts:
@@ -476,9 +476,6 @@ def generate(
         launches = default_launches(
             cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, repeats=repeats, batch=cfg.grid.batch, seed=cfg.grid.seed
         )
-        too_long = long_launch_warning(launches)
-        if too_long:
-            warnings.warn(OracleWarning(too_long), stacklevel=1)
         with _recording_bar("launches", len(launches), as_json) as advance:
             summary = generate_paired(launches, target, bound=bound, retries=retries, progress=advance)
         if knobs:

@@ -15,13 +15,13 @@ from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
 from bottleneck_oracle.systems.paired import (
     CONDITIONS,
     KNOB_CHANGES,
+    WINDOW_STEPS,
     Condition,
     KnobChange,
     Launch,
     default_knobs,
     default_launches,
     generate_knobs,
-    long_launch_warning,
     measure,
     measure_knob,
     record_launch,
@@ -57,12 +57,18 @@ def test_the_default_grid_covers_every_kind_rank_and_delay():
     assert {c.target for layout, c in conds if layout == "pp2-1f1b" and c.kind == "stall" and c.rank == 1} == {"layers.1.mlp"}
 
 
-def test_a_launch_too_long_for_one_profiling_window_is_named():
-    """The default grid (291 steps a launch) passes quietly; 33 slowed blocks per condition (1,587
-    steps: 12 GB per rank for the small model) get a warning naming the launch and its steps."""
-    assert long_launch_warning(default_launches(["tiny", "small"], ["dp2", "pp2-1f1b"], [5.0])) is None
-    text = long_launch_warning(default_launches(["small"], ["dp2"], [10.0], repeats=33))
-    assert text is not None and text.startswith("launch small-dp2-0 profiles 1587 steps in one window")
+def test_a_long_launch_is_written_in_windows_of_whole_blocks():
+    """The default grid (291 steps a launch) is one window; 33 slowed blocks per condition (1,587
+    steps) are written in windows of whole blocks, so each window's export falls on a block's
+    first step, which ``measure`` drops."""
+    assert all(x.window is None for x in default_launches(["tiny", "small"], ["dp2", "pp2-1f1b"], [5.0]))
+    long = default_launches(["small"], ["dp2"], [10.0], repeats=33)[0]
+    assert long.steps == 1587 and long.window == WINDOW_STEPS
+    assert long.window % long.block == 0
+    odd = Launch(launch_id="o", layout="dp2", size="tiny", conditions=long.conditions, block=7, repeats=33)
+    assert odd.window is not None and odd.window % 7 == 0 and odd.window >= WINDOW_STEPS > odd.window - 7
+    # the step after each window's end opens a block
+    assert all(1 + k * odd.window in [b[0] for b in (odd.block_steps(i) for i in range(odd.steps // 7))] for k in range(1, odd.steps // odd.window))
 
 
 def test_measure_takes_block_medians_without_the_transition_steps():

@@ -813,8 +813,8 @@ class _Merger:
             self.n += m
         self.flows.append({**b.flows, "ts": b.flows["ts"] + shift})
         self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
-        self.files[b.rank] = b.path
-        self.meta[b.rank] = b.meta
+        self.files.setdefault(b.rank, b.path)  # a rank in several windows: named by its first file
+        self.meta.setdefault(b.rank, b.meta)
         self.thread_names.update({(b.rank, p, t): name for (p, t), name in b.thread_names.items()})
 
     def table(self) -> EventTable:
@@ -926,14 +926,19 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         engine = LocalEngine(workers)
     merger = _Merger(sum(f.stat().st_size for f in files))
     skipped: list[NotATrace] = []
-    seen: dict[int, str] = {}
+    seen: dict[int, list[tuple[float, float, set[int], str]]] = {}  # per rank and file: first and last µs (absolute), steps, path
     for b in engine.imap(_parse_task, files, shared=single):  # in file order, merged as they arrive
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue
-        if b.rank in seen:
-            raise TraceError(b.path, f"rank {b.rank} appears twice (also in {seen[b.rank]})")
-        seen[b.rank] = b.path
+        span, numbers = _time_span(b), {s[1] for s in b.steps}
+        for lo, hi, other_numbers, other in seen.get(b.rank, []):
+            # windows of one run follow each other in time and in step numbers; a copy or another run does not
+            if span[0] < hi and lo < span[1]:
+                raise TraceError(b.path, f"rank {b.rank} appears twice (also in {other}, over the same time)")
+            if numbers & other_numbers:
+                raise TraceError(b.path, f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & other_numbers)} in both: another run?)")
+        seen.setdefault(b.rank, []).append((*span, numbers, b.path))
         b.steps = _outermost_steps(b)
         for note in b.notes:
             warnings.warn(note, OracleWarning, stacklevel=2)
@@ -943,6 +948,16 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
     for exc in skipped:  # a results file or an execution trace beside the rank traces
         warnings.warn(f"{exc.path}: skipped, {exc.problem}", OracleWarning, stacklevel=2)
     return merger.table()
+
+
+def _time_span(b: _Builder) -> tuple[float, float]:
+    """First and last µs of a file's events, on the clock its events were recorded with. A rank
+    recorded in several profiling windows (``oracle_profile(window=...)``,
+    ``torch.profiler.schedule(repeat=...)`` with ``tensorboard_trace_handler``) has a file per
+    window, one after the other in time: they are merged as one trace of that rank."""
+    lo = min((float(p["ts"].min()) for p in b.parts if len(p["ts"])), default=0.0)
+    hi = max((float((p["ts"] + p["dur"]).max()) for p in b.parts if len(p["ts"])), default=0.0)
+    return float(b.base) + lo, float(b.base) + hi
 
 
 def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:

@@ -46,6 +46,9 @@ class DDPRun:
     """Delays to inject, each on one rank at one step (= its ProfilerStep number)."""
     pin: bool = False
     """Pin each rank to a core of its own (rank modulo the cores): the low-noise recording protocol."""
+    window: int | None = None
+    """Write the trace in windows of this many steps, each as it ends (``oracle_profile``): a long
+    recording's events are not all held until the last step."""
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size not in SIZES:

@@ -117,6 +117,13 @@ class Launch:
     def steps(self) -> int:
         return self.block * (2 * len(self.conditions) * self.repeats + 1)
 
+    @property
+    def window(self) -> int | None:
+        """Profiled steps per trace window (whole blocks: a window's export falls on the first step
+        of a block, which ``measure`` drops), or None where the launch is one window."""
+        w = self.block * -(-WINDOW_STEPS // self.block)
+        return w if self.steps > w else None
+
     def block_steps(self, b: int) -> list[int]:
         """Profiled steps of block ``b`` (even: clean; odd: slowed, see ``slowed_blocks``)."""
         return list(range(1 + b * self.block, 1 + (b + 1) * self.block))
@@ -143,21 +150,10 @@ class Launch:
         return tuple(out)
 
 
-LONG_LAUNCH_STEPS = 1200
-"""A launch profiles all its steps in one window, and the profiler keeps every event until the
-window ends: on the 24 GB recording machine a 1,587-step launch of the tiny model fitted, the same
-of the small model took 12 GB per rank and filled the machine (the default grid: 291 steps)."""
-
-
-def long_launch_warning(launches: list[Launch]) -> str | None:
-    """A line for the user when the longest launch profiles more than LONG_LAUNCH_STEPS steps."""
-    if not launches:
-        return None
-    longest = max(launches, key=lambda x: x.steps)
-    if longest.steps <= LONG_LAUNCH_STEPS:
-        return None
-    return (f"launch {longest.launch_id} profiles {longest.steps} steps in one window, and the profiler keeps every event until it ends "
-            f"(1,587 steps of the small model took 12 GB per rank here); fewer --repeats or delays keep a launch smaller")  # fmt: skip
+WINDOW_STEPS = 300
+"""Steps per profiling window of a launch (rounded up to whole blocks). The profiler keeps every
+event of a window until it ends: in one window, 1,587 steps of the small model took 12 GB per
+rank and filled the 24 GB recording machine."""
 
 
 def default_launches(
@@ -186,19 +182,21 @@ def default_launches(
 
 
 def _record_job(folder: Path, layout: str, size: str, steps: int, seed: int, batch: int, microbatches: int, bucket_mb: float = 25.0,
-                injections: tuple[Injection, ...] = ()) -> None:  # fmt: skip
+                injections: tuple[Injection, ...] = (), window: int | None = None) -> None:  # fmt: skip
     """One pinned launch of the DDP job or the pipeline (``batch``: per rank, or per micro-batch)."""
     if layout.startswith("dp"):
         record_ddp(DDPRun(out=str(folder), world=world_of(layout), steps=steps, size=size, batch=batch, bucket_mb=bucket_mb, seed=seed,
-                          injections=injections, pin=True))  # fmt: skip
+                          injections=injections, pin=True, window=window))  # fmt: skip
     else:
         record_pipeline(PipelineRun(out=str(folder), world=world_of(layout), size=size, schedule=layout.split("-", 1)[1],
-                                    microbatches=microbatches, batch=batch, steps=steps, seed=seed, injections=injections, pin=True))  # fmt: skip
+                                    microbatches=microbatches, batch=batch, steps=steps, seed=seed, injections=injections, pin=True,
+                                    window=window))  # fmt: skip
 
 
 def _record(launch: Launch, folder: Path) -> None:
     batch = launch.batch if launch.layout.startswith("dp") else max(1, launch.batch // 2)
-    _record_job(folder, launch.layout, launch.size, launch.steps, launch.seed, batch, launch.microbatches, injections=launch.injections())
+    _record_job(folder, launch.layout, launch.size, launch.steps, launch.seed, batch, launch.microbatches, injections=launch.injections(),
+                window=launch.window)
 
 
 def _median(xs: list[float]) -> float:
