@@ -68,7 +68,9 @@ def test_a_long_launch_is_written_in_windows_of_whole_blocks():
     odd = Launch(launch_id="o", layout="dp2", size="tiny", conditions=long.conditions, block=7, repeats=33)
     assert odd.window is not None and odd.window % 7 == 0 and odd.window >= WINDOW_STEPS > odd.window - 7
     # the step after each window's end opens a block
-    assert all(1 + k * odd.window in [b[0] for b in (odd.block_steps(i) for i in range(odd.steps // 7))] for k in range(1, odd.steps // odd.window))
+    assert all(
+        1 + k * odd.window in [b[0] for b in (odd.block_steps(i) for i in range(odd.steps // 7))] for k in range(1, odd.steps // odd.window)
+    )
 
 
 def test_measure_takes_block_medians_without_the_transition_steps():

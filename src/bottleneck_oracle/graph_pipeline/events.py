@@ -937,7 +937,10 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
             if span[0] < hi and lo < span[1]:
                 raise TraceError(b.path, f"rank {b.rank} appears twice (also in {other}, over the same time)")
             if numbers & other_numbers:
-                raise TraceError(b.path, f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & other_numbers)} in both: another run?)")
+                raise TraceError(
+                    b.path,
+                    f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & other_numbers)} in both: another run?)",
+                )
         seen.setdefault(b.rank, []).append((*span, numbers, b.path))
         b.steps = _outermost_steps(b)
         for note in b.notes:

@@ -195,8 +195,17 @@ def _record_job(folder: Path, layout: str, size: str, steps: int, seed: int, bat
 
 def _record(launch: Launch, folder: Path) -> None:
     batch = launch.batch if launch.layout.startswith("dp") else max(1, launch.batch // 2)
-    _record_job(folder, launch.layout, launch.size, launch.steps, launch.seed, batch, launch.microbatches, injections=launch.injections(),
-                window=launch.window)
+    _record_job(
+        folder,
+        launch.layout,
+        launch.size,
+        launch.steps,
+        launch.seed,
+        batch,
+        launch.microbatches,
+        injections=launch.injections(),
+        window=launch.window,
+    )
 
 
 def _median(xs: list[float]) -> float:

@@ -123,13 +123,16 @@ def oracle_profile(
     if execution_trace:
         (out / "et").mkdir(parents=True, exist_ok=True)
         observer = ExecutionTraceObserver().register_callback(str(out / "et" / f"rank-{rank}.json"))
-    with warnings.catch_warnings(), profile(
-        activities=activities,
-        schedule=action,
-        on_trace_ready=on_ready,
-        record_shapes=True,
-        execution_trace_observer=observer,
-    ) as prof:
+    with (
+        warnings.catch_warnings(),
+        profile(
+            activities=activities,
+            schedule=action,
+            on_trace_ready=on_ready,
+            record_shapes=True,
+            execution_trace_observer=observer,
+        ) as prof,
+    ):
         # windows are meant to let each other's events go
         warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
         yield prof
