@@ -950,7 +950,27 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         raise TraceError(path, f"folder holds no profiler trace ({skipped[0].problem}: {Path(skipped[0].path).name})")
     for exc in skipped:  # a results file or an execution trace beside the rank traces
         warnings.warn(f"{exc.path}: skipped, {exc.problem}", OracleWarning, stacklevel=2)
+    opening = _window_openers(seen)
+    if opening:
+        shown = ", ".join(map(str, opening[:8])) + (f" and {len(opening) - 8} more" if len(opening) > 8 else "")
+        warnings.warn(
+            f"{path}: step{'s' if len(opening) > 1 else ''} {shown} open{'' if len(opening) > 1 else 's'} a new profiling window "
+            "(a rank's trace is in several files): such a step also holds the export of the window before it, while the "
+            "other ranks wait; leave it out of comparisons (--step)",
+            OracleWarning,
+            stacklevel=2,
+        )
     return merger.table()
+
+
+def _window_openers(seen: dict[int, list[tuple[float, float, set[int], str]]]) -> list[int]:
+    """The first step of every window but a rank's first, over the ranks recorded in windows."""
+    out: set[int] = set()
+    for files in seen.values():
+        for _, _, numbers, _ in sorted(files, key=lambda f: f[0])[1:]:
+            if numbers:
+                out.add(min(numbers))
+    return sorted(out)
 
 
 def _time_span(b: _Builder) -> tuple[float, float]:
