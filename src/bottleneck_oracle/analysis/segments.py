@@ -78,32 +78,34 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
 
 
 class _Pieces:
-    """The gap pieces (graph.gaps) of each node, in time order."""
+    """The gap pieces (graph.gaps) of each node, in time order (Python lists: the path walk reads
+    them one at a time)."""
 
     def __init__(self, g: ExecutionGraph) -> None:
         gp = g.gaps
         order = np.lexsort((gp["start"], gp["node"]))
-        self.node, self.lo, self.hi = gp["node"][order], gp["start"][order], gp["end"][order]
-        self.owner, self.owner_op = gp["owner"][order], gp["owner_op"][order]
+        node = gp["node"][order]
+        self.lo, self.hi = gp["start"][order].astype(float).tolist(), gp["end"][order].astype(float).tolist()
+        self.owner, self.owner_op = gp["owner"][order].astype(int).tolist(), gp["owner_op"][order].astype(bool).tolist()
+        self._first = np.searchsorted(node, np.arange(len(g.nodes["rank"]) + 1), side="left").tolist()
 
     def of(self, v: int) -> range:
-        a = int(np.searchsorted(self.node, v, side="left"))
-        b = int(np.searchsorted(self.node, v, side="right"))
-        return range(a, b)
+        return range(self._first[v], self._first[v + 1])
 
 
 def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_GAP_US) -> list[Segment]:
     """The segments of the critical path of ``g`` (CPM result ``r``), in time order."""
     n, e = g.nodes, g.edges
     klass = node_class(g)
-    cpu_only = ~np.isin(n["rank"], np.unique(n["rank"][n["on_gpu"]]))
+    cpu_only = (~np.isin(n["rank"], np.unique(n["rank"][n["on_gpu"]]))).tolist()
+    rank_of, tid_of, gpu_of = n["rank"].astype(int).tolist(), n["tid"].astype(int).tolist(), n["on_gpu"].astype(bool).tolist()
     pieces = _Pieces(g)
     out: list[Segment] = []
 
     def add(kind: str, k: int, v: int, name: str, lo: float, hi: float, cause: int = -1) -> None:
         if hi - lo <= 1e-9:
             return
-        out.append(Segment(kind, k, int(n["rank"][v]), int(n["tid"][v]), bool(n["on_gpu"][v]), name, lo, hi - lo, v, cause))
+        out.append(Segment(kind, k, rank_of[v], tid_of[v], gpu_of[v], name, lo, hi - lo, v, cause))
 
     def stretch(v: int, lo: float, hi: float, owner: int = -1, owner_op: bool = False) -> None:
         """Time on v's thread between ops: own time of an enclosing op, framework or untraced."""
@@ -119,8 +121,9 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         until the first piece boundary after ``lo`` (it was seen running from there on)."""
         cursor = lo
         woke = cause < 0
+        plo, phi = pieces.lo, pieces.hi
         for q in pieces.of(v):
-            a, b = max(float(pieces.lo[q]), cursor), min(float(pieces.hi[q]), hi)
+            a, b = max(plo[q], cursor), min(phi[q], hi)
             if b <= a:
                 continue
             if a > cursor:  # a stretch no piece covers (modelled ends differ from recorded ones)
@@ -132,7 +135,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
                 add("wait", IDLE, v, wait_name, a, b, cause)
                 woke = True
             else:
-                stretch(v, a, b, int(pieces.owner[q]), bool(pieces.owner_op[q]))
+                stretch(v, a, b, pieces.owner[q], pieces.owner_op[q])
             cursor = b
         if hi > cursor:
             if woke:
@@ -151,10 +154,16 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         thread = rank[n["tid"][rank] == n["tid"][src]]
         return int(thread[0]) if len(thread) else int(rank[0]) if len(rank) else b
 
+    # plain lists and ints: the path of a long step has thousands of nodes, read one at a time
     path, pedges = r.path.tolist(), r.path_edges.tolist()
+    est_of, eft_of = r.est.tolist(), r.eft.tolist()
+    edge_kind, edge_src = e["kind"].tolist(), e["src"].tolist()
+    is_barrier, klass_of = barrier.tolist(), klass.tolist()
+    program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
+    wait_label = {int(k): v for k, v in _WAIT_LABEL.items()}
     cursor = r.path_origin
     for j, v in enumerate(path):
-        est = float(r.est[v])
+        est = est_of[v]
         if est < cursor:  # the op started before the previous one ended: cut that one back
             _cut(out, est)
             cursor = est
@@ -162,29 +171,29 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             _lead_in(g, r, v, cursor, est, add, thread_time)
         elif est > cursor:
             edge = pedges[j - 1]
-            kind, src = EdgeKind(int(e["kind"][edge])), int(e["src"][edge])
-            at = member_on_thread(v, src) if barrier[v] else v  # whose time the gap before v is
-            gpu_v = bool(n["on_gpu"][at])
-            if kind == EdgeKind.PROGRAM_ORDER and not gpu_v:
+            kind, src = edge_kind[edge], edge_src[edge]
+            at = member_on_thread(v, src) if is_barrier[v] else v  # whose time the gap before v is
+            gpu_v = gpu_of[at]
+            if kind == program_order and not gpu_v:
                 thread_time(at, cursor, est)
-            elif kind in (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH):
-                name = "kernel launch latency" if kind == EdgeKind.LAUNCH else "GPU queue gap"
+            elif kind in (program_order, launch):
+                name = "kernel launch latency" if kind == launch else "GPU queue gap"
                 if est - cursor <= untraced_gap_us:
                     add("launch", CPU, at, name, cursor, est)
                 else:
-                    add("untraced", UNTRACED, at, f"GPU idle after {'launch' if kind == EdgeKind.LAUNCH else 'previous op'}", cursor, est)
+                    add("untraced", UNTRACED, at, f"GPU idle after {'launch' if kind == launch else 'previous op'}", cursor, est)
             else:
-                if kind == EdgeKind.SYNC:
-                    label = "stream wait" if n["on_gpu"][src] and gpu_v else "wake-up after a GPU sync"
+                if kind == gpu_sync:
+                    label = "stream wait" if gpu_of[src] and gpu_v else "wake-up after a GPU sync"
                 else:
-                    label = _WAIT_LABEL.get(kind, "dependency latency")
-                if not gpu_v and not barrier[at]:
+                    label = wait_label.get(kind, "dependency latency")
+                if not gpu_v and not is_barrier[at]:
                     thread_time(at, cursor, est, src, label)
                 else:
                     add("wait", IDLE, at, label, cursor, est, src)
-        d = float(r.eft[v]) - est
-        if d > 0 and n["category"][v] != Category.BARRIER:
-            add("op", int(klass[v]), v, g.node_name(v), est, est + d)
+        d = eft_of[v] - est
+        if d > 0 and not is_barrier[v]:
+            add("op", klass_of[v], v, g.node_name(v), est, est + d)
         cursor = max(cursor, est + d)
     return [s for s in _clip(out, r.path_origin) if s.dur > 1e-9]
 
@@ -231,10 +240,10 @@ def _clip(out: list[Segment], origin: float) -> list[Segment]:
 
 def breakdown(segments: list[Segment]) -> dict[str, float]:
     """Critical-path time per class (µs), from the segments: every part >= 0, summing to the makespan."""
-    parts = np.zeros(len(BREAKDOWN_KEYS))
+    parts = [0.0] * len(BREAKDOWN_KEYS)
     for s in segments:
         parts[s.klass] += s.dur
-    return dict(zip(BREAKDOWN_KEYS, parts.tolist()))
+    return dict(zip(BREAKDOWN_KEYS, parts))
 
 
 def label(s: Segment) -> str:

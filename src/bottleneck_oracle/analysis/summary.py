@@ -83,11 +83,13 @@ class StepAnalysis:
         """Time each node contributes to the critical path (µs, 0 off the path): its modelled
         duration as it lies on the path, and with ``with_gaps`` also the time on the path
         before it (waits, latencies, untraced time), so that the parts add up to the makespan."""
-        t = np.zeros(self.graph.n_nodes)
+        g = self.graph
+        t = [0.0] * g.n_nodes  # summed in Python, segment by segment: the same floats, without numpy's per-item cost
+        code = g.nodes["name"].tolist()
         for s in self.segments():
-            if with_gaps or (s.kind == "op" and s.name == self.graph.node_name(s.node)):
+            if with_gaps or (s.kind == "op" and s.name == g.names[code[s.node]]):
                 t[s.node] += s.dur
-        return t
+        return np.array(t, dtype=np.float64)
 
     def top_ops(self, k: int = 20) -> list[dict[str, Any]]:
         """What the critical path's time went to, largest first: ops (an op's own time between
