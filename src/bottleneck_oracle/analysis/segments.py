@@ -87,7 +87,7 @@ class _Pieces:
         node = gp["node"][order]
         self.lo, self.hi = gp["start"][order].astype(float).tolist(), gp["end"][order].astype(float).tolist()
         self.owner, self.owner_op = gp["owner"][order].astype(int).tolist(), gp["owner_op"][order].astype(bool).tolist()
-        self._first = np.searchsorted(node, np.arange(len(g.nodes["rank"]) + 1), side="left").tolist()
+        self._first = np.searchsorted(node, np.arange(g.n_nodes + 1), side="left").tolist()
 
     def of(self, v: int) -> range:
         return range(self._first[v], self._first[v + 1])
