@@ -76,7 +76,8 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
-def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[str, dict]:
+def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+          intervals: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[str, dict]:  # fmt: skip
     lines = [f"**{title}** ({len(measured)} conditions)", "",
              "| predictor | answered | MAPE [90% CI] | median APE | within 25% | sign | Kendall τ | 90% interval covers |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -85,7 +86,12 @@ def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np
         truth = preds[REMEASURE_TRUTH] if name == REMEASURE else measured
         if name == REMEASURE_TRUTH:
             continue
-        s = scores(p, truth, lo, hi) if name == "corrected" else scores(p, truth)
+        if name == "corrected":
+            s = scores(p, truth, lo, hi)
+        elif intervals and name in intervals:
+            s = scores(p, truth, *intervals[name])
+        else:
+            s = scores(p, truth)
         res[name] = s
         cov = f"{100 * s['coverage']:.0f}%" if "coverage" in s else "—"
         if not s["n"]:
@@ -104,6 +110,9 @@ def main() -> int:
     ap.add_argument("--no-gat", action="store_true", help="leave out the bundled graph network")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None, help="also write the tables to this file (docs/eval-reruns.md)")
+    ap.add_argument("--graph-members", type=int, default=4, help="members of the graph network's ensemble (0: leave it out)")
+    ap.add_argument("--graph-epochs", type=int, default=15)
+    ap.add_argument("--save-kind", choices=("ridge", "graph"), default="ridge", help="which corrections --save-corrections saves")
     ap.add_argument(
         "--save-corrections",
         default=None,
@@ -137,8 +146,9 @@ def main() -> int:
     fold_of = {lid: i % a.folds for i, lid in enumerate(launches)}
     allc = merge(parts)
     lid_of = [r["launch_id"] for r in allc.rows]
-    corr = np.zeros(len(allc.rows))
+    corr, gcorr = np.zeros(len(allc.rows)), np.full(len(allc.rows), np.nan)
     lo, hi = np.zeros(len(allc.rows)), np.zeros(len(allc.rows))
+    glo, ghi = np.full(len(allc.rows), np.nan), np.full(len(allc.rows), np.nan)
     for k in range(a.folds):
         test = [i for i, lid in enumerate(lid_of) if fold_of[lid] == k]
         rest = sorted({lid for lid in launches if fold_of[lid] != k})
@@ -154,12 +164,29 @@ def main() -> int:
         lo[test], hi[test] = p - half, p + half
         print(f"fold {k}: fit on {len(fit)}, calibrated on {len(cal)} (half-width {model.halfwidth:.3f} of the removed time), "
               f"{len(test)} held out ({time.monotonic() - t0:.0f} s)", file=sys.stderr)  # fmt: skip
+        if a.graph_members:
+            from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
+
+            gm = fit_graph_corrections(allc.select(fit), members=a.graph_members, epochs=a.graph_epochs, seed=k)
+            calibrate(gm, allc.select(cal))
+            gp = corrected(gm, held)
+            gcorr[test] = gp
+            ghalf = gm.halfwidth * np.maximum(held.own, 1.0)
+            glo[test], ghi[test] = gp - ghalf, gp + ghalf
+            print(f"fold {k}: graph network, half-width {gm.halfwidth:.3f} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     if a.save_corrections:
         import math
 
-        model = fit_corrections(allc, seed=a.folds)
+        if a.save_kind == "graph":
+            from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
+
+            model = fit_graph_corrections(allc, members=max(a.graph_members, 1), epochs=a.graph_epochs, seed=a.folds)
+            corr_used = gcorr
+        else:
+            model = fit_corrections(allc, seed=a.folds)
+            corr_used = corr
         removed = np.array([max(float(np.median([f.removed_us for _, f, _ in steps])), 1.0) for steps in allc.steps])
-        score = np.sort(np.abs(allc.measured - corr) / removed)
+        score = np.sort(np.abs(allc.measured - corr_used) / removed)
         model.halfwidth = float(score[min(len(score) - 1, math.ceil((len(score) + 1) * 0.9) - 1)])
         model.trained_on = (
             f"{len(allc.rows)} paired conditions ({', '.join(sorted({r['size'] + ' ' + r['layout'] for r in allc.rows}))}; gloo, 2 ranks)"
@@ -168,6 +195,8 @@ def main() -> int:
         print(f"corrections saved to {a.save_corrections}: half-width {model.halfwidth:.3f} of the removed time", file=sys.stderr)
     preds = {"own": allc.own, "replay": allc.replay, "corrected": corr, "blame_op": allc.blame_op, "blame_region": allc.blame_region,
              "blame_region_baseline": allc.blame_region_baseline}  # fmt: skip
+    if a.graph_members:
+        preds["graph-corrected"] = gcorr
     preds.update({k: np.concatenate(v) for k, v in extra.items()})
     # the truth against itself: the saving measured with the clean block before alone, scored
     # against the one measured with the clean block after alone (what no predictor can beat by much)
@@ -182,13 +211,15 @@ def main() -> int:
     emit(f"Noise floor: clean blocks' robust spread {100 * out['noise']['median_clean_spread']:.1f}% (median over conditions); clean vs clean "
           f"{100 * out['noise']['median_clean_vs_clean']:.1f}% (median over conditions), {out['noise']['launches_above_bound']} of {len(launches)} "
           f"launches above the {100 * out['noise']['bound']:.0f}% bound after re-recording\n")  # fmt: skip
-    text, out["all"] = table("All conditions", preds, allc.measured, lo, hi)
+    gint = {"graph-corrected": (glo, ghi)}
+    text, out["all"] = table("All conditions", preds, allc.measured, lo, hi, gint)
     emit(text)
     resolvable = [i for i in range(len(allc.rows)) if allc.noise[i] <= 0.1 * abs(allc.measured[i])]
     out["resolvable"] = {"n": len(resolvable), "rule": "the measured saving's bootstrap standard error is at most 10% of it"}
     text, out["resolvable"]["scores"] = table(
         "Resolvable conditions (the measurement's standard error at most 10% of the saving)",
         {k: v[resolvable] for k, v in preds.items()}, allc.measured[resolvable], lo[resolvable], hi[resolvable],
+        {"graph-corrected": (glo[resolvable], ghi[resolvable])},
     )  # fmt: skip
     emit(text)
     groups: dict[str, dict[str, list[int]]] = {"kind": defaultdict(list), "size, layout": defaultdict(list), "delay_ms": defaultdict(list)}
@@ -200,12 +231,17 @@ def main() -> int:
     for by, gs in groups.items():
         for key, idx in sorted(gs.items()):
             text, out["by"][f"{by}={key}"] = table(
-                f"{by} = {key}", {k: v[idx] for k, v in preds.items()}, allc.measured[idx], lo[idx], hi[idx]
+                f"{by} = {key}",
+                {k: v[idx] for k, v in preds.items()},
+                allc.measured[idx],
+                lo[idx],
+                hi[idx],
+                {"graph-corrected": (glo[idx], ghi[idx])},
             )
             emit(text)
     out["rows"] = [
         {"launch_id": r["launch_id"], "condition": r["condition"], "measured_us": float(allc.measured[i]), "noise_us": float(allc.noise[i]),
-         "interval_us": [float(lo[i]), float(hi[i])], "region": allc.region_names[i], "baseline_region": allc.baseline_region_names[i], **{k: float(v[i]) for k, v in preds.items()}}
+         "interval_us": [float(lo[i]), float(hi[i])], "graph_interval_us": [float(glo[i]), float(ghi[i])], "region": allc.region_names[i], "baseline_region": allc.baseline_region_names[i], **{k: float(v[i]) for k, v in preds.items()}}
         for i, r in enumerate(allc.rows)
     ]  # fmt: skip
     for label, subset in (

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from bottleneck_oracle.analysis.runs import Comparison, RunSummary
     from bottleneck_oracle.llm.client import ChatClient
-    from bottleneck_oracle.models.corrections import Corrections
+    from bottleneck_oracle.models.corrections import Corrections, GraphCorrections
     from bottleneck_oracle.models.predict import Predictor
 
 ExecutorSpec = str | Executor | Engine | Any | None
@@ -171,7 +171,7 @@ def analyze_stream(
     return table, (StepAnalysis.of(g, gap) for g in gs)
 
 
-def _corrections() -> Corrections | None:
+def _corrections() -> Corrections | GraphCorrections | None:
     """The bundled per-node corrections to the replay (models.corrections), if the package has them."""
     from bottleneck_oracle.models.corrections import load_corrections, pretrained_corrections
 

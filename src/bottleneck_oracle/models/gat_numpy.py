@@ -157,7 +157,7 @@ def _segments(dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
 
 
 @dataclass(slots=True)
-class _Conv:
+class ConvWeights:
     lin_src: np.ndarray
     lin_dst: np.ndarray
     att_src: np.ndarray  # [heads, channels]
@@ -166,6 +166,33 @@ class _Conv:
     att_edge: np.ndarray | None
     res: np.ndarray | None
     bias: np.ndarray | None
+
+
+def gat_conv(
+    p: ConvWeights, heads: int, ch: int, x_src: np.ndarray, x_dst: np.ndarray, edge_index: np.ndarray, edge_in: np.ndarray | None, seg
+) -> np.ndarray:
+    """One GATConv (concat heads, ``add_self_loops=False``) in eval mode: ``seg`` is
+    ``_segments(edge_index[1])`` (None when there are no edges)."""
+    xs = _linear(x_src, p.lin_src).reshape(-1, heads, ch)
+    xd = _linear(x_dst, p.lin_dst).reshape(-1, heads, ch)
+    out: np.ndarray = np.zeros((len(x_dst), heads, ch), dtype=np.float32)
+    if edge_index.shape[1]:
+        src, dst = edge_index
+        order, starts, ids, group = seg
+        alpha = (xs * p.att_src).sum(-1)[src] + (xd * p.att_dst).sum(-1)[dst]
+        if p.lin_edge is not None and p.att_edge is not None and edge_in is not None:
+            alpha = alpha + (_linear(edge_in, p.lin_edge).reshape(-1, heads, ch) * p.att_edge).sum(-1)
+        alpha = np.where(alpha > 0, alpha, np.float32(NEGATIVE_SLOPE) * alpha)[order]
+        # softmax over each destination's incoming edges (max-shifted), then the weighted sum of messages
+        ex = np.exp(alpha - np.maximum.reduceat(alpha, starts, axis=0)[group])
+        att = ex / (np.add.reduceat(ex, starts, axis=0) + np.float32(SOFTMAX_EPS))[group]
+        out[ids] = np.add.reduceat(att[..., None] * xs[src[order]], starts, axis=0)
+    out = out.reshape(-1, heads * ch)
+    if p.res is not None:
+        out = out + _linear(x_dst, p.res)
+    if p.bias is not None:
+        out = out + p.bias
+    return out
 
 
 class NumpyGAT:
@@ -197,13 +224,13 @@ class NumpyGAT:
                 raise ValueError(f"the {cfg.variant} model's weights lack {key}")
             return a
 
-        def conv(layer: int, et: tuple[str, str, str]) -> _Conv:
+        def conv(layer: int, et: tuple[str, str, str]) -> ConvWeights:
             names = [f"convs.{layer}.convs.<{'___'.join(et)}>.", f"convs.{layer}.convs.{'__'.join(et)}."]
             prefix = next((p for p in names if f"{p}att_src" in state), names[0])
             shared = maybe(prefix + "lin.weight", (h, h))
             hc = (self.heads, self.channels)
             att_edge = maybe(prefix + "att_edge", att)
-            return _Conv(
+            return ConvWeights(
                 lin_src=shared if shared is not None else get(prefix + "lin_src.weight", (h, h)),
                 lin_dst=shared if shared is not None else get(prefix + "lin_dst.weight", (h, h)),
                 att_src=get(prefix + "att_src", att).reshape(hc),
@@ -230,28 +257,8 @@ class NumpyGAT:
         if unused:  # a module this forward does not reproduce
             raise ValueError(f"the {cfg.variant} model has weights this version does not use: {', '.join(unused[:5])}")
 
-    def _gat(self, p: _Conv, x_src: np.ndarray, x_dst: np.ndarray, edge_index: np.ndarray, edge_in: np.ndarray, seg) -> np.ndarray:
-        heads, ch = self.heads, self.channels
-        xs = _linear(x_src, p.lin_src).reshape(-1, heads, ch)
-        xd = _linear(x_dst, p.lin_dst).reshape(-1, heads, ch)
-        out: np.ndarray = np.zeros((len(x_dst), heads, ch), dtype=np.float32)
-        if edge_index.shape[1]:
-            src, dst = edge_index
-            order, starts, ids, group = seg
-            alpha = (xs * p.att_src).sum(-1)[src] + (xd * p.att_dst).sum(-1)[dst]
-            if p.lin_edge is not None:
-                alpha = alpha + (_linear(edge_in, p.lin_edge).reshape(-1, heads, ch) * p.att_edge).sum(-1)
-            alpha = np.where(alpha > 0, alpha, np.float32(NEGATIVE_SLOPE) * alpha)[order]
-            # softmax over each destination's incoming edges (max-shifted), then the weighted sum of messages
-            ex = np.exp(alpha - np.maximum.reduceat(alpha, starts, axis=0)[group])
-            att = ex / (np.add.reduceat(ex, starts, axis=0) + np.float32(SOFTMAX_EPS))[group]
-            out[ids] = np.add.reduceat(att[..., None] * xs[src[order]], starts, axis=0)
-        out = out.reshape(-1, heads * ch)
-        if p.res is not None:
-            out = out + _linear(x_dst, p.res)
-        if p.bias is not None:
-            out = out + p.bias
-        return out
+    def _gat(self, p: ConvWeights, x_src: np.ndarray, x_dst: np.ndarray, edge_index: np.ndarray, edge_in: np.ndarray, seg) -> np.ndarray:
+        return gat_conv(p, self.heads, self.channels, x_src, x_dst, edge_index, edge_in, seg)
 
     def __call__(self, inp: ModelInputs) -> dict[str, np.ndarray]:
         """{'step': log(step / ref), shape [1]; 'slack_<type>': log1p(slack ms); 'critical_<type>': logits}."""

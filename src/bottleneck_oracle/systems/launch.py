@@ -89,7 +89,7 @@ def process_group(rank: int, world: int, port: int, pin: bool = False) -> Iterat
 def profiled_steps(run, injector: Injector) -> Iterator[int]:
     """Steps 0..run.steps (step 0 warms up), profiled, with the injector told of each step;
     the injection manifest is written at the end."""
-    with oracle_profile(run.out, steps=run.steps, warmup=1, window=getattr(run, "window", None)) as prof:
+    with oracle_profile(run.out, steps=run.steps, warmup=1, window=run.window) as prof:
         for step in range(run.steps + 1):
             injector.at_step(step)
             yield step

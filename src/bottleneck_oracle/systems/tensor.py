@@ -121,6 +121,8 @@ class TensorRun:
     steps: int = 3
     seed: int = 0
     injections: tuple[Injection, ...] = ()
+    window: int | None = None
+    """Write the trace in windows of this many steps, each as it ends (``oracle_profile``)."""
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
