@@ -8,7 +8,7 @@ depend on what waited for it and what it waited for. Its output is a node's log 
 the exact replay).
 
 The targets are those of the ridge model (``training.reruns``): per node the edit leaves in
-place, log(its typical duration in the clean steps / its duration in the perturbed step), NaN
+place, log(its median duration in the clean steps / its median in the perturbed steps), NaN
 where the node has no clean twin. The loss weighs each node by its duration, so an error counts
 in proportion to the time it moves. Each member of the ensemble trains on a bootstrap resample
 of the training conditions with its own seed; the interval is calibrated afterwards

@@ -83,7 +83,8 @@ class Conditions:
     measured_after: np.ndarray = field(default_factory=_empty)
     steps: list[list[tuple[ExecutionGraph, EditFeatures, np.ndarray]]] = field(default_factory=list)
     """per condition, per perturbed step: the graph, its features, and the target (log of the
-    node's typical clean duration over its perturbed duration; NaN where unmatched)"""
+    node's median duration in the clean steps over its median in the perturbed steps; NaN where
+    unmatched)"""
 
     def select(self, idx: list[int]) -> Conditions:
         """The conditions ``idx``, in that order."""
@@ -140,10 +141,15 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         names: dict[str, list[str]] = defaultdict(list)  # the top region's label, by reference
         per_step = []
         clean_dur: dict[tuple, list[float]] = {}
+        pert_dur: dict[tuple, list[float]] = {}
         if with_model_inputs:
             for h in clean:
                 for k, v in zip(identity(h), h.nodes["mdur"]):
                     clean_dur.setdefault(k, []).append(float(v))
+            for h in gs:
+                for k, v in zip(identity(h), h.nodes["mdur"]):
+                    pert_dur.setdefault(k, []).append(float(v))
+            typical = {k: (float(np.median(v)), float(np.median(pert_dur[k]))) for k, v in clean_dur.items() if k in pert_dur}
         for g in gs:
             base = run_cpm(g)
             feats = step_features(g, table, c["rank"], base)
@@ -155,12 +161,14 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
             _top_region(per, names, "blame_region", b)
             _top_region(per, names, "blame_region_baseline", blame(g, clean, top=3, cpm=base, memo=memo))
             if with_model_inputs:
+                # the node's typical clean duration over its typical perturbed one (medians on both
+                # sides: against this step's own duration, the right tail of one step's noise --
+                # a tick-long wake-up -- would read as a node that gets faster, biasing every saving up)
                 y = np.full(g.n_nodes, np.nan)
                 for i, k in enumerate(identity(g)):
-                    ref = clean_dur.get(k)
-                    d = float(g.nodes["mdur"][i])
-                    if ref and d > 0 and not feats.edited[i]:
-                        y[i] = math.log(max(float(np.median(ref)), 0.01) / max(d, 0.01))
+                    both = typical.get(k)
+                    if both and float(g.nodes["mdur"][i]) > 0 and not feats.edited[i]:
+                        y[i] = math.log(max(both[0], 0.01) / max(both[1], 0.01))
                 per_step.append((g, feats, y))
         out.rows.append(r)
         t = step_time
