@@ -1,9 +1,10 @@
 """The bundled corrections against recordings they were not fitted on, with a less noisy truth.
 
-The bundled ``Corrections`` (``models/corrections.npz``) were fitted on the 112 conditions of the
-paired grid (`benchmarks/reruns.py --save-corrections`). The long launches of docs/eval-reruns.md
-(33 to 96 slowed blocks per condition instead of 6: clean vs clean 2.3-3.2% instead of 5.2%) were
-recorded later and are held out whole. Per condition: the measured saving, the replay's, the
+The bundled corrections (``models/corrections.npz``: the graph network, ``GraphCorrections``;
+before 2026-12-04 the ridge ``Corrections``) were fitted on the 112 conditions of the paired grid
+(`benchmarks/reruns.py --save-corrections`). The long launches of docs/eval-reruns.md (33 to 96
+slowed blocks per condition instead of 6: clean vs clean 2.3-3.2% instead of 3.6-5.2%) are
+recorded after the fit and are held out whole. Per condition: the measured saving, the replay's, the
 corrected one and its 90% interval; then MAPE, sign, Kendall's tau and coverage over them. And
 issue 14's region blame on the extra-compute conditions (many small ops): blame's top region
 against the peers, and with the clean steps as the baseline, within 25% of the measured saving.
