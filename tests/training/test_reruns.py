@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import kendalltau
 
 from bottleneck_oracle.api import build
-from bottleneck_oracle.training.reruns import calibrate, corrected, evaluate_launch, fit_corrections, kendall_tau, merge, scores
+from bottleneck_oracle.training.reruns import _keys, calibrate, corrected, evaluate_launch, fit_corrections, kendall_tau, merge, scores
 from synthetic_ranks import write_run
 
 PERTURBED, CLEAN = (5, 6, 7, 8), (2, 3, 4, 10, 11, 12)
@@ -49,6 +49,16 @@ def test_the_replay_and_the_region_row_recover_a_persistent_slowdown_the_op_rows
     g, f, y = c.steps[0][0]
     assert f.edited.sum() == 120 and np.isfinite(y).sum() > 0.5 * (~f.edited).sum()
     assert f.removed_us == pytest.approx(extra, rel=0.1)
+    # a node's target is one per condition (median clean over median perturbed duration), not
+    # each step's own duration against the clean median: every perturbed step gives it the same
+    per_step = [
+        {(k[0], k[1], h.names[k[2]], k[3]): (v, float(d)) for k, v, d in zip(_keys(h), yh, h.nodes["mdur"]) if np.isfinite(v)}
+        for h, _, yh in c.steps[0]
+    ]
+    common = set(per_step[0]).intersection(*per_step[1:])
+    assert len(common) > 50
+    assert all(len({s[k][0] for s in per_step}) == 1 for k in common)
+    assert sum(len({s[k][1] for s in per_step}) > 1 for k in common) > 0.5 * len(common)  # while the steps' own durations differ
 
 
 def test_the_correction_model_stays_at_the_replay_where_nothing_else_changes(tmp_path):

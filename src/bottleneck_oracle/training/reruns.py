@@ -142,6 +142,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         per_step = []
         clean_dur: dict[tuple, list[float]] = {}
         pert_dur: dict[tuple, list[float]] = {}
+        typical: dict[tuple, tuple[float, float]] = {}  # per node identity: median clean and perturbed durations
         if with_model_inputs:
             for h in clean:
                 for k, v in zip(identity(h), h.nodes["mdur"]):
