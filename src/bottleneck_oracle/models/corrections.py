@@ -115,6 +115,14 @@ def terms(x: np.ndarray) -> np.ndarray:
     return np.column_stack([x] + [x * x[:, [j]] for j in RELATIONS])
 
 
+def _first_outside(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> int | None:
+    """The first column of ``values`` with a value outside its training range [lo, hi] widened
+    by ``MARGIN`` of the range on each side (None: all inside)."""
+    span = np.maximum(hi - lo, 1e-9)
+    bad = np.flatnonzero(((values < lo - MARGIN * span) | (values > hi + MARGIN * span)).any(axis=0))
+    return int(bad[0]) if len(bad) else None
+
+
 class _Corrector:
     """What both models share: the refusal of edits they were not trained on, the corrected
     replay, and the interval. A model gives ``factors(g, f)``, [members, n] duration factors."""
@@ -186,11 +194,8 @@ class Corrections(_Corrector):
         return self.node_factors(f.x)
 
     def _range_refusal(self, f: EditFeatures) -> str | None:
-        t = terms(f.x)
-        span = np.maximum(self.hi - self.lo, 1e-9)
-        bad = np.flatnonzero(((t < self.lo - MARGIN * span) | (t > self.hi + MARGIN * span)).any(axis=0))
-        if len(bad):
-            j = int(bad[0])
+        j = _first_outside(terms(f.x), self.lo, self.hi)
+        if j is not None:
             name = FEATURES[j % len(FEATURES)] + ("" if j < len(FEATURES) else f" x {FEATURES[RELATIONS[j // len(FEATURES) - 1]]}")
             return f"out of domain: node term {name} outside its training range [{self.lo[j]:.3g}, {self.hi[j]:.3g}]"
         return None
@@ -279,10 +284,8 @@ class GraphCorrections(_Corrector):
         return np.exp(np.stack([self.member_log_factors(m, x, ei, attr) for m in self.members]).astype(np.float64))
 
     def _range_refusal(self, f: EditFeatures) -> str | None:
-        span = np.maximum(self.hi - self.lo, 1e-9)
-        bad = np.flatnonzero(((f.x < self.lo - MARGIN * span) | (f.x > self.hi + MARGIN * span)).any(axis=0))
-        if len(bad):
-            j = int(bad[0])
+        j = _first_outside(f.x, self.lo, self.hi)
+        if j is not None:
             return f"out of domain: node feature {FEATURES[j]} outside its training range [{self.lo[j]:.3g}, {self.hi[j]:.3g}]"
         return None
 
