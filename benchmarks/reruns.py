@@ -112,6 +112,7 @@ def main() -> int:
     ap.add_argument("--markdown", default=None, help="also write the tables to this file (docs/eval-reruns.md)")
     ap.add_argument("--graph-members", type=int, default=4, help="members of the graph network's ensemble (0: leave it out)")
     ap.add_argument("--graph-epochs", type=int, default=15)
+    ap.add_argument("--graph-seed", type=int, default=0, help="seeds of the graph network's folds: 100 x this + the fold")
     ap.add_argument("--save-kind", choices=("ridge", "graph"), default="ridge", help="which corrections --save-corrections saves")
     ap.add_argument(
         "--save-corrections",
@@ -167,7 +168,7 @@ def main() -> int:
         if a.graph_members:
             from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
 
-            gm = fit_graph_corrections(allc.select(fit), members=a.graph_members, epochs=a.graph_epochs, seed=k)
+            gm = fit_graph_corrections(allc.select(fit), members=a.graph_members, epochs=a.graph_epochs, seed=100 * a.graph_seed + k)
             calibrate(gm, allc.select(cal))
             gp = corrected(gm, held)
             gcorr[test] = gp
