@@ -28,7 +28,18 @@ from collections import defaultdict
 import numpy as np
 
 from bottleneck_oracle.api import build
-from bottleneck_oracle.training.reruns import Conditions, calibrate, corrected, evaluate_launch, fit_corrections, merge, read_paired, scores
+from bottleneck_oracle.models.corrections import Corrections, GraphCorrections
+from bottleneck_oracle.training.reruns import (
+    Conditions,
+    calibrate,
+    conformal_halfwidth,
+    corrected,
+    evaluate_launch,
+    fit_corrections,
+    merge,
+    read_paired,
+    scores,
+)
 
 REMEASURE, REMEASURE_TRUTH = "re-measurement (noise)", "_after"
 REPORT: list[str] = []
@@ -74,6 +85,14 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
         for k, v in per.items():
             out[k].append(float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan"))
     return {k: np.array(v) for k, v in out.items()}
+
+
+def held_out(model: Corrections | GraphCorrections, cal: Conditions, held: Conditions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``model`` calibrated on ``cal``: the corrected savings of the ``held`` conditions and their 90% intervals."""
+    calibrate(model, cal)
+    p = corrected(model, held)
+    half = model.halfwidth * np.maximum(held.own, 1.0)
+    return p, p - half, p + half
 
 
 def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np.ndarray, hi: np.ndarray,
@@ -156,28 +175,18 @@ def main() -> int:
         cal_l = set(rest[::4])
         fit = [i for i, lid in enumerate(lid_of) if lid in rest and lid not in cal_l]
         cal = [i for i, lid in enumerate(lid_of) if lid in cal_l]
+        calib, held = allc.select(cal), allc.select(test)
         model = fit_corrections(allc.select(fit), seed=k)
-        calibrate(model, allc.select(cal))
-        held = allc.select(test)
-        p = corrected(model, held)
-        corr[test] = p
-        half = model.halfwidth * np.maximum(held.own, 1.0)
-        lo[test], hi[test] = p - half, p + half
+        corr[test], lo[test], hi[test] = held_out(model, calib, held)
         print(f"fold {k}: fit on {len(fit)}, calibrated on {len(cal)} (half-width {model.halfwidth:.3f} of the removed time), "
               f"{len(test)} held out ({time.monotonic() - t0:.0f} s)", file=sys.stderr)  # fmt: skip
         if a.graph_members:
             from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
 
             gm = fit_graph_corrections(allc.select(fit), members=a.graph_members, epochs=a.graph_epochs, seed=100 * a.graph_seed + k)
-            calibrate(gm, allc.select(cal))
-            gp = corrected(gm, held)
-            gcorr[test] = gp
-            ghalf = gm.halfwidth * np.maximum(held.own, 1.0)
-            glo[test], ghi[test] = gp - ghalf, gp + ghalf
+            gcorr[test], glo[test], ghi[test] = held_out(gm, calib, held)
             print(f"fold {k}: graph network, half-width {gm.halfwidth:.3f} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     if a.save_corrections:
-        import math
-
         if a.save_kind == "graph":
             from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
 
@@ -186,9 +195,7 @@ def main() -> int:
         else:
             model = fit_corrections(allc, seed=a.folds)
             corr_used = corr
-        removed = np.array([max(float(np.median([f.removed_us for _, f, _ in steps])), 1.0) for steps in allc.steps])
-        score = np.sort(np.abs(allc.measured - corr_used) / removed)
-        model.halfwidth = float(score[min(len(score) - 1, math.ceil((len(score) + 1) * 0.9) - 1)])
+        model.halfwidth = conformal_halfwidth(allc, corr_used)  # the held-out residuals of the folds
         model.trained_on = (
             f"{len(allc.rows)} paired conditions ({', '.join(sorted({r['size'] + ' ' + r['layout'] for r in allc.rows}))}; gloo, 2 ranks)"
         )

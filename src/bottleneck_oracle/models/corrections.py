@@ -262,14 +262,18 @@ class GraphCorrections(_Corrector):
         return ConvWeights(lin, lin, m[prefix + "att_src"].reshape(self.heads, c), m[prefix + "att_dst"].reshape(self.heads, c),
                            m[prefix + "lin_edge.weight"], m[prefix + "att_edge"].reshape(self.heads, c), None, m[prefix + "bias"])  # fmt: skip
 
-    def member_log_factors(self, m: dict[str, np.ndarray], x: np.ndarray, edge_index: np.ndarray, attr: np.ndarray) -> np.ndarray:
-        """One member's log factor per node ([n], float32)."""
-        c = self.hidden // self.heads
-        z = ((x - self.mean) / self.std).astype(np.float32)
-        h = _elu(_linear(z, m["encode.weight"], m["encode.bias"]))
+    def _prepare(self, x: np.ndarray, edge_index: np.ndarray) -> tuple:
+        """What every member's forward shares for one input: the standardised features, the
+        reversed edges, and both edge sets grouped by destination."""
         rev = edge_index[[1, 0]]
-        seg_a = _segments(edge_index[1]) if edge_index.shape[1] else None
-        seg_r = _segments(rev[1]) if edge_index.shape[1] else None
+        some = edge_index.shape[1] > 0
+        z = ((x - self.mean) / self.std).astype(np.float32)
+        return z, edge_index, rev, _segments(edge_index[1]) if some else None, _segments(rev[1]) if some else None
+
+    def _member(self, m: dict[str, np.ndarray], prepared: tuple, attr: np.ndarray) -> np.ndarray:
+        c = self.hidden // self.heads
+        z, edge_index, rev, seg_a, seg_r = prepared
+        h = _elu(_linear(z, m["encode.weight"], m["encode.bias"]))
         for i in range(self.layers):
             msg = gat_conv(self._conv(m, f"along.{i}."), self.heads, c, h, h, edge_index, attr, seg_a)
             msg = msg + gat_conv(self._conv(m, f"against.{i}."), self.heads, c, h, h, rev, attr, seg_r)
@@ -279,9 +283,14 @@ class GraphCorrections(_Corrector):
         )
         return np.tanh(y[:, 0])
 
+    def member_log_factors(self, m: dict[str, np.ndarray], x: np.ndarray, edge_index: np.ndarray, attr: np.ndarray) -> np.ndarray:
+        """One member's log factor per node ([n], float32)."""
+        return self._member(m, self._prepare(x, edge_index), attr)
+
     def factors(self, g: ExecutionGraph, f: EditFeatures) -> np.ndarray:
         x, ei, attr = graph_inputs(g, f)
-        return np.exp(np.stack([self.member_log_factors(m, x, ei, attr) for m in self.members]).astype(np.float64))
+        prepared = self._prepare(x, ei)  # once for all members
+        return np.exp(np.stack([self._member(m, prepared, attr) for m in self.members]).astype(np.float64))
 
     def _range_refusal(self, f: EditFeatures) -> str | None:
         j = _first_outside(f.x, self.lo, self.hi)

@@ -257,9 +257,6 @@ class NumpyGAT:
         if unused:  # a module this forward does not reproduce
             raise ValueError(f"the {cfg.variant} model has weights this version does not use: {', '.join(unused[:5])}")
 
-    def _gat(self, p: ConvWeights, x_src: np.ndarray, x_dst: np.ndarray, edge_index: np.ndarray, edge_in: np.ndarray, seg) -> np.ndarray:
-        return gat_conv(p, self.heads, self.channels, x_src, x_dst, edge_index, edge_in, seg)
-
     def __call__(self, inp: ModelInputs) -> dict[str, np.ndarray]:
         """{'step': log(step / ref), shape [1]; 'slack_<type>': log1p(slack ms); 'critical_<type>': logits}."""
         h = {t: _elu(_linear(inp.x[t].astype(np.float32, copy=False), *self.encode[t])) for t in NODE_TYPES}
@@ -268,7 +265,7 @@ class NumpyGAT:
             msg: dict[str, np.ndarray] = {}
             for et in self.types:  # HeteroConv, aggr="sum"
                 s, _, d = et
-                y = self._gat(convs[et], h[s], h[d], inp.edge_index[et], inp.edge_in[et], seg.get(et))
+                y = gat_conv(convs[et], self.heads, self.channels, h[s], h[d], inp.edge_index[et], inp.edge_in[et], seg.get(et))
                 msg[d] = y if d not in msg else msg[d] + y
             h = {t: _layer_norm(h[t] + _elu(msg[t]), *norms[t]) if t in msg else h[t] for t in NODE_TYPES}
         pooled = []

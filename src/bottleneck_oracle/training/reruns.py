@@ -263,11 +263,16 @@ def calibrate(model: Corrections, cal: Conditions, level: float = 0.9) -> None:
     """Split conformal: the ``level`` quantile of |measured - corrected| / removed time over the
     calibration conditions (the ceil((n + 1) level)-th smallest) becomes the interval's relative
     half-width."""
-    pred = corrected(model, cal)
-    scale = np.array([max(float(np.median([f.removed_us for _, f, _ in steps])), 1.0) for steps in cal.steps])
-    score = np.abs(cal.measured - pred) / scale
+    model.halfwidth = conformal_halfwidth(cal, corrected(model, cal), level)
+
+
+def conformal_halfwidth(c: Conditions, pred: np.ndarray, level: float = 0.9) -> float:
+    """The ``level`` quantile (the ceil((n + 1) level)-th smallest) of |measured - predicted| /
+    removed time over the conditions ``c`` (inf if there are none)."""
+    scale = np.array([max(float(np.median([f.removed_us for _, f, _ in steps])), 1.0) for steps in c.steps])
+    score = np.abs(c.measured - pred) / scale
     k = min(len(score) - 1, int(math.ceil((len(score) + 1) * level)) - 1)
-    model.halfwidth = float(np.sort(score)[k]) if len(score) else float("inf")
+    return float(np.sort(score)[k]) if len(score) else float("inf")
 
 
 # -- scores ---------------------------------------------------------------------------------
