@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,7 +185,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         for name, xs in per.items():
             vals[name].append(float(np.median(xs)))
         for labels, into in ((names["blame_region"], out.region_names), (names["blame_region_baseline"], out.baseline_region_names)):
-            into.append(max(set(labels), key=labels.count))
+            into.append(Counter(labels).most_common(1)[0][0])  # the most frequent; a tie goes to the first seen, the same in every process
         out.steps.append(per_step)
     for name in ARRAYS:
         setattr(out, name, np.array(vals[name], dtype=np.float64))
