@@ -90,11 +90,14 @@ def test_savings_within_step_noise_rank_by_excess(generated_grid):
     raw, _ = generated_grid
     run = next(p for p in raw.iterdir() if "dp2" in p.name and p.is_dir())
     _, graphs = build(run)
-    g, refs = graphs[-1], graphs[1:-1]
-    b = blame(g, refs, top=50)
-    floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)
-    keys = [(x.saving_us if x.saving_us >= floor else 0.0, x.dur_us - x.typical_us) for x in b.nodes]
-    assert len(keys) >= 3 and keys == sorted(keys, reverse=True)
+    sizes = []
+    for g in graphs[1:]:  # every step against the others (how many candidates one step has depends on the recording's noise)
+        b = blame(g, [h for h in graphs[1:] if h is not g], top=50)
+        floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)
+        keys = [(x.saving_us if x.saving_us >= floor else 0.0, x.dur_us - x.typical_us) for x in b.nodes]
+        assert keys == sorted(keys, reverse=True), g.step
+        sizes.append(len(keys))
+    assert max(sizes) >= 3, sizes
 
 
 def test_gaps_are_named_by_the_op_that_encloses_them(generated_grid):
