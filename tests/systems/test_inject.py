@@ -155,3 +155,28 @@ def test_a_pinned_rank_runs_on_one_core_of_its_own():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == [f"{cores[r % len(cores)]} {cores[r % len(cores)]}" for r in range(3)]
+
+
+def test_a_pinned_ddp_rank_runs_its_gloo_socket_thread_at_idle_priority():
+    """The low-noise protocol's other half: a gloo process group's socket thread goes to idle
+    priority (it spins on a connection's lock while the lock's holder waits for the core), the
+    rank's own threads keep theirs (checked in a child process with a one-rank group)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "SCHED_IDLE"):
+        pytest.skip("this OS has no idle priority")
+    code = (
+        "import json, os, pathlib\n"
+        "from bottleneck_oracle.systems.launch import free_port, idle_gloo_loops, process_group\n"
+        "with process_group(0, 1, free_port()):\n"
+        "    n = idle_gloo_loops()\n"
+        "    tasks = {int(t.name): (t / 'comm').read_text().strip() for t in pathlib.Path('/proc/self/task').iterdir()}\n"
+        "    print(json.dumps([n, [(name, os.sched_getscheduler(tid)) for tid, name in tasks.items()]]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+    n, policies = json.loads(out)
+    assert n >= 1 and n == sum(name == "gloo_tcp_loop" for name, _ in policies), out
+    assert all((p == os.SCHED_IDLE) == (name == "gloo_tcp_loop") for name, p in policies), out

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bottleneck_oracle.systems.inject import Injection, Injector
-from bottleneck_oracle.systems.launch import process_group, profiled_steps, spawn, train_step
+from bottleneck_oracle.systems.launch import idle_gloo_loops, process_group, profiled_steps, spawn, train_step
 from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
 
 
@@ -45,7 +45,8 @@ class DDPRun:
     injections: tuple[Injection, ...] = ()
     """Delays to inject, each on one rank at one step (= its ProfilerStep number)."""
     pin: bool = False
-    """Pin each rank to a core of its own (rank modulo the cores): the low-noise recording protocol."""
+    """Pin each rank to a core of its own (rank modulo the cores), its gloo socket thread at idle
+    priority (``launch.idle_gloo_loops``): the low-noise recording protocol."""
     window: int | None = None
     """Write the trace in windows of this many steps, each as it ends (``oracle_profile``): a long
     recording's events are not all held until the last step."""
@@ -63,6 +64,8 @@ class DDPRun:
 
 def _worker(rank: int, run: DDPRun, port: int) -> None:
     with process_group(rank, run.world, port, pin=run.pin):
+        if run.pin:
+            idle_gloo_loops()
         torch.manual_seed(run.seed)
         gen = torch.Generator().manual_seed(run.seed + rank)
         if run.size is None:

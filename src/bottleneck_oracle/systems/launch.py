@@ -69,6 +69,34 @@ def pin_to_core(rank: int) -> int | None:
     return core
 
 
+def idle_gloo_loops() -> int:
+    """Run this process's gloo socket threads (``gloo_tcp_loop``) at idle priority; how many.
+
+    A pinned rank's gloo socket thread shares the rank's core with the threads that run its
+    collectives. When it finds a connection's lock held by one of them it spins (epoll reports the
+    socket ready again at once) until the kernel's tick preempts it: on the 250 Hz recording
+    machine an all-reduce of any size took about 0.4 ms or about 4 ms, at random, and a tiny DDP
+    step spread 36-40%. At idle priority the socket thread yields the core to any other thread
+    that wants it: the same all-reduce takes 0.16-0.23 ms (10th-90th percentile) and the DDP step
+    spreads 10-16% (``benchmarks/noise_sources.py``).
+
+    For DDP only: a pipeline's send needs the sender's socket thread to run when the receiver
+    says it is ready, and at idle priority that waits until the sender's compute blocks (the
+    tiny 1F1B step: median 21.7 ms, spread 33%, against 13.9 ms and 17% without). Where the OS
+    has no idle priority, nothing."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return 0
+    done = 0
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            if (task / "comm").read_text().strip() == "gloo_tcp_loop":
+                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+                done += 1
+        except OSError:  # the thread ended, or the OS refused
+            continue
+    return done
+
+
 @contextmanager
 def process_group(rank: int, world: int, port: int, pin: bool = False) -> Iterator[None]:
     """A gloo process group on loopback for one worker, single-threaded ops (with ``pin``, on a
