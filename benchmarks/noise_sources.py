@@ -11,6 +11,10 @@ spread (1.4826 x MAD / median), 10th and 90th percentile:
 - ``gpt ddp``: the same step under DistributedDataParallel (one gradient all-reduce);
 - ``all_reduce X MB``: gloo's all-reduce alone, after a barrier.
 
+Each probe with communication runs twice: with gloo's socket thread as gloo leaves it
+(``busy loop``), and at idle priority as the recording protocol runs DDP
+(``launch.idle_gloo_loops``, ``idle loop``).
+
     python benchmarks/noise_sources.py [--steps 200] [--size tiny] [--json out.json]
 
 It needs torch (the recording extra) and a quiet machine, like the recording itself.
@@ -28,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bottleneck_oracle.systems.launch import free_port, process_group
+from bottleneck_oracle.systems.launch import free_port, idle_gloo_loops, process_group
 from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
 
 WARMUP = 10
@@ -55,8 +59,11 @@ def _matmul(steps: int, q) -> None:
     q.put(("matmul", 0, figures(ms)))
 
 
-def _worker(rank: int, probe: str, size: str, steps: int, mb: float, port: int, q) -> None:
+def _worker(rank: int, probe: str, size: str, steps: int, mb: float, idle: bool, port: int, q) -> None:
     with process_group(rank, 2, port, pin=True):
+        loop = ", idle loop" if idle else ", busy loop"
+        if idle:
+            idle_gloo_loops()
         ms = []
         if probe == "all_reduce":
             x = torch.randn(int(mb * 2**20 / 4))
@@ -65,7 +72,7 @@ def _worker(rank: int, probe: str, size: str, steps: int, mb: float, port: int, 
                 t = time.perf_counter()
                 dist.all_reduce(x)
                 ms.append(1e3 * (time.perf_counter() - t))
-            q.put((f"all_reduce {mb:g} MB", rank, figures(ms)))
+            q.put((f"all_reduce {mb:g} MB{loop}", rank, figures(ms)))
             return
         torch.manual_seed(0)
         cfg = SIZES[size]
@@ -80,7 +87,7 @@ def _worker(rank: int, probe: str, size: str, steps: int, mb: float, port: int, 
             opt.step()
             opt.zero_grad()
             ms.append(1e3 * (time.perf_counter() - t))
-        q.put((f"{size} gpt {probe}", rank, figures(ms)))
+        q.put((f"{size} gpt {probe}{loop if probe == 'ddp' else ''}", rank, figures(ms)))
 
 
 def main() -> int:
@@ -97,15 +104,16 @@ def main() -> int:
         for _ in range(n):
             name, rank, f = q.get()
             rows.append({"probe": name, "rank": rank, **f})
-            print(f"{name:22s} rank {rank}: median {f['median_ms']:7.2f} ms, robust spread {100 * f['robust_spread']:5.1f}%, "
+            print(f"{name:32s} rank {rank}: median {f['median_ms']:7.2f} ms, robust spread {100 * f['robust_spread']:5.1f}%, "
                   f"p10 {f['p10_ms']:7.2f}, p90 {f['p90_ms']:7.2f} ms", flush=True)  # fmt: skip
 
     p = ctx.Process(target=_matmul, args=(a.steps, q))
     p.start()
     collect(1)
     p.join()
-    for probe, mb in (("local", 0.0), ("ddp", 0.0), ("all_reduce", 0.5), ("all_reduce", 4.0)):
-        mp.start_processes(_worker, args=(probe, a.size, a.steps, mb, free_port(), q), nprocs=2, start_method="spawn")
+    probes = [("local", 0.0, False)] + [(p, mb, idle) for p, mb in (("ddp", 0.0), ("all_reduce", 0.5), ("all_reduce", 4.0)) for idle in (False, True)]
+    for probe, mb, idle in probes:
+        mp.start_processes(_worker, args=(probe, a.size, a.steps, mb, idle, free_port(), q), nprocs=2, start_method="spawn")
         collect(2)
     if a.json:
         with open(a.json, "w") as f:

@@ -75,10 +75,10 @@ def idle_gloo_loops() -> int:
     A pinned rank's gloo socket thread shares the rank's core with the threads that run its
     collectives. When it finds a connection's lock held by one of them it spins (epoll reports the
     socket ready again at once) until the kernel's tick preempts it: on the 250 Hz recording
-    machine an all-reduce of any size took about 0.4 ms or about 4 ms, at random, and a tiny DDP
-    step spread 36-40%. At idle priority the socket thread yields the core to any other thread
-    that wants it: the same all-reduce takes 0.16-0.23 ms (10th-90th percentile) and the DDP step
-    spreads 10-16% (``benchmarks/noise_sources.py``).
+    machine an all-reduce of any size took about 0.4 ms or about 4 ms, at random (0.5 MB: 0.42 ms
+    at the 10th percentile, 4.43 ms at the 90th). At idle priority the socket thread yields the
+    core to any other thread that wants it: the same all-reduce takes 0.51-0.61 ms, and the tiny
+    DDP step spreads 10-11% instead of 18% (``benchmarks/noise_sources.py``).
 
     For DDP only: a pipeline's send needs the sender's socket thread to run when the receiver
     says it is ready, and at idle priority that waits until the sender's compute blocks (the

@@ -3,7 +3,8 @@
 The ground truth that what-if and blame are checked against. A launch runs short blocks of
 ``block`` profiled steps, interleaved: clean, slowed, clean, slowed, ... — ``repeats`` slowed
 blocks per condition, then the next condition's — every rank pinned to a core of its own with
-one thread (``launch.pin_to_core``), the warm-up step discarded, and the first step of every
+one thread (``launch.pin_to_core``; a DDP rank's gloo socket thread at idle priority,
+``launch.idle_gloo_loops``), the warm-up step discarded, and the first step of every
 block too (where the job changes from one condition to the next). Short interleaved blocks
 cancel the machine's drift, which long blocks do not: on the 2-core recording machine, the
 medians of two 11-step clean blocks 3 s apart differed by 8% (median over 112 pairs), while the
