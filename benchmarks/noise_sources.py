@@ -111,7 +111,9 @@ def main() -> int:
     p.start()
     collect(1)
     p.join()
-    probes = [("local", 0.0, False)] + [(p, mb, idle) for p, mb in (("ddp", 0.0), ("all_reduce", 0.5), ("all_reduce", 4.0)) for idle in (False, True)]
+    probes = [("local", 0.0, False)] + [
+        (p, mb, idle) for p, mb in (("ddp", 0.0), ("all_reduce", 0.5), ("all_reduce", 4.0)) for idle in (False, True)
+    ]
     for probe, mb, idle in probes:
         mp.start_processes(_worker, args=(probe, a.size, a.steps, mb, idle, free_port(), q), nprocs=2, start_method="spawn")
         collect(2)
