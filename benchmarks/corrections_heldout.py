@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -33,16 +35,22 @@ def main() -> int:
     a = ap.parse_args()
     model = load_corrections(a.corrections)
     print(f"corrections: {model.trained_on}; 90% half-width {model.halfwidth:.3f} of the removed time")
-    parts = []
+    parts, preds = [], []
+    t0 = time.monotonic()
     for folder in a.paired:
         by: dict[str, list[dict]] = defaultdict(list)
         for r in read_paired(folder):
             by[r["launch_id"]].append(r)
-        for _, rs in sorted(by.items()):
+        for lid, rs in sorted(by.items()):
             table, graphs = build(rs[0]["path"])
-            parts.append(evaluate_launch(rs, table, graphs))
+            part = evaluate_launch(rs, table, graphs)
+            preds.append(corrected(model, part))
+            part.steps = [[] for _ in part.rows]  # the graphs are done with: a long launch holds thousands
+            parts.append(part)
+            del graphs
+            print(f"{lid}: {len(rs)} conditions ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     c = merge(parts)
-    pred = corrected(model, c)
+    pred = np.concatenate(preds)
     half = model.halfwidth * np.maximum(c.own, 1.0)
     rows = []
     for i, r in enumerate(c.rows):

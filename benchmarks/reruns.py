@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from bottleneck_oracle.training.reruns import (
     evaluate_launch,
     fit_corrections,
     merge,
+    on_median,
     read_paired,
     scores,
 )
@@ -52,13 +54,14 @@ def emit(text: str) -> None:
 
 
 def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
-    """Per condition (median over its steps) the saving the formula, the bundled graph network and
-    the pooled baselines predict for removing the injected ranges."""
+    """Per condition the saving the formula, the bundled graph network and the pooled baselines
+    predict for removing the injected ranges (their effect on the median step: ``on_median``)."""
     from bottleneck_oracle.models.predict import sample_for
 
     out: dict[str, list[float]] = defaultdict(list)
     for steps in c.steps:
         per: dict[str, list[float]] = defaultdict(list)
+        span = [max(g.measured.values()) for g, _, _ in steps]
         for g, f, _ in steps:
             before, _ = sample_for(g, table=table)
             after, _ = sample_for(g, f.dur, table, weight=f.weight, release=f.release)
@@ -83,7 +86,7 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
                 per["MLP (pooled)"].append(float(m[0] - m[1]))
                 per["XGBoost (pooled)"].append(float(b[0] - b[1]))
         for k, v in per.items():
-            out[k].append(float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan"))
+            out[k].append(on_median(span, v) if len(v) == len(span) else float("nan"))
     return {k: np.array(v) for k, v in out.items()}
 
 
@@ -123,7 +126,7 @@ def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("paired", help="folder written by generate --paired")
+    ap.add_argument("paired", nargs="+", help="folders written by generate --paired (several: their conditions together)")
     ap.add_argument("--folds", type=int, default=4)
     ap.add_argument("--checkpoint", default=None, help="a `train` checkpoint: add its pooled MLP and XGBoost")
     ap.add_argument("--no-gat", action="store_true", help="leave out the bundled graph network")
@@ -150,7 +153,12 @@ def main() -> int:
 
         ckpt = load_checkpoint(a.checkpoint)
     t0 = time.monotonic()
-    rows = read_paired(a.paired)
+    rows = []
+    for folder in a.paired:
+        here = read_paired(folder)
+        if {r["launch_id"] for r in here} & {r["launch_id"] for r in rows}:  # the same grid recorded twice: tell the launches apart
+            here = [{**r, "launch_id": f"{Path(folder).name}/{r['launch_id']}"} for r in here]
+        rows += here
     by_launch: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_launch[r["launch_id"]].append(r)
@@ -260,7 +268,7 @@ def main() -> int:
     out["seconds"] = time.monotonic() - t0
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write(f"# What-if against re-runs\n\n`python benchmarks/reruns.py {a.paired} --folds {a.folds}"
+            f.write(f"# What-if against re-runs\n\n`python benchmarks/reruns.py {' '.join(a.paired)} --folds {a.folds}"
                     f"{' --checkpoint ' + a.checkpoint if a.checkpoint else ''}` ({out['conditions']} conditions in {out['launches']} launches, "
                     f"{out['seconds'] / 60:.0f} min).\n\n" + "\n".join(REPORT) + "\n")  # fmt: skip
     if a.json:

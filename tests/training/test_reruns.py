@@ -13,7 +13,17 @@ import pytest
 from scipy.stats import kendalltau
 
 from bottleneck_oracle.api import build
-from bottleneck_oracle.training.reruns import _keys, calibrate, corrected, evaluate_launch, fit_corrections, kendall_tau, merge, scores
+from bottleneck_oracle.training.reruns import (
+    _keys,
+    calibrate,
+    corrected,
+    evaluate_launch,
+    fit_corrections,
+    kendall_tau,
+    merge,
+    on_median,
+    scores,
+)
 from synthetic_ranks import write_run
 
 PERTURBED, CLEAN = (5, 6, 7, 8), (2, 3, 4, 10, 11, 12)
@@ -73,6 +83,20 @@ def test_the_correction_model_stays_at_the_replay_where_nothing_else_changes(tmp
     factors = model.node_factors(parts[3].steps[0][0][1].x)
     assert factors.shape[0] == 5 and np.median(np.abs(np.log(factors))) < 0.05
     assert 0 <= model.halfwidth < 1.0
+
+
+def test_a_predicted_saving_is_scored_on_the_median_step_as_the_measured_one_is():
+    """Step times that come in two modes: every step of the block predicted 1 or 5 ms faster.
+    The median of those savings (5) is not what the block's median step loses (4): the slow
+    steps the slowdown made slow fall back among the fast ones."""
+    steps, savings = [10.0, 11.0, 14.0, 15.0, 16.0], [1.0, 1.0, 5.0, 5.0, 5.0]
+    assert np.median(savings) == 5.0
+    assert on_median(steps, savings) == pytest.approx(14.0 - 10.0)
+    # a predictor that refused a step (NaN) is scored on the steps it answered
+    assert on_median(steps + [99.0], savings + [float("nan")]) == pytest.approx(4.0)
+    assert np.isnan(on_median([1.0], [float("nan")]))
+    # the same saving in every step: both agree
+    assert on_median(steps, [2.0] * 5) == pytest.approx(2.0)
 
 
 def test_scores_and_kendall_tau():

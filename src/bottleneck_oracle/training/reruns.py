@@ -18,7 +18,12 @@ scores the predictors against the measurement:
 - ``corrected``: the replay with per-node duration corrections from a model trained on other
   conditions (see ``fit_corrections``), and a 90% interval.
 
-Each predictor's figure for a condition is the median over the block's steps.
+Each predictor's figure for a condition is measured the way the saving is: it predicts every
+step of the block without the slowdown (the step as recorded less that step's predicted saving),
+and its saving is median(the block as recorded) - median(the block as predicted)
+(``on_median``). The median of the per-step savings is another quantity: step times on a busy
+machine come in modes a scheduler tick apart, and a median of differences and a difference of
+medians then part by up to half the saving (docs/eval-reruns.md).
 """
 
 from __future__ import annotations
@@ -57,6 +62,14 @@ def step_features(g: ExecutionGraph, table, rank: int, base: CPMResult | None = 
     """The correction model's inputs for removing the injected ranges of ``rank`` from ``g``."""
     d, w, rel, _, _ = apply_edits(g, removal_edits(rank), table=table)
     return edit_features(g, d, w, rel, base)
+
+
+def on_median(steps: np.ndarray | list[float], savings: np.ndarray | list[float]) -> float:
+    """What per-step savings do to the block's median step: median(steps) - median(steps -
+    savings), the estimator of the measured saving (NaN savings are left out; NaN if none is left)."""
+    t, s = np.asarray(steps, dtype=np.float64), np.asarray(savings, dtype=np.float64)
+    ok = np.isfinite(s)
+    return float(np.median(t[ok]) - np.median(t[ok] - s[ok])) if ok.any() else float("nan")
 
 
 def _empty() -> np.ndarray:
@@ -151,8 +164,10 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
                 for k, v in zip(identity(h), h.nodes["mdur"]):
                     pert_dur.setdefault(k, []).append(float(v))
             typical = {k: (float(np.median(v)), float(np.median(pert_dur[k]))) for k, v in clean_dur.items() if k in pert_dur}
+        span = []  # each perturbed step's time, as recorded (the CPM reproduces it)
         for g in gs:
             base = run_cpm(g)
+            span.append(base.makespan)
             feats = step_features(g, table, c["rank"], base)
             edited = run_cpm(g, feats.dur, feats.weight, feats.release)
             per["replay"].append(base.makespan - edited.makespan)
@@ -183,7 +198,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         vals["remeasured"].append(float(np.median(tp) - np.median(tb)))
         vals["measured_after"].append(float(np.median(tp) - np.median(ta)))
         for name, xs in per.items():
-            vals[name].append(float(np.median(xs)))
+            vals[name].append(on_median(span, xs))
         for labels, into in ((names["blame_region"], out.region_names), (names["blame_region_baseline"], out.baseline_region_names)):
             into.append(Counter(labels).most_common(1)[0][0])  # the most frequent; a tie goes to the first seen, the same in every process
         out.steps.append(per_step)
@@ -255,8 +270,12 @@ def fit_corrections(train: Conditions, members: int = 20, seed: int = 0, ridge: 
 
 
 def corrected(model: Corrections, c: Conditions) -> np.ndarray:
-    """The corrected saving of each condition: the median over its steps."""
-    return np.array([float(np.median([model.saving(g, f) for g, f, _ in steps])) for steps in c.steps])
+    """The corrected saving of each condition: its effect on the median step (``on_median``)."""
+    out = []
+    for steps in c.steps:
+        bases = [run_cpm(g) for g, _, _ in steps]
+        out.append(on_median([b.makespan for b in bases], [model.saving(g, f, b) for (g, f, _), b in zip(steps, bases)]))
+    return np.array(out)
 
 
 def calibrate(model: Corrections, cal: Conditions, level: float = 0.9) -> None:
