@@ -3,7 +3,7 @@
 Record the conditions first (ranks pinned, interleaved clean / slowed / clean blocks):
 
     bottleneck-oracle generate --paired --config benchmarks/paired.yaml --out data/paired
-    python benchmarks/reruns.py data/paired [--folds 4] [--checkpoint data/checkpoints/random.pt] [--json benchmarks/reruns_results.json]
+    python benchmarks/reruns.py data/paired [data/paired_more ...] [--folds 4] [--checkpoint data/checkpoints/random.pt] [--json benchmarks/reruns_results.json]
 
 Every condition is predicted held out: the launches are split into folds; the correction model
 of a fold is fitted on the other folds' launches (three quarters of them) and its 90% interval

@@ -22,7 +22,7 @@ Each predictor's figure for a condition is measured the way the saving is: it pr
 step of the block without the slowdown (the step as recorded less that step's predicted saving),
 and its saving is median(the block as recorded) - median(the block as predicted)
 (``on_median``). The median of the per-step savings is another quantity: step times on a busy
-machine come in modes a scheduler tick apart, and a median of differences and a difference of
+machine come in modes a few milliseconds apart, and a median of differences and a difference of
 medians then part by up to half the saving (docs/eval-reruns.md).
 """
 
