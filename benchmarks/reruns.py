@@ -86,7 +86,7 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
                 per["MLP (pooled)"].append(float(m[0] - m[1]))
                 per["XGBoost (pooled)"].append(float(b[0] - b[1]))
         for k, v in per.items():
-            out[k].append(on_median(span, v) if len(v) == len(span) else float("nan"))
+            out[k].append(on_median(span, v))
     return {k: np.array(v) for k, v in out.items()}
 
 

@@ -164,10 +164,8 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
                 for k, v in zip(identity(h), h.nodes["mdur"]):
                     pert_dur.setdefault(k, []).append(float(v))
             typical = {k: (float(np.median(v)), float(np.median(pert_dur[k]))) for k, v in clean_dur.items() if k in pert_dur}
-        span = []  # each perturbed step's time, as recorded (the CPM reproduces it)
         for g in gs:
             base = run_cpm(g)
-            span.append(base.makespan)
             feats = step_features(g, table, c["rank"], base)
             edited = run_cpm(g, feats.dur, feats.weight, feats.release)
             per["replay"].append(base.makespan - edited.makespan)
@@ -198,7 +196,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         vals["remeasured"].append(float(np.median(tp) - np.median(tb)))
         vals["measured_after"].append(float(np.median(tp) - np.median(ta)))
         for name, xs in per.items():
-            vals[name].append(on_median(span, xs))
+            vals[name].append(on_median(tp, xs))  # tp: the block's steps as recorded, in the order of gs
         for labels, into in ((names["blame_region"], out.region_names), (names["blame_region_baseline"], out.baseline_region_names)):
             into.append(Counter(labels).most_common(1)[0][0])  # the most frequent; a tie goes to the first seen, the same in every process
         out.steps.append(per_step)
