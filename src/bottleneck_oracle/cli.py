@@ -453,6 +453,12 @@ def generate(
         "--knobs/--no-knobs",
         help="--paired: also record knob changes (batch size, DDP bucket size, micro-batches) as alternating launches (knobs.jsonl).",
     ),
+    device: str = typer.Option(
+        "cpu",
+        "--device",
+        metavar="cpu|cuda",
+        help="--paired: where the DP job runs (cuda: every rank on a GPU, gloo through host memory; the pipeline stays on CPU).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Record the grid of profiled runs with injected delays (resumes: finished runs are skipped).
@@ -470,15 +476,19 @@ def generate(
     if paired:
         from bottleneck_oracle.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
 
+        if device not in ("cpu", "cuda"):
+            raise OracleError(f"--device must be cpu or cuda (found {device!r})")
         layouts = [x for x in cfg.grid.layouts if x.startswith(("dp2", "pp2"))]
+        if device == "cuda":
+            layouts = [x for x in layouts if x.startswith("dp")]
         if not layouts:
-            raise OracleError(f"{config}: --paired records dp2 and pp2 layouts; grid.layouts has none of them ({cfg.grid.layouts})")
+            raise OracleError(f"{config}: --paired records dp2 and pp2 layouts (dp2 only on cuda); grid.layouts has none of them ({cfg.grid.layouts})")
         launches = default_launches(
-            cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, repeats=repeats, batch=cfg.grid.batch, seed=cfg.grid.seed
+            cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, repeats=repeats, batch=cfg.grid.batch, seed=cfg.grid.seed, device=device
         )
         with _recording_bar("launches", len(launches), as_json) as advance:
             summary = generate_paired(launches, target, bound=bound, retries=retries, progress=advance)
-        if knobs:
+        if knobs and device == "cpu":
             changes = default_knobs(cfg.grid.sizes, layouts, batch=cfg.grid.batch, seed=cfg.grid.seed)
             with _recording_bar("knob changes", len(changes), as_json) as advance:
                 summary["knobs"] = generate_knobs(changes, target, bound=bound, retries=retries, progress=advance)
@@ -491,7 +501,7 @@ def generate(
                 f"clean vs clean {100 * (summary['median_clean_vs_clean'] or 0):.1f}% (medians); {summary['noisy_launches']} launches above the bound",
                 highlight=False,
             )
-            if knobs:
+            if "knobs" in summary:
                 k = summary["knobs"]
                 out.print(
                     f"{k['recorded']} knob changes recorded, {k['skipped']} already done, in {k['manifest']}; base launches differ by "

@@ -47,6 +47,13 @@ class DDPRun:
     pin: bool = False
     """Pin each rank to a core of its own (rank modulo the cores), its gloo socket thread at idle
     priority (``launch.idle_gloo_loops``): the low-noise recording protocol."""
+    device: str = "cpu"
+    """``cuda``: the model, its data and gradients on GPU ``rank % torch.cuda.device_count()``;
+    stalls and slow collectives are then GPU-side sleeps, extra compute runs on the GPU, and every
+    step ends reading the loss (``loss.item()``, as a training loop that logs it does)."""
+    backend: str = "gloo"
+    """The process group's backend: gloo (CPU tensors, or CUDA tensors through host memory) or
+    nccl (CUDA, one GPU per rank)."""
     window: int | None = None
     """Write the trace in windows of this many steps, each as it ends (``oracle_profile``): a long
     recording's events are not all held until the last step."""
@@ -60,10 +67,27 @@ class DDPRun:
             raise ValueError(f"steps must be >= 1 (found {self.steps})")
         if self.straggler >= self.world:
             raise ValueError(f"straggler must be < world (found {self.straggler} for world {self.world})")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda (found {self.device!r})")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be gloo or nccl (found {self.backend!r})")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ValueError("the nccl backend needs device cuda")
+
+
+def _device(run: DDPRun, rank: int) -> torch.device:
+    if run.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device cuda: this machine has no CUDA GPU that torch can use")
+    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 def _worker(rank: int, run: DDPRun, port: int) -> None:
-    with process_group(rank, run.world, port, pin=run.pin):
+    dev = _device(run, rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    with process_group(rank, run.world, port, pin=run.pin, backend=run.backend):
         if run.pin:
             idle_gloo_loops()
         torch.manual_seed(run.seed)
@@ -76,20 +100,22 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
                 torch.nn.ReLU(),
                 torch.nn.Linear(run.hidden, 256),
             )
-            x = torch.randn(run.batch, 256, generator=gen)
+            x = torch.randn(run.batch, 256, generator=gen).to(dev)
 
             def forward(m):
                 return m(x).pow(2).mean()
         else:
             cfg = SIZES[run.size]
             model = GPT(cfg)
-            tokens, targets = synthetic_batch(cfg, run.batch, gen)
+            tokens, targets = (t.to(dev) for t in synthetic_batch(cfg, run.batch, gen))
 
             def forward(m):
                 return m(tokens, targets)
 
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=run.bucket_mb)
-        injector = Injector(list(run.injections), rank, run.out)
+        model.to(dev)
+        ids = [dev.index] if dev.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=run.bucket_mb)
+        injector = Injector(list(run.injections), rank, run.out, device=dev)
         injector.attach(ddp)
         if any(i.kind == "collective" for i in run.injections):
             ddp.register_comm_hook(None, injector.ddp_comm_hook())
@@ -101,7 +127,9 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
             return forward(ddp)
 
         for _ in profiled_steps(run, injector):
-            train_step(injector, loss_of, opt)
+            loss = train_step(injector, loss_of, opt)
+            if dev.type == "cuda":
+                loss.item()
 
 
 def record(run: DDPRun) -> Path:
@@ -117,8 +145,11 @@ def main() -> None:
     p.add_argument("--straggler", type=int, default=-1)
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--bucket-mb", type=float, default=0.5)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     a = p.parse_args()
-    record(DDPRun(out=a.out, world=a.world, steps=a.steps, straggler=a.straggler, delay_ms=a.delay_ms, bucket_mb=a.bucket_mb))
+    record(DDPRun(out=a.out, world=a.world, steps=a.steps, straggler=a.straggler, delay_ms=a.delay_ms, bucket_mb=a.bucket_mb,
+                  device=a.device, backend=a.backend))  # fmt: skip
 
 
 if __name__ == "__main__":

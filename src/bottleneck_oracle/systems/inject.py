@@ -6,8 +6,10 @@ start), a collective (DDP's gradient all-reduce: before it is issued), or the wh
 start of the step); ``compute`` adds real work instead of a sleep after a module's forward: small
 matmul + tanh pairs, as many as take ``delay_ms`` on this rank when nothing else runs (timed once
 per process), the "many small ops" kind of slowdown no single op explains. The amount is ``delay_ms``, or for a module ``factor`` times its own forward
-time. On CPU the delay is a sleep; on a CUDA module it is a device-side sleep, so the GPU is
-delayed, not only the launch. Every injection runs inside a ``oracle_inject:<what>`` profiler
+time. On CPU the delay is a sleep; on a CUDA module (or a collective's CUDA bucket) it is a
+device-side sleep (``torch.cuda._sleep``), so the GPU is delayed, not only the launch, and it is
+not waited for: a slow kernel, not a synchronisation. Extra compute runs on the job's device.
+Every injection runs inside a ``oracle_inject:<what>`` profiler
 range, so the culprit is visible in the trace, and is written to
 ``injections-rank-<rank>.jsonl`` (what, where, step, requested and actual delay).
 """
@@ -75,22 +77,30 @@ _CYCLES: dict[str, float] = {}
 PAIR = 64  # side of the square matrices of the extra compute's matmul + tanh pairs
 
 
-def _pair_seconds() -> float:
-    """Seconds one matmul + tanh pair takes here (median of 5 timings of 50 pairs, after a warm-up)."""
-    a, w = torch.randn(PAIR, PAIR), torch.randn(PAIR, PAIR) / PAIR
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _pair_seconds(device: torch.device) -> float:
+    """Seconds one matmul + tanh pair takes here, on ``device`` (median of 5 timings of 50 pairs,
+    after a warm-up; on a GPU, launched and finished: the GPU drained before and after)."""
+    a, w = torch.randn(PAIR, PAIR, device=device), torch.randn(PAIR, PAIR, device=device) / PAIR
     for _ in range(20):
         a = torch.tanh(a @ w)
     times = []
     for _ in range(5):
+        _sync(device)
         t0 = time.perf_counter()
         for _ in range(50):
             a = torch.tanh(a @ w)
+        _sync(device)
         times.append((time.perf_counter() - t0) / 50)
     return sorted(times)[2]
 
 
-def _compute(pairs: int) -> None:
-    a, w = torch.ones(PAIR, PAIR), torch.full((PAIR, PAIR), 1.0 / PAIR)
+def _compute(pairs: int, device: torch.device) -> None:
+    a, w = torch.ones(PAIR, PAIR, device=device), torch.full((PAIR, PAIR), 1.0 / PAIR, device=device)
     for _ in range(pairs):
         a = torch.tanh(a @ w)
 
@@ -115,14 +125,18 @@ class Injector:
     Call ``at_step(step)`` at the start of every training step, wrap phases in
     ``phase(name)``, and for collectives install ``ddp_comm_hook`` on the DDP model."""
 
-    def __init__(self, injections: list[Injection], rank: int, out_dir: str | Path) -> None:
+    def __init__(self, injections: list[Injection], rank: int, out_dir: str | Path, device: str | torch.device = "cpu") -> None:
         self.mine = [i for i in injections if i.rank == rank]
         self.rank = rank
         self.out = Path(out_dir)
+        self.device = torch.device(device)
+        """Where extra compute runs (the job's device)."""
         self.step = -1
         self.records: list[dict] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._pair_s = _pair_seconds() if any(i.kind == "compute" for i in self.mine) else 0.0
+        self._pair_s = _pair_seconds(self.device) if any(i.kind == "compute" for i in self.mine) else 0.0
+        if self.device.type == "cuda" and any(i.kind in ("module", "collective") for i in self.mine):
+            _cycles_per_second(self.device)  # timed now, not inside the first slowed step
 
     def _due(self, kind: str, target: str = "") -> list[Injection]:
         return [i for i in self.mine if i.step == self.step and i.kind == kind and (not target or fnmatch.fnmatchcase(target, i.target))]
@@ -133,12 +147,16 @@ class Injector:
         with record_function(f"oracle_inject:{inj.kind}:{where}"):
             if inj.kind == "compute":
                 extra["pairs"] = max(1, round(seconds / self._pair_s))
-                _compute(extra["pairs"])
+                _compute(extra["pairs"], self.device)
             else:
                 _delay(seconds, like)
-        if like is not None and like.is_cuda:
-            torch.cuda.synchronize(like.device)
-        self.records.append({**asdict(inj), "where": where, "slept_ms": 1000 * (time.perf_counter() - start), **extra})
+        on_gpu = (like is not None and like.is_cuda) or (inj.kind == "compute" and self.device.type == "cuda")
+        if on_gpu:
+            # queued on the GPU, not waited for: the job runs as it would with a slow kernel (no
+            # synchronisation the clean job lacks); slept_ms is then the requested time
+            extra["on_gpu"] = True
+        slept = seconds if on_gpu and inj.kind != "compute" else time.perf_counter() - start
+        self.records.append({**asdict(inj), "where": where, "slept_ms": 1000 * slept, **extra})
 
     def attach(self, model: nn.Module) -> None:
         """Hooks on every module that a module injection of this rank names."""

@@ -98,14 +98,14 @@ def idle_gloo_loops() -> int:
 
 
 @contextmanager
-def process_group(rank: int, world: int, port: int, pin: bool = False) -> Iterator[None]:
-    """A gloo process group on loopback for one worker, single-threaded ops (with ``pin``, on a
-    core of its own: ``pin_to_core``), torn down after."""
+def process_group(rank: int, world: int, port: int, pin: bool = False, backend: str = "gloo") -> Iterator[None]:
+    """A process group (gloo unless ``backend`` says otherwise) on loopback for one worker,
+    single-threaded ops (with ``pin``, on a core of its own: ``pin_to_core``), torn down after."""
     if pin:
         pin_to_core(rank)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
         yield
@@ -125,8 +125,8 @@ def profiled_steps(run, injector: Injector) -> Iterator[int]:
     injector.write_manifest()
 
 
-def train_step(injector: Injector, loss_of: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> None:
-    """forward / backward / optimizer, each a profiler phase that phase injections can slow."""
+def train_step(injector: Injector, loss_of: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> torch.Tensor:
+    """forward / backward / optimizer, each a profiler phase that phase injections can slow; the loss."""
     with injector.phase("forward"):
         loss = loss_of()
     with injector.phase("backward"):
@@ -134,3 +134,4 @@ def train_step(injector: Injector, loss_of: Callable[[], torch.Tensor], opt: tor
     with injector.phase("optimizer"):
         opt.step()
         opt.zero_grad()
+    return loss

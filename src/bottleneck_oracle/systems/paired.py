@@ -109,6 +109,14 @@ class Launch:
     batch: int = 4
     microbatches: int = 4
     seed: int = 0
+    device: str = "cpu"
+    """cpu, or cuda (DP layouts: ``DDPRun.device``)."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda (found {self.device!r})")
+        if self.device == "cuda" and not self.layout.startswith("dp"):
+            raise ValueError(f"{self.launch_id}: the pipeline runs on CPU only; device cuda needs a DP layout")
 
     @property
     def world(self) -> int:
@@ -159,7 +167,7 @@ rank and filled the 24 GB recording machine."""
 
 def default_launches(
     sizes: list[str], layouts: list[str], delays_ms: list[float], per_launch: int = 8, block: int = 3, repeats: int = 6, batch: int = 4,
-    seed: int = 0,
+    seed: int = 0, device: str = "cpu",
 ) -> list[Launch]:  # fmt: skip
     """Every kind x rank x delay on every size x layout, ``per_launch`` conditions to a launch (in
     an order that mixes kinds within a launch)."""
@@ -178,16 +186,16 @@ def default_launches(
                         conds.append(Condition(kind=kind, rank=rank, delay_ms=float(delay), target=target))
             for i in range(0, len(conds), per_launch):
                 out.append(Launch(launch_id=f"{size}-{layout}-{i // per_launch}", layout=layout, size=size, conditions=tuple(conds[i : i + per_launch]),
-                                  block=block, repeats=repeats, batch=batch, seed=seed + len(out)))  # fmt: skip
+                                  block=block, repeats=repeats, batch=batch, seed=seed + len(out), device=device))  # fmt: skip
     return out
 
 
 def _record_job(folder: Path, layout: str, size: str, steps: int, seed: int, batch: int, microbatches: int, bucket_mb: float = 25.0,
-                injections: tuple[Injection, ...] = (), window: int | None = None) -> None:  # fmt: skip
+                injections: tuple[Injection, ...] = (), window: int | None = None, device: str = "cpu") -> None:  # fmt: skip
     """One pinned launch of the DDP job or the pipeline (``batch``: per rank, or per micro-batch)."""
     if layout.startswith("dp"):
         record_ddp(DDPRun(out=str(folder), world=world_of(layout), steps=steps, size=size, batch=batch, bucket_mb=bucket_mb, seed=seed,
-                          injections=injections, pin=True, window=window))  # fmt: skip
+                          injections=injections, pin=True, window=window, device=device))  # fmt: skip
     else:
         record_pipeline(PipelineRun(out=str(folder), world=world_of(layout), size=size, schedule=layout.split("-", 1)[1],
                                     microbatches=microbatches, batch=batch, steps=steps, seed=seed, injections=injections, pin=True,
@@ -206,6 +214,7 @@ def _record(launch: Launch, folder: Path) -> None:
         launch.microbatches,
         injections=launch.injections(),
         window=launch.window,
+        device=launch.device,
     )
 
 
@@ -231,7 +240,8 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
         slowed, before, after = steps(launch.slowed_blocks(k)), steps(first), steps(second)
         cb, cp, ca = (_median([times[s] for s in x]) for x in (before, slowed, after))
         rows.append({
-            "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "index": k, "condition": asdict(c),
+            "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "device": launch.device, "index": k,
+            "condition": asdict(c),
             "steps": slowed, "clean_steps": before + after, "clean_groups": [before, after],
             "perturbed_us": cp, "clean_before_us": cb, "clean_after_us": ca, "measured_saving_us": cp - (cb + ca) / 2,
             "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread([times[s] for s in x]) for x in (before, after)),
