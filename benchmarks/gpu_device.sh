@@ -20,8 +20,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 nproc
 timeout "${RECORD_S:-330}" python3 benchmarks/gpu_record.py "$REC" --repeats "${REPEATS:-3}" --budget-s "${BUDGET_S:-200}" --device "${DEVICE:-cuda}" ${SIZES:+--sizes $SIZES}
 echo "record exit $?"
-(timeout "${SCORE_S:-150}" python3 benchmarks/corrections_heldout.py "$REC/paired" --json "$OUT/gpu_heldout.json" >"$STAGE/gpu_heldout.txt" 2>&1; echo "score exit $?" >>"$STAGE/gpu_heldout.txt") &
-scorer=$!
+scorer=
+[ "${SCORE_S:-150}" -gt 0 ] && (timeout "${SCORE_S:-150}" python3 benchmarks/corrections_heldout.py "$REC/paired" --json "$OUT/gpu_heldout.json" >"$STAGE/gpu_heldout.txt" 2>&1; echo "score exit $?" >>"$STAGE/gpu_heldout.txt") &
+[ "${SCORE_S:-150}" -gt 0 ] && scorer=$!
 
 pack() { # pack NAME PATH...: the paths (relative to $REC) as NAME.tar.xz, traces decompressed
   local name=$1
@@ -38,12 +39,12 @@ for f in "$REC"/paired/paired.jsonl "$REC"/paired/*/conditions.jsonl "$REC"/pair
   [ -e "$f" ] && meta+=("${f#"$REC"/}")
 done
 pack meta "${meta[@]}"
-[ -d "$REC/fixtures" ] && pack fixtures fixtures
+[ -d "$REC/fixtures" ] && [ -z "${NO_FIXTURES:-}" ] && pack fixtures fixtures
 for d in "$REC"/paired/*/; do
   [ -d "$d" ] && pack "$(basename "$d")" "paired/$(basename "$d")"
 done
-wait "$scorer"
-cat "$STAGE/gpu_heldout.txt"
+[ -n "$scorer" ] && wait "$scorer"  # not a bare wait: that waits for the tee above too
+cat "$STAGE/gpu_heldout.txt" 2>/dev/null
 # bring back in this order while the limits allow: log, scores, meta, fixtures, launches (split at 15 MiB)
 files=$(find "$OUT" -maxdepth 1 -type f | wc -l)
 total=$(du -cb "$OUT"/* | tail -1 | cut -f1)

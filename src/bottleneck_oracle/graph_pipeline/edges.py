@@ -66,6 +66,12 @@ def program_order(w: Window, E: EdgeSet) -> None:
     rows = w.backend_rows
     serial = np.flatnonzero((w.backend_lane[1:] == w.backend_lane[:-1]) & (w.ts[rows[1:]] >= w.end[rows[:-1]] - 1e-6))
     E.add(b + serial, b + serial + 1, EdgeKind.PROGRAM_ORDER)
+    # a backend op that stages its tensor on its own thread (window._stage_exchanges) sits in
+    # that thread's program between the ops before and after its exchange
+    before = np.flatnonzero(w.staged_prev >= 0)
+    E.add(w.staged_prev[before], b + before, EdgeKind.PROGRAM_ORDER)
+    after = np.flatnonzero(w.staged_next >= 0)
+    E.add(b + after, w.staged_next[after], EdgeKind.PROGRAM_ORDER)
 
 
 def launches(w: Window, E: EdgeSet) -> np.ndarray:

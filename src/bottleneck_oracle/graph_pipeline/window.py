@@ -111,6 +111,8 @@ class Window:
     # backend ops (gloo:*), after the GPU ops in the node order
     backend_rows: np.ndarray  # sorted by (thread, ts)
     backend_lane: np.ndarray
+    staged_prev: np.ndarray  # per backend op: the leaf before its exchange, when it encloses leaves of its own thread (-1: none)
+    staged_next: np.ndarray  # the leaf after its exchange (-1: none)
     # nodes (leaves first, then GPU ops)
     node_rows: np.ndarray
     ev2node: np.ndarray
@@ -190,6 +192,47 @@ def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.nda
     return (gloo[name] & (cls == EvClass.CPU)) | (nccl[name] & (cls == EvClass.KERNEL))
 
 
+def _stage_exchanges(
+    c: dict[str, np.ndarray], ts: np.ndarray, end: np.ndarray, back: np.ndarray, cpu_rows: np.ndarray, thread: np.ndarray,
+    leaf_rows: np.ndarray, leaf_thread: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Backend ops that run CUDA runtime calls, and nothing else, of their own thread inside their
+    span: gloo's algorithms for CUDA tensors copy the tensor to host memory and wait for the copy (``cudaMemcpyAsync``,
+    ``cudaStreamSynchronize``), exchange it with the peers, then copy it back, all inside
+    ``gloo:all_reduce`` on the backend's thread. The exchange, and the wait for the last peer in
+    it, is the op's longest untraced stretch between those ops: the op's span shrinks to that
+    stretch (``ts``, ``end`` and ``c["dur"]`` in place), and the ops before and after it are
+    returned (leaf positions, -1: none) so that the thread's program runs through the exchange,
+    not through a fixed gap that already holds the wait for the peer."""
+    prev = np.full(len(back), -1, dtype=np.int64)
+    nxt = np.full(len(back), -1, dtype=np.int64)
+    if not len(back) or not len(leaf_rows):
+        return prev, nxt
+    uniq, first = np.unique(thread, return_index=True)
+    first_row = cpu_rows[first]
+    key_of = {(int(r), int(p), int(t)): int(u) for u, r, p, t in zip(uniq, c["rank"][first_row], c["pid"][first_row], c["tid"][first_row])}
+    lts, lend = ts[leaf_rows], end[leaf_rows]
+    for k, b in enumerate(back.tolist()):
+        th = key_of.get((int(c["rank"][b]), int(c["pid"][b]), int(c["tid"][b])))
+        if th is None:
+            continue
+        lo = int(np.searchsorted(leaf_thread, th, side="left"))
+        hi = int(np.searchsorted(leaf_thread, th, side="right"))
+        a = lo + int(np.searchsorted(lts[lo:hi], ts[b] - 1e-6, side="left"))
+        z = lo + int(np.searchsorted(lts[lo:hi], end[b] + 1e-6, side="right"))
+        inside = [q for q in range(a, z) if lend[q] <= end[b] + 1e-6]
+        if not inside or any(c["cls"][leaf_rows[q]] != EvClass.RUNTIME for q in inside):
+            continue  # not a staging (an async CPU send's span holds the thread's later work)
+        bounds = [ts[b], *[x for q in inside for x in (lts[q], lend[q])], end[b]]
+        gaps = [bounds[2 * i + 1] - bounds[2 * i] for i in range(len(inside) + 1)]
+        i = int(np.argmax(gaps))
+        prev[k] = inside[i - 1] if i > 0 else -1
+        nxt[k] = inside[i] if i < len(inside) else -1
+        ts[b], end[b] = bounds[2 * i], bounds[2 * i + 1]
+        c["dur"][b] = end[b] - ts[b]
+    return prev, nxt
+
+
 def make_window(table: EventTable, step: int | None) -> Window:
     rows, w0, measured, steps = select_window(table, step)
     c, rows, names = _with_step_ends(table, rows, steps)
@@ -223,6 +266,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     back_rows = np.flatnonzero(backend)
     lane = dense_ids(c["rank"][back_rows], c["pid"][back_rows], c["tid"][back_rows])
     b_order = np.lexsort((ts[back_rows], lane))
+    staged_prev, staged_next = _stage_exchanges(c, ts, end, back_rows[b_order], cpu_rows, thread, srt[leaf], th[leaf])
 
     node_rows = np.concatenate([srt[leaf], gpu_rows[g_order], back_rows[b_order]])
     ev2node = np.full(len(ts), -1, dtype=np.int64)
@@ -248,6 +292,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
         name_coll=name_coll, name_gloo=name_gloo, name_nccl=name_nccl, name_c10d=name_c10d,
         cpu_rows=cpu_rows, cpu_sorted=srt, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
         gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order], backend_rows=back_rows[b_order], backend_lane=lane[b_order],
+        staged_prev=staged_prev, staged_next=staged_next,
         node_rows=node_rows, ev2node=ev2node, is_net=is_net,
         ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8), carry=carry, lead_from=lead_from,
     )  # fmt: skip

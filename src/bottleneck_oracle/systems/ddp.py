@@ -46,7 +46,8 @@ class DDPRun:
     """Delays to inject, each on one rank at one step (= its ProfilerStep number)."""
     pin: bool = False
     """Pin each rank to a core of its own (rank modulo the cores), its gloo socket thread at idle
-    priority (``launch.idle_gloo_loops``): the low-noise recording protocol."""
+    priority (``launch.idle_gloo_loops``): the low-noise recording protocol. On ``cuda``: each
+    rank on its share of the cores (``launch.pin_to_share``), the socket threads as they are."""
     device: str = "cpu"
     """``cuda``: the model, its data and gradients on GPU ``rank % torch.cuda.device_count()``;
     stalls and slow collectives are then GPU-side sleeps, extra compute runs on the GPU, and every
@@ -87,8 +88,9 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
     dev = _device(run, rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    with process_group(rank, run.world, port, pin=run.pin, backend=run.backend):
-        if run.pin:
+    gpu = dev.type == "cuda"
+    with process_group(rank, run.world, port, pin=run.pin, backend=run.backend, share=gpu):
+        if run.pin and not gpu:
             idle_gloo_loops()
         torch.manual_seed(run.seed)
         gen = torch.Generator().manual_seed(run.seed + rank)
