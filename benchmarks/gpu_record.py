@@ -80,14 +80,15 @@ def main() -> int:
         one = {**common, "world": 1, "backend": "nccl" if a.device == "cuda" else "gloo"}
         stage("fixture one rank", lambda: record(DDPRun(out=str(fx / "ddp_tiny_one_rank"), injections=(), **one)))
         return 1
+    done: list = []  # generate_paired rewrites paired.jsonl from every launch it is given (those recorded are kept)
     for size in a.sizes:
         if time.monotonic() - t0 > a.budget_s:
             print(f"[paired {size}] skipped: {time.monotonic() - t0:.0f} s spent", flush=True)
             continue
-        launches = default_launches([size], ["dp2"], [a.delay], per_launch=8, repeats=a.repeats, batch=4, device=a.device)
+        done.append(default_launches([size], ["dp2"], [a.delay], per_launch=8, repeats=a.repeats, batch=4, device=a.device)[0])
 
-        def run(launches=launches) -> None:
-            print(json.dumps(generate_paired(launches[:1], a.out / "paired", retries=0)), flush=True)
+        def run() -> None:
+            print(json.dumps(generate_paired(done, a.out / "paired", retries=0)), flush=True)
 
         stage(f"paired {size}", run)
     print(f"all done in {time.monotonic() - t0:.0f} s", flush=True)

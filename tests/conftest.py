@@ -17,8 +17,11 @@ KINETO_FIXTURES = sorted(p for p in PUBLIC.glob("*.json.gz") if "pytorch_et" not
 REAL = DATA / "real-gpu"
 # real GPU training traces recorded by other people (tests/data/real-gpu/README.md says what is true in each)
 REAL_FIXTURES = sorted(REAL.glob("*.json.gz")) + [REAL / "dlrm_v100_8rank"]
-# every trace input among the fixtures: public and real GPU traces, and our own gloo run
-ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + [SAMPLE]
+OWN_GPU = DATA / "own-gpu"
+# our own DDP job recorded on a GPU (tests/data/own-gpu/README.md says what is true in each)
+OWN_GPU_FIXTURES = sorted(p for p in OWN_GPU.iterdir() if p.is_dir())
+# every trace input among the fixtures: public and real GPU traces, our own gloo run and GPU runs
+ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES
 
 
 @pytest.fixture(scope="session")

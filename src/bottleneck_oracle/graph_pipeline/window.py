@@ -194,42 +194,53 @@ def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.nda
 
 def _stage_exchanges(
     c: dict[str, np.ndarray], ts: np.ndarray, end: np.ndarray, back: np.ndarray, cpu_rows: np.ndarray, thread: np.ndarray,
-    leaf_rows: np.ndarray, leaf_thread: np.ndarray,
+    srt: np.ndarray, th: np.ndarray, leaf: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Backend ops that run CUDA runtime calls, and nothing else, of their own thread inside their
-    span: gloo's algorithms for CUDA tensors copy the tensor to host memory and wait for the copy (``cudaMemcpyAsync``,
-    ``cudaStreamSynchronize``), exchange it with the peers, then copy it back, all inside
-    ``gloo:all_reduce`` on the backend's thread. The exchange, and the wait for the last peer in
-    it, is the op's longest untraced stretch between those ops: the op's span shrinks to that
-    stretch (``ts``, ``end`` and ``c["dur"]`` in place), and the ops before and after it are
-    returned (leaf positions, -1: none) so that the thread's program runs through the exchange,
-    not through a fixed gap that already holds the wait for the peer."""
+    """Backend ops whose span holds CUDA runtime calls of their own thread (and no other leaf op):
+    gloo's algorithms for CUDA tensors copy the tensor to host memory and wait for the copy
+    (``cudaMemcpyAsync``, ``cudaStreamSynchronize``), exchange it with the peers, then copy it
+    back (``aten::copy_``), all inside ``gloo:all_reduce`` on the backend's thread. The exchange,
+    and the wait for the last peer in it, is the op's longest stretch with no other event of the
+    thread open: the op's span shrinks to that stretch (``ts``, ``end`` and ``c["dur"]`` in
+    place), and the leaves before and after it are returned (leaf positions, -1: none) so that the
+    thread's program runs through the exchange, not through a fixed gap that already holds the
+    wait for the peer. ``srt``/``th``: the CPU events sorted by (thread, ts, -dur) and their
+    threads; ``leaf``: which of them are leaves."""
     prev = np.full(len(back), -1, dtype=np.int64)
     nxt = np.full(len(back), -1, dtype=np.int64)
-    if not len(back) or not len(leaf_rows):
+    if not len(back) or not leaf.any():
         return prev, nxt
     uniq, first = np.unique(thread, return_index=True)
     first_row = cpu_rows[first]
     key_of = {(int(r), int(p), int(t)): int(u) for u, r, p, t in zip(uniq, c["rank"][first_row], c["pid"][first_row], c["tid"][first_row])}
-    lts, lend = ts[leaf_rows], end[leaf_rows]
+    leaf_pos = np.cumsum(leaf) - 1  # position of each sorted event among the leaves
+    sts, send = ts[srt], end[srt]
     for k, b in enumerate(back.tolist()):
-        th = key_of.get((int(c["rank"][b]), int(c["pid"][b]), int(c["tid"][b])))
-        if th is None:
+        t = key_of.get((int(c["rank"][b]), int(c["pid"][b]), int(c["tid"][b])))
+        if t is None:
             continue
-        lo = int(np.searchsorted(leaf_thread, th, side="left"))
-        hi = int(np.searchsorted(leaf_thread, th, side="right"))
-        a = lo + int(np.searchsorted(lts[lo:hi], ts[b] - 1e-6, side="left"))
-        z = lo + int(np.searchsorted(lts[lo:hi], end[b] + 1e-6, side="right"))
-        inside = [q for q in range(a, z) if lend[q] <= end[b] + 1e-6]
-        if not inside or any(c["cls"][leaf_rows[q]] != EvClass.RUNTIME for q in inside):
+        lo = int(np.searchsorted(th, t, side="left"))
+        hi = int(np.searchsorted(th, t, side="right"))
+        a = lo + int(np.searchsorted(sts[lo:hi], ts[b] - 1e-6, side="left"))
+        z = lo + int(np.searchsorted(sts[lo:hi], end[b] + 1e-6, side="right"))
+        inside = [q for q in range(a, z) if send[q] <= end[b] + 1e-6]
+        leaves = [q for q in inside if leaf[q]]
+        if not leaves or any(c["cls"][srt[q]] != EvClass.RUNTIME for q in leaves):
             continue  # not a staging (an async CPU send's span holds the thread's later work)
-        bounds = [ts[b], *[x for q in inside for x in (lts[q], lend[q])], end[b]]
-        gaps = [bounds[2 * i + 1] - bounds[2 * i] for i in range(len(inside) + 1)]
-        i = int(np.argmax(gaps))
-        prev[k] = inside[i - 1] if i > 0 else -1
-        nxt[k] = inside[i] if i < len(inside) else -1
-        ts[b], end[b] = bounds[2 * i], bounds[2 * i + 1]
-        c["dur"][b] = end[b] - ts[b]
+        best, lo_t, hi_t, at, busy = -1.0, ts[b], ts[b], ts[b], ts[b]
+        for q in inside:  # stretches with nothing open, in time order (events are sorted, outermost first)
+            if sts[q] - busy > best:
+                best, lo_t, hi_t = sts[q] - busy, busy, sts[q]
+            busy = max(busy, send[q])
+            at = busy
+        if end[b] - at > best:
+            lo_t, hi_t = at, end[b]
+        before = [q for q in leaves if send[q] <= lo_t + 1e-6]
+        after = [q for q in leaves if sts[q] >= hi_t - 1e-6]
+        prev[k] = leaf_pos[before[-1]] if before else -1
+        nxt[k] = leaf_pos[after[0]] if after else -1
+        ts[b], end[b] = lo_t, hi_t
+        c["dur"][b] = hi_t - lo_t
     return prev, nxt
 
 
@@ -266,7 +277,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
     back_rows = np.flatnonzero(backend)
     lane = dense_ids(c["rank"][back_rows], c["pid"][back_rows], c["tid"][back_rows])
     b_order = np.lexsort((ts[back_rows], lane))
-    staged_prev, staged_next = _stage_exchanges(c, ts, end, back_rows[b_order], cpu_rows, thread, srt[leaf], th[leaf])
+    staged_prev, staged_next = _stage_exchanges(c, ts, end, back_rows[b_order], cpu_rows, thread, srt, th, leaf)
 
     node_rows = np.concatenate([srt[leaf], gpu_rows[g_order], back_rows[b_order]])
     ev2node = np.full(len(ts), -1, dtype=np.int64)
