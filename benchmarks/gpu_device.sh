@@ -18,11 +18,19 @@ fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 nproc
-timeout "${RECORD_S:-330}" python3 benchmarks/gpu_record.py "$REC" --repeats "${REPEATS:-3}" --budget-s "${BUDGET_S:-200}" --device "${DEVICE:-cuda}" ${SIZES:+--sizes $SIZES}
+timeout "${RECORD_S:-330}" python3 benchmarks/gpu_record.py "$REC" --repeats "${REPEATS:-3}" --budget-s "${BUDGET_S:-200}" --device "${DEVICE:-cuda}" ${SIZES:+--sizes $SIZES} ${DELAYS:+--delays $DELAYS} ${NO_FIXTURES:+--no-fixtures}
 echo "record exit $?"
 scorer=
 [ "${SCORE_S:-150}" -gt 0 ] && (timeout "${SCORE_S:-150}" python3 benchmarks/corrections_heldout.py "$REC/paired" --json "$OUT/gpu_heldout.json" >"$STAGE/gpu_heldout.txt" 2>&1; echo "score exit $?" >>"$STAGE/gpu_heldout.txt") &
 [ "${SCORE_S:-150}" -gt 0 ] && scorer=$!
+if [ -n "${SCORE_EACH:-}" ]; then  # every launch scored on its own, side by side: their figures come back, not their traces
+  for d in "$REC"/paired/*/; do
+    n=$(basename "$d")
+    timeout "$SCORE_EACH" python3 benchmarks/corrections_heldout.py "$d/conditions.jsonl" --json "$OUT/score-$n.json" >"$STAGE/score-$n.txt" 2>&1 &
+  done
+  wait $(jobs -p | grep -v "^${scorer:-none}$")
+  cat "$STAGE"/score-*.txt
+fi
 
 pack() { # pack NAME PATH...: the paths (relative to $REC) as NAME.tar.xz, traces decompressed
   local name=$1
@@ -40,7 +48,7 @@ for f in "$REC"/paired/paired.jsonl "$REC"/paired/*/conditions.jsonl "$REC"/pair
 done
 pack meta "${meta[@]}"
 [ -d "$REC/fixtures" ] && [ -z "${NO_FIXTURES:-}" ] && pack fixtures fixtures
-for d in "$REC"/paired/*/; do
+[ -z "${NO_TRACES:-}" ] && for d in "$REC"/paired/*/; do
   [ -d "$d" ] && pack "$(basename "$d")" "paired/$(basename "$d")"
 done
 [ -n "$scorer" ] && wait "$scorer"  # not a bare wait: that waits for the tee above too

@@ -10,8 +10,8 @@ Both ranks share the machine's GPUs round-robin (``DDPRun.device``); gloo carrie
 
 OUT/env.json: the machine; OUT/fixtures/ddp_tiny_{stall,clean}: 6 steps of the tiny GPT, a 5 ms
 GPU stall after ``layers.0.mlp`` on rank 1 at step 3 and its clean re-run; OUT/paired: the
-paired conditions of ``generate --paired --device cuda`` (every kind on both ranks, ``--delay``
-ms), one launch per size, until ``--budget-s`` is spent.
+paired conditions of ``generate --paired --device cuda`` (every kind on both ranks and
+``--delays``), 8 conditions to a launch, size by size until ``--budget-s`` is spent.
 """
 
 from __future__ import annotations
@@ -58,9 +58,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--sizes", nargs="+", default=["tiny", "small", "medium"])
-    ap.add_argument("--delay", type=float, default=5.0, help="ms per step of each paired condition")
+    ap.add_argument(
+        "--delays", type=float, nargs="+", default=[5.0], help="ms per step of the paired conditions (each kind, rank and delay)"
+    )
+    ap.add_argument("--no-fixtures", action="store_true", help="record the paired conditions only")
     ap.add_argument("--repeats", type=int, default=4)
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the same script on a machine without a GPU")
+    ap.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the same script on a machine without a GPU"
+    )
     ap.add_argument("--budget-s", type=float, default=300.0, help="no paired launch starts after this many seconds")
     a = ap.parse_args()
     t0 = time.monotonic()
@@ -74,8 +79,11 @@ def main() -> int:
     fx = a.out / "fixtures"
     stall = (Injection(kind="module", target="layers.0.mlp", rank=1, step=3, delay_ms=5.0),)
     common = dict(world=2, steps=6, size="tiny", batch=4, bucket_mb=25.0, pin=True, device=a.device)
-    ok = stage("fixture stall", lambda: record(DDPRun(out=str(fx / "ddp_tiny_stall"), injections=stall, **common)))
-    stage("fixture clean", lambda: record(DDPRun(out=str(fx / "ddp_tiny_clean"), **common)))
+    if a.no_fixtures:
+        ok = True
+    else:
+        ok = stage("fixture stall", lambda: record(DDPRun(out=str(fx / "ddp_tiny_stall"), injections=stall, **common)))
+        stage("fixture clean", lambda: record(DDPRun(out=str(fx / "ddp_tiny_clean"), **common)))
     if not ok:  # gloo could not carry CUDA tensors here: one rank on NCCL, so that some GPU trace comes back
         one = {**common, "world": 1, "backend": "nccl" if a.device == "cuda" else "gloo"}
         stage("fixture one rank", lambda: record(DDPRun(out=str(fx / "ddp_tiny_one_rank"), injections=(), **one)))
@@ -85,7 +93,7 @@ def main() -> int:
         if time.monotonic() - t0 > a.budget_s:
             print(f"[paired {size}] skipped: {time.monotonic() - t0:.0f} s spent", flush=True)
             continue
-        done.append(default_launches([size], ["dp2"], [a.delay], per_launch=8, repeats=a.repeats, batch=4, device=a.device)[0])
+        done.extend(default_launches([size], ["dp2"], a.delays, per_launch=8, repeats=a.repeats, batch=4, device=a.device))
 
         def run() -> None:
             print(json.dumps(generate_paired(done, a.out / "paired", retries=0)), flush=True)

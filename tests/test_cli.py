@@ -120,6 +120,41 @@ def test_bad_input_one_line_error_nonzero_exit_no_output_file(tmp_path, capsys, 
     assert not html.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_generate_paired_names_a_device_it_cannot_use(tmp_path, capsys):
+    import torch
+
+    out = tmp_path / "paired"
+    code, _, err = run(
+        [
+            "generate",
+            "--paired",
+            "--device",
+            "tpu",
+            "--config",
+            str(Path(__file__).parents[1] / "benchmarks" / "paired.yaml"),
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
+    assert code == 2 and "--device must be cpu or cuda" in err and not out.exists()
+    if not torch.cuda.is_available():
+        code, _, err = run(
+            [
+                "generate",
+                "--paired",
+                "--device",
+                "cuda",
+                "--config",
+                str(Path(__file__).parents[1] / "benchmarks" / "paired.yaml"),
+                "--out",
+                str(out),
+            ],
+            capsys,
+        )
+        assert code == 2 and "no CUDA GPU" in err and "Traceback" not in err and not out.exists()
+
+
 def test_bad_config_is_named(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("analysis:\n  top_k: 0\n")

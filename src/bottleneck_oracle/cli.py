@@ -478,13 +478,27 @@ def generate(
 
         if device not in ("cpu", "cuda"):
             raise OracleError(f"--device must be cpu or cuda (found {device!r})")
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise OracleError("--device cuda: torch sees no CUDA GPU on this machine")
         layouts = [x for x in cfg.grid.layouts if x.startswith(("dp2", "pp2"))]
         if device == "cuda":
             layouts = [x for x in layouts if x.startswith("dp")]
         if not layouts:
-            raise OracleError(f"{config}: --paired records dp2 and pp2 layouts (dp2 only on cuda); grid.layouts has none of them ({cfg.grid.layouts})")
+            raise OracleError(
+                f"{config}: --paired records dp2 and pp2 layouts (dp2 only on cuda); grid.layouts has none of them ({cfg.grid.layouts})"
+            )
         launches = default_launches(
-            cfg.grid.sizes, layouts, cfg.grid.delays_ms, block=block, repeats=repeats, batch=cfg.grid.batch, seed=cfg.grid.seed, device=device
+            cfg.grid.sizes,
+            layouts,
+            cfg.grid.delays_ms,
+            block=block,
+            repeats=repeats,
+            batch=cfg.grid.batch,
+            seed=cfg.grid.seed,
+            device=device,
         )
         with _recording_bar("launches", len(launches), as_json) as advance:
             summary = generate_paired(launches, target, bound=bound, retries=retries, progress=advance)

@@ -66,7 +66,9 @@ def test_speeding_up_the_late_rank_saves_the_wait_it_imposed(path):
     late = {s: x for s, x in steps.items() if s != 1 and x is not None and x["imposed_wait_us"] > 500}  # step 1 warms up
     assert len(late) >= 4
     for s, x in late.items():
-        (w,) = whatif(path, [f"phase=forward,rank={x['rank']},scale=0.5", f"phase=backward,rank={x['rank']},scale=0.5"], steps=[s], use_model=False)
+        (w,) = whatif(
+            path, [f"phase=forward,rank={x['rank']},scale=0.5", f"phase=backward,rank={x['rank']},scale=0.5"], steps=[s], use_model=False
+        )
         assert -w.replay.delta_us >= 0.5 * x["imposed_wait_us"], (s, x, w.replay.delta_us)
 
 

@@ -57,6 +57,23 @@ def test_the_default_grid_covers_every_kind_rank_and_delay():
     assert {c.target for layout, c in conds if layout == "pp2-1f1b" and c.kind == "stall" and c.rank == 1} == {"layers.1.mlp"}
 
 
+def test_a_gpu_launch_is_data_parallel_and_says_so_in_its_rows():
+    conds = (Condition(kind="rank", rank=0, delay_ms=10),)
+    gpu = Launch(launch_id="g", layout="dp2", size="tiny", conditions=conds, device="cuda")
+    assert measure(gpu, {s: 1000.0 for s in range(1, gpu.steps + 1)})[0]["device"] == "cuda"
+    assert {la.device for la in default_launches(["tiny"], ["dp2"], [5.0], device="cuda")} == {"cuda"}
+    with pytest.raises(ValueError, match="pipeline runs on CPU only"):
+        Launch(launch_id="p", layout="pp2-1f1b", size="tiny", conditions=conds, device="cuda")
+    with pytest.raises(ValueError, match="device must be cpu or cuda"):
+        Launch(launch_id="x", layout="dp2", size="tiny", conditions=conds, device="tpu")
+    from bottleneck_oracle.systems.ddp import DDPRun
+
+    with pytest.raises(ValueError, match="nccl backend needs device cuda"):
+        DDPRun(out="x", backend="nccl")
+    with pytest.raises(ValueError, match="device must be cpu or cuda"):
+        DDPRun(out="x", device="gpu")
+
+
 def test_a_long_launch_is_written_in_windows_of_whole_blocks():
     """The default grid (291 steps a launch) is one window; 33 slowed blocks per condition (1,587
     steps) are written in windows of whole blocks, so each window's export falls on a block's
