@@ -57,7 +57,8 @@ def main() -> int:
         k = r["condition"]
         rows.append({"launch_id": r["launch_id"], "kind": k["kind"], "rank": k["rank"], "measured_us": float(c.measured[i]),
                      "replay_us": float(c.replay[i]), "corrected_us": float(pred[i]), "half_us": float(half[i]),
-                     "clean_vs_clean": r["clean_vs_clean"]})  # fmt: skip
+                     "clean_vs_clean": r["clean_vs_clean"], "remeasured_us": float(c.remeasured[i]),
+                     "measured_after_us": float(c.measured_after[i])})  # fmt: skip
         print(f"{r['launch_id']:16s} {k['kind']:10s} rank {k['rank']}: measured {c.measured[i] / 1e3:6.2f} ms, replay "
               f"{c.replay[i] / 1e3:6.2f}, corrected {pred[i] / 1e3:6.2f} ± {half[i] / 1e3:.2f}")  # fmt: skip
     out = {"conditions": len(rows), "rows": rows, "replay": scores(c.replay, c.measured),

@@ -111,7 +111,7 @@ class Window:
     # backend ops (gloo:*), after the GPU ops in the node order
     backend_rows: np.ndarray  # sorted by (thread, ts)
     backend_lane: np.ndarray
-    staged_prev: np.ndarray  # per backend op: the leaf before its exchange, when it encloses leaves of its own thread (-1: none)
+    staged_prev: np.ndarray  # per backend op: the leaf before its exchange, when it stages CUDA tensors on its thread (-1: none)
     staged_next: np.ndarray  # the leaf after its exchange (-1: none)
     # nodes (leaves first, then GPU ops)
     node_rows: np.ndarray
@@ -227,14 +227,13 @@ def _stage_exchanges(
         leaves = [q for q in inside if leaf[q]]
         if not leaves or any(c["cls"][srt[q]] != EvClass.RUNTIME for q in leaves):
             continue  # not a staging (an async CPU send's span holds the thread's later work)
-        best, lo_t, hi_t, at, busy = -1.0, ts[b], ts[b], ts[b], ts[b]
+        best, lo_t, hi_t, busy = -1.0, ts[b], ts[b], ts[b]
         for q in inside:  # stretches with nothing open, in time order (events are sorted, outermost first)
             if sts[q] - busy > best:
                 best, lo_t, hi_t = sts[q] - busy, busy, sts[q]
             busy = max(busy, send[q])
-            at = busy
-        if end[b] - at > best:
-            lo_t, hi_t = at, end[b]
+        if end[b] - busy > best:
+            lo_t, hi_t = busy, end[b]
         before = [q for q in leaves if send[q] <= lo_t + 1e-6]
         after = [q for q in leaves if sts[q] >= hi_t - 1e-6]
         prev[k] = leaf_pos[before[-1]] if before else -1

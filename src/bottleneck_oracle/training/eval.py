@@ -184,5 +184,6 @@ def to_markdown(result: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows_of(result)]
     lines += ["", "What-if against re-runs of paired conditions (a slowdown in every step of a block between clean blocks, the",
-              "noise floor beside every figure): docs/eval-reruns.md, written by benchmarks/reruns.py."]  # fmt: skip
+              "noise floor beside every figure): docs/eval-reruns.md, written by benchmarks/reruns.py; the same on a GPU",
+              "(an H200, the replay only): docs/eval-gpu.md."]  # fmt: skip
     return "\n".join(lines) + "\n"

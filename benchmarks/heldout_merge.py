@@ -1,0 +1,87 @@
+"""Several results of ``benchmarks/corrections_heldout.py`` scored as one set of conditions.
+
+A half of the grid recorded again (the pipeline half with more repeats, say) is scored alone, then
+merged with the other half's earlier result: the replay and the corrected replay over all the
+conditions and per layout (data-parallel launches ``*-dp2-*``, pipelines ``*-pp2-*``), the
+clean-vs-clean noise floor of their truth (median over conditions), and region blame on the
+extra-compute conditions.
+
+    python benchmarks/heldout_merge.py A.json B.json ... [--json merged.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bottleneck_oracle.training.reruns import scores
+
+
+def _summary(rows: list[dict]) -> dict:
+    m = np.array([r["measured_us"] for r in rows])
+    rep = np.array([r["replay_us"] for r in rows])
+    cor = np.array([r["corrected_us"] for r in rows])
+    half = np.array([r["half_us"] for r in rows])
+    out = {
+        "n": len(rows),
+        "clean_vs_clean_median": float(np.median([r["clean_vs_clean"] for r in rows])),
+        "replay": scores(rep, m),
+        "corrected": scores(cor, m, cor - half, cor + half),
+    }
+    if all("remeasured_us" in r for r in rows):
+        out["remeasured"] = scores(np.array([r["remeasured_us"] for r in rows]), np.array([r["measured_after_us"] for r in rows]))
+    return out
+
+
+def _line(name: str, s: dict) -> str:
+    cov = f", covers {100 * s['coverage']:.0f}%" if "coverage" in s else ""
+    return (
+        f"  {name:10s} MAPE {100 * s['mape']:5.1f}% [{100 * s['mape_ci90'][0]:.1f}, {100 * s['mape_ci90'][1]:.1f}], median APE "
+        f"{100 * s['median_ape']:.1f}%, sign {100 * s['sign']:.0f}%, tau {s['kendall_tau']:.3f}{cov}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    docs = [json.loads(Path(p).read_text()) for p in a.results]
+    rows = [r for d in docs for r in d["rows"]]
+    region = [r for d in docs for r in d["region_on_compute"]["rows"]]
+    groups = {"all": rows, "dp": [r for r in rows if "-dp" in r["launch_id"]], "pp": [r for r in rows if "-pp" in r["launch_id"]]}
+    out: dict = {}
+    for name, rs in groups.items():
+        if not rs:
+            continue
+        out[name] = _summary(rs)
+        s = out[name]
+        print(f"{name}: {s['n']} conditions, clean vs clean {100 * s['clean_vs_clean_median']:.2f}% (median)")
+        for k in ("replay", "corrected", "remeasured"):
+            if k in s:
+                print(_line(k, s[k]))
+
+    def within(key: str) -> float:
+        return float(np.mean([abs(r[key] - r["measured_us"]) <= 0.25 * max(abs(r["measured_us"]), 1.0) for r in region]))
+
+    if region:
+        out["region_on_compute"] = {
+            "n": len(region),
+            **{f"{k}_within_25pct": within(f"{k}_us") for k in ("region", "region_baseline", "replay")},
+        }
+        print(
+            "region blame on the compute conditions, within 25% of the measured saving: "
+            + ", ".join(f"{k} {100 * out['region_on_compute'][f'{k}_within_25pct']:.0f}%" for k in ("region", "region_baseline", "replay"))
+            + f" (n={len(region)})"
+        )
+    if a.json:
+        Path(a.json).write_text(json.dumps({"inputs": a.results, **out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
