@@ -6,7 +6,10 @@ conditions and per layout (data-parallel launches ``*-dp2-*``, pipelines ``*-pp2
 clean-vs-clean noise floor of their truth (median over conditions), and region blame on the
 extra-compute conditions.
 
-    python benchmarks/heldout_merge.py A.json B.json ... [--json merged.json]
+    python benchmarks/heldout_merge.py A.json[:dp|:pp] B.json ... [--json merged.json]
+
+``:dp`` or ``:pp`` after a file takes only its data-parallel or pipeline conditions (the DP half of
+one result with the pipeline half recorded again, say).
 """
 
 from __future__ import annotations
@@ -50,9 +53,16 @@ def main() -> int:
     ap.add_argument("results", nargs="+")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    docs = [json.loads(Path(p).read_text()) for p in a.results]
-    rows = [r for d in docs for r in d["rows"]]
-    region = [r for d in docs for r in d["region_on_compute"]["rows"]]
+    rows: list[dict] = []
+    region: list[dict] = []
+    for spec in a.results:
+        path, _, part = spec.partition(":")
+        if part not in ("", "dp", "pp"):
+            raise SystemExit(f"{spec}: the part after ':' must be dp or pp")
+        doc = json.loads(Path(path).read_text())
+        keep = (lambda r: True) if not part else (lambda r, p=part: f"-{p}" in r["launch_id"])
+        rows += [r for r in doc["rows"] if keep(r)]
+        region += [r for r in doc["region_on_compute"]["rows"] if keep(r)]
     groups = {"all": rows, "dp": [r for r in rows if "-dp" in r["launch_id"]], "pp": [r for r in rows if "-pp" in r["launch_id"]]}
     out: dict = {}
     for name, rs in groups.items():
