@@ -208,8 +208,8 @@ def _stage_exchanges(
     threads; ``leaf``: which of them are leaves."""
     prev = np.full(len(back), -1, dtype=np.int64)
     nxt = np.full(len(back), -1, dtype=np.int64)
-    if not len(back) or not leaf.any():
-        return prev, nxt
+    if not len(back) or not leaf.any() or not (c["cls"][cpu_rows] == EvClass.RUNTIME).any():
+        return prev, nxt  # nothing to stage: CPU-only traces stop here, before any per-thread work
     uniq, first = np.unique(thread, return_index=True)
     first_row = cpu_rows[first]
     key_of = {(int(r), int(p), int(t)): int(u) for u, r, p, t in zip(uniq, c["rank"][first_row], c["pid"][first_row], c["tid"][first_row])}

@@ -86,9 +86,9 @@ def _device(run: DDPRun, rank: int) -> torch.device:
 
 def _worker(rank: int, run: DDPRun, port: int) -> None:
     dev = _device(run, rank)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
     gpu = dev.type == "cuda"
+    if gpu:
+        torch.cuda.set_device(dev)
     with process_group(rank, run.world, port, pin=run.pin, backend=run.backend, share=gpu):
         if run.pin and not gpu:
             idle_gloo_loops()
@@ -115,7 +115,7 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
                 return m(tokens, targets)
 
         model.to(dev)
-        ids = [dev.index] if dev.type == "cuda" else None
+        ids = [dev.index] if gpu else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=run.bucket_mb)
         injector = Injector(list(run.injections), rank, run.out, device=dev)
         injector.attach(ddp)
@@ -130,7 +130,7 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
 
         for _ in profiled_steps(run, injector):
             loss = train_step(injector, loss_of, opt)
-            if dev.type == "cuda":
+            if gpu:
                 loss.item()
 
 
