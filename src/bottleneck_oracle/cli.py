@@ -445,9 +445,15 @@ def generate(
     block: int = typer.Option(3, "--block", min=2, metavar="N", help="--paired: profiled steps per block (the first of each is dropped)."),
     repeats: int = typer.Option(6, "--repeats", min=1, metavar="N", help="--paired: slowed blocks per condition, each between clean ones."),
     bound: float = typer.Option(
-        0.05, "--bound", min=0.0, metavar="FRACTION", help="--paired: re-record a launch whose clean blocks differ by more than this."
+        0.05,
+        "--bound",
+        min=0.0,
+        metavar="FRACTION",
+        help="--paired: re-record a launch whose clean blocks differ by more than this (median), then each condition still above it, alone.",
     ),
-    retries: int = typer.Option(1, "--retries", min=0, metavar="N", help="--paired: re-recordings of a launch above the bound, at most."),
+    retries: int = typer.Option(
+        1, "--retries", min=0, metavar="N", help="--paired: re-recordings of a launch, and of a condition, above the bound, at most."
+    ),
     knobs: bool = typer.Option(
         True,
         "--knobs/--no-knobs",
@@ -466,7 +472,8 @@ def generate(
     With --paired: persistent conditions (stall, extra compute, slow collective, slow rank; every
     rank and delay of the grid), each in short blocks of steps interleaved with clean blocks of
     the same launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
-    floor of its launch. Then knob changes (batch size, DDP bucket size, micro-batches at the same
+    floor of its launch. A condition whose clean blocks differ by more than --bound is recorded
+    again alone, and that recording replaces it (run again on a finished folder to apply a new bound). Then knob changes (batch size, DDP bucket size, micro-batches at the same
     global batch), each as launches alternating with its base setting; knobs.jsonl gets each
     change's measured step-time change and noise floor."""
     from bottleneck_oracle.systems.generate import generate as run_grid
@@ -512,7 +519,8 @@ def generate(
             out.print(
                 f"{summary['recorded']} launches recorded, {summary['skipped']} already done; {summary['conditions']} conditions in "
                 f"{summary['manifest']}; noise floor: clean blocks' spread {100 * (summary['median_clean_spread'] or 0):.1f}%, "
-                f"clean vs clean {100 * (summary['median_clean_vs_clean'] or 0):.1f}% (medians); {summary['noisy_launches']} launches above the bound",
+                f"clean vs clean {100 * (summary['median_clean_vs_clean'] or 0):.1f}% (medians); {summary['rerecorded_conditions']} conditions "
+                f"recorded again alone, {summary['noisy_conditions']} still above the bound",
                 highlight=False,
             )
             if "knobs" in summary:

@@ -19,12 +19,14 @@ from bottleneck_oracle.systems.paired import (
     Condition,
     KnobChange,
     Launch,
+    alone,
     default_knobs,
     default_launches,
     generate_knobs,
     measure,
     measure_knob,
     record_launch,
+    requiet,
     spread,
 )
 
@@ -179,3 +181,61 @@ def test_a_recorded_launch_measures_its_stall(tmp_path):
     for r in rows:
         noise = 3 * max(r["clean_spread"], r["clean_vs_clean"]) * r["clean_before_us"]
         assert abs(r["measured_saving_us"] - 30_000) <= max(0.3 * 30_000, noise), r
+
+
+def _rows(launch: Launch, noise: list[float]) -> list[dict]:
+    return [
+        {
+            "launch_id": launch.launch_id,
+            "index": k,
+            "condition": {"kind": c.kind},
+            "clean_vs_clean": x,
+            "measured_saving_us": 1000.0 * (k + 1),
+        }
+        for k, (c, x) in enumerate(zip(launch.conditions, noise, strict=True))
+    ]
+
+
+def test_a_condition_whose_clean_blocks_drift_is_recorded_again_alone(tmp_path):
+    """Only the conditions above the bound are recorded again, each in a launch of its own with
+    every other setting the same; their rows take the originals' places and say what they replace;
+    a folder that already holds the lone recording is not recorded again (a resumed run)."""
+    conds = tuple(Condition(kind="rank", rank=r, delay_ms=d) for r, d in ((0, 5.0), (1, 5.0), (0, 10.0)))
+    launch = Launch(launch_id="tiny-dp2-0", layout="dp2", size="tiny", conditions=conds, block=3, repeats=31, seed=7)
+    calls = []
+
+    def record(solo, out, bound, retries, extra):
+        calls.append((solo, retries))
+        (row,) = _rows(solo, [0.01])
+        row.update(path=str(out / solo.launch_id), **extra)
+        (out / solo.launch_id).mkdir()
+        (out / solo.launch_id / CONDITIONS).write_text(json.dumps(row) + "\n")
+        return [row]
+
+    rows = requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.05, 2, record=record)
+    assert [s.launch_id for s, _ in calls] == ["tiny-dp2-0.c1", "tiny-dp2-0.c2"]
+    assert [s.conditions for s, _ in calls] == [(conds[1],), (conds[2],)]
+    assert all((s.block, s.repeats, s.seed, s.layout, s.size) == (3, 31, 7, "dp2", "tiny") for s, _ in calls)
+    assert [r for _, r in calls] == [1, 1]  # the lone launch gets the retries left
+    assert [r["launch_id"] for r in rows] == ["tiny-dp2-0", "tiny-dp2-0.c1", "tiny-dp2-0.c2"]
+    assert rows[1]["replaces"] == {"launch_id": "tiny-dp2-0", "index": 1, "clean_vs_clean": 0.08, "measured_saving_us": 2000.0}
+    assert alone(launch, 2).steps == 3 * (2 * 31 + 1)
+    calls.clear()
+    again = requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.05, 2, record=record)
+    assert calls == [] and again == rows
+    assert requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path / "none", 0.05, 0, record=record) == _rows(launch, [0.01, 0.08, 0.2])
+
+
+@pytest.mark.slow
+def test_a_drifting_condition_is_really_recorded_again(tmp_path):
+    """With a bound of 0 every condition is above it: the one condition of a real 2-rank launch is
+    recorded again alone, and paired.jsonl holds that recording, its trace beside it."""
+    from bottleneck_oracle.systems.paired import PAIRED, generate_paired
+
+    launch = Launch(launch_id="l", layout="dp2", size="tiny", conditions=(Condition(kind="rank", rank=1, delay_ms=20),), block=2, repeats=2)
+    summary = generate_paired([launch], tmp_path, bound=0.0, retries=1)
+    (row,) = [json.loads(x) for x in (tmp_path / PAIRED).read_text().splitlines()]
+    assert row["launch_id"] == "l.c0" and row["replaces"]["launch_id"] == "l" and row["path"] == str(tmp_path / "l.c0")
+    assert list((tmp_path / "l.c0").glob("*.json*")) != []
+    assert summary["rerecorded_conditions"] == 1 and summary["noisy_conditions"] == (row["clean_vs_clean"] > 0)
+    assert len((tmp_path / "l" / CONDITIONS).read_text().splitlines()) == 1  # the launch keeps its first recording

@@ -26,7 +26,13 @@ saves) is the median of its slowed steps minus the mean of the medians of its tw
 (the clean blocks around its slowed ones, taken alternately: ``Launch.clean_blocks``). The noise
 floor: each clean group's robust relative spread (1.4826 x MAD / median) and the clean-vs-clean
 difference of the two groups (|second - first| / first). A launch whose median clean-vs-clean difference is above ``bound`` is
-recorded again, at most ``retries`` times; its rows say ``noisy: true`` if it still was.
+recorded again, at most ``retries`` times; its rows say ``noisy: true`` if it still was. Then each
+condition whose own clean groups still differ by more than ``bound`` is recorded again alone (a
+launch of that one condition, same settings: ``alone``), at most ``retries`` times, and that
+recording's row takes its place in ``paired.jsonl`` (with ``replaces``: the launch, index,
+clean-vs-clean and saving of the row it replaced; the launch's own ``conditions.jsonl`` keeps the
+first). The drift of a 2-core machine comes and goes over minutes: within one 8-condition
+launch, one condition's clean groups can differ by 10% while the next's differ by 1%.
 
 Knob changes (``KnobChange``: the batch size, DDP's gradient bucket size, the number of
 micro-batches of a pipeline step at the same global batch) cannot be switched within a launch:
@@ -43,7 +49,7 @@ import json
 import shutil
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -269,9 +275,10 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int = 1) -> list[dict]:
+def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int = 1, extra: dict | None = None) -> list[dict]:
     """Record a launch into ``out / launch_id`` (again while its clean-vs-clean difference is above
-    ``bound``, at most ``retries`` more times); writes and returns its condition rows."""
+    ``bound``, at most ``retries`` more times); writes and returns its condition rows (with the
+    keys of ``extra`` added)."""
     folder = out / launch.launch_id
 
     def record() -> list[dict]:
@@ -280,9 +287,42 @@ def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int =
 
     rows, attempts, noise = _until_quiet(folder, record, lambda rs: _median([r["clean_vs_clean"] for r in rs]), bound, retries)
     for r in rows:
-        r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound)
+        r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound, **(extra or {}))
     _write_jsonl(folder / CONDITIONS, rows)
     return rows
+
+
+def alone(launch: Launch, k: int) -> Launch:
+    """Condition ``k`` of ``launch`` in a launch of its own (``<launch_id>.c<k>``), every other setting the same."""
+    return replace(launch, launch_id=f"{launch.launch_id}.c{k}", conditions=(launch.conditions[k],))
+
+
+def requiet(
+    launch: Launch,
+    rows: list[dict],
+    out: Path,
+    bound: float,
+    retries: int,
+    record: Callable[..., list[dict]] = record_launch,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """The rows of ``launch`` with each condition whose clean groups differ by more than ``bound``
+    replaced by the row of that condition recorded alone (kept where ``out`` already has it: a
+    resumed run does not record it again), at most ``retries`` recordings of it."""
+    kept = []
+    for r in rows:
+        if r["clean_vs_clean"] <= bound or retries < 1:
+            kept.append(r)
+            continue
+        solo = alone(launch, r["index"])
+        if (out / solo.launch_id / CONDITIONS).exists():
+            kept.extend(read_rows(out / solo.launch_id))
+            continue
+        if progress:
+            progress(f"{solo.launch_id} (clean blocks {100 * r['clean_vs_clean']:.1f}% apart)")
+        replaces = {k: r[k] for k in ("launch_id", "index", "clean_vs_clean", "measured_saving_us")}
+        kept.extend(record(solo, out, bound, retries - 1, extra={"replaces": replaces}))
+    return kept
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -465,13 +505,23 @@ def generate_paired(
     ``paired.jsonl`` (all conditions) and return a summary with the noise floor."""
     out = Path(out)
 
-    def done(launch: Launch) -> list[dict] | None:
-        return read_rows(out / launch.launch_id) if (out / launch.launch_id / CONDITIONS).exists() else None
+    def again(launch: Launch) -> Callable[[str], None] | None:
+        return (lambda now: progress(now, launches.index(launch), len(launches))) if progress else None
 
-    rows, recorded, skipped = _record_all(launches, out, out / PAIRED, done, lambda la: record_launch(la, out, bound, retries), progress)
+    def done(launch: Launch) -> list[dict] | None:
+        if not (out / launch.launch_id / CONDITIONS).exists():
+            return None
+        return requiet(launch, read_rows(out / launch.launch_id), out, bound, retries, progress=again(launch))
+
+    def record(launch: Launch) -> list[dict]:
+        return requiet(launch, record_launch(launch, out, bound, retries), out, bound, retries, progress=again(launch))
+
+    rows, recorded, skipped = _record_all(launches, out, out / PAIRED, done, record, progress)
     return {
         "launches": len(launches), "recorded": recorded, "skipped": skipped, "conditions": len(rows), "manifest": str(out / PAIRED),
         "median_clean_spread": _median([r["clean_spread"] for r in rows]) if rows else None,
         "median_clean_vs_clean": _median([r["clean_vs_clean"] for r in rows]) if rows else None,
-        "noisy_launches": len({r["launch_id"] for r in rows if r["noisy"]}),
+        "noisy_launches": len({r["launch_id"] for r in rows if r["noisy"] and "replaces" not in r}),
+        "rerecorded_conditions": sum("replaces" in r for r in rows),
+        "noisy_conditions": sum(r["clean_vs_clean"] > bound for r in rows),
     }  # fmt: skip
