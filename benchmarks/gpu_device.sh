@@ -18,7 +18,7 @@ fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 nproc
-timeout "${RECORD_S:-330}" python3 benchmarks/gpu_record.py "$REC" --repeats "${REPEATS:-3}" --budget-s "${BUDGET_S:-200}" --device "${DEVICE:-cuda}" ${SIZES:+--sizes $SIZES} ${DELAYS:+--delays $DELAYS} ${NO_FIXTURES:+--no-fixtures}
+timeout "${RECORD_S:-330}" python3 benchmarks/gpu_record.py "$REC" --repeats "${REPEATS:-3}" --budget-s "${BUDGET_S:-200}" --device "${DEVICE:-cuda}" ${SIZES:+--sizes $SIZES} ${DELAYS:+--delays $DELAYS} ${NO_FIXTURES:+--no-fixtures} ${KINDS:+--kinds $KINDS} ${RETRIES:+--retries $RETRIES}
 echo "record exit $?"
 scorer=
 [ "${SCORE_S:-150}" -gt 0 ] && (timeout "${SCORE_S:-150}" python3 benchmarks/corrections_heldout.py "$REC/paired" --json "$OUT/gpu_heldout.json" >"$STAGE/gpu_heldout.txt" 2>&1; echo "score exit $?" >>"$STAGE/gpu_heldout.txt") &

@@ -23,13 +23,14 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from bottleneck_oracle.systems.ddp import DDPRun, record
 from bottleneck_oracle.systems.inject import Injection
-from bottleneck_oracle.systems.paired import default_launches, generate_paired
+from bottleneck_oracle.systems.paired import KINDS, default_launches, generate_paired
 
 
 def env() -> dict:
@@ -63,6 +64,8 @@ def main() -> int:
     )
     ap.add_argument("--no-fixtures", action="store_true", help="record the paired conditions only")
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the kinds of paired condition recorded")
+    ap.add_argument("--retries", type=int, default=0, help="re-recordings of a launch, and of a condition alone, above the 5%% bound")
     ap.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the same script on a machine without a GPU"
     )
@@ -93,10 +96,13 @@ def main() -> int:
         if time.monotonic() - t0 > a.budget_s:
             print(f"[paired {size}] skipped: {time.monotonic() - t0:.0f} s spent", flush=True)
             continue
-        done.extend(default_launches([size], ["dp2"], a.delays, per_launch=8, repeats=a.repeats, batch=4, device=a.device))
+        launches = default_launches([size], ["dp2"], a.delays, per_launch=10_000, repeats=a.repeats, batch=4, device=a.device)
+        conds = [c for la in launches for c in la.conditions if c.kind in a.kinds]
+        done.extend(replace(launches[0], launch_id=f"{size}-dp2-{i // 8}", conditions=tuple(conds[i : i + 8]), seed=i // 8)
+                    for i in range(0, len(conds), 8))  # fmt: skip
 
         def run() -> None:
-            print(json.dumps(generate_paired(done, a.out / "paired", retries=0)), flush=True)
+            print(json.dumps(generate_paired(done, a.out / "paired", retries=a.retries)), flush=True)
 
         stage(f"paired {size}", run)
     print(f"all done in {time.monotonic() - t0:.0f} s", flush=True)
