@@ -10,11 +10,16 @@ issue 14's region blame on the extra-compute conditions (many small ops): blame'
 against the peers, and with the clean steps as the baseline, within 25% of the measured saving.
 
     python benchmarks/corrections_heldout.py data/paired_long data/paired_long_pp data/paired_xl [--json out.json]
+        [--only 'GLOB']
+
+``--only`` scores the launches whose id matches (``'*.c*'``: the conditions recorded again alone,
+to merge over the rows they replace with ``benchmarks/heldout_merge.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 import time
@@ -32,6 +37,7 @@ def main() -> int:
     ap.add_argument("paired", nargs="+", help="folders written by generate --paired")
     ap.add_argument("--corrections", default=None, help="a saved corrections file (default: the bundled one)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None, metavar="GLOB", help="score only the launches whose id matches")
     a = ap.parse_args()
     model = load_corrections(a.corrections)
     print(f"corrections: {model.trained_on}; 90% half-width {model.halfwidth:.3f} of the removed time")
@@ -40,7 +46,8 @@ def main() -> int:
     for folder in a.paired:
         by: dict[str, list[dict]] = defaultdict(list)
         for r in read_paired(folder):
-            by[r["launch_id"]].append(r)
+            if a.only is None or fnmatch.fnmatchcase(r["launch_id"], a.only):
+                by[r["launch_id"]].append(r)
         for lid, rs in sorted(by.items()):
             table, graphs = build(rs[0]["path"])
             part = evaluate_launch(rs, table, graphs)
@@ -53,9 +60,13 @@ def main() -> int:
     pred = np.concatenate(preds)
     half = model.halfwidth * np.maximum(c.own, 1.0)
     rows = []
+
+    def which(r: dict) -> dict:  # the row's place in its launch, and the row it replaces (a condition recorded again alone)
+        return {"index": r["index"], "delay_ms": r["condition"]["delay_ms"], **({"replaces": r["replaces"]} if "replaces" in r else {})}
+
     for i, r in enumerate(c.rows):
         k = r["condition"]
-        rows.append({"launch_id": r["launch_id"], "kind": k["kind"], "rank": k["rank"], "measured_us": float(c.measured[i]),
+        rows.append({"launch_id": r["launch_id"], **which(r), "kind": k["kind"], "rank": k["rank"], "measured_us": float(c.measured[i]),
                      "replay_us": float(c.replay[i]), "corrected_us": float(pred[i]), "half_us": float(half[i]),
                      "clean_vs_clean": r["clean_vs_clean"], "remeasured_us": float(c.remeasured[i]),
                      "measured_after_us": float(c.measured_after[i])})  # fmt: skip
@@ -68,7 +79,7 @@ def main() -> int:
     region = []
     for i in comp:
         m = float(c.measured[i])
-        row = {"launch_id": c.rows[i]["launch_id"], "rank": c.rows[i]["condition"]["rank"], "measured_us": m,
+        row = {"launch_id": c.rows[i]["launch_id"], **which(c.rows[i]), "rank": c.rows[i]["condition"]["rank"], "measured_us": m,
                "replay_us": float(c.replay[i]), "top_op_us": float(c.blame_op[i]), "region_us": float(c.blame_region[i]),
                "region": c.region_names[i], "region_baseline_us": float(c.blame_region_baseline[i]),
                "region_baseline": c.baseline_region_names[i]}  # fmt: skip

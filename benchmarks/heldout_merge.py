@@ -9,7 +9,9 @@ extra-compute conditions.
     python benchmarks/heldout_merge.py A.json[:dp|:pp] B.json ... [--json merged.json]
 
 ``:dp`` or ``:pp`` after a file takes only its data-parallel or pipeline conditions (the DP half of
-one result with the pipeline half recorded again, say).
+one result with the pipeline half recorded again, say). A row that says it ``replaces`` another (a
+condition recorded again alone by ``generate --paired``, scored with ``corrections_heldout.py
+--only '*.c*'``) takes the place of the row of an earlier file with that launch and measured saving.
 """
 
 from __future__ import annotations
@@ -55,16 +57,33 @@ def main() -> int:
     a = ap.parse_args()
     rows: list[dict] = []
     region: list[dict] = []
+    replaced = 0
+
+    def drop(into: list[dict], new: list[dict]) -> list[dict]:
+        gone = {(r["replaces"]["launch_id"], r["replaces"]["measured_saving_us"]) for r in new if "replaces" in r}
+        return [r for r in into if (r["launch_id"], r["measured_us"]) not in gone]
+
     for spec in a.results:
         path, _, part = spec.partition(":")
         if part not in ("", "dp", "pp"):
             raise SystemExit(f"{spec}: the part after ':' must be dp or pp")
         doc = json.loads(Path(path).read_text())
         keep = (lambda r: True) if not part else (lambda r, p=part: f"-{p}" in r["launch_id"])
-        rows += [r for r in doc["rows"] if keep(r)]
-        region += [r for r in doc["region_on_compute"]["rows"] if keep(r)]
+        new = [r for r in doc["rows"] if keep(r)]
+        before = len(rows)
+        rows = drop(rows, new)
+        if before - len(rows) != sum("replaces" in r for r in new):
+            raise SystemExit(
+                f"{path}: {sum('replaces' in r for r in new)} rows replace others, {before - len(rows)} found in the files before it"
+            )
+        replaced += before - len(rows)
+        rows += new
+        new_region = [r for r in doc["region_on_compute"]["rows"] if keep(r)]
+        region = drop(region, new_region) + new_region
     groups = {"all": rows, "dp": [r for r in rows if "-dp" in r["launch_id"]], "pp": [r for r in rows if "-pp" in r["launch_id"]]}
-    out: dict = {}
+    out: dict = {"replaced": replaced}
+    if replaced:
+        print(f"{replaced} conditions recorded again alone replace their first recordings")
     for name, rs in groups.items():
         if not rs:
             continue
