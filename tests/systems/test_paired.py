@@ -204,11 +204,13 @@ def test_a_condition_whose_clean_blocks_drift_is_recorded_again_alone(tmp_path):
     launch = Launch(launch_id="tiny-dp2-0", layout="dp2", size="tiny", conditions=conds, block=3, repeats=31, seed=7)
     calls = []
 
+    lone = {"tiny-dp2-0.c1": 0.01, "tiny-dp2-0.c2": 0.04}  # the clean-vs-clean of each lone recording
+
     def record(solo, out, bound, retries, extra):
         calls.append((solo, retries))
-        (row,) = _rows(solo, [0.01])
-        row.update(path=str(out / solo.launch_id), **extra)
-        (out / solo.launch_id).mkdir()
+        (row,) = _rows(solo, [lone[solo.launch_id]])
+        row.update(path=str(out / solo.launch_id), attempts=1, **extra)
+        (out / solo.launch_id).mkdir(exist_ok=True)
         (out / solo.launch_id / CONDITIONS).write_text(json.dumps(row) + "\n")
         return [row]
 
@@ -219,11 +221,18 @@ def test_a_condition_whose_clean_blocks_drift_is_recorded_again_alone(tmp_path):
     assert [r for _, r in calls] == [1, 1]  # the lone launch gets the retries left
     assert [r["launch_id"] for r in rows] == ["tiny-dp2-0", "tiny-dp2-0.c1", "tiny-dp2-0.c2"]
     assert rows[1]["replaces"] == {"launch_id": "tiny-dp2-0", "index": 1, "clean_vs_clean": 0.08, "measured_saving_us": 2000.0}
+    assert rows[2]["attempts"] == 1 and rows[2]["earlier_attempts"] == 0
     assert alone(launch, 2).steps == 3 * (2 * 31 + 1)
     calls.clear()
     again = requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.05, 2, record=record)
     assert calls == [] and again == rows
     assert requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path / "none", 0.05, 0, record=record) == _rows(launch, [0.01, 0.08, 0.2])
+    # a tighter bound: the lone recording above it is recorded again while it has recordings left
+    assert requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.03, 1, record=record) == rows and calls == []
+    tight = requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.03, 3, record=record)
+    assert [(s.launch_id, r) for s, r in calls] == [("tiny-dp2-0.c2", 1)]
+    assert tight[2]["attempts"] == 2 and tight[2]["earlier_attempts"] == 1
+    assert json.loads((tmp_path / "tiny-dp2-0.c2" / CONDITIONS).read_text())["attempts"] == 2
 
 
 @pytest.mark.slow

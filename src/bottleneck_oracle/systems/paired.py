@@ -307,21 +307,30 @@ def requiet(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """The rows of ``launch`` with each condition whose clean groups differ by more than ``bound``
-    replaced by the row of that condition recorded alone (kept where ``out`` already has it: a
-    resumed run does not record it again), at most ``retries`` recordings of it."""
+    replaced by the row of that condition recorded alone, at most ``retries`` recordings of it in
+    all: a lone recording already in ``out`` is kept where it is within ``bound`` or has had its
+    recordings (a resumed run, or one with the same bound, records nothing), and recorded again
+    where a tighter bound or more retries leave it some (``attempts`` counts them all)."""
     kept = []
     for r in rows:
         if r["clean_vs_clean"] <= bound or retries < 1:
             kept.append(r)
             continue
         solo = alone(launch, r["index"])
-        if (out / solo.launch_id / CONDITIONS).exists():
-            kept.extend(read_rows(out / solo.launch_id))
+        have = read_rows(out / solo.launch_id) if (out / solo.launch_id / CONDITIONS).exists() else []
+        before = have[0]["attempts"] if have else 0
+        if have and (have[0]["clean_vs_clean"] <= bound or before >= retries):
+            kept.extend(have)
             continue
         if progress:
-            progress(f"{solo.launch_id} (clean blocks {100 * r['clean_vs_clean']:.1f}% apart)")
+            progress(f"{solo.launch_id} (clean blocks {100 * (have or [r])[0]['clean_vs_clean']:.1f}% apart)")
         replaces = {k: r[k] for k in ("launch_id", "index", "clean_vs_clean", "measured_saving_us")}
-        kept.extend(record(solo, out, bound, retries - 1, extra={"replaces": replaces}))
+        new = record(solo, out, bound, retries - before - 1, extra={"replaces": replaces, "earlier_attempts": before})
+        for x in new:
+            x["attempts"] += before
+        if before:  # the folder's own record says the same
+            _write_jsonl(out / solo.launch_id / CONDITIONS, new)
+        kept.extend(new)
     return kept
 
 
