@@ -209,7 +209,7 @@ def test_a_condition_whose_clean_blocks_drift_is_recorded_again_alone(tmp_path):
     def record(solo, out, bound, retries, extra):
         calls.append((solo, retries))
         (row,) = _rows(solo, [lone[solo.launch_id]])
-        row.update(path=str(out / solo.launch_id), attempts=1, **extra)
+        row.update(path=str(out / solo.launch_id), attempts=1, tried_clean_vs_clean=[lone[solo.launch_id]], **extra)
         (out / solo.launch_id).mkdir(exist_ok=True)
         (out / solo.launch_id / CONDITIONS).write_text(json.dumps(row) + "\n")
         return [row]
@@ -231,7 +231,7 @@ def test_a_condition_whose_clean_blocks_drift_is_recorded_again_alone(tmp_path):
     assert requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.03, 1, record=record) == rows and calls == []
     tight = requiet(launch, _rows(launch, [0.01, 0.08, 0.2]), tmp_path, 0.03, 3, record=record)
     assert [(s.launch_id, r) for s, r in calls] == [("tiny-dp2-0.c2", 1)]
-    assert tight[2]["attempts"] == 2 and tight[2]["earlier_attempts"] == 1
+    assert tight[2]["attempts"] == 2 and tight[2]["earlier_attempts"] == 1 and tight[2]["tried_clean_vs_clean"] == [0.04, 0.04]
     assert json.loads((tmp_path / "tiny-dp2-0.c2" / CONDITIONS).read_text())["attempts"] == 2
 
 
@@ -248,3 +248,4 @@ def test_a_drifting_condition_is_really_recorded_again(tmp_path):
     assert list((tmp_path / "l.c0").glob("*.json*")) != []
     assert summary["rerecorded_conditions"] == 1 and summary["noisy_conditions"] == (row["clean_vs_clean"] > 0)
     assert len((tmp_path / "l" / CONDITIONS).read_text().splitlines()) == 1  # the launch keeps its first recording
+    assert len(row["tried_clean_vs_clean"]) == row["attempts"] and row["tried_clean_vs_clean"][-1] == row["clean_vs_clean"]

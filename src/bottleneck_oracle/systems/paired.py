@@ -31,7 +31,8 @@ condition whose own clean groups still differ by more than ``bound`` is recorded
 launch of that one condition, same settings: ``alone``), at most ``retries`` times, and that
 recording's row takes its place in ``paired.jsonl`` (with ``replaces``: the launch, index,
 clean-vs-clean and saving of the row it replaced; the launch's own ``conditions.jsonl`` keeps the
-first). The drift of a 2-core machine comes and goes over minutes: within one 8-condition
+first; ``tried_clean_vs_clean``: every recording's figure, the kept one last, so that what the
+bound selected from stays on record). The drift of a 2-core machine comes and goes over minutes: within one 8-condition
 launch, one condition's clean groups can differ by 10% while the next's differ by 1%.
 
 Knob changes (``KnobChange``: the batch size, DDP's gradient bucket size, the number of
@@ -280,14 +281,18 @@ def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int =
     ``bound``, at most ``retries`` more times); writes and returns its condition rows (with the
     keys of ``extra`` added)."""
     folder = out / launch.launch_id
+    tried: list[list[float]] = []  # each recording's clean-vs-clean, by condition: what the bound selected from
 
     def record() -> list[dict]:
         _record(launch, folder)
-        return measure(launch, step_times(load_events(folder)))
+        rows = measure(launch, step_times(load_events(folder)))
+        tried.append([r["clean_vs_clean"] for r in rows])
+        return rows
 
     rows, attempts, noise = _until_quiet(folder, record, lambda rs: _median([r["clean_vs_clean"] for r in rs]), bound, retries)
-    for r in rows:
-        r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound, **(extra or {}))
+    for k, r in enumerate(rows):
+        r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound,
+                 tried_clean_vs_clean=[t[k] for t in tried], **(extra or {}))  # fmt: skip
     _write_jsonl(folder / CONDITIONS, rows)
     return rows
 
@@ -328,6 +333,11 @@ def requiet(
         new = record(solo, out, bound, retries - before - 1, extra={"replaces": replaces, "earlier_attempts": before})
         for x in new:
             x["attempts"] += before
+            x["tried_clean_vs_clean"] = (
+                have[0].get("tried_clean_vs_clean", [have[0]["clean_vs_clean"]]) + x["tried_clean_vs_clean"]
+                if have
+                else x["tried_clean_vs_clean"]
+            )
         if before:  # the folder's own record says the same
             _write_jsonl(out / solo.launch_id / CONDITIONS, new)
         kept.extend(new)
