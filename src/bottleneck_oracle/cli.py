@@ -520,7 +520,7 @@ def generate(
                 f"{summary['recorded']} launches recorded, {summary['skipped']} already done; {summary['conditions']} conditions in "
                 f"{summary['manifest']}; noise floor: clean blocks' spread {100 * (summary['median_clean_spread'] or 0):.1f}%, "
                 f"clean vs clean {100 * (summary['median_clean_vs_clean'] or 0):.1f}% (medians); {summary['rerecorded_conditions']} conditions "
-                f"recorded again alone, {summary['noisy_conditions']} still above the bound",
+                f"taken from their lone re-recording, {summary['noisy_conditions']} still above the bound",
                 highlight=False,
             )
             if "knobs" in summary:
