@@ -12,7 +12,9 @@ against the peers, and with the clean steps as the baseline, within 25% of the m
     python benchmarks/corrections_heldout.py data/paired_long data/paired_long_pp data/paired_xl [--json out.json]
         [--only 'GLOB']
 
-``--only`` scores the launches whose id matches (``'*.c*'``: the conditions recorded again alone,
+``--baselines`` adds the formula's saving (``analysis.phases.formula_step``) and, with
+``--checkpoint`` (a `train` checkpoint), the pooled MLP's and XGBoost's, predicted as in
+``benchmarks/reruns.py``. ``--only`` scores the launches whose id matches (``'*.c*'``: the conditions recorded again alone,
 to merge over the rows they replace with ``benchmarks/heldout_merge.py``).
 """
 
@@ -38,10 +40,19 @@ def main() -> int:
     ap.add_argument("--corrections", default=None, help="a saved corrections file (default: the bundled one)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=None, metavar="GLOB", help="score only the launches whose id matches")
+    ap.add_argument("--baselines", action="store_true", help="also the formula, and with --checkpoint the pooled MLP and XGBoost")
+    ap.add_argument("--checkpoint", default=None, help="a `train` checkpoint (with --baselines)")
     a = ap.parse_args()
+    ckpt = None
+    if a.checkpoint:
+        from bottleneck_oracle.models.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(a.checkpoint)
+    if a.baselines:
+        from reruns import baselines  # benchmarks/reruns.py, beside this script
     model = load_corrections(a.corrections)
     print(f"corrections: {model.trained_on}; 90% half-width {model.halfwidth:.3f} of the removed time")
-    parts, preds = [], []
+    parts, preds, others = [], [], []
     t0 = time.monotonic()
     for folder in a.paired:
         by: dict[str, list[dict]] = defaultdict(list)
@@ -52,12 +63,16 @@ def main() -> int:
             table, graphs = build(rs[0]["path"])
             part = evaluate_launch(rs, table, graphs)
             preds.append(corrected(model, part))
+            if a.baselines:
+                others.append(baselines(part, table, None, ckpt))
             part.steps = [[] for _ in part.rows]  # the graphs are done with: a long launch holds thousands
             parts.append(part)
             del graphs
             print(f"{lid}: {len(rs)} conditions ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     c = merge(parts)
     pred = np.concatenate(preds)
+    names = {"formula": "formula", "MLP (pooled)": "mlp_pooled", "XGBoost (pooled)": "xgb_pooled"}
+    other = {names[k]: np.concatenate([o[k] for o in others]) for k in names if others and all(k in o for o in others)}
     half = model.halfwidth * np.maximum(c.own, 1.0)
     rows = []
 
@@ -69,12 +84,12 @@ def main() -> int:
         rows.append({"launch_id": r["launch_id"], **which(r), "kind": k["kind"], "rank": k["rank"], "measured_us": float(c.measured[i]),
                      "replay_us": float(c.replay[i]), "corrected_us": float(pred[i]), "half_us": float(half[i]),
                      "clean_vs_clean": r["clean_vs_clean"], "remeasured_us": float(c.remeasured[i]),
-                     "measured_after_us": float(c.measured_after[i])})  # fmt: skip
+                     "measured_after_us": float(c.measured_after[i]), **{f"{k}_us": float(v[i]) for k, v in other.items()}})  # fmt: skip
         print(f"{r['launch_id']:16s} {k['kind']:10s} rank {k['rank']}: measured {c.measured[i] / 1e3:6.2f} ms, replay "
               f"{c.replay[i] / 1e3:6.2f}, corrected {pred[i] / 1e3:6.2f} ± {half[i] / 1e3:.2f}")  # fmt: skip
     out = {"conditions": len(rows), "rows": rows, "replay": scores(c.replay, c.measured),
            "corrected": scores(pred, c.measured, pred - half, pred + half),
-           "remeasured": scores(c.remeasured, c.measured_after)}  # fmt: skip
+           "remeasured": scores(c.remeasured, c.measured_after), **{k: scores(v, c.measured) for k, v in other.items()}}  # fmt: skip
     comp = [i for i, r in enumerate(c.rows) if r["condition"]["kind"] == "compute"]
     region = []
     for i in comp:
@@ -98,7 +113,7 @@ def main() -> int:
     }
     print("region blame on the compute conditions, within 25% of the measured saving: " + ", ".join(
         f"{k} {100 * out['region_on_compute'][f'{k}_within_25pct']:.0f}%" for k in ("region", "region_baseline", "replay", "top_op")) + f" (n={len(region)})")  # fmt: skip
-    for name in ("replay", "corrected", "remeasured"):
+    for name in ("replay", "corrected", "remeasured", *other):
         s = out[name]
         cov = f", 90% interval covers {100 * s['coverage']:.0f}%" if "coverage" in s else ""
         print(f"{name:10s}: MAPE {100 * s['mape']:.1f}% [{100 * s['mape_ci90'][0]:.1f}, {100 * s['mape_ci90'][1]:.1f}], median APE "

@@ -37,6 +37,9 @@ def _summary(rows: list[dict]) -> dict:
         "replay": scores(rep, m),
         "corrected": scores(cor, m, cor - half, cor + half),
     }
+    for k in ("formula", "mlp_pooled", "xgb_pooled"):
+        if all(f"{k}_us" in r for r in rows):
+            out[k] = scores(np.array([r[f"{k}_us"] for r in rows]), m)
     if all("remeasured_us" in r for r in rows):
         out["remeasured"] = scores(np.array([r["remeasured_us"] for r in rows]), np.array([r["measured_after_us"] for r in rows]))
     return out
@@ -90,7 +93,7 @@ def main() -> int:
         out[name] = _summary(rs)
         s = out[name]
         print(f"{name}: {s['n']} conditions, clean vs clean {100 * s['clean_vs_clean_median']:.2f}% (median)")
-        for k in ("replay", "corrected", "remeasured"):
+        for k in ("replay", "corrected", "formula", "mlp_pooled", "xgb_pooled", "remeasured"):
             if k in s:
                 print(_line(k, s[k]))
 
