@@ -77,7 +77,7 @@ def main() -> int:
     rows = []
 
     def which(r: dict) -> dict:  # the row's place in its launch, and the row it replaces (a condition recorded again alone)
-        return {"index": r["index"], "delay_ms": r["condition"]["delay_ms"], **({"replaces": r["replaces"]} if "replaces" in r else {})}
+        return {"index": r["index"], "delay_ms": r["condition"]["delay_ms"], **{k: r[k] for k in ("replaces", "local_saving_us") if k in r}}
 
     for i, r in enumerate(c.rows):
         k = r["condition"]

@@ -103,6 +103,18 @@ def test_measure_takes_block_medians_without_the_transition_steps():
     assert spread([1.0, 1.0, 1.0]) == 0.0 and spread([1.0, 2.0, 3.0]) == pytest.approx(1.4826 / 2)
 
 
+def test_a_level_shift_both_clean_groups_share_moves_the_pooled_saving_not_the_local_one():
+    """The machine gets 60 us slower from block 3 on, in the middle of a 10 us condition: the two
+    clean groups shift alike (clean vs clean 0), the pooled medians land on either side of the
+    shift (a saving of 40), and each slowed block against its neighbours says 10 but for the one
+    that straddles the shift."""
+    launch = Launch(launch_id="m", layout="dp2", size="tiny", conditions=(Condition(kind="rank", rank=0, delay_ms=10),), block=2, repeats=3)
+    times = {s: 100.0 + 10.0 * (b % 2) + 60.0 * (b >= 3) for b in range(7) for s in launch.block_steps(b)}
+    (row,) = measure(launch, times)
+    assert row["clean_vs_clean"] == 0.0 and row["measured_saving_us"] == pytest.approx(40.0)
+    assert row["local_saving_us"] == pytest.approx(10.0)
+
+
 def test_knob_changes_alternate_with_their_base_and_keep_the_global_batch():
     mb = KnobChange(launch_id="k", layout="pp2-1f1b", size="tiny", knob="microbatches", base=4, changed=8, pairs=2)
     assert [n for n, _ in mb.order()] == ["base-0", "changed-0", "base-1", "changed-1"]

@@ -25,7 +25,10 @@ step is the slowest rank's ``ProfilerStep`` span; a condition's measured saving 
 saves) is the median of its slowed steps minus the mean of the medians of its two clean groups
 (the clean blocks around its slowed ones, taken alternately: ``Launch.clean_blocks``). The noise
 floor: each clean group's robust relative spread (1.4826 x MAD / median) and the clean-vs-clean
-difference of the two groups (|second - first| / first). A launch whose median clean-vs-clean difference is above ``bound`` is
+difference of the two groups (|second - first| / first). Beside the saving, a second estimate
+that a transient of the machine cannot move the way it moves pooled medians: ``local_saving_us``,
+the median over the slowed blocks of each block's median minus the mean of the two clean blocks
+beside it (the clean-vs-clean figure cannot see a transient that both clean groups share). A launch whose median clean-vs-clean difference is above ``bound`` is
 recorded again, at most ``retries`` times; its rows say ``noisy: true`` if it still was. Then each
 condition whose own clean groups still differ by more than ``bound`` is recorded again alone (a
 launch of that one condition, same settings: ``alone``), at most ``retries`` times, and that
@@ -246,6 +249,12 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
         first, second = launch.clean_blocks(k)
         slowed, before, after = steps(launch.slowed_blocks(k)), steps(first), steps(second)
         cb, cp, ca = (_median([times[s] for s in x]) for x in (before, slowed, after))
+        local = []  # each slowed block against the two clean blocks beside it
+        for b in launch.slowed_blocks(k):
+            sides = [steps([b - 1]), steps([b]), steps([b + 1])]
+            if all(sides) and all(all(s in times for s in x) for x in sides):
+                ob, op, oa = (_median([times[s] for s in x]) for x in sides)
+                local.append(op - (ob + oa) / 2)
         rows.append({
             "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "device": launch.device, "index": k,
             "condition": asdict(c),
@@ -253,6 +262,7 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
             "perturbed_us": cp, "clean_before_us": cb, "clean_after_us": ca, "measured_saving_us": cp - (cb + ca) / 2,
             "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread([times[s] for s in x]) for x in (before, after)),
             "perturbed_spread": spread([times[s] for s in slowed]),
+            "local_saving_us": _median(local) if local else None,
         })  # fmt: skip
     return rows
 
