@@ -14,7 +14,9 @@ against the peers, and with the clean steps as the baseline, within 25% of the m
 
 ``--baselines`` adds the formula's saving (``analysis.phases.formula_step``) and, with
 ``--checkpoint`` (a `train` checkpoint), the pooled MLP's and XGBoost's, predicted as in
-``benchmarks/reruns.py``. ``--only`` scores the launches whose id matches (``'*.c*'``: the conditions recorded again alone,
+``benchmarks/reruns.py``. ``--per-step`` keeps, in each row, every slowed step's replayed and corrected saving and the step
+times of the slowed and clean steps (``per_step``), for scoring against other estimates of the
+truth (``benchmarks/local_scores.py``). ``--only`` scores the launches whose id matches (``'*.c*'``: the conditions recorded again alone,
 to merge over the rows they replace with ``benchmarks/heldout_merge.py``).
 """
 
@@ -29,6 +31,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import build
 from bottleneck_oracle.models.corrections import load_corrections
 from bottleneck_oracle.training.reruns import corrected, evaluate_launch, merge, read_paired, scores
@@ -40,6 +43,7 @@ def main() -> int:
     ap.add_argument("--corrections", default=None, help="a saved corrections file (default: the bundled one)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=None, metavar="GLOB", help="score only the launches whose id matches")
+    ap.add_argument("--per-step", action="store_true", help="keep each slowed step's savings and the step times in the rows")
     ap.add_argument("--baselines", action="store_true", help="also the formula, and with --checkpoint the pooled MLP and XGBoost")
     ap.add_argument("--checkpoint", default=None, help="a `train` checkpoint (with --baselines)")
     a = ap.parse_args()
@@ -53,6 +57,7 @@ def main() -> int:
     model = load_corrections(a.corrections)
     print(f"corrections: {model.trained_on}; 90% half-width {model.halfwidth:.3f} of the removed time")
     parts, preds, others = [], [], []
+    per_step: dict[tuple[str, int], dict] = {}
     t0 = time.monotonic()
     for folder in a.paired:
         by: dict[str, list[dict]] = defaultdict(list)
@@ -65,6 +70,16 @@ def main() -> int:
             preds.append(corrected(model, part))
             if a.baselines:
                 others.append(baselines(part, table, None, ckpt))
+            if a.per_step:
+                span = {g.step: max(g.measured.values()) for g in graphs}
+                for r, steps in zip(part.rows, part.steps, strict=True):
+                    bases = [run_cpm(g) for g, _, _ in steps]
+                    per_step[(r["launch_id"], r["index"])] = {
+                        "steps": [g.step for g, _, _ in steps],
+                        "replay_us": [b.makespan - run_cpm(g, f.dur, f.weight, f.release).makespan for (g, f, _), b in zip(steps, bases)],
+                        "corrected_us": [model.saving(g, f, b) for (g, f, _), b in zip(steps, bases)],
+                        "step_us": {str(k): span[k] for k in (*r["steps"], *r["clean_steps"]) if k in span},
+                    }
             part.steps = [[] for _ in part.rows]  # the graphs are done with: a long launch holds thousands
             parts.append(part)
             del graphs
@@ -76,8 +91,11 @@ def main() -> int:
     half = model.halfwidth * np.maximum(c.own, 1.0)
     rows = []
 
-    def which(r: dict) -> dict:  # the row's place in its launch, and the row it replaces (a condition recorded again alone)
-        return {"index": r["index"], "delay_ms": r["condition"]["delay_ms"], **{k: r[k] for k in ("replaces", "local_saving_us") if k in r}}
+    def which(
+        r: dict, steps: bool = True
+    ) -> dict:  # the row's place in its launch, and the row it replaces (a condition recorded again alone)
+        out = {"index": r["index"], "delay_ms": r["condition"]["delay_ms"], **{k: r[k] for k in ("replaces", "local_saving_us") if k in r}}
+        return out | ({"per_step": per_step[(r["launch_id"], r["index"])]} if steps and (r["launch_id"], r["index"]) in per_step else {})
 
     for i, r in enumerate(c.rows):
         k = r["condition"]
@@ -94,7 +112,7 @@ def main() -> int:
     region = []
     for i in comp:
         m = float(c.measured[i])
-        row = {"launch_id": c.rows[i]["launch_id"], **which(c.rows[i]), "rank": c.rows[i]["condition"]["rank"], "measured_us": m,
+        row = {"launch_id": c.rows[i]["launch_id"], **which(c.rows[i], False), "rank": c.rows[i]["condition"]["rank"], "measured_us": m,
                "replay_us": float(c.replay[i]), "top_op_us": float(c.blame_op[i]), "region_us": float(c.blame_region[i]),
                "region": c.region_names[i], "region_baseline_us": float(c.blame_region_baseline[i]),
                "region_baseline": c.baseline_region_names[i]}  # fmt: skip
