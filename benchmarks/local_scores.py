@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bottleneck_oracle.systems.paired import local_saving
 from bottleneck_oracle.training.reruns import on_median, scores
 
 
@@ -43,18 +44,19 @@ def local(row: dict) -> tuple[float, dict[str, float]]:
     slowed = set(ps["steps"])
     clean = runs([s for s in t if s not in slowed])
     saving = {name: dict(zip(ps["steps"], ps[f"{name}_us"], strict=True)) for name in ("replay", "corrected")}
-    truth, pred = [], {name: [] for name in saving}
+    blocks, pred = [], {name: [] for name in saving}
     for block in runs(sorted(slowed)):
         before = [c for c in clean if c[-1] < block[0]]
         after = [c for c in clean if c[0] > block[-1]]
         if not before or not after:
             continue
-        tb, ta = before[-1], after[0]
         tp = [t[s] for s in block]
-        truth.append(float(np.median(tp) - (np.median([t[s] for s in tb]) + np.median([t[s] for s in ta])) / 2))
+        blocks.append([[t[s] for s in before[-1]], tp, [t[s] for s in after[0]]])
         for name, sv in saving.items():
             pred[name].append(on_median(tp, [sv[s] for s in block]))
-    return float(np.median(truth)), {name: float(np.median(v)) for name, v in pred.items()}
+    truth = local_saving(blocks)
+    assert truth is not None, f"{row['launch_id']}: no slowed block has clean blocks on both sides"
+    return truth, {name: float(np.median(v)) for name, v in pred.items()}
 
 
 def main() -> int:

@@ -238,6 +238,14 @@ def spread(xs: list[float]) -> float:
     return 1.4826 * _median([abs(x - m) for x in xs]) / m if m > 0 else 0.0
 
 
+def local_saving(blocks: list[list[list[float]]]) -> float | None:
+    """The local estimate of a saving from (clean before, slowed, clean after) step times per slowed
+    block: the median over blocks of the slowed block's median minus the mean of its neighbours'
+    (blocks with an empty side are left out; None if none is left)."""
+    diffs = [_median(sl) - (_median(cb) + _median(ca)) / 2 for cb, sl, ca in blocks if cb and sl and ca]
+    return _median(diffs) if diffs else None
+
+
 def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
     """One row per condition: block medians, measured saving, the noise floor around it."""
 
@@ -249,12 +257,7 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
         first, second = launch.clean_blocks(k)
         slowed, before, after = steps(launch.slowed_blocks(k)), steps(first), steps(second)
         cb, cp, ca = (_median([times[s] for s in x]) for x in (before, slowed, after))
-        local = []  # each slowed block against the two clean blocks beside it
-        for b in launch.slowed_blocks(k):
-            sides = [steps([b - 1]), steps([b]), steps([b + 1])]
-            if all(sides) and all(all(s in times for s in x) for x in sides):
-                ob, op, oa = (_median([times[s] for s in x]) for x in sides)
-                local.append(op - (ob + oa) / 2)
+        around = [[[times[s] for s in steps([b + d])] for d in (-1, 0, 1)] for b in launch.slowed_blocks(k)]
         rows.append({
             "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "device": launch.device, "index": k,
             "condition": asdict(c),
@@ -262,7 +265,7 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
             "perturbed_us": cp, "clean_before_us": cb, "clean_after_us": ca, "measured_saving_us": cp - (cb + ca) / 2,
             "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread([times[s] for s in x]) for x in (before, after)),
             "perturbed_spread": spread([times[s] for s in slowed]),
-            "local_saving_us": _median(local) if local else None,
+            "local_saving_us": local_saving(around),
         })  # fmt: skip
     return rows
 
