@@ -21,7 +21,7 @@ from rich.text import Text
 from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.results import StepAdvice, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
-from bottleneck_oracle.atomic import atomic_path, atomic_paths, check_target
+from bottleneck_oracle.atomic import atomic_path, atomic_paths, guard_output_folder, guard_outputs
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning
 from bottleneck_oracle.report.tables import region_labels, shorten
@@ -334,9 +334,8 @@ def analyze(
     MLCommons Chakra ET files (.et)."""
     cfg = _config(config, ranks_per_host)
     k = top or cfg.analysis.top_k
-    for target in (html, perfetto):  # before the analysis: a wrong output path fails at once
-        if target:
-            check_target(target)
+    # before the analysis: a wrong output path fails at once, and no output replaces an input
+    guard_outputs({"--html": html, "--perfetto": perfetto}, [path, et, config])
     if not (html or with_advice):  # step by step: a long run's graphs are never all held
         _analyze_stepwise(path, step or None, cfg, et, executor, k, as_json, perfetto)
         return
@@ -415,6 +414,8 @@ def parse(
     source = path or input_
     cfg = _config(config, ranks_per_host)
     output = output or Path(cfg.paths.graphs)
+    guard_output_folder("--output", output, [source, config])
+    guard_outputs({"--output": output / "graphs.json"}, [source, config])
     _, graphs = api.build(source, step or None, cfg, None, executor)
     entries: list[dict[str, Any]] = []
     for g in graphs:
@@ -637,6 +638,7 @@ def evaluate(
     from bottleneck_oracle.training.eval import evaluate as run_eval
 
     cfg = _config(config)
+    guard_outputs({"--markdown": markdown, "--json-file": json_file}, [checkpoint, dataset, config])
     with err.status("evaluating"):
         result = run_eval(checkpoint, dataset or Path(cfg.paths.graphs))
     if markdown:
