@@ -196,7 +196,7 @@ class ChatClient:
             return b"".join(chunks)
         except (OracleError, _Retry):
             raise
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise self._error(f"no complete reply within {self.timeout:g} s") from None
         except (http.client.HTTPException, OSError, ValueError, UnicodeError) as exc:
             if expired.is_set():
