@@ -20,8 +20,11 @@ REAL_FIXTURES = sorted(REAL.glob("*.json.gz")) + [REAL / "dlrm_v100_8rank"]
 OWN_GPU = DATA / "own-gpu"
 # our own DDP job recorded on a GPU (tests/data/own-gpu/README.md says what is true in each)
 OWN_GPU_FIXTURES = sorted(p for p in OWN_GPU.iterdir() if p.is_dir())
+MORE = DATA / "more-gpu"
+# inference scripts, graph capture and another accelerator, recorded by other people (more-gpu/README.md)
+MORE_FIXTURES = sorted(MORE.glob("*.json.gz"))
 # every trace input among the fixtures: public and real GPU traces, our own gloo run and GPU runs
-ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES
+ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES
 
 
 @pytest.fixture(scope="session")

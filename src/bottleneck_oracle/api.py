@@ -9,6 +9,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bottleneck_oracle.analysis.checks import run_warnings
 from bottleneck_oracle.analysis.results import (
     BatchScale,
     BlameModel,
@@ -29,6 +30,7 @@ from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs,
 from bottleneck_oracle.graph_pipeline.engine import Engine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
+from bottleneck_oracle.graph_pipeline.facts import run_facts
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 if TYPE_CHECKING:
@@ -62,6 +64,8 @@ def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0
     report = clocks.align(table, hosts)
     table.clocks = report.as_dict() if hosts is not None or report.warnings else {}
     for line in report.warnings:
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in run_warnings(run_facts(table).to_dict()):  # a partial job, sampled events: said once, up front
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     if et is not None:
         attach(table, load_execution_traces(et, table))

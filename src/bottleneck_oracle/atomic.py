@@ -137,7 +137,8 @@ def guard_outputs(outputs: dict[str, Path | None], inputs: list[Path | None]) ->
             ident = _identity(out)
             if real in reals or (ident is not None and ident in ids) or real == src_real:
                 raise OracleError(f"{out}: {opt} would overwrite the input {src}; write the output elsewhere")
-            if src.is_dir() and real.startswith(src_real.rstrip(os.sep) + os.sep) and out.name.endswith(TRACE_NAMES):
+            depth = len(Path(real).relative_to(src_real).parts) if src.is_dir() and Path(real).is_relative_to(src_real) else 0
+            if 0 < depth <= 2 and out.name.endswith(TRACE_NAMES):  # where the loader looks: the folder, one subfolder per rank
                 raise OracleError(
                     f"{out}: {opt} would write a trace-like file inside the input folder {src} "
                     "(later runs would read it as a rank); write it elsewhere or under another name"

@@ -209,7 +209,7 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int, rows: li
             )
         )
         out.print(Text(_path_summary(a)))
-        for w in (a.untraced_warning(), a.queue_warning()):
+        for w in a.warnings():
             if w:
                 out.print(Text("warning: " + w, style="yellow"))
         print_table(out, tables.top_ops_table(a, top))
@@ -250,7 +250,12 @@ def _check_overlay_input(path: Path, table, perfetto: Path | None) -> None:
 
 
 def _json_head(path: Path, table) -> dict:
-    return {"version": __version__, "input": str(path), "ranks": table.ranks if table else []}
+    from bottleneck_oracle.analysis.checks import run_warnings
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+
+    run = run_facts(table).to_dict() if table is not None else None
+    return {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "run_facts": run,
+            "run_warnings": run_warnings(run)}  # fmt: skip
 
 
 def _json_tail(table) -> dict:

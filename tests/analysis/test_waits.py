@@ -23,6 +23,10 @@ UNTRACED_BOUND = {
     "cuda_event_sync_multistream_1gpu.json.gz": 0.95,  # one 18.6 ms stretch with no op open between two syncs
     "sampled_128rank": 0.45,  # events were sampled out of this trace: what is left has holes
     "gloo_ddp_2rank": 0.8,  # rank 1 sleeps 20 ms (untraced Python) in every forward: the straggler
+    # the host blocks 493 ms in a copy whose stream waits on an event the trace does not hold (its README)
+    "sglang_qwen3_8b_prefilldecode_mi300.json.gz": 0.55,
+    # the trace opens on 101 ms of device work whose host calls are not in it
+    "mtia_inference_rank0.json.gz": 0.35,
 }
 DEFAULT_UNTRACED_BOUND = 0.10
 
@@ -86,24 +90,42 @@ def test_untraced_time_stays_within_the_stated_bound(path):
 
 
 @pytest.mark.parametrize("path", ALL_FIXTURES, ids=_ids)
-def test_makespan_is_the_measured_step_unless_the_gpu_runs_past_it(path):
-    """Within 1% of the measured step where the step's GPU work ends within the step; where it
-    runs past (the GPU is behind), the step time is from the CPU's step start to that end."""
+def test_step_time_is_the_period_the_raw_events_show(path):
+    """The step time is the step's period, computed here from the event table with plain loops
+    (not facts.py, not the graph): per rank, from the later of its step start and the end of the
+    device work launched before it to the later of its step end and the end of the device work it
+    launched; the longest over ranks. Within 1% (collectives' modelled ends may end a step earlier
+    than its recorded spans); where no rank had device work queued past its step start, that is
+    the measured ProfilerStep span (the CPU-bound case: unchanged)."""
+    table = cached_load(path)
+    c = table.cols
+    ends = c["ts"] + c["dur"]
+    device = np.isin(c["cls"], (2, 3, 4))
+    runtime = {(int(r), int(k)): float(t) for r, k, t, cl in zip(c["rank"], c["correlation"], c["ts"], c["cls"]) if cl == 1 and k >= 0}
+    launched = np.array([dev and (int(r), int(k)) in runtime for r, k, dev in zip(c["rank"], c["correlation"], device)])
+    anchor = np.array([runtime.get((int(r), int(k)), float(t)) if dev else float(t)
+                       for r, k, t, dev in zip(c["rank"], c["correlation"], c["ts"], device)])  # fmt: skip
+    for r in np.unique(c["rank"]):  # device work that ran before the first traced launch's was queued before the profile
+        first = c["ts"][launched & (c["rank"] == r)].min() if (launched & (c["rank"] == r)).any() else np.inf
+        anchor[device & ~launched & (c["rank"] == r) & (c["ts"] < first)] = -np.inf
     for a in cached_analyses(path):
         g = a.graph
-        n = g.nodes
-        expect = 0.0
-        for rank in g.ranks:
-            mine = n["rank"] == rank
-            end = (n["mstart"][mine] + n["mdur"][mine]).max() - g.rank_start(rank)  # modelled: collectives end together
-            expect = max(expect, g.measured[rank], end)
-        tail = expect - a.measured
-        if tail <= 0.01 * a.measured:
-            assert a.step_time == pytest.approx(a.measured, rel=0.01), g.step
-        else:
-            assert a.step_time == pytest.approx(expect, rel=0.01), g.step
-            q = a.gpu_queue()
-            assert q is not None and max(x["gpu_after_step_us"] for x in q["ranks"]) > 0
+        if g.step is None:
+            continue
+        period, from_start, queued = 0.0, 0.0, False
+        for s in (s for s in table.steps if s.number == g.step):
+            mine = (c["rank"] == s.rank) & device
+            before = mine & (anchor < s.start)
+            own = mine & (anchor >= s.start) & (anchor < s.end)
+            prev = ends[before].max() if before.any() else -np.inf
+            queued |= prev > s.start
+            end = max(s.end, ends[own].max() if own.any() else -np.inf)
+            period = max(period, end - max(s.start, prev))
+            from_start = max(from_start, end - s.start)
+        assert a.step_time == pytest.approx(period, rel=0.01), g.step
+        assert a.period == pytest.approx(period, rel=1e-9), g.step
+        if not queued:  # as before the period: from the step start to the end of its work (a device tail included)
+            assert a.period == pytest.approx(from_start, rel=1e-9), g.step
 
 
 @pytest.mark.parametrize(
@@ -139,8 +161,9 @@ def test_dlrm_the_late_rank_is_the_straggler_and_what_if_it_came_later():
     launch = [s for s in rows if s["kind"] == "launch"]
     assert max(s["dur_us"] for s in launch) < 100.0  # no wait disguised as launch latency
     late = [s for s in rows if s["kind"] == "wait" and s["rank"] == 7 and "late step start" in s["name"]]
-    assert late and late[0]["dur_us"] == pytest.approx(7513.0, abs=1.0)  # the README: rank 7 enters at 7513 µs
-    assert a.breakdown()["idle"] >= 7000.0
+    # the README: rank 7 enters at 7513 µs (from rank 1's start); the wait ends there
+    assert late and late[0]["start_us"] + late[0]["dur_us"] == pytest.approx(a.graph.rank_start(1) + 7513.0, abs=1.0)
+    assert a.breakdown()["idle"] >= 5000.0
     first7 = next(s["node"] for s in rows if s["rank"] == 7 and s["kind"] == "op")
     (row,) = whatif(path, [f"id={first7},delay_ms=5"], use_model=False)
     assert 4000.0 <= row.replay.delta_us <= 5500.0
@@ -167,9 +190,9 @@ def test_gpu_work_belongs_to_the_step_whose_cpu_launched_it():
         assert ((launch_ts >= step.start) & (launch_ts < step.end)).all()
         q = a.gpu_queue()
         assert q["ranks"][0]["lag_us"] > 15_000 and q["ranks"][0]["gpu_after_step_us"] > 15_000
-        assert a.queue_warning() and "behind its CPU" in a.queue_warning()
-        first = a.segments()[0]
-        assert first.kind == "wait" and "earlier steps" in first.name and first.dur > 15_000
+        assert a.queue_warning() and "behind its host" in a.queue_warning()
+        # the step's time starts where the device finished the earlier steps' work: no "idle" lead-in
+        assert a.segments()[0].on_gpu and a.breakdown()["idle"] < 0.01 * a.step_time
 
 
 def _write_trace(path, events):

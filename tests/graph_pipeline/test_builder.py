@@ -60,10 +60,23 @@ def test_every_kernel_has_exactly_one_launch_edge_from_its_runtime_call():
     launch = e["kind"] == EdgeKind.LAUNCH
     counts = np.bincount(e["dst"][launch], minlength=g.n_nodes)
     assert (counts[gpu] == 1).all()
-    src_ev = n["event"][e["src"][launch]]
-    dst_ev = n["event"][e["dst"][launch]]
-    assert (c["cls"][src_ev] == EvClass.RUNTIME).all()
-    assert (c["correlation"][src_ev] == c["correlation"][dst_ev]).all()
+    src, dst = e["src"][launch], e["dst"][launch]
+    src_ev, dst_ev = n["event"][src], n["event"][dst]
+    # a blocking copy (its call returns after its copy op ended, in the raw events) is launched by
+    # what ran before the call, and the call waits for the op; every other launch comes from the
+    # runtime call with the op's correlation id
+    rt = {(int(c["correlation"][i])): i for i in np.flatnonzero(c["cls"] == EvClass.RUNTIME)}
+    call_ev = np.array([rt.get(int(c["correlation"][d]), -1) for d in dst_ev])
+    ends = c["ts"] + c["dur"]
+    copy = np.array([i >= 0 and ("memcpy" in table.names[c["name"][i]].lower() or "memset" in table.names[c["name"][i]].lower())
+                     for i in call_ev])  # fmt: skip
+    blocking = copy & (ends[dst_ev] <= ends[np.maximum(call_ev, 0)]) & (c["ts"][dst_ev] >= c["ts"][np.maximum(call_ev, 0)])
+    assert (src_ev[~blocking] == call_ev[~blocking]).all()
+    node_of = {int(ev): i for i, ev in enumerate(n["event"])}
+    for d, call in zip(dst[blocking], call_ev[blocking]):
+        waits = (e["src"] == d) & (e["dst"] == node_of[int(call)]) & (e["kind"] == EdgeKind.SYNC)
+        assert waits.sum() == 1
+    assert (c["ts"][src_ev[blocking]] < c["ts"][call_ev[blocking]]).all()  # the op before the call
 
 
 def test_context_and_stream_syncs_wait_for_the_gpu():

@@ -114,12 +114,35 @@ def _passes(n, dur, release, origin, src, dst, w, topo, out_ptr, out_order):
     return est, eft, lft, pred, makespan
 
 
+NEAR_TIE_SHARE = 0.01  # of the step: a device op whose stream was ready this close to its binding release
+NEAR_TIE_US = 50.0  # µs: ... or this close (the larger) is traced back along its stream
+
+
+def _stream_order_edges(g: ExecutionGraph, src, dst, w, est, dur, makespan) -> dict[int, int]:
+    """Device ops whose binding in-edge comes from another stream (a stream wait) while the op
+    before them on their own stream ended within a near tie of it: node -> that program-order
+    edge. The path is traced back along the stream there, so that a device-bound step's path runs
+    along its device, not across streams wherever one dependency ended a few µs after another (the
+    times, the slack and the makespan are unchanged: only which of two nearly equal chains is
+    shown). The gap it leaves is explained by segments.explain."""
+    from bottleneck_oracle.graph_pipeline.schema import EdgeKind
+
+    n = g.nodes
+    gpu = n["on_gpu"]
+    kind = g.edges["kind"]
+    arrive = est[src] + dur[src] + w
+    tie = max(NEAR_TIE_US, NEAR_TIE_SHARE * makespan)
+    cand = np.flatnonzero((kind == EdgeKind.PROGRAM_ORDER) & gpu[src] & gpu[dst] & (arrive >= est[dst] - tie))
+    return {int(v): int(e) for v, e in zip(dst[cand].tolist(), cand.tolist())}
+
+
 def origins(g: ExecutionGraph) -> np.ndarray:
-    """Per node, the step start of its rank (µs from the window start); for barriers, which span
-    ranks, the latest rank start (they end no rank's step)."""
+    """Per node, where its rank's step time starts (µs from the window start: ExecutionGraph.rank_origin,
+    the step start, or the end of the device work queued before it); for barriers, which span
+    ranks, the latest of them (they end no rank's step)."""
     rank = g.nodes["rank"]
     ranks = np.unique(rank[rank >= 0])
-    starts = np.array([g.rank_start(int(r)) for r in ranks])
+    starts = np.array([g.rank_origin(int(r)) for r in ranks])
     out = np.full(g.n_nodes, starts.max() if len(starts) else 0.0)
     if len(ranks):
         pos = np.searchsorted(ranks, rank)
@@ -165,11 +188,14 @@ def run_cpm(
     if n:
         v = int(np.argmax(eft - origin))
         path_origin = float(origin[v])
+        on_stream = _stream_order_edges(g, src, dst, w, est, d, makespan)
         while v >= 0:
             path_nodes.append(v)
             e = int(pred[v])
             if e < 0:
                 break
+            if v in on_stream and g.nodes["on_gpu"][src[e]]:  # a stream wait binds, the stream was ready nearly as early
+                e = on_stream[v]
             path_edges.append(e)
             v = int(src[e])
     return CPMResult(

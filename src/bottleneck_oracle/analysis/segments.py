@@ -5,8 +5,10 @@ decided the second one's start. Every microsecond of the step is one of:
 
 - ``op``: an op running (its modelled duration), or the own time of an op that encloses the
   gap between two of its children (``aten::addmm``'s compute, ``aten::_foreach_mul_``'s loop);
-- ``launch``: kernel launch latency (a runtime call's end to its GPU op's start) and queue gaps
-  between consecutive ops of a GPU stream;
+- ``device``: the device's own gap between two ops of a stream when the second was already
+  queued (compute: the device was busy with the step's work, not waiting for the host);
+- ``launch``: kernel launch latency (a runtime call's end to its GPU op's start) and the part of
+  a gap on a stream before the next op was launched: the device starved for work;
 - ``wait``: the latency after what an op waited for — another thread's hand-over, a GPU op at
   a sync, another stream, a collective, a peer rank's late step start, the GPU still running an
   earlier step's work (``cause``: the node waited for, where it is one);
@@ -30,7 +32,7 @@ from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
-SEGMENT_KINDS = ("op", "launch", "wait", "framework", "untraced")
+SEGMENT_KINDS = ("op", "device", "launch", "wait", "framework", "untraced")
 BREAKDOWN_KEYS = ("compute", "communication", "cpu_overhead", "idle", "untraced")
 COMPUTE, COMM, CPU, IDLE, UNTRACED = range(5)
 UNTRACED_GAP_US = 1000.0  # µs: a stretch between ops with nothing open, or inside a range, longer than this is untraced
@@ -159,7 +161,13 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     est_of, eft_of = r.est.tolist(), r.eft.tolist()
     edge_kind, edge_src = e["kind"].tolist(), e["src"].tolist()
     is_barrier, klass_of = barrier.tolist(), klass.tolist()
+    blocking = (n["category"] == Category.BLOCKING).tolist()
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
+    # when each device op's launch call ended (-inf: not launched in the window)
+    is_launch = e["kind"] == EdgeKind.LAUNCH
+    launched_at = np.full(g.n_nodes, -np.inf)
+    np.maximum.at(launched_at, e["dst"][is_launch], (n["start"] + n["dur"])[e["src"][is_launch]])
+    launched_by = launched_at.tolist()
     wait_label = {int(k): v for k, v in _WAIT_LABEL.items()}
     cursor = r.path_origin
     for j, v in enumerate(path):
@@ -176,12 +184,20 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             gpu_v = gpu_of[at]
             if kind == program_order and not gpu_v:
                 thread_time(at, cursor, est)
-            elif kind in (program_order, launch):
-                name = "kernel launch latency" if kind == launch else "GPU queue gap"
+            elif kind == launch:  # the device had nothing to run until the launch: starved by its host
                 if est - cursor <= untraced_gap_us:
-                    add("launch", CPU, at, name, cursor, est)
+                    add("launch", CPU, at, "kernel launch latency", cursor, est)
                 else:
-                    add("untraced", UNTRACED, at, f"GPU idle after {'launch' if kind == launch else 'previous op'}", cursor, est)
+                    add("untraced", UNTRACED, at, "device idle after the launch, no traced cause", cursor, est)
+            elif kind == program_order:
+                launched = launched_by[at]
+                if launched > cursor + 1e-6:  # launched after the op before it ended: the device was starved
+                    add("launch", CPU, at, "device waiting for the launch", cursor, min(launched, est))
+                    cursor = min(launched, est)
+                if est - cursor <= untraced_gap_us:  # queued already: the device's own gap between ops
+                    add("device", COMPUTE, at, "device gap between queued ops", cursor, est)
+                else:
+                    add("untraced", UNTRACED, at, "device idle with work queued, no traced cause", cursor, est)
             else:
                 if kind == gpu_sync:
                     label = "stream wait" if gpu_of[src] and gpu_v else "wake-up after a GPU sync"
@@ -193,7 +209,12 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
                     add("wait", IDLE, at, label, cursor, est, src)
         d = eft_of[v] - est
         if d > 0 and not is_barrier[v]:
-            add("op", klass_of[v], v, g.node_name(v), est, est + d)
+            # a call still blocked this long after what it waited for (or with nothing traced to wait
+            # for) waits on device work the trace does not show; a short remainder is its return
+            if blocking[v] and d > untraced_gap_us:
+                add("untraced", UNTRACED, v, f"untraced wait on the device in {g.node_name(v)}", est, est + d)
+            else:
+                add("op", klass_of[v], v, g.node_name(v), est, est + d)
         cursor = max(cursor, est + d)
     return [s for s in _clip(out, r.path_origin) if s.dur > 1e-9]
 
@@ -205,12 +226,12 @@ def _lead_in(g: ExecutionGraph, r: CPMResult, v: int, lo: float, est: float, add
         return
     rank = int(n["rank"][v])
     if rank >= 0:
-        start = g.rank_start(rank)
+        start = g.rank_origin(rank)
         if start > lo:  # another rank entered the step later: its late start held everyone up
             add("wait", IDLE, v, f"late step start of rank {rank}", lo, min(start, est))
             lo = min(start, est)
-    if n["on_gpu"][v]:
-        add("wait", IDLE, v, "GPU busy with work launched in earlier steps", lo, est)
+    if n["on_gpu"][v]:  # the device had finished all earlier work by the origin: it waited for something untraced
+        add("untraced", UNTRACED, v, "device idle, waiting with no traced cause", lo, est)
     elif n["category"][v] == Category.BARRIER:
         add("wait", IDLE, v, "collective: waiting for the last rank", lo, est)
     else:

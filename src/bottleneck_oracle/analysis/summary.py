@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from bottleneck_oracle.analysis.checks import Check, step_checks
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.kernels import FamilyTime, Overlap, families, overlap, scope
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, UNTRACED_GAP_US, Segment, breakdown, explain, label, node_class
@@ -32,6 +33,7 @@ class StepAnalysis:
     cpm: CPMResult
     untraced_gap_us: float = UNTRACED_GAP_US
     _segments: list[Segment] | None = None
+    _checks: list[Check] | None = None
 
     @classmethod
     def of(cls, g: ExecutionGraph, untraced_gap_us: float = UNTRACED_GAP_US) -> StepAnalysis:
@@ -264,12 +266,14 @@ class StepAnalysis:
     def to_dict(self, top: int = 20) -> dict[str, Any]:
         g, r = self.graph, self.cpm
         step_time = self.step_time
+        reference = self.period or self.measured
         return {
             "step": g.step,
             "ranks": g.ranks,
             "measured_us": self.measured,
+            "period_us": self.period,
             "step_time_us": step_time,
-            "step_time_error": (step_time - self.measured) / self.measured if self.measured else 0.0,
+            "step_time_error": (step_time - reference) / reference if reference else 0.0,
             "makespan_us": r.makespan,
             "window_us": r.window,
             "counts": g.summary_counts(),
@@ -283,7 +287,10 @@ class StepAnalysis:
             "gpu_queue": self.gpu_queue(),
             "dropped_edges": g.meta.get("dropped_edges", {}),
             "collective_matching": g.meta.get("collectives", {}),
-            "warnings": [w for w in (self.untraced_warning(), self.queue_warning()) if w],
+            "warnings": self.warnings(),
+            "checks": [c.to_dict() for c in self.checks()],
+            "facts": g.meta.get("facts"),
+            "bystanders": self.bystanders(),
             "critical_path": self.critical_path(),
             "kernel_families": {"scope": scope(g)[0], "families": [f.to_dict() for f in self.kernel_families()]},
             "overlap": [o.to_dict() for o in self.overlap()],
@@ -297,14 +304,51 @@ class StepAnalysis:
         """Per rank, its communication time and how much of it compute hides: analysis.kernels."""
         return overlap(self.graph)
 
+    @property
+    def period(self) -> float | None:
+        """The step's period as the trace shows it (µs, graph_pipeline.facts): from the end of the
+        device work queued before the step to the end of the step's own work, on the rank where it
+        is longest; the ProfilerStep span on a step whose device queued nothing ahead. None
+        without facts (Chakra input)."""
+        facts = self.graph.meta.get("facts")
+        return float(facts["period_us"]) if facts and facts.get("ranks") else None
+
+    def checks(self) -> list[Check]:
+        """The self-check (analysis.checks): each invariant between this analysis and the facts
+        read from the step's raw events, computed once."""
+        if self._checks is None:
+            self._checks = step_checks(self)
+        return self._checks
+
+    def bystanders(self) -> list[dict[str, Any]]:
+        """Host threads left out of the step: no dependency into its work (graph_pipeline.builder)."""
+        return list(self.graph.meta.get("bystanders", []))
+
     def queue_warning(self) -> str | None:
+        """One line when the device ran the work of earlier steps while this step's host ran: what
+        the step time then is (its period), and how far ahead the host was."""
         q = self.gpu_queue()
         if not q or not q["deeper_than_step"]:
             return None
         worst = max(q["ranks"], key=lambda x: x["lag_us"])
         step = self.graph.step if self.graph.step is not None else "(whole trace)"
         return (
-            f"step {step}: the GPU of rank {worst['rank']} runs {worst['lag_us'] / 1000:.1f} ms behind its CPU (median launch to start), "
-            f"more than the {self.graph.measured.get(worst['rank'], 0.0) / 1000:.1f} ms step: the step is GPU-bound and its GPU work "
-            f"ends {worst['gpu_after_step_us'] / 1000:.1f} ms after the CPU's step; the CPM step time counts from the CPU's step start"
+            f"step {step}: the device of rank {worst['rank']} runs {worst['lag_us'] / 1000:.1f} ms behind its host (median launch to "
+            f"start), more than the {self.graph.measured.get(worst['rank'], 0.0) / 1000:.1f} ms ProfilerStep: the step is device-bound; "
+            f"its step time is its period on the device ({(self.period or self.step_time) / 1000:.1f} ms), not the host's span"
         )
+
+    def warnings(self) -> list[str]:
+        """Every warning of this step, each one line: untraced time, a device-bound step, host
+        threads left out, and each self-check that failed (a contradiction with the raw facts)."""
+        step = self.graph.step if self.graph.step is not None else "(whole trace)"
+        out = [w for w in (self.untraced_warning(), self.queue_warning()) if w]
+        for b in self.bystanders():
+            out.append(
+                f"step {step}: rank {b['rank']} {b['thread']} has no dependency into the step's work ({b['ops']} ops, e.g. "
+                f"{b['longest_op'][:60]}); left out of the critical path"
+            )
+        for c in self.checks():
+            if not c.ok:
+                out.append(f"step {step}: self-check '{c.name}' does not hold: {c.detail}; this step's picture may be wrong")
+        return out

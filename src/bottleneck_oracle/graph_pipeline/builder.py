@@ -33,6 +33,7 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
+from bottleneck_oracle.graph_pipeline.facts import StepFacts, run_facts, step_facts
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
@@ -226,20 +227,92 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
 
 
 def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None) -> ExecutionGraph:
-    """The ExecutionGraph of one step (``None``: the whole trace), all ranks merged."""
+    """The ExecutionGraph of one step (``None``: the whole trace), all ranks merged.
+
+    Each rank's step is measured from its origin (facts.py): the later of its step start and the
+    end of the device work queued before it, so that a device-bound step's time is its period,
+    not the CPU's lead plus the period. Host threads with no dependency into the step's work
+    (a progress-bar monitor, a watchdog: ``bystanders``) are left out, and listed in the meta."""
     opt = options or BuildOptions()
-    w = make_window(table, step)
-    c, rows = w.c, w.node_rows
-    start = w.ts[rows]
+    facts = step_facts(table, step)
+    origins = {f.rank: f.origin for f in facts.ranks} if step is not None else None
+    w, E, pieces = _window_edges(table, step, opt, frozenset(), origins)
+    away = _bystanders(w, E)
+    if away:
+        w, E, pieces = _window_edges(table, step, opt, frozenset(away), origins)
+    return _finish(table, step, opt, w, E, pieces, facts, away)
+
+
+def _window_edges(table: EventTable, step: int | None, opt: BuildOptions, exclude: frozenset, origins: dict[int, float] | None):
+    """The window of ``step`` without the ``exclude`` threads, and the edges of every local rule."""
+    w = make_window(table, step, exclude, origins, opt.clock_tolerance_us)
     pieces = gap_pieces(w, w.lead_from)
     E = rules.EdgeSet()
     rules.program_order(w, E)
     launcher = rules.launches(w, E)
     rules.forward_backward(table, w, E)
     rules.data_dependencies(table, w, E)
-    rules.cuda_syncs(w, E, opt.blocking_sync_calls, opt.clock_tolerance_us)
+    rules.cuda_syncs(w, E, opt.blocking_sync_calls, opt.clock_tolerance_us, opt.stream_wait_us)
+    rules.blocking_copies(w, E)
     rules.stream_waits(w, E, launcher, opt.stream_wait_us, opt.clock_tolerance_us)
     rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us)
+    return w, E, pieces
+
+
+def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]:
+    """Host threads with no dependency into the step's work: their lane (a thread, a device stream,
+    a backend thread) is joined to no lane of the step's own by any edge, the step's own being the
+    thread of the ProfilerStep span, every device stream and every backend thread (collectives).
+    Without a ProfilerStep and without device or backend work, no thread is a bystander.
+    Returns (rank, pid, tid) -> what is reported of it: its name, ops and its longest op."""
+    if not w.n_leaf:
+        return {}
+    c = w.c
+    n_thread = int(w.leaf_thread.max()) + 1
+    n_gpu = len(w.gpu_rows)
+    lane = np.concatenate(
+        [w.leaf_thread, n_thread + w.gpu_stream, n_thread + (int(w.gpu_stream.max()) + 1 if n_gpu else 0) + w.backend_lane]
+    )
+    step_threads = {(s.rank, s.pid, s.tid) for s in w.steps}
+    first_leaf = np.searchsorted(w.leaf_thread, np.arange(n_thread), side="left")
+    leaf_ev = w.leaf_rows[np.minimum(first_leaf, w.n_leaf - 1)]
+    key_of = list(zip(c["rank"][leaf_ev].tolist(), c["pid"][leaf_ev].tolist(), c["tid"][leaf_ev].tolist()))
+    anchors = [t for t in range(n_thread) if key_of[t] in step_threads]
+    anchors += list(range(n_thread, int(lane.max()) + 1))  # device streams and backend threads
+    if len(anchors) == 0:
+        return {}
+    parent = list(range(int(lane.max()) + 1))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    src, dst, _, _ = E.arrays()
+    a, b = lane[src], lane[dst]
+    cross = a != b
+    for x, y in zip(a[cross].tolist(), b[cross].tolist()):
+        rx, ry = find(x), find(y)
+        if rx != ry:
+            parent[rx] = ry
+    kept = {find(t) for t in anchors}
+    out = {}
+    for t in range(n_thread):
+        if find(t) in kept:
+            continue
+        mine = np.flatnonzero(w.leaf_thread == t)
+        ev = w.leaf_rows[mine]
+        longest = ev[np.argmax(w.end[ev] - w.ts[ev])]
+        out[key_of[t]] = {"ops": int(len(mine)), "longest_op": w.names[c["name"][longest]][:120],
+                          "ends_us": float(w.end[ev].max())}  # fmt: skip
+    return out
+
+
+def _finish(table: EventTable, step: int | None, opt: BuildOptions, w: Window, E: rules.EdgeSet, pieces, facts: StepFacts,
+            away: dict[tuple[int, int, int], dict]) -> ExecutionGraph:  # fmt: skip
+    c, rows = w.c, w.node_rows
+    start = w.ts[rows]
     pairs = rules.backends(w, E)
     peer = np.full(len(rows), -1, dtype=np.int64)  # a backend send/recv's peer is its c10d call's
     for call, work in pairs:
@@ -268,7 +341,11 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
         names=w.names, nodes=nodes, end=end, inst=inst, src=src, dst=dst, kind=kind, is_wait=is_wait,
         window_start=table.t0 + w.w0, step=step, measured=w.measured,
         meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION,
-              "dropped_edges": dropped, "collectives": match_report(w.ckind, inst, seq), "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps}, **_thread_names(table, nodes)},
+              "dropped_edges": dropped, "collectives": match_report(w.ckind, inst, seq), "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps},
+              "rank_origin_us": {str(r): t for r, t in w.origins.items()}, "facts": facts.to_dict(offset=w.w0), "run_facts": run_facts(table).to_dict(),
+              "bystanders": [{"rank": r, "pid": p, "tid": t, "thread": table.thread_names.get((r, p, t), f"thread {t}"), **info}
+                             for (r, p, t), info in sorted(away.items())],
+              "polling_loops": int((w.polls > 0).sum()), **_thread_names(table, nodes)},
         carry=w.carry, gaps=pieces, regions=window_regions(w),
     )  # fmt: skip
     del w, c, E  # the window's columns are the largest thing held: gone before finalize allocates

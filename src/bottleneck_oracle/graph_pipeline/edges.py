@@ -90,8 +90,27 @@ def launches(w: Window, E: EdgeSet) -> np.ndarray:
     pos = np.minimum(np.searchsorted(key, gkey), len(rt) - 1)
     hit = (corr[w.gpu_rows] >= 0) & (key[pos] == gkey)
     launcher[hit] = rt[pos[hit]]
-    E.add(w.out_node(rt[pos[hit]]), w.n_leaf + np.flatnonzero(hit), EdgeKind.LAUNCH)
+    src = w.out_node(rt[pos[hit]])
+    # a blocking copy's call enqueues its copy when it starts and returns when the copy is done
+    # (blocking_copies): the copy is released by what ran before the call, not by the call itself
+    waits_on_it = w.copy_op[rt[pos[hit]]] == w.gpu_rows[np.flatnonzero(hit)]
+    if waits_on_it.any():
+        leaf = src[waits_on_it]
+        prev = np.where((leaf > 0) & (w.leaf_thread[np.maximum(leaf - 1, 0)] == w.leaf_thread[np.maximum(leaf, 0)]), leaf - 1, -1)
+        src = src.copy()
+        src[waits_on_it] = np.where(leaf >= 0, prev, -1)
+    E.add(src, w.n_leaf + np.flatnonzero(hit), EdgeKind.LAUNCH)
     return launcher
+
+
+def blocking_copies(w: Window, E: EdgeSet) -> None:
+    """A copy or set call that returned only after its device op ended (window._blocking_copies:
+    a copy into pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``) waited for that
+    op, and through it for everything queued before it on its stream: op -> call (a wait)."""
+    calls = np.flatnonzero(w.copy_op >= 0)
+    if not len(calls):
+        return
+    E.add(w.ev2node[w.copy_op[calls]], w.ev2node[calls], EdgeKind.SYNC, wait=True)
 
 
 def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
@@ -200,13 +219,16 @@ def _groups(keys: np.ndarray) -> dict[int, np.ndarray]:
     return {int(part[0]): idx for part, idx in zip(np.split(k, cut), np.split(order, cut))} if len(k) else {}
 
 
-def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: float) -> None:
+def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: float, wake_us: float = 50.0) -> None:
     """A blocking sync call waits for the GPU ops launched before it:
     context sync -> the latest-ending op of the device, stream sync -> of the stream,
     cudaEventSynchronize -> the last op before the event record. cudaStreamWaitEvent
     orders two streams: the op before the record -> the next op on the waiting stream.
-    Traces without cuda_sync events: the blocking calls (device, stream and event
-    synchronize) wait for the latest-ending op of the device. Causality: an op that ended
+    Traces without cuda_sync events: the blocking calls (any synchronize call of any vendor's
+    runtime) wait for the latest-ending op of the device launched before them; a polling loop of
+    event or stream queries (window._polling_loops) does so on every trace. A call with no
+    correlation id (a runtime whose device ops carry none) waits for the device op that ended
+    last while it waited, if it returned within ``wake_us`` µs of it. Causality: an op that ended
     more than ``tol`` µs after the call returned did not release it and is never its cause."""
     c = w.c
     cls, corr, rank, name = c["cls"], c["correlation"], c["rank"], c["name"]
@@ -261,10 +283,26 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
             waits_dst.append(node)
     with_sync = np.unique(rank[syncs])
     blocking_names = [i for i, n in enumerate(w.names) if n in blocking_calls]
-    calls = np.flatnonzero((cls == EvClass.RUNTIME) & np.isin(name, blocking_names) & ~np.isin(rank, with_sync) & (corr >= 0))
+    # the blocking calls no sync record describes: synchronize calls of ranks without cuda_sync
+    # records, and polling loops of queries (no record describes a query) everywhere
+    named = (cls == EvClass.RUNTIME) & (np.isin(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0)))
+    calls = np.flatnonzero(((named & ~np.isin(rank, with_sync)) | (w.polls > 0)) & (w.ev2node >= 0))
+    dev_by_end: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for call in calls.tolist():
-        g = lo(int(rank[call])).before(int(corr[call]), latest_end=True, limit=float(w.end[call]) + tol)
-        if g >= 0 and w.ev2node[call] >= 0:
+        limit = float(w.end[call]) + tol
+        g = lo(int(rank[call])).before(int(corr[call]), latest_end=True, limit=limit) if corr[call] >= 0 else -1
+        if g < 0:  # no correlation to order by (another vendor's runtime): the device op that ended
+            # last while the call waited, if the call returned right after it
+            r = int(rank[call])
+            if r not in dev_by_end:
+                mine = by_rank.get(r, empty)
+                mine = mine[np.argsort(w.end[w.gpu_rows[mine]], kind="stable")]
+                dev_by_end[r] = (mine, w.end[w.gpu_rows[mine]])
+            mine, ends = dev_by_end[r]
+            p = int(np.searchsorted(ends, limit, side="right")) - 1
+            if p >= 0 and ends[p] >= w.ts[call] and w.end[call] - ends[p] <= wake_us:
+                g = int(mine[p])
+        if g >= 0:
             waits_src.append(w.n_leaf + g)
             waits_dst.append(int(w.ev2node[call]))
     E.add(waits_src, waits_dst, EdgeKind.SYNC, wait=True)
@@ -366,7 +404,9 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
     rank = c["rank"][w.gpu_rows]
     recorded = np.unique(c["rank"][c["cls"] == EvClass.GPU_SYNC])
     start, end = w.ts[w.gpu_rows], w.end[w.gpu_rows]
-    lower = np.where(launcher >= 0, w.end[np.maximum(launcher, 0)], -np.inf)
+    # a blocking copy is enqueued when its call starts (the call returns only after it)
+    enqueued = np.where(w.copy_op[np.maximum(launcher, 0)] == w.gpu_rows, w.ts[np.maximum(launcher, 0)], w.end[np.maximum(launcher, 0)])
+    lower = np.where(launcher >= 0, enqueued, -np.inf)
     prev_same = np.zeros(n_gpu, dtype=bool)
     prev_same[1:] = w.gpu_stream[1:] == w.gpu_stream[:-1]
     prev_end = np.full(n_gpu, -np.inf)

@@ -38,6 +38,7 @@ MAX_GZIP_RATIO = 100  # trace JSON compresses 10-30x; a gzip stream inflating mo
 BOMB_FLOOR = 64 * 2**20  # ... once it has inflated past this many bytes (small, repetitive files stay readable)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_DEVICE_PROCESS = re.compile(F.DEVICE_PROCESS_PATTERN, re.IGNORECASE)
 _RANK_FOLDER = re.compile(r"(?:rank[-_]?)?(\d+)", re.IGNORECASE)
 
 
@@ -118,6 +119,10 @@ class EventTable:
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
     clocks: dict = field(default_factory=dict)
     """Clock alignment across hosts (clocks.align): per host its ranks and the offset applied, and warnings."""
+    inputs: dict[int, dict] = field(default_factory=dict)
+    """rank -> what its files say of themselves beyond the events: ``numbered`` (per file, the
+    events its exporter numbered with Ev Idx that it holds, and the first and last number: gaps
+    mean sampled or removed events), ``unknown_device_events``, ``process_names`` (pid -> name)."""
     execution_traces: list[dict] = field(default_factory=list)
     """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -126,10 +131,12 @@ class EventTable:
     """Cached row of the runtime call that launched each GPU op (-1: none, or not a GPU op)."""
     streams: tuple[np.ndarray, np.ndarray] | None = None
     """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
+    device_index: dict | None = None
+    """Cached per-rank device-op index of facts.py (launch order, running ends, start order)."""
 
     def drop_caches(self) -> None:
         """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
-        self.by_rank_ts = self.launcher = self.streams = None
+        self.by_rank_ts = self.launcher = self.streams = self.device_index = None
 
     def launchers(self) -> np.ndarray:
         """Per row, the row of the runtime call that launched it: GPU ops and GPU-side sync records
@@ -530,12 +537,17 @@ class _Builder:
         self.base = 0  # integer µs that this file's times are relative to
         self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
         self.notes: list[str] = []  # warnings about this file, raised in the main process (files may be parsed in workers)
+        self.process_names: dict[int, list[str]] = {}  # pid -> its "process_name" and "process_labels"
+        self.numbered: dict[str, int] = {}  # Ev Idx: events numbered by the exporter that the file holds, first, last
+        self.unknown_device_events = 0  # device ops read from categories the field map does not list
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
         rank = self.rank
         cls = _CAT_BY_HASH.lookup(ev["cat"])
         ph = ev["ph"]
+        self._process_names(path, raw, ev)
+        cls = self._other_categories(path, raw, ev, cls)
         is_x = (ph == ord("X")) & (cls >= 0)
         flow = ((ph == ord("s")) | (ph == ord("f"))) & np.isin(ev["cat"], _FLOW_HASHES) & (ev["fid"] >= 0) & ev["has_ts"]
         x = np.flatnonzero(is_x)
@@ -555,6 +567,10 @@ class _Builder:
             x = x[~far]
             fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
             flow &= np.abs(fts - med) <= MAX_SPAN_US
+        idx = ev.pop("evidx")
+        idx = idx[idx >= 0]  # every event, of any phase: instant events are numbered too
+        if len(idx):  # how many of the events its exporter numbered the file holds (facts.py)
+            self.numbered = {"events": int(len(np.unique(idx))), "first": int(idx.min()), "last": int(idx.max())}
         names, code = self._names(raw, ev, x)
         _give_back(raw)
         base = int(min(ev["ts_i"][x].min(), ev["ts_i"][flow].min() if flow.any() else ev["ts_i"][x].min()))
@@ -650,6 +666,71 @@ class _Builder:
         self.parts.append(part)
         self.names = names
         return n
+
+    def _process_names(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> None:
+        """Names and labels of the trace's processes ("process_name" / "process_labels" metadata):
+        they tell an accelerator's process ("GPU 0", "MTIA 17") from the host's."""
+        meta = np.flatnonzero((ev["ph"] == ord("M")) & (ev["name_lo"] >= 0) & (ev["pid_str"] == 0))
+        for i in meta.tolist():
+            key = raw[int(ev["name_lo"][i]) : int(ev["name_hi"][i])]
+            if key not in (b"process_name", b"process_labels"):
+                continue
+            obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
+            args = obj.get("args") if isinstance(obj, dict) else None
+            value = args.get("name" if key == b"process_name" else "labels") if isinstance(args, dict) else None
+            if isinstance(value, str) and value.strip():
+                parts = self.process_names.setdefault(int(ev["pid"][i]), [])
+                if value.strip()[:200] not in parts:
+                    parts.append(value.strip()[:200])
+
+    def _other_categories(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray], cls: np.ndarray) -> np.ndarray:
+        """Event classes for complete events in categories the field map does not list.
+
+        A category of another vendor's runtime (``mtia_runtime``) holds runtime calls; any other
+        category on an accelerator's process (named like "MTIA 17", or one that also has kernels)
+        holds device ops; the profiler's own categories (fields.IGNORED_CATS) hold no work. What
+        is left (an unknown category on a host thread) is not analysed, and counted in a warning,
+        as are the device ops read from a category this tool does not know."""
+        other = np.flatnonzero((ev["ph"] == ord("X")) & (cls < 0) & (ev["name_lo"] >= 0))
+        if not len(other):
+            return cls
+        cls = cls.copy()
+        hashes, first = np.unique(ev["cat"][other], return_index=True)
+        device_pids = set(np.unique(ev["pid"][(cls >= EvClass.KERNEL) & (ev["pid_str"] == 0)]).tolist())
+        device_pids |= {p for p, names in self.process_names.items() if any(_DEVICE_PROCESS.match(n) for n in names)}
+        on_device = np.isin(ev["pid"], np.array(sorted(device_pids), dtype=np.int64)) & (ev["pid_str"] == 0)
+        read_as_device: dict[str, int] = {}
+        skipped: dict[str, int] = {}
+        for h, i in zip(hashes.tolist(), other[first].tolist()):
+            obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
+            cat = obj.get("cat") if isinstance(obj, dict) else None
+            cat = cat if isinstance(cat, str) else ""
+            mine = other[ev["cat"][other] == np.uint64(h)]
+            if cat in F.IGNORED_CATS:
+                continue
+            if cat and cat.lower().endswith(F.RUNTIME_CAT_SUFFIXES):
+                cls[mine] = EvClass.RUNTIME
+                continue
+            dev = mine[on_device[mine]]
+            cls[dev] = EvClass.KERNEL
+            label = cat[:60] or "(no category)"
+            if len(dev):
+                read_as_device[label] = int(len(dev))
+            if len(dev) < len(mine):
+                skipped[label] = int(len(mine) - len(dev))
+        if read_as_device:
+            shown = ", ".join(f"{c}: {n}" for c, n in sorted(read_as_device.items(), key=lambda kv: -kv[1]))
+            self.notes.append(
+                f"{path}: {sum(read_as_device.values())} events on an accelerator in categories this tool does not know "
+                f"({shown}) are analysed as device ops"
+            )
+        if skipped:
+            shown = ", ".join(f"{c}: {n}" for c, n in sorted(skipped.items(), key=lambda kv: -kv[1]))
+            self.notes.append(
+                f"{path}: {sum(skipped.values())} events on host threads in categories this tool does not read ({shown}) left out"
+            )
+        self.unknown_device_events = int(sum(read_as_device.values()))
+        return cls
 
     def _thread_names(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> None:
         """Names of the CPU threads and GPU streams from the trace's "thread_name" metadata events
@@ -761,6 +842,7 @@ class _Merger:
         self.files: dict[int, str] = {}
         self.meta: dict[int, dict] = {}
         self.thread_names: dict[tuple[int, int, int], str] = {}
+        self.inputs: dict[int, dict] = {}
 
     def _reserve(self, rows: int, template: dict[str, np.ndarray], bytes_seen: int) -> None:
         need = self.n + rows
@@ -815,6 +897,11 @@ class _Merger:
         self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
         self.files.setdefault(b.rank, b.path)  # a rank in several windows: named by its first file
         self.meta.setdefault(b.rank, b.meta)
+        info = self.inputs.setdefault(b.rank, {"numbered": [], "unknown_device_events": 0, "process_names": {}})
+        if b.numbered:
+            info["numbered"].append(b.numbered)
+        info["unknown_device_events"] += b.unknown_device_events
+        info["process_names"].update({str(k): " / ".join(v) for k, v in b.process_names.items()})
         self.thread_names.update({(b.rank, p, t): name for (p, t), name in b.thread_names.items()})
 
     def table(self) -> EventTable:
@@ -831,7 +918,7 @@ class _Merger:
         step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
         return EventTable(
             t0=float(self.base or 0.0) + first, names=self.names, cols=cols, steps=step_list, flows=fl,
-            files=self.files, meta=self.meta, thread_names=self.thread_names,
+            files=self.files, meta=self.meta, thread_names=self.thread_names, inputs=self.inputs,
         )  # fmt: skip
 
 

@@ -41,6 +41,7 @@ SCANNED_ARG_KEYS = (
     ARG_SPECS["ext_id"].raw_names[0],
     ARG_SPECS["stream"].raw_names[0],
     "Record function id",
+    "Ev Idx",  # the exporter's index of the event: gaps mean events were sampled or removed
 )
 
 # args keys with structured values, read by dedicated code in events.py
@@ -63,6 +64,15 @@ KERNEL_CATS = frozenset({"kernel", "Kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
 MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
 GPU_SYNC_CATS = frozenset({"cuda_sync"})
+# categories that are understood and carry no work of their own: the profiler's span, its own
+# overhead, device-side copies of CPU ranges, instant events and flows
+IGNORED_CATS = frozenset({"Trace", "overhead", "Overhead", "gpu_user_annotation", "cpu_instant_event", "ac2g", "fwdbwd"})
+# a category of another vendor's runtime ("mtia_runtime", "xpu_runtime", "hpu_driver"): its calls
+# are runtime calls like CUDA's
+RUNTIME_CAT_SUFFIXES = ("_runtime", "_driver", "runtime", "driver")
+# a process the profiler names like this is an accelerator, whatever its events' categories
+# ("GPU 0", "MTIA 17", "HPU 3", "XPU 1", "NeuronCore 2")
+DEVICE_PROCESS_PATTERN = r"^\s*(gpu|mtia|hpu|xpu|npu|tpu|ipu|neuron\w*|device|accelerator|gaudi|cuda|rocm|hip)\b"
 FLOW_CATS = frozenset({"fwdbwd"})
 
 STEP_PREFIX = "ProfilerStep#"

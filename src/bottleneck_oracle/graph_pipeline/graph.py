@@ -57,6 +57,12 @@ class ExecutionGraph:
     def ranks(self) -> list[int]:
         return sorted(self.measured)
 
+    def rank_origin(self, rank: int) -> float:
+        """Where ``rank``'s step time starts (µs from the window start): the later of its step start
+        and the end of the device work queued before the step (facts.py); its step start if unknown."""
+        origin = self.meta.get("rank_origin_us", {}).get(str(rank))
+        return float(origin) if origin is not None else self.rank_start(rank)
+
     def rank_start(self, rank: int) -> float:
         """When ``rank`` started this step, µs from the window start."""
         return float(self.meta.get("rank_start_us", {}).get(str(rank), 0.0))

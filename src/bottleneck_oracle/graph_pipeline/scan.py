@@ -262,6 +262,7 @@ def scan_events(
     ext,
     stream,
     rfid,
+    evidx,
     obj_lo,
     obj_hi,
 ):
@@ -357,8 +358,10 @@ def scan_events(
                                 ext[k] = ip
                             elif a == 2:
                                 stream[k] = ip
-                            else:
+                            elif a == 3:
                                 rfid[k] = ip
+                            else:
+                                evidx[k] = ip
                         else:
                             j = _skip(buf, i, hi)
                             if j < 0:
@@ -416,6 +419,7 @@ COLUMNS = (
     "ext",
     "stream",
     "rfid",
+    "evidx",
     "obj_lo",
     "obj_hi",
 )
@@ -423,7 +427,7 @@ COLUMNS = (
 
 _DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": np.uint64, "tid_str": np.uint64,
            "ts_f": np.float64, "dur_f": np.float64, "has_ts": np.bool_, "has_dur": np.bool_}  # fmt: skip
-_FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1}
+_FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1, "evidx": -1}
 
 
 def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes, step: int = 64 * 2**20) -> int:

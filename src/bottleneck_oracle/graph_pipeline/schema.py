@@ -36,6 +36,8 @@ class Category(IntEnum):
     COLLECTIVE = 5  # all_reduce, all_gather, reduce_scatter, broadcast, barrier, all_to_all
     P2P = 6  # send / recv
     BARRIER = 7  # virtual, zero-duration: the moment every participant of one collective arrived
+    BLOCKING = 8  # a runtime call that blocks the host until device work completes: a synchronize, a
+    # copy into pageable host memory (.item(), .cpu()), a polling loop of event/stream queries
 
 
 GPU_CATEGORIES = (Category.KERNEL, Category.MEMCPY, Category.MEMSET)

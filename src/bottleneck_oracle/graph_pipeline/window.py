@@ -9,6 +9,7 @@ ops are mapped onto their first leaf (edges into them) or last leaf (edges out o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,13 @@ from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
 GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
+# runtime calls that block the host until device work completes: any synchronize (CUDA, HIP, the
+# driver's, other vendors' ``synchronizeStream``); copies and sets are decided from their timing,
+# polling loops of queries from their run length (see make_window)
+SYNC_NAME = re.compile(r"synchroni[sz]e", re.IGNORECASE)
+COPY_NAME = re.compile(r"mem(cpy|set)", re.IGNORECASE)
+QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
+POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
 P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
 _CLASS_CATEGORY = np.array([Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET], dtype=np.int8)
 
@@ -120,6 +128,10 @@ class Window:
     ckind: np.ndarray  # CollectiveKind per node (-1 for compute)
     carry: np.ndarray  # µs per node: when the op before it on its GPU stream, launched in an earlier step, ended (-inf: none)
     lead_from: np.ndarray  # µs per event: its rank's step start
+    blocking: np.ndarray  # per event: a runtime call that blocks until device work completes (sync, blocking copy, polling loop)
+    copy_op: np.ndarray  # per event: for a blocking copy or set call, the window event of its device op (-1: none)
+    polls: np.ndarray  # per event: how many query calls a merged polling loop holds (0: not one)
+    origins: dict[int, float]  # µs per rank: where its step's period starts (facts.py), from the window start
 
     @property
     def n_leaf(self) -> int:
@@ -161,6 +173,7 @@ class Window:
     # node-level columns
     def node_category(self) -> np.ndarray:
         cat = _CLASS_CATEGORY[np.minimum(self.c["cls"][self.node_rows], 4)].copy()
+        cat[self.blocking[self.node_rows]] = Category.BLOCKING
         net = self.is_net
         cat[net] = np.where(np.isin(self.ckind[net], P2P_KINDS), Category.P2P, Category.COLLECTIVE)
         return cat
@@ -243,8 +256,81 @@ def _stage_exchanges(
     return prev, nxt
 
 
-def make_window(table: EventTable, step: int | None) -> Window:
+def _leaves(cpu_rows: np.ndarray, c: dict[str, np.ndarray], ts: np.ndarray, end: np.ndarray):
+    """CPU events sorted by (thread, ts, -dur), their dense thread ids, and which are leaves (the
+    next event on the thread starts at or after its end: leaves of a thread never overlap)."""
+    thread = dense_ids(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
+    order = np.lexsort((-c["dur"][cpu_rows], ts[cpu_rows], thread))
+    srt, th = cpu_rows[order], thread[order]
+    nxt_same = np.zeros(len(srt), dtype=bool)
+    nxt_same[:-1] = th[1:] == th[:-1]
+    nxt_ts = np.full(len(srt), np.inf)
+    nxt_ts[:-1] = ts[srt[1:]]
+    leaf = ~nxt_same | (nxt_ts >= end[srt])
+    return thread, srt, th, leaf
+
+
+def _polling_loops(c: dict[str, np.ndarray], names: list[str], srt: np.ndarray, th: np.ndarray, leaf: np.ndarray) -> list[np.ndarray]:
+    """Runs of at least POLL_MIN_CALLS consecutive leaves of a thread that are all event or stream
+    queries (``while not event.query(): pass``): each run's events, in time order."""
+    is_query = np.array([bool(QUERY_NAME.search(n)) for n in names], dtype=bool)
+    lf = srt[leaf]
+    if not len(lf):
+        return []
+    q = (c["cls"][lf] == EvClass.RUNTIME) & is_query[c["name"][lf]]
+    if q.sum() < POLL_MIN_CALLS:
+        return []
+    lth = th[leaf]
+    runs, k = [], 0
+    while k < len(lf):
+        if not q[k]:
+            k += 1
+            continue
+        j = k
+        while j + 1 < len(lf) and q[j + 1] and lth[j + 1] == lth[k]:
+            j += 1
+        if j - k + 1 >= POLL_MIN_CALLS:
+            runs.append(lf[k : j + 1])
+        k = j + 1
+    return runs
+
+
+def _blocking_copies(c: dict[str, np.ndarray], names: list[str], ts: np.ndarray, end: np.ndarray, tol: float) -> np.ndarray:
+    """Per event, the device op of a copy or set call that returned only after that op ended
+    (a copy to pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``: what ``.item()``,
+    ``.cpu()`` and ``.tolist()`` do), -1 otherwise. Joined on the correlation id."""
+    out = np.full(len(ts), -1, dtype=np.int64)
+    is_copy = np.array([bool(COPY_NAME.search(n)) for n in names], dtype=bool)
+    calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & is_copy[c["name"]] & (c["correlation"] >= 0))
+    ops = np.flatnonzero(np.isin(c["cls"], GPU_CLASSES) & (c["correlation"] >= 0))
+    if not len(calls) or not len(ops):
+        return out
+    key = c["rank"][ops].astype(np.int64) * (1 << 40) + c["correlation"][ops]
+    order = np.argsort(key, kind="stable")
+    ops, key = ops[order], key[order]
+    ckey = c["rank"][calls].astype(np.int64) * (1 << 40) + c["correlation"][calls]
+    pos = np.minimum(np.searchsorted(key, ckey), len(ops) - 1)
+    op = ops[pos]
+    # the op ran inside the call: it started after the call did (its clock may be ``tol`` µs off)
+    # and ended before the call returned (a copy that ended later ran on after an async call)
+    hit = (key[pos] == ckey) & (end[op] <= end[calls]) & (ts[op] >= ts[calls] - tol) & (end[op] >= ts[calls])
+    out[calls[hit]] = op[hit]
+    return out
+
+
+def make_window(
+    table: EventTable, step: int | None, exclude: frozenset[tuple[int, int, int]] = frozenset(),
+    origins: dict[int, float] | None = None, tol: float = 5.0,
+) -> Window:  # fmt: skip
+    """The window of ``step`` (None: the whole trace) without the host threads in ``exclude``
+    ((rank, pid, tid): bystanders, see builder), with each rank's period starting at ``origins``
+    (table-relative µs; default: its step start). ``tol``: µs of CPU/GPU clock disagreement."""
     rows, w0, measured, steps = select_window(table, step)
+    if exclude:
+        tc = table.cols
+        host = np.isin(tc["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))
+        key = list(zip(tc["rank"][rows].tolist(), tc["pid"][rows].tolist(), tc["tid"][rows].tolist()))
+        rows = rows[~(host & np.array([k in exclude for k in key], dtype=bool))]
     c, rows, names = _with_step_ends(table, rows, steps)
     ts = c["ts"] - w0
     dur = c["dur"]
@@ -257,15 +343,24 @@ def make_window(table: EventTable, step: int | None) -> Window:
     # backend ops (gloo:*) are the backend's work, not the calling thread's program: an async
     # send's span overlaps the thread's later ops. They are nodes of their own, off the leaf chain.
     backend = (cls == EvClass.CPU) & name_gloo[c["name"]]
-    cpu_rows = np.flatnonzero(((cls == EvClass.CPU) | (cls == EvClass.RUNTIME)) & ~backend)
-    thread = dense_ids(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
-    order = np.lexsort((-dur[cpu_rows], ts[cpu_rows], thread))
-    srt, th = cpu_rows[order], thread[order]
-    nxt_same = np.zeros(len(srt), dtype=bool)
-    nxt_same[:-1] = th[1:] == th[:-1]
-    nxt_ts = np.full(len(srt), np.inf)
-    nxt_ts[:-1] = ts[srt[1:]]
-    leaf = ~nxt_same | (nxt_ts >= end[srt])
+    cpu_mask = ((cls == EvClass.CPU) | (cls == EvClass.RUNTIME)) & ~backend
+    cpu_rows = np.flatnonzero(cpu_mask)
+    thread, srt, th, leaf = _leaves(cpu_rows, c, ts, end)
+    polls = np.zeros(len(ts), dtype=np.int64)
+    blocking = (cls == EvClass.RUNTIME) & np.array([bool(SYNC_NAME.search(n)) for n in names], dtype=bool)[c["name"]]
+    loops = _polling_loops(c, names, srt, th, leaf)
+    if loops:  # each loop becomes its first call, lasting the whole loop: one wait on the device
+        for run in loops:
+            first = run[0]
+            dur[first] = end[run[-1]] - ts[first]
+            end[first] = ts[first] + dur[first]
+            polls[first] = len(run)
+            cpu_mask[run[1:]] = False
+        cpu_rows = np.flatnonzero(cpu_mask)
+        thread, srt, th, leaf = _leaves(cpu_rows, c, ts, end)
+    blocking |= polls > 0
+    copy_op = _blocking_copies(c, names, ts, end, tol)
+    blocking |= copy_op >= 0
     ev_thread = np.full(len(ts), -1, dtype=np.int64)
     ev_thread[cpu_rows] = thread
 
@@ -294,6 +389,7 @@ def make_window(table: EventTable, step: int | None) -> Window:
         g_start = ts[node_rows[g_nodes[outside]]]
         carry[g_nodes[outside]] = np.where(g_start - p_end < 1e-3, g_start, p_end)  # back to back: float noise
     starts = {s.rank: s.start - w0 for s in steps} or {int(r): float(ts[c["rank"] == r].min()) for r in np.unique(c["rank"])}
+    origin_of = {r: (origins[r] - w0 if origins and r in origins else t) for r, t in starts.items()}
     known = np.array(sorted(starts), dtype=np.int64)
     at = np.array([starts[r] for r in known.tolist()], dtype=np.float64)
     lead_from = at[np.searchsorted(known, c["rank"]).clip(0, max(len(known) - 1, 0))] if len(known) else np.zeros(len(ts))
@@ -305,4 +401,5 @@ def make_window(table: EventTable, step: int | None) -> Window:
         staged_prev=staged_prev, staged_next=staged_next,
         node_rows=node_rows, ev2node=ev2node, is_net=is_net,
         ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8), carry=carry, lead_from=lead_from,
+        blocking=blocking, copy_op=copy_op, polls=polls, origins=origin_of,
     )  # fmt: skip

@@ -102,7 +102,7 @@ def edit_features(
     concurrent = (~same) & (start < r1) & (start + d0 > r0)
     x = np.column_stack([
         np.log1p(np.maximum(d0, 0.0)), same, after, np.log1p(np.maximum(start - r1, 0.0)), concurrent,
-        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), cat == Category.RUNTIME,
+        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), np.isin(cat, [Category.RUNTIME, Category.BLOCKING]),
         base.slack <= 1.0, np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
     ]).astype(np.float32)  # fmt: skip
     return EditFeatures(x, dur, np.asarray(weight, dtype=np.float64), np.asarray(release, dtype=np.float64), edited, removed_us, lengthens,

@@ -4,7 +4,7 @@ Node types ``compute`` and ``network`` (barriers included), edge types the schem
 (src, rel, dst) triples; every edge keeps its kind and weight as attributes. Features
 (one row per node; µs values on a log scale, shares of the measured step):
 
-compute  (Shapes: x [n_compute, 6 + len(Category)])
+compute  (Shapes: x [n_compute, 6 + MODEL_CATEGORIES])
   log1p(modelled duration µs), log1p(measured duration µs), modelled duration / step,
   on_gpu, rank / (ranks - 1), start / step, category one-hot
 network  (Shapes: x [n_network, 7 + len(CollectiveKind)])
@@ -36,13 +36,15 @@ from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, NODE_TYPE_NAMES, Category, CollectiveKind, EdgeKind, NodeType
 
+MODEL_CATEGORIES = 8  # category one-hot width the shipped models were trained with (BLOCKING reads as RUNTIME)
+
 if TYPE_CHECKING:
     import torch
 
 FEATURE_VERSION = 3  # 3: the THREAD edge kind
 
 COMPUTE_COLUMNS = ["log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "on_gpu", "rank_position", "start_share_of_step"] + [
-    f"category_{c.name.lower()}" for c in Category
+    f"category_{c.name.lower()}" for c in Category if c < MODEL_CATEGORIES
 ]
 NETWORK_COLUMNS = [
     "log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "log1p_msg_bytes", "group_share_of_ranks", "is_barrier", "rank_position",
@@ -70,7 +72,9 @@ def node_features(g: ExecutionGraph) -> dict[str, np.ndarray]:
     pos = np.where(n["rank"] >= 0, n["rank"] / ranks, -1.0)
     common = [np.log1p(n["mdur"]), np.log1p(n["dur"]), n["mdur"] / step]
     comp = np.column_stack([*common, n["on_gpu"].astype(float), pos, n["start"] / step]).astype(np.float32)
-    comp = np.hstack([comp, _one_hot(n["category"].astype(np.int64), len(Category))])
+    cat = n["category"].astype(np.int64)
+    cat = np.where(cat == Category.BLOCKING, Category.RUNTIME, cat)  # the trained models know the first 8 categories
+    comp = np.hstack([comp, _one_hot(cat, MODEL_CATEGORIES)])
     msg = np.nan_to_num(n["msg_bytes"], nan=0.0)
     net = np.column_stack(
         [

@@ -217,7 +217,7 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: Map
     for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         parts.append(f"<h2>Step {_esc(str(label))}</h2>")
-        for w in (a.untraced_warning(), a.queue_warning()):
+        for w in a.warnings():
             if w:
                 parts.append(f"<p class='warn'>{_esc(w)}</p>")
         parts.append(timeline(a))

@@ -76,18 +76,19 @@ def shorten(name: str, width: int) -> str:
 def step_row(a: StepAnalysis) -> list:
     """One row of the steps table (kept per step when the analyses themselves are not)."""
     b = a.breakdown()
-    return [a.graph.step if a.graph.step is not None else "-", len(a.graph.ranks), a.measured, a.step_time,
-            (a.step_time - a.measured) / (a.measured or 1), a.cpm.window, *[b[k] for k in BREAKDOWN_KEYS]]  # fmt: skip
+    return [a.graph.step if a.graph.step is not None else "-", len(a.graph.ranks), a.measured, a.period, a.step_time,
+            *[b[k] for k in BREAKDOWN_KEYS]]  # fmt: skip
 
 
 def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) -> TableModel:
     """The steps table of ``analyses``, or of ``rows`` made by ``step_row``."""
     t = TableModel(
         "Steps (ms)",
-        [Column("step", "key"), Column("ranks", "int"), Column("measured", "ms"), Column("CPM", "ms"), Column("error", "signed_pct"),
-         Column("window", "ms")]
+        [Column("step", "key"), Column("ranks", "int"), Column("measured", "ms"), Column("period", "ms"), Column("CPM", "ms")]
         + [Column(k.replace("_", " ").replace("communication", "comm").replace("cpu overhead", "cpu ovh"), "ms") for k in BREAKDOWN_KEYS],
-        caption="measured / CPM: slowest rank's step; window: first rank's start to last op's end; then the critical path by kind",
+        caption="measured: the slowest rank's ProfilerStep span; period: the trace's, from the end of the device work queued before "
+        "the step to the end of its own (the span when nothing was queued ahead); CPM: the graph's step time, then its critical "
+        "path by kind",
     )  # fmt: skip
     t.rows = rows if rows is not None else [step_row(a) for a in analyses]
     return t

@@ -1,0 +1,242 @@
+"""Facts about a step read straight from its events, independently of the graph.
+
+The graph is a model of the step; these are what the trace says without any model: when each
+rank's device finished the work of the step before and of this one, how busy the device was in
+between, how far ahead of the device the CPU ran, how long the host sat in calls that block on
+the device, which host threads slept through the step, how many device events there are, and of
+the run: the ranks present against the job's world size and whether events were left out of the
+trace (sampled or removed). ``analysis.checks`` ties the analysis of a step to these facts with
+invariants; a contradiction becomes a warning for the user.
+
+One definition is shared with the graph on purpose: the step's **period** on a rank runs from its
+*origin*, the later of its CPU step start and the end of the device work launched before it
+(work queued by earlier steps), to the later of its CPU step end and the end of the device work
+the step launched. In a device-bound steady state that is the device's period (the ProfilerStep
+span, once the CPU is as far ahead as it gets); on a CPU-bound step it is the ProfilerStep span.
+The graph measures its step time from the same origin (``Window.origins``), and the self-check
+compares the two ends.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
+
+DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
+# runtime calls that return only when device work has completed (or may: a copy to pageable host
+# memory). The graph decides call by call from the timing; the facts go by name
+BLOCKING_NAME = re.compile(r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventquery|streamquery", re.IGNORECASE)
+BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
+ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
+ASLEEP_MAX_OPS = 200
+
+
+@dataclass(slots=True)
+class RankFacts:
+    """One rank's facts for one step (µs from the table's time zero, like the events)."""
+
+    rank: int
+    cpu_start: float  # the ProfilerStep span (or the rank's first event without one)
+    cpu_end: float
+    device_ops: int  # device events the step launched (any category read as a device op)
+    device_end: float | None  # end of the device work the step launched (None: none)
+    prev_device_end: float | None  # end of the device work launched before the step
+    origin: float  # max(cpu_start, prev_device_end)
+    step_end: float  # max(cpu_end, device_end)
+    device_busy_us: float  # device busy time (any step's work) between origin and step_end
+    lead_us: float | None  # median launch-call start to device-op start over the step's ops
+    blocking_us: float  # host time in calls named as blocking (synchronize, copies, queries) of >= 1 ms
+    asleep: list[dict] = field(default_factory=list)  # host threads that slept through the step
+
+    @property
+    def measured(self) -> float:
+        return self.cpu_end - self.cpu_start
+
+    @property
+    def period(self) -> float:
+        return self.step_end - self.origin
+
+    @property
+    def device_busy(self) -> float:
+        """Share of the period the device was busy (0 without device work)."""
+        return self.device_busy_us / self.period if self.period > 0 else 0.0
+
+    def to_dict(self, offset: float = 0.0) -> dict:
+        """As JSON, times in µs from ``offset`` (a window's start; durations unchanged)."""
+        d = asdict(self)
+        for k in ("cpu_start", "cpu_end", "device_end", "prev_device_end", "origin", "step_end"):
+            if d[k] is not None:
+                d[k] -= offset
+        d.update(measured_us=self.measured, period_us=self.period, device_busy=self.device_busy)
+        return d
+
+
+def _union(lo: np.ndarray, hi: np.ndarray, a: float, b: float) -> float:
+    """Length of the union of the intervals [lo, hi) clipped to [a, b)."""
+    lo, hi = np.clip(lo, a, b), np.clip(hi, a, b)
+    keep = hi > lo
+    if not keep.any():
+        return 0.0
+    lo, hi = lo[keep], hi[keep]
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    starts_new = np.ones(len(lo), dtype=bool)
+    starts_new[1:] = lo[1:] > hi[:-1]
+    group = np.cumsum(starts_new) - 1
+    first = np.flatnonzero(starts_new)
+    ends = np.maximum.reduceat(hi, first)
+    return float((ends - lo[first]).sum()) if len(group) else 0.0
+
+
+def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]]:
+    """Per rank, its device ops: (anchors sorted, running max of their ends in that order, starts
+    sorted, ends in start order, the longest op's duration), computed once per table."""
+    cached = table.device_index
+    if cached is not None:
+        return cached
+    c = table.cols
+    order, rank_s, anchor_s = table.index()
+    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = {}
+    dev_sorted = np.isin(c["cls"][order], DEVICE_CLASSES)
+    for r in table.ranks:
+        lo = int(np.searchsorted(rank_s, rank_s.dtype.type(r), side="left"))
+        hi = int(np.searchsorted(rank_s, rank_s.dtype.type(r), side="right"))
+        rows = order[lo:hi][dev_sorted[lo:hi]]
+        if not len(rows):
+            continue
+        ends = c["ts"][rows] + c["dur"][rows]
+        by_start = rows[np.argsort(c["ts"][rows], kind="stable")]
+        out[r] = (anchor_s[lo:hi][dev_sorted[lo:hi]], np.maximum.accumulate(ends), c["ts"][by_start],
+                  c["ts"][by_start] + c["dur"][by_start], float(c["dur"][rows].max()))  # fmt: skip
+    table.device_index = out
+    return out
+
+
+def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
+    """The facts of ``rank`` in ``step`` (None: the whole trace)."""
+    c = table.cols
+    cls = c["cls"]
+    if step is not None:
+        cpu_start, cpu_end = step.start, step.end
+        rows = table.rows_between(rank, cpu_start, cpu_end)
+    else:
+        rows = np.flatnonzero(c["rank"] == rank)  # the whole trace: from the rank's first event of any kind
+        host = rows[~np.isin(cls[rows], (*DEVICE_CLASSES, EvClass.GPU_SYNC))]
+        cpu_start = float(c["ts"][rows].min())
+        span = host if len(host) else rows
+        cpu_end = float((c["ts"][span] + c["dur"][span]).max())
+    own = rows[np.isin(cls[rows], DEVICE_CLASSES)]
+    device_end = float((c["ts"][own] + c["dur"][own]).max()) if len(own) else None
+    prev_end = None
+    busy = 0.0
+    dev = _device_index(table).get(rank)
+    if dev is not None:
+        anchors, running_end, starts, ends, longest = dev
+        if step is not None:
+            k = int(np.searchsorted(anchors, cpu_start, side="left"))  # device ops launched before the step
+            prev_end = float(running_end[k - 1]) if k > 0 else None
+    origin = max(cpu_start, prev_end) if prev_end is not None else cpu_start
+    step_end = max(cpu_end, device_end) if device_end is not None else cpu_end
+    if dev is not None:
+        a = int(np.searchsorted(starts, origin - longest, side="left"))
+        b = int(np.searchsorted(starts, step_end, side="left"))
+        busy = _union(starts[a:b], ends[a:b], origin, step_end)
+    launcher = table.launchers()
+    launched = own[launcher[own] >= 0]
+    lead = float(np.median(c["ts"][launched] - c["ts"][launcher[launched]])) if len(launched) else None
+    rt = rows[(cls[rows] == EvClass.RUNTIME) & (c["dur"][rows] >= BLOCKING_FACT_US)]
+    blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
+    return RankFacts(
+        rank=rank, cpu_start=cpu_start, cpu_end=cpu_end, device_ops=int(len(own)), device_end=device_end,
+        prev_device_end=prev_end, origin=origin, step_end=step_end, device_busy_us=busy, lead_us=lead,
+        blocking_us=blocking, asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
+    )  # fmt: skip
+
+
+def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float, step: Step | None) -> list[dict]:
+    """Host threads (not the step's own) with few ops in the step, one of which covers at least
+    ASLEEP_SHARE of it: a progress-bar monitor, a watchdog, a stats reporter waiting on a lock."""
+    c = table.cols
+    host = rows[np.isin(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
+    if not len(host) or hi <= lo:
+        return []
+    out = []
+    key = c["pid"][host].astype(np.int64) * (1 << 32) + (c["tid"][host].astype(np.int64) & 0xFFFFFFFF)
+    for k in np.unique(key).tolist():
+        rows = host[key == k]
+        pid, tid = int(c["pid"][rows[0]]), int(c["tid"][rows[0]])
+        if step is not None and (pid, tid) == (step.pid, step.tid):
+            continue
+        if len(rows) > ASLEEP_MAX_OPS:
+            continue
+        longest = rows[np.argmax(c["dur"][rows])]
+        covered = min(c["ts"][longest] + c["dur"][longest], hi) - max(c["ts"][longest], lo)
+        if covered >= ASLEEP_SHARE * (hi - lo):
+            out.append({"pid": pid, "tid": tid, "thread": table.thread_names.get((rank, pid, tid), f"thread {tid}"),
+                        "op": table.names[c["name"][longest]][:120], "ops": int(len(rows))})  # fmt: skip
+    return out
+
+
+@dataclass(slots=True)
+class StepFacts:
+    """The facts of one step on every rank that has it."""
+
+    step: int | None
+    ranks: list[RankFacts]
+
+    def of(self, rank: int) -> RankFacts | None:
+        return next((f for f in self.ranks if f.rank == rank), None)
+
+    @property
+    def period(self) -> float:
+        """The step's period: the longest of its ranks' (µs)."""
+        return max((f.period for f in self.ranks), default=0.0)
+
+    def to_dict(self, offset: float = 0.0) -> dict:
+        return {"step": self.step, "period_us": self.period, "ranks": [f.to_dict(offset) for f in self.ranks]}
+
+
+def step_facts(table: EventTable, step: int | None) -> StepFacts:
+    steps = [s for s in table.steps if s.number == step] if step is not None else []
+    if step is not None:
+        return StepFacts(step, [rank_facts(table, s.rank, s) for s in sorted(steps, key=lambda s: s.rank)])
+    return StepFacts(None, [rank_facts(table, r, None) for r in table.ranks])
+
+
+@dataclass(slots=True)
+class RunFacts:
+    """What the input says of the whole job."""
+
+    ranks: list[int]
+    world_size: int | None  # from distributedInfo (the largest any rank states)
+    numbered: dict[int, dict]  # rank -> events held / numbered by the exporter (Ev Idx), summed over its files
+    unknown_device_events: int
+
+    @property
+    def missing_ranks(self) -> int:
+        return max(self.world_size - len(self.ranks), 0) if self.world_size else 0
+
+    def sampled(self, threshold: float = 0.9) -> dict[int, float]:
+        """Ranks whose files hold less than ``threshold`` of the events their exporter numbered."""
+        return {r: n["held"] / n["numbered"] for r, n in self.numbered.items() if n["numbered"] and n["held"] < threshold * n["numbered"]}
+
+    def to_dict(self) -> dict:
+        return {"ranks": self.ranks, "world_size": self.world_size, "missing_ranks": self.missing_ranks,
+                "numbered": {str(r): n for r, n in self.numbered.items()}, "sampled": {str(r): v for r, v in self.sampled().items()},
+                "unknown_device_events": self.unknown_device_events}  # fmt: skip
+
+
+def run_facts(table: EventTable) -> RunFacts:
+    sizes = [m.get("world_size") for m in table.meta.values() if isinstance(m, dict)]
+    sizes = [int(s) for s in sizes if isinstance(s, int) and not isinstance(s, bool) and 0 < s < 2**31]
+    numbered = {}
+    for r, info in table.inputs.items():
+        files = info.get("numbered") or []
+        if files:
+            numbered[r] = {"held": sum(f["events"] for f in files), "numbered": sum(f["last"] - f["first"] + 1 for f in files)}
+    unknown = sum(int(info.get("unknown_device_events", 0)) for info in table.inputs.values())
+    return RunFacts(ranks=table.ranks, world_size=max(sizes) if sizes else None, numbered=numbered, unknown_device_events=unknown)
