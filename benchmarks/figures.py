@@ -100,7 +100,9 @@ def quickstart(root: Path) -> str:
 
 def step_time(root: Path) -> str:
     d = _load(root, "benchmarks/accuracy_results.json")
-    rows = [[f"`{r['trace']}`", str(r["ranks"]), str(r["steps"]), f"{r['nodes']:,}", f"{r['max_abs_error_pct']:.2f}%"] for r in d["makespan"]]
+    rows = [
+        [f"`{r['trace']}`", str(r["ranks"]), str(r["steps"]), f"{r['nodes']:,}", f"{r['max_abs_error_pct']:.2f}%"] for r in d["makespan"]
+    ]
     h = d["hta"]
     return (
         _table(["trace", "ranks", "steps", "nodes (first step)", "max abs(CPM step time − measured)"], rows)
@@ -112,11 +114,12 @@ def step_time(root: Path) -> str:
 
 # ------------------------------------------------------------------ the step-time models (make eval)
 
+# the columns and number format of training.eval.to_markdown (which imports torch)
 EVAL_COLUMNS = [
     ("n", "what-if n", False), ("step_mape", "step MAPE %", True), ("step_mse_ms2", "MSE ms²", True), ("dt_mape", "ΔT MAPE %", True),
     ("dt_median_ape", "ΔT median APE %", True), ("dt_mae_ms", "ΔT MAE ms", False), ("sign_acc", "sign acc", False),
     ("slack_rho", "slack ρ", False), ("critical_f1", "critical F1", False), ("ms_per_graph", "ms/graph", False),
-]  # fmt: skip  (the columns and number format of training.eval.to_markdown)
+]  # fmt: skip
 
 
 def _eval_fmt(v: Any, pct: bool) -> str:
@@ -129,7 +132,11 @@ def _eval_fmt(v: Any, pct: bool) -> str:
 
 def eval_table(root: Path) -> str:
     d = _load(root, "docs/eval.json")
-    rows = [[s["split"], name] + [_eval_fmt(m.get(k), pct) for k, _, pct in EVAL_COLUMNS] for s in d["splits"] for name, m in s["models"].items()]
+    rows = [
+        [s["split"], name] + [_eval_fmt(m.get(k), pct) for k, _, pct in EVAL_COLUMNS]
+        for s in d["splits"]
+        for name, m in s["models"].items()
+    ]
     return _table(["split", "model"] + [c[1] for c in EVAL_COLUMNS], rows) + "\n"
 
 
@@ -298,7 +305,10 @@ def heldout_in_time(root: Path) -> str:
         d = _load(root, f"benchmarks/{name}")
         rows.append([what, f"`{name}`", str(d["conditions"]), _pct(d["replay"]["mape"]), _pct(d["corrected"]["mape"]),
                      _pct(d["corrected"].get("coverage"), 0), _pct(d["remeasured"]["mape"])])  # fmt: skip
-    return _table(["launches", "result", "conditions", "replay MAPE", "corrected MAPE", "interval covers", "truth against itself"], rows) + "\n"
+    return (
+        _table(["launches", "result", "conditions", "replay MAPE", "corrected MAPE", "interval covers", "truth against itself"], rows)
+        + "\n"
+    )
 
 
 def noise_steps(root: Path) -> str:
@@ -321,8 +331,13 @@ def noise_steps(root: Path) -> str:
 
 def noise_sources(root: Path) -> str:
     d = _load(root, "benchmarks/noise_sources_results.json")
-    rows = [[r["probe"], str(r["rank"]), f"{r['median_ms']:.2f}", _pct(r["robust_spread"]), f"{r['p10_ms']:.2f}–{r['p90_ms']:.2f}"] for r in d["rows"]]
-    return _table(["probe (no profiler)", "rank", "median ms", "robust spread", "p10–p90 ms"], rows) + f"\n\n{d['steps']} calls per probe.\n"
+    rows = [
+        [r["probe"], str(r["rank"]), f"{r['median_ms']:.2f}", _pct(r["robust_spread"]), f"{r['p10_ms']:.2f}–{r['p90_ms']:.2f}"]
+        for r in d["rows"]
+    ]
+    return (
+        _table(["probe (no profiler)", "rank", "median ms", "robust spread", "p10–p90 ms"], rows) + f"\n\n{d['steps']} calls per probe.\n"
+    )
 
 
 def knobs(root: Path) -> str:
@@ -345,7 +360,9 @@ def knobs(root: Path) -> str:
                      _pct(r["clean_vs_clean"]), *cells, f"{br[0] / 1000:.1f}–{br[1] / 1000:.1f}" if br else "—"])  # fmt: skip
     head = ["size", "layout", "knob", "from → to", "base ms", "measured Δ ms", "clean vs clean", "replay / 1F1B formula Δ ms", "proportional Δ ms",
             "`--batch` range ms"]  # fmt: skip
-    lines = [f"- {k}: MAPE {_pct(float(np.mean(e)), 0)}, sign {_pct(float(np.mean(signs[k])), 0)} over {len(e)} changes" for k, e in errs.items()]
+    lines = [
+        f"- {k}: MAPE {_pct(float(np.mean(e)), 0)}, sign {_pct(float(np.mean(signs[k])), 0)} over {len(e)} changes" for k, e in errs.items()
+    ]
     resplits = [r for r in data if r["knob"] == "microbatches"]
     flipped = sum(np.sign(r["predicted"]["replay"]) != np.sign(r["measured_change_us"]) for r in resplits)
     lines.append(f"- the 1F1B formula (micro-batch changes) has the wrong sign on {flipped} of {len(resplits)}")
@@ -361,14 +378,31 @@ def culprits(root: Path) -> str:
     rows = []
     for name, s in d["methods"].items():
         by_effect = [f"{_pct(eff[e][name]['top1'], 0)} / {_pct(eff[e][name]['top3'], 0)}" for e in ("lengthened", "absorbed")]
-        rows.append([name, f"**{_pct(s['top1'])}**", _pct(s["top3"]), *by_effect, *(f"{_pct(lay[x][name]['top1'], 0)} / {_pct(lay[x][name]['top3'], 0)}" for x in layouts)])
+        rows.append(
+            [
+                name,
+                f"**{_pct(s['top1'])}**",
+                _pct(s["top3"]),
+                *by_effect,
+                *(f"{_pct(lay[x][name]['top1'], 0)} / {_pct(lay[x][name]['top3'], 0)}" for x in layouts),
+            ]
+        )
     n_len, n_abs = (next(iter(eff[e].values()))["n"] for e in ("lengthened", "absorbed"))
-    head = ["method", "top-1", "top-3", f"lengthened ({n_len})", f"absorbed ({n_abs})", *(f"{x} ({next(iter(lay[x].values()))['n']})" for x in layouts)]
+    head = [
+        "method",
+        "top-1",
+        "top-3",
+        f"lengthened ({n_len})",
+        f"absorbed ({n_abs})",
+        *(f"{x} ({next(iter(lay[x].values()))['n']})" for x in layouts),
+    ]
     return (
         _table(head, rows)
         + f"\n\n{d['steps']} injected steps; blame took {d['blame_seconds_per_step']:.2f} s per step. Per-group cells are top-1 / top-3.\n"
         + "\nAgainst the targets (top-1 ≥ 90%, top-3 ≥ 98%): "
-        + "; ".join(f"{name}: {_meets(s['top1'] >= 0.9, s['top3'] >= 0.98)}" for name, s in d["methods"].items() if name.startswith("blame"))
+        + "; ".join(
+            f"{name}: {_meets(s['top1'] >= 0.9, s['top3'] >= 0.98)}" for name, s in d["methods"].items() if name.startswith("blame")
+        )
         + ".\n"
     )
 
@@ -390,8 +424,11 @@ def close_loop(root: Path) -> str:
     return (
         _table(["scenario", "top suggestion", "applied", "predicted saving: replay ms", "correction variant ms", "measured ms"], rows)
         + "\n\nThe bidirectional and directed variants predicted a negative saving (the step getting slower) in "
-        + (f"every one of these {len(data)} scenarios" if set(wrong.values()) == {len(data)} else
-           f"{wrong['bidirectional']} and {wrong['directed']} of these {len(data)} scenarios")
+        + (
+            f"every one of these {len(data)} scenarios"
+            if set(wrong.values()) == {len(data)}
+            else f"{wrong['bidirectional']} and {wrong['directed']} of these {len(data)} scenarios"
+        )
         + ".\n"
     )
 
@@ -412,8 +449,11 @@ def gpu(root: Path) -> str:
             stalls.append([f"{delay:g} ms", str(len(rs)), f"{min(m):.2f} to {max(m):.2f}", f"{min(p):.2f} to {max(p):.2f}"])
     return (
         _table(["run", "conditions", "n", "MAPE", "median APE", "MAPE (measured ≥ 1 ms)", "mean abs. error", "sign", "Kendall τ"], rows)
-        + "\n\n" + "; ".join(floors) + ".\n\nDevice-side stalls (runs 2 and 3), the measured saving against the replay's:\n\n"
-        + _table(["stall", "conditions", "measured saving ms", "replay ms"], stalls) + "\n"
+        + "\n\n"
+        + "; ".join(floors)
+        + ".\n\nDevice-side stalls (runs 2 and 3), the measured saving against the replay's:\n\n"
+        + _table(["stall", "conditions", "measured saving ms", "replay ms"], stalls)
+        + "\n"
     )
 
 
@@ -463,7 +503,8 @@ def _readme_with(text: str, figures: dict[str, str]) -> str:
         start, end = f"<!-- figure:{name} -->", f"<!-- /figure:{name} -->"
         if start not in text or end not in text:
             raise SystemExit(f"README.md: no {start} ... {end} block")
-        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _m, b=figures[name]: f"{start}\n{b}{end}", text, count=1, flags=re.S)
+        block = f"{start}\n{figures[name]}{end}"
+        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _m, block=block: block, text, count=1, flags=re.S)
     return text
 
 
