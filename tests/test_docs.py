@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -46,16 +47,10 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     mkdocs = [sys.executable, "-m", "mkdocs"]
     run = subprocess.run([*mkdocs, "build", "--strict", "--site-dir", str(out), "--config-file", str(ROOT / "mkdocs.yml")],
-                         cwd=ROOT, capture_output=True, text=True, env={**_env(), "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     assert not re.search(r"^(WARNING|ERROR)", run.stderr, re.M), run.stderr
     return out
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
 
 
 def test_the_manual_builds_with_warnings_as_errors_and_includes_every_figure(site):
