@@ -1,4 +1,4 @@
-"""The keys of every command's --json are the ones the README documents ("JSON output")."""
+"""The keys of every command's --json are the ones the manual documents (docs/json.md)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 
 from conftest import DATA, SAMPLE, run_cli
 
-README = Path(__file__).parents[1] / "README.md"
+DOCUMENTED = Path(__file__).parents[1] / "docs" / "json.md"
 STRAGGLER = DATA / "gloo_ddp_8steps_straggler"
 CLEAN = DATA / "gloo_ddp_8steps_clean"
 
 
 def documented() -> dict[str, tuple[set[str], set[str]]]:
-    """object -> (required keys, optional keys) from the README's table."""
-    text = README.read_text()
+    """object -> (required keys, optional keys) from the manual's table."""
+    text = DOCUMENTED.read_text()
     table = text[text.index("<!-- json-schema:start -->") : text.index("<!-- json-schema:end -->")]
     out = {}
     for line in table.splitlines():
@@ -45,7 +45,7 @@ def json_of(args: list[str], capsys) -> dict:
     return json.loads(out)
 
 
-def test_the_readme_documents_every_command():
+def test_the_manual_documents_every_command():
     assert {"analyze", "whatif", "blame", "advise", "summary", "compare", "blame node", "advise suggestion"} <= set(SCHEMA)
     assert "model" in SCHEMA["blame step"][1] and "gate_failed" in SCHEMA["compare"][0]
 

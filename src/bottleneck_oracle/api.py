@@ -1,4 +1,11 @@
-"""The Python API the CLI is a thin layer over."""
+"""The Python API the CLI is a thin layer over.
+
+Every function takes a trace path (a Kineto/Chrome trace file, a folder of per-rank traces, or
+Chakra ET files) and returns typed results whose ``to_dict()`` is the matching command's
+``--json``. Times are microseconds (µs) throughout. Bad input raises
+``bottleneck_oracle.errors.OracleError`` naming the file; partial input warns with
+``OracleWarning``.
+"""
 
 from __future__ import annotations
 
@@ -54,10 +61,20 @@ def _predictor(checkpoint: str | Path | None) -> Predictor:
 
 
 def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0, executor: ExecutorSpec = None) -> EventTable:
-    """Events of a Kineto trace file or a folder of per-rank trace files, with the data
-    dependencies of the run's PyTorch execution trace(s) when ``et`` is given. With
-    ``ranks_per_host`` > 0 the clocks of the hosts are aligned (graph_pipeline.clocks);
-    ``table.clocks`` says what moved. ``executor``: where the files are parsed (see ``build``)."""
+    """Events of a Kineto trace file or a folder of per-rank trace files.
+
+    Args:
+        path: a trace file (``.json``, ``.json.gz``) or a folder of per-rank traces.
+        et: the run's PyTorch execution trace(s), one file or a folder with one per rank: adds
+            tensor data dependencies.
+        ranks_per_host: ranks per host (0..N-1 on the first); > 0 aligns each host's clock to the
+            first's from the collectives they ran together (graph_pipeline.clocks); 0: one clock.
+        executor: where the files are parsed (see ``build``).
+
+    Returns:
+        The columnar event table of all ranks (timestamps in µs); ``table.clocks`` says what the
+        clock alignment moved.
+    """
     with _engine(executor) as eng:
         table = load_events(path, engine=eng)
     hosts = clocks.hosts_by_block(table.ranks, ranks_per_host) if ranks_per_host > 0 else None
@@ -89,7 +106,18 @@ def _engine(executor: ExecutorSpec) -> Iterator[Engine | None]:
 def graphs(
     table: EventTable, steps: list[int] | None = None, config: Config | None = None, executor: ExecutorSpec = None
 ) -> list[ExecutionGraph]:
-    """One ExecutionGraph per ProfilerStep (all ranks merged), or one for the whole trace."""
+    """The graphs of an event table.
+
+    Args:
+        table: events from ``load``.
+        steps: the ProfilerStep numbers to build; None: every step.
+        config: thresholds of the edge rules (``Config().graph``); None: the defaults.
+        executor: where the per-step graph building runs (see ``build``).
+
+    Returns:
+        One ExecutionGraph per ProfilerStep (all ranks merged), or one for the whole trace when it
+        has no step markers.
+    """
     with _engine(executor) as eng:
         return build_graphs(table, steps, _options(config), eng)
 
@@ -111,13 +139,23 @@ def build(
     et: str | Path | None = None,
     executor: ExecutorSpec = None,
 ) -> tuple[EventTable | None, list[ExecutionGraph]]:
-    """The graphs of any supported input. Chakra ET input (.et files) has no steps and no
-    event table: one graph for the whole trace, and None for the table.
+    """The graphs of any supported input.
 
-    ``executor`` runs the per-rank parsing and the per-step graph building: None or "local"
-    (this machine's processes), "dask" (a Dask LocalCluster), "dask://HOST:PORT" (a running
-    Dask scheduler), a ``distributed.Client``, or any ``concurrent.futures.Executor``. The
-    answers are the same on every one (graph_pipeline.engine)."""
+    Args:
+        path: a trace file, a folder of per-rank traces, or Chakra ET files (``.et``).
+        steps: the ProfilerStep numbers to build; None: every step.
+        config: the configuration (graph thresholds, ``graph.ranks_per_host``); None: defaults.
+        et: the run's PyTorch execution trace(s) (see ``load``).
+        executor: where the per-rank parsing and the per-step graph building run: None or
+            ``"local"`` (this machine's processes), ``"dask"`` (a Dask LocalCluster),
+            ``"dask://HOST:PORT"`` (a running Dask scheduler), a ``distributed.Client``, or any
+            ``concurrent.futures.Executor``. The answers are the same on every one
+            (graph_pipeline.engine).
+
+    Returns:
+        ``(table, graphs)``: the event table and one ExecutionGraph per step. Chakra ET input has
+        no steps and no event table: one graph for the whole trace, and None for the table.
+    """
     table, gs = _graph_stream(path, steps, config, et, executor)
     return table, list(gs)
 
@@ -155,7 +193,19 @@ def analyze(
     et: str | Path | None = None,
     executor: ExecutorSpec = None,
 ) -> tuple[EventTable | None, list[StepAnalysis]]:
-    """Build and run the critical path method on every selected step (``executor``: see ``build``)."""
+    """Build and run the critical path method on every selected step.
+
+    Args:
+        path: a trace file, a folder of per-rank traces, or Chakra ET files.
+        steps: the ProfilerStep numbers to analyse; None: every step.
+        config: the configuration (graph thresholds, ``analysis.untraced_gap_us``); None: defaults.
+        et: the run's PyTorch execution trace(s) (see ``load``).
+        executor: where parsing and graph building run (see ``build``).
+
+    Returns:
+        ``(table, analyses)``: the event table (None for Chakra input) and one StepAnalysis per
+        step: measured and CPM step time (µs), slack, critical path, breakdown, straggler.
+    """
     table, stream = analyze_stream(path, steps, config, et, executor)
     return table, list(stream)
 
@@ -167,9 +217,23 @@ def analyze_stream(
     et: str | Path | None = None,
     executor: ExecutorSpec = None,
 ) -> tuple[EventTable | None, Iterator[StepAnalysis]]:
-    """``analyze``, one step at a time: each step's graph is built and analysed when the iterator
-    reaches it, so a run of thousands of steps never holds every graph at once. Bad input (a
-    missing step, traces of different runs) raises here, before the first step."""
+    """``analyze``, one step at a time.
+
+    Each step's graph is built and analysed when the iterator reaches it, so a run of thousands
+    of steps never holds every graph at once. Bad input (a missing step, traces of different
+    runs) raises here, before the first step.
+
+    Args:
+        path: a trace file, a folder of per-rank traces, or Chakra ET files.
+        steps: the ProfilerStep numbers to analyse; None: every step.
+        config: the configuration; None: defaults.
+        et: the run's PyTorch execution trace(s) (see ``load``).
+        executor: where parsing and graph building run (see ``build``).
+
+    Returns:
+        ``(table, iterator)``: the event table (None for Chakra input) and an iterator of
+        StepAnalysis, one per step, in step order.
+    """
     gap = (config or Config()).analysis.untraced_gap_us
     table, gs = _graph_stream(path, steps, config, et, executor)
     return table, (StepAnalysis.of(g, gap) for g in gs)
@@ -192,11 +256,29 @@ def whatif(
     microbatches: int | None = None,
     batch: float | None = None,
 ) -> list[StepWhatIf]:
-    """Per step: the step time after ``edits`` (``Edit.parse`` strings) by the exact replay and by
-    each HeteroGAT variant of ``checkpoint`` (the shipped pretrained model by default), with
-    the critical path before and after. ``microbatches``: a pipeline step re-split into that
-    many micro-batches, predicted by the 1F1B formula (the replay cannot restructure the graph).
-    ``batch``: the batch scaled by this ratio, the step bracketed by two replays (``BatchScale``)."""
+    """The step time after changing op durations: exact replay, corrected replay and graph network.
+
+    Args:
+        path: a Kineto trace file or a folder of per-rank traces.
+        edits: edits in the ``whatif --edit`` syntax (``analysis.whatif.Edit.parse``), e.g.
+            ``"name~=all_reduce,rank=1,scale=0.5"``; several apply together.
+        steps: the ProfilerStep numbers to predict; None: every step.
+        config: the configuration; None: defaults.
+        checkpoint: the graph network, a ``.pt`` or its ``.npz``; None: the shipped pretrained one.
+        use_model: False: the replay only (no corrected replay, no graph network).
+        microbatches: a pipeline step re-split into this many micro-batches, predicted by the
+            1F1B formula (the replay cannot restructure the graph).
+        batch: the batch scaled by this ratio, the step bracketed by two replays (``BatchScale``).
+
+    Returns:
+        One StepWhatIf per step: the measured step, the replay's edited step time and change
+        (µs), the corrected replay with its 90% interval, each graph-network variant's answer,
+        and the ops that joined and left the critical path.
+
+    Raises:
+        OracleError: no edit, ``microbatches`` or ``batch`` given; edits that select no node; a
+            re-split of a step that is not a pipeline step.
+    """
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
@@ -345,10 +427,27 @@ def blame(
     checkpoint: str | Path | None = None,
     use_model: bool = True,
 ) -> list[StepBlame]:
-    """Per step: nodes, ranks and op kinds ranked by the step time restoring them to their typical
-    duration saves (analysis.blame). Typical durations come from ``baseline``'s steps when given,
-    else from the trace's other steps (the first one, warm-up, left out when there are three or
-    more). The top nodes' savings are also predicted by the graph network (its default variant)."""
+    """Who is to blame: what restoring each op, gap, region, rank and op kind to typical saves.
+
+    Typical durations come from ``baseline``'s steps when given, else from the trace's other
+    steps (the first one, warm-up, left out when there are three or more), and from the peer
+    ranks (analysis.blame).
+
+    Args:
+        path: a Kineto trace file or a folder of per-rank traces.
+        baseline: a trace of the same job as it normally runs; None: the trace's own steps.
+        steps: the ProfilerStep numbers to blame; None: every step.
+        config: the configuration; None: defaults.
+        top: how many nodes and op kinds to list per step.
+        checkpoint: the graph network that also predicts the top five nodes' savings; None: the
+            shipped one.
+        use_model: False: the replay only.
+
+    Returns:
+        One StepBlame per step: culprit nodes, anomalies, regions, ranks and op kinds, each with
+        its saving (µs) and share, the measured step time (µs) and where the typical durations
+        came from.
+    """
     from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
     from bottleneck_oracle.analysis.blame import blame as blame_graph
     from bottleneck_oracle.analysis.cpm import run_cpm
@@ -410,8 +509,24 @@ def advise(
     llm: ChatClient | None = None,
     recipes: str | Path | None = None,
 ) -> list[StepAdvice]:
-    """Per step: validated optimisation suggestions (llm.graphrag), from the offline recipe engine or
-    from ``llm`` (an llm.client.ChatClient), with the blame they are based on."""
+    """Validated optimisation suggestions for every step (llm.graphrag).
+
+    Args:
+        path: a Kineto trace file or a folder of per-rank traces.
+        steps: the ProfilerStep numbers to advise on; None: every step.
+        config: the configuration; None: defaults.
+        baseline: a normal run of the same job, for the blame's typical durations.
+        checkpoint: the graph network that also predicts each suggestion's saving; None: the
+            shipped one.
+        use_model: False: validate with the replay only.
+        llm: an OpenAI-compatible chat server (``llm.client.ChatClient``); None: the offline
+            recipe engine.
+        recipes: another recipe file in the format of the shipped ``llm/recipes.yaml``.
+
+    Returns:
+        One StepAdvice per step: the suggestions that passed validation, best replay saving (µs)
+        first, the rejected ones with their reasons, and the blame they are based on.
+    """
     table, gs = build(path, steps, config)
     pool = _reference_pool(path, baseline, steps, config, gs)
     gap = (config or Config()).analysis.untraced_gap_us
@@ -428,7 +543,21 @@ def advise_graphs(
     llm: ChatClient | None = None,
     recipes: str | Path | None = None,
 ) -> list[StepAdvice]:
-    """advise on analysed steps: ``refs_all`` are the reference steps (a baseline's, or the trace's own)."""
+    """``advise`` on steps already analysed.
+
+    Args:
+        table: the event table the steps came from (None for Chakra input).
+        analyses: the analysed steps.
+        refs_all: the reference steps for typical durations: a baseline's, or the trace's own.
+        baseline: whether ``refs_all`` is a baseline's (else the warm-up step is left out).
+        checkpoint: the graph network (see ``advise``).
+        use_model: False: validate with the replay only.
+        llm: an OpenAI-compatible chat server; None: the offline recipe engine.
+        recipes: another recipe file.
+
+    Returns:
+        One StepAdvice per analysed step.
+    """
     from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
     from bottleneck_oracle.analysis.blame import blame as blame_graph
     from bottleneck_oracle.analysis.phases import node_phases
@@ -453,7 +582,18 @@ def advise_graphs(
 
 
 def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None) -> RunSummary:
-    """Every step of a run against its median, outliers with their top cause (analysis.runs.RunSummary)."""
+    """Every step of a run against its median; outliers with their top cause.
+
+    Args:
+        path: a trace file or a folder of per-rank traces.
+        steps: the ProfilerStep numbers to include; None: every step.
+        config: the configuration; None: defaults.
+
+    Returns:
+        The RunSummary (analysis.runs): the steady-state step time (median of the steps after
+        the first, µs), its spread, and per step its difference from it, its CPM step time,
+        untraced time and, for an outlier, blame's top cause.
+    """
     from bottleneck_oracle.analysis.runs import summarize
 
     _, analyses = analyze(path, steps, config)
@@ -461,8 +601,19 @@ def summary(path: str | Path, steps: list[int] | None = None, config: Config | N
 
 
 def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0) -> Comparison:
-    """Baseline run against candidate run: the step-time change with its noise, what moved on the
-    critical path, per kind and per rank (analysis.runs.Comparison)."""
+    """Did a change help: the candidate run against the baseline run.
+
+    Args:
+        baseline: the run before the change (a trace file or a folder of per-rank traces).
+        candidate: the run after the change.
+        config: the configuration; None: defaults.
+        seed: the seed of the bootstrap interval.
+
+    Returns:
+        The Comparison (analysis.runs): the median step times, their difference (µs) with a 95%
+        bootstrap interval and a verdict (faster, slower, within noise), what moved on the
+        critical path, per breakdown class and per rank.
+    """
     from bottleneck_oracle.analysis.runs import compare as compare_runs
 
     _, base = analyze(baseline, None, config)

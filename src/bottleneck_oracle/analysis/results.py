@@ -1,8 +1,8 @@
 """The per-step results the API returns for what-if, blame and advice, as typed records.
 
 They sit below every renderer (the CLI's terminal tables, report.html) so each reads them by
-attribute; ``to_dict()`` of each is its ``--json`` form (the keys are listed in the README,
-"JSON output"). Keys that only some steps have (a graph network's answer, a pipeline re-split,
+attribute; ``to_dict()`` of each is its ``--json`` form (the keys are listed in the manual,
+docs/json.md). Keys that only some steps have (a graph network's answer, a pipeline re-split,
 the op enclosing an untraced gap) are left out of the JSON where the field is None.
 """
 
@@ -47,7 +47,7 @@ class PathChange:
 
 @dataclass(slots=True)
 class Replay:
-    """The exact replay's answer: the edited step time (measured + delta) and the delta."""
+    """The exact replay's answer: the edited step time (measured + delta) and the delta, in µs."""
 
     step_us: float
     delta_us: float
@@ -91,8 +91,8 @@ class BatchScale:
     """The batch scaled by ``ratio``: the step between two replays, the forward and backward
     passes' CPU ops scaled alone (``ops_alone_step_us``) and with their regions' own time between
     them (``with_own_time_step_us``). Ops have a fixed per-call part a trace cannot separate from
-    the part that scales: on paired CPU re-runs the measured step fell between the two on 5 of
-    6 batch changes (docs/eval-reruns.md)."""
+    the part that scales: on paired CPU re-runs the measured step fell between the two on most
+    batch changes (the manual's accuracy pages, docs/accuracy/reruns.md, "Knob changes")."""
 
     ratio: float
     ops_alone_step_us: float

@@ -29,6 +29,15 @@ def _rank_positions(ranks: np.ndarray, node_rank: np.ndarray) -> tuple[np.ndarra
 
 @dataclass(slots=True)
 class StepAnalysis:
+    """One analysed step (api.analyze): its graph, the critical path method's result on it, and
+    what a user reads off them. Times are µs; ``to_dict()`` is the step of ``analyze --json``.
+
+    Attributes:
+        graph: the step's ExecutionGraph (all ranks merged).
+        cpm: the critical path method on it (analysis.cpm.CPMResult: EST, LST, slack, path, makespan).
+        untraced_gap_us: time between ops longer than this (µs) with no traced cause is untraced.
+    """
+
     graph: ExecutionGraph
     cpm: CPMResult
     untraced_gap_us: float = UNTRACED_GAP_US
@@ -37,6 +46,7 @@ class StepAnalysis:
 
     @classmethod
     def of(cls, g: ExecutionGraph, untraced_gap_us: float = UNTRACED_GAP_US) -> StepAnalysis:
+        """Run the critical path method on ``g`` and wrap the result."""
         return cls(graph=g, cpm=run_cpm(g), untraced_gap_us=untraced_gap_us)
 
     # -- the numbers -------------------------------------------------------------------
@@ -110,7 +120,7 @@ class StepAnalysis:
         return [{"name": x, "kind": kind[x], "critical_us": total[x], "share": total[x] / ms, "count": count[x]} for x in order]
 
     def critical_path(self) -> list[dict[str, Any]]:
-        """The segments as JSON rows, in time order (schema in README: critical_path)."""
+        """The segments as JSON rows, in time order (schema: docs/commands/analyze.md, critical_path)."""
         g = self.graph
         threads, streams = g.meta.get("thread_names", {}), g.meta.get("stream_names", {})
         rows = []
@@ -200,6 +210,7 @@ class StepAnalysis:
         return {"ranks": out, "deeper_than_step": any(x["deeper_than_step"] for x in out)} if out else None
 
     def lowest_slack_comm(self, k: int = 10) -> list[dict[str, Any]]:
+        """The ``k`` communication ops with the least slack (µs), with how long each waited for its peers."""
         g, r = self.graph, self.cpm
         n = g.nodes
         net = np.flatnonzero((n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER))
@@ -264,6 +275,7 @@ class StepAnalysis:
         return {"rank": rank, "imposed_wait_us": imposed[rank]}
 
     def to_dict(self, top: int = 20) -> dict[str, Any]:
+        """The step as ``analyze --json`` prints it, with ``top`` ops by critical-path time."""
         g, r = self.graph, self.cpm
         step_time = self.step_time
         reference = self.period or self.measured
