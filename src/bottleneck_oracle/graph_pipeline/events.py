@@ -131,12 +131,12 @@ class EventTable:
     """Cached row of the runtime call that launched each GPU op (-1: none, or not a GPU op)."""
     streams: tuple[np.ndarray, np.ndarray] | None = None
     """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
-    device_index: dict | None = None
-    """Cached per-rank device-op index of facts.py (launch order, running ends, start order)."""
+    facts_cache: dict | None = None
+    """Cached per-rank indexes of facts.py (device ops by launch and by start; long host ops)."""
 
     def drop_caches(self) -> None:
         """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
-        self.by_rank_ts = self.launcher = self.streams = self.device_index = None
+        self.by_rank_ts = self.launcher = self.streams = self.facts_cache = None
 
     def launchers(self) -> np.ndarray:
         """Per row, the row of the runtime call that launched it: GPU ops and GPU-side sync records

@@ -33,6 +33,7 @@ BLOCKING_NAME = re.compile(r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventq
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
 ASLEEP_MAX_OPS = 200
+_COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
 
 
 @dataclass(slots=True)
@@ -95,9 +96,9 @@ def _union(lo: np.ndarray, hi: np.ndarray, a: float, b: float) -> float:
 def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]]:
     """Per rank, its device ops: (anchors sorted, running max of their ends in that order, starts
     sorted, ends in start order, the longest op's duration), computed once per table."""
-    cached = table.device_index
-    if cached is not None:
-        return cached
+    cache = table.facts_cache = table.facts_cache or {}
+    if "device" in cache:
+        return cache["device"]
     c = table.cols
     order, rank_s, anchor_s = table.index()
     out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = {}
@@ -112,8 +113,27 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
         by_start = rows[np.argsort(c["ts"][rows], kind="stable")]
         out[r] = (anchor_s[lo:hi][dev_sorted[lo:hi]], np.maximum.accumulate(ends), c["ts"][by_start],
                   c["ts"][by_start] + c["dur"][by_start], float(c["dur"][rows].max()))  # fmt: skip
-    table.device_index = out
+    cache["device"] = out
     return out
+
+
+LONG_HOST_US = 1000.0  # µs: host ops this long are indexed for the asleep test (a tenth of any step worth looking at)
+
+
+def _long_host_ops(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank: its host ops of at least LONG_HOST_US, (rows sorted by start, the longest one's
+    duration), computed once per table."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if "long_host" not in cache:
+        c = table.cols
+        rows = np.flatnonzero(np.isin(c["cls"], (EvClass.CPU, EvClass.RUNTIME)) & (c["dur"] >= LONG_HOST_US))
+        rows = rows[np.lexsort((c["ts"][rows], c["rank"][rows]))]
+        out = {}
+        for r in np.unique(c["rank"][rows]).tolist():
+            mine = rows[c["rank"][rows] == r]
+            out[int(r)] = (mine, float(c["dur"][mine].max()))
+        cache["long_host"] = out
+    return cache["long_host"]
 
 
 def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
@@ -158,26 +178,44 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
 
 
 def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float, step: Step | None) -> list[dict]:
-    """Host threads (not the step's own) with few ops in the step, one of which covers at least
-    ASLEEP_SHARE of it: a progress-bar monitor, a watchdog, a stats reporter waiting on a lock."""
+    """Host threads that slept through the step: not the step's own thread, no runtime call (they
+    drive no device), few ops overlapping the step, and at least ASLEEP_SHARE of it covered by
+    ops each a tenth of the step or longer (a wait, a sleep, a lock: a progress-bar monitor, a
+    watchdog, a stats reporter). Ops that began before the step count: a wait rarely starts with it."""
     c = table.cols
-    host = rows[np.isin(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
-    if not len(host) or hi <= lo:
+    long_ops = _long_host_ops(table).get(rank)
+    if hi <= lo or long_ops is None:
         return []
+    longs, longest_dur = long_ops
+    a = int(np.searchsorted(c["ts"][longs], lo - longest_dur, side="left"))
+    b = int(np.searchsorted(c["ts"][longs], hi, side="left"))
+    longs = longs[a:b]
+    longs = longs[(c["ts"][longs] + c["dur"][longs] > lo) & (c["dur"][longs] >= 0.1 * (hi - lo))]
+    if not len(longs):
+        return []
+    host = rows[np.isin(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
+    mine = np.unique(np.concatenate([host, longs]))  # the step's host events and the long ones reaching into it
+    key = c["pid"][mine].astype(np.int64) * (1 << 32) + (c["tid"][mine].astype(np.int64) & 0xFFFFFFFF)
+    threads = np.unique(key)
+    if step is None:  # no step marker: the thread that drives the device (or does the most) is the step's own
+        runtime = [int((c["cls"][mine[key == k]] == EvClass.RUNTIME).sum()) for k in threads.tolist()]
+        count = [int((key == k).sum()) for k in threads.tolist()]
+        own = int(threads[max(range(len(threads)), key=lambda i: (runtime[i], count[i]))])
+    else:
+        own = int(step.pid) * (1 << 32) + (int(step.tid) & 0xFFFFFFFF)
     out = []
-    key = c["pid"][host].astype(np.int64) * (1 << 32) + (c["tid"][host].astype(np.int64) & 0xFFFFFFFF)
-    for k in np.unique(key).tolist():
-        rows = host[key == k]
-        pid, tid = int(c["pid"][rows[0]]), int(c["tid"][rows[0]])
-        if step is not None and (pid, tid) == (step.pid, step.tid):
+    for k in threads.tolist():
+        ops = mine[key == k]
+        if k == own or len(ops) > ASLEEP_MAX_OPS or (c["cls"][ops] == EvClass.RUNTIME).any():
             continue
-        if len(rows) > ASLEEP_MAX_OPS:
-            continue
-        longest = rows[np.argmax(c["dur"][rows])]
-        covered = min(c["ts"][longest] + c["dur"][longest], hi) - max(c["ts"][longest], lo)
-        if covered >= ASLEEP_SHARE * (hi - lo):
+        long = ops[(c["dur"][ops] >= 0.1 * (hi - lo)) & (c["ts"][ops] < hi) & (c["ts"][ops] + c["dur"][ops] > lo)]
+        covered = _union(c["ts"][long], c["ts"][long] + c["dur"][long], lo, hi) if len(long) else 0.0
+        comm = any(table.names[n].lower().startswith(_COMM_PREFIXES) for n in c["name"][long].tolist())
+        if covered >= ASLEEP_SHARE * (hi - lo) and not comm:  # a backend thread waiting in a collective is working
+            pid, tid = int(c["pid"][ops[0]]), int(c["tid"][ops[0]])
+            longest = long[np.argmax(c["dur"][long])]
             out.append({"pid": pid, "tid": tid, "thread": table.thread_names.get((rank, pid, tid), f"thread {tid}"),
-                        "op": table.names[c["name"][longest]][:120], "ops": int(len(rows))})  # fmt: skip
+                        "op": table.names[c["name"][longest]][:120], "ops": int(len(ops))})  # fmt: skip
     return out
 
 

@@ -193,6 +193,8 @@ class ChatClient:
                     raise self._error(f"the LLM reply is larger than {MAX_REPLY_BYTES} bytes")
             if expired.is_set():
                 raise TimeoutError
+            if length is not None and length.strip().isdigit() and total != int(length):
+                raise self._error(f"the LLM reply ended after {total} of the {int(length)} bytes it announced")
             return b"".join(chunks)
         except (OracleError, _Retry):
             raise

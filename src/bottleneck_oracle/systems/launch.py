@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -87,13 +88,17 @@ def idle_gloo_loops() -> int:
     if not hasattr(os, "SCHED_IDLE"):
         return 0
     done = 0
-    for task in Path("/proc/self/task").glob("*"):
-        try:
-            if (task / "comm").read_text().strip() == "gloo_tcp_loop":
-                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
-                done += 1
-        except OSError:  # the thread ended, or the OS refused
-            continue
+    for _ in range(20):  # gloo starts its socket thread and names it a moment after the group forms
+        for task in Path("/proc/self/task").glob("*"):
+            try:
+                if (task / "comm").read_text().strip() == "gloo_tcp_loop":
+                    os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+                    done += 1
+            except OSError:  # the thread ended, or the OS refused
+                continue
+        if done:
+            break
+        time.sleep(0.05)
     return done
 
 

@@ -1,0 +1,338 @@
+"""Right on traces the rules were not written for: a device-bound steady state, blocking copies,
+bystander threads, another vendor's accelerator, partial and sampled jobs — each checked against
+what the raw events say (read here with the json module, not through the tool's parser), and the
+self-check shown to catch the old wrong pictures."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.analysis.summary import StepAnalysis
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
+from conftest import ALL_FIXTURES, MORE, PUBLIC, REAL, cached_analyses, cached_load
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+
+
+@cache
+def raw_files(path: Path) -> tuple:
+    """(file, document) of a trace file or of every trace file of a folder, straight from its JSON."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.name.endswith((".json", ".json.gz")))
+    out = []
+    for f in files:
+        doc = json.load(gzip.open(f) if f.name.endswith(".gz") else open(f))
+        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+            out.append((f, doc))
+    return tuple(out)
+
+
+def raw_events(path: Path) -> tuple:
+    return tuple(doc for _, doc in raw_files(path))
+
+
+def _share(a: StepAnalysis, *keys: str) -> float:
+    b = a.breakdown()
+    return sum(b[k] for k in keys) / a.step_time
+
+
+# ---- 1. the device's steady state
+
+
+def test_a_device_bound_step_is_its_period_and_runs_along_the_device():
+    """train_1rank_5steps: the GPU is 98.8% busy, the CPU 80 ms ahead. Steps 103-105: the step
+    time within 5% of the ProfilerStep span (the period in steady state), compute and
+    communication at least 90% of the path, no "idle" for work queued by earlier steps."""
+    for a in cached_analyses(PUBLIC / "train_1rank_5steps.json.gz"):
+        if a.graph.step in (103, 104, 105):
+            assert a.step_time == pytest.approx(a.measured, rel=0.05), a.graph.step
+            assert _share(a, "compute", "communication") >= 0.90, a.breakdown()
+            assert a.breakdown()["idle"] == 0.0
+            assert all(c.ok for c in a.checks()) and {c.name for c in a.checks()} >= {"period", "device_bound"}
+
+
+def test_mi300_steps_are_their_device_period_and_the_host_span_is_not_one():
+    """The MI300 ResNet's device needs ~19 ms a step while its host spans ~16 ms and runs further
+    ahead every step (lag 23.6, 26.3, 31.0 ms): the step time is the device's period, read here
+    from the raw events (the end of the device work each step launched, one step after another)."""
+    (doc,) = raw_events(REAL / "mi300_resnet_actckpt_rank0of8.json.gz")
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))  # fmt: skip
+    dev_end = {}
+    for e in ev:
+        if e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in launch:
+            t = launch[e["args"]["correlation"]]
+            for lo, hi, n in steps:
+                if lo <= t < hi:
+                    dev_end[n] = max(dev_end.get(n, 0.0), e["ts"] + e["dur"])
+    for a in cached_analyses(REAL / "mi300_resnet_actckpt_rank0of8.json.gz"):
+        n = a.graph.step
+        if n - 1 in dev_end:
+            period = dev_end[n] - dev_end[n - 1]
+            assert a.step_time == pytest.approx(period, rel=0.05)
+            assert a.step_time > 1.1 * a.measured  # the host's span is not the step's time here
+        assert _share(a, "compute", "communication") >= 0.90
+
+
+def test_diff_test_steps_are_their_device_periods_and_their_breakdowns_agree():
+    """diff_test_rank1of2: GPU 95-97% busy, host spans 82-166 ms around a ~117 ms period. Every
+    step within 5% of its period; the compute share within ±10% (relative) between steps."""
+    analyses = cached_analyses(PUBLIC / "diff_test_rank1of2.json.gz")
+    shares = []
+    for a in analyses:
+        assert a.step_time == pytest.approx(a.period, rel=0.05)
+        shares.append(_share(a, "compute"))
+    steady = shares[1:]  # the first step has no earlier device work in the trace
+    assert max(steady) <= 1.1 * min(steady), shares
+
+
+def test_a_gap_between_queued_kernels_is_device_time_and_a_starved_gap_is_launch_time():
+    """On a device-bound step the µs between kernels already queued are the device's (compute),
+    not launch overhead; where a kernel was launched after the one before it ended, the device
+    was starved and the gap is the host's."""
+    a = next(a for a in cached_analyses(PUBLIC / "train_1rank_5steps.json.gz") if a.graph.step == 104)
+    device_gaps = [s for s in a.segments() if s.kind == "device"]
+    assert device_gaps and sum(s.dur for s in device_gaps) > 0.005 * a.step_time
+    assert sum(s.dur for s in a.segments() if s.kind == "launch") < 0.01 * a.step_time
+
+
+# ---- 2. blocking calls are waits on the device
+
+
+def test_a_blocking_copy_is_a_wait_on_the_forward_pass_behind_it():
+    """timesformer: the host sits 126 ms in one device-to-host cudaMemcpyAsync (pageable) while the
+    device runs the forward pass. The copy's call waits for its copy op (a SYNC edge), the path
+    runs through the forward's kernels, compute is at least 25% of it, and no CPU-op segment of
+    that call is longer than 1 ms."""
+    (a,) = cached_analyses(MORE / "timesformer_h100_1step.json.gz")
+    g, n, e = a.graph, a.graph.nodes, a.graph.edges
+    calls = [i for i in range(g.n_nodes) if g.node_name(i) == "cudaMemcpyAsync" and n["dur"][i] > 100_000]
+    assert len(calls) == 1 and n["category"][calls[0]] == Category.BLOCKING
+    waits = (e["dst"] == calls[0]) & (e["kind"] == EdgeKind.SYNC) & n["on_gpu"][e["src"]]
+    assert waits.sum() == 1 and "Memcpy DtoH" in g.node_name(int(e["src"][waits][0]))
+    assert _share(a, "compute", "communication") >= 0.25
+    assert not [s for s in a.segments() if s.node == calls[0] and s.kind == "op" and s.dur > 1000]
+    on_device = sum(s.dur for s in a.segments() if s.on_gpu and s.kind == "op")
+    assert on_device > 100_000  # the forward pass behind the copy
+
+
+def test_a_copy_whose_stream_waits_on_an_untraced_event_is_an_untraced_wait():
+    """sglang: the host blocks ~493 ms in a 60-byte hipMemcpyWithStream while the GPU is idle (its
+    stream waits on an event whose producer is not in the trace): untraced, not CPU work."""
+    (a,) = cached_analyses(MORE / "sglang_qwen3_8b_prefilldecode_mi300.json.gz")
+    untraced = [s for s in a.segments() if s.kind == "untraced" and s.dur > 400_000]
+    assert len(untraced) == 1 and untraced[0].dur == pytest.approx(493_000, rel=0.05)
+    assert a.breakdown()["cpu_overhead"] < 0.05 * a.step_time
+
+
+def test_a_polling_loop_of_event_queries_is_one_wait(tmp_path):
+    """``while not event.query(): pass``: 40 cudaEventQuery calls in a row until the kernel ends
+    are one wait on that kernel (built here from a real trace's events, the loop added)."""
+    import copy
+
+    from bottleneck_oracle.api import analyze
+
+    (doc,) = copy.deepcopy(raw_events(PUBLIC / "cuda_event_sync_1gpu.json.gz"))  # the cached document stays as read
+    ev = doc["traceEvents"]
+    kernel = max((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["dur"])
+    launch = next(e for e in ev if e.get("cat") == "cuda_runtime" and e["args"].get("correlation") == kernel["args"]["correlation"])
+    thread = (launch["pid"], launch["tid"])
+    # the host thread's ops after the launch move past the kernel's end; the loop fills the time between
+    t0, t1 = launch["ts"] + launch["dur"] + 1, kernel["ts"] + kernel["dur"] + 2
+    shift = t1 + 5 - t0
+    for e in ev:
+        if (e.get("pid"), e.get("tid")) == thread and e.get("ts", 0) >= t0 and e.get("ph") == "X":
+            e["ts"] += shift
+        if e.get("name", "").startswith("ProfilerStep#"):
+            e["dur"] += shift
+    step = (t1 - t0) / 40
+    ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaEventQuery", "pid": thread[0], "tid": thread[1],
+            "ts": t0 + k * step, "dur": step * 0.5, "args": {"correlation": 9_000_000 + k}} for k in range(40)]  # fmt: skip
+    path = tmp_path / "poll.json"
+    path.write_text(json.dumps(doc))
+    _, (a,) = analyze(path)
+    g = a.graph
+    loops = [i for i in range(g.n_nodes) if g.node_name(i) == "cudaEventQuery" and g.nodes["dur"][i] > 0.9 * (t1 - t0)]
+    assert len(loops) == 1 and g.meta["polling_loops"] == 1
+    waits = (g.edges["dst"] == loops[0]) & (g.edges["kind"] == EdgeKind.SYNC)
+    assert waits.sum() == 1 and g.node_name(int(g.edges["src"][waits][0])) == kernel["name"]
+    assert not [s for s in a.segments() if s.node == loops[0] and s.kind == "op" and s.dur > 0.5 * (t1 - t0)]
+
+
+# ---- 3. bystander threads
+
+
+def test_a_progress_bar_thread_that_sleeps_through_the_step_carries_none_of_it():
+    """owlv2: tqdm's monitor thread waits on a lock through the whole step and its wait ends
+    ~0.1 ms after it. It is left out (and said so once), and carries nothing of the path."""
+    (a,) = cached_analyses(MORE / "owlv2_h100_1step.json.gz")
+    (doc,) = raw_events(MORE / "owlv2_h100_1step.json.gz")
+    tqdm = {e["tid"] for e in doc["traceEvents"] if "tqdm/_monitor.py" in str(e.get("name", ""))}
+    assert len(tqdm) == 1
+    (tid,) = tqdm
+    assert [b["tid"] for b in a.bystanders()] == [tid]
+    assert sum(s.dur for s in a.segments() if not s.on_gpu and s.tid == tid) <= 0.10 * a.step_time
+    assert sum("no dependency into the step's work" in w for w in a.warnings()) == 1
+    asleep = [c for c in a.checks() if c.name == "asleep"]
+    assert asleep and all(c.ok for c in asleep)
+
+
+def test_the_self_check_catches_a_bystander_that_carries_the_path():
+    """Built without leaving the bystander out (the old graph), the path ends on tqdm's thread and
+    the self-check says so."""
+    from bottleneck_oracle.graph_pipeline import builder
+    from bottleneck_oracle.graph_pipeline.facts import step_facts
+
+    table = cached_load(MORE / "owlv2_h100_1step.json.gz")
+    step = table.steps[0].number
+    facts = step_facts(table, step)
+    opt = builder.BuildOptions()
+    w, E, pieces = builder._window_edges(table, step, opt, frozenset(), {f.rank: f.origin for f in facts.ranks})
+    old = StepAnalysis.of(builder._finish(table, step, opt, w, E, pieces, facts, {}))
+    failed = [c for c in old.checks() if not c.ok]
+    assert [c.name for c in failed] == ["asleep"], [c.to_dict() for c in old.checks()]
+    assert any("self-check 'asleep'" in x for x in old.warnings())
+
+
+def test_the_self_check_catches_queued_work_read_as_idle():
+    """Without the origin at the end of the earlier steps' work (the old step time: from the host's
+    step start), train_1rank_5steps reads ~185 ms for a ~96 ms step, and the self-check says so."""
+    from bottleneck_oracle.api import graphs
+
+    table = cached_load(PUBLIC / "train_1rank_5steps.json.gz")
+    for g in graphs(table):
+        if g.step == 104:
+            g.meta.pop("rank_origin_us")
+            a = StepAnalysis.of(g)
+            assert a.step_time > 1.5 * a.measured
+            assert {c.name for c in a.checks() if not c.ok} >= {"period"}
+
+
+# ---- 4. any accelerator, nothing dropped
+
+
+def test_an_unknown_accelerator_s_events_are_device_nodes():
+    """mtia: 1,313 device events in category mtia_ccp_events (counted here from the raw JSON) are
+    device nodes of the graph, counted in a warning; its runtime's calls are runtime calls and its
+    synchronizeStream calls are waits."""
+    (doc,) = raw_events(MORE / "mtia_inference_rank0.json.gz")
+    device = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "mtia_ccp_events"]
+    (a,) = cached_analyses(MORE / "mtia_inference_rank0.json.gz")
+    g = a.graph
+    assert int(g.nodes["on_gpu"].sum()) == len(device) == 1313
+    syncs = [i for i in range(g.n_nodes) if g.node_name(i) == "synchronizeStream"]
+    assert syncs and all(g.nodes["category"][i] == Category.BLOCKING for i in syncs)
+    assert g.meta["run_facts"]["unknown_device_events"] == 1313
+    assert any(c.name == "device_ops" and c.ok for c in a.checks())
+
+
+def test_the_warning_counts_the_device_events_of_an_unknown_category(recwarn):
+    from bottleneck_oracle.graph_pipeline.events import load_events
+
+    load_events(MORE / "mtia_inference_rank0.json.gz")
+    assert any("1313 events on an accelerator" in str(w.message) and "mtia_ccp_events" in str(w.message) for w in recwarn)
+
+
+# ---- 5. partial and sampled jobs
+
+
+def test_a_partial_sampled_job_says_how_many_ranks_and_that_events_were_left_out():
+    """sampled_128rank: 2 ranks of a world of 128 (distributedInfo), each file holding ~1% of the
+    events its profiler numbered (Ev Idx, read here from the raw JSON)."""
+    from bottleneck_oracle.analysis.checks import run_warnings
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+
+    docs = raw_events(PUBLIC / "sampled_128rank")
+    world = {d["distributedInfo"]["world_size"] for d in docs}
+    held = [len({e["args"]["Ev Idx"] for e in d["traceEvents"] if "Ev Idx" in e.get("args", {})}) for d in docs]
+    run = run_facts(cached_load(PUBLIC / "sampled_128rank")).to_dict()
+    lines = run_warnings(run)
+    assert world == {128} and any(line.startswith("2 of 128 ranks") for line in lines)
+    assert sorted(run["numbered"][r]["held"] for r in run["numbered"]) == sorted(held)
+    assert sum("sampled or removed" in line for line in lines) == 2
+
+
+# ---- 6. the facts table and the self-check on every trace we have
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: p.name)
+def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
+    """Per step: the measured span and the device events the step launched, counted here from the
+    raw JSON, are the facts'; every invariant of the self-check holds on the analysis."""
+    table = cached_load(path)
+    rank_of = {Path(f).resolve(): r for r, f in table.files.items()}
+    docs = [(rank_of[f.resolve()], d) for f, d in raw_files(path) if f.resolve() in rank_of]
+    for a in cached_analyses(path):
+        facts = a.graph.meta["facts"]
+        bad = [c.to_dict() for c in a.checks() if not c.ok]
+        assert not bad, (a.graph.step, bad)
+        if a.graph.step is None:
+            continue
+        name = f"ProfilerStep#{a.graph.step}"
+        spans = {}
+        for rank, d in docs:
+            for e in d["traceEvents"]:
+                if e.get("name") == name and e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op", "Operator"):
+                    spans[rank] = max(spans.get(rank, 0.0), float(e["dur"]))
+        got = {f["rank"]: f["measured_us"] for f in facts["ranks"]}
+        assert got == pytest.approx(spans, abs=0.01)
+        assert sum(f["device_ops"] for f in facts["ranks"]) == _device_ops_launched([d for _, d in docs], a.graph.step)
+
+
+def _device_ops_launched(docs: list, step: int) -> int:
+    """Device events whose launching runtime call (same correlation id, same file) starts inside
+    the file's ProfilerStep#step, or that start in it with no launch in the file, from the raw JSON."""
+    total = 0
+    for d in docs:
+        ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+        span = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == f"ProfilerStep#{step}" and
+                e.get("cat") in ("user_annotation", "cpu_op", "Operator")]  # fmt: skip
+        if not span:
+            continue
+        lo, hi = max(span, key=lambda s: s[1] - s[0])
+        rt = {}
+        for e in ev:
+            if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime", "Driver") and "correlation" in e.get("args", {}):
+                rt.setdefault(e["args"]["correlation"], e["ts"])
+        device = [e for e in ev if e.get("cat") in DEVICE_CATS]
+        launched = [e["ts"] for e in device if e.get("args", {}).get("correlation") in rt]
+        first = min(launched, default=float("inf"))
+        for e in device:
+            # a device op belongs to the step whose host launched it; one whose launch is not in the
+            # trace, to the step it starts in (none if it ran before the first traced launch's op)
+            t = rt.get(e.get("args", {}).get("correlation"))
+            if t is None and e["ts"] >= first:
+                t = e["ts"]
+            total += t is not None and lo <= t < hi
+    return total
+
+
+def test_the_facts_of_a_cpu_bound_step_leave_its_time_unchanged():
+    """No device work queued past any rank's step start: the period is the span from the step
+    start to the end of its work (as before), within 0.2% of the ProfilerStep span on every CPU
+    step of our own gloo runs."""
+    for path in (p for p in ALL_FIXTURES if "gloo" in p.name):
+        for a in cached_analyses(path):
+            if not a.graph.nodes["on_gpu"].any():
+                assert a.period == pytest.approx(a.measured, rel=0.002)
+                assert a.step_time == pytest.approx(a.measured, rel=0.002)
+
+
+def test_a_device_event_count_is_not_a_graph_property():
+    """The facts count device events from the event table, not from graph nodes: a graph that lost
+    device ops is caught by the device_ops invariant."""
+    from dataclasses import replace
+
+    from bottleneck_oracle.analysis.checks import step_checks
+
+    g = cached_analyses(PUBLIC / "alexnet_1gpu.json.gz")[0].graph
+    assert all(c.ok for c in step_checks(StepAnalysis.of(g)))
+    lost = StepAnalysis.of(replace(g, nodes={**g.nodes, "on_gpu": np.zeros_like(g.nodes["on_gpu"])}))
+    assert any(c.name == "device_ops" and not c.ok for c in step_checks(lost))
