@@ -40,10 +40,15 @@ def test_top_level_help_lists_all_commands(capsys):
         assert c in out
 
 
-def test_analyze_prints_the_summary(capsys):
+def test_analyze_prints_the_run_answer_first_and_the_steps_on_request(capsys):
     code, out, _ = run(["analyze", str(SAMPLE)], capsys)
     assert code == 0
+    assert out.splitlines()[1].startswith("Run: ") and "Straggler: rank 1" in out and "Steps (ms)" in out
+    assert "Where the critical path's time goes" not in out and "--detail" in out
+    code, out, _ = run(["analyze", str(SAMPLE), "--detail"], capsys)
+    assert code == 0
     for text in (
+        "Run: ",
         "Steps (ms)",
         "Where the critical path's time goes",
         "Lowest-slack communication",
@@ -307,8 +312,8 @@ def test_terminal_summary_walked_step_by_step_is_the_full_one(tmp_path, capsys, 
 
     generate(tmp_path / "job", events=60_000, ranks=1)  # 27 steps: more than the 20 detailed
     monkeypatch.setenv("COLUMNS", "120")
-    code, streamed, _ = run(["analyze", str(tmp_path / "job")], capsys)
-    code2, held, _ = run(["analyze", str(tmp_path / "job"), "--html", str(tmp_path / "r.html")], capsys)
+    code, streamed, _ = run(["analyze", str(tmp_path / "job"), "--detail"], capsys)
+    code2, held, _ = run(["analyze", str(tmp_path / "job"), "--detail", "--html", str(tmp_path / "r.html")], capsys)
     assert code == code2 == 0 and "details below for the 20 slowest" in streamed
     assert streamed == held.replace(f"HTML report: {tmp_path / 'r.html'}\n", "")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import tempfile
 import warnings
@@ -174,14 +175,24 @@ def _path_summary(a: StepAnalysis) -> str:
     return "critical path: " + ", ".join(parts) if parts else "critical path: empty"
 
 
-def _print_summary(analyses: list[StepAnalysis], source: str, top: int, rows: list[list] | None = None, n_steps: int = 0) -> None:
+def _print_summary(
+    analyses: list[StepAnalysis], source: str, top: int, rows: list[list] | None = None, n_steps: int = 0, run=None, detail: bool = True
+) -> None:
     """The summary of ``analyses``; or, for a run walked step by step, of the steps table ``rows``
-    (tables.step_row) of all ``n_steps`` steps with ``analyses`` holding only the slowest."""
+    (tables.step_row) of all ``n_steps`` steps with ``analyses`` holding only the slowest. The run
+    answer (analysis.answer) first; the sections of single steps only with ``detail``."""
     from bottleneck_oracle.report import tables
     from bottleneck_oracle.report.terminal import print_table
 
     out.print(Text("BottleneckOracle ", style="bold") + Text(f"{__version__} — {source}"))
+    if run is not None:
+        for line in run.lines():
+            out.print(Text(line), soft_wrap=False)
+        _print_step_warnings(analyses if rows is None else analyses, n_steps or len(analyses))
     print_table(out, tables.steps_table(analyses, rows))
+    if not detail:
+        out.print(Text("Per-step detail (critical path, top ops, ranks, warnings): --detail"))
+        return
     n_steps = n_steps or len(analyses)
     detailed = analyses
     if n_steps > MAX_STEP_DETAILS:
@@ -221,6 +232,34 @@ def _print_summary(analyses: list[StepAnalysis], source: str, top: int, rows: li
             out.print(
                 f"Straggler: rank {s['rank']} (the others waited up to {_ms(s['imposed_wait_us'])} ms for it at a collective on the critical path)"
             )
+
+
+_NUMBER = re.compile(r"[-+]?\d[\d,.]*")
+
+
+def _baseline_sample(baseline: Path, cfg: Config) -> list:
+    """The graphs of a baseline run's steady steps the run answer holds each rank against (at most
+    32, spread over the run)."""
+    from bottleneck_oracle.analysis.answer import blame_sample
+
+    table = api.load(baseline)
+    numbers = sorted({s.number for s in table.steps}) or [None]
+    picked = sorted(n for n in blame_sample(numbers, 32) if n is not None)
+    return api.build(baseline, picked or None, cfg)[1]
+
+
+def _print_step_warnings(analyses: list[StepAnalysis], n_steps: int) -> None:
+    """Each kind of step warning once (warnings alike but for their figures are one kind), the
+    first step's text as the example, with how many of the steps shown carry it."""
+    kinds: dict[str, tuple[str, list]] = {}
+    for a in analyses:
+        for w in a.warnings():
+            text = w.split(": ", 1)[1] if w.startswith("step ") and ": " in w else w
+            key = _NUMBER.sub("#", text)
+            kinds.setdefault(key, (text, []))[1].append(a.graph.step)
+    for text, steps in kinds.values():
+        where = f"step {steps[0]}" if len(steps) == 1 else f"{len(steps)} of {len(analyses)} steps; step {steps[0]}"
+        out.print(Text(f"warning ({where}): {text}", style="yellow"))
 
 
 def _et_line(ets: list[dict]) -> str:
@@ -276,19 +315,27 @@ def _print_table_lines(table) -> None:
         out.print(Text(_clock_line(table.clocks["hosts"])))
 
 
-def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None) -> None:
+def _analyze_stepwise(
+    path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None, detail: bool, references=None
+) -> None:
     """``analyze`` without --html / --advise, one step at a time: each step leaves its JSON
     (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
     its critical events for --perfetto; the terminal keeps the analyses of the slowest steps only."""
+    from bottleneck_oracle.analysis.answer import StepFigures, answer_from, blame_sample
     from bottleneck_oracle.report.perfetto import critical_events, write_overlay_paths
     from bottleneck_oracle.report.tables import step_row
 
     table, stream = api.analyze_stream(path, steps, cfg, et, executor)
     _check_overlay_input(path, table, perfetto)
-    rows, kept, paths = [], [], []
+    numbers = sorted(set(steps)) if steps else (sorted({s.number for s in table.steps}) if table is not None and table.steps else [None])
+    picked = blame_sample(list(numbers))  # the steps the run answer's blame replays: kept whole
+    rows, kept, paths, figures, blamed = [], [], [], [], []
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
     with tempfile.TemporaryFile(prefix="bottleneck-oracle-") if as_json else nullcontext() as spool, status:
         for n, a in enumerate(stream):
+            figures.append(StepFigures.of(a))
+            if a.graph.step in picked:
+                blamed.append(a)
             if spool is not None:  # --json
                 spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))
             else:
@@ -300,10 +347,11 @@ def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int,
                 paths.append(critical_events(a))
         if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
+        run = answer_from(figures, blamed, str(path), references)
         if spool is not None:
-            _print_json_spooled(_json_head(path, table), spool, _json_tail(table))
+            _print_json_spooled({**_json_head(path, table), "run": run.to_dict()}, spool, _json_tail(table))
             return
-    _print_summary(kept, str(path), k, rows, len(rows))
+    _print_summary(kept, str(path), k, rows, len(rows), run, detail)
     _print_table_lines(table)
     if perfetto:
         out.print(f"Perfetto trace: {perfetto}", highlight=False)
@@ -329,6 +377,13 @@ def analyze(
         False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."
     ),
     no_model: bool = typer.Option(False, "--no-model", help="With --advise: validate with the replay only, not the pretrained model."),
+    detail: bool = typer.Option(False, "--detail", help="Also print each step's critical path, top ops, ranks and warnings."),
+    baseline: Path = typer.Option(
+        None,
+        "--baseline",
+        metavar="PATH",
+        help="A run of the same job as it normally runs: the run answer holds each rank against its steps (needed where ranks have no peers: pipeline stages).",
+    ),  # fmt: skip
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
@@ -340,13 +395,17 @@ def analyze(
     cfg = _config(config, ranks_per_host)
     k = top or cfg.analysis.top_k
     # before the analysis: a wrong output path fails at once, and no output replaces an input
-    guard_outputs({"--html": html, "--perfetto": perfetto}, [path, et, config])
+    guard_outputs({"--html": html, "--perfetto": perfetto}, [path, et, config, baseline])
+    references = _baseline_sample(baseline, cfg) if baseline is not None else None
     if not (html or with_advice):  # step by step: a long run's graphs are never all held
-        _analyze_stepwise(path, step or None, cfg, et, executor, k, as_json, perfetto)
+        _analyze_stepwise(path, step or None, cfg, et, executor, k, as_json, perfetto, detail, references)
         return
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
         table, analyses = api.analyze(path, step or None, cfg, et, executor)
     _check_overlay_input(path, table, perfetto)
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    run = run_answer(analyses, str(path), references)
     extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
@@ -357,13 +416,13 @@ def analyze(
             if html_tmp is not None:
                 from bottleneck_oracle.report.html import write_report
 
-                write_report(analyses, str(path), html_tmp, k, extras)
+                write_report(analyses, str(path), html_tmp, k, extras, run)
             if perfetto_tmp is not None and table is not None:
                 from bottleneck_oracle.report.perfetto import write_overlay
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
-        doc = {**_json_head(path, table), "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
+        doc = {**_json_head(path, table), "run": run.to_dict(), "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 x = extras[s_doc["step"]]
@@ -371,7 +430,7 @@ def analyze(
                 s_doc["advice"] = {**x.advice.to_dict(), "references": x.references}
         _print_json(doc)
         return
-    _print_summary(analyses, str(path), k)
+    _print_summary(analyses, str(path), k, run=run, detail=detail)
     _print_table_lines(table)
     for step_no, x in extras.items():
         top_b = x.blame.nodes[:3]

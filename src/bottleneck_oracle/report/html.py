@@ -194,14 +194,23 @@ _STYLE = (
 )
 
 
-def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None) -> str:
+def render(
+    analyses: list[StepAnalysis], source: str, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None, run=None
+) -> str:
+    """The self-contained report: the run answer (``run``, analysis.answer) at the top, then the
+    steps and the sections of the slowest steps."""
     _, offline = _plotly()
+    if run is None:
+        from bottleneck_oracle.analysis.answer import run_answer
+
+        run = run_answer(analyses, source)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>BottleneckOracle report: {_esc(source)}</title>",
         f"<style>{_STYLE}</style>",
         f"<script type='text/javascript'>{offline.get_plotlyjs()}</script></head><body>",
         f"<h1>BottleneckOracle report</h1><p>Input: <code>{_esc(source)}</code> · version {__version__}</p>",
+        "<h2>The run</h2><ul class='run'>" + "".join(f"<li>{_esc(line.strip())}</li>" for line in run.lines()) + "</ul>",
         "<h2>Steps</h2>",
         _table(tables.steps_table(analyses)),
         breakdown_plot(analyses),
@@ -238,10 +247,11 @@ def render(analyses: list[StepAnalysis], source: str, top: int = 20, extras: Map
 
 
 def write_report(
-    analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None
-) -> Path:
+    analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None,
+    run=None,
+) -> Path:  # fmt: skip
     out = Path(out)
-    text = render(analyses, source, top, extras)
+    text = render(analyses, source, top, extras, run)
     with atomic_path(out) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return out

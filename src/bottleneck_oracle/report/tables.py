@@ -13,8 +13,8 @@ from bottleneck_oracle.analysis.blame import Blame, region_labels
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
-KINDS = ("key", "name", "text", "int", "ms", "signed_ms", "pct", "signed_pct")
-NUMERIC = ("int", "ms", "signed_ms", "pct", "signed_pct")
+KINDS = ("key", "name", "text", "int", "ms", "ms1", "signed_ms", "pct", "signed_pct")
+NUMERIC = ("int", "ms", "ms1", "signed_ms", "pct", "signed_pct")
 
 
 @dataclass(slots=True)
@@ -37,6 +37,8 @@ def fmt(value: Any, kind: str) -> str:
         return "—"
     if kind == "ms":
         return f"{float(value) / 1000:.3f}"
+    if kind == "ms1":  # the steps table: one decimal, so that it fits 80 columns
+        return f"{float(value) / 1000:.1f}"
     if kind == "signed_ms":
         return f"{float(value) / 1000:+.3f}"
     if kind == "pct":
@@ -76,19 +78,18 @@ def shorten(name: str, width: int) -> str:
 def step_row(a: StepAnalysis) -> list:
     """One row of the steps table (kept per step when the analyses themselves are not)."""
     b = a.breakdown()
-    return [a.graph.step if a.graph.step is not None else "-", len(a.graph.ranks), a.measured, a.period, a.step_time,
-            *[b[k] for k in BREAKDOWN_KEYS]]  # fmt: skip
+    return [a.graph.step if a.graph.step is not None else "-", a.measured, a.period, a.step_time, *[b[k] for k in BREAKDOWN_KEYS]]
 
 
 def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) -> TableModel:
     """The steps table of ``analyses``, or of ``rows`` made by ``step_row``."""
     t = TableModel(
         "Steps (ms)",
-        [Column("step", "key"), Column("ranks", "int"), Column("measured", "ms"), Column("period", "ms"), Column("CPM", "ms")]
-        + [Column(k.replace("_", " ").replace("communication", "comm").replace("cpu overhead", "cpu ovh"), "ms") for k in BREAKDOWN_KEYS],
-        caption="measured: the slowest rank's ProfilerStep span; period: the trace's, from the end of the device work queued before "
-        "the step to the end of its own (the span when nothing was queued ahead); CPM: the graph's step time, then its critical "
-        "path by kind",
+        [Column("step", "key"), Column("span", "ms1"), Column("period", "ms1"), Column("CPM", "ms1")]
+        + [Column(h, "ms1") for h in ("comp.", "comm", "cpu", "idle", "untr.")],
+        caption="span: the slowest rank's ProfilerStep; period: from the end of the device work queued before the step to the end "
+        "of its own (the span when nothing was queued ahead); CPM: the graph's step time, then its critical path: compute, "
+        "communication, CPU overhead, waiting (idle), untraced",
     )  # fmt: skip
     t.rows = rows if rows is not None else [step_row(a) for a in analyses]
     return t

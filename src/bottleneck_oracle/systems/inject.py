@@ -10,7 +10,8 @@ time. On CPU the delay is a sleep; on a CUDA module (or a collective's CUDA buck
 device-side sleep (``torch.cuda._sleep``), so the GPU is delayed, not only the launch, and it is
 not waited for: a slow kernel, not a synchronisation. Extra compute runs on the job's device.
 Every injection runs inside a ``oracle_inject:<what>`` profiler
-range, so the culprit is visible in the trace, and is written to
+range, so the culprit is visible in the trace (unless ``label=False``: a code path nothing in the
+trace names), and is written to
 ``injections-rank-<rank>.jsonl`` (what, where, step, requested and actual delay).
 """
 
@@ -20,7 +21,7 @@ import fnmatch
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +51,11 @@ class Injection:
     """Added time, ms."""
     factor: float = 1.0
     """kind=module only: slow the module to factor x its own forward time."""
+    backward: bool = False
+    """kind=module and kind=compute: in a backward hook of the module (its gradient), not after its forward."""
+    label: bool = True
+    """False: no ``oracle_inject`` profiler range around the added time — a code path of the user's
+    that nothing in the trace names (what a tool meets in a real job)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -64,6 +70,8 @@ class Injection:
             raise ValueError("an injection needs delay_ms > 0 or factor > 1")
         if self.factor != 1 and self.kind != "module":
             raise ValueError("factor applies to module injections only")
+        if self.backward and (self.kind not in ("module", "compute") or self.factor != 1):
+            raise ValueError("backward applies to module and compute injections with a delay_ms")
 
 
 def _delay(seconds: float, like: torch.Tensor | None) -> None:
@@ -145,7 +153,7 @@ class Injector:
     def _apply(self, inj: Injection, seconds: float, where: str, like: torch.Tensor | None = None) -> None:
         start = time.perf_counter()
         extra: dict = {}
-        with record_function(f"oracle_inject:{inj.kind}:{where}"):
+        with record_function(f"oracle_inject:{inj.kind}:{where}") if inj.label else nullcontext():
             if inj.kind == "compute":
                 extra["pairs"] = max(1, round(seconds / self._pair_s))
                 _compute(extra["pairs"], self.device)
@@ -161,12 +169,15 @@ class Injector:
 
     def attach(self, model: nn.Module) -> None:
         """Hooks on every module that a module injection of this rank names."""
-        patterns = {i.target for i in self.mine if i.kind in ("module", "compute")}
+        patterns = {i.target for i in self.mine if i.kind in ("module", "compute") and not i.backward}
+        backward = {i.target for i in self.mine if i.kind in ("module", "compute") and i.backward}
         for name, module in model.named_modules():
             name = name.removeprefix("module.")  # DDP wraps the model as .module
             if any(fnmatch.fnmatchcase(name, p) for p in patterns):
                 self._handles.append(module.register_forward_pre_hook(self._pre(name)))
                 self._handles.append(module.register_forward_hook(self._post(name)))
+            if any(fnmatch.fnmatchcase(name, p) for p in backward):
+                self._handles.append(module.register_full_backward_hook(self._grad(name)))
 
     def _pre(self, name: str) -> Callable:
         def hook(module, args):
@@ -177,9 +188,16 @@ class Injector:
     def _post(self, name: str) -> Callable:
         def hook(module, args, output):
             own = time.perf_counter() - getattr(module, "_oracle_t0", time.perf_counter())
-            for inj in self._due("module", name) + self._due("compute", name):
+            for inj in (i for i in self._due("module", name) + self._due("compute", name) if not i.backward):
                 seconds = inj.delay_ms / 1000 + (inj.factor - 1) * own
                 self._apply(inj, seconds, name, output if isinstance(output, torch.Tensor) else None)
+
+        return hook
+
+    def _grad(self, name: str) -> Callable:
+        def hook(module, grad_input, grad_output):
+            for inj in (i for i in self._due("module", name) + self._due("compute", name) if i.backward):
+                self._apply(inj, inj.delay_ms / 1000, f"{name}.backward")
 
         return hook
 

@@ -1,0 +1,280 @@
+"""One answer for the run: what a user reads first, before any step.
+
+Over the run's steady steps (all but the first, warm-up, when there are three or more): the step
+time (the CPM's, the step's period) as a median with a 95% interval; what bounds it (the class of
+the critical path's time with the largest median); the persistent straggler (the rank the others
+waited for at collectives on the path, in how many steps); and where that rank differs from its
+peers — the region (an ``nn.Module``, a ``record_function`` range, a parent op) that blame's
+region replay finds slowest against the peer ranks, its excess per step and the step time that
+restoring it to its peers' time saves (replayed), each a median with its interval, and ops that
+rank runs which its peers do not ("extra ops").
+
+Intervals: a percentile bootstrap of the median (2,000 resamples of the steps, seeded), none with
+fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenly over the run
+(it replays the step per candidate: the answer for a 2,000-step run stays seconds).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
+from bottleneck_oracle.analysis.summary import StepAnalysis
+
+MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
+BOOTSTRAP = 2000
+PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
+
+Bound = Literal["device compute", "CPU compute", "communication", "host CPU overhead", "waiting", "untraced time"]
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A median over steps (µs) with its 95% interval (None with fewer than 3 steps)."""
+
+    median_us: float
+    low_us: float | None
+    high_us: float | None
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate(values: list[float], seed: int = 0) -> Estimate:
+    """The median of ``values`` and a percentile-bootstrap 95% interval of it."""
+    v = np.asarray(values, dtype=np.float64)
+    med = float(np.median(v)) if len(v) else 0.0
+    if len(v) < 3:
+        return Estimate(med, None, None, len(v))
+    rng = np.random.default_rng(seed)
+    meds = np.median(v[rng.integers(0, len(v), size=(BOOTSTRAP, len(v)))], axis=1)
+    return Estimate(med, float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975)), len(v))
+
+
+@dataclass(slots=True)
+class Straggler:
+    rank: int
+    steps: int  # steady steps in which the others waited for it
+    of: int
+    wait: Estimate  # the longest wait it imposed, per step
+
+
+@dataclass(slots=True)
+class RegionAnswer:
+    """Where the straggler (or the slowest rank) differs from its peers."""
+
+    rank: int
+    name: str
+    kind: str  # "range" or "op"
+    steps: int  # blamed steps in which it was the rank's top region
+    of: int
+    own: Estimate  # its own time on the rank, per step
+    peers: Estimate  # its typical time on the peer ranks (or in the baseline's steps)
+    excess: Estimate
+    saving: Estimate  # the step time restoring it to the peers' time saves (replayed), per step
+
+
+@dataclass(slots=True)
+class ExtraOp:
+    """An op the rank runs that no peer runs (blame: typically absent on the peers)."""
+
+    rank: int
+    name: str
+    count: int  # per step (median)
+    dur: Estimate  # its time per step
+
+
+@dataclass(slots=True)
+class RunAnswer:
+    source: str
+    ranks: list[int]
+    steps: int  # steps analysed
+    steady: int  # of them, steady (the first left out as warm-up when there are three or more)
+    step_time: Estimate
+    measured: Estimate  # the ProfilerStep span
+    bound: Bound
+    breakdown: dict[str, Estimate]
+    straggler: Straggler | None
+    region: RegionAnswer | None
+    extra_ops: list[ExtraOp] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self, width: int = 80) -> list[str]:
+        """The answer in a few lines of plain text (the terminal's first lines, the HTML's top)."""
+        ms = _ms
+        st = self.step_time
+        out = [
+            f"Run: {self.steady} steady step{'s' if self.steady != 1 else ''} of {self.steps}, {len(self.ranks)} "
+            f"rank{'s' if len(self.ranks) != 1 else ''}: step time {ms(st.median_us)} ms{_interval(st)}"
+            + (
+                f"; host span {ms(self.measured.median_us)} ms" if abs(self.measured.median_us - st.median_us) > 0.05 * st.median_us else ""
+            ),
+        ]
+        b = self.breakdown
+        total = sum(e.median_us for e in b.values()) or 1.0
+        shares = sorted(((e.median_us / total, k) for k, e in b.items()), reverse=True)
+        rest = ", ".join(f"{_CLASS_WORDS[k]} {100 * s:.0f}%" for s, k in shares[1:3] if s >= 0.005)
+        out.append(f"Bound by: {self.bound} ({100 * shares[0][0]:.0f}% of the critical path)" + (f"; then {rest}" if rest else ""))
+        if self.straggler:
+            s = self.straggler
+            out.append(
+                f"Straggler: rank {s.rank} in {s.steps} of {s.of} steps; the others waited up to {ms(s.wait.median_us)} ms a step for it"
+            )
+        if self.region:
+            r = self.region
+            out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} on its peers "
+                       f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; top region in {r.steps} of {r.of} steps)")  # fmt: skip
+        for x in self.extra_ops[:3]:
+            out.append(f"  extra ops on rank {x.rank}, absent on its peers: {x.name} ×{x.count} ({ms(x.dur.median_us)} ms a step)")
+        if self.region:
+            r = self.region
+            out.append(f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
+                       f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; replayed, the region at its peers' time)")  # fmt: skip
+        out += self.notes
+        return out
+
+
+_CLASS_WORDS = {"compute": "compute", "communication": "communication", "cpu_overhead": "CPU overhead", "idle": "waiting",
+                "untraced": "untraced"}  # fmt: skip
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.1f}" if abs(us) >= 100 else f"{us / 1000:.2f}"
+
+
+def _interval(e: Estimate) -> str:
+    return f" [{_ms(e.low_us)}, {_ms(e.high_us)}]" if e.low_us is not None and e.high_us is not None else " (no interval: < 3 steps)"
+
+
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """What the run answer needs of one step (kept for every step of a long run walked one step
+    at a time; the graphs are not)."""
+
+    step: int | None
+    ranks: tuple[int, ...]
+    on_gpu: bool
+    step_time: float
+    measured: float
+    breakdown: dict[str, float]
+    straggler: tuple[int, float] | None  # rank, the longest wait it imposed (µs)
+
+    @classmethod
+    def of(cls, a: StepAnalysis) -> StepFigures:
+        s = a.straggler() if len(a.graph.ranks) > 1 else None
+        return cls(a.graph.step, tuple(a.graph.ranks), bool(a.graph.nodes["on_gpu"].any()), a.step_time, a.measured,
+                   a.breakdown(), (s["rank"], s["imposed_wait_us"]) if s else None)  # fmt: skip
+
+
+def steady(steps: list[int | None]) -> list[int | None]:
+    """The steady steps among ``steps`` (in order): all but the first, warm-up, when there are three or more."""
+    return steps[1:] if len(steps) >= 3 and steps[0] is not None else steps
+
+
+def blame_sample(steps: list[int | None], k: int = MAX_BLAME_STEPS) -> set[int | None]:
+    """The steady steps blame replays for the run answer: at most ``k``, spread evenly."""
+    st = steady(steps)
+    if len(st) <= k:
+        return set(st)
+    return {st[int(i)] for i in np.linspace(0, len(st) - 1, k).round().astype(int)}
+
+
+def run_answer(analyses: list[StepAnalysis], source: str = "", references: list | None = None) -> RunAnswer:
+    """The run-level answer of ``analyses`` (every analysed step, in step order); ``references``:
+    graphs of a baseline run of the same job (the typical times where ranks have no peers)."""
+    picked = blame_sample([a.graph.step for a in analyses])
+    return answer_from([StepFigures.of(a) for a in analyses], [a for a in analyses if a.graph.step in picked], source, references)
+
+
+def answer_from(figures: list[StepFigures], blamed: list[StepAnalysis], source: str = "", references: list | None = None) -> RunAnswer:
+    """The run-level answer from every step's figures (in step order) and the analyses of the
+    steps ``blame_sample`` picked (the region and the extra ops are found on those), against the
+    peer ranks and, where given, the ``references`` (a baseline run's graphs)."""
+    keep = set(steady([f.step for f in figures]))
+    st = [f for f in figures if f.step in keep] if len(keep) < len(figures) else figures
+    gpu = any(f.on_gpu for f in st)
+    breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
+    top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
+    bound: Bound = {"compute": "device compute" if gpu else "CPU compute", "communication": "communication",
+                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # type: ignore[assignment]  # fmt: skip
+    ranks = sorted({r for f in figures for r in f.ranks})
+    answer = RunAnswer(
+        source=source, ranks=ranks, steps=len(figures), steady=len(st),
+        step_time=estimate([f.step_time for f in st]), measured=estimate([f.measured for f in st]),
+        bound=bound, breakdown=breakdown, straggler=_straggler(st), region=None,
+    )  # fmt: skip
+    if len(st) < 3:
+        answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
+    if len(ranks) > 1:
+        _where(answer, blamed, list(references or []))
+    return answer
+
+
+def _straggler(st: list[StepFigures]) -> Straggler | None:
+    named = [f.straggler for f in st if f.straggler is not None]
+    if not named:
+        return None
+    rank, count = Counter(r for r, _ in named).most_common(1)[0]
+    if count < PERSISTENT * len(st):
+        return None
+    return Straggler(rank, count, len(st), estimate([w for r, w in named if r == rank]))
+
+
+def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> None:
+    """The region where the straggler (or, without one, any rank) differs from its peer ranks (or,
+    with ``references``, from the baseline's steps), and its extra ops, on the ``picked`` steps.
+    A region is named only if it is the rank's top region in at least half of them (else the
+    differences are noise)."""
+    from bottleneck_oracle.analysis.blame import KeyMemo, blame, peer_groups, region_blame
+
+    memo = KeyMemo()
+    against = ("peer ranks", "reference steps") if references else ("peer ranks",)
+    focus = answer.straggler.rank if answer.straggler else None
+    tops: list[tuple[int, str, str, float, float, float]] = []  # rank, name, kind, own, typical, saving
+    extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for a in picked:
+        g = a.graph
+        groups = peer_groups(g)
+        if len(set(groups.values())) == len(g.ranks) and not references:  # no peers (pipeline stages), no baseline
+            continue
+        regions = [r for r in region_blame(g, references, top=10, cpm=a.cpm, memo=memo, groups=groups) if r.typical_from in against]
+        mine = [r for r in regions if focus is None or r.rank == focus]
+        if mine:
+            r = mine[0]
+            tops.append((r.rank, r.name, r.kind, r.dur_us, r.typical_us, r.saving_us))
+            focus = r.rank if focus is None else focus  # without a straggler: the first step's top region's rank
+        b = blame(g, references, top=50, cpm=a.cpm, memo=memo)
+        per: dict[tuple[int, str], list[float]] = {}
+        for c in b.nodes:
+            if c.kind == "op" and c.typical_us == 0.0 and c.typical_from == "peer ranks" and (focus is None or c.rank == focus):
+                per.setdefault((c.rank, c.name), []).append(c.dur_us)
+        for key, durs in per.items():
+            extra.setdefault(key, []).append((len(durs), sum(durs)))
+    if not tops:
+        return
+    (rank, name, kind), count = Counter((t[0], t[1], t[2]) for t in tops).most_common(1)[0]
+    if count < PERSISTENT * len(picked):
+        answer.notes.append(
+            f"No region stands out on every step: the top region differs from step to step ({len(set(tops))} in {len(picked)} steps)"
+        )
+        return
+    rows = [t for t in tops if (t[0], t[1]) == (rank, name)]
+    answer.region = RegionAnswer(
+        rank, name, kind, count, len(picked),
+        own=estimate([t[3] for t in rows]), peers=estimate([t[4] for t in rows]), excess=estimate([t[3] - t[4] for t in rows]),
+        saving=estimate([t[5] for t in rows]),
+    )  # fmt: skip
+    ops = [
+        ExtraOp(r, n, int(np.median([c for c, _ in v])), estimate([d for _, d in v]))
+        for (r, n), v in extra.items()
+        if len(v) >= PERSISTENT * len(picked)
+    ]
+    answer.extra_ops = sorted(ops, key=lambda x: -x.dur.median_us)
