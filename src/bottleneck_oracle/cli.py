@@ -956,10 +956,23 @@ def advise(
         from bottleneck_oracle.llm.client import ChatClient
 
         llm = ChatClient(llm_base_url, llm_model, llm_key_env)
+    from bottleneck_oracle.llm.graphrag import run_advice
+
     rows = api.advise(trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, not no_model, llm, recipes)
+    overall = run_advice([r.advice for r in rows])
     if as_json:
-        _print_json({"trace": str(trace), "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "run": overall, "steps": [r.to_dict() for r in rows]})
         return
+    if overall and len(rows) > 1:
+        out.print(Text(f"Across {len(rows)} steps", style="bold"))
+        for x in overall[:3]:
+            sv = x["saving"]
+            iv = f" [{_ms(sv['low_us'])}, {_ms(sv['high_us'])}]" if sv["low_us"] is not None else ""
+            out.print(Text(f"- {x['title']}: in {x['steps']} of {x['of']} steps, saves {_ms(sv['median_us'])} ms{iv} a step "
+                           f"({100 * x['share']:.0f}%) by replay"))  # fmt: skip
+            if x["remedy"]:
+                out.print(Text(f"  Remedy: {x['remedy']}"))
+        out.print()
     for r in rows:
         a = r.advice
         out.print(Text(f"Step {a.step}", style="bold") + Text(f": {_ms(a.makespan_us)} ms; suggestions by {a.generator}"))

@@ -117,11 +117,7 @@ def server(request):
 
 
 VALID = json.dumps(
-    {
-        "suggestions": [
-            {"recipe": "dp-allreduce-overlap", "explanation": "The all-reduce waits on the path.", "edits": ["name~=all_reduce,scale=0.5"]}
-        ]
-    }
+    {"suggestions": [{"recipe": "straggler-rank", "explanation": "Rank 1 sleeps in every forward.", "edits": ["rank=1,gap=1,scale=0"]}]}
 )
 
 
@@ -134,7 +130,7 @@ def test_a_valid_reply_is_validated_and_the_request_speaks_the_protocol(server, 
     (req,) = server.requests  # valid and improving: no feedback round
     assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-test"
     assert req["body"]["model"] == "test-model" and req["body"]["messages"][0]["role"] == "system"
-    assert [s.source for s in adv.suggestions] == ["dp-allreduce-overlap"] and adv.suggestions[0].replay_saving_us > 0
+    assert [s.source for s in adv.suggestions] == ["straggler-rank"] and adv.suggestions[0].replay_saving_us > 0
 
 
 SCHEMA_VIOLATIONS = [

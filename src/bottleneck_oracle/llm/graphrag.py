@@ -55,6 +55,7 @@ MAX_SUBGRAPH = 60
 MAX_EXPLANATION = 800
 MAX_EDITS = 4
 MAX_SUGGESTIONS = 8
+MIN_SAVING_SHARE = 0.01  # a suggestion saving less than this share of the step is not worth a user's time
 
 
 def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tuple[dict[str, float], dict[str, str]]:
@@ -120,13 +121,30 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     return m, ctx
 
 
+EXTRA_OPS_SHARE = 0.3  # ops no peer runs holding this share of the straggler's op excess: a code path of its own
+SPREAD_SHARE = 0.3  # a top culprit under this share of the rank's excess: slow across the board
+
+
 def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
-    """Where the straggler's excess is (its top culprit) and the remedy that fits it: untraced time
-    (often the data loader or host-side Python) asks for a different look than slower ops."""
+    """Where the straggler's excess is and the remedy the evidence supports, in this order: ops
+    its peers do not run at all (a code path of its own: named), its input pipeline, untraced
+    time (host-side Python the profiler does not see), one op or a few much slower, or every op a
+    little slower (the host: clocks, throttling, neighbours)."""
     mine = [x for x in b.nodes if x.rank == worst.rank]
     top = mine[0].name if mine else "spread over its ops"
     gaps = worst.gap_excess_us >= worst.op_excess_us
     lower = top.lower()
+    extra = [x for x in mine if x.kind == "op" and x.typical_us == 0.0 and x.typical_from == "peer ranks"]
+    extra_us = sum(x.dur_us for x in extra)
+    if extra and extra_us >= EXTRA_OPS_SHARE * max(worst.op_excess_us, 1.0):
+        names: dict[str, int] = {}
+        for x in extra:
+            names[x.name] = names.get(x.name, 0) + 1
+        shown = ", ".join(f"{n} ×{k}" if k > 1 else n for n, k in sorted(names.items(), key=lambda kv: -kv[1])[:4])
+        remedy = (f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
+                  "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
+                  "Remove it, make every rank share it, or move it off the step.")  # fmt: skip
+        return f"ops its peers do not run ({shown})", remedy
     if "dataloader" in lower or "enumerate(" in lower or "data_load" in lower:
         remedy = (f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
                   "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network.")  # fmt: skip
@@ -134,9 +152,13 @@ def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
         remedy = (f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
                   "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
                   "checkpointing, evaluation on rank 0) and per-rank data differences.")  # fmt: skip
+    elif mine and mine[0].saving_us >= SPREAD_SHARE * max(worst.saving_us, 1.0):
+        remedy = (f"One op of it is much slower ({top}): look at what that op does differently on rank {worst.rank} (its "
+                  "inputs' shapes, its data, a different kernel or algorithm, memory) before suspecting the host.")  # fmt: skip
     else:
-        remedy = (f"Its ops themselves are slower ({top}): check that host (thermal throttling, clocks, noisy neighbours, CPU "
-                  "affinity, a slower link) and its data (longer sequences).")  # fmt: skip
+        remedy = (f"Every op of it is a little slower (the largest, {top}, holds under {100 * SPREAD_SHARE:.0f}% of its excess): "
+                  "the host is the suspect (thermal throttling, clocks, noisy neighbours, CPU affinity, a slower link), or "
+                  "its data (longer sequences).")  # fmt: skip
     return (f"untraced time ({top})" if gaps else f"slower ops ({top})"), remedy
 
 
@@ -315,8 +337,9 @@ def validate(
         answer = predictor.effect(g, sample_for(g, None, table, base, phases=pm)[0], data)
         s.model_saving_us = {v: (None if x is None else -x) for v, x in answer["delta_us"].items()}
         s.model_out_of_domain = answer["out_of_domain"]
-    if s.replay_saving_us <= 1e-3 * base.makespan:
-        return f"the replay predicts no saving ({s.replay_saving_us:.0f} µs) for {s.edits}"
+    if s.replay_saving_us < MIN_SAVING_SHARE * base.makespan:
+        return (f"the replay predicts {s.replay_saving_us:.0f} µs for {s.edits}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
+                f"{base.makespan / 1000:.1f} ms step")  # fmt: skip
     return None
 
 
@@ -390,3 +413,29 @@ def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb):
         why = validate(s, a.graph, a.cpm, phases, predictor, table, mb)
         (bad.append((s, why)) if why else good.append(s))
     return good, bad
+
+
+def run_advice(advices: list[Advice]) -> list[dict]:
+    """One answer across steps: each suggestion (by its recipe, or its edits for an LLM's own) with
+    how many steps it survived validation in, and its replayed saving as a median with a 95%
+    interval (analysis.answer.estimate) — most steps first, then the largest saving. An LLM's
+    text beside it is its own and is not checked: only the saving is."""
+    from bottleneck_oracle.analysis.answer import estimate
+
+    by: dict[str, list] = {}
+    for adv in advices:
+        seen = set()
+        for sug in adv.suggestions:
+            key = sug.source or "; ".join(sug.edits)
+            if key in seen:
+                continue
+            seen.add(key)
+            by.setdefault(key, []).append((sug, adv.makespan_us))
+    out = []
+    for key, rows in by.items():
+        first = rows[0][0]
+        out.append({"source": key, "title": first.title, "remedy": first.remedy, "edits": list(first.edits), "steps": len(rows),
+                    "of": len(advices), "saving": estimate([s.replay_saving_us for s, _ in rows]).to_dict(),
+                    "share": float(np.median([s.replay_saving_us / max(ms, 1.0) for s, ms in rows]))})  # fmt: skip
+    out.sort(key=lambda x: (-x["steps"], -x["saving"]["median_us"]))
+    return out
