@@ -481,6 +481,19 @@ def corrections_interval(root: Path) -> str:
     return f"The bundled corrections' 90% interval is ±{half:.2f}× the time the edit removes; they were trained on: {trained}.\n"
 
 
+def model_earned(root: Path) -> str:
+    d = _load(root, "benchmarks/model_earned_results.json")
+    rows = [[k, _pct(v["mape"]), _pct(v["median_ape"])] for k, v in d["scores"].items()]
+    tests = "; ".join(f"than {k}: p = {t['p_corrected_better']:.3f} ({t['corrected_wins']} of {d['n']} better)"
+                      for k, t in d["paired_tests"].items())  # fmt: skip
+    cov = "; ".join(f"{k}: {_pct(v, 0)}" for k, v in d["coverage"].items())
+    return (
+        _table(["predictor", "MAPE", "median APE"], rows)
+        + f"\n\nPaired Wilcoxon test (one-sided), the corrected replay better {tests}. Interval coverage: {cov}. "
+        f"Earned its place: **{'yes' if d['earned'] else 'no'}** ({d['n']} conditions, {d['launches']} launches; held out: {d['held_out']}).\n"
+    )
+
+
 def headline(root: Path) -> str:
     acc = _load(root, "benchmarks/accuracy_results.json")["makespan"]
     within = [r for r in acc if r["max_abs_error_pct"] <= 1.0]
@@ -490,15 +503,18 @@ def headline(root: Path) -> str:
     cul = _load(root, "benchmarks/culprits_results.json")
     blame, clean = cul["methods"]["blame (counterfactual replay)"], cul["methods"]["blame, clean baseline (unperturbed steps)"]
     g = _load(root, "benchmarks/gpu_reruns_results.json")["summary"]["all"]
+    me = _load(root, "benchmarks/model_earned_results.json")
     return (
         f"- **Step time**: the critical path's step time equals the step's period read from the raw events within 1% on "
         f"{len(within)} of {len(acc)} bundled traces; on {len(span)} of them the host's `ProfilerStep` span is more than 5% off "
         f"that period (the device runs behind the host). The self-check's invariants hold {checks - failed} times of {checks}.\n"
         f"- **What-if against re-runs**: on {fin['n']} slowdowns measured on a 2-core CPU machine (clean vs clean "
         f"{_pct(fin['clean_vs_clean_median'], 2)}), the replay's predicted saving has a MAPE of {_pct(fin['replay']['mape'])} "
-        f"(Kendall τ {fin['replay']['kendall_tau']:.2f}), the corrected replay's {_pct(fin['corrected']['mape'])} with its 90% interval "
-        f"covering {_pct(fin['corrected']['coverage'], 0)}; the measurement against itself: {_pct(fin['remeasured']['mape'])}. "
+        f"(Kendall τ {fin['replay']['kendall_tau']:.2f}); the measurement against itself: {_pct(fin['remeasured']['mape'])}. "
         f"On {g['n']} GPU conditions (one H200): {_pct(g['mape_measured_1ms_up'])} where the saving is at least 1 ms.\n"
+        f"- **The graph network** is off by default: its corrected replay ({_pct(fin['corrected']['mape'])}) beats the replay, "
+        f"but not the replay times a constant fitted on other launches ({_pct(me['scores']['replay x constant (other launches)']['mape'])}, "
+        f"paired test p = {me['paired_tests']['replay x constant (other launches)']['p_corrected_better']:.2f}); `--model` shows it.\n"
         f"- **Culprits**: on {cul['steps']} steps with an injected delay, `blame`'s first row is the injected op in "
         f"{_pct(blame['top1'])} ({_pct(clean['top1'])} with a clean baseline).\n"
     )
@@ -508,7 +524,7 @@ FIGURES_OF: dict[str, Callable[[Path], str]] = {
     "quickstart": quickstart, "headline": headline, "step-time": step_time, "eval-table": eval_table, "eval-best": eval_best,
     "reruns-final": reruns_final, "reruns-by-kind": reruns_by_kind, "reruns-history": reruns_history, "rerecorded": rerecorded, "reruns-earlier": reruns_earlier,
     "local-scores": local_scores, "heldout-in-time": heldout_in_time, "noise-steps": noise_steps, "noise-sources": noise_sources,
-    "knobs": knobs, "culprits": culprits, "close-loop": close_loop, "gpu": gpu, "scale": scale, "corrections-interval": corrections_interval,
+    "knobs": knobs, "culprits": culprits, "close-loop": close_loop, "gpu": gpu, "scale": scale, "corrections-interval": corrections_interval, "model-earned": model_earned,
 }  # fmt: skip
 README_BLOCKS = ("quickstart", "headline")  # figures the README also shows, between its markers
 

@@ -223,7 +223,7 @@ def test_train_and_eval_name_what_is_missing(capsys, tmp_path):
 
 
 def test_whatif_json_has_replay_and_the_pretrained_model(capsys):
-    code, out, _ = run(["whatif", str(SAMPLE), "--step", "2", "--edit", "name~=all_reduce,scale=2", "--json"], capsys)
+    code, out, _ = run(["whatif", str(SAMPLE), "--step", "2", "--edit", "name~=all_reduce,scale=2", "--json", "--model"], capsys)
     assert code == 0
     (row,) = json.loads(out)["steps"]
     assert row["edited_nodes"] > 0 and row["replay"]["delta_us"] >= 0
@@ -242,13 +242,13 @@ def test_the_graph_network_says_out_of_domain_on_gpu_traces(capsys):
     """Trained on CPU gloo runs, the model gives no number on a GPU trace (it used to answer
     2e41 µs, or savings of the wrong sign): the column says "out of domain", the replay answers."""
     dlrm = Path(__file__).parent / "data" / "real-gpu" / "dlrm_v100_8rank"
-    code, out, _ = run(["whatif", str(dlrm), "--edit", "name~=nccl,scale=0.5", "--json"], capsys)
+    code, out, _ = run(["whatif", str(dlrm), "--edit", "name~=nccl,scale=0.5", "--json", "--model"], capsys)
     assert code == 0
     (row,) = json.loads(out)["steps"]
     assert row["model"]["out_of_domain"].startswith("out of domain") and "GPU" in row["model"]["out_of_domain"]
     assert set(row["model"]["delta_us"].values()) == {None} and set(row["model"]["step_us"].values()) == {None}
     assert row["replay"]["delta_us"] < 0  # the replay still answers
-    code, out, _ = run(["whatif", str(dlrm), "--edit", "name~=nccl,scale=0.5"], capsys)
+    code, out, _ = run(["whatif", str(dlrm), "--edit", "name~=nccl,scale=0.5", "--model"], capsys)
     assert code == 0 and "out of domain" in out and "e+" not in out
 
 
@@ -322,7 +322,7 @@ def test_whatif_shows_the_corrected_replay_with_its_interval_beside_the_replay(c
     """The bundled corrections (trained on paired re-runs) answer an edit that removes work with a
     corrected delta inside its 90% interval, refuse one that adds work, and --no-model leaves them out."""
     straggler = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms inside forward in every step
-    args = ["whatif", str(straggler), "--step", "4", "--edit", "module=forward,rank=1,gap=1,scale=0", "--json"]
+    args = ["whatif", str(straggler), "--step", "4", "--edit", "module=forward,rank=1,gap=1,scale=0", "--json", "--model"]
     code, out, _ = run(args, capsys)
     assert code == 0
     (row,) = json.loads(out)["steps"]
@@ -335,15 +335,16 @@ def test_whatif_shows_the_corrected_replay_with_its_interval_beside_the_replay(c
     # the conformal half-width is a share of the time the edit removes (here all of the added time)
     assert hi - lo == pytest.approx(2 * load_corrections().halfwidth * abs(row["added_us"]), rel=1e-6)
     assert "paired conditions" in c["trained_on"]
-    code, out, _ = run(["whatif", str(straggler), "--step", "4", "--edit", "rank=1,name~=copy_,delay_ms=5", "--json"], capsys)
+    code, out, _ = run(["whatif", str(straggler), "--step", "4", "--edit", "rank=1,name~=copy_,delay_ms=5", "--json", "--model"], capsys)
     (row,) = json.loads(out)["steps"]
     assert code == 0 and row["corrected"]["delta_us"] is None and "lengthens" in row["corrected"]["out_of_domain"]
-    code, out, _ = run(["whatif", str(straggler), "--step", "4", "--edit", "rank=1,name~=copy_,delay_ms=5"], capsys)
+    code, out, _ = run(["whatif", str(straggler), "--step", "4", "--edit", "rank=1,name~=copy_,delay_ms=5", "--model"], capsys)
     assert code == 0 and "corrections out of domain" in out and "the replay is the answer" in out
-    code, out, _ = run([*args[:-1], "--no-model", "--json"], capsys)
-    assert "corrected" not in json.loads(out)["steps"][0]
+    for off in ([], ["--no-model"]):  # off by default: it has not earned a place beside the replay
+        code, out, _ = run([*args[:-2], *off, "--json"], capsys)
+        assert "corrected" not in json.loads(out)["steps"][0] and "model" not in json.loads(out)["steps"][0]
     # trained on CPU (gloo) runs: a GPU trace is refused in words a user can act on
-    gpu = ["whatif", str(PUBLIC / "nccl_2rank_rank0.json.gz"), "--edit", "cat=kernel,scale=0.5", "--json"]
+    gpu = ["whatif", str(PUBLIC / "nccl_2rank_rank0.json.gz"), "--edit", "cat=kernel,scale=0.5", "--json", "--model"]
     code, out, _ = run(gpu, capsys)
     assert code == 0
     assert all("a GPU trace" in s["corrected"]["out_of_domain"] for s in json.loads(out)["steps"])
@@ -351,7 +352,7 @@ def test_whatif_shows_the_corrected_replay_with_its_interval_beside_the_replay(c
 
 def test_blame_shows_the_corrected_saving_of_its_top_rows(capsys):
     straggler = DATA / "gloo_ddp_8steps_straggler"
-    code, out, _ = run(["blame", str(straggler), "--step", "4", "--json"], capsys)
+    code, out, _ = run(["blame", str(straggler), "--step", "4", "--json", "--model"], capsys)
     assert code == 0
     (step,) = json.loads(out)["steps"]
     asked = [x for x in step["nodes"] if "corrected_saving_us" in x]
@@ -361,7 +362,7 @@ def test_blame_shows_the_corrected_saving_of_its_top_rows(capsys):
             lo, hi = x["corrected_interval_us"]
             assert lo <= x["corrected_saving_us"] <= hi
     assert any(x["corrected_saving_us"] is not None for x in asked)
-    code, out, _ = run(["blame", str(straggler), "--step", "4"], capsys)
+    code, out, _ = run(["blame", str(straggler), "--step", "4", "--model"], capsys)
     assert code == 0 and "corrected [90%]" in out
     code, out, _ = run(["blame", str(straggler), "--step", "4", "--json", "--no-model"], capsys)
     assert all("corrected_saving_us" not in x for x in json.loads(out)["steps"][0]["nodes"])

@@ -252,7 +252,7 @@ def whatif(
     steps: list[int] | None = None,
     config: Config | None = None,
     checkpoint: str | Path | None = None,
-    use_model: bool = True,
+    use_model: bool = False,
     microbatches: int | None = None,
     batch: float | None = None,
 ) -> list[StepWhatIf]:
@@ -265,7 +265,9 @@ def whatif(
         steps: the ProfilerStep numbers to predict; None: every step.
         config: the configuration; None: defaults.
         checkpoint: the graph network, a ``.pt`` or its ``.npz``; None: the shipped pretrained one.
-        use_model: False: the replay only (no corrected replay, no graph network).
+        use_model: True: also the corrected replay and the graph network's prediction. Off by default:
+            on 112 held-out slowdowns the corrected replay did not beat the replay times a
+            constant (benchmarks/model_earned.py).
         microbatches: a pipeline step re-split into this many micro-batches, predicted by the
             1F1B formula (the replay cannot restructure the graph).
         batch: the batch scaled by this ratio, the step bracketed by two replays (``BatchScale``).
@@ -425,7 +427,7 @@ def blame(
     config: Config | None = None,
     top: int = 10,
     checkpoint: str | Path | None = None,
-    use_model: bool = True,
+    use_model: bool = False,
 ) -> list[StepBlame]:
     """Who is to blame: what restoring each op, gap, region, rank and op kind to typical saves.
 
@@ -441,7 +443,8 @@ def blame(
         top: how many nodes and op kinds to list per step.
         checkpoint: the graph network that also predicts the top five nodes' savings; None: the
             shipped one.
-        use_model: False: the replay only.
+        use_model: True: also the graph network's savings of the top five nodes (off by default,
+            see ``whatif``).
 
     Returns:
         One StepBlame per step: culprit nodes, anomalies, regions, ranks and op kinds, each with
@@ -505,7 +508,7 @@ def advise(
     config: Config | None = None,
     baseline: str | Path | None = None,
     checkpoint: str | Path | None = None,
-    use_model: bool = True,
+    use_model: bool = False,
     llm: ChatClient | None = None,
     recipes: str | Path | None = None,
 ) -> list[StepAdvice]:
@@ -518,7 +521,7 @@ def advise(
         baseline: a normal run of the same job, for the blame's typical durations.
         checkpoint: the graph network that also predicts each suggestion's saving; None: the
             shipped one.
-        use_model: False: validate with the replay only.
+        use_model: True: also the graph network's predicted savings (off by default, see ``whatif``).
         llm: an OpenAI-compatible chat server (``llm.client.ChatClient``); None: the offline
             recipe engine.
         recipes: another recipe file in the format of the shipped ``llm/recipes.yaml``.
@@ -539,7 +542,7 @@ def advise_graphs(
     refs_all: list[ExecutionGraph],
     baseline: bool = False,
     checkpoint: str | Path | None = None,
-    use_model: bool = True,
+    use_model: bool = False,
     llm: ChatClient | None = None,
     recipes: str | Path | None = None,
 ) -> list[StepAdvice]:
@@ -551,7 +554,7 @@ def advise_graphs(
         refs_all: the reference steps for typical durations: a baseline's, or the trace's own.
         baseline: whether ``refs_all`` is a baseline's (else the warm-up step is left out).
         checkpoint: the graph network (see ``advise``).
-        use_model: False: validate with the replay only.
+        use_model: True: also the graph network's predicted savings (off by default, see ``whatif``).
         llm: an OpenAI-compatible chat server; None: the offline recipe engine.
         recipes: another recipe file.
 

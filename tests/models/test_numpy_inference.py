@@ -209,7 +209,7 @@ def test_weights_the_numpy_forward_does_not_know_are_refused(shipped):
 def test_advise_with_the_model_imports_no_torch():
     code = (
         "import sys; from bottleneck_oracle import cli; "
-        f"sys.argv = ['bottleneck-oracle', 'analyze', {str(SAMPLE)!r}, '--advise', '--json']\n"
+        f"sys.argv = ['bottleneck-oracle', 'analyze', {str(SAMPLE)!r}, '--advise', '--model', '--json']\n"
         "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "bad = sorted(m for m in ('torch', 'torch_geometric') if m in sys.modules)\n"
         "print('IMPORTED', ','.join(bad), file=sys.stderr); sys.exit(1 if bad else 0)"
