@@ -71,7 +71,7 @@ class RegionAnswer:
     rank: int
     name: str
     kind: str  # "range" or "op"
-    steps: int  # blamed steps in which it was the rank's top region
+    steps: int  # blamed steps in which blame found it slower than on the peers
     of: int
     own: Estimate  # its own time on the rank, per step
     peers: Estimate  # its typical time on the peer ranks (or in the baseline's steps)
@@ -131,9 +131,10 @@ class RunAnswer:
         if self.region:
             r = self.region
             out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} on its peers "
-                       f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; top region in {r.steps} of {r.of} steps)")  # fmt: skip
-        for x in self.extra_ops[:3]:
-            out.append(f"  extra ops on rank {x.rank}, absent on its peers: {x.name} ×{x.count} ({ms(x.dur.median_us)} ms a step)")
+                       f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; slower in {r.steps} of {r.of} steps)")  # fmt: skip
+        if self.extra_ops:
+            shown = ", ".join(f"{x.name} ×{x.count} ({ms(x.dur.median_us)} ms)" for x in self.extra_ops[:3])
+            out.append(f"  extra ops on rank {self.extra_ops[0].rank} that its peers do not run, a step: {shown}")
         if self.region:
             r = self.region
             out.append(f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
@@ -231,50 +232,81 @@ def _straggler(st: list[StepFigures]) -> Straggler | None:
 def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> None:
     """The region where the straggler (or, without one, any rank) differs from its peer ranks (or,
     with ``references``, from the baseline's steps), and its extra ops, on the ``picked`` steps.
-    A region is named only if it is the rank's top region in at least half of them (else the
-    differences are noise)."""
-    from bottleneck_oracle.analysis.blame import KeyMemo, blame, peer_groups, region_blame
+    The region is the one whose saving has the largest median over the blamed steps (a step in
+    which blame did not find it slower counts as no saving), named only if blame found it slower
+    in at least half of them: a region slower in one noisy step is not the run's."""
+    from bottleneck_oracle.analysis.blame import KeyMemo, peer_groups, region_blame
 
     memo = KeyMemo()
     against = ("peer ranks", "reference steps") if references else ("peer ranks",)
     focus = answer.straggler.rank if answer.straggler else None
-    tops: list[tuple[int, str, str, float, float, float]] = []  # rank, name, kind, own, typical, saving
+    per: dict[tuple[int, str, str], dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    for a in picked:
+    used = 0
+    for k, a in enumerate(picked):
         g = a.graph
         groups = peer_groups(g)
         if len(set(groups.values())) == len(g.ranks) and not references:  # no peers (pipeline stages), no baseline
             continue
-        regions = [r for r in region_blame(g, references, top=10, cpm=a.cpm, memo=memo, groups=groups) if r.typical_from in against]
-        mine = [r for r in regions if focus is None or r.rank == focus]
-        if mine:
-            r = mine[0]
-            tops.append((r.rank, r.name, r.kind, r.dur_us, r.typical_us, r.saving_us))
-            focus = r.rank if focus is None else focus  # without a straggler: the first step's top region's rank
-        b = blame(g, references, top=50, cpm=a.cpm, memo=memo)
-        per: dict[tuple[int, str], list[float]] = {}
-        for c in b.nodes:
-            if c.kind == "op" and c.typical_us == 0.0 and c.typical_from == "peer ranks" and (focus is None or c.rank == focus):
-                per.setdefault((c.rank, c.name), []).append(c.dur_us)
-        for key, durs in per.items():
-            extra.setdefault(key, []).append((len(durs), sum(durs)))
-    if not tops:
+        used += 1
+        for r in region_blame(g, references, top=10, cpm=a.cpm, memo=memo, groups=groups):
+            if r.typical_from in against and (focus is None or r.rank == focus):
+                per.setdefault((r.rank, r.name, r.kind), {}).setdefault(k, (r.dur_us, r.typical_us, r.saving_us))
+        for key, (count, dur) in _extra_ops(g, groups, focus).items():
+            extra.setdefault(key, []).append((count, dur))
+    if not used:
         return
-    (rank, name, kind), count = Counter((t[0], t[1], t[2]) for t in tops).most_common(1)[0]
-    if count < PERSISTENT * len(picked):
+
+    def typical_saving(key: tuple[int, str, str]) -> float:
+        return float(np.median([per[key][k][2] if k in per[key] else 0.0 for k in range(len(picked))]))
+
+    best = max(per, key=lambda key: (typical_saving(key), len(per[key])), default=None)
+    if best is not None and len(per[best]) >= PERSISTENT * used:
+        rows = list(per[best].values())
+        answer.region = RegionAnswer(
+            best[0], best[1], best[2], len(rows), used,
+            own=estimate([r[0] for r in rows]), peers=estimate([r[1] for r in rows]), excess=estimate([r[0] - r[1] for r in rows]),
+            saving=estimate([r[2] for r in rows]),
+        )  # fmt: skip
+    elif per:
         answer.notes.append(
-            f"No region stands out on every step: the top region differs from step to step ({len(set(tops))} in {len(picked)} steps)"
+            f"No region is slower than on its peers in most steps ({len(per)} regions; none in {used // 2 + 1} of {used} steps)"
         )
-        return
-    rows = [t for t in tops if (t[0], t[1]) == (rank, name)]
-    answer.region = RegionAnswer(
-        rank, name, kind, count, len(picked),
-        own=estimate([t[3] for t in rows]), peers=estimate([t[4] for t in rows]), excess=estimate([t[3] - t[4] for t in rows]),
-        saving=estimate([t[5] for t in rows]),
-    )  # fmt: skip
-    ops = [
+    ops_ = [
         ExtraOp(r, n, int(np.median([c for c, _ in v])), estimate([d for _, d in v]))
         for (r, n), v in extra.items()
-        if len(v) >= PERSISTENT * len(picked)
+        if len(v) >= PERSISTENT * used
     ]
-    answer.extra_ops = sorted(ops, key=lambda x: -x.dur.median_us)
+    answer.extra_ops = sorted(ops_, key=lambda x: -x.dur.median_us)
+
+
+EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
+
+
+def _extra_ops(g, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
+    """Ops a rank runs more often than its peers (the median peer of its peer group), parent ops
+    included: per (rank, name), how many more times and their time (its median run, as many more
+    times). Host ops only: the device ops they launch follow them."""
+    n, rg = g.nodes, g.regions
+    host = ~n["on_gpu"] & (n["rank"] >= 0)
+    counts: dict[int, dict[str, list[float]]] = {}
+    for r, name, d in zip(n["rank"][host].tolist(), n["name"][host].tolist(), n["mdur"][host].tolist()):
+        counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
+    ops = ~rg["is_range"].astype(bool)  # parent ops too (aten::mm around its children): the names a user recognises
+    for r, name, d in zip(rg["rank"][ops].tolist(), rg["name"][ops].tolist(), (rg["end"] - rg["start"])[ops].tolist()):
+        counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
+    out = {}
+    for r, mine in counts.items():
+        if focus is not None and r != focus:
+            continue
+        peers = [p for p in counts if p != r and groups.get(p, p) == groups.get(r, r)]
+        if not peers:
+            continue
+        for name, durs in mine.items():
+            typical = float(np.median([len(counts[p].get(name, [])) for p in peers]))
+            more = len(durs) - typical
+            if more >= 1:
+                dur = float(np.median(durs)) * more  # its typical run, as many more times
+                if dur >= EXTRA_MIN_US:
+                    out[(r, name)] = (int(round(more)), dur)
+    return out
