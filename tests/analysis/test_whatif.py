@@ -164,4 +164,4 @@ def test_whatif_command_takes_a_module_edit(module_trace, capsys):
     (row,) = json.loads(out)["steps"]
     assert row["edited_nodes"] >= 20 and row["replay"]["delta_us"] < 0
     code, _, err = run(["whatif", str(module_trace), "--edit", "module=NoSuchModule,scale=0.5", "--no-model"], capsys)
-    assert code != 0 and "select no node" in err and "Traceback" not in err
+    assert code != 0 and "module=NoSuchModule selects nothing" in err and "Traceback" not in err
