@@ -117,7 +117,9 @@ def se_of_median_difference(a: np.ndarray, b: np.ndarray, n: int, rng: np.random
     return float(np.std(mb - ma))
 
 
-def interleaved(times: dict[int, float], slowed: set[int], n: int, rng: np.random.Generator | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def interleaved(
+    times: dict[int, float], slowed: set[int], n: int, rng: np.random.Generator | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Disjoint windows of n consecutive step pairs: (the pairs' clean steps, their slowed steps).
     Without ``slowed`` steps (a clean recording), each pair's steps go to the two sides at random."""
     pairs = [(s, s + 1) for s in range(WARMUP + 1 if WARMUP % 2 == 0 else WARMUP + 2, max(times) + 1, 2) if s in times and s + 1 in times]
@@ -206,7 +208,11 @@ def evaluate(folder: Path, recordings: dict[str, dict], steps: int) -> dict:
         "clean": clean_rows,
         "separate_recordings_slowed": separate,
         "acceptance": {
-            "slower_when_at_least_2se_and_1pct": {"conditions": total, "called_slower": called, "fraction": called / total if total else None},
+            "slower_when_at_least_2se_and_1pct": {
+                "conditions": total,
+                "called_slower": called,
+                "fraction": called / total if total else None,
+            },
             "slower_by_size_in_se": bins,
             "clean_called_different_interleaved": {"conditions": cm, "called": ck, "fraction": ck / cm if cm else None},
         },

@@ -301,7 +301,9 @@ def whatif(
             raise OracleError(f"{path}: edit {text!r} selects nothing: {why_nothing(gs, e, phase_of, table)}")
         if empty:
             shown = ", ".join(str(s) for s in empty[:10]) + (", ..." if len(empty) > 10 else "")
-            warnings.warn(f"{path}: edit {text!r} selects nothing in step(s) {shown}: they are predicted without it", OracleWarning, stacklevel=2)
+            warnings.warn(
+                f"{path}: edit {text!r} selects nothing in step(s) {shown}: they are predicted without it", OracleWarning, stacklevel=2
+            )
     predictor = corrections = None
     if use_model:
         predictor = _predictor(checkpoint)

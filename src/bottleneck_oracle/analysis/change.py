@@ -51,6 +51,8 @@ MIN_CHANGE = 0.01  # default minimum practical change: a share of the baseline's
 CONFIDENCE = 0.95
 SAME_STRUCTURE = 0.8  # ops matching by name and count per step and rank below this share: a warning
 REFUSE_STRUCTURE = 0.1  # below this share: not the same job, refused unless forced
+SPEED_CATEGORIES = (Category.CPU_OP, Category.KERNEL, Category.MEMCPY, Category.MEMSET)  # ops whose duration is work, not waiting
+UNIFORM_SHARE = 0.5  # ops slower (or faster) by at least this share of the step's change: the machine, likely
 STRUCTURE_CATEGORIES = (Category.CPU_OP, Category.RUNTIME, Category.COLLECTIVE, Category.P2P, Category.BLOCKING)
 # kernels are left out of the structure: their names change with the device model and library version
 
@@ -99,6 +101,32 @@ def structure_match(a: RunShape, b: RunShape) -> float:
     names = set(a.ops) | set(b.ops)
     top = sum(max(a.ops.get(k, 0.0), b.ops.get(k, 0.0)) for k in names)
     return sum(min(a.ops.get(k, 0.0), b.ops.get(k, 0.0)) for k in names) / top if top else 1.0
+
+
+def op_speed(base: list[StepAnalysis], cand: list[StepAnalysis]) -> tuple[float, int] | None:
+    """How much longer the ops themselves ran in ``cand`` than in ``base``: the median, weighted by
+    the baseline's time in each, of the ratio of an op kind's median duration (CPU ops and device
+    ops, not collectives or waits), over the kinds that ran at least 3 times in each; and how many
+    kinds. None when no kind is common to both."""
+
+    def durations(steps: list[StepAnalysis]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = defaultdict(list)
+        for a in steps:
+            g = a.graph
+            keep = np.flatnonzero(np.isin(g.nodes["category"], SPEED_CATEGORIES))
+            for code, d in zip(g.nodes["name"][keep].tolist(), g.nodes["mdur"][keep].tolist()):
+                out[g.names[code]].append(d)
+        return out
+
+    db, dc = durations(base), durations(cand)
+    common = [k for k in db if len(db[k]) >= 3 and len(dc.get(k, ())) >= 3 and np.median(db[k]) > 0]
+    if not common:
+        return None
+    ratio = np.array([np.median(dc[k]) / np.median(db[k]) for k in common])
+    weight = np.array([np.sum(db[k]) for k in common])
+    order = np.argsort(ratio)
+    cum = np.cumsum(weight[order])
+    return float(ratio[order][np.searchsorted(cum, cum[-1] / 2)]), len(common)
 
 
 def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
@@ -185,6 +213,7 @@ class Comparison:
     delta_us: float  # candidate - baseline median step time
     delta_share: float  # delta / baseline median
     interval_us: tuple[float, float] | None  # 95% interval of the shift (None: too few steps)
+    op_ratio: float | None  # how much longer the ops themselves ran in the candidate (op_speed; None: no common op)
     min_change: float  # the minimum practical change, a share of the baseline median
     verdict: Verdict
     reason: str  # the verdict's reason in words
@@ -338,6 +367,12 @@ def compare(
     tb, tc = np.array([step_time(a) for a in b]), np.array([step_time(a) for a in c])
     mb, mc = float(np.median(tb)), float(np.median(tc))
     call, reason, ci = verdict(tb, tc, min_change)
+    speed = op_speed(b, c)
+    share = (mc - mb) / mb if mb else 0.0
+    if speed is not None and abs(share) > min_change and (speed[0] - 1) * share > 0 and abs(speed[0] - 1) >= UNIFORM_SHARE * abs(share):
+        warns.append(f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
+                     f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
+                     "device) changes every op alike, a change to the job seldom does")  # fmt: skip
     across = not (sb.pipeline or sc.pipeline)
     kb, kc = _typical(b, tb), _typical(c, tc)
     pb, pc = _rows(kb, across), _rows(kc, across)
@@ -361,6 +396,6 @@ def compare(
     return Comparison(
         baseline=base_name, candidate=cand_name, baseline_median_us=mb, candidate_median_us=mc, baseline_steps=len(tb),
         candidate_steps=len(tc), baseline_spread_us=spread[0], candidate_spread_us=spread[1], delta_us=mc - mb,
-        delta_share=(mc - mb) / mb if mb else 0.0, interval_us=ci, min_change=min_change, verdict=call, reason=reason, warnings=warns,
+        delta_share=share, interval_us=ci, op_ratio=speed[0] if speed else None, min_change=min_change, verdict=call, reason=reason, warnings=warns,
         moved=shown, other_us=explained - sum(m.delta_us for m in shown), residual_us=(mc - mb) - explained, by_kind=kinds, by_rank=ranks,
     )  # fmt: skip

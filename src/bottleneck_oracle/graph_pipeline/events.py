@@ -993,7 +993,9 @@ def _parse_file(path: Path, single: bool) -> _Builder:
     rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
     props = meta_doc.get("deviceProperties") if isinstance(meta_doc, dict) else None
-    b.devices = sorted({str(d["name"]) for d in props if isinstance(d, dict) and isinstance(d.get("name"), str)}) if isinstance(props, list) else []
+    b.devices = (
+        sorted({str(d["name"]) for d in props if isinstance(d, dict) and isinstance(d.get("name"), str)}) if isinstance(props, list) else []
+    )
     if b.add_scanned(path, raw, ev) == 0:
         raise TraceError(path, "no CPU or GPU op events (ph='X') in the trace")
     return b
