@@ -345,8 +345,10 @@ def compare(
     """Did the candidate run get faster or slower than the baseline, by how much, and what moved.
 
     Args:
-        base, cand: the analysed steps of each run (api.analyze), in step order.
-        base_name, cand_name: how the runs are named in the result.
+        base: the analysed steps of the baseline run (api.analyze), in step order.
+        cand: the analysed steps of the candidate run.
+        base_name: how the baseline is named in the result.
+        cand_name: how the candidate is named in the result.
         top: how many rows of what moved to keep (the rest is summed in ``other_us``).
         min_change: the minimum practical change, a share of the baseline's median step (0.01: 1%).
         shapes: the runs' shapes (``shape_of``) for the comparability check; None: read from the
