@@ -171,3 +171,27 @@ def test_compare_cli_gate_min_change_and_json(capsys):
     assert code == 0 and "within noise" in out
     code, _, err = run_cli(["compare", str(CLEAN), str(STRAGGLER), "--min-change", "-1"], capsys)
     assert code == 2 and err.count("error:") == 1
+
+
+def test_every_op_longer_by_the_steps_share_is_said_to_look_like_the_machine():
+    """The same recording with every op 1.5x as long and its periods 1.5x: op_speed reads 1.5 and
+    the comparison warns that a slower machine changes every op alike; the straggler's removal,
+    where the ops kept their time, gets no such warning."""
+    from dataclasses import replace
+
+    from bottleneck_oracle.analysis.change import op_speed
+    from bottleneck_oracle.analysis.summary import StepAnalysis
+
+    b = list(cached_analyses(CLEAN))
+    slower = []
+    for a in b:
+        g = a.graph
+        facts = {**g.meta["facts"], "period_us": 1.5 * g.meta["facts"]["period_us"]}
+        g2 = replace(g, nodes={**g.nodes, "mdur": 1.5 * g.nodes["mdur"]}, meta={**g.meta, "facts": facts})
+        slower.append(StepAnalysis.of(g2))
+    assert op_speed(b, b) == (1.0, pytest.approx(op_speed(b, slower)[1]))
+    assert op_speed(b, slower)[0] == pytest.approx(1.5)
+    c = compare(b, slower)
+    assert c.verdict == "slower" and c.delta_share == pytest.approx(0.5)
+    assert any("ops themselves ran +50% longer" in w for w in c.warnings)
+    assert not any("ops themselves" in w for w in _compare(STRAGGLER, CLEAN).warnings)

@@ -379,11 +379,10 @@ def compare(
     kb, kc = _typical(b, tb), _typical(c, tc)
     pb, pc = _rows(kb, across), _rows(kc, across)
     moved = []
+    none: tuple[float, str, set[int]] = (0.0, "", set())
     for key in set(pb) | set(pc):
-        x, y = pb.get(key, (0.0, "", set()))[0], pc.get(key, (0.0, "", set()))[0]
-        ranks = sorted(pb.get(key, (0, "", set()))[2] | pc.get(key, (0, "", set()))[2])
-        kind = (pb[key] if key in pb else pc[key])[1]
-        moved.append(Move(what=key[0], ranks=ranks, kind=kind, baseline_us=x, candidate_us=y, delta_us=y - x))
+        (x, kx, wx), (y, ky, wy) = pb.get(key, none), pc.get(key, none)
+        moved.append(Move(what=key[0], ranks=sorted(wx | wy), kind=kx or ky, baseline_us=x, candidate_us=y, delta_us=y - x))
     moved.sort(key=lambda m: (-abs(m.delta_us), m.what))
     explained = sum(m.delta_us for m in moved)
     shown = [m for m in moved[:top] if abs(m.delta_us) > 1e-6]
@@ -393,11 +392,11 @@ def compare(
         y = float(np.mean([a.breakdown()[k] for a in kc]))
         kinds[k] = KindChange(baseline_us=x, candidate_us=y, delta_us=y - x)
     rb, rc = _rank_medians(b), _rank_medians(c)
-    ranks = [RankChange(r, rb.get(r), rc.get(r), (rc[r] - rb[r]) if r in rb and r in rc else None) for r in sorted(set(rb) | set(rc))]
+    per_rank = [RankChange(r, rb.get(r), rc.get(r), (rc[r] - rb[r]) if r in rb and r in rc else None) for r in sorted(set(rb) | set(rc))]
     spread = [ROBUST * float(np.median(np.abs(t - np.median(t)))) for t in (tb, tc)]
     return Comparison(
         baseline=base_name, candidate=cand_name, baseline_median_us=mb, candidate_median_us=mc, baseline_steps=len(tb),
         candidate_steps=len(tc), baseline_spread_us=spread[0], candidate_spread_us=spread[1], delta_us=mc - mb,
         delta_share=share, interval_us=ci, op_ratio=speed[0] if speed else None, min_change=min_change, verdict=call, reason=reason, warnings=warns,
-        moved=shown, other_us=explained - sum(m.delta_us for m in shown), residual_us=(mc - mb) - explained, by_kind=kinds, by_rank=ranks,
+        moved=shown, other_us=explained - sum(m.delta_us for m in shown), residual_us=(mc - mb) - explained, by_kind=kinds, by_rank=per_rank,
     )  # fmt: skip

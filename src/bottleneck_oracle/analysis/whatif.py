@@ -20,6 +20,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -458,7 +459,8 @@ def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray |
     or that its selectors hold for no op together (and where its name is found)."""
     given = {k: getattr(e, k) for k in SELECTORS if getattr(e, k) not in (None, ())}
     for key, value in given.items():
-        alone = replace(e, **{k: (() if k == "ids" else None) for k in given if k != key}, gap=False, detach=False, scale=0.5, delay_ms=0.0)
+        cleared: dict[str, Any] = {k: (() if k == "ids" else None) for k in given if k != key}
+        alone = replace(e, **cleared, gap=False, detach=False, scale=0.5, delay_ms=0.0)
         if not any(selects_anything(g, alone, p, table) for g, p in zip(graphs, phases)):
             shown = "+".join(map(str, value)) if key == "ids" else value
             what = {"rank": "no op runs on that rank", "name": "no op has that name", "name_contains": "no op's name contains it",
