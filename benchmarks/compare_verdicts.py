@@ -20,7 +20,9 @@ recording left out as warm-up):
   window k of ``clean`` against window k of ``persist_D`` or of ``clean2`` (two recordings made a
   few minutes apart): whatever the machine did in between counts as a change.
 
-Each condition is judged by the verdict ``compare`` gives (``analysis.change.verdict`` on the
+For the conditions across two recordings, the script also counts how often ``compare`` would warn
+that the ops themselves ran longer or shorter like the step (``change.alike``: a machine that
+changed speed). Each condition is judged by the verdict ``compare`` gives (``analysis.change.verdict`` on the
 windows' step times, the default minimum change of 1%). The true slowdown of ``inter_D`` is the
 difference of the medians of all its slowed and all its clean steps; its standard error for a
 condition of n against n steps is the spread (standard deviation) of the difference of medians of
@@ -93,15 +95,30 @@ def record(folder: Path, steps: int) -> dict[str, dict]:
     return done
 
 
-def step_times(folder: Path) -> dict[int, float]:
-    """ProfilerStep number -> step time (µs) as ``compare`` reads it (``change.step_time``: the period)."""
+def analyses_of(folder: Path) -> dict:
+    """ProfilerStep number -> its StepAnalysis, past the warm-up steps."""
     from bottleneck_oracle import api
-    from bottleneck_oracle.analysis.change import step_time
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, analyses = api.analyze(folder)
-    return {a.graph.step: step_time(a) for a in analyses if a.graph.step is not None and a.graph.step > WARMUP}
+    return {a.graph.step: a for a in analyses if a.graph.step is not None and a.graph.step > WARMUP}
+
+
+def step_times(analyses: dict) -> dict[int, float]:
+    """ProfilerStep number -> step time (µs) as ``compare`` reads it (``change.step_time``: the period)."""
+    from bottleneck_oracle.analysis.change import step_time
+
+    return {s: step_time(a) for s, a in analyses.items()}
+
+
+def machine_said(analyses: dict, a: list[int], b: list[int]) -> bool:
+    """Does ``compare`` warn that the ops themselves changed like the step (``change.alike``)?"""
+    from bottleneck_oracle.analysis.change import alike, op_speed, step_time
+
+    sa, sb = [analyses[0][s] for s in a], [analyses[1][s] for s in b]
+    ma, mb = np.median([step_time(x) for x in sa]), np.median([step_time(x) for x in sb])
+    return alike(op_speed(sa, sb), float(mb / ma - 1)) is not None
 
 
 def _call(tb: np.ndarray, tc: np.ndarray) -> str:
@@ -134,10 +151,14 @@ def interleaved(
     return out
 
 
-def contiguous(times: dict[int, float], n: int) -> list[np.ndarray]:
-    """Disjoint windows of n consecutive steps."""
+def contiguous(times: dict[int, float], n: int) -> list[list[int]]:
+    """Disjoint windows of n consecutive steps (their ProfilerStep numbers)."""
     steps = sorted(times)
-    return [np.array([times[s] for s in steps[w * n : (w + 1) * n]]) for w in range(len(steps) // n)]
+    return [steps[w * n : (w + 1) * n] for w in range(len(steps) // n)]
+
+
+def _times(times: dict[int, float], steps: list[int]) -> np.ndarray:
+    return np.array([times[s] for s in steps])
 
 
 def _share(calls: list[str], what: tuple[str, ...]) -> dict:
@@ -147,7 +168,13 @@ def _share(calls: list[str], what: tuple[str, ...]) -> dict:
 
 def evaluate(folder: Path, recordings: dict[str, dict], steps: int) -> dict:
     rng = np.random.default_rng(SEED)
-    times = {name: step_times(folder / name) for name in recordings}
+    kept = {"clean", "clean2", f"persist_{PERSIST_MS:g}"}
+    times, analyses = {}, {}
+    for name in recordings:
+        a = analyses_of(folder / name)
+        times[name] = step_times(a)
+        if name in kept:  # for the warning that the ops themselves changed (the rest: step times only)
+            analyses[name] = a
     rows, clean_rows = [], []
     for name, spec in recordings.items():
         if spec["design"] != "interleaved":
@@ -173,17 +200,22 @@ def evaluate(folder: Path, recordings: dict[str, dict], steps: int) -> dict:
         calls = [_call(a, b) for a, b in conds]
         clean_rows.append({"design": "interleaved", "recording": "clean", "n": n, **_share(calls, ("slower", "faster"))})
         wins = contiguous(times["clean"], n)
-        calls = [_call(wins[i], wins[i + 1]) for i in range(0, len(wins) - 1, 2)]
+        calls = [_call(_times(times["clean"], wins[i]), _times(times["clean"], wins[i + 1])) for i in range(0, len(wins) - 1, 2)]
         clean_rows.append({"design": "back to back, one recording", "recording": "clean", "n": n, **_share(calls, ("slower", "faster"))})
         other = contiguous(times["clean2"], n)
-        calls = [_call(a, b) for a, b in zip(wins, other)]
-        clean_rows.append({"design": "two recordings", "recording": "clean vs clean2", "n": n, **_share(calls, ("slower", "faster"))})
+        pairs = list(zip(wins, other))
+        calls = [_call(_times(times["clean"], a), _times(times["clean2"], b)) for a, b in pairs]
+        said = [machine_said((analyses["clean"], analyses["clean2"]), a, b) for a, b in pairs]
+        clean_rows.append({"design": "two recordings", "recording": "clean vs clean2", "n": n, **_share(calls, ("slower", "faster")),
+                           "called_and_ops_said_alike": sum(c != "within noise" and c != "too few steps" and w for c, w in zip(calls, said))})  # fmt: skip
     persist = f"persist_{PERSIST_MS:g}"
     separate = []
     for n in WINDOWS:
-        wins, slow = contiguous(times["clean"], n), contiguous(times[persist], n)
-        calls = [_call(a, b) for a, b in zip(wins, slow)]
-        separate.append({"recording": f"clean vs {persist}", "n": n, **_share(calls, ("slower",))})
+        pairs = list(zip(contiguous(times["clean"], n), contiguous(times[persist], n)))
+        calls = [_call(_times(times["clean"], a), _times(times[persist], b)) for a, b in pairs]
+        said = [machine_said((analyses["clean"], analyses[persist]), a, b) for a, b in pairs]
+        separate.append({"recording": f"clean vs {persist}", "n": n, **_share(calls, ("slower",)),
+                         "called_and_ops_said_alike": sum(c == "slower" and w for c, w in zip(calls, said))})  # fmt: skip
     eligible = [r for r in rows if r["true_in_se"] >= 2 and r["true_share"] >= 0.01]
     called = sum(r["slower"] for r in eligible)
     total = sum(r["conditions"] for r in eligible)

@@ -129,6 +129,16 @@ def op_speed(base: list[StepAnalysis], cand: list[StepAnalysis]) -> tuple[float,
     return float(ratio[order][np.searchsorted(cum, cum[-1] / 2)]), len(common)
 
 
+def alike(speed: tuple[float, int] | None, share: float, min_change: float = MIN_CHANGE) -> str | None:
+    """A warning when the ops themselves (``op_speed``) changed the same way as the step, by at least
+    UNIFORM_SHARE of its change ``share``: what a slower or faster machine does; else None."""
+    if speed is None or abs(share) <= min_change or (speed[0] - 1) * share <= 0 or abs(speed[0] - 1) < UNIFORM_SHARE * abs(share):
+        return None
+    return (f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
+            f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
+            "device) changes every op alike, a change to the job seldom does")  # fmt: skip
+
+
 def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
     """Why the baseline ``a`` and the candidate ``b`` may not be comparable, one line each; raises
     OracleError when they share almost no ops (not the same job) unless ``force``."""
@@ -371,10 +381,9 @@ def compare(
     call, reason, ci = verdict(tb, tc, min_change)
     speed = op_speed(b, c)
     share = (mc - mb) / mb if mb else 0.0
-    if speed is not None and abs(share) > min_change and (speed[0] - 1) * share > 0 and abs(speed[0] - 1) >= UNIFORM_SHARE * abs(share):
-        warns.append(f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
-                     f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
-                     "device) changes every op alike, a change to the job seldom does")  # fmt: skip
+    line = alike(speed, share, min_change)
+    if line:
+        warns.append(line)
     across = not (sb.pipeline or sc.pipeline)
     kb, kc = _typical(b, tb), _typical(c, tc)
     pb, pc = _rows(kb, across), _rows(kc, across)
