@@ -494,6 +494,55 @@ def model_earned(root: Path) -> str:
     )
 
 
+def compare_verdicts(root: Path) -> str:
+    d = _load(root, "benchmarks/compare_verdicts_results.json")
+    acc = d["acceptance"]
+    loads = [v[k] for v in d["recordings"].values() for k in ("load_before", "load_after")]
+    meds = [v["median_step_us"] / 1000 for v in d["recordings"].values()]
+    eligible = [r for r in d["slowed"] if r["true_in_se"] >= 2 and r["true_share"] >= 0.01]
+
+    def frac(k: int, m: int) -> str:
+        return f"{k} of {m} ({_pct(k / m if m else None, 0)})"
+
+    by_n = "; ".join(
+        f"{n} steps a side: "
+        + frac(sum(r["slower"] for r in eligible if r["n"] == n), sum(r["conditions"] for r in eligible if r["n"] == n))
+        for n in sorted({r["n"] for r in eligible})
+    )
+    bins = "; ".join(
+        f"{b['true_in_se'][0]}–{b['true_in_se'][1] or '∞'} SE: {frac(b['called_slower'], b['conditions'])}"
+        for b in acc["slower_by_size_in_se"]
+        if b["conditions"]
+    )
+    clean = {}
+    for r in d["clean"]:
+        k, m = clean.get(r["design"], (0, 0))
+        clean[r["design"]] = (k + r["called"], m + r["conditions"])
+    alike = sum(r.get("called_and_ops_said_alike", 0) for r in d["clean"])
+    alike_slowed = sum(r["called_and_ops_said_alike"] for r in d["separate_recordings_slowed"])
+    sep = d["separate_recordings_slowed"]
+    ok = acc["slower_when_at_least_2se_and_1pct"]
+    slowed = ", ".join(
+        f"{r['delay_ms']:g} ms: {100 * r['true_share']:+.1f}%" for r in d["slowed"] if r["n"] == min(x["n"] for x in d["slowed"])
+    )
+    return (
+        f"Recordings of {d['steps_per_recording']} steps of a 2-rank gloo DDP job on a 2-core machine shared with other work "
+        f"(load average {min(loads):.1f} to {max(loads):.1f}; median step {min(meds):.0f} to {max(meds):.0f} ms between recordings); "
+        f"conditions are disjoint windows of 5, 10 or 20 steps a side (the windows of different sizes reuse the same steps). "
+        f"True slowdowns (all slowed against all clean steps of a recording): {slowed}.\n\n"
+        f"| | called |\n|---|---|\n"
+        f"| slower, where the slowdown is ≥ 2 standard errors of the median difference and ≥ 1% | {frac(ok['called_slower'], ok['conditions'])}; {by_n} |\n"
+        f"| the same, by the slowdown's size | {bins} |\n"
+        f"| different, clean against clean, interleaved in one recording | {frac(*clean['interleaved'])} |\n"
+        f"| different, clean against clean, back to back in one recording | {frac(*clean['back to back, one recording'])} |\n"
+        f"| different, clean against clean, two recordings minutes apart | {frac(*clean['two recordings'])}; of those, "
+        f"{alike} with the warning that the ops themselves ran longer or shorter like the step |\n"
+        f"| slower, a separate recording slowed by {d['recordings'][sep[0]['recording'].split()[-1]]['delay_ms']:g} ms a step against clean | "
+        + "; ".join(f"{r['n']} steps a side: {frac(r['called'], r['conditions'])}" for r in sep)
+        + f"; of those, {alike_slowed} with that warning too |\n"
+    )
+
+
 def headline(root: Path) -> str:
     acc = _load(root, "benchmarks/accuracy_results.json")["makespan"]
     within = [r for r in acc if r["max_abs_error_pct"] <= 1.0]
@@ -524,7 +573,8 @@ FIGURES_OF: dict[str, Callable[[Path], str]] = {
     "quickstart": quickstart, "headline": headline, "step-time": step_time, "eval-table": eval_table, "eval-best": eval_best,
     "reruns-final": reruns_final, "reruns-by-kind": reruns_by_kind, "reruns-history": reruns_history, "rerecorded": rerecorded, "reruns-earlier": reruns_earlier,
     "local-scores": local_scores, "heldout-in-time": heldout_in_time, "noise-steps": noise_steps, "noise-sources": noise_sources,
-    "knobs": knobs, "culprits": culprits, "close-loop": close_loop, "gpu": gpu, "scale": scale, "corrections-interval": corrections_interval, "model-earned": model_earned,
+    "knobs": knobs, "culprits": culprits, "close-loop": close_loop, "gpu": gpu, "scale": scale, "corrections-interval": corrections_interval,
+    "model-earned": model_earned, "compare-verdicts": compare_verdicts,
 }  # fmt: skip
 README_BLOCKS = ("quickstart", "headline")  # figures the README also shows, between its markers
 

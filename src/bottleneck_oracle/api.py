@@ -43,7 +43,8 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 if TYPE_CHECKING:
     import numpy as np
 
-    from bottleneck_oracle.analysis.runs import Comparison, RunSummary
+    from bottleneck_oracle.analysis.change import Comparison
+    from bottleneck_oracle.analysis.runs import RunSummary
     from bottleneck_oracle.llm.client import ChatClient
     from bottleneck_oracle.models.corrections import Corrections, GraphCorrections
     from bottleneck_oracle.models.predict import Predictor
@@ -278,14 +279,14 @@ def whatif(
         and the ops that joined and left the critical path.
 
     Raises:
-        OracleError: no edit, ``microbatches`` or ``batch`` given; edits that select no node; a
+        OracleError: no edit, ``microbatches`` or ``batch`` given; an edit that selects nothing in any step; a
             re-split of a step that is not a pipeline step.
     """
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
     from bottleneck_oracle.analysis.phases import node_phases
-    from bottleneck_oracle.analysis.whatif import Edit, apply_edits
+    from bottleneck_oracle.analysis.whatif import Edit, apply_edits, own_time_edits, selects_anything, why_nothing
     from bottleneck_oracle.errors import OracleError
 
     parsed = [Edit.parse(e) for e in edits]
@@ -294,17 +295,25 @@ def whatif(
     if batch is not None and not 0 < batch < float("inf"):
         raise OracleError(f"--batch must be a ratio > 0 (found {batch})")
     table, gs = build(path, steps, config)
+    phase_mbs = [node_phases(table, g) if table is not None else None for g in gs]
+    phase_of = [pm[0] if pm is not None else None for pm in phase_mbs]
+    for e, text in zip(parsed, edits):  # every edit must select something, alone or combined
+        empty = [g.step for g, p in zip(gs, phase_of) if not selects_anything(g, e, p, table)]
+        if len(empty) == len(gs):
+            raise OracleError(f"{path}: edit {text!r} selects nothing: {why_nothing(gs, e, phase_of, table)}")
+        if empty:
+            shown = ", ".join(str(s) for s in empty[:10]) + (", ..." if len(empty) > 10 else "")
+            warnings.warn(
+                f"{path}: edit {text!r} selects nothing in step(s) {shown}: they are predicted without it", OracleWarning, stacklevel=2
+            )
     predictor = corrections = None
     if use_model:
         predictor = _predictor(checkpoint)
         corrections = _corrections()
     out: list[StepWhatIf] = []
-    for g in gs:
-        phase_mb = node_phases(table, g) if table is not None else None
-        phases = phase_mb[0] if phase_mb is not None else None
+    for g, phase_mb, phases in zip(gs, phase_mbs, phase_of):
         d, w, rel, ids, eids = apply_edits(g, parsed, phases, table)
-        if parsed and not len(ids) and not len(eids):
-            raise OracleError(f"{path}: step {g.step}: the edits select no node ({', '.join(edits)})")
+        owned, own_eids = own_time_edits(g, parsed, phases, table)
         base = run_cpm(g)
         measured = max(g.measured.values())
         fin = np.isfinite(w)
@@ -354,8 +363,8 @@ def whatif(
 
         out.append(
             StepWhatIf(
-                step=g.step, measured_us=measured, edited_nodes=len(ids), edited_gaps=int(fin[eids].sum()),
-                detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit, corrected=corrected, batch=scaled,
+                step=g.step, measured_us=measured, edited_nodes=len(ids), edited_gaps=int(fin[np.setdiff1d(eids, own_eids)].sum()),
+                edited_own=owned, detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit, corrected=corrected, batch=scaled,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
         )  # fmt: skip
@@ -603,22 +612,39 @@ def summary(path: str | Path, steps: list[int] | None = None, config: Config | N
     return summarize(analyses, str(path))
 
 
-def compare(baseline: str | Path, candidate: str | Path, config: Config | None = None, seed: int = 0) -> Comparison:
+def compare(
+    baseline: str | Path,
+    candidate: str | Path,
+    config: Config | None = None,
+    top: int = 10,
+    min_change: float = 0.01,
+    force: bool = False,
+) -> Comparison:
     """Did a change help: the candidate run against the baseline run.
 
     Args:
         baseline: the run before the change (a trace file or a folder of per-rank traces).
         candidate: the run after the change.
         config: the configuration; None: defaults.
-        seed: the seed of the bootstrap interval.
+        top: how many rows of what moved on the critical path to keep.
+        min_change: the minimum practical change, a share of the baseline's median step (0.01: 1%).
+        force: compare runs that share almost no ops instead of refusing.
 
     Returns:
-        The Comparison (analysis.runs): the median step times, their difference (µs) with a 95%
-        bootstrap interval and a verdict (faster, slower, within noise), what moved on the
-        critical path, per breakdown class and per rank.
-    """
-    from bottleneck_oracle.analysis.runs import compare as compare_runs
+        The Comparison (analysis.change): the median step times (periods), their difference (µs)
+        with the 95% interval of the shift and a verdict (faster, slower, within noise, too few
+        steps), why the runs may not be comparable (also warned with OracleWarning), what moved
+        on the critical path, per breakdown class and per rank.
 
-    _, base = analyze(baseline, None, config)
-    _, cand = analyze(candidate, None, config)
-    return compare_runs(base, cand, str(baseline), str(candidate), seed)
+    Raises:
+        OracleError: a run without steps; runs that share almost no ops (unless ``force``).
+    """
+    from bottleneck_oracle.analysis.change import compare as compare_runs
+    from bottleneck_oracle.analysis.change import shape_of
+
+    tb, base = analyze(baseline, None, config)
+    tc, cand = analyze(candidate, None, config)
+    c = compare_runs(base, cand, str(baseline), str(candidate), top, min_change, (shape_of(tb, base), shape_of(tc, cand)), force)
+    for line in c.warnings:
+        warnings.warn(line, OracleWarning, stacklevel=2)
+    return c

@@ -734,9 +734,10 @@ def whatif(
         "--edit",
         "-e",
         metavar="EDIT",
-        help="Edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB, name~=SUBSTRING, rank=R, cat=CATEGORY, max_us=US, "
+        help="Edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB and name~=SUBSTRING (ops as analyze lists them, an enclosing op's "
+        "own time between its children included), rank=R, cat=CATEGORY, max_us=US, "
         "phase=forward|backward|optimizer, module=NAME|GLOB (ops inside that range, e.g. an nn.Module's), gap=1 (the untraced time around the ops); changes scale=F, delay_ms=MS, detach=1. "
-        'E.g. "name~=all_reduce,rank=1,scale=0.5" (see the README).',
+        'E.g. "name~=all_reduce,rank=1,scale=0.5"; every edit must select something (see docs/commands/whatif.md).',
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     microbatches: int = typer.Option(
@@ -846,8 +847,8 @@ def whatif(
 
 def _edited(r: StepWhatIf) -> str:
     """What an edit changed, in words: nodes, untraced gaps, removed dependencies."""
-    parts = [f"{r.edited_nodes} ops" if r.edited_nodes else "", f"{r.edited_gaps} gaps" if r.edited_gaps else "",
-             f"{r.detached_edges} deps removed" if r.detached_edges else ""]  # fmt: skip
+    parts = [f"{r.edited_nodes} ops" if r.edited_nodes else "", f"{r.edited_own} ops' own time" if r.edited_own else "",
+             f"{r.edited_gaps} gaps" if r.edited_gaps else "", f"{r.detached_edges} deps removed" if r.detached_edges else ""]  # fmt: skip
     return ", ".join(p for p in parts if p) or "nothing"
 
 
@@ -1039,6 +1040,17 @@ def summary(
         out.print("no outlier steps", highlight=False)
 
 
+def _rank_list(ranks: list[int]) -> str:
+    """Ranks as runs: [0, 1, 2, 5] -> "0-2, 5"."""
+    parts: list[str] = []
+    for r in ranks:
+        if parts and parts[-1].split("-")[-1] == str(r - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{r}"
+        else:
+            parts.append(str(r))
+    return ", ".join(parts)
+
+
 @app.command()
 def compare(
     baseline: Path = typer.Argument(
@@ -1050,51 +1062,60 @@ def compare(
         "--fail-if-slower",
         min=0.0,
         metavar="PCT",
-        help="Exit with status 1 if the candidate is slower beyond noise and by more than this many percent (a CI gate).",
+        help="Exit with status 1 if the candidate is called slower and by more than this many percent (a CI gate).",
     ),
+    min_change: float = typer.Option(
+        1.0,
+        "--min-change",
+        min=0.0,
+        max=99.0,
+        metavar="PCT",
+        help="The smallest change in percent of the baseline's step that is called faster or slower (default 1).",
+    ),
+    force: bool = typer.Option(False, "--force", help="Compare runs that share almost no ops instead of refusing."),
     top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many moves on the critical path to list."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    """Did the change help, and why: step-time change with its noise, what joined and left the critical path, per kind and per rank."""
+    """Did the change help, and why: step-time change with its interval and verdict, whether the runs compare, what moved on the critical path."""
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    c = api.compare(baseline, candidate, _config(config, ranks_per_host))
-    c.moved = c.moved[:top]
+    c = api.compare(baseline, candidate, _config(config, ranks_per_host), top, min_change / 100, force)
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:
         _print_json({**c.to_dict(), "gate_failed": gate})
     else:
-        lo, hi = c.interval_us
-        how = {"faster": "faster than", "slower": "slower than", "within noise": "within noise of"}[c.verdict]
-        from bottleneck_oracle.analysis.runs import NOISE_FACTOR
-
-        why = ""
-        if c.verdict == "within noise" and (lo > 0 or hi < 0):  # the interval alone would call it: say why it is not
-            why = f" (under {NOISE_FACTOR:g}x the step-to-step noise: not called)"
+        change = f"{c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%)"
+        interval = f", 95% interval [{c.interval_us[0] / 1000:+.3f}, {c.interval_us[1] / 1000:+.3f}] ms" if c.interval_us else ""
+        head = {"faster": "candidate is faster than the baseline", "slower": "candidate is slower than the baseline",
+                "within noise": "candidate is within noise of the baseline", "too few steps": "too few steps to tell"}[c.verdict]  # fmt: skip
+        why = "" if c.verdict in ("faster", "slower") else f": {c.reason}"
+        out.print(Text(f"{head}: {change}{interval}{why}", style="bold"))
         out.print(
-            Text(f"candidate is {how} the baseline: {c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%), 95% interval "
-                 f"[{lo / 1000:+.3f}, {hi / 1000:+.3f}] ms, step-to-step noise ±{_ms(c.noise_us)} ms{why}", style="bold")
+            Text(f"baseline {_ms(c.baseline_median_us)} ms (median period of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
+                 f"candidate {_ms(c.candidate_median_us)} ms (median period of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})")
         )  # fmt: skip
-        out.print(
-            Text(f"baseline {_ms(c.baseline_median_us)} ms (median of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
-                 f"candidate {_ms(c.candidate_median_us)} ms (median of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})")
-        )  # fmt: skip
-        t = TableModel("What moved on the critical path (ms per step)", [Column("what", "name"), Column("rank", "int"), Column("kind"),
-                       Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")])  # fmt: skip
-        t.rows = [[m.what, m.rank, m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
+        t = TableModel("What moved on the critical path (ms per typical step)", [Column("what", "name"), Column("ranks"), Column("kind"),
+                       Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
+                       caption="typical steps: those in each run's interquartile range; the change column adds up to the change of the medians")  # fmt: skip
+        t.rows = [[m.what, _rank_list(m.ranks), m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
+        if abs(c.other_us) > 0.5:
+            t.rows.append(["everything else on the path", "", "", None, None, c.other_us])
+        if abs(c.residual_us) > 0.5:
+            t.rows.append(["typical steps against the medians", "", "", None, None, c.residual_us])
+        t.rows.append(["total: the change of the medians", "", "", c.baseline_median_us, c.candidate_median_us, c.delta_us])
         print_table(out, t)
         t = TableModel(
-            "By kind (ms per step)",
+            "By kind (ms per typical step)",
             [Column("kind", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
         )
         t.rows = [[k, v.baseline_us, v.candidate_us, v.delta_us] for k, v in c.by_kind.items()]
         print_table(out, t)
-        if len(c.by_rank) > 1:
+        if len(c.by_rank) > 1 and any(r.delta_us is not None for r in c.by_rank):
             t = TableModel(
-                "By rank (median step ms)",
+                "By rank (median period ms)",
                 [Column("rank", "key"), Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
             )
             t.rows = [[r.rank, r.baseline_us, r.candidate_us, r.delta_us] for r in c.by_rank]

@@ -164,4 +164,69 @@ def test_whatif_command_takes_a_module_edit(module_trace, capsys):
     (row,) = json.loads(out)["steps"]
     assert row["edited_nodes"] >= 20 and row["replay"]["delta_us"] < 0
     code, _, err = run(["whatif", str(module_trace), "--edit", "module=NoSuchModule,scale=0.5", "--no-model"], capsys)
-    assert code != 0 and "select no node" in err and "Traceback" not in err
+    assert code != 0 and "module=NoSuchModule selects nothing" in err and "Traceback" not in err
+
+
+STRAGGLER = Path(__file__).parent.parent / "data" / "gloo_ddp_8steps_straggler"
+
+
+def _own_time_from_raw(path: Path, rank: int, step: int, name: str) -> float:
+    """Total own time (µs) of the ``name`` ops of a rank in a step, from the raw JSON: each op's
+    duration less its direct children's on its thread (the json module, not the tool's parser)."""
+    import gzip
+    import json
+
+    doc = json.load(gzip.open(path / f"rank-{rank}.json.gz"))
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    (span,) = [e for e in ev if e["name"] == f"ProfilerStep#{step}"]
+    total = 0.0
+    for op in ev:
+        if op["name"] != name or not span["ts"] <= op["ts"] < span["ts"] + span["dur"]:
+            continue
+        inside = [e for e in ev if e is not op and e["tid"] == op["tid"] and e.get("cat") == op.get("cat")
+                  and op["ts"] <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"]]  # fmt: skip
+        direct = [
+            e for e in inside if not any(p is not e and p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] for p in inside)
+        ]
+        total += op["dur"] - sum(e["dur"] for e in direct)
+    return total
+
+
+def test_a_name_edit_selects_an_enclosing_ops_own_time_as_analyze_lists_it():
+    """aten::mm on a CPU run encloses other ops: analyze lists its own time between its children
+    under its name. name=aten::mm,rank=1 selects exactly that time (read from the raw JSON), and
+    removing it saves at most what analyze shows of it on the critical path, and something."""
+    from bottleneck_oracle.analysis.segments import label
+    from bottleneck_oracle.analysis.summary import StepAnalysis
+    from bottleneck_oracle.analysis.whatif import own_time
+    from bottleneck_oracle.api import graphs
+
+    e = Edit.parse("name=aten::mm,rank=1,scale=0")
+    for g in graphs(cached_load(STRAGGLER))[1:4]:
+        assert not len(e.select(g))  # no leaf op of that name: only its own time
+        own = own_time(g, e)
+        assert own.instances > 0 and (g.nodes["rank"][own.nodes] == 1).all()
+        assert own.own_us.sum() == pytest.approx(_own_time_from_raw(STRAGGLER, 1, g.step, "aten::mm"), abs=1.0 * own.instances)
+        a = StepAnalysis.of(g)
+        listed = sum(s.dur for s in a.segments() if label(s) == "aten::mm" and s.rank == 1)
+        saving = -replay(g, [e]).delta_us
+        assert 0 < saving <= listed + 1e-6, (g.step, saving, listed)
+
+
+def test_every_edit_that_selects_nothing_is_an_error_alone_or_combined(capsys):
+    from tests.conftest import run_cli
+
+    s = str(STRAGGLER)
+    code, out, err = run_cli(["whatif", s, "--edit", "name=aten::mm,rank=1,scale=0", "--no-model", "--json"], capsys)
+    assert code == 0
+    rows = __import__("json").loads(out)["steps"]
+    assert all(r["edited_own"] > 0 and r["replay"]["delta_us"] < 0 for r in rows)
+    cases = {
+        "name=aten::mmm,scale=0": "name=aten::mmm selects nothing",
+        "name=aten::mm,rank=7,scale=0": "rank=7 selects nothing",
+        "name=gloo:all_reduce,phase=forward,scale=0": "no op matches them all",
+    }
+    for bad, why in cases.items():
+        for edits in ([bad], ["name=aten::mm,rank=1,scale=0", bad], [bad, "rank=0,scale=0.5"]):
+            code, _, err = run_cli(["whatif", s, *[x for t in edits for x in ("--edit", t)], "--no-model"], capsys)
+            assert code == 2 and err.count("error:") == 1 and repr(bad) in err and why in err, (edits, err)

@@ -110,6 +110,7 @@ class StepWhatIf:
     measured_us: float
     edited_nodes: int
     edited_gaps: int
+    edited_own: int  # enclosing op instances whose own time (between their children) the edits changed
     detached_edges: int
     added_us: float  # the time the edits added to ops, gaps and thread starts (negative: removed)
     replay: Replay
@@ -121,7 +122,7 @@ class StepWhatIf:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"step": self.step, "measured_us": self.measured_us, "edited_nodes": self.edited_nodes,
-                             "edited_gaps": self.edited_gaps, "detached_edges": self.detached_edges, "added_us": self.added_us}  # fmt: skip
+                             "edited_gaps": self.edited_gaps, "edited_own": self.edited_own, "detached_edges": self.detached_edges, "added_us": self.added_us}  # fmt: skip
         if self.model is not None:
             d["model"] = self.model
         d["replay"] = self.replay.to_dict()

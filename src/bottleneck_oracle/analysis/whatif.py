@@ -1,7 +1,12 @@
 """What-if by exact replay: edit node durations, rerun the CPM, read the new step time.
 
 An edit selects nodes of one ExecutionGraph (by id, name, rank, kind, phase or module) and changes their
-modelled duration: ``scale`` times it, then ``delay_ms`` added. The replay is the CPM on the
+modelled duration: ``scale`` times it, then ``delay_ms`` added. An op that encloses other ops is not
+a node (nodes are the leaves of each thread's op tree): its own time, the stretches between its
+children that ``analyze`` lists under its name, is part of the latency of the program-order edge
+into the leaf after each stretch (or of the thread's release before its first leaf). An edit that
+names ops (``name=``, ``name~=``) selects that own time too, and changes it as it changes a
+duration; its children keep theirs. The replay is the CPM on the
 edited durations with the graph's dependencies and latencies unchanged, so the predicted ΔT is
 exact for the graph's model of the step: a node with slack s absorbs the first s µs of a delay.
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -169,6 +175,25 @@ class Edit:
         except ValueError as exc:
             raise OracleError(f"edit {text!r}: {exc}") from exc
 
+    @property
+    def owns_time(self) -> bool:
+        """Does the edit change the own time of the enclosing ops it names (see the module doc)?"""
+        named = self.name is not None or self.name_contains is not None
+        return named and not self.ids and self.category in (None, "cpu_op") and not self.gap and (self.scale != 1.0 or self.delay_ms != 0.0)
+
+    def names_matching(self, names: list[str]) -> np.ndarray:
+        """Per name: does it pass the edit's ``name=`` and ``name~=`` (True where neither is given)?"""
+        pattern = self.name
+        glob = pattern is not None and _is_glob(pattern)
+        return np.array(
+            [
+                (self.name_contains is None or self.name_contains in s)
+                and (pattern is None or (fnmatch.fnmatchcase(s, pattern) if glob else s == pattern))
+                for s in names
+            ],
+            dtype=bool,
+        )
+
     def select(self, g: ExecutionGraph, phases: np.ndarray | None = None, table: EventTable | None = None) -> np.ndarray:
         """Node ids the edit applies to (compute and network nodes; barriers never). ``phases``:
         the phase code of every node (analysis.phases.node_phases), for ``phase=``; ``table``:
@@ -198,17 +223,7 @@ class Edit:
                 raise OracleError("edit: module= needs the trace's ranges (not available for this input)")
             mask &= module_mask(table, g, self.module)
         if self.name is not None or self.name_contains is not None:
-            pattern = self.name
-            glob = pattern is not None and _is_glob(pattern)
-            keep = np.array(
-                [
-                    (self.name_contains is None or self.name_contains in s)
-                    and (pattern is None or (fnmatch.fnmatchcase(s, pattern) if glob else s == pattern))
-                    for s in g.names
-                ],
-                dtype=bool,
-            )
-            mask &= keep[n["name"]]
+            mask &= self.names_matching(g.names)[n["name"]]
         return np.flatnonzero(mask)
 
 
@@ -249,6 +264,75 @@ def module_mask(table: EventTable, g: ExecutionGraph, pattern: str) -> np.ndarra
     return mask
 
 
+@dataclass(frozen=True, slots=True)
+class OwnTime:
+    """The own time of the enclosing ops an edit names, per leaf node it precedes."""
+
+    nodes: np.ndarray  # int64 node ids: the leaf after each stretch of own time
+    own_us: np.ndarray  # float64 µs of the selected own time in the gap before each node
+    delay_us: np.ndarray  # float64 µs the edit's delay_ms adds before each node (at each op's last stretch)
+    instances: int  # how many op instances that is
+
+
+def own_time(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = None, table: EventTable | None = None) -> OwnTime:
+    """The own time (graph.gaps pieces owned by an op) of the enclosing ops ``e`` names, with its
+    other selectors holding for the leaf after each piece (rank, phase, module) or for the op
+    (``max_us``: its whole duration)."""
+    gp, n = g.gaps, g.nodes
+    none = OwnTime(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), 0)
+    if not e.owns_time or not len(gp["node"]):
+        return none
+    owner = gp["owner"].astype(np.int64)
+    mask = gp["owner_op"].astype(bool) & (owner >= 0)
+    mask[mask] &= e.names_matching(g.names)[owner[mask]]
+    node = gp["node"].astype(np.int64)
+    if e.rank is not None:
+        mask &= n["rank"][node] == e.rank
+    if e.max_us is not None:
+        mask &= (gp["owner_end"] - gp["owner_start"]) <= e.max_us
+    if e.phase is not None and mask.any():
+        if phases is None:
+            raise OracleError("edit: phase= needs the trace's phase ranges (not available for this input)")
+        mask &= phases[node] == PHASES.index(e.phase) + 1
+    if e.module is not None and mask.any():
+        if table is None:
+            raise OracleError("edit: module= needs the trace's ranges (not available for this input)")
+        mask &= module_mask(table, g, e.module)[node]
+    sel = np.flatnonzero(mask)
+    if not len(sel):
+        return none
+    # one op instance: its rank, thread, name and start; its last stretch carries the delay
+    rank, tid, start, end = n["rank"][node[sel]], n["tid"][node[sel]], gp["owner_start"][sel], gp["end"][sel]
+    order = np.lexsort((end, start, owner[sel], tid, rank))
+    keys = np.stack([rank[order], tid[order], owner[sel][order]]).astype(np.float64)
+    new = np.r_[True, (np.diff(keys, axis=1) != 0).any(axis=0) | (np.diff(start[order]) != 0)]
+    last = order[np.r_[np.flatnonzero(new)[1:] - 1, len(order) - 1]]
+    nodes, inv = np.unique(node[sel], return_inverse=True)
+    own = np.bincount(inv, weights=gp["end"][sel] - gp["start"][sel], minlength=len(nodes))
+    delay = np.zeros(len(nodes))
+    np.add.at(delay, inv[last], e.delay_ms * 1000.0)
+    return OwnTime(nodes, own, delay, int(new.sum()))
+
+
+def _program_order_into(g: ExecutionGraph) -> np.ndarray:
+    """Per node, the program-order edge into it from the leaf before it on its CPU thread (-1: none)."""
+    e, n = g.edges, g.nodes
+    po = np.flatnonzero((e["kind"] == EdgeKind.PROGRAM_ORDER) & ~n["on_gpu"][e["dst"]])
+    into = np.full(g.n_nodes, -1, dtype=np.int64)
+    into[e["dst"][po]] = po
+    return into
+
+
+def own_time_edits(
+    g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
+) -> tuple[int, np.ndarray]:
+    """(enclosing op instances whose own time the edits change, ids of the edges holding it)."""
+    into = _program_order_into(g)
+    found = [own_time(g, e, phases, table) for e in edits if e.owns_time]
+    edges = [into[o.nodes][into[o.nodes] >= 0] for o in found]
+    return sum(o.instances for o in found), _union(edges)
+
+
 def _union(touched: list[np.ndarray]) -> np.ndarray:
     return np.unique(np.concatenate(touched)) if touched else np.zeros(0, dtype=np.int64)
 
@@ -280,12 +364,23 @@ def edited_weights(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(edge latencies after the edits, ids of the edited edges): with ``gap=1`` the positive
     program-order latency after each selected node is scaled, then delay_ms added. A region edit
-    (``phase=`` or ``module=``) scales the time between two of its ops on a thread too: that is
-    the own time of the ops and ranges of the region (an op's work between its children)."""
+    (``phase=`` or ``module=`` naming no op) scales the time between two of its ops on a thread too:
+    that is the own time of the ops and ranges of the region (an op's work between its children).
+    An edit naming ops changes their own time (``own_time``) in the latency that holds it."""
     w = g.edges["weight"].astype(np.float64).copy()
     touched = []
+    into: np.ndarray | None = None
     for e in edits:
-        region = (e.phase is not None or e.module is not None) and e.scale != 1.0 and not e.gap
+        named = e.name is not None or e.name_contains is not None
+        region = (e.phase is not None or e.module is not None) and e.scale != 1.0 and not e.gap and not named
+        if e.owns_time:
+            own = own_time(g, e, phases, table)
+            into = _program_order_into(g) if into is None else into
+            edge = into[own.nodes]
+            has = edge >= 0
+            ids = edge[has]
+            w[ids] = np.maximum(w[ids] - (1.0 - e.scale) * own.own_us[has] + own.delay_us[has], 0.0)
+            touched.append(ids)
         if not (e.detach or e.gap or region):
             continue
         from_sel, to_sel = _edge_ends(g, e, phases, table)
@@ -309,10 +404,20 @@ def edited_releases(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(releases after the ``gap=1`` edits, ids of the nodes whose leading untraced time changed):
     a selected op that starts its thread's step (no predecessor) has the time from its rank's
-    step start to its release scaled, then delay_ms added."""
+    step start to its release scaled, then delay_ms added. The own time of a named enclosing op
+    before a thread's first leaf changes that leaf's release."""
     rel = g.release.astype(np.float64).copy()
     touched = []
+    into: np.ndarray | None = None
     for e in edits:
+        if e.owns_time:
+            own = own_time(g, e, phases, table)
+            into = _program_order_into(g) if into is None else into
+            first = (into[own.nodes] < 0) & np.isfinite(rel[own.nodes])
+            ids = own.nodes[first]
+            start = np.array([g.rank_start(int(r)) for r in g.nodes["rank"][ids]])
+            rel[ids] = np.maximum(rel[ids] - (1.0 - e.scale) * own.own_us[first] + own.delay_us[first], np.minimum(start, rel[ids]))
+            touched.append(ids)
         if not e.gap:
             continue
         ids = e.select(g, phases, table)
@@ -335,6 +440,44 @@ def apply_edits(
     w, eids = edited_weights(g, edits, phases, table)
     rel, rids = edited_releases(g, edits, phases, table)
     return d, w, rel, np.union1d(ids, rids), eids
+
+
+def selects_anything(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = None, table: EventTable | None = None) -> bool:
+    """Does the edit, alone, change anything in ``g``: a duration, an op's own time, a latency, a
+    release or a dependency?"""
+    _, _, _, ids, eids = apply_edits(g, [e], phases, table)
+    return bool(len(ids) or len(eids))
+
+
+SELECTORS = ("ids", "name", "name_contains", "rank", "category", "max_us", "phase", "module")
+_CLAUSE = {"ids": "id", "name": "name", "name_contains": "name~", "rank": "rank", "category": "cat", "max_us": "max_us",
+           "phase": "phase", "module": "module"}  # fmt: skip
+
+
+def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray | None], table: EventTable | None = None) -> str:
+    """Why ``e`` selects nothing in any of ``graphs``: the selector that selects nothing by itself,
+    or that its selectors hold for no op together (and where its name is found)."""
+    given = {k: getattr(e, k) for k in SELECTORS if getattr(e, k) not in (None, ())}
+    for key, value in given.items():
+        cleared: dict[str, Any] = {k: (() if k == "ids" else None) for k in given if k != key}
+        alone = replace(e, **cleared, gap=False, detach=False, scale=0.5, delay_ms=0.0)
+        if not any(selects_anything(g, alone, p, table) for g, p in zip(graphs, phases)):
+            shown = "+".join(map(str, value)) if key == "ids" else value
+            what = {"rank": "no op runs on that rank", "name": "no op has that name", "name_contains": "no op's name contains it",
+                    "category": "no op is of that category", "max_us": "no op is that short", "ids": "those are not ops",
+                    "phase": "no op runs in a range of that phase", "module": "no op runs inside a range of that name"}[key]  # fmt: skip
+            return f"{_CLAUSE[key]}={shown} selects nothing ({what})"
+    if "rank" in given and ("name" in given or "name_contains" in given):
+        named = replace(e, rank=None, gap=False, detach=False, scale=0.5, delay_ms=0.0)
+        ranks = sorted(
+            {int(r) for g, p in zip(graphs, phases) for r in g.nodes["rank"][apply_edits(g, [named], p, table)[3]]}
+            | {int(r) for g, p in zip(graphs, phases) for r in g.nodes["rank"][own_time(g, named, p, table).nodes]}
+        )
+        if ranks:
+            return f"its ops run on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}, not on rank {e.rank}"
+    if e.gap:
+        return "its ops have no untraced time after them (gap=1)"
+    return "each of its selectors selects something, but no op matches them all"
 
 
 def with_durations(

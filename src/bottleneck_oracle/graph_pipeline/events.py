@@ -122,7 +122,8 @@ class EventTable:
     inputs: dict[int, dict] = field(default_factory=dict)
     """rank -> what its files say of themselves beyond the events: ``numbered`` (per file, the
     events its exporter numbered with Ev Idx that it holds, and the first and last number: gaps
-    mean sampled or removed events), ``unknown_device_events``, ``process_names`` (pid -> name)."""
+    mean sampled or removed events), ``unknown_device_events``, ``process_names`` (pid -> name),
+    ``devices`` (the device models its files' ``deviceProperties`` name)."""
     execution_traces: list[dict] = field(default_factory=list)
     """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -540,6 +541,7 @@ class _Builder:
         self.process_names: dict[int, list[str]] = {}  # pid -> its "process_name" and "process_labels"
         self.numbered: dict[str, int] = {}  # Ev Idx: events numbered by the exporter that the file holds, first, last
         self.unknown_device_events = 0  # device ops read from categories the field map does not list
+        self.devices: list[str] = []  # the names in the file's deviceProperties (GPU models)
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -897,7 +899,8 @@ class _Merger:
         self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
         self.files.setdefault(b.rank, b.path)  # a rank in several windows: named by its first file
         self.meta.setdefault(b.rank, b.meta)
-        info = self.inputs.setdefault(b.rank, {"numbered": [], "unknown_device_events": 0, "process_names": {}})
+        info = self.inputs.setdefault(b.rank, {"numbered": [], "unknown_device_events": 0, "process_names": {}, "devices": []})
+        info["devices"] += [d for d in b.devices if d not in info["devices"]]
         if b.numbered:
             info["numbered"].append(b.numbered)
         info["unknown_device_events"] += b.unknown_device_events
@@ -989,6 +992,10 @@ def _parse_file(path: Path, single: bool) -> _Builder:
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
     rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
+    props = meta_doc.get("deviceProperties") if isinstance(meta_doc, dict) else None
+    b.devices = (
+        sorted({str(d["name"]) for d in props if isinstance(d, dict) and isinstance(d.get("name"), str)}) if isinstance(props, list) else []
+    )
     if b.add_scanned(path, raw, ev) == 0:
         raise TraceError(path, "no CPU or GPU op events (ph='X') in the trace")
     return b
