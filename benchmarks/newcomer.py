@@ -25,7 +25,11 @@ from bottleneck_oracle.systems.inject import Injection
 def _record(out: Path, steps: int, ms: float) -> Path:
     if out.exists():
         shutil.rmtree(out)
-    inj = tuple(Injection(kind="compute", rank=1, step=s, target="layers.0.mlp", delay_ms=ms, label=False) for s in range(steps + 1)) if ms else ()
+    inj = (
+        tuple(Injection(kind="compute", rank=1, step=s, target="layers.0.mlp", delay_ms=ms, label=False) for s in range(steps + 1))
+        if ms
+        else ()
+    )
     return record(DDPRun(out=str(out), world=2, steps=steps, size="tiny", batch=8, injections=inj, pin=True))
 
 

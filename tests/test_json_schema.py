@@ -51,7 +51,7 @@ def test_the_manual_documents_every_command():
 
 
 def test_blame_and_advise_json_have_the_documented_keys(capsys):
-    doc = json_of(["blame", str(STRAGGLER), "--step", "3"], capsys)  # with the shipped model: model keys too
+    doc = json_of(["blame", str(STRAGGLER), "--step", "3", "--model"], capsys)  # with the shipped model: model keys too
     check("blame", doc)
     seen_model = False
     for step in doc["steps"]:
@@ -91,7 +91,7 @@ def test_analyze_with_advice_json_has_the_documented_keys(capsys):
 
 
 def test_whatif_json_has_the_documented_keys(capsys, generated_grid):
-    doc = json_of(["whatif", str(SAMPLE), "--step", "2", "--edit", "name~=all_reduce,scale=2"], capsys)
+    doc = json_of(["whatif", str(SAMPLE), "--step", "2", "--edit", "name~=all_reduce,scale=2", "--model"], capsys)
     check("whatif", doc)
     for step in doc["steps"]:
         check("whatif step", step)

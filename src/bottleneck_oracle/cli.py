@@ -194,7 +194,7 @@ def _print_summary(
             out.print(Text(line), soft_wrap=False)
         _print_step_warnings(analyses if rows is None else analyses, n_steps or len(analyses))
     print_table(out, tables.steps_table(analyses, rows))
-    if not detail:
+    if not detail and (n_steps or len(analyses)) > 1:  # a one-step input: the run is that step, shown whole
         out.print(Text("Per-step detail (critical path, top ops, ranks, warnings): --detail"))
         return
     n_steps = n_steps or len(analyses)
