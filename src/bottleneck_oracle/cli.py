@@ -24,8 +24,8 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path, atomic_paths, guard_output_folder, guard_outputs
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning
+from bottleneck_oracle.report.inert import UNSAFE, plain
 from bottleneck_oracle.report.tables import region_labels, shorten
-from bottleneck_oracle.report.terminal import CONTROL_CHARS
 
 app = typer.Typer(
     name="bottleneck-oracle",
@@ -56,7 +56,9 @@ _plain_arguments()
 class _PlainConsole(Console):
     """A Console that prints trace strings, paths and LLM replies as data: no Rich markup is
     interpreted (a name like ``[/bold]`` or ``[link=...]`` is text), no automatic highlighting,
-    and control characters (ESC sequences, C1 codes) are replaced before they reach the terminal."""
+    and every character that could act (escape sequences, bidirectional overrides, a line break
+    inside a name or a path) is shown as an escape by ``report.inert.plain`` (leading line
+    breaks, the only ones this module prints, stay)."""
 
     def print(self, *objects, **kwargs) -> None:  # noqa: A003
         kwargs.setdefault("highlight", False)
@@ -64,13 +66,26 @@ class _PlainConsole(Console):
 
 
 def _inert(o: object) -> object:
-    if isinstance(o, Text):
-        t = o.copy()
-        t.plain = CONTROL_CHARS.sub("\ufffd", t.plain)  # same length: the styles' spans stay where they were
-        return t
     if isinstance(o, str):
-        return Text(CONTROL_CHARS.sub("\ufffd", o))
-    return o
+        o = Text(o)
+    if not isinstance(o, Text):
+        return o
+    s = o.plain
+    lead = len(s) - len(s.lstrip("\n"))
+    if not UNSAFE.search(s, lead):
+        return o
+    at = [0] * (len(s) + 1)  # old offset -> new offset: the styles' spans move with the text
+    parts = [s[:lead]]
+    n = lead
+    for i in range(lead, len(s)):
+        at[i] = n
+        parts.append(plain(s[i]))
+        n += len(parts[-1])
+    at[len(s)] = n
+    t = Text("".join(parts), style=o.style, justify=o.justify, overflow=o.overflow, no_wrap=o.no_wrap, end=o.end)
+    for span in o.spans:
+        t.stylize(span.style, at[span.start], at[min(span.end, len(s))])
+    return t
 
 
 out = _PlainConsole(markup=False)
