@@ -1,4 +1,6 @@
-"""Atomic file writes: write beside the target, then rename, so nothing is half-written.
+"""Atomic file writes: write beside the target, then rename, so nothing is half-written; a
+folder of outputs (``atomic_folder``) is written into a hidden folder beside it and renamed as a
+whole, so a run that stops half-way leaves no folder that looks like output.
 
 The target must be a regular file or not exist yet: a folder, a FIFO or a device given as an
 output is refused (the rename would replace ``/dev/null`` for a user who can write ``/dev``).
@@ -9,8 +11,10 @@ colleague on a shared cluster can read the report, not the 0600 of a temporary f
 from __future__ import annotations
 
 import contextlib
-import errno
+import ctypes
 import os
+import re
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -58,12 +62,21 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EISDIR, errno.ENOTDIR):
-            raise OracleError(f"{target}: cannot write ({exc.strerror or exc})") from None
-        raise
+    except OSError as exc:  # a full disk, a quota, a file size limit, a read-only or vanished folder, ...
+        if not _writing(exc, tmp, target):
+            raise
+        raise OracleError(f"{target}: cannot write ({exc.strerror or exc})") from None
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _writing(exc: OSError, *paths: str | Path) -> bool:
+    """Whether ``exc`` is about writing an output: about one of ``paths`` (or a file in a folder
+    among them), or a write's error, which names no file (an error reading some other file is not)."""
+    if exc.filename is None:
+        return True
+    name = os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes, os.PathLike)) else str(exc.filename)
+    return any(name == str(p) or name.startswith(str(p) + os.sep) for p in paths)
 
 
 @contextlib.contextmanager
@@ -156,3 +169,69 @@ def guard_output_folder(opt: str, folder: Path | None, inputs: list[Path | None]
         inside = real == src_real or real.startswith(src_real.rstrip(os.sep) + os.sep)
         if inside:
             raise OracleError(f"{folder}: {opt} would write into the input {src}; write the output elsewhere")
+
+
+def check_folder_target(target: Path, ours: re.Pattern[str]) -> None:
+    """Refuse, before any work, an output folder that ``atomic_folder`` may not replace: one that
+    is not a folder, or holds an entry whose name ``ours`` does not match (something other than
+    a previous run's output would be deleted with it)."""
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OracleError(f"{target}: cannot write here ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OracleError(f"{target}: is not a folder; give a folder name for the output")
+    try:
+        foreign = sorted(e.name for e in os.scandir(target) if not ours.fullmatch(e.name))
+    except OSError as exc:
+        raise OracleError(f"{target}: cannot list the output folder ({exc.strerror or exc})") from None
+    if foreign:
+        raise OracleError(
+            f"{target}: the output folder holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+            "which this command did not write; it replaces the folder as a whole: give a new or empty folder"
+        )
+
+
+@contextlib.contextmanager
+def atomic_folder(target: str | Path, ours: re.Pattern[str]) -> Iterator[Path]:
+    """Yield a hidden temporary folder beside ``target``; once the block succeeds it becomes
+    ``target`` in one rename (an existing ``target``, which ``check_folder_target`` allows, is
+    swapped out and deleted). A block that fails or is interrupted leaves ``target`` as it was
+    and removes the temporary folder."""
+    target = Path(target)
+    check_folder_target(target, ours)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise OracleError(f"{target}: cannot write here ({exc.strerror or exc})") from None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        check_folder_target(target, ours)  # (still: nothing foreign appeared meanwhile)
+        if not target.exists():
+            os.rename(tmp, target)
+        elif not _exchange(tmp, target):  # no atomic swap here: the old one aside, the new one in
+            old = tmp.with_name(tmp.name + ".old")
+            os.rename(target, old)
+            os.rename(tmp, target)
+            tmp = old
+    except OSError as exc:
+        if not _writing(exc, tmp, target):
+            raise
+        raise OracleError(f"{target}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0

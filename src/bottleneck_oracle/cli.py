@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import re
+import signal
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -21,9 +25,9 @@ from rich.text import Text
 from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.results import StepAdvice, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
-from bottleneck_oracle.atomic import atomic_path, atomic_paths, guard_output_folder, guard_outputs
+from bottleneck_oracle.atomic import atomic_folder, atomic_path, atomic_paths, check_folder_target, guard_output_folder, guard_outputs
 from bottleneck_oracle.config import Config, load_config
-from bottleneck_oracle.errors import OracleError, OracleWarning
+from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
 from bottleneck_oracle.report.inert import UNSAFE, plain
 from bottleneck_oracle.report.tables import region_labels, shorten
 
@@ -88,10 +92,70 @@ def _inert(o: object) -> object:
     return t
 
 
-out = _PlainConsole(markup=False)
+class OutputError(OracleError):
+    """Standard output did not take what was written: closed, on a full disk, or a pipe whose
+    reader went away (``| head``). One error line, not a traceback, nor a silent exit 1."""
+
+
+class _Stdout:
+    """What the CLI writes its output through: ``sys.stdout`` (looked up at each call, so tests
+    can capture it), with every failure to write turned into an OutputError."""
+
+    @staticmethod
+    def _stream():
+        if sys.stdout is None:  # started with its stdout closed
+            raise OutputError("stdout is closed: the output cannot be written")
+        return sys.stdout
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            raise OutputError("stdout: the reader went away before the output ended (broken pipe)") from None
+        except (OSError, ValueError) as exc:  # a full disk, a closed file
+            raise OutputError(f"stdout: cannot write the output ({getattr(exc, 'strerror', None) or exc})") from None
+
+    def write(self, text: str) -> int:
+        with self._guard():
+            return self._stream().write(text)
+
+    def write_bytes(self, data: bytes) -> None:
+        with self._guard():
+            stream = self._stream()
+            buffer = getattr(stream, "buffer", None)
+            if buffer is not None:  # the bytes as they are: a long run's JSON is not copied into a str
+                stream.flush()
+                buffer.write(data)
+            else:
+                stream.write(data.decode())
+
+    def flush(self) -> None:
+        with self._guard():
+            stream = self._stream()
+            stream.flush()
+            buffer = getattr(stream, "buffer", None)
+            if buffer is not None:
+                buffer.flush()
+
+    def isatty(self) -> bool:
+        return sys.stdout is not None and sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return self._stream().fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+
+stdout = _Stdout()
+out = _PlainConsole(markup=False, file=stdout)  # type: ignore[arg-type]  # a file-like object: what rich needs of one
 err = _PlainConsole(stderr=True, markup=False)
 
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
+UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
+PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
 EXECUTOR_HELP = (
@@ -105,8 +169,12 @@ HOSTS_HELP = (
 
 
 def _error(msg: str) -> None:
-    """One line on stderr; trace strings in msg are shown as they are, never as markup."""
-    err.print(Text("error: ", style="bold red") + Text(msg), soft_wrap=True)
+    """One line on stderr; trace strings in msg are shown as they are, never as markup (and never
+    as more than one line: ``_inert``)."""
+    try:
+        err.print(Text("error: ", style="bold red") + Text(msg), soft_wrap=True)
+    except OSError:  # stderr itself is gone: the exit status still says it
+        pass
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -134,9 +202,7 @@ def _dumps(doc: object) -> bytes:
 def _print_json_spooled(head: dict, spool, tail: dict) -> None:
     """``_print_json`` of ``{**head, "steps": [...], **tail}`` where the steps' JSON is in the
     file ``spool`` (comma-separated): copied to stdout a block at a time, never held whole."""
-    out_bytes = getattr(sys.stdout, "buffer", None)
-    write = out_bytes.write if out_bytes is not None else (lambda b: sys.stdout.write(b.decode()))
-    sys.stdout.flush()
+    write = stdout.write_bytes
     write(_dumps(head)[:-2] + b',\n  "steps": [\n')
     spool.seek(0)
     while block := spool.read(16 * 2**20):
@@ -145,22 +211,16 @@ def _print_json_spooled(head: dict, spool, tail: dict) -> None:
     for key, value in tail.items():
         write(b",\n  " + orjson.dumps(key) + b": " + _dumps(value))
     write(b"\n}\n")
-    if out_bytes is not None:
-        out_bytes.flush()
+    stdout.flush()
 
 
 def _print_json(doc: object) -> None:
     """``--json`` output: orjson (fast on the long critical paths of big steps), indented, one
     trailing newline; a value JSON cannot hold (NaN, infinity) is an error, never invalid JSON."""
     data = _dumps(doc)
-    sys.stdout.flush()
-    out_bytes = getattr(sys.stdout, "buffer", None)
-    if out_bytes is not None:  # the bytes as they are: a long run's JSON is not copied into a str (twice)
-        out_bytes.write(data)
-        out_bytes.write(b"\n")
-        out_bytes.flush()
-    else:
-        sys.stdout.write(data.decode() + "\n")
+    stdout.write_bytes(data)
+    stdout.write_bytes(b"\n")
+    stdout.flush()
 
 
 def _ms(us: float) -> str:
@@ -328,7 +388,9 @@ def analyze(
         None, "--perfetto", metavar="PATH", help="Write the trace with the critical path marked (opens in Perfetto)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of the tables."),
-    top: int = typer.Option(None, "--top", metavar="N", help="How many ops to list by critical-path time (default from config: 20)."),
+    top: int = typer.Option(
+        None, "--top", min=1, metavar="N", help="How many ops to list by critical-path time (default from config: 20)."
+    ),
     et: Path = typer.Option(
         None,
         "--et",
@@ -431,15 +493,16 @@ def parse(
     output = output or Path(cfg.paths.graphs)
     guard_output_folder("--output", output, [source, config])
     guard_outputs({"--output": output / "graphs.json"}, [source, config])
+    check_folder_target(output, PARSE_OUTPUTS)  # before the work: a folder of other things is not replaced
     _, graphs = api.build(source, step or None, cfg, None, executor)
     entries: list[dict[str, Any]] = []
-    for g in graphs:
-        name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
-        g.save(output / name)
-        entries.append({"file": name, "step": g.step, "ranks": g.ranks, "measured_us": g.measured, **g.summary_counts()})
-    manifest = {"version": __version__, "input": str(source), "graphs": entries}
-    with atomic_path(output / "graphs.json") as tmp:
-        tmp.write_text(json.dumps(manifest, indent=1))
+    with atomic_folder(output, PARSE_OUTPUTS) as staged:  # all of it, or (killed, disk full) nothing
+        for g in graphs:
+            name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
+            g.save(staged / name)
+            entries.append({"file": name, "step": g.step, "ranks": g.ranks, "measured_us": g.measured, **g.summary_counts()})
+        manifest = {"version": __version__, "input": str(source), "graphs": entries}
+        (staged / "graphs.json").write_text(json.dumps(manifest, indent=1))
     if as_json:
         _print_json(manifest)
     else:
@@ -805,7 +868,7 @@ def blame(
         None, "--baseline", metavar="PATH", help="A trace of the same job as it normally runs (default: the trace's other steps)."
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
-    top: int = typer.Option(10, "--top", metavar="N", help="How many nodes and op kinds to list."),
+    top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many nodes and op kinds to list."),
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
@@ -925,7 +988,7 @@ def advise(
                     + (f"; model: {model} ms" if model else "")
                 )
             )
-            out.print(Text(f"   {s.explanation}"))
+            out.print(Text(f"   {UNVERIFIED if s.explanation_by == 'llm' else ''}{s.explanation}"))
             if s.remedy:
                 out.print(Text(f"   Remedy: {s.remedy}"))
             words = "; ".join(s.edits_in_words or s.edits)
@@ -1049,15 +1112,73 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     err.print(Text("warning: ", style="bold yellow") + Text(str(message)), soft_wrap=True)
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP: unwinds the command like Ctrl-C does, so that every temporary file and
+    folder of an output being written is removed on the way out (``atomic``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_MAIN_PID = os.getpid()
+_UNWIND_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    if os.getpid() != _MAIN_PID:  # a forked parse worker: it has nothing of its own to clean; end as the signal says
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise Terminated(signum)
+
+
+@contextmanager
+def _unwind_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated while the command runs (the handlers before are back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    previous = {s: signal.signal(s, _on_signal) for s in _UNWIND_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _silence_stdout() -> None:
+    """After stdout failed: point its file descriptor at /dev/null, so the interpreter's own flush at
+    exit does not fail again with a message of its own (and exit status 120)."""
+    if sys.stdout is not None and sys.stdout is sys.__stdout__:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+
+
 def main() -> None:
-    """Entry point: library errors become one clean line and exit code 2."""
+    """Entry point: library errors become one clean line and exit code 2; an interrupted command
+    removes its temporary files and exits 128 + the signal's number."""
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", OracleWarning)
     _first_run_notice(sys.argv[1:2])
+    with _unwind_on_signals():
+        _run()
+
+
+def _run() -> None:
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
+        stdout.flush()  # (a full disk or a closed pipe shows here at the latest, not in the interpreter's exit)
+    except OutputError as exc:
+        _error(str(exc))
+        _silence_stdout()
+        sys.exit(2)
     except OracleError as exc:
         _error(str(exc))
         sys.exit(2)
@@ -1066,6 +1187,15 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except Terminated as exc:
+        err.print(f"terminated by {signal.Signals(exc.signum).name}; no output was left half-written")
+        sys.exit(128 + exc.signum)
+    except OSError as exc:  # a file the library did not name in an OracleError (a name too long, no permission)
+        _error(f"{exc.filename}: {exc.strerror or exc}" if exc.filename is not None else f"{exc.strerror or exc}")
+        sys.exit(2)
+    except MemoryError:
+        _error("not enough memory for this input (see the limits in the README)")
+        sys.exit(2)
     except Exception as exc:  # click usage errors carry their own message
         usage, abort = _click_exceptions()
         if isinstance(exc, usage):  # one line, like every other error (usage: --help)
@@ -1073,7 +1203,10 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if isinstance(exc, abort):
             sys.exit(1)
-        raise
+        if os.environ.get("BOTTLENECK_ORACLE_DEBUG"):
+            raise
+        _error(f"internal error ({type(exc).__name__}: {first_line(exc)}): a bug; BOTTLENECK_ORACLE_DEBUG=1 shows where")
+        sys.exit(70)
 
 
 TRACE_COMMANDS = {"analyze", "parse", "whatif", "blame", "advise", "summary", "compare", "build-dataset"}

@@ -1055,7 +1055,8 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
     merger = _Merger(sum(map(_size, files)))
     skipped: list[NotATrace] = []
     seen: dict[int, list[tuple[float, float, set[int], str]]] = {}  # per rank and file: first and last µs (absolute), steps, path
-    for b in engine.imap(_parse_task, files, shared=single):  # in file order, merged as they arrive
+    tasks = files if isinstance(engine, LocalEngine) else [f.absolute() for f in files]  # (a worker's folder is not ours)
+    for b in engine.imap(_parse_task, tasks, shared=single):  # in file order, merged as they arrive
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue

@@ -51,7 +51,7 @@ def safe_load(path: Path, what: str) -> object:
     is run; a file that is not that is one OracleError naming it (torch raises many types)."""
     import torch
 
-    if path.is_file():  # (a missing one: torch says so below)
+    if zipfile.is_zipfile(path):  # (anything else: torch says what it is below)
         check_archive(path, what)  # torch inflates what its members declare before it checks a thing
     try:
         return torch.load(path, weights_only=True, map_location="cpu")

@@ -182,7 +182,12 @@ def _extras(x: StepAdvice) -> list[str]:
             else ", ".join(f"{v} {t_ / 1000:.3f}" for v, t_ in sug.model_saving_us.items() if t_ is not None)
         )
         words = "; ".join(f"{w} ({e})" for w, e in zip(sug.edits_in_words or sug.edits, sug.edits))
-        t.rows.append([sug.title, sug.explanation, sug.remedy, words, sug.replay_saving_us, model])
+        why = (
+            f"[LLM text, not verified: only the what-if edit was replayed] {sug.explanation}"
+            if sug.explanation_by == "llm"
+            else sug.explanation
+        )
+        t.rows.append([sug.title, why, sug.remedy, words, sug.replay_saving_us, model])
     if t.rows:
         parts.append(_table(t))
     return parts
