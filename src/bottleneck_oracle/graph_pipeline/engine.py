@@ -135,23 +135,43 @@ class DaskEngine(Engine):
         items = list(items)
         if not items:
             return
+        futures = self._submit(fn, items, shared)
+        retried = False
+        i = 0
         try:
-            ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
-            futures = self.client.map(fn, [ref] * len(items), items, pure=False)
-        except Exception as exc:  # noqa: BLE001 - the cluster's failures, whatever Dask raises for them
-            raise self._failed(exc) from None
-        try:
-            for i in range(len(futures)):
+            while i < len(items):
                 try:
                     result = futures[i].result()
                 except OracleError:  # the task's own answer: a bad file on that worker
                     raise
-                except Exception as exc:  # noqa: BLE001
-                    raise self._failed(exc) from None
+                except Exception as exc:  # noqa: BLE001 - the cluster's failures, whatever Dask raises for them
+                    if retried or not self._lost_data(exc):
+                        raise self._failed(exc) from None
+                    retried = True  # the worker holding the only copy of a task's input died: once more, from here
+                    try:
+                        futures[i:] = self._submit(fn, items[i:], shared)
+                    except OracleError:
+                        raise self._failed(exc) from None
+                    continue
                 futures[i] = None
                 yield result
+                i += 1
         finally:
-            del futures, ref
+            del futures
+
+    def _submit(self, fn: Callable, items: list, shared: Any) -> list:
+        """Futures of ``fn(shared, item)`` per item, ``shared`` scattered to every worker once."""
+        try:
+            ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
+            return self.client.map(fn, [ref] * len(items), items, pure=False)
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(exc) from None
+
+    def _lost_data(self, exc: BaseException) -> bool:
+        """A task cancelled because data it needed went with a dead worker, the scheduler still there."""
+        from distributed.client import FutureCancelledError
+
+        return isinstance(exc, FutureCancelledError) and getattr(self.client, "status", "") == "running"
 
     def _failed(self, exc: BaseException) -> BaseException:
         """A failure of the cluster as one OracleError; anything else (a bug in a task) as it is."""
@@ -176,7 +196,7 @@ class DaskEngine(Engine):
                 self._cluster.close()
 
 
-PROBE_S = 5.0  # seconds a scheduler gets to greet a new connection
+PROBE_S = 5.0  # seconds a scheduler gets to greet a new connection (it does at once)
 MAX_GREETING = 1 << 20  # bytes: a scheduler's greeting (its handshake) is a few hundred
 
 

@@ -469,8 +469,13 @@ def rank_of(doc: dict, path: Path, default: int | None) -> int:
     folder named like rank3 or 3 that holds the file. A rank is an integer in [0, MAX_RANK):
     anything else (negative, or beyond any job) is a TraceError, not a rank read another way."""
     info = doc.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int) and not isinstance(info["rank"], bool):
-        return _valid_rank(path, info["rank"], "distributedInfo.rank")
+    if isinstance(info, dict) and info.get("rank") is not None:
+        r = info["rank"]
+        if isinstance(r, str) and r.isascii() and r.isdigit():
+            return _valid_rank(path, r, "distributedInfo.rank")
+        if not isinstance(r, int) or isinstance(r, bool):  # a float beyond int64 (orjson's reading of 2**70), true, "one"
+            raise TraceError(path, f"distributedInfo.rank is {str(r)[:40]!r}, not an integer rank")
+        return _valid_rank(path, r, "distributedInfo.rank")
     m = RANK_IN_NAME.search(path.name)
     if m:
         return _valid_rank(path, m.group(1), "the rank in the file name")

@@ -27,7 +27,7 @@ import urllib.parse
 from typing import Any
 
 from bottleneck_oracle.errors import OracleError
-from bottleneck_oracle.report.inert import plain
+from bottleneck_oracle.report.inert import UNSAFE, plain
 
 MAX_REPLY_BYTES = 1_000_000
 MAX_DEPTH = 64  # JSON nesting the parser is given (a 100k-deep reply would exhaust Python's recursion)
@@ -94,8 +94,8 @@ class ChatClient:
             raise OracleError(f"--llm-base-url must be an http(s) URL with a host (found {shown})")
         if parts.username or parts.password:
             raise OracleError("--llm-base-url: put the API key in the environment variable (--llm-key-env), not in the URL")
-        if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in base_url):
-            raise OracleError(f"--llm-base-url: the URL holds spaces or control characters ({shown})")
+        if any(c.isspace() for c in base_url) or UNSAFE.search(base_url):
+            raise OracleError(f"--llm-base-url: the URL holds spaces, control or formatting characters ({shown})")
         self.scheme, self.host = parts.scheme, parts.hostname
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.path = parts.path.rstrip("/") + "/chat/completions"
