@@ -1,8 +1,8 @@
 """Self-contained HTML report: the tables of report.tables and interactive plotly figures (the
 plotly.js library is inlined once: nothing is fetched when the report is opened). Every trace
-string goes through ``report.inert.html_text`` (tables, hover texts and the figures' lane labels:
-plotly renders a subset of HTML tags in labels, so a thread named ``<a href=...>`` would be a
-link in every lane otherwise).
+string goes through ``report.inert``: ``html_text`` in the page, ``plotly_text`` in the figures'
+lane labels and hover texts (plotly renders a subset of HTML tags there: a thread named
+``<a href=...>`` was a link in every lane).
 
 Needs the ``report`` extra (plotly): ``pip install 'bottleneck-oracle[report]'``.
 """
@@ -21,7 +21,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.report import tables
-from bottleneck_oracle.report.inert import html_text
+from bottleneck_oracle.report.inert import html_text, plotly_text
 from bottleneck_oracle.report.tables import TableModel, fmt
 
 MAX_STEP_SECTIONS = 20  # per-step sections (timeline, tables) for at most this many steps: the slowest
@@ -64,7 +64,7 @@ def _lanes(a: StepAnalysis, nodes: np.ndarray) -> tuple[list[tuple], dict[tuple,
     names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
     lanes = sorted({(int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["tid"][i])) for i in nodes.tolist()})
     label = {
-        k: html_text(f"rank {k[0]} · {names[k[1]].get(f'{k[0]}:{k[2]}', ('stream ' if k[1] else 'thread ') + str(k[2]))}") for k in lanes
+        k: plotly_text(f"rank {k[0]} · {names[k[1]].get(f'{k[0]}:{k[2]}', ('stream ' if k[1] else 'thread ') + str(k[2]))}") for k in lanes
     }
     return lanes, label
 
@@ -100,19 +100,19 @@ def timeline(a: StepAnalysis) -> str:
     wait = n["mstart"][real] - n["start"][real]
     waiting = real[wait > 0]
     bars("waiting (blocking op)", "#f2cf8a", [key(i) for i in waiting], n["start"][waiting], wait[wait > 0],
-         [html_text(f"{g.node_name(i)}: waited {fmt(w, 'ms')} ms") for i, w in zip(waiting.tolist(), wait[wait > 0])])  # fmt: skip
+         [plotly_text(f"{g.node_name(i)}: waited {fmt(w, 'ms')} ms") for i, w in zip(waiting.tolist(), wait[wait > 0])])  # fmt: skip
     for is_crit, name, color in ((False, "ops", "#9aa5b1"), (True, "critical path: ops", "#d62728")):
         sel = real[crit[real] == is_crit]
         bars(name, color, [key(i) for i in sel], n["mstart"][sel], n["mdur"][sel],
-             [html_text(f"{g.node_name(i)} · {fmt(d, 'ms')} ms · slack {fmt(s, 'ms')} ms") for i, d, s in zip(sel.tolist(), n["mdur"][sel], r.slack[sel])])  # fmt: skip
+             [plotly_text(f"{g.node_name(i)} · {fmt(d, 'ms')} ms · slack {fmt(s, 'ms')} ms") for i, d, s in zip(sel.tolist(), n["mdur"][sel], r.slack[sel])])  # fmt: skip
     for kind, color in _SEGMENT_COLORS.items():
         segs = [s for s in a.segments() if s.kind == kind and (s.rank, s.on_gpu, s.tid) in label]
         bars(f"critical path: {kind}", color, [(s.rank, s.on_gpu, s.tid) for s in segs], [s.start for s in segs], [s.dur for s in segs],
-             [html_text(f"{kind}: {s.name} · {fmt(s.dur, 'ms')} ms" + (f" · waited for {g.node_name(s.cause)}" if s.cause >= 0 else "")) for s in segs],
+             [plotly_text(f"{kind}: {s.name} · {fmt(s.dur, 'ms')} ms" + (f" · waited for {g.node_name(s.cause)}" if s.cause >= 0 else "")) for s in segs],
              width=0.35)  # fmt: skip
     step = g.step if g.step is not None else "(whole trace)"
     fig.update_layout(
-        title=html_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"), barmode="overlay",
+        title=plotly_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"), barmode="overlay",
         xaxis_title="time from step start (ms)", height=160 + 34 * len(lanes), margin={"l": 10, "r": 10, "t": 90, "b": 40},
         yaxis={"categoryorder": "array", "categoryarray": [label[k] for k in reversed(lanes)], "automargin": True},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0}, hoverlabel={"namelength": -1},

@@ -6,8 +6,8 @@ HTML page: trace names, thread and stream names, file names, LLM replies, server
 terminal, C1 codes, line breaks that would forge a line of output such as ``error: ...``),
 Unicode format characters (bidirectional overrides that reorder what is shown, zero-width and
 invisible tag characters), line and paragraph separators and lone surrogates. ``html_text`` is
-``plain`` then HTML-escaped, for the report: tags in a name (plotly renders a subset of HTML in
-its labels) are shown as text.
+``plain`` then HTML-escaped, for the report's page; ``plotly_text`` the same for its figures'
+labels (plotly renders a subset of HTML tags in them): tags in a name are shown as text.
 """
 
 from __future__ import annotations
@@ -39,3 +39,10 @@ def plain(text: object) -> str:
 def html_text(text: object) -> str:
     """``plain(text)`` escaped for HTML text and attribute values (``<``, ``>``, ``&``, quotes)."""
     return html.escape(plain(text), quote=True)
+
+
+def plotly_text(text: object) -> str:
+    """``plain(text)`` for a plotly label or hover text: ``<``, ``>`` and ``&`` as the entities
+    plotly turns back into characters (it renders a subset of HTML tags there, and shows other
+    entities, ``&quot;``, as they are)."""
+    return html.escape(plain(text), quote=False)
