@@ -201,6 +201,8 @@ def atomic_folder(target: str | Path, ours: re.Pattern[str]) -> Iterator[Path]:
     swapped out and deleted). A block that fails or is interrupted leaves ``target`` as it was
     and removes the temporary folder."""
     target = Path(target)
+    if target.is_symlink():  # a link to a folder: the folder it names is the output (the link stays)
+        target = Path(os.path.realpath(target))
     check_folder_target(target, ours)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

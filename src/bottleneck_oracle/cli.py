@@ -1113,8 +1113,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGHUP: unwinds the command like Ctrl-C does, so that every temporary file and
-    folder of an output being written is removed on the way out (``atomic``)."""
+    """SIGTERM, SIGHUP (and the other signals that would end the process on the spot): unwinds
+    the command like Ctrl-C does, so that every temporary file and folder of an output being
+    written is removed on the way out (``atomic``)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -1122,7 +1123,8 @@ class Terminated(BaseException):
 
 
 _MAIN_PID = os.getpid()
-_UNWIND_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+# signals whose default is to end the process on the spot (SIGINT raises KeyboardInterrupt already)
+_UNWIND_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU") if hasattr(signal, n))
 
 
 def _on_signal(signum: int, frame: object) -> None:

@@ -73,6 +73,12 @@ class PathsConfig:
     checkpoints: str = "data/checkpoints"
     """Where `train` writes one checkpoint per split."""
 
+    def __post_init__(self) -> None:
+        for name in ("graphs", "raw", "checkpoints"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v or "\0" in v or len(v) > 4096:
+                raise ConfigError(f"paths.{name} must be a folder name (found {_shown(v)})")
+
 
 _LAYOUT = re.compile(r"^(dp[2-8]|tp[2-8]|pp[2-8]-(afab|1f1b))$")
 
@@ -102,7 +108,7 @@ class GridConfig:
         bad = [v for v in self.layouts if not isinstance(v, str) or not _LAYOUT.match(v)]
         if bad or not self.layouts:
             raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {_shown(bad or self.layouts)})")
-        if not isinstance(self.steps, int) or self.steps < 4:
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 4:
             raise ConfigError(f"grid.steps must be an integer >= 4 (found {_shown(self.steps)})")
         if not self.delays_ms or any(not isinstance(d, (int, float)) or d <= 0 for d in self.delays_ms):
             raise ConfigError(f"grid.delays_ms must be positive numbers (found {_shown(self.delays_ms)})")
@@ -146,7 +152,7 @@ class ModelsConfig:
             raise ConfigError(f"models.splits must be a non-empty list from {list(SPLITS)} (found {_shown(self.splits)})")
         for name in ("hidden", "layers", "heads", "epochs", "patience", "batch", "seed", "plain_per_epoch"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name in ("seed", "plain_per_epoch") else 1):
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name in ("seed", "plain_per_epoch") else 1):
                 raise ConfigError(f"models.{name} must be a positive integer (found {_shown(v)})")
         if self.hidden % self.heads:
             raise ConfigError(f"models.hidden ({self.hidden}) must be a multiple of models.heads ({self.heads})")

@@ -121,7 +121,7 @@ class DaskEngine(Engine):
                 probe_scheduler(host, port, min(timeout, PROBE_S))
             try:
                 self.client = Client(address, timeout=timeout)
-            except (OSError, TimeoutError, ValueError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever Dask raises for an address it cannot use (TLS without certificates, ...)
                 raise OracleError(f"cannot connect to the Dask scheduler at {address} ({type(exc).__name__}: {first_line(exc)})") from None
         else:
             n = workers or os.cpu_count() or 1

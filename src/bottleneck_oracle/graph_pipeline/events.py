@@ -350,10 +350,14 @@ def map_trace(path: Path) -> TraceBytes:
     if size < MAP_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
         return read_bytes(path)
     with _read_errors(path), open(path, "rb") as src:
-        gz = src.read(2) == b"\x1f\x8b"
+        head = src.read(1 << 16)
         src.seek(0)
+        gz = head[:2] == b"\x1f\x8b"
         if not gz and size > MAX_TRACE_BYTES:
             raise _too_large(path, inflated=False)
+        first = head.lstrip()[:1]
+        if not gz and first not in (b"{", b"["):  # before gigabytes are copied: zeros, a sparse file, binary junk
+            raise TraceError(path, f"not valid JSON: it starts with {first or head[:1]!r}, not {{ or [")
         tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
         try:
             total = _copy_plain(path, src, tmp, size) if not gz else _copy_gunzipped(path, src, tmp)
