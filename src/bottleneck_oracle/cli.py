@@ -477,7 +477,8 @@ def parse(
         "--output",
         "-o",
         metavar="DIR",
-        help="Folder for the graphs (step-N.npz) and graphs.json (default: paths.graphs of the config).",
+        help="Folder for the graphs (step-N.npz) and graphs.json, written as a whole; a previous parse's folder is replaced "
+        "(default: paths.graphs of the config).",
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),

@@ -24,6 +24,12 @@ def _shown(value: object) -> str:
     return r.repr(value)
 
 
+def _lists(section: str, obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), list):
+            raise ConfigError(f"{section}.{name} must be a list (found {_shown(getattr(obj, name))})")
+
+
 def _non_negative(section: str, obj: object, names: tuple[str, ...]) -> None:
     for name in names:
         v = getattr(obj, name)
@@ -101,6 +107,7 @@ class GridConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _lists("grid", self, ("sizes", "layouts", "injection_kinds", "delays_ms"))
         for name, values, known in (("sizes", self.sizes, MODEL_SIZES), ("injection_kinds", self.injection_kinds, INJECTION_KINDS)):
             bad = [v for v in values if v not in known]
             if bad or not values:
@@ -110,8 +117,14 @@ class GridConfig:
             raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {_shown(bad or self.layouts)})")
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 4:
             raise ConfigError(f"grid.steps must be an integer >= 4 (found {_shown(self.steps)})")
-        if not self.delays_ms or any(not isinstance(d, (int, float)) or d <= 0 for d in self.delays_ms):
+        if not self.delays_ms or any(
+            not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d < float("inf") for d in self.delays_ms
+        ):
             raise ConfigError(f"grid.delays_ms must be positive numbers (found {_shown(self.delays_ms)})")
+        for name, low in (("batch", 1), ("microbatches", 1), ("seed", 0)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"grid.{name} must be an integer >= {low} (found {_shown(v)})")
 
 
 SPLITS = ("random", "ood_size", "ood_layout", "ood_injection")
@@ -144,6 +157,7 @@ class ModelsConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _lists("models", self, ("variants", "splits"))
         bad = [v for v in self.variants if v not in GAT_VARIANTS]
         if bad or not self.variants:
             raise ConfigError(f"models.variants must be a non-empty list from {list(GAT_VARIANTS)} (found {_shown(self.variants)})")
