@@ -327,7 +327,7 @@ def test_a_rank_subfolder_that_cannot_be_listed_is_named(tmp_path, capsys, monke
 def test_terminal_and_html_escape_through_one_function():
     """Every character of the categories that act instead of showing (controls, format characters
     such as the bidi overrides, line separators) is escaped; the Unicode database is the oracle."""
-    from bottleneck_oracle.report.inert import UNSAFE, html_text, plain
+    from bottleneck_oracle.inert import UNSAFE, html_text, plain
 
     acting = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and unicodedata.category(chr(c)) in ("Cc", "Cf", "Zl", "Zp")]
     missed = [f"U+{ord(c):04X}" for c in acting if not UNSAFE.fullmatch(c)]
@@ -530,7 +530,8 @@ def test_stdout_that_cannot_take_the_output_is_one_error(tmp_path):
     with open("/dev/full", "w") as full:
         r = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
     results["full"] = (r.returncode, r.stderr)
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    big = [sys.executable, "-m", "bottleneck_oracle", "analyze", str(SAMPLE), "--json"]  # 400 kB: more than a pipe holds
+    p = subprocess.Popen(big, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     p.stdout.read(10)
     p.stdout.close()  # the reader goes away, as `head` does
     results["broken pipe"] = (p.wait(timeout=120), p.stderr.read())

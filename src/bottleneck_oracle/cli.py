@@ -28,7 +28,7 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_folder, atomic_path, atomic_paths, check_folder_target, guard_output_folder, guard_outputs
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
-from bottleneck_oracle.report.inert import UNSAFE, plain
+from bottleneck_oracle.inert import UNSAFE, plain
 from bottleneck_oracle.report.tables import region_labels, shorten
 
 app = typer.Typer(
@@ -61,7 +61,7 @@ class _PlainConsole(Console):
     """A Console that prints trace strings, paths and LLM replies as data: no Rich markup is
     interpreted (a name like ``[/bold]`` or ``[link=...]`` is text), no automatic highlighting,
     and every character that could act (escape sequences, bidirectional overrides, a line break
-    inside a name or a path) is shown as an escape by ``report.inert.plain`` (leading line
+    inside a name or a path) is shown as an escape by ``inert.plain`` (leading line
     breaks, the only ones this module prints, stay)."""
 
     def print(self, *objects, **kwargs) -> None:  # noqa: A003

@@ -128,7 +128,7 @@ def check_archive(path: str | Path, what: str, max_bytes: int = MAX_ARCHIVE_BYTE
         with zipfile.ZipFile(path) as zf:
             members = zf.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise OracleError(f"{path}: not a readable {what} (not a zip archive: {exc.__class__.__name__})") from None
+        raise OracleError(f"{path}: not a {what} (not a zip archive: {exc.__class__.__name__})") from None
     total = sum(m.file_size for m in members)
     if total > max_bytes:
         raise OracleError(f"{path}: its members declare {total:,} bytes, more than a {what} holds ({max_bytes // 2**20} MiB)")

@@ -266,7 +266,7 @@ def read_bytes(path: Path) -> bytes | bytearray:
     """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named.
 
     Memory is asked for by size: a plain file's size is known before reading; a gzip stream is
-    read into one buffer sized from its trailer (see _gunzip) and refused as soon as it passes
+    read into one buffer grown as it inflates (see _gunzip) and refused as soon as it passes
     MAX_TRACE_BYTES (a small file that inflates to gigabytes is a bomb, not a trace)."""
     try:
         mode = os.stat(path).st_mode
@@ -965,8 +965,8 @@ def _mode(p: Path, quiet: bool = False) -> int | None:
         return os.stat(p).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except OSError as exc:
-        if quiet or exc.errno == errno.ELOOP:
+    except OSError as exc:  # a link loop, a name too long, no permission
+        if quiet:
             return None
         raise TraceError(p, f"cannot read: {exc.strerror or exc}") from None
 

@@ -27,7 +27,7 @@ import urllib.parse
 from typing import Any
 
 from bottleneck_oracle.errors import OracleError
-from bottleneck_oracle.report.inert import UNSAFE, plain
+from bottleneck_oracle.inert import UNSAFE, plain
 
 MAX_REPLY_BYTES = 1_000_000
 MAX_DEPTH = 64  # JSON nesting the parser is given (a 100k-deep reply would exhaust Python's recursion)

@@ -1,6 +1,6 @@
 """Self-contained HTML report: the tables of report.tables and interactive plotly figures (the
 plotly.js library is inlined once: nothing is fetched when the report is opened). Every trace
-string goes through ``report.inert``: ``html_text`` in the page, ``plotly_text`` in the figures'
+string goes through ``bottleneck_oracle.inert``: ``html_text`` in the page, ``plotly_text`` in the figures'
 lane labels and hover texts (plotly renders a subset of HTML tags there: a thread named
 ``<a href=...>`` was a link in every lane).
 
@@ -20,8 +20,8 @@ from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.inert import html_text, plotly_text
 from bottleneck_oracle.report import tables
-from bottleneck_oracle.report.inert import html_text, plotly_text
 from bottleneck_oracle.report.tables import TableModel, fmt
 
 MAX_STEP_SECTIONS = 20  # per-step sections (timeline, tables) for at most this many steps: the slowest

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bottleneck_oracle.report.inert import plain
+from bottleneck_oracle.inert import plain
 from bottleneck_oracle.report.tables import NUMERIC, TableModel, fmt, shorten
 
 NAME_MIN = 16  # characters a name column keeps at least
