@@ -1155,9 +1155,10 @@ def _unwind_on_signals() -> Iterator[None]:
 def _silence_stdout() -> None:
     """After stdout failed: point its file descriptor at /dev/null, so the interpreter's own flush at
     exit does not fail again with a message of its own (and exit status 120)."""
-    if sys.stdout is not None and sys.stdout is sys.__stdout__:
+    real = sys.__stdout__
+    if real is not None and sys.stdout is real:
         try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
         except (OSError, ValueError):
             pass
 

@@ -50,7 +50,7 @@ def is_chakra(path: str | Path) -> bool:
     return p.name.endswith((".et", ".et.gz"))
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(buf):

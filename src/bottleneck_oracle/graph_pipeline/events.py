@@ -686,10 +686,11 @@ class _Builder:
         tid = self._ids(ev.pop("tid")[x], ev.pop("tid_str")[x])
         xcls = cls[x].astype(np.int8)
         # ProfilerStep#N spans are step markers, not ops
-        numbers = {k: _step_number(n) for k, n in enumerate(names) if n.startswith(F.STEP_PREFIX)}
-        step_codes = np.array([k for k, v in numbers.items() if v is not None and v >= 0], dtype=np.int64)
+        marked = {k: _step_number(n) for k, n in enumerate(names) if n.startswith(F.STEP_PREFIX)}
+        numbers = {k: v for k, v in marked.items() if v is not None}
+        step_codes = np.array([k for k, v in numbers.items() if v >= 0], dtype=np.int64)
         is_step = np.isin(code, step_codes) & (xcls == EvClass.CPU)
-        absurd = np.isin(code, [k for k, v in numbers.items() if v is not None and v < 0])
+        absurd = np.isin(code, [k for k, v in numbers.items() if v < 0])
         if absurd.any():  # a marker with a number no step counter reaches: dropped, not read as a step
             self.notes.append(f"{path}: {int(absurd.sum())} ProfilerStep markers numbered beyond {MAX_STEP:,} dropped")
         for i in np.flatnonzero(is_step).tolist():
