@@ -346,6 +346,41 @@ def _print_table_lines(table) -> None:
         out.print(Text(_clock_line(table.clocks["hosts"])))
 
 
+class _Spool:
+    """An unlinked temporary file for --json's steps; a temporary folder that is full or read-only
+    is one OracleError saying so (not a bare "No space left on device")."""
+
+    def __enter__(self) -> _Spool:
+        with self._guard():
+            self.file = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - closed in __exit__
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            where = tempfile.gettempdir()
+            raise OracleError(
+                f"{where}: cannot spool the --json output there ({exc.strerror or exc}); set TMPDIR to a folder with room"
+            ) from None
+
+    def write(self, data: bytes) -> None:
+        with self._guard():
+            self.file.write(data)
+
+    def seek(self, pos: int) -> None:
+        with self._guard():
+            self.file.seek(pos)
+
+    def read(self, n: int) -> bytes:
+        with self._guard():
+            return self.file.read(n)
+
+
 def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None) -> None:
     """``analyze`` without --html / --advise, one step at a time: each step leaves its JSON
     (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
@@ -357,7 +392,7 @@ def _analyze_stepwise(path: Path, steps, cfg: Config, et, executor: str, k: int,
     _check_overlay_input(path, table, perfetto)
     rows, kept, paths = [], [], []
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
-    with tempfile.TemporaryFile(prefix="bottleneck-oracle-") if as_json else nullcontext() as spool, status:
+    with _Spool() if as_json else nullcontext() as spool, status:
         for n, a in enumerate(stream):
             if spool is not None:  # --json
                 spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))

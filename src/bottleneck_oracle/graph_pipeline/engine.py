@@ -173,8 +173,8 @@ class DaskEngine(Engine):
 
         return isinstance(exc, FutureCancelledError) and getattr(self.client, "status", "") == "running"
 
-    def _failed(self, exc: BaseException) -> BaseException:
-        """A failure of the cluster as one OracleError; anything else (a bug in a task) as it is."""
+    def _failed(self, exc: BaseException) -> OracleError:
+        """A failure of the cluster, or of a task on it, as one OracleError."""
         from distributed.comm.core import CommClosedError
         from distributed.scheduler import KilledWorker
 
@@ -187,7 +187,9 @@ class DaskEngine(Engine):
             )
         if isinstance(exc, (CommClosedError, CancelledError, asyncio.CancelledError, TimeoutError, OSError)):
             return OracleError(f"Dask: lost the scheduler at {where} during the run ({type(exc).__name__}: {first_line(exc)})")
-        return exc
+        # a task that raised on a worker: another machine's environment (a different version installed, a
+        # module missing), whose traceback says nothing here
+        return OracleError(f"Dask: a task failed on a worker of {where} ({type(exc).__name__}: {first_line(exc)})")
 
     def close(self) -> None:
         if self._own:
