@@ -15,12 +15,81 @@ import ctypes
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from bottleneck_oracle.errors import OracleError
+
+
+class Interrupted(BaseException):
+    """A signal that ends the process (SIGTERM, SIGHUP, ...) while ``unwinding_signals`` is on: it
+    unwinds the command like Ctrl-C does, so every temporary file and folder of an output being
+    written is removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# signals whose default ends the process on the spot; SIGINT raises KeyboardInterrupt, as always
+UNWINDING = tuple(
+    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU") if hasattr(signal, n)
+)
+_state = {"pid": os.getpid(), "held": 0, "pending": 0}
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    if os.getpid() != _state["pid"]:  # a forked parse worker: nothing of its own to clean; it ends as the signal says
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if _state["held"]:  # a temporary name is being created: raised once it is recorded (``uninterrupted``)
+        _state["pending"] = signum
+        return
+    _raise(signum)
+
+
+def _raise(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A signal arriving in the block is raised at its end (only where ``unwinding_signals`` is
+    on): for writers that cannot be stopped half-way cleanly (zipfile's, under ``np.savez``, fails
+    again while closing), and for a temporary name between its creation and its recording."""
+    _state["held"] += 1
+    try:
+        yield
+    finally:
+        _state["held"] -= 1
+        if not _state["held"] and _state["pending"]:
+            signum, _state["pending"] = _state["pending"], 0
+            _raise(signum)
+
+
+@contextlib.contextmanager
+def unwinding_signals() -> Iterator[None]:
+    """While the block runs, the UNWINDING signals raise (Interrupted, or KeyboardInterrupt for
+    SIGINT) in the main thread, so ``atomic_path`` and ``atomic_folder`` remove what they were
+    writing; the handlers from before are back after. (Not in other threads: Python handles
+    signals in the main one.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _state["pid"] = os.getpid()
+    previous = {s: signal.signal(s, _on_signal) for s in UNWINDING}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _umask() -> int:
@@ -52,13 +121,15 @@ def check_target(target: str | Path) -> Path:
 def atomic_path(target: str | Path) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; on success it replaces ``target``."""
     target = check_target(target)
+    tmp = ""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise OracleError(f"{target}: cannot write here ({exc.strerror or exc})") from None
-    os.close(fd)
-    try:
+        with uninterrupted():  # a signal between the file's creation and ``tmp`` naming it would leave it behind
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            except OSError as exc:
+                raise OracleError(f"{target}: cannot write here ({exc.strerror or exc})") from None
+            os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
@@ -67,7 +138,8 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
             raise
         raise OracleError(f"{target}: cannot write ({exc.strerror or exc})") from None
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _writing(exc: OSError, *paths: str | Path) -> bool:
@@ -204,28 +276,32 @@ def atomic_folder(target: str | Path, ours: re.Pattern[str]) -> Iterator[Path]:
     if target.is_symlink():  # a link to a folder: the folder it names is the output (the link stays)
         target = Path(os.path.realpath(target))
     check_folder_target(target, ours)
+    tmp: Path | None = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    except OSError as exc:
-        raise OracleError(f"{target}: cannot write here ({exc.strerror or exc})") from None
-    try:
+        with uninterrupted():
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+            except OSError as exc:
+                raise OracleError(f"{target}: cannot write here ({exc.strerror or exc})") from None
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
         check_folder_target(target, ours)  # (still: nothing foreign appeared meanwhile)
-        if not target.exists():
-            os.rename(tmp, target)
-        elif not _exchange(tmp, target):  # no atomic swap here: the old one aside, the new one in
-            old = tmp.with_name(tmp.name + ".old")
-            os.rename(target, old)
-            os.rename(tmp, target)
-            tmp = old
+        with uninterrupted():  # the commit is not cut in two
+            if not target.exists():
+                os.rename(tmp, target)
+            elif not _exchange(tmp, target):  # no atomic swap here: the old one aside, the new one in
+                old = tmp.with_name(tmp.name + ".old")
+                os.rename(target, old)
+                os.rename(tmp, target)
+                tmp = old
     except OSError as exc:
-        if not _writing(exc, tmp, target):
+        if not _writing(exc, *([tmp] if tmp else []), target):
             raise
         raise OracleError(f"{target}: cannot write ({exc.strerror or exc})") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _exchange(a: Path, b: Path) -> bool:

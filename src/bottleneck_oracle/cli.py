@@ -9,7 +9,6 @@ import re
 import signal
 import sys
 import tempfile
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -25,7 +24,16 @@ from rich.text import Text
 from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.results import StepAdvice, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
-from bottleneck_oracle.atomic import atomic_folder, atomic_path, atomic_paths, check_folder_target, guard_output_folder, guard_outputs
+from bottleneck_oracle.atomic import (
+    Interrupted,
+    atomic_folder,
+    atomic_path,
+    atomic_paths,
+    check_folder_target,
+    guard_output_folder,
+    guard_outputs,
+    unwinding_signals,
+)
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
 from bottleneck_oracle.inert import UNSAFE, plain
@@ -196,7 +204,20 @@ def _dumps(doc: object) -> bytes:
     try:
         return orjson.dumps(doc, option=_JSON_OPTIONS)
     except TypeError as exc:
+        if "surrogates" in str(exc):  # a file name that is not UTF-8, a name with a lone surrogate: as escapes
+            return _dumps(_utf8(doc))
         raise OracleError(f"cannot write the result as JSON ({exc})") from None
+
+
+def _utf8(doc: object) -> object:
+    """``doc`` with every string's lone surrogates (a file name's undecodable bytes) as backslash escapes."""
+    if isinstance(doc, str):
+        return doc.encode("utf-8", errors="backslashreplace").decode("utf-8")
+    if isinstance(doc, dict):
+        return {_utf8(k): _utf8(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_utf8(v) for v in doc]
+    return doc
 
 
 def _print_json_spooled(head: dict, spool, tail: dict) -> None:
@@ -1148,43 +1169,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     err.print(Text("warning: ", style="bold yellow") + Text(str(message)), soft_wrap=True)
 
 
-class Terminated(BaseException):
-    """SIGTERM, SIGHUP (and the other signals that would end the process on the spot): unwinds
-    the command like Ctrl-C does, so that every temporary file and folder of an output being
-    written is removed on the way out (``atomic``)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-_MAIN_PID = os.getpid()
-# signals whose default is to end the process on the spot (SIGINT raises KeyboardInterrupt already)
-_UNWIND_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU") if hasattr(signal, n))
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    if os.getpid() != _MAIN_PID:  # a forked parse worker: it has nothing of its own to clean; end as the signal says
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    raise Terminated(signum)
-
-
-@contextmanager
-def _unwind_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Terminated while the command runs (the handlers before are back after)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    global _MAIN_PID
-    _MAIN_PID = os.getpid()
-    previous = {s: signal.signal(s, _on_signal) for s in _UNWIND_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+def _interrupted_by(exc: BaseException) -> int:
+    """The signal an exception was raised while unwinding from (its context chain), 0 if none."""
+    seen: BaseException | None = exc.__context__
+    for _ in range(20):
+        if seen is None:
+            return 0
+        if isinstance(seen, Interrupted):
+            return seen.signum
+        if isinstance(seen, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        seen = seen.__context__
+    return 0
 
 
 def _silence_stdout() -> None:
@@ -1204,7 +1200,7 @@ def main() -> None:
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", OracleWarning)
     _first_run_notice(sys.argv[1:2])
-    with _unwind_on_signals():
+    with unwinding_signals():
         _run()
 
 
@@ -1226,7 +1222,7 @@ def _run() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
-    except Terminated as exc:
+    except Interrupted as exc:
         err.print(f"terminated by {signal.Signals(exc.signum).name}; no output was left half-written")
         sys.exit(128 + exc.signum)
     except OSError as exc:  # a file the library did not name in an OracleError (a name too long, no permission)
@@ -1236,6 +1232,10 @@ def _run() -> None:
         _error("not enough memory for this input (see the limits in the README)")
         sys.exit(2)
     except Exception as exc:  # click usage errors carry their own message
+        signum = _interrupted_by(exc)
+        if signum:  # a library's own clean-up failed while a signal unwound it: still the signal
+            err.print(f"terminated by {signal.Signals(signum).name}; no output was left half-written")
+            sys.exit(128 + signum)
         usage, abort = _click_exceptions()
         if isinstance(exc, usage):  # one line, like every other error (usage: --help)
             _error(f"{exc.format_message()} (see bottleneck-oracle --help)")

@@ -463,6 +463,21 @@ def _decode(path: Path, raw: bytes | bytearray) -> object:
         raise TraceError(path, f"{hint} ({exc})") from None
 
 
+def _decode_one(raw: bytes | bytearray) -> object | None:
+    """One object of a trace the scanner already validated (an event, the metadata around the
+    events): orjson, else the standard library, which keeps what orjson refuses (a lone UTF-16
+    surrogate, ``"\\ud800"``, that some profilers write in names); None if neither can (nesting
+    deeper than either parser goes)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(bytes(raw).decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+
+
 def read_json(path: Path) -> object:
     """Read and decode a .json or .json.gz file, raising TraceError with the problem named."""
     return _decode(path, read_bytes(path))
@@ -723,18 +738,23 @@ class _Builder:
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
+        unread = 0
         for j, r in enumerate(full.tolist()):
             e = rows[r]
             if j % RELEASE_EVERY == RELEASE_EVERY - 1:  # in file order: the pages behind are done with
                 _give_back(raw, int(ev["obj_lo"][e]))
-            obj = _decode(path, raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
+            obj = _decode_one(raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
             args = obj.get("args") if isinstance(obj, dict) else None
+            if obj is None:
+                unread += 1
             if not isinstance(args, dict):
                 continue
             if part["cls"][r] == EvClass.GPU_SYNC:
                 self._sync_args(sparse, r, names[part["name"][r]], args)
             if comm[part["name"][r]]:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
+        if unread:
+            self.notes.append(f"{path}: the args of {unread} collective or sync events are nested too deep to read; read without them")
         for col, (idx, vals) in sparse.items():
             dtype = _SPARSE_DTYPE.get(col, np.int64)
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
@@ -763,7 +783,7 @@ class _Builder:
         idx = np.array(named, dtype=np.int64)
         pids, tids = self._ids(ev["pid"][idx], ev["pid_str"][idx]), self._ids(ev["tid"][idx], ev["tid_str"][idx])
         for i, pid, tid in zip(named, pids.tolist(), tids.tolist()):
-            obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
+            obj = _decode_one(raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])  # (a name it cannot read: the thread goes unnamed)
             args = obj.get("args") if isinstance(obj, dict) else None
             name = args.get("name") if isinstance(args, dict) else None
             if isinstance(name, str) and name.strip():
@@ -1036,7 +1056,9 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
     if not len(ev["ph"]):
         raise TraceError(path, "trace holds no events")
-    meta_doc = _decode(path, raw[:lo] + b"[]" + raw[hi:]) if is_object else {}
+    meta_doc = _decode_one(raw[:lo] + b"[]" + raw[hi:]) if is_object else {}
+    if meta_doc is None:
+        raise TraceError(path, "the trace's metadata around its events is not JSON this tool can read (nested too deep)")
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
     rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.atomic import atomic_path, uninterrupted
 from bottleneck_oracle.errors import GraphError, OracleError
 from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps
@@ -130,7 +130,7 @@ class ExecutionGraph:
             "meta": self.meta,
         }
         arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh, uninterrupted():  # (a signal: raised once the archive is closed)
             if compress:
                 np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stubs take a ** key for allow_pickle
             else:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.atomic import atomic_path, uninterrupted
 from bottleneck_oracle.errors import OracleError, first_line
 from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.models.gat_numpy import GRAPH_COLUMNS, GATConfig
@@ -203,7 +203,7 @@ def write_companion(path: str | Path, ckpt: dict | None = None) -> Path:
         chunks.append(data + bytes(-len(data) % ALIGN))
         offset += len(data) + -len(data) % ALIGN
     out = companion_path(path)
-    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+    with atomic_path(out) as tmp, open(tmp, "wb") as f, uninterrupted():
         np.savez(f, meta=np.array(json.dumps(meta)), arrays=np.frombuffer(b"".join(chunks), dtype=np.uint8))
     return out
 
