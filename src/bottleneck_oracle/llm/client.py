@@ -195,6 +195,9 @@ class ChatClient:
                     raise self._error(f"the LLM reply is larger than {MAX_REPLY_BYTES} bytes")
             if expired.is_set():
                 raise TimeoutError
+            declared = int(length) if length is not None and length.strip().isdigit() else None
+            if declared is not None and total < declared:  # (read1 can end at the hang-up without saying so)
+                raise self._error(f"the LLM reply ended early ({total} of the {declared} bytes it declared)")
             return b"".join(chunks)
         except (OracleError, _Retry):
             raise
