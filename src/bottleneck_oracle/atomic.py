@@ -11,7 +11,6 @@ colleague on a shared cluster can read the report, not the 0600 of a temporary f
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -306,6 +305,8 @@ def atomic_folder(target: str | Path, ours: re.Pattern[str]) -> Iterator[Path]:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.renameat2

@@ -20,7 +20,6 @@ a task that kills every worker it runs on, or a scheduler that goes away, is one
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
@@ -175,6 +174,8 @@ class DaskEngine(Engine):
 
     def _failed(self, exc: BaseException) -> OracleError:
         """A failure of the cluster, or of a task on it, as one OracleError."""
+        import asyncio  # (here: a local run does not pay for importing it)
+
         from distributed.comm.core import CommClosedError
         from distributed.scheduler import KilledWorker
 
