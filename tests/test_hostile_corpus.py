@@ -244,6 +244,60 @@ def corpus(root: Path) -> list[tuple[str, list[str], str]]:
     pt_bomb = root / "bomb.pt"
     shutil.copy(zeros, pt_bomb)
     cases.append(("memory:pt_member_of_zeros", ["whatif", s, "--edit", "rank=1,scale=0.5", "--checkpoint", str(pt_bomb)], "error"))
+    cases += next_corpus(root)
+    return cases
+
+
+def next_corpus(root: Path) -> list[tuple[str, list[str], str]]:
+    """Cases of the same kinds that no report named: what a corpus built by someone else may try."""
+    s, raw = str(SAMPLE), json.dumps(_doc()).encode()
+    cases: list[tuple[str, list[str], str]] = []
+
+    def put(name: str, data: bytes) -> str:
+        (root / name).write_bytes(data)
+        return str(root / name)
+
+    cases.append(("traceback:byte_order_mark", ["analyze", put("bom.json", b"\xef\xbb\xbf" + raw)], "error"))
+    cases.append(("traceback:utf16", ["analyze", put("utf16.json", raw.decode().encode("utf-16"))], "error"))
+    cases.append(("traceback:nan_literal", ["analyze", put("nan.json", raw.replace(b'"dur": ', b'"dur": NaN, "x": ', 1))], "error"))
+    cases.append(
+        ("traceback:objects_without_ph", ["analyze", put("empties.json", b'{"traceEvents": [' + b",".join([b"{}"] * 500) + b"]}")], "error")
+    )
+    cases.append(("traceback:zstd_named_gz", ["analyze", put("zst.json.gz", b"\x28\xb5\x2f\xfd" + bytes(100))], "error"))
+    cases.append(("traceback:empty_gzip", ["analyze", put("empty.json.gz", gzip.compress(b""))], "error"))
+    cases.append(("traceback:dev_stdin", ["analyze", "/dev/stdin"], "error"))
+    chakra_bomb = root / "bomb.et.gz"
+    with open(chakra_bomb, "wb") as f:
+        member = gzip.compress(bytes(2**20), 9)
+        for _ in range(300):
+            f.write(member)
+    cases.append(("memory:chakra_gzip_bomb", ["analyze", str(chakra_bomb)], "error"))
+    for name, text in {
+        "binary_tag": "analysis:\n  top_k: !!binary aGVsbG8=\n",
+        "timestamp": "graph:\n  idle_gap_us: 2001-12-14\n",
+        "paths_not_text": "paths:\n  graphs: 12\n",
+        "paths_nul": 'paths:\n  graphs: "a\\0b"\n',
+        "list_not_list": "grid:\n  delays_ms: 5\n",
+        "bool_integer": "models:\n  hidden: true\n",
+        "bidi_key": "graph:\n  \u202eevil: 1\n",
+    }.items():
+        path = root / f"{name}.yaml"
+        path.write_text(text)
+        cases.append((f"traceback:config_{name}", ["parse", str(SMALL), "--config", str(path), "--output", str(root / "never")], "error"))
+    obj = root / "objects.npz"
+    with zipfile.ZipFile(obj, "w") as zf:
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        zf.writestr("meta.npy", buf.getvalue())
+    cases.append(("pickle:npz_object_array", ["whatif", s, "--edit", "rank=1,scale=0.5", "--checkpoint", str(obj)], "error"))
+    fifo_et, fifo_baseline = root / "fifo_et.json", root / "fifo_baseline.json"
+    os.mkfifo(fifo_et)
+    os.mkfifo(fifo_baseline)
+    cases.append(("traceback:et_fifo", ["analyze", s, "--et", str(fifo_et)], "error"))
+    cases.append(("traceback:baseline_fifo", ["blame", s, "--no-model", "--baseline", str(fifo_baseline)], "error"))
+    cases.append(("dask:tls_without_certificates", ["analyze", s, "--executor", "tls://127.0.0.1:1"], "error"))
     return cases
 
 
@@ -256,8 +310,8 @@ def hostile(tmp_path_factory) -> tuple[Path, list]:
 def test_the_corpus_covers_every_class(hostile):
     _, cases = hostile
     kinds = {case.split(":")[0] for case, _, _ in cases}
-    assert {"traceback", "silent", "memory", "dask", "absurd"} <= kinds
-    assert len(cases) >= 50
+    assert {"traceback", "silent", "memory", "dask", "absurd", "pickle"} <= kinds
+    assert len(cases) >= 75
 
 
 def test_every_hostile_input_gets_a_clean_answer(hostile, capsys):
