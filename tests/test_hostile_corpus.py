@@ -486,6 +486,31 @@ def test_names_in_the_html_report_render_as_text(tmp_path, capsys):
     assert html.escape(EVIL["op"]) in outside  # the op's name is in the tables, as text
 
 
+@pytest.mark.slow
+def test_names_render_as_text_in_a_browser(tmp_path, capsys):
+    """The same report opened in headless Chromium: the lanes show the tags as text (the rendered
+    SVG has no link to evil.example and no 60 px text)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium here")
+
+    def change(fname, doc):
+        for e in doc["traceEvents"]:
+            if e.get("ph") == "M" and e.get("name") == "thread_name":
+                e["args"]["name"] = EVIL["thread"] if "gloo" not in e["args"]["name"] else EVIL["stream"]
+
+    report = tmp_path / "r.html"
+    assert run_cli(["analyze", str(_ranks(tmp_path / "evil", change)), "--html", str(report)], capsys, seconds=120)[0] == 0
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--virtual-time-budget=5000", "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    lanes = re.findall(r'<text[^>]*data-unformatted="rank [^"]*"[^>]*>([^<]*)</text>', dom)
+    assert any(html.unescape(x).endswith(EVIL["thread"]) for x in lanes), lanes[:4]
+    tags = _Tags()
+    tags.feed(dom)
+    assert not [a for t, a in tags.tags if t == "a" and any("evil.example" in (v or "") for v in a.values())]
+    assert not [a for t, a in tags.tags if "font-size:60px" in (a.get("style") or "").replace(" ", "")]
+
+
 # ---- LLM text: labelled as not verified, the key never shown ----------------------------------
 
 
