@@ -1,6 +1,6 @@
 """The package's layers import only downward (deferred imports inside functions included):
 
-    base (errors, atomic, files, config, the package version)
+    base (errors, atomic, files, config, inert, the package version)
     < graph_pipeline < analysis < models < training < llm, report, systems < api < cli
 
 so there is no import cycle, and the analysis commands never need the learned models' stack.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "src" / "bottleneck_oracle"
 LAYERS = [
-    {"errors", "atomic", "files", "config", "__init__", "py"},
+    {"errors", "atomic", "files", "config", "inert", "__init__", "py"},
     {"graph_pipeline"},
     {"analysis"},
     {"models"},

@@ -286,14 +286,14 @@ def whatif(
 
     from bottleneck_oracle.analysis.cpm import run_cpm
     from bottleneck_oracle.analysis.phases import node_phases
-    from bottleneck_oracle.analysis.whatif import Edit, apply_edits, own_time_edits, selects_anything, why_nothing
+    from bottleneck_oracle.analysis.whatif import MAX_SCALE, Edit, apply_edits, own_time_edits, selects_anything, why_nothing
     from bottleneck_oracle.errors import OracleError
 
     parsed = [Edit.parse(e) for e in edits]
     if not parsed and microbatches is None and batch is None:
         raise OracleError("whatif needs an --edit, --microbatches or --batch")
-    if batch is not None and not 0 < batch < float("inf"):
-        raise OracleError(f"--batch must be a ratio > 0 (found {batch})")
+    if batch is not None and not 0 < batch <= MAX_SCALE:
+        raise OracleError(f"--batch must be a ratio > 0 and at most {MAX_SCALE:g} (found {batch})")
     table, gs = build(path, steps, config)
     phase_mbs = [node_phases(table, g) if table is not None else None for g in gs]
     phase_of = [pm[0] if pm is not None else None for pm in phase_mbs]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import signal
 import sys
 import tempfile
 import warnings
@@ -22,11 +24,20 @@ from rich.text import Text
 from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.results import StepAdvice, StepWhatIf
 from bottleneck_oracle.analysis.summary import StepAnalysis
-from bottleneck_oracle.atomic import atomic_path, atomic_paths, guard_output_folder, guard_outputs
+from bottleneck_oracle.atomic import (
+    Interrupted,
+    atomic_folder,
+    atomic_path,
+    atomic_paths,
+    check_folder_target,
+    guard_output_folder,
+    guard_outputs,
+    unwinding_signals,
+)
 from bottleneck_oracle.config import Config, load_config
-from bottleneck_oracle.errors import OracleError, OracleWarning
+from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
+from bottleneck_oracle.inert import UNSAFE, plain
 from bottleneck_oracle.report.tables import region_labels, shorten
-from bottleneck_oracle.report.terminal import CONTROL_CHARS
 
 app = typer.Typer(
     name="bottleneck-oracle",
@@ -57,7 +68,9 @@ _plain_arguments()
 class _PlainConsole(Console):
     """A Console that prints trace strings, paths and LLM replies as data: no Rich markup is
     interpreted (a name like ``[/bold]`` or ``[link=...]`` is text), no automatic highlighting,
-    and control characters (ESC sequences, C1 codes) are replaced before they reach the terminal."""
+    and every character that could act (escape sequences, bidirectional overrides, a line break
+    inside a name or a path) is shown as an escape by ``inert.plain`` (leading line
+    breaks, the only ones this module prints, stay)."""
 
     def print(self, *objects, **kwargs) -> None:  # noqa: A003
         kwargs.setdefault("highlight", False)
@@ -65,19 +78,92 @@ class _PlainConsole(Console):
 
 
 def _inert(o: object) -> object:
-    if isinstance(o, Text):
-        t = o.copy()
-        t.plain = CONTROL_CHARS.sub("\ufffd", t.plain)  # same length: the styles' spans stay where they were
-        return t
     if isinstance(o, str):
-        return Text(CONTROL_CHARS.sub("\ufffd", o))
-    return o
+        o = Text(o)
+    if not isinstance(o, Text):
+        return o
+    s = o.plain
+    lead = len(s) - len(s.lstrip("\n"))
+    if not UNSAFE.search(s, lead):
+        return o
+    at = [0] * (len(s) + 1)  # old offset -> new offset: the styles' spans move with the text
+    parts = [s[:lead]]
+    n = lead
+    for i in range(lead, len(s)):
+        at[i] = n
+        parts.append(plain(s[i]))
+        n += len(parts[-1])
+    at[len(s)] = n
+    t = Text("".join(parts), style=o.style, justify=o.justify, overflow=o.overflow, no_wrap=o.no_wrap, end=o.end)
+    for span in o.spans:
+        t.stylize(span.style, at[span.start], at[min(span.end, len(s))])
+    return t
 
 
-out = _PlainConsole(markup=False)
+class OutputError(OracleError):
+    """Standard output did not take what was written: closed, on a full disk, or a pipe whose
+    reader went away (``| head``). One error line, not a traceback, nor a silent exit 1."""
+
+
+class _Stdout:
+    """What the CLI writes its output through: ``sys.stdout`` (looked up at each call, so tests
+    can capture it), with every failure to write turned into an OutputError."""
+
+    @staticmethod
+    def _stream():
+        if sys.stdout is None:  # started with its stdout closed
+            raise OutputError("stdout is closed: the output cannot be written")
+        return sys.stdout
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            raise OutputError("stdout: the reader went away before the output ended (broken pipe)") from None
+        except (OSError, ValueError) as exc:  # a full disk, a closed file
+            raise OutputError(f"stdout: cannot write the output ({getattr(exc, 'strerror', None) or exc})") from None
+
+    def write(self, text: str) -> int:
+        with self._guard():
+            return self._stream().write(text)
+
+    def write_bytes(self, data: bytes) -> None:
+        with self._guard():
+            stream = self._stream()
+            buffer = getattr(stream, "buffer", None)
+            if buffer is not None:  # the bytes as they are: a long run's JSON is not copied into a str
+                stream.flush()
+                buffer.write(data)
+            else:
+                stream.write(data.decode())
+
+    def flush(self) -> None:
+        with self._guard():
+            stream = self._stream()
+            stream.flush()
+            buffer = getattr(stream, "buffer", None)
+            if buffer is not None:
+                buffer.flush()
+
+    def isatty(self) -> bool:
+        return sys.stdout is not None and sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return self._stream().fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+
+stdout = _Stdout()
+out = _PlainConsole(markup=False, file=stdout)  # type: ignore[arg-type]  # a file-like object: what rich needs of one
 err = _PlainConsole(stderr=True, markup=False)
 
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
+UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
+PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
 EXECUTOR_HELP = (
@@ -95,8 +181,12 @@ HOSTS_HELP = (
 
 
 def _error(msg: str) -> None:
-    """One line on stderr; trace strings in msg are shown as they are, never as markup."""
-    err.print(Text("error: ", style="bold red") + Text(msg), soft_wrap=True)
+    """One line on stderr; trace strings in msg are shown as they are, never as markup (and never
+    as more than one line: ``_inert``)."""
+    try:
+        err.print(Text("error: ", style="bold red") + Text(msg), soft_wrap=True)
+    except OSError:  # stderr itself is gone: the exit status still says it
+        pass
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -118,15 +208,26 @@ def _dumps(doc: object) -> bytes:
     try:
         return orjson.dumps(doc, option=_JSON_OPTIONS)
     except TypeError as exc:
+        if "surrogates" in str(exc):  # a file name that is not UTF-8, a name with a lone surrogate: as escapes
+            return _dumps(_utf8(doc))
         raise OracleError(f"cannot write the result as JSON ({exc})") from None
+
+
+def _utf8(doc: object) -> object:
+    """``doc`` with every string's lone surrogates (a file name's undecodable bytes) as backslash escapes."""
+    if isinstance(doc, str):
+        return doc.encode("utf-8", errors="backslashreplace").decode("utf-8")
+    if isinstance(doc, dict):
+        return {_utf8(k): _utf8(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_utf8(v) for v in doc]
+    return doc
 
 
 def _print_json_spooled(head: dict, spool, tail: dict) -> None:
     """``_print_json`` of ``{**head, "steps": [...], **tail}`` where the steps' JSON is in the
     file ``spool`` (comma-separated): copied to stdout a block at a time, never held whole."""
-    out_bytes = getattr(sys.stdout, "buffer", None)
-    write = out_bytes.write if out_bytes is not None else (lambda b: sys.stdout.write(b.decode()))
-    sys.stdout.flush()
+    write = stdout.write_bytes
     write(_dumps(head)[:-2] + b',\n  "steps": [\n')
     spool.seek(0)
     while block := spool.read(16 * 2**20):
@@ -135,22 +236,16 @@ def _print_json_spooled(head: dict, spool, tail: dict) -> None:
     for key, value in tail.items():
         write(b",\n  " + orjson.dumps(key) + b": " + _dumps(value))
     write(b"\n}\n")
-    if out_bytes is not None:
-        out_bytes.flush()
+    stdout.flush()
 
 
 def _print_json(doc: object) -> None:
     """``--json`` output: orjson (fast on the long critical paths of big steps), indented, one
     trailing newline; a value JSON cannot hold (NaN, infinity) is an error, never invalid JSON."""
     data = _dumps(doc)
-    sys.stdout.flush()
-    out_bytes = getattr(sys.stdout, "buffer", None)
-    if out_bytes is not None:  # the bytes as they are: a long run's JSON is not copied into a str (twice)
-        out_bytes.write(data)
-        out_bytes.write(b"\n")
-        out_bytes.flush()
-    else:
-        sys.stdout.write(data.decode() + "\n")
+    stdout.write_bytes(data)
+    stdout.write_bytes(b"\n")
+    stdout.flush()
 
 
 def _ms(us: float) -> str:
@@ -319,6 +414,41 @@ def _print_table_lines(table) -> None:
         out.print(Text(_clock_line(table.clocks["hosts"])))
 
 
+class _Spool:
+    """An unlinked temporary file for --json's steps; a temporary folder that is full or read-only
+    is one OracleError saying so (not a bare "No space left on device")."""
+
+    def __enter__(self) -> _Spool:
+        with self._guard():
+            self.file = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - closed in __exit__
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            where = tempfile.gettempdir()
+            raise OracleError(
+                f"{where}: cannot spool the --json output there ({exc.strerror or exc}); set TMPDIR to a folder with room"
+            ) from None
+
+    def write(self, data: bytes) -> None:
+        with self._guard():
+            self.file.write(data)
+
+    def seek(self, pos: int) -> None:
+        with self._guard():
+            self.file.seek(pos)
+
+    def read(self, n: int) -> bytes:
+        with self._guard():
+            return self.file.read(n)
+
+
 def _analyze_stepwise(
     path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None, detail: bool, references=None
 ) -> None:
@@ -335,7 +465,7 @@ def _analyze_stepwise(
     picked = blame_sample(list(numbers))  # the steps the run answer's blame replays: kept whole
     rows, kept, paths, figures, blamed = [], [], [], [], []
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
-    with tempfile.TemporaryFile(prefix="bottleneck-oracle-") if as_json else nullcontext() as spool, status:
+    with _Spool() if as_json else nullcontext() as spool, status:
         for n, a in enumerate(stream):
             figures.append(StepFigures.of(a))
             if a.graph.step in picked:
@@ -370,7 +500,9 @@ def analyze(
         None, "--perfetto", metavar="PATH", help="Write the trace with the critical path marked (opens in Perfetto)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of the tables."),
-    top: int = typer.Option(None, "--top", metavar="N", help="How many ops to list by critical-path time (default from config: 20)."),
+    top: int = typer.Option(
+        None, "--top", min=1, metavar="N", help="How many ops to list by critical-path time (default from config: 20)."
+    ),
     et: Path = typer.Option(
         None,
         "--et",
@@ -468,7 +600,8 @@ def parse(
         "--output",
         "-o",
         metavar="DIR",
-        help="Folder for the graphs (step-N.npz) and graphs.json (default: paths.graphs of the config).",
+        help="Folder for the graphs (step-N.npz) and graphs.json, written as a whole; a previous parse's folder is replaced "
+        "(default: paths.graphs of the config).",
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
@@ -484,15 +617,16 @@ def parse(
     output = output or Path(cfg.paths.graphs)
     guard_output_folder("--output", output, [source, config])
     guard_outputs({"--output": output / "graphs.json"}, [source, config])
+    check_folder_target(output, PARSE_OUTPUTS)  # before the work: a folder of other things is not replaced
     _, graphs = api.build(source, step or None, cfg, None, executor)
     entries: list[dict[str, Any]] = []
-    for g in graphs:
-        name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
-        g.save(output / name)
-        entries.append({"file": name, "step": g.step, "ranks": g.ranks, "measured_us": g.measured, **g.summary_counts()})
-    manifest = {"version": __version__, "input": str(source), "graphs": entries}
-    with atomic_path(output / "graphs.json") as tmp:
-        tmp.write_text(json.dumps(manifest, indent=1))
+    with atomic_folder(output, PARSE_OUTPUTS) as staged:  # all of it, or (killed, disk full) nothing
+        for g in graphs:
+            name = f"step-{g.step}.npz" if g.step is not None else "window.npz"
+            g.save(staged / name)
+            entries.append({"file": name, "step": g.step, "ranks": g.ranks, "measured_us": g.measured, **g.summary_counts()})
+        manifest = {"version": __version__, "input": str(source), "graphs": entries}
+        (staged / "graphs.json").write_text(json.dumps(manifest, indent=1))
     if as_json:
         _print_json(manifest)
     else:
@@ -859,7 +993,7 @@ def blame(
         None, "--baseline", metavar="PATH", help="A trace of the same job as it normally runs (default: the trace's other steps)."
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
-    top: int = typer.Option(10, "--top", metavar="N", help="How many nodes and op kinds to list."),
+    top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many nodes and op kinds to list."),
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
@@ -992,7 +1126,7 @@ def advise(
                     + (f"; model: {model} ms" if model else "")
                 )
             )
-            out.print(Text(f"   {s.explanation}"))
+            out.print(Text(f"   {UNVERIFIED if s.explanation_by == 'llm' else ''}{s.explanation}"))
             if s.remedy:
                 out.print(Text(f"   Remedy: {s.remedy}"))
             words = "; ".join(s.edits_in_words or s.edits)
@@ -1136,15 +1270,51 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     err.print(Text("warning: ", style="bold yellow") + Text(str(message)), soft_wrap=True)
 
 
+def _interrupted_by(exc: BaseException) -> int:
+    """The signal an exception was raised while unwinding from (its context chain), 0 if none."""
+    seen: BaseException | None = exc.__context__
+    for _ in range(20):
+        if seen is None:
+            return 0
+        if isinstance(seen, Interrupted):
+            return seen.signum
+        if isinstance(seen, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        seen = seen.__context__
+    return 0
+
+
+def _silence_stdout() -> None:
+    """After stdout failed: point its file descriptor at /dev/null, so the interpreter's own flush at
+    exit does not fail again with a message of its own (and exit status 120)."""
+    real = sys.__stdout__
+    if real is not None and sys.stdout is real:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
+        except (OSError, ValueError):
+            pass
+
+
 def main() -> None:
-    """Entry point: library errors become one clean line and exit code 2."""
+    """Entry point: library errors become one clean line and exit code 2; an interrupted command
+    removes its temporary files and exits 128 + the signal's number."""
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", OracleWarning)
     _first_run_notice(sys.argv[1:2])
+    with unwinding_signals():
+        _run()
+
+
+def _run() -> None:
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
+        stdout.flush()  # (a full disk or a closed pipe shows here at the latest, not in the interpreter's exit)
+    except OutputError as exc:
+        _error(str(exc))
+        _silence_stdout()
+        sys.exit(2)
     except OracleError as exc:
         _error(str(exc))
         sys.exit(2)
@@ -1153,14 +1323,30 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except Interrupted as exc:
+        err.print(f"terminated by {signal.Signals(exc.signum).name}; no output was left half-written")
+        sys.exit(128 + exc.signum)
+    except OSError as exc:  # a file the library did not name in an OracleError (a name too long, no permission)
+        _error(f"{exc.filename}: {exc.strerror or exc}" if exc.filename is not None else f"{exc.strerror or exc}")
+        sys.exit(2)
+    except MemoryError:
+        _error("not enough memory for this input (see the limits in the README)")
+        sys.exit(2)
     except Exception as exc:  # click usage errors carry their own message
+        signum = _interrupted_by(exc)
+        if signum:  # a library's own clean-up failed while a signal unwound it: still the signal
+            err.print(f"terminated by {signal.Signals(signum).name}; no output was left half-written")
+            sys.exit(128 + signum)
         usage, abort = _click_exceptions()
         if isinstance(exc, usage):  # one line, like every other error (usage: --help)
             _error(f"{exc.format_message()} (see bottleneck-oracle --help)")
             sys.exit(exc.exit_code)
         if isinstance(exc, abort):
             sys.exit(1)
-        raise
+        if os.environ.get("BOTTLENECK_ORACLE_DEBUG"):
+            raise
+        _error(f"internal error ({type(exc).__name__}: {first_line(exc)}): a bug; BOTTLENECK_ORACLE_DEBUG=1 shows where")
+        sys.exit(70)
 
 
 TRACE_COMMANDS = {"analyze", "parse", "whatif", "blame", "advise", "summary", "compare", "build-dataset"}

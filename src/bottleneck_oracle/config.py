@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
+import reprlib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
 from bottleneck_oracle.errors import ConfigError, OracleError
-from bottleneck_oracle.files import read_text
+from bottleneck_oracle.files import read_yaml
 
 # Names the config validates against, defined here so that reading a config needs neither torch
 # nor PyG; the modules that implement them import these (systems.model.SIZES has one GPT per size).
@@ -18,11 +17,24 @@ INJECTION_KINDS = ("module", "phase", "collective", "rank", "compute")
 GAT_VARIANTS = ("bidirectional", "directed", "correction")
 
 
+def _shown(value: object) -> str:
+    """A config value in an error message, bounded (a list of a billion aliases shows a few items)."""
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother, r.maxlong = 3, 8, 8, 80, 80, 40
+    return r.repr(value)
+
+
+def _lists(section: str, obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), list):
+            raise ConfigError(f"{section}.{name} must be a list (found {_shown(getattr(obj, name))})")
+
+
 def _non_negative(section: str, obj: object, names: tuple[str, ...]) -> None:
     for name in names:
         v = getattr(obj, name)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
-            raise ConfigError(f"{section}.{name} must be a number >= 0 (found {v!r})")
+            raise ConfigError(f"{section}.{name} must be a number >= 0 (found {_shown(v)})")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,7 +54,7 @@ class GraphConfig:
     def __post_init__(self) -> None:
         _non_negative("graph", self, ("feeds_resume_us", "idle_gap_us", "stream_wait_us", "clock_tolerance_us"))
         if not isinstance(self.ranks_per_host, int) or isinstance(self.ranks_per_host, bool) or self.ranks_per_host < 0:
-            raise ConfigError(f"graph.ranks_per_host must be an integer >= 0 (found {self.ranks_per_host!r})")
+            raise ConfigError(f"graph.ranks_per_host must be an integer >= 0 (found {_shown(self.ranks_per_host)})")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,7 +66,7 @@ class AnalysisConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1:
-            raise ConfigError(f"analysis.top_k must be an integer >= 1 (found {self.top_k!r})")
+            raise ConfigError(f"analysis.top_k must be an integer >= 1 (found {_shown(self.top_k)})")
         _non_negative("analysis", self, ("untraced_gap_us",))
 
 
@@ -66,6 +78,12 @@ class PathsConfig:
     """Where `generate` writes its runs when --out is not given."""
     checkpoints: str = "data/checkpoints"
     """Where `train` writes one checkpoint per split."""
+
+    def __post_init__(self) -> None:
+        for name in ("graphs", "raw", "checkpoints"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v or "\0" in v or len(v) > 4096:
+                raise ConfigError(f"paths.{name} must be a folder name (found {_shown(v)})")
 
 
 _LAYOUT = re.compile(r"^(dp[2-8]|tp[2-8]|pp[2-8]-(afab|1f1b))$")
@@ -89,17 +107,24 @@ class GridConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _lists("grid", self, ("sizes", "layouts", "injection_kinds", "delays_ms"))
         for name, values, known in (("sizes", self.sizes, MODEL_SIZES), ("injection_kinds", self.injection_kinds, INJECTION_KINDS)):
             bad = [v for v in values if v not in known]
             if bad or not values:
-                raise ConfigError(f"grid.{name} must be a non-empty list from {sorted(known)} (found {values!r})")
+                raise ConfigError(f"grid.{name} must be a non-empty list from {sorted(known)} (found {_shown(values)})")
         bad = [v for v in self.layouts if not isinstance(v, str) or not _LAYOUT.match(v)]
         if bad or not self.layouts:
-            raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {bad or self.layouts!r})")
-        if not isinstance(self.steps, int) or self.steps < 4:
-            raise ConfigError(f"grid.steps must be an integer >= 4 (found {self.steps!r})")
-        if not self.delays_ms or any(not isinstance(d, (int, float)) or d <= 0 for d in self.delays_ms):
-            raise ConfigError(f"grid.delays_ms must be positive numbers (found {self.delays_ms!r})")
+            raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {_shown(bad or self.layouts)})")
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 4:
+            raise ConfigError(f"grid.steps must be an integer >= 4 (found {_shown(self.steps)})")
+        if not self.delays_ms or any(
+            not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d < float("inf") for d in self.delays_ms
+        ):
+            raise ConfigError(f"grid.delays_ms must be positive numbers (found {_shown(self.delays_ms)})")
+        for name, low in (("batch", 1), ("microbatches", 1), ("seed", 0)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"grid.{name} must be an integer >= {low} (found {_shown(v)})")
 
 
 SPLITS = ("random", "ood_size", "ood_layout", "ood_injection")
@@ -132,22 +157,23 @@ class ModelsConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _lists("models", self, ("variants", "splits"))
         bad = [v for v in self.variants if v not in GAT_VARIANTS]
         if bad or not self.variants:
-            raise ConfigError(f"models.variants must be a non-empty list from {list(GAT_VARIANTS)} (found {self.variants!r})")
+            raise ConfigError(f"models.variants must be a non-empty list from {list(GAT_VARIANTS)} (found {_shown(self.variants)})")
         bad = [v for v in self.splits if v not in SPLITS]
         if bad or not self.splits:
-            raise ConfigError(f"models.splits must be a non-empty list from {list(SPLITS)} (found {self.splits!r})")
+            raise ConfigError(f"models.splits must be a non-empty list from {list(SPLITS)} (found {_shown(self.splits)})")
         for name in ("hidden", "layers", "heads", "epochs", "patience", "batch", "seed", "plain_per_epoch"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name in ("seed", "plain_per_epoch") else 1):
-                raise ConfigError(f"models.{name} must be a positive integer (found {v!r})")
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name in ("seed", "plain_per_epoch") else 1):
+                raise ConfigError(f"models.{name} must be a positive integer (found {_shown(v)})")
         if self.hidden % self.heads:
             raise ConfigError(f"models.hidden ({self.hidden}) must be a multiple of models.heads ({self.heads})")
         for name in ("dropout", "lr", "loss_step", "loss_slack", "loss_critical"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v < 0 or (name == "dropout" and v >= 1) or (name == "lr" and v == 0):
-                raise ConfigError(f"models.{name} must be a number >= 0 (found {v!r})")
+            if not isinstance(v, (int, float)) or not 0 <= v < float("inf") or (name == "dropout" and v >= 1) or (name == "lr" and v == 0):
+                raise ConfigError(f"models.{name} must be a number >= 0 (found {_shown(v)})")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -171,26 +197,24 @@ def load_config(path: str | Path | None) -> Config:
         return Config()
     p = Path(path)
     try:
-        text = read_text(p, "config file")
+        raw = read_yaml(p, "config file") or {}
     except OracleError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a mapping of sections, found {type(raw).__name__}")
     sections = {}
     for name, value in raw.items():
         cls = _SECTIONS.get(name)
         if cls is None:
-            raise ConfigError(f"{p}: unknown section {name!r} (known: {', '.join(_SECTIONS)})")
+            raise ConfigError(f"{p}: unknown section {_shown(name)} (known: {', '.join(_SECTIONS)})")
         if not isinstance(value, dict):
-            raise ConfigError(f"{p}: section {name!r} must be a mapping")
+            raise ConfigError(f"{p}: section {_shown(name)} must be a mapping")
         known = {f.name for f in fields(cls)}
-        unknown = set(value) - known
-        if unknown:
-            raise ConfigError(f"{p}: unknown key {name}.{sorted(unknown)[0]} (known: {', '.join(sorted(known))})")
+        unknown = [k for k in value if k not in known]
+        if unknown:  # (keys of several types do not sort: the first one in the file is named)
+            raise ConfigError(
+                f"{p}: unknown key {name}.{unknown[0] if isinstance(unknown[0], str) else _shown(unknown[0])} (known: {', '.join(sorted(known))})"
+            )
         try:
             sections[name] = cls(**value)
         except ConfigError as exc:

@@ -9,7 +9,7 @@ the op enclosing an untraced gap) are left out of the JSON where the field is No
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from bottleneck_oracle.analysis.blame import Blame
 from bottleneck_oracle.analysis.whatif import Edit
@@ -191,6 +191,8 @@ class Suggestion:
     model_out_of_domain: str | None = None  # why the graph network gave no answer (Predictor.refusal)
     edited_nodes: int = 0
     references: list[str] = field(default_factory=list)
+    explanation_by: Literal["recipe", "llm"] = "recipe"
+    """Who wrote the explanation: a shipped recipe, or an LLM (free text nothing checked: shown as unverified)."""
 
     @property
     def edits_in_words(self) -> list[str]:
@@ -200,7 +202,8 @@ class Suggestion:
         return {"source": self.source, "title": self.title, "explanation": self.explanation, "remedy": self.remedy, "edits": self.edits,
                 "edits_in_words": self.edits_in_words,
                 "edited_nodes": self.edited_nodes, "replay_saving_us": self.replay_saving_us, "model_saving_us": self.model_saving_us,
-                "model_out_of_domain": self.model_out_of_domain, "references": self.references}  # fmt: skip
+                "model_out_of_domain": self.model_out_of_domain, "references": self.references,
+                "explanation_by": self.explanation_by}  # fmt: skip
 
 
 def _in_words(edit: str) -> str:

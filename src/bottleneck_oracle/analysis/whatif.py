@@ -31,6 +31,7 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
 MAX_DELAY_MS = 3_600_000.0  # an edit adds or takes at most an hour per op: beyond, it is a typo or a hostile reply
+MAX_SCALE = 1e6  # an edit makes an op at most a million times longer: beyond, float64 step times overflow
 PHASES = ("forward", "backward", "optimizer")  # codes 1, 2, 3 of analysis.phases.node_phases
 
 
@@ -66,8 +67,8 @@ class Edit:
     delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.scale < float("inf"):
-            raise ValueError(f"scale must be a finite number >= 0 (found {self.scale})")
+        if not 0 <= self.scale <= MAX_SCALE:
+            raise ValueError(f"scale must be a number from 0 to {MAX_SCALE:g} (found {self.scale})")
         if not abs(self.delay_ms) <= MAX_DELAY_MS:
             raise ValueError(f"delay_ms must be a number within ±{MAX_DELAY_MS:g} ms (found {self.delay_ms})")
         if self.max_us is not None and not 0 <= self.max_us < float("inf"):

@@ -14,7 +14,6 @@ times, ops are placed as soon as their dependencies allow.
 
 from __future__ import annotations
 
-import gzip
 import re
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline.builder import RawGraph, finalize
 from bottleneck_oracle.graph_pipeline.collectives import match_instances, modelled_ends
+from bottleneck_oracle.graph_pipeline.events import read_bytes
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 
@@ -50,7 +50,7 @@ def is_chakra(path: str | Path) -> bool:
     return p.name.endswith((".et", ".et.gz"))
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(buf):
@@ -68,16 +68,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
 def read_chakra(path: str | Path) -> tuple[object, list]:
     """(GlobalMetadata, [Node, ...]) of one .et file; TraceError names the file and the problem."""
     p = Path(path)
-    if not p.is_file():
-        raise TraceError(p, "no such file")
-    raw = p.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise TraceError(p, f"corrupt or truncated gzip data ({exc})") from None
-    if not raw:
-        raise TraceError(p, "file is empty")
+    raw = read_bytes(p)  # a regular file; gzip inflated within the trace limits (a bomb is refused, not inflated)
     pb = _pb(p)
     from google.protobuf.message import DecodeError
 

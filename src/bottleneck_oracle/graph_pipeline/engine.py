@@ -10,17 +10,27 @@
 Every engine returns results in input order, so the answers do not depend on where the work ran.
 Data every task needs (the event table, when graphs are built) is ``shared``: sent to each
 worker once (Dask: scattered to every worker), not once per task.
+
+A Dask address is checked before Dask is given it: its form, that something listens there, and
+that what answers speaks Dask's protocol (a scheduler greets first; any other server would have
+its first bytes read as a message length). A worker that dies mid-task has the task run again
+elsewhere (the scheduler's ``distributed.scheduler.allowed-failures`` retries, 3 by default);
+a task that kills every worker it runs on, or a scheduler that goes away, is one OracleError.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import socket
+import struct
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Executor, ProcessPoolExecutor
 from typing import Any
 
-from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.errors import OracleError, first_line
 
 _SHARED: dict[str, Any] = {}  # per local worker process: the shared data its tasks read
 
@@ -95,15 +105,23 @@ class DaskEngine(Engine):
             from distributed import Client, LocalCluster
         except ImportError:
             raise OracleError("--executor dask needs Dask: pip install 'bottleneck-oracle[dask]'") from None
+        # Dask logs what it retries or gives up on, tracebacks included, on stderr: what fails reaches
+        # the caller as one OracleError instead (a lost worker's tasks are simply run again)
+        for name in ["distributed", *logging.root.manager.loggerDict]:
+            if name.split(".")[0] == "distributed":
+                logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         self._own = client is None
         self._cluster = None
         if client is not None:
             self.client = client
         elif address:
+            host, port = dask_address(address)
+            if address.startswith("tcp://"):
+                probe_scheduler(host, port, min(timeout, PROBE_S))
             try:
                 self.client = Client(address, timeout=timeout)
-            except (OSError, TimeoutError) as exc:
-                raise OracleError(f"cannot reach the Dask scheduler at {address} ({exc})") from None
+            except Exception as exc:  # noqa: BLE001 - whatever Dask raises for an address it cannot use (TLS without certificates, ...)
+                raise OracleError(f"cannot connect to the Dask scheduler at {address} ({type(exc).__name__}: {first_line(exc)})") from None
         else:
             n = workers or os.cpu_count() or 1
             self._cluster = LocalCluster(
@@ -116,20 +134,122 @@ class DaskEngine(Engine):
         items = list(items)
         if not items:
             return
-        ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
-        futures = self.client.map(fn, [ref] * len(items), items, pure=False)
+        futures = self._submit(fn, items, shared)
+        retried = False
+        i = 0
         try:
-            for i in range(len(futures)):
-                yield futures[i].result()
+            while i < len(items):
+                try:
+                    result = futures[i].result()
+                except OracleError:  # the task's own answer: a bad file on that worker
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the cluster's failures, whatever Dask raises for them
+                    if retried or not self._lost_data(exc):
+                        raise self._failed(exc) from None
+                    retried = True  # the worker holding the only copy of a task's input died: once more, from here
+                    try:
+                        futures[i:] = self._submit(fn, items[i:], shared)
+                    except OracleError:
+                        raise self._failed(exc) from None
+                    continue
                 futures[i] = None
+                yield result
+                i += 1
         finally:
-            del futures, ref
+            del futures
+
+    def _submit(self, fn: Callable, items: list, shared: Any) -> list:
+        """Futures of ``fn(shared, item)`` per item, ``shared`` scattered to every worker once."""
+        try:
+            ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
+            return self.client.map(fn, [ref] * len(items), items, pure=False)
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(exc) from None
+
+    def _lost_data(self, exc: BaseException) -> bool:
+        """A task cancelled because data it needed went with a dead worker, the scheduler still there."""
+        from distributed.client import FutureCancelledError
+
+        return isinstance(exc, FutureCancelledError) and getattr(self.client, "status", "") == "running"
+
+    def _failed(self, exc: BaseException) -> OracleError:
+        """A failure of the cluster, or of a task on it, as one OracleError."""
+        import asyncio  # (here: a local run does not pay for importing it)
+
+        from distributed.comm.core import CommClosedError
+        from distributed.scheduler import KilledWorker
+
+        where = getattr(self.client, "scheduler", None)
+        where = getattr(where, "address", None) or "the Dask cluster"
+        if isinstance(exc, KilledWorker):
+            return OracleError(
+                f"Dask: every worker that ran a task died during it ({first_line(exc)}); the scheduler gave up after "
+                "distributed.scheduler.allowed-failures retries (out of memory? see the workers' logs)"
+            )
+        if isinstance(exc, (CommClosedError, CancelledError, asyncio.CancelledError, TimeoutError, OSError)):
+            return OracleError(f"Dask: lost the scheduler at {where} during the run ({type(exc).__name__}: {first_line(exc)})")
+        # a task that raised on a worker: another machine's environment (a different version installed, a
+        # module missing), whose traceback says nothing here
+        return OracleError(f"Dask: a task failed on a worker of {where} ({type(exc).__name__}: {first_line(exc)})")
 
     def close(self) -> None:
         if self._own:
             self.client.close()
             if self._cluster is not None:
                 self._cluster.close()
+
+
+PROBE_S = 5.0  # seconds a scheduler gets to greet a new connection (it does at once)
+MAX_GREETING = 1 << 20  # bytes: a scheduler's greeting (its handshake) is a few hundred
+
+
+def dask_address(address: str) -> tuple[str, int]:
+    """(host, port) of ``tcp://HOST:PORT`` / ``tls://HOST:PORT``; OracleError if it is not one."""
+    shown = repr(address[:200])
+    if any(c.isspace() or not c.isprintable() for c in address):
+        raise OracleError(f"Dask scheduler address {shown} holds spaces or control characters")
+    try:
+        parts = urllib.parse.urlsplit(address)
+        port = parts.port
+    except ValueError as exc:
+        raise OracleError(f"Dask scheduler address {shown} is not HOST:PORT ({exc})") from None
+    if not parts.hostname or port is None or not 0 < port < 65536 or parts.path.strip("/") or parts.query or parts.fragment:
+        raise OracleError(f"Dask scheduler address {shown} is not HOST:PORT (e.g. dask://10.0.0.5:8786)")
+    return parts.hostname, port
+
+
+def probe_scheduler(host: str, port: int, timeout: float = PROBE_S) -> None:
+    """Check that a Dask scheduler answers at host:port before Dask connects: it must greet
+    within ``timeout`` with one framed message (an 8-byte length, frame count and lengths that
+    add up) of at most MAX_GREETING bytes. Dask itself would take the first 8 bytes of any other
+    server as a length and allocate it (an HTTP server's reply read as 2.8 EiB)."""
+    where = f"{host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            head = _recv(sock, 8, where)
+            (total,) = struct.unpack("<Q", head)
+            if not 16 <= total <= MAX_GREETING:
+                raise OracleError(f"{where} is not a Dask scheduler: it sent {head!r}, not a Dask message")
+            body = _recv(sock, 8, where)
+            (frames,) = struct.unpack("<Q", body)
+            if not 0 < frames <= 64 or 8 * (frames + 1) > total:
+                raise OracleError(f"{where} is not a Dask scheduler: its first message is not in Dask's framing")
+    except TimeoutError:
+        raise OracleError(f"{where} is not a Dask scheduler: nothing greeted within {timeout:g} s") from None
+    except ConnectionError as exc:
+        raise OracleError(f"cannot reach the Dask scheduler at tcp://{where} ({exc.strerror or type(exc).__name__})") from None
+    except OSError as exc:  # no such host, no route
+        raise OracleError(f"cannot reach the Dask scheduler at tcp://{where} ({exc.strerror or exc})") from None
+
+
+def _recv(sock: socket.socket, n: int, where: str) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OracleError(f"{where} is not a Dask scheduler: it closed the connection without a greeting")
+        data += chunk
+    return data
 
 
 def make_engine(spec: str | Executor | Any | None = None, workers: int | None = None) -> Engine:

@@ -8,12 +8,14 @@ files), which keeps float64 resolution below 1 ns.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
 import mmap
 import os
 import re
+import stat
 import tempfile
 import warnings
 import zlib
@@ -33,6 +35,9 @@ from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
+MAX_TS_US = 2.0**53  # µs: timestamps float64 holds to the µs (285 years from the epoch); no event lies beyond
+MAX_RANK = 2**20  # ranks are below this (a million; per-rank arrays are sized by the largest rank)
+MAX_STEP = 2**31 - 1  # ProfilerStep numbers are at most this (a step counter that reached it ran for centuries)
 MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds this (bytes)
 MAX_GZIP_RATIO = 100  # trace JSON compresses 10-30x; a gzip stream inflating more than this is a bomb ...
 BOMB_FLOOR = 64 * 2**20  # ... once it has inflated past this many bytes (small, repetitive files stay readable)
@@ -269,13 +274,17 @@ def read_bytes(path: Path) -> bytes | bytearray:
     """The JSON bytes of a .json or .json.gz file, raising TraceError with the problem named.
 
     Memory is asked for by size: a plain file's size is known before reading; a gzip stream is
-    read into one buffer sized from its trailer (see _gunzip) and refused as soon as it passes
+    read into one buffer grown as it inflates (see _gunzip) and refused as soon as it passes
     MAX_TRACE_BYTES (a small file that inflates to gigabytes is a bomb, not a trace)."""
-    if not path.exists():
-        raise TraceError(path, "no such file")
-    if path.is_dir():
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise TraceError(path, "a link to a missing file" if path.is_symlink() else "no such file") from None
+    except OSError as exc:  # a link loop, a name too long, no permission
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
         raise TraceError(path, "is a folder, expected a trace file")
-    if not path.is_file():
+    if not stat.S_ISREG(mode):
         raise TraceError(path, "is not a regular file (a FIFO, device or socket); pass a trace file")
     raw: bytes | bytearray
     with _read_errors(path), open(path, "rb") as fh:
@@ -340,63 +349,117 @@ def _give_back(raw: TraceBytes, end: int | None = None) -> None:
 
 
 def map_trace(path: Path) -> TraceBytes:
-    """``read_bytes``, but a file of MAP_BYTES or more on disk comes back as a MappedTrace: a
-    plain file mapped as it is, a gzip file decompressed block by block into a temporary file
-    (same limits and errors as read_bytes) and mapped."""
-    try:
-        size = path.stat().st_size if path.is_file() else 0
-    except OSError:
-        size = 0
+    """``read_bytes``, but a file of MAP_BYTES or more on disk comes back as a MappedTrace of a
+    private, unlinked temporary copy: a plain file copied by the kernel (copy_file_range), a gzip
+    file decompressed block by block (same limits and errors as read_bytes). The input itself is
+    never mapped: a mapped file that shrinks (a profiler exporting it again, NFS) kills the
+    reader with SIGBUS, and nothing can turn that into an error message."""
+    size = _size(path)
     if size < MAP_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
         return read_bytes(path)
-    with _read_errors(path):
-        with open(path, "rb") as fh:
-            gz = fh.read(2) == b"\x1f\x8b"
-        if not gz:
-            if size > MAX_TRACE_BYTES:
-                raise _too_large(path, inflated=False)
-            return MappedTrace(open(path, "rb"))  # noqa: SIM115 - kept open for the mapping's lifetime
+    with _read_errors(path), open(path, "rb") as src:
+        head = src.read(1 << 16)
+        src.seek(0)
+        gz = head[:2] == b"\x1f\x8b"
+        if not gz and size > MAX_TRACE_BYTES:
+            raise _too_large(path, inflated=False)
+        first = head.lstrip()[:1]
+        if not gz and first not in (b"{", b"["):  # before gigabytes are copied: zeros, a sparse file, binary junk
+            raise TraceError(path, f"not valid JSON: it starts with {first or head[:1]!r}, not {{ or [")
         tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
-        total = 0
-        with open(path, "rb") as raw, gzip.open(raw, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                total += len(chunk)
-                try:
-                    _check_inflation(path, raw, total)
-                except TraceError:
-                    tmp.close()
-                    raise
-                tmp.write(chunk)
-        tmp.flush()
+        try:
+            total = _copy_plain(path, src, tmp, size) if not gz else _copy_gunzipped(path, src, tmp)
+            try:
+                tmp.flush()
+            except OSError as exc:
+                raise _spool_error(path, exc) from None
+        except BaseException:
+            tmp.close()
+            raise
         if total == 0:
             tmp.close()
             raise TraceError(path, "file is empty")
         return MappedTrace(tmp)
 
 
+def _spool_error(path: Path, exc: OSError) -> TraceError:
+    return TraceError(
+        path,
+        f"cannot copy the trace into the temporary folder {tempfile.gettempdir()} ({exc.strerror or exc}); "
+        "set TMPDIR to a folder with room for it",
+    )
+
+
+def _copy_plain(path: Path, src, tmp, size: int) -> int:
+    """Copy ``size`` bytes of the open file ``src`` into ``tmp`` (in the kernel where it can);
+    TraceError if the file ends sooner (it shrank while being read)."""
+    done = 0
+    fast = hasattr(os, "copy_file_range")
+    while done < size:
+        want = min(_CHUNK, size - done)
+        try:
+            k = os.copy_file_range(src.fileno(), tmp.fileno(), want, done, done) if fast else 0
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise _spool_error(path, exc) from None
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            fast, k = False, 0
+        if not fast:
+            chunk = os.pread(src.fileno(), want, done)
+            try:
+                k = os.pwrite(tmp.fileno(), chunk, done) if chunk else 0
+            except OSError as exc:
+                raise _spool_error(path, exc) from None
+        if k == 0:
+            raise TraceError(path, f"the file shrank while it was read ({size:,} bytes, then {done:,}): is it being rewritten?")
+        done += k
+    return done
+
+
+def _copy_gunzipped(path: Path, src, tmp) -> int:
+    """Decompress the open gzip file ``src`` into ``tmp`` block by block; the bytes written."""
+    total = 0
+    with gzip.open(src, "rb") as gz:
+        while chunk := gz.read(_CHUNK):
+            total += len(chunk)
+            _check_inflation(path, src, total)
+            try:
+                tmp.write(chunk)
+            except OSError as exc:
+                raise _spool_error(path, exc) from None
+    return total
+
+
 def _gunzip(path: Path, fh) -> bytearray:
-    """The decompressed bytes of an open gzip file, in one buffer: sized from the gzip trailer
-    (ISIZE) when that is plausible, so a 1 GiB trace needs 1 GiB, not a list of chunks plus
-    their join; grown chunk by chunk otherwise, refused beyond MAX_TRACE_BYTES."""
+    """The decompressed bytes of an open gzip file, in one buffer grown as the data arrives: the
+    gzip trailer's size (ISIZE) only sets the first block (up to _CHUNK), so a trailer that lies
+    costs nothing; each block is filled in place (no list of chunks and their join) and the
+    inflation is checked before every growth (refused beyond MAX_TRACE_BYTES, or as a bomb)."""
     size = os.fstat(fh.fileno()).st_size
     fh.seek(-4, os.SEEK_END)
     hint = int.from_bytes(fh.read(4), "little")
     fh.seek(0)
     # JSON compresses up to ~30x: a larger claimed ratio is a bomb or a wrapped size, not a plan
-    buf = bytearray(hint if 0 < hint <= min(64 * size, MAX_TRACE_BYTES) else 0)
-    view = memoryview(buf)
+    first = hint if 0 < hint <= 64 * size else 4 * size
+    buf = bytearray(min(max(first, 1 << 16), _CHUNK))
     n = 0
     with gzip.open(fh) as gz:
-        while n < len(buf):
-            k = gz.readinto(view[n:])
+        while True:
+            with memoryview(buf) as view:
+                k = gz.readinto(view[n:])
             if not k:
                 break
             n += k
-        view.release()
-        del buf[n:]
-        while chunk := gz.read(_CHUNK):  # more than the trailer said (several members, a size above 4 GiB)
-            _check_inflation(path, fh, len(buf) + len(chunk))
-            buf += chunk
+            if n == len(buf):  # full: is there more? (a truthful trailer ends here, with one empty read)
+                more = gz.read(min(max(len(buf), 1 << 20), _CHUNK))
+                if not more:
+                    break
+                _check_inflation(path, fh, n + len(more))
+                buf += more  # grown in place where the allocator can (large blocks are remapped, not copied)
+                n += len(more)
+                buf += bytes(min(max(len(buf) // 4, 1 << 20), _CHUNK))  # room for the next block, filled in place
+    del buf[n:]
     return buf
 
 
@@ -408,6 +471,21 @@ def _decode(path: Path, raw: bytes | bytearray) -> object:
         raise TraceError(path, f"{hint} ({exc})") from None
 
 
+def _decode_one(raw: bytes | bytearray) -> object | None:
+    """One object of a trace the scanner already validated (an event, the metadata around the
+    events): orjson, else the standard library, which keeps what orjson refuses (a lone UTF-16
+    surrogate, ``"\\ud800"``, that some profilers write in names); None if neither can (nesting
+    deeper than either parser goes)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(bytes(raw).decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+
+
 def read_json(path: Path) -> object:
     """Read and decode a .json or .json.gz file, raising TraceError with the problem named."""
     return _decode(path, read_bytes(path))
@@ -415,19 +493,45 @@ def read_json(path: Path) -> object:
 
 def rank_of(doc: dict, path: Path, default: int | None) -> int:
     """Rank from distributedInfo.rank, else from a file name like rank-3.json.gz, else from a
-    folder named like rank3 or 3 that holds the file."""
+    folder named like rank3 or 3 that holds the file. A rank is an integer in [0, MAX_RANK):
+    anything else (negative, or beyond any job) is a TraceError, not a rank read another way."""
     info = doc.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
+    if isinstance(info, dict) and info.get("rank") is not None:
+        r = info["rank"]
+        if isinstance(r, str) and r.isascii() and r.isdigit():
+            return _valid_rank(path, r, "distributedInfo.rank")
+        if not isinstance(r, int) or isinstance(r, bool):  # a float beyond int64 (orjson's reading of 2**70), true, "one"
+            raise TraceError(path, f"distributedInfo.rank is {str(r)[:40]!r}, not an integer rank")
+        return _valid_rank(path, r, "distributedInfo.rank")
     m = RANK_IN_NAME.search(path.name)
     if m:
-        return int(m.group(1))
+        return _valid_rank(path, m.group(1), "the rank in the file name")
     m = _RANK_FOLDER.fullmatch(path.parent.name)  # one subfolder per rank: rank3/trace.json, 3/trace.json
     if m:
-        return int(m.group(1))
+        return _valid_rank(path, m.group(1), "the rank in the folder name")
     if default is not None:
         return default
     raise TraceError(path, "cannot tell the rank: no distributedInfo.rank and no rank-N in the file name")
+
+
+def _valid_rank(path: Path, value: int | str, what: str) -> int:
+    """``value`` as a rank; TraceError naming the file unless it is in [0, MAX_RANK)."""
+    if isinstance(value, str):  # digits: a thousand of them would still convert, slowly
+        value = int(value) if len(value) <= 12 else MAX_RANK
+    if not 0 <= value < MAX_RANK:
+        shown = str(value) if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+        raise TraceError(path, f"{what} is {shown}: a rank is an integer from 0 to {MAX_RANK - 1:,}")
+    return value
+
+
+def _step_number(name: str) -> int | None:
+    """N of a ProfilerStep#N name (ASCII digits only); -1 for a number beyond MAX_STEP; None if
+    the name is not a step marker."""
+    digits = name[len(F.STEP_PREFIX) :]
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    number = int(digits) if len(digits) <= 12 else -1
+    return number if 0 <= number <= MAX_STEP else -1
 
 
 def _first(args: dict, keys: tuple[str, ...]) -> object:
@@ -559,12 +663,21 @@ class _Builder:
         if len(missing):
             i = int(missing[0])
             raise TraceError(path, f"event at byte {int(ev['obj_lo'][i])} has no numeric ts or no name")
-        # an event a week away from the rest (or lasting a week) is a corrupt record: kept, it would
-        # stretch every window and cost the float64 times their sub-µs resolution
+        # an event a week away from the rest (or lasting a week, or stamped beyond the µs float64
+        # counts exactly) is a corrupt record: kept, it would stretch every window and cost the
+        # float64 times their sub-µs resolution. (The scanner reads an integer beyond int64 as a
+        # float, so 2**64 + 20000 is that, not 20000.)
         ts_abs = ev["ts_i"][x].astype(np.float64) + ev["ts_f"][x]
         med = float(np.median(ts_abs))
         far = ~(np.abs(ts_abs - med) <= MAX_SPAN_US) | ~(ev["dur_i"][x].astype(np.float64) + ev["dur_f"][x] <= MAX_SPAN_US)
-        if far.any() and not far.all():
+        far |= ~(np.abs(ts_abs) < MAX_TS_US)
+        if far.all():
+            raise TraceError(
+                path,
+                "every op event lasts more than a week, lies more than a week from the others or has a timestamp beyond "
+                "2**53 µs: these are not a profiler's times",
+            )
+        if far.any():
             self.notes.append(f"{path}: {int(far.sum())} events more than a week from the rest of the trace (or lasting a week) dropped")
             x = x[~far]
             fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
@@ -606,14 +719,17 @@ class _Builder:
         tid = self._ids(ev.pop("tid")[x], ev.pop("tid_str")[x])
         xcls = cls[x].astype(np.int8)
         # ProfilerStep#N spans are step markers, not ops
-        step_codes = np.array(
-            [k for k, n in enumerate(names) if n.startswith(F.STEP_PREFIX) and n[len(F.STEP_PREFIX) :].isdigit()], dtype=np.int64
-        )
+        marked = {k: _step_number(n) for k, n in enumerate(names) if n.startswith(F.STEP_PREFIX)}
+        numbers = {k: v for k, v in marked.items() if v is not None}
+        step_codes = np.array([k for k, v in numbers.items() if v >= 0], dtype=np.int64)
         is_step = np.isin(code, step_codes) & (xcls == EvClass.CPU)
+        absurd = np.isin(code, [k for k, v in numbers.items() if v < 0])
+        if absurd.any():  # a marker with a number no step counter reaches: dropped, not read as a step
+            self.notes.append(f"{path}: {int(absurd.sum())} ProfilerStep markers numbered beyond {MAX_STEP:,} dropped")
         for i in np.flatnonzero(is_step).tolist():
-            number = int(names[code[i]][len(F.STEP_PREFIX) :])
+            number = numbers[int(code[i])]
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
-        keep = ~is_step
+        keep = ~is_step & ~absurd
         dup = _duplicates(pid, tid, ts, dur, code, xcls, raw, ev["obj_lo"][x], ev["obj_hi"][x])
         _give_back(raw)
         if dup.any():
@@ -640,18 +756,23 @@ class _Builder:
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
+        unread = 0
         for j, r in enumerate(full.tolist()):
             e = rows[r]
             if j % RELEASE_EVERY == RELEASE_EVERY - 1:  # in file order: the pages behind are done with
                 _give_back(raw, int(ev["obj_lo"][e]))
-            obj = _decode(path, raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
+            obj = _decode_one(raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
             args = obj.get("args") if isinstance(obj, dict) else None
+            if obj is None:
+                unread += 1
             if not isinstance(args, dict):
                 continue
             if part["cls"][r] == EvClass.GPU_SYNC:
                 self._sync_args(sparse, r, names[part["name"][r]], args)
             if comm[part["name"][r]]:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
+        if unread:
+            self.notes.append(f"{path}: the args of {unread} collective or sync events are nested too deep to read; read without them")
         for col, (idx, vals) in sparse.items():
             dtype = _SPARSE_DTYPE.get(col, np.int64)
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
@@ -745,7 +866,7 @@ class _Builder:
         idx = np.array(named, dtype=np.int64)
         pids, tids = self._ids(ev["pid"][idx], ev["pid_str"][idx]), self._ids(ev["tid"][idx], ev["tid_str"][idx])
         for i, pid, tid in zip(named, pids.tolist(), tids.tolist()):
-            obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
+            obj = _decode_one(raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])  # (a name it cannot read: the thread goes unnamed)
             args = obj.get("args") if isinstance(obj, dict) else None
             name = args.get("name") if isinstance(args, dict) else None
             if isinstance(name, str) and name.strip():
@@ -871,7 +992,7 @@ class _Merger:
         pg_remap = np.array([self.pg_codes.setdefault(k, len(self.pg_codes)) for k in b.pg_codes], dtype=np.int32)
         shift = float(b.base - self.base)
         # the first file's bytes size the columns (rows per byte); later files only fill them
-        size = Path(b.path).stat().st_size if not self.cols and b.path and Path(b.path).exists() else 1
+        size = (_size(Path(b.path)) or 1) if not self.cols and b.path else 1
 
         def merged(k: str, v: np.ndarray) -> np.ndarray:
             """A file's column in the merged table's codes and clock."""
@@ -926,24 +1047,61 @@ class _Merger:
 
 
 def trace_files(path: str | Path) -> list[Path]:
-    """The trace files a path names: the file itself, or every *.json[.gz] in a folder."""
+    """The trace files a path names: the file itself, or every *.json[.gz] in a folder (or, if it
+    has none, in each of its subfolders). Every entry with a trace's name counts, whatever it is:
+    a link to nothing, a link loop or a device named like a rank fails when read, with its name,
+    instead of the job being analysed as one rank fewer; a folder that cannot be listed too."""
     p = Path(path)
-    if not p.exists():
-        raise TraceError(p, "no such file or folder")
-    if p.is_file():
+    mode = _mode(p)
+    if mode is None:
+        raise TraceError(p, "no such file or folder" + (" (a link to nothing)" if p.is_symlink() else ""))
+    if stat.S_ISREG(mode):
         return [p]
-    if not p.is_dir():
+    if not stat.S_ISDIR(mode):
         raise TraceError(p, "is not a regular file or folder (a FIFO, device or socket); pass a trace file or a folder of them")
-    files = _json_files(p)
+    entries = _listed(p)
+    files = _json_files(entries)
     if not files:  # one subfolder per rank (rank0/, rank1/, ... or 0/, 1/, ...)
-        files = [f for sub in sorted(d for d in p.iterdir() if d.is_dir()) for f in _json_files(sub)]
+        subs = [d for d in entries if (m := _mode(d, quiet=True)) is not None and stat.S_ISDIR(m)]
+        files = [f for sub in subs for f in _json_files(_listed(sub))]
     if not files:
         raise TraceError(p, "folder holds no .json or .json.gz trace files (nor do its subfolders)")
     return files
 
 
-def _json_files(folder: Path) -> list[Path]:
-    return sorted(f for f in folder.iterdir() if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
+def _mode(p: Path, quiet: bool = False) -> int | None:
+    """st_mode of ``p`` (links followed); None if it does not exist or is a link to nothing or a
+    link loop; other errors (a name too long, no permission) a TraceError unless ``quiet``."""
+    try:
+        return os.stat(p).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:  # a link loop, a name too long, no permission
+        if quiet:
+            return None
+        raise TraceError(p, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _listed(folder: Path) -> list[Path]:
+    """The entries of a folder, sorted; TraceError naming it if it cannot be listed."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError as exc:
+        raise TraceError(folder, f"cannot list the folder ({exc.strerror or exc})") from None
+
+
+def _json_files(entries: list[Path]) -> list[Path]:
+    """The entries named like traces that are not folders."""
+    named = [f for f in entries if f.name.endswith((".json", ".json.gz"))]
+    return [f for f in named if (m := _mode(f, quiet=True)) is None or not stat.S_ISDIR(m)]
+
+
+def _size(p: Path) -> int:
+    """Bytes of a file on disk, 0 if it cannot be told (reading it says why)."""
+    try:
+        return os.stat(p).st_size
+    except OSError:
+        return 0
 
 
 class NotATrace(TraceError):
@@ -988,7 +1146,9 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
     if not len(ev["ph"]):
         raise TraceError(path, "trace holds no events")
-    meta_doc = _decode(path, raw[:lo] + b"[]" + raw[hi:]) if is_object else {}
+    meta_doc = _decode_one(raw[:lo] + b"[]" + raw[hi:]) if is_object else {}
+    if meta_doc is None:
+        raise TraceError(path, "the trace's metadata around its events is not JSON this tool can read (nested too deep)")
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
     rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
@@ -1015,13 +1175,14 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
     single = len(files) == 1
     if engine is None or isinstance(engine, LocalEngine) or single:
         if workers is None:
-            big = sum(f.stat().st_size for f in files) > PARALLEL_BYTES
+            big = sum(map(_size, files)) > PARALLEL_BYTES
             workers = min(len(files), os.cpu_count() or 1) if big else 1
         engine = LocalEngine(workers)
-    merger = _Merger(sum(f.stat().st_size for f in files))
+    merger = _Merger(sum(map(_size, files)))
     skipped: list[NotATrace] = []
     seen: dict[int, list[tuple[float, float, set[int], str]]] = {}  # per rank and file: first and last µs (absolute), steps, path
-    for b in engine.imap(_parse_task, files, shared=single):  # in file order, merged as they arrive
+    tasks = files if isinstance(engine, LocalEngine) else [f.absolute() for f in files]  # (a worker's folder is not ours)
+    for b in engine.imap(_parse_task, tasks, shared=single):  # in file order, merged as they arrive
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.atomic import atomic_path
-from bottleneck_oracle.errors import GraphError
+from bottleneck_oracle.atomic import atomic_path, uninterrupted
+from bottleneck_oracle.errors import GraphError, OracleError
+from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps
 from bottleneck_oracle.graph_pipeline.regions import empty_regions
 from bottleneck_oracle.graph_pipeline.schema import (
@@ -22,6 +23,8 @@ from bottleneck_oracle.graph_pipeline.schema import (
     EdgeKind,
     NodeType,
 )
+
+MAX_GRAPH_BYTES = 16 * 2**30  # what a saved graph's arrays may declare (a 4096-rank step's take a few GiB)
 
 
 @dataclass(slots=True)
@@ -133,7 +136,7 @@ class ExecutionGraph:
             "meta": self.meta,
         }
         arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh, uninterrupted():  # (a signal: raised once the archive is closed)
             if compress:
                 np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stubs take a ** key for allow_pickle
             else:
@@ -141,6 +144,10 @@ class ExecutionGraph:
 
     @classmethod
     def load(cls, path: str | Path) -> ExecutionGraph:
+        try:
+            check_archive(path, "saved ExecutionGraph", max_bytes=MAX_GRAPH_BYTES)
+        except OracleError as exc:
+            raise GraphError(str(exc)) from None
         try:
             with np.load(path, allow_pickle=False) as z:
                 data = {k: z[k] for k in z.files}

@@ -27,14 +27,16 @@ FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 
 # error codes
-OK, BAD_JSON, TRUNCATED, NOT_NUMBER, TOO_MANY, NOT_OBJECT = 0, 1, 2, 3, 4, 5
+OK, BAD_JSON, TRUNCATED, NOT_NUMBER, TOO_MANY, NOT_OBJECT, OUT_OF_RANGE = 0, 1, 2, 3, 4, 5, 6
 ERRORS = {
     BAD_JSON: "not valid JSON",
     TRUNCATED: "truncated JSON (the file ends inside the events)",
     NOT_NUMBER: "an event has a non-numeric ts, dur, pid, tid or id",
     TOO_MANY: "more events than the scanner allotted",
     NOT_OBJECT: "traceEvents holds an element that is not an object",
+    OUT_OF_RANGE: "an event has a pid, tid or id beyond the 64-bit integer range",
 }
+INT_LIMIT = 9.2e18  # a number whose magnitude reaches this is no 64-bit integer id
 
 # event keys and hot args, by hash of their bytes (the field contract: fields.py)
 _KEYS = F.EVENT_KEYS
@@ -121,15 +123,25 @@ def _skip(buf, i, n):
 
 @numba.njit(cache=True, nogil=True)
 def _number(buf, i, n):
-    """Parse a JSON number: (index after, integer part, fraction incl. exponent, ok)."""
+    """Parse a JSON number: (index after, integer part, fraction incl. exponent, ok). An integer
+    part beyond int64 is read as a float into the fraction (integer part 0), never wrapped."""
     neg = False
     if i < n and buf[i] == 45:
         neg = True
         i += 1
     start = i
     ip = np.int64(0)
+    big = 0.0
+    over = False
     while i < n and 48 <= buf[i] <= 57:
-        ip = ip * 10 + (buf[i] - 48)
+        if over:
+            big = big * 10.0 + (buf[i] - 48)
+        elif ip > 922337203685477579:  # (2**63 - 1 - 9) // 10: one more digit may not fit
+            over = True
+            big = float(ip) * 10.0 + (buf[i] - 48)
+            ip = np.int64(0)
+        else:
+            ip = ip * 10 + (buf[i] - 48)
         i += 1
     if i == start:
         return i, np.int64(0), 0.0, False
@@ -151,9 +163,12 @@ def _number(buf, i, n):
         while i < n and 48 <= buf[i] <= 57:
             e = e * 10 + (buf[i] - 48)
             i += 1
-        value = (ip + frac) * 10.0 ** (-e if eneg else e)
+        value = (ip + big + frac) * 10.0 ** (-e if eneg else e)
         ip = np.int64(0)
         frac = value
+    elif over:
+        ip = np.int64(0)
+        frac += big
     if neg:
         return i, -ip, -frac, True
     return i, ip, frac, True
@@ -319,6 +334,8 @@ def scan_events(
                             j = _skip(buf, i, hi)
                         else:
                             err = NOT_NUMBER
+                    elif key != 5 and key != 6 and not -INT_LIMIT < fp < INT_LIMIT:
+                        err = OUT_OF_RANGE
                     elif key == 3:
                         pid[k] = ip
                     elif key == 4:
@@ -352,7 +369,9 @@ def scan_events(
                         a = _lookup(arg_hash, h2)
                         if a >= 0 and (buf[i] == 45 or 48 <= buf[i] <= 57):
                             j, ip, fp, ok = _number(buf, i, hi)
-                            if a == 0:
+                            if not -INT_LIMIT < fp < INT_LIMIT:  # beyond int64: unknown (-1), not wrapped
+                                pass
+                            elif a == 0:
                                 corr[k] = ip
                             elif a == 1:
                                 ext[k] = ip

@@ -9,7 +9,8 @@ that drips one byte at a time cannot hang the command: a watchdog closes the soc
 passes), the reply is bounded in size and in JSON nesting depth before it is parsed, and a 429
 or 5xx answer is retried once after a short backoff. Redirects are never followed (a 3xx is an
 error): the request carries the API key, which must not reach another host. The key is checked
-before it is sent and never appears in a message.
+before it is sent and never appears in a message, nor in a reply shown (a server that echoes it
+back gets ``***`` printed).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import urllib.parse
 from typing import Any
 
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.inert import UNSAFE, plain
 
 MAX_REPLY_BYTES = 1_000_000
 MAX_DEPTH = 64  # JSON nesting the parser is given (a 100k-deep reply would exhaust Python's recursion)
@@ -82,7 +84,7 @@ class _Retry(Exception):
 class ChatClient:
     def __init__(self, base_url: str, model: str, key_env: str = "OPENAI_API_KEY", timeout_s: float = 120.0) -> None:
         """``timeout_s``: the total deadline of one request (connect, send, headers, every byte of the reply)."""
-        shown = _plain(base_url)
+        shown = plain(base_url)
         try:
             parts = urllib.parse.urlsplit(base_url)
             port = parts.port  # ValueError on a port that is not a number in range
@@ -92,8 +94,8 @@ class ChatClient:
             raise OracleError(f"--llm-base-url must be an http(s) URL with a host (found {shown})")
         if parts.username or parts.password:
             raise OracleError("--llm-base-url: put the API key in the environment variable (--llm-key-env), not in the URL")
-        if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in base_url):
-            raise OracleError(f"--llm-base-url: the URL holds spaces or control characters ({shown})")
+        if any(c.isspace() for c in base_url) or UNSAFE.search(base_url):
+            raise OracleError(f"--llm-base-url: the URL holds spaces, control or formatting characters ({shown})")
         self.scheme, self.host = parts.scheme, parts.hostname
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.path = parts.path.rstrip("/") + "/chat/completions"
@@ -133,11 +135,11 @@ class ChatClient:
             raise self._error("not a chat-completions reply") from None
         if not isinstance(content, str):
             raise self._error("the reply's message content is not text")
-        return content
+        return content.replace(self.key, "***") if len(self.key) >= 8 else content  # a server echoing the key back does not get it shown
 
     def _error(self, problem: str) -> OracleError:
         """One line naming the server; the key never appears in it."""
-        msg = f"{_plain(self.base_url)}: {problem}"
+        msg = f"{plain(self.base_url)}: {problem}"
         return OracleError(msg.replace(self.key, "***") if self.key else msg)
 
     def _post(self, body: bytes, headers: dict[str, str]) -> bytes:
@@ -170,15 +172,15 @@ class ChatClient:
             conn.request("POST", self.path, body=body, headers=headers)
             resp = conn.getresponse()
             if 300 <= resp.status < 400:
-                where = _plain(resp.getheader("Location") or "nowhere")[:200]
+                where = plain(resp.getheader("Location") or "nowhere")[:200]
                 raise self._error(
                     f"the LLM server answered HTTP {resp.status}, a redirect to {where}; redirects are not followed "
                     "(the request carries the API key): give the final URL as --llm-base-url"
                 )
             if resp.status == 429 or resp.status >= 500:
-                raise _Retry(resp.status, _plain(resp.reason)[:200])
+                raise _Retry(resp.status, plain(resp.reason)[:200])
             if resp.status != 200:
-                raise self._error(f"the LLM server answered HTTP {resp.status} ({_plain(resp.reason)[:200]})")
+                raise self._error(f"the LLM server answered HTTP {resp.status} ({plain(resp.reason)[:200]})")
             length = resp.getheader("Content-Length")
             if length is not None and length.strip().isdigit() and int(length) > MAX_REPLY_BYTES:
                 raise self._error(f"the LLM reply is larger than {MAX_REPLY_BYTES} bytes")
@@ -193,8 +195,9 @@ class ChatClient:
                     raise self._error(f"the LLM reply is larger than {MAX_REPLY_BYTES} bytes")
             if expired.is_set():
                 raise TimeoutError
-            if length is not None and length.strip().isdigit() and total != int(length):
-                raise self._error(f"the LLM reply ended after {total} of the {int(length)} bytes it announced")
+            declared = int(length) if length is not None and length.strip().isdigit() else None
+            if declared is not None and total < declared:  # (read1 can end at the hang-up without saying so)
+                raise self._error(f"the LLM reply ended early ({total} of the {declared} bytes it declared)")
             return b"".join(chunks)
         except (OracleError, _Retry):
             raise
@@ -203,15 +206,10 @@ class ChatClient:
         except (http.client.HTTPException, OSError, ValueError, UnicodeError) as exc:
             if expired.is_set():
                 raise self._error(f"no complete reply within {self.timeout:g} s") from None
-            detail = f"{type(exc).__name__}: {_plain(str(exc))[:200]}"
+            detail = f"{type(exc).__name__}: {plain(str(exc))[:200]}"
             if isinstance(exc, (http.client.HTTPException, ValueError, UnicodeError)):
                 raise self._error(f"the LLM server's reply is not valid HTTP ({detail})") from None
             raise self._error(f"cannot reach the LLM server ({detail})") from None
         finally:
             watchdog.cancel()
             conn.close()
-
-
-def _plain(text: str) -> str:
-    """Text from a server or a user, safe for one terminal line: control characters replaced."""
-    return "".join(c if c.isprintable() else "\ufffd" for c in str(text))

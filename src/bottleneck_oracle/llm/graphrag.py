@@ -308,6 +308,7 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
                 remedy=recipe.remedy if recipe else "",
                 edits=list(edits),
                 references=list(recipe.references) if recipe else [],
+                explanation_by="llm",
             )  # fmt: skip
         )
     return out, problems

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from bottleneck_oracle.errors import OracleError
-from bottleneck_oracle.files import read_text
+from bottleneck_oracle.files import read_yaml
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 FIELDS = ("id", "title", "when", "keywords", "explanation", "remedy", "assumes", "edits", "references")
@@ -48,21 +46,24 @@ def tokens(text: str) -> list[str]:
 def load_recipes(path: str | Path | None = None) -> list[Recipe]:
     """The shipped knowledge base (llm/recipes.yaml), or another file in the same format."""
     p = Path(path) if path else Path(str(resources.files("bottleneck_oracle.llm") / "recipes.yaml"))
-    try:
-        raw = yaml.safe_load(read_text(p, "recipe file"))
-    except yaml.YAMLError as exc:
-        raise OracleError(f"{p}: cannot read the recipe file ({exc.__class__.__name__})") from None
+    raw = read_yaml(p, "recipe file")
     if not isinstance(raw, list):
         raise OracleError(f"{p}: expected a list of recipes")
     out = []
     for i, r in enumerate(raw):
         if not isinstance(r, dict) or set(r) - set(FIELDS) or not {"id", "title", "when", "edits", "remedy"} <= set(r):
             raise OracleError(f"{p}: recipe {i + 1} must have id, title, when, edits, remedy (and only {', '.join(FIELDS)})")
+        if not isinstance(r["when"], dict) or not isinstance(r["edits"], list) or not isinstance(r.get("references", []), list):
+            raise OracleError(f"{p}: recipe {i + 1}: when must be a mapping, edits and references lists")
+        try:
+            when = {str(k): float(v) for k, v in r["when"].items()}
+        except (TypeError, ValueError):
+            raise OracleError(f"{p}: recipe {i + 1}: every threshold under when must be a number") from None
         out.append(
             Recipe(
                 id=str(r["id"]),
                 title=str(r["title"]),
-                when={str(k): float(v) for k, v in r["when"].items()},
+                when=when,
                 keywords=str(r.get("keywords", "")),
                 explanation=str(r.get("explanation", "")),
                 remedy=str(r["remedy"]),

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.atomic import atomic_path
+from bottleneck_oracle.atomic import atomic_path, uninterrupted
 from bottleneck_oracle.errors import OracleError, first_line
+from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.models.gat_numpy import GRAPH_COLUMNS, GATConfig
 from bottleneck_oracle.models.hetero import COMPUTE_COLUMNS, FEATURE_VERSION, NETWORK_COLUMNS, feature_schema
 
@@ -50,6 +51,8 @@ def safe_load(path: Path, what: str) -> object:
     is run; a file that is not that is one OracleError naming it (torch raises many types)."""
     import torch
 
+    if zipfile.is_zipfile(path):  # (anything else: torch says what it is below)
+        check_archive(path, what)  # torch inflates what its members declare before it checks a thing
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
@@ -200,7 +203,7 @@ def write_companion(path: str | Path, ckpt: dict | None = None) -> Path:
         chunks.append(data + bytes(-len(data) % ALIGN))
         offset += len(data) + -len(data) % ALIGN
     out = companion_path(path)
-    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+    with atomic_path(out) as tmp, open(tmp, "wb") as f, uninterrupted():
         np.savez(f, meta=np.array(json.dumps(meta)), arrays=np.frombuffer(b"".join(chunks), dtype=np.uint8))
     return out
 
@@ -229,6 +232,7 @@ def _read_companion(path: Path, source: Path | None = None) -> dict | None:
     ``source`` (a stale companion); OracleError if it is not one, or not for this version."""
     if not zipfile.is_zipfile(path):
         raise OracleError(f"{path}: not a readable inference file (not an .npz archive)")
+    check_archive(path, "inference file")
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"][()]))

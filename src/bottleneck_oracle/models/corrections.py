@@ -33,6 +33,7 @@ import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 from bottleneck_oracle.models.gat_numpy import ConvWeights, _elu, _layer_norm, _linear, _segments, gat_conv
@@ -315,6 +316,8 @@ def load_corrections(path: str | Path | None = None) -> Corrections | GraphCorre
     """A saved ``Corrections`` or ``GraphCorrections`` (the bundled one by default); OracleError
     (one line) if the file is not one."""
     path = Path(path) if path is not None else pretrained_corrections()
+    if path.is_file():
+        check_archive(path, "corrections file")
     try:
         with np.load(path, allow_pickle=False) as z:
             if tuple(str(s) for s in z["features"]) != FEATURES:

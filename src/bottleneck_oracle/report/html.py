@@ -1,13 +1,14 @@
 """Self-contained HTML report: the tables of report.tables and interactive plotly figures (the
 plotly.js library is inlined once: nothing is fetched when the report is opened). Every trace
-string is escaped; figures get their names as escaped text.
+string goes through ``bottleneck_oracle.inert``: ``html_text`` in the page, ``plotly_text`` in the figures'
+lane labels and hover texts (plotly renders a subset of HTML tags there: a thread named
+``<a href=...>`` was a link in every lane).
 
 Needs the ``report`` extra (plotly): ``pip install 'bottleneck-oracle[report]'``.
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.inert import html_text, plotly_text
 from bottleneck_oracle.report import tables
 from bottleneck_oracle.report.tables import TableModel, fmt
 
@@ -42,20 +44,18 @@ def _figure(fig) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG)
 
 
-def _esc(s: str) -> str:
-    return html.escape(s, quote=True)
-
-
 def _table(t: TableModel) -> str:
-    head = "".join(f"<th>{_esc(c.header)}</th>" for c in t.columns)
+    head = "".join(f"<th>{html_text(c.header)}</th>" for c in t.columns)
     body = "".join(
         "<tr>"
-        + "".join(f"<td class='{'num' if c.kind in tables.NUMERIC else ''}'>{_esc(fmt(v, c.kind))}</td>" for v, c in zip(row, t.columns))
+        + "".join(
+            f"<td class='{'num' if c.kind in tables.NUMERIC else ''}'>{html_text(fmt(v, c.kind))}</td>" for v, c in zip(row, t.columns)
+        )
         + "</tr>"
         for row in t.rows
     )
-    caption = f"<caption>{_esc(t.caption)}</caption>" if t.caption else ""
-    return f"<h3>{_esc(t.title)}</h3><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    caption = f"<caption>{html_text(t.caption)}</caption>" if t.caption else ""
+    return f"<h3>{html_text(t.title)}</h3><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _lanes(a: StepAnalysis, nodes: np.ndarray) -> tuple[list[tuple], dict[tuple, str]]:
@@ -63,7 +63,9 @@ def _lanes(a: StepAnalysis, nodes: np.ndarray) -> tuple[list[tuple], dict[tuple,
     n = g.nodes
     names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
     lanes = sorted({(int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["tid"][i])) for i in nodes.tolist()})
-    label = {k: f"rank {k[0]} · {names[k[1]].get(f'{k[0]}:{k[2]}', ('stream ' if k[1] else 'thread ') + str(k[2]))}" for k in lanes}
+    label = {
+        k: plotly_text(f"rank {k[0]} · {names[k[1]].get(f'{k[0]}:{k[2]}', ('stream ' if k[1] else 'thread ') + str(k[2]))}") for k in lanes
+    }
     return lanes, label
 
 
@@ -98,19 +100,19 @@ def timeline(a: StepAnalysis) -> str:
     wait = n["mstart"][real] - n["start"][real]
     waiting = real[wait > 0]
     bars("waiting (blocking op)", "#f2cf8a", [key(i) for i in waiting], n["start"][waiting], wait[wait > 0],
-         [_esc(f"{g.node_name(i)}: waited {fmt(w, 'ms')} ms") for i, w in zip(waiting.tolist(), wait[wait > 0])])  # fmt: skip
+         [plotly_text(f"{g.node_name(i)}: waited {fmt(w, 'ms')} ms") for i, w in zip(waiting.tolist(), wait[wait > 0])])  # fmt: skip
     for is_crit, name, color in ((False, "ops", "#9aa5b1"), (True, "critical path: ops", "#d62728")):
         sel = real[crit[real] == is_crit]
         bars(name, color, [key(i) for i in sel], n["mstart"][sel], n["mdur"][sel],
-             [_esc(f"{g.node_name(i)} · {fmt(d, 'ms')} ms · slack {fmt(s, 'ms')} ms") for i, d, s in zip(sel.tolist(), n["mdur"][sel], r.slack[sel])])  # fmt: skip
+             [plotly_text(f"{g.node_name(i)} · {fmt(d, 'ms')} ms · slack {fmt(s, 'ms')} ms") for i, d, s in zip(sel.tolist(), n["mdur"][sel], r.slack[sel])])  # fmt: skip
     for kind, color in _SEGMENT_COLORS.items():
         segs = [s for s in a.segments() if s.kind == kind and (s.rank, s.on_gpu, s.tid) in label]
         bars(f"critical path: {kind}", color, [(s.rank, s.on_gpu, s.tid) for s in segs], [s.start for s in segs], [s.dur for s in segs],
-             [_esc(f"{kind}: {s.name} · {fmt(s.dur, 'ms')} ms" + (f" · waited for {g.node_name(s.cause)}" if s.cause >= 0 else "")) for s in segs],
+             [plotly_text(f"{kind}: {s.name} · {fmt(s.dur, 'ms')} ms" + (f" · waited for {g.node_name(s.cause)}" if s.cause >= 0 else "")) for s in segs],
              width=0.35)  # fmt: skip
     step = g.step if g.step is not None else "(whole trace)"
     fig.update_layout(
-        title=_esc(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"), barmode="overlay",
+        title=plotly_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"), barmode="overlay",
         xaxis_title="time from step start (ms)", height=160 + 34 * len(lanes), margin={"l": 10, "r": 10, "t": 90, "b": 40},
         yaxis={"categoryorder": "array", "categoryarray": [label[k] for k in reversed(lanes)], "automargin": True},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0}, hoverlabel={"namelength": -1},
@@ -148,7 +150,7 @@ def _extras(x: StepAdvice) -> list[str]:
         parts.append("<h3>Blame: what restoring each op to its typical duration saves</h3>")
         parts.append(
             f"<p>Restoring everything: {b.restored_makespan / 1000:.3f} ms, {b.excess / 1000:.3f} ms to explain "
-            f"(typical durations from {_esc(x.references)}).</p>"
+            f"(typical durations from {html_text(x.references)}).</p>"
         )
         t = TableModel("Culprits", [tables.Column("op", "name"), tables.Column("rank", "int"), tables.Column("duration (ms)", "ms"),
                                     tables.Column("typical (ms)", "ms"), tables.Column("typical from"), tables.Column("saving (ms)", "ms"),
@@ -168,7 +170,7 @@ def _extras(x: StepAdvice) -> list[str]:
     if regions is not None:
         parts.append(_table(regions))
     a = x.advice
-    parts.append(f"<h3>Advice ({_esc(a.generator)}; every suggestion replayed)</h3>")
+    parts.append(f"<h3>Advice ({html_text(a.generator)}; every suggestion replayed)</h3>")
     if not a.suggestions:
         parts.append("<p>No suggestion survived validation.</p>")
     t = TableModel("Suggestions", [tables.Column("suggestion"), tables.Column("why"), tables.Column("remedy"), tables.Column("what-if edit"),
@@ -180,7 +182,12 @@ def _extras(x: StepAdvice) -> list[str]:
             else ", ".join(f"{v} {t_ / 1000:.3f}" for v, t_ in sug.model_saving_us.items() if t_ is not None)
         )
         words = "; ".join(f"{w} ({e})" for w, e in zip(sug.edits_in_words or sug.edits, sug.edits))
-        t.rows.append([sug.title, sug.explanation, sug.remedy, words, sug.replay_saving_us, model])
+        why = (
+            f"[LLM text, not verified: only the what-if edit was replayed] {sug.explanation}"
+            if sug.explanation_by == "llm"
+            else sug.explanation
+        )
+        t.rows.append([sug.title, why, sug.remedy, words, sug.replay_saving_us, model])
     if t.rows:
         parts.append(_table(t))
     return parts
@@ -206,11 +213,11 @@ def render(
         run = run_answer(analyses, source)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>BottleneckOracle report: {_esc(source)}</title>",
+        f"<title>BottleneckOracle report: {html_text(source)}</title>",
         f"<style>{_STYLE}</style>",
         f"<script type='text/javascript'>{offline.get_plotlyjs()}</script></head><body>",
-        f"<h1>BottleneckOracle report</h1><p>Input: <code>{_esc(source)}</code> · version {__version__}</p>",
-        "<h2>The run</h2><ul class='run'>" + "".join(f"<li>{_esc(line.strip())}</li>" for line in run.lines()) + "</ul>",
+        f"<h1>BottleneckOracle report</h1><p>Input: <code>{html_text(source)}</code> · version {__version__}</p>",
+        "<h2>The run</h2><ul class='run'>" + "".join(f"<li>{html_text(line.strip())}</li>" for line in run.lines()) + "</ul>",
         "<h2>Steps</h2>",
         _table(tables.steps_table(analyses)),
         breakdown_plot(analyses),
@@ -225,10 +232,10 @@ def render(
         )
     for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
-        parts.append(f"<h2>Step {_esc(str(label))}</h2>")
+        parts.append(f"<h2>Step {html_text(str(label))}</h2>")
         for w in a.warnings():
             if w:
-                parts.append(f"<p class='warn'>{_esc(w)}</p>")
+                parts.append(f"<p class='warn'>{html_text(w)}</p>")
         parts.append(timeline(a))
         parts.append(_table(tables.top_ops_table(a, top)))
         for t in (tables.families_table(a), tables.comm_table(a), tables.overlap_table(a), tables.ranks_table(a)):

@@ -9,23 +9,14 @@ row's key column. Trace strings are printed as plain text, never as Rich markup.
 from __future__ import annotations
 
 import os
-import re
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bottleneck_oracle.inert import plain
 from bottleneck_oracle.report.tables import NUMERIC, TableModel, fmt, shorten
-
-CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def plain(text: object) -> str:
-    """A string from a trace, a path or an LLM reply as inert terminal text: control characters
-    (ESC sequences that recolour or rewrite the terminal, C1 codes) shown as \\xNN escapes."""
-    return CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-
 
 NAME_MIN = 16  # characters a name column keeps at least
 NAME_SHARE = 0.35  # and, if its names are that long, this share of the width
