@@ -15,11 +15,13 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import click
 import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from bottleneck_oracle import __version__, api
 from bottleneck_oracle.analysis.results import StepAdvice, StepWhatIf
@@ -39,7 +41,30 @@ from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
 from bottleneck_oracle.inert import UNSAFE, plain
 from bottleneck_oracle.report.tables import region_labels, shorten
 
+
+class _Grouped(TyperGroup):
+    """The command list of --help in two sections: what users run, and the developers' commands that
+    record the grid, train and evaluate the models (the lab)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order they are defined, not sorted
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        width = formatter.width - 6 - max((len(n) for n in self.list_commands(ctx)), default=0)
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            panel = getattr(cmd, "rich_help_panel", None) or "Commands"
+            groups.setdefault(panel, []).append((name, cmd.get_short_help_str(limit=max(width, 30))))
+        for panel, rows in groups.items():
+            with formatter.section(panel):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
+    cls=_Grouped,
     name="bottleneck-oracle",
     help="Critical path, slack and bottlenecks of (distributed) PyTorch training steps, from profiler traces.",
     no_args_is_help=True,
@@ -491,7 +516,7 @@ def _analyze_stepwise(
         out.print(f"Perfetto trace: {perfetto}", highlight=False)
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def analyze(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -591,7 +616,7 @@ def analyze(
             out.print(f"{label}: {target}", highlight=False)
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def parse(
     path: Path = typer.Argument(None, metavar="PATH", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),
     input_: Path = typer.Option(None, "--input", "-i", metavar="PATH", hidden=True, help="The same as PATH (older spelling)."),
@@ -634,7 +659,7 @@ def parse(
             out.print(f"{output / e['file']}: {e['nodes']} nodes, {e['edges']} edges, ranks {e['ranks']}", highlight=False)
 
 
-@app.command()
+@app.command(rich_help_panel="Developer commands (recording, training, evaluation)")
 def generate(
     config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help="Config whose grid section says what to record."),
     out_dir: Path = typer.Option(
@@ -762,7 +787,7 @@ def _recording_bar(what: str, total: int | None, quiet: bool) -> Iterator[Callab
         yield advance
 
 
-@app.command("build-dataset")
+@app.command("build-dataset", rich_help_panel="Developer commands (recording, training, evaluation)")
 def build_dataset_cmd(
     raw: Path = typer.Argument(None, metavar="RAW", help="Folder written by `generate` (default: paths.raw of the config)."),
     out_dir: Path = typer.Option(
@@ -794,7 +819,7 @@ def build_dataset_cmd(
         )
 
 
-@app.command()
+@app.command(rich_help_panel="Developer commands (recording, training, evaluation)")
 def train(
     config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help=CONFIG_HELP),
     dataset: Path = typer.Option(None, "--dataset", metavar="PATH", help="Folder written by `build-dataset` (default: paths.graphs)."),
@@ -824,7 +849,7 @@ def train(
         )
 
 
-@app.command("eval")
+@app.command("eval", rich_help_panel="Developer commands (recording, training, evaluation)")
 def evaluate(
     checkpoint: Path = typer.Option(
         ..., "--checkpoint", metavar="PATH", help="A checkpoint written by `train`, or the folder of them (one per split)."
@@ -860,9 +885,9 @@ def evaluate(
     out.print(t)
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def whatif(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
+    trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     edit: list[str] = typer.Option(
         None,
         "--edit",
@@ -897,7 +922,9 @@ def whatif(
 ) -> None:
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
     edit = edit or []
-    rows = api.whatif(trace, edit, step or None, _config(config, ranks_per_host), checkpoint, model, microbatches, batch)
+    rows = api.whatif(
+        trace, edit, step or None, _config(config, ranks_per_host), checkpoint, model or checkpoint is not None, microbatches, batch
+    )
     if as_json:
         _print_json({"trace": str(trace), "edits": edit, "steps": [r.to_dict() for r in rows]})
         return
@@ -986,14 +1013,16 @@ def _edited(r: StepWhatIf) -> str:
     return ", ".join(p for p in parts if p) or "nothing"
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def blame(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
+    trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     baseline: Path = typer.Option(
         None, "--baseline", metavar="PATH", help="A trace of the same job as it normally runs (default: the trace's other steps)."
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
-    top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many nodes and op kinds to list."),
+    top: int = typer.Option(
+        None, "--top", min=1, metavar="N", help="How many nodes and op kinds to list (default from config: 20, as analyze)."
+    ),
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
@@ -1006,7 +1035,8 @@ def blame(
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
-    rows = api.blame(trace, baseline, step or None, _config(config, ranks_per_host), top, checkpoint, model)
+    cfg = _config(config, ranks_per_host)
+    rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, model or checkpoint is not None)
     if as_json:
         _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": [r.to_dict() for r in rows]})
         return
@@ -1058,9 +1088,9 @@ def blame(
         out.print(Text(f"By op kind: {ops}"))
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def advise(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="A Kineto trace file or a folder of per-rank traces."),
+    trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     baseline: Path = typer.Option(
         None, "--baseline", metavar="PATH", help="A normal run of the same job, for the blame's typical durations."
@@ -1097,7 +1127,9 @@ def advise(
         llm = ChatClient(llm_base_url, llm_model, llm_key_env)
     from bottleneck_oracle.llm.graphrag import run_advice
 
-    rows = api.advise(trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, model, llm, recipes)
+    rows = api.advise(
+        trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, model or checkpoint is not None, llm, recipes
+    )
     overall = run_advice([r.advice for r in rows])
     if as_json:
         _print_json({"trace": str(trace), "run": overall, "steps": [r.to_dict() for r in rows]})
@@ -1135,7 +1167,7 @@ def advise(
             out.print(f"  {len(a.rejected)} suggestion(s) rejected (see --json)", highlight=False)
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def summary(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file or a folder of per-rank traces."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -1185,7 +1217,7 @@ def _rank_list(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def compare(
     baseline: Path = typer.Argument(
         ..., metavar="BASELINE", help="The run before the change: a trace file or a folder of per-rank traces."
@@ -1260,10 +1292,23 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(rich_help_panel="Analysis")
 def version() -> None:
     """Print the version."""
     out.print(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version_: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Critical path, slack and bottlenecks of (distributed) PyTorch training steps, from profiler traces."""
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

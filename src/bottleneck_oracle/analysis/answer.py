@@ -89,7 +89,7 @@ class ExtraOp:
     dur: Estimate  # its time per step
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
     ranks: list[int]
@@ -106,6 +106,14 @@ class RunAnswer:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def __repr__(self) -> str:
+        return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
+
+    def _repr_html_(self) -> str:
+        from bottleneck_oracle.inert import html_text
+
+        return "<ul>" + "".join(f"<li>{html_text(line.strip())}</li>" for line in self.lines()) + "</ul>"
 
     def lines(self, width: int = 80) -> list[str]:
         """The answer in a few lines of plain text (the terminal's first lines, the HTML's top)."""

@@ -27,7 +27,7 @@ def _rank_positions(ranks: np.ndarray, node_rank: np.ndarray) -> tuple[np.ndarra
     return np.where(on, pos, 0), on
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class StepAnalysis:
     """One analysed step (api.analyze): its graph, the critical path method's result on it, and
     what a user reads off them. Times are µs; ``to_dict()`` is the step of ``analyze --json``.
@@ -43,6 +43,26 @@ class StepAnalysis:
     untraced_gap_us: float = UNTRACED_GAP_US
     _segments: list[Segment] | None = None
     _checks: list[Check] | None = None
+
+    def __repr__(self) -> str:
+        period = f", period {self.period / 1000:.3f} ms" if self.period is not None else ""
+        return (f"StepAnalysis(step {self.graph.step}, ranks {self.graph.ranks}: step time {self.step_time / 1000:.3f} ms{period}, "
+                f"measured {self.measured / 1000:.3f} ms, {self.graph.n_nodes} nodes, critical path {len(self.cpm.path)} nodes)")  # fmt: skip
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the step's figures and its breakdown."""
+        from bottleneck_oracle.inert import html_text
+
+        rows = [
+            ("step", self.graph.step),
+            ("ranks", self.graph.ranks),
+            ("step time (ms)", f"{self.step_time / 1000:.3f}"),
+            ("period (ms)", "—" if self.period is None else f"{self.period / 1000:.3f}"),
+            ("measured (ms)", f"{self.measured / 1000:.3f}"),
+        ]
+        rows += [(f"{k} (ms)", f"{v / 1000:.3f}") for k, v in self.breakdown().items()]
+        warn = "".join(f"<p>warning: {html_text(w)}</p>" for w in self.warnings())
+        return "<table>" + "".join(f"<tr><th>{html_text(str(k))}</th><td>{html_text(str(v))}</td></tr>" for k, v in rows) + "</table>" + warn  # fmt: skip
 
     @classmethod
     def of(cls, g: ExecutionGraph, untraced_gap_us: float = UNTRACED_GAP_US) -> StepAnalysis:

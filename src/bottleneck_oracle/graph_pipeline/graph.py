@@ -27,7 +27,7 @@ from bottleneck_oracle.graph_pipeline.schema import (
 MAX_GRAPH_BYTES = 16 * 2**30  # what a saved graph's arrays may declare (a 4096-rank step's take a few GiB)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class ExecutionGraph:
     """Nodes and edges as numpy columns (see schema.NODE_COLUMNS / EDGE_COLUMNS).
 
@@ -59,6 +59,9 @@ class ExecutionGraph:
     @property
     def ranks(self) -> list[int]:
         return sorted(self.measured)
+
+    def __repr__(self) -> str:
+        return f"ExecutionGraph(step {self.step}, ranks {self.ranks}, {self.n_nodes} nodes, {self.n_edges} edges)"
 
     def rank_origin(self, rank: int) -> float:
         """Where ``rank``'s step time starts (µs from the window start): the later of its step start
