@@ -95,6 +95,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--json", default=None)
     p.add_argument("--only", type=int, nargs="*", default=None, help="condition indices to run")
+    p.add_argument("--rescore", action="store_true", help="score the recordings already in --out again (nothing recorded)")
     a = p.parse_args()
     warnings.simplefilter("ignore")
     root = Path(a.out)
@@ -102,20 +103,29 @@ def main() -> None:
     clean: dict[str, list[float]] = {"dp": [], "pp": []}
     rows = []
     todo = [c for c in conditions() if a.only is None or c["index"] in a.only]
+    if a.rescore:
+        for lay in ("dp", "pp"):
+            clean[lay] = [_median_step(f) for f in sorted(root.glob(f"clean-{lay}-*"), key=lambda f: int(f.name.rsplit("-", 1)[1]))]
     for n, c in enumerate(todo):
         layout = c["layout"]
-        if n % 4 == 0 or len(clean[layout]) < 2:  # clean runs between the conditions, two at least per layout
-            for lay in ("dp", "pp"):
-                folder = _record(lay, root / f"clean-{lay}-{len(clean[lay])}", a.steps)
-                clean[lay].append(_median_step(folder))
-        folder = _record(layout, root / f"c{c['index']:02d}-{layout}-{c['where']}-{c['what']}-{c['ms']}ms-rank{c['rank']}", a.steps,
-                         _injections(c, a.steps))  # fmt: skip
-        if c["tensorboard_names"]:
-            _tensorboard_names(folder)
+        name = f"c{c['index']:02d}-{layout}-{c['where']}-{c['what']}-{c['ms']}ms-rank{c['rank']}"
+        if a.rescore:
+            folder = root / name
+            if not folder.exists():
+                continue
+        else:
+            if n % 4 == 0 or len(clean[layout]) < 2:  # clean runs between the conditions, two at least per layout
+                for lay in ("dp", "pp"):
+                    folder = _record(lay, root / f"clean-{lay}-{len(clean[lay])}", a.steps)
+                    clean[lay].append(_median_step(folder))
+            folder = _record(layout, root / name, a.steps, _injections(c, a.steps))
+            if c["tensorboard_names"]:
+                _tensorboard_names(folder)
         _, steps = analyze(folder)
         references = None
-        if layout == "pp":
-            base = root / f"clean-{layout}-{len(clean[layout]) - 1}"
+        if layout == "pp":  # the clean run recorded last before the condition
+            last = len(clean[layout]) - 1 if not a.rescore else (0 if n == 0 else 1 + n // 4)  # as recorded: before 0, 1, 4, 8, ...
+            base = root / f"clean-{layout}-{last}"
             references = build(base)[1][1:]
         ans = run_answer(steps, str(folder), references)
         slow = statistics.median(x.step_time for x in (steps[1:] if len(steps) >= 3 else steps))

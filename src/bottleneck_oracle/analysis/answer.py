@@ -77,6 +77,7 @@ class RegionAnswer:
     peers: Estimate  # its typical time on the peer ranks (or in the baseline's steps)
     excess: Estimate
     saving: Estimate  # the step time restoring it to the peers' time saves (replayed), per step
+    against: str = "its peers"  # what it was held against: "its peers" or "the baseline's steps"
 
 
 @dataclass(slots=True)
@@ -138,7 +139,7 @@ class RunAnswer:
             )
         if self.region:
             r = self.region
-            out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} on its peers "
+            out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} in {r.against} "
                        f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; slower in {r.steps} of {r.of} steps)")  # fmt: skip
         if self.extra_ops:
             shown = ", ".join(f"{x.name} ×{x.count} ({ms(x.dur.median_us)} ms)" for x in self.extra_ops[:3])
@@ -146,7 +147,7 @@ class RunAnswer:
         if self.region:
             r = self.region
             out.append(f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
-                       f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; replayed, the region at its peers' time)")  # fmt: skip
+                       f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; replayed, the region at its time in {r.against})")  # fmt: skip
         out += self.notes
         return out
 
@@ -250,6 +251,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
     focus = answer.straggler.rank if answer.straggler else None
     per: dict[tuple[int, str, str], dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    sources: dict[tuple[int, str, str], set[str]] = {}
     used = 0
     for k, a in enumerate(picked):
         g = a.graph
@@ -260,6 +262,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
         for r in region_blame(g, references, top=10, cpm=a.cpm, memo=memo, groups=groups):
             if r.typical_from in against and (focus is None or r.rank == focus):
                 per.setdefault((r.rank, r.name, r.kind), {}).setdefault(k, (r.dur_us, r.typical_us, r.saving_us))
+                sources.setdefault((r.rank, r.name, r.kind), set()).add(r.typical_from)
         for key, (count, dur) in _extra_ops(g, groups, focus).items():
             extra.setdefault(key, []).append((count, dur))
     if not used:
@@ -275,6 +278,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
             best[0], best[1], best[2], len(rows), used,
             own=estimate([r[0] for r in rows]), peers=estimate([r[1] for r in rows]), excess=estimate([r[0] - r[1] for r in rows]),
             saving=estimate([r[2] for r in rows]),
+            against="its peers" if sources[best] == {"peer ranks"} else "the baseline's steps",
         )  # fmt: skip
     elif per:
         answer.notes.append(

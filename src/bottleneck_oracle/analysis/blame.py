@@ -46,6 +46,7 @@ all of them, for the same innermost rule.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -647,8 +648,11 @@ def region_blame(
     # call), each time a little slower: its occurrences taken as one, each to its own typical time
     slower = np.flatnonzero((excess > np.maximum(0.0, noise)) & rg["is_range"].astype(bool) & ~step_marker)
     repeated: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for j in slower.tolist():
+    for j in slower.tolist():  # by name, and by family: ranges numbered per micro-batch or layer (forward.mb0, forward.mb1)
         repeated[(keys[j][0], keys[j][2])].append(j)
+        family = _family(keys[j][2])
+        if family != keys[j][2]:
+            repeated[(keys[j][0], family)].append(j)
     for key, m in repeated.items():  # an occurrence inside another (a recursive Python range): the outer one holds it
         outer: list[int] = []
         for j in m:  # in region order: an enclosing one comes first
@@ -696,11 +700,12 @@ def region_blame(
         m = candidates[c]
         j = m[0]
         own = float(rt[m].sum())
+        names = {keys[k][2] for k in m}
         out.append(
             Region(
                 int(rg["rank"][j]),
                 int(rg["tid"][j]),
-                keys[j][2],
+                keys[j][2] if len(names) == 1 else _family(keys[j][2]),
                 keys[j][3],
                 "range" if rg["is_range"][j] else "op",
                 float((rg["end"][m] - rg["start"][m]).sum()),
@@ -715,6 +720,15 @@ def region_blame(
             )
         )
     return out
+
+
+_NUMBERED = re.compile(r"(?<=[._#-])(mb|microbatch|layer|chunk|stage)?\d+$", re.IGNORECASE)
+
+
+def _family(name: str) -> str:
+    """The name with a trailing number after a separator replaced by ``*`` (``forward.mb3`` ->
+    ``forward.mb*``, ``layers.11`` -> ``layers.*``): one range per micro-batch or layer, as one."""
+    return _NUMBERED.sub(lambda m: (m.group(1) or "") + "*", name)
 
 
 def _lead_name(g: ExecutionGraph, i: int) -> str:
