@@ -10,7 +10,7 @@ Chakra ET files) and returns typed results whose ``to_dict()`` is the matching c
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -121,6 +121,22 @@ def graphs(
     """
     with _engine(executor) as eng:
         return build_graphs(table, steps, _options(config), eng)
+
+
+def two_step_graphs(table: EventTable | None, config: Config | None = None) -> Callable[[int | None], ExecutionGraph | None] | None:
+    """For the run answer's steady-state saving: step number -> the graph of that step and the next
+    one (``build_graph(..., span=2)``), None where there is no next step; None for Chakra input."""
+    if table is None:
+        return None
+    from bottleneck_oracle.graph_pipeline.builder import build_graph
+
+    present = {s.number for s in table.steps}
+    opt = _options(config)
+
+    def two(step: int | None) -> ExecutionGraph | None:
+        return build_graph(table, step, opt, span=2) if step is not None and step + 1 in present else None
+
+    return two
 
 
 def _options(config: Config | None) -> BuildOptions:

@@ -506,7 +506,7 @@ def _analyze_stepwise(
                 paths.append(critical_events(a))
         if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        run = answer_from(figures, blamed, str(path), references)
+        run = answer_from(figures, blamed, str(path), references, api.two_step_graphs(table, cfg))
         if spool is not None:
             _print_json_spooled({**_json_head(path, table), "run": run.to_dict()}, spool, _json_tail(table))
             return
@@ -566,7 +566,7 @@ def analyze(
     _check_overlay_input(path, table, perfetto)
     from bottleneck_oracle.analysis.answer import run_answer
 
-    run = run_answer(analyses, str(path), references)
+    run = run_answer(analyses, str(path), references, api.two_step_graphs(table, cfg))
     extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():

@@ -76,8 +76,9 @@ class RegionAnswer:
     own: Estimate  # its own time on the rank, per step
     peers: Estimate  # its typical time on the peer ranks (or in the baseline's steps)
     excess: Estimate
-    saving: Estimate  # the step time restoring it to the peers' time saves (replayed), per step
-    against: str = "its peers"  # what it was held against: "its peers" or "the baseline's steps"
+    saving: Estimate  # the step time restoring it to the peers' time saves (replayed), per step: in steady state where known
+    one_step: Estimate | None = None  # the same, replayed in one step alone (its ranks' starts fixed); None: saving is that
+    against: str = "on its peers"  # what it was held against: "on its peers" or "in the baseline's steps"
 
 
 @dataclass(slots=True)
@@ -139,15 +140,16 @@ class RunAnswer:
             )
         if self.region:
             r = self.region
-            out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} in {r.against} "
+            out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} {r.against} "
                        f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; slower in {r.steps} of {r.of} steps)")  # fmt: skip
         if self.extra_ops:
             shown = ", ".join(f"{x.name} ×{x.count} ({ms(x.dur.median_us)} ms)" for x in self.extra_ops[:3])
             out.append(f"  extra ops on rank {self.extra_ops[0].rank} that its peers do not run, a step: {shown}")
         if self.region:
             r = self.region
+            how = "in steady state: replayed over two steps" if r.one_step is not None else "replayed"
             out.append(f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
-                       f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; replayed, the region at its time in {r.against})")  # fmt: skip
+                       f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; {how}, the region at its time {r.against})")  # fmt: skip
         out += self.notes
         return out
 
@@ -197,17 +199,25 @@ def blame_sample(steps: list[int | None], k: int = MAX_BLAME_STEPS) -> set[int |
     return {st[int(i)] for i in np.linspace(0, len(st) - 1, k).round().astype(int)}
 
 
-def run_answer(analyses: list[StepAnalysis], source: str = "", references: list | None = None) -> RunAnswer:
+def run_answer(analyses: list[StepAnalysis], source: str = "", references: list | None = None, two_steps=None) -> RunAnswer:
     """The run-level answer of ``analyses`` (every analysed step, in step order); ``references``:
-    graphs of a baseline run of the same job (the typical times where ranks have no peers)."""
+    graphs of a baseline run of the same job (the typical times where ranks have no peers);
+    ``two_steps``: step number -> the graph of that step and the next (the steady-state saving)."""
     picked = blame_sample([a.graph.step for a in analyses])
-    return answer_from([StepFigures.of(a) for a in analyses], [a for a in analyses if a.graph.step in picked], source, references)
+    return answer_from([StepFigures.of(a) for a in analyses], [a for a in analyses if a.graph.step in picked], source, references,
+                       two_steps)  # fmt: skip
 
 
-def answer_from(figures: list[StepFigures], blamed: list[StepAnalysis], source: str = "", references: list | None = None) -> RunAnswer:
+def answer_from(
+    figures: list[StepFigures], blamed: list[StepAnalysis], source: str = "", references: list | None = None, two_steps=None
+) -> RunAnswer:
     """The run-level answer from every step's figures (in step order) and the analyses of the
     steps ``blame_sample`` picked (the region and the extra ops are found on those), against the
-    peer ranks and, where given, the ``references`` (a baseline run's graphs)."""
+    peer ranks and, where given, the ``references`` (a baseline run's graphs). With
+    ``two_steps`` (step number -> ExecutionGraph of that step and the next, or None), the saving of
+    fixing the region is replayed in steady state: over two consecutive steps, the second step's
+    saving, so that a step ending earlier starts the next one earlier (a pipeline's stages, a
+    rank whose late end held the others' next start)."""
     keep = set(steady([f.step for f in figures]))
     st = [f for f in figures if f.step in keep] if len(keep) < len(figures) else figures
     gpu = any(f.on_gpu for f in st)
@@ -225,6 +235,8 @@ def answer_from(figures: list[StepFigures], blamed: list[StepAnalysis], source: 
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     if len(ranks) > 1:
         _where(answer, blamed, list(references or []))
+        if answer.region is not None and two_steps is not None:
+            _steady_saving(answer, blamed, two_steps)
     return answer
 
 
@@ -278,7 +290,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
             best[0], best[1], best[2], len(rows), used,
             own=estimate([r[0] for r in rows]), peers=estimate([r[1] for r in rows]), excess=estimate([r[0] - r[1] for r in rows]),
             saving=estimate([r[2] for r in rows]),
-            against="its peers" if sources[best] == {"peer ranks"} else "the baseline's steps",
+            against="on its peers" if sources[best] == {"peer ranks"} else "in the baseline's steps",
         )  # fmt: skip
     elif per:
         answer.notes.append(
@@ -322,3 +334,48 @@ def _extra_ops(g, groups: dict[int, int], focus: int | None) -> dict[tuple[int, 
                 if dur >= EXTRA_MIN_US:
                     out[(r, name)] = (int(round(more)), dur)
     return out
+
+
+def _matching_regions(g, rank: int, name: str) -> list[int]:
+    """The regions of ``g`` on ``rank`` named ``name`` (or of its family: ``forward.mb*``), the
+    outermost where one holds another."""
+    from bottleneck_oracle.analysis.blame import _family
+
+    rg = g.regions
+    out: list[int] = []
+    for j in np.flatnonzero(rg["rank"] == rank).tolist():
+        nm = g.names[int(rg["name"][j])]
+        if nm != name and _family(nm) != name:
+            continue
+        if out and rg["tid"][out[-1]] == rg["tid"][j] and rg["start"][j] >= rg["start"][out[-1]] and rg["end"][j] <= rg["end"][out[-1]]:
+            continue  # inside the previous one (regions come outermost first)
+        out.append(j)
+    return out
+
+
+def _restored_makespan(g, rank: int, name: str, factor: float) -> tuple[float, float] | None:
+    from bottleneck_oracle.analysis.blame import region_time, restored_regions
+    from bottleneck_oracle.analysis.cpm import run_cpm
+
+    members = _matching_regions(g, rank, name)
+    if not members:
+        return None
+    dd, ww, rr = restored_regions(g, region_time(g), members, [factor] * len(members))
+    return run_cpm(g).makespan, run_cpm(g, dd, ww, rr).makespan
+
+
+def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps) -> None:
+    """The region's saving in steady state: on each picked step that has a next one, the region at
+    its typical time in both steps, replayed over the two; the saving of the second step."""
+    r = answer.region
+    assert r is not None
+    factor = float(np.clip(r.peers.median_us / r.own.median_us, 0.0, 1.0)) if r.own.median_us > 0 else 1.0
+    savings = []
+    for a in picked:
+        g2 = two_steps(a.graph.step) if a.graph.step is not None else None
+        one, two = _restored_makespan(a.graph, r.rank, r.name, factor), (_restored_makespan(g2, r.rank, r.name, factor) if g2 else None)
+        if one is None or two is None:
+            continue
+        savings.append((two[0] - two[1]) - (one[0] - one[1]))
+    if savings:
+        r.one_step, r.saving = r.saving, estimate(savings)

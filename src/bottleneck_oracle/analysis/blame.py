@@ -604,6 +604,31 @@ def region_time(g: ExecutionGraph) -> RegionTime:
     return RegionTime(work + before + lead + after, gap, before, lead, after)
 
 
+def restored_regions(
+    g: ExecutionGraph, parts: RegionTime, members: list[int], factors: list[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(durations, edge weights, releases) of ``g`` with each region ``members[k]`` taking
+    ``factors[k]`` of its own time: its ops, the untraced time between them, and the parts inside
+    it of the untraced time before its first op, after its last one and of its lead."""
+    rg = g.regions
+    dd = g.nodes["mdur"].astype(np.float64).copy()
+    ww = g.edges["weight"].astype(np.float64).copy()
+    rr = g.release.astype(np.float64).copy()
+    for j, f in zip(members, factors):
+        a, b = int(rg["first"][j]), int(rg["last"][j])
+        dd[a : b + 1] *= f
+        inner = parts.gap[a:b]
+        inner = inner[inner >= 0]
+        ww[inner] *= f
+        if parts.before[j] > 0:
+            ww[parts.gap[a - 1]] -= (1.0 - f) * parts.before[j]
+        if parts.after[j] > 0:
+            ww[parts.gap[b]] -= (1.0 - f) * parts.after[j]
+        if parts.lead[j] > 0:
+            rr[a] -= (1.0 - f) * parts.lead[j]
+    return dd, ww, rr
+
+
 def _region_work(g: ExecutionGraph) -> np.ndarray:
     return region_time(g).work
 
@@ -664,25 +689,10 @@ def region_blame(
     candidates = [[j] for j in cand.tolist()] + groups_of[:REGION_GROUP_REPLAYS]
     if not candidates:
         return []
-    d = g.nodes["mdur"].astype(np.float64)
-    w = g.edges["weight"].astype(np.float64)
-    rel = g.release.astype(np.float64)
     saving: list[float] = []
     for members in candidates:
-        dd, ww, rr = d.copy(), w.copy(), rel.copy()
-        for j in members:
-            f = float(np.clip(typical[j] / rt[j], 0.0, 1.0)) if rt[j] > 0 else 1.0
-            a, b = int(rg["first"][j]), int(rg["last"][j])
-            dd[a : b + 1] *= f
-            inner = parts.gap[a:b]
-            inner = inner[inner >= 0]
-            ww[inner] *= f
-            if parts.before[j] > 0:
-                ww[parts.gap[a - 1]] -= (1.0 - f) * parts.before[j]
-            if parts.after[j] > 0:
-                ww[parts.gap[b]] -= (1.0 - f) * parts.after[j]
-            if parts.lead[j] > 0:
-                rr[a] -= (1.0 - f) * parts.lead[j]
+        factors = [float(np.clip(typical[j] / rt[j], 0.0, 1.0)) if rt[j] > 0 else 1.0 for j in members]
+        dd, ww, rr = restored_regions(g, parts, members, factors)
         saving.append(float(base.makespan - run_cpm(g, dd, ww, rr).makespan))
     kept = [c for c in range(len(candidates)) if saving[c] >= floor]
 

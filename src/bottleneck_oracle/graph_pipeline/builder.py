@@ -226,26 +226,32 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
     return g
 
 
-def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None) -> ExecutionGraph:
+def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None, span: int = 1) -> ExecutionGraph:
     """The ExecutionGraph of one step (``None``: the whole trace), all ranks merged.
 
     Each rank's step is measured from its origin (facts.py): the later of its step start and the
     end of the device work queued before it, so that a device-bound step's time is its period,
     not the CPU's lead plus the period. Host threads with no dependency into the step's work
-    (a progress-bar monitor, a watchdog: ``bystanders``) are left out, and listed in the meta."""
+    (a progress-bar monitor, a watchdog: ``bystanders``) are left out, and listed in the meta.
+
+    ``span`` > 1: a window over that step and the ones after it (see window.select_window): its
+    step time runs from the first step's origin to the last step's end; a change that shortens
+    a step moves the next one's start (the steady state of a pipeline, a device-bound loop)."""
     opt = options or BuildOptions()
     facts = step_facts(table, step)
     origins = {f.rank: f.origin for f in facts.ranks} if step is not None else None
-    w, E, pieces = _window_edges(table, step, opt, frozenset(), origins)
+    w, E, pieces = _window_edges(table, step, opt, frozenset(), origins, span)
     away = _bystanders(w, E)
     if away:
-        w, E, pieces = _window_edges(table, step, opt, frozenset(away), origins)
+        w, E, pieces = _window_edges(table, step, opt, frozenset(away), origins, span)
     return _finish(table, step, opt, w, E, pieces, facts, away)
 
 
-def _window_edges(table: EventTable, step: int | None, opt: BuildOptions, exclude: frozenset, origins: dict[int, float] | None):
+def _window_edges(
+    table: EventTable, step: int | None, opt: BuildOptions, exclude: frozenset, origins: dict[int, float] | None, span: int = 1
+):  # fmt: skip
     """The window of ``step`` without the ``exclude`` threads, and the edges of every local rule."""
-    w = make_window(table, step, exclude, origins, opt.clock_tolerance_us)
+    w = make_window(table, step, exclude, origins, opt.clock_tolerance_us, span)
     pieces = gap_pieces(w, w.lead_from)
     E = rules.EdgeSet()
     rules.program_order(w, E)

@@ -124,9 +124,12 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     c = w.c
     fts = fl["ts"] - w.w0
     keep = (fts >= 0) & (fts <= w.end.max())
-    if w.steps:
-        lo = {s.rank: s.start - w.w0 for s in w.steps}
-        hi = {s.rank: s.end - w.w0 for s in w.steps}
+    if w.steps:  # (a window over several steps: from the first one's start to the last one's end)
+        lo: dict[int, float] = {}
+        hi: dict[int, float] = {}
+        for s in w.steps:
+            lo[s.rank] = min(lo.get(s.rank, np.inf), s.start - w.w0)
+            hi[s.rank] = max(hi.get(s.rank, -np.inf), s.end - w.w0)
         ranks = np.array(sorted(lo))
         keep &= np.isin(fl["rank"], ranks)
         pos = np.searchsorted(ranks, fl["rank"]).clip(0, len(ranks) - 1)

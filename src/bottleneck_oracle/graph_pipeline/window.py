@@ -31,8 +31,11 @@ P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
 _CLASS_CATEGORY = np.array([Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET], dtype=np.int8)
 
 
-def select_window(table: EventTable, step: int | None) -> tuple[np.ndarray, float, dict[int, float], list[Step]]:
-    """Rows of the events in one ProfilerStep (all ranks), its start, measured spans and steps.
+def select_window(table: EventTable, step: int | None, span: int = 1) -> tuple[np.ndarray, float, dict[int, float], list[Step]]:
+    """Rows of the events in one ProfilerStep (all ranks), its start, measured spans and steps;
+    with ``span`` > 1, of that step and the ``span - 1`` steps after it that are in the trace (a
+    window over consecutive steps: a path can cross the step boundary; the measured spans are the
+    first step's).
 
     A step is every CPU event that starts within its ProfilerStep span on that rank and the GPU
     ops those launched (joined on correlation ids), even where the GPU ran them after the span:
@@ -47,11 +50,13 @@ def select_window(table: EventTable, step: int | None) -> tuple[np.ndarray, floa
             m = c["rank"] == r
             measured[r] = float(end[m].max() - ts[m].min())
         return np.arange(len(table)), float(ts.min()), measured, []
-    steps = [s for s in table.steps if s.number == step]
-    if not steps:
+    steps = [s for s in table.steps if step <= s.number < step + span]
+    first = [s for s in steps if s.number == step]
+    if not first:
         raise GraphError(f"no ProfilerStep#{step} in the trace")
+    steps.sort(key=lambda s: (s.number, s.rank))
     rows = np.sort(np.concatenate([table.rows_between(s.rank, s.start, s.end) for s in steps]))
-    return rows, min(s.start for s in steps), {s.rank: s.span for s in steps}, steps
+    return rows, min(s.start for s in first), {s.rank: s.span for s in first}, steps
 
 
 def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
@@ -320,12 +325,13 @@ def _blocking_copies(c: dict[str, np.ndarray], names: list[str], ts: np.ndarray,
 
 def make_window(
     table: EventTable, step: int | None, exclude: frozenset[tuple[int, int, int]] = frozenset(),
-    origins: dict[int, float] | None = None, tol: float = 5.0,
+    origins: dict[int, float] | None = None, tol: float = 5.0, span: int = 1,
 ) -> Window:  # fmt: skip
-    """The window of ``step`` (None: the whole trace) without the host threads in ``exclude``
-    ((rank, pid, tid): bystanders, see builder), with each rank's period starting at ``origins``
-    (table-relative µs; default: its step start). ``tol``: µs of CPU/GPU clock disagreement."""
-    rows, w0, measured, steps = select_window(table, step)
+    """The window of ``step`` (None: the whole trace; ``span``: that many consecutive steps) without
+    the host threads in ``exclude`` ((rank, pid, tid): bystanders, see builder), with each rank's
+    period starting at ``origins`` (table-relative µs; default: its first step's start). ``tol``:
+    µs of CPU/GPU clock disagreement."""
+    rows, w0, measured, steps = select_window(table, step, span)
     if exclude:
         tc = table.cols
         host = np.isin(tc["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))
@@ -388,7 +394,10 @@ def make_window(
         p_end = table.cols["ts"][prev[outside]] + table.cols["dur"][prev[outside]] - w0
         g_start = ts[node_rows[g_nodes[outside]]]
         carry[g_nodes[outside]] = np.where(g_start - p_end < 1e-3, g_start, p_end)  # back to back: float noise
-    starts = {s.rank: s.start - w0 for s in steps} or {int(r): float(ts[c["rank"] == r].min()) for r in np.unique(c["rank"])}
+    starts: dict[int, float] = {}
+    for s_ in steps:  # the first step's start of each rank (steps come in step order)
+        starts.setdefault(s_.rank, s_.start - w0)
+    starts = starts or {int(r): float(ts[c["rank"] == r].min()) for r in np.unique(c["rank"])}
     origin_of = {r: (origins[r] - w0 if origins and r in origins else t) for r, t in starts.items()}
     known = np.array(sorted(starts), dtype=np.int64)
     at = np.array([starts[r] for r in known.tolist()], dtype=np.float64)

@@ -1,0 +1,95 @@
+"""The run answer (analysis.answer): one answer for the run, checked against what the traces say
+of themselves (tests/data/README.md) and against independent per-step analyses."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.analysis.answer import estimate, run_answer
+from bottleneck_oracle.analysis.cpm import run_cpm
+from bottleneck_oracle.api import analyze, two_step_graphs
+from bottleneck_oracle.graph_pipeline.builder import build_graph
+from conftest import DATA, PUBLIC, cached_analyses, cached_load
+
+STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms in its forward pass in every step
+CLEAN = DATA / "gloo_ddp_8steps_clean"
+
+
+def test_a_persistent_straggler_is_named_with_its_region_and_what_fixing_it_saves():
+    table = cached_load(STRAGGLER)
+    a = run_answer(list(cached_analyses(STRAGGLER)), str(STRAGGLER), None, two_step_graphs(table))
+    assert a.straggler is not None and a.straggler.rank == 1 and a.straggler.steps >= 0.9 * a.steady
+    assert a.region is not None and a.region.rank == 1 and "forward" in a.region.name
+    assert 15_000 <= a.region.excess.median_us <= 25_000  # the 20 ms sleep (its own time on the rank, less the peer's)
+    assert a.region.saving.median_us == pytest.approx(20_000, rel=0.25)
+    assert a.region.saving.low_us is not None and a.region.saving.low_us <= a.region.saving.median_us <= a.region.saving.high_us
+    lines = a.lines()
+    assert lines[0].startswith("Run: 7 steady steps of 8, 2 ranks") and any(line.startswith("Straggler: rank 1") for line in lines)
+
+
+def test_the_step_time_is_the_median_of_the_steady_steps_with_a_covering_interval():
+    steps = list(cached_analyses(STRAGGLER))
+    a = run_answer(steps)
+    times = [s.step_time for s in steps[1:]]
+    assert a.step_time.median_us == pytest.approx(float(np.median(times)))
+    assert min(times) <= a.step_time.low_us <= a.step_time.median_us <= a.step_time.high_us <= max(times)
+
+
+def test_a_clean_run_names_no_twenty_ms_region():
+    a = run_answer(list(cached_analyses(CLEAN)))
+    assert a.region is None or a.region.excess.median_us < 5_000
+
+
+def test_fewer_than_three_steps_give_no_interval_and_say_so():
+    e = estimate([1.0, 2.0])
+    assert e.low_us is None and e.high_us is None
+    a = run_answer(list(cached_analyses(DATA / "gloo_ddp_2rank")))  # 3 steps: 2 steady
+    assert a.step_time.low_us is None and any("Fewer than 3 steady steps" in n for n in a.notes)
+
+
+@pytest.mark.parametrize(
+    "path", [STRAGGLER, PUBLIC / "train_1rank_5steps.json.gz", PUBLIC / "diff_test_rank1of2.json.gz"], ids=lambda p: p.name
+)
+def test_a_window_over_two_steps_lasts_their_two_periods(path):
+    """Built over two consecutive steps, the graph's step time is the two steps' periods together
+    (each from its own one-step graph) within 3%, and never more: the second step starts where the
+    first ends (the sum can only be longer: each period is the slowest rank's, and ranks need not
+    be the slowest in both)."""
+    table = cached_load(path)
+    numbers = sorted({s.number for s in table.steps})
+    for n in numbers[1:-1]:
+        two = run_cpm(build_graph(table, n, span=2)).makespan
+        one = sum(run_cpm(build_graph(table, k)).makespan for k in (n, n + 1))
+        assert 0.97 * one <= two <= 1.001 * one, (n, two, one)
+
+
+def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
+    """Forty aten::mm ops added to rank 1's forward pass in every step of the clean run (copies of
+    one of its own, placed in an idle stretch) are reported as 40 extra aten::mm on rank 1."""
+    out = tmp_path / "job"
+    out.mkdir()
+    for f in sorted(CLEAN.glob("rank-*.json.gz")):
+        doc = json.loads(gzip.open(f).read())
+        if f.name == "rank-1.json.gz":
+            ev = doc["traceEvents"]
+            steps = sorted((e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+            main = (steps[0]["pid"], steps[0]["tid"])
+            gap = 40 * 60
+            for s in steps:  # 40 ops of 50 µs just after the step starts, on its thread; what follows moves on
+                at = s["ts"] + 0.5
+                for e in ev:
+                    if isinstance(e.get("ts"), (int, float)) and e["ts"] > at:
+                        e["ts"] += gap
+                ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": main[0], "tid": main[1], "ts": at + 60 * k, "dur": 50}
+                       for k in range(40)]  # fmt: skip
+                s["dur"] += gap
+        (out / f.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    _, steps = analyze(out)
+    a = run_answer(steps)
+    mm = [x for x in a.extra_ops if x.rank == 1 and x.name == "aten::mm"]
+    assert mm and mm[0].count == 40 and mm[0].dur.median_us == pytest.approx(40 * 50, rel=0.01)
+    assert not [x for x in a.extra_ops if x.rank == 0]
