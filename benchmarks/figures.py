@@ -543,6 +543,27 @@ def compare_verdicts(root: Path) -> str:
     )
 
 
+def persistent(root: Path) -> str:
+    d = _load(root, "benchmarks/persistent_results.json")
+    sm = d["summary"]
+    rows = []
+    for lay, name in (("dp", "data-parallel (no baseline)"), ("pp", "1F1B pipeline (with --baseline)")):
+        mine = [r for r in d["rows"] if r["layout"] == lay]
+        n = len(mine)
+        rows.append([name, str(n), f"{sum(r['rank_ok'] for r in mine)} of {n}", f"{sum(r['region_ok'] for r in mine)} of {n}",
+                     f"{sum(r['saving_ok'] for r in mine)} of {n}", f"{sum(r['saving_vs_injected_ok'] for r in mine)} of {n}"])  # fmt: skip
+    n = sm["conditions"]
+    rows.append(["all", str(n), _pct(sm["rank_named"], 0), _pct(sm["region_named"], 0), _pct(sm["saving_within_25pct"], 0),
+                 _pct(sm["saving_within_25pct_of_injected"], 0)])  # fmt: skip
+    spread = ", ".join(f"{lay} {_pct(v, 0)}" for lay, v in sm["clean_spread"].items() if v is not None)
+    return (
+        _table(["layout", "conditions", "slowed rank named", "its region named", "saving within 25% of the measured difference",
+                "saving within 25% of the injected time"], rows)  # fmt: skip
+        + f"\n\n{sm['steps']} profiled steps per recording; the clean recordings of a layout spread {spread} (largest minus smallest "
+        "median, over their median): the measured difference holds that drift of the machine as well as the slowdown.\n"
+    )
+
+
 def headline(root: Path) -> str:
     acc = _load(root, "benchmarks/accuracy_results.json")["makespan"]
     within = [r for r in acc if r["max_abs_error_pct"] <= 1.0]
@@ -574,7 +595,7 @@ FIGURES_OF: dict[str, Callable[[Path], str]] = {
     "reruns-final": reruns_final, "reruns-by-kind": reruns_by_kind, "reruns-history": reruns_history, "rerecorded": rerecorded, "reruns-earlier": reruns_earlier,
     "local-scores": local_scores, "heldout-in-time": heldout_in_time, "noise-steps": noise_steps, "noise-sources": noise_sources,
     "knobs": knobs, "culprits": culprits, "close-loop": close_loop, "gpu": gpu, "scale": scale, "corrections-interval": corrections_interval,
-    "model-earned": model_earned, "compare-verdicts": compare_verdicts,
+    "model-earned": model_earned, "compare-verdicts": compare_verdicts, "persistent": persistent,
 }  # fmt: skip
 README_BLOCKS = ("quickstart", "headline")  # figures the README also shows, between its markers
 
