@@ -938,8 +938,9 @@ def whatif(
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
         + [Column(f"{v}", "text") for v in variants] + [Column(f"Δ {v}", "text") for v in variants],
-        caption="step times in ms; Δ: the edited replay against the unedited one (corrected: the replay with per-node duration "
-        "corrections learned from paired re-runs; the model's: its edited against its unedited prediction)",
+        caption="step times in ms; Δ: the edited replay against the unedited one"
+        + ("; corrected: the replay with per-node duration corrections learned from paired re-runs" if corrected else "")
+        + ("; the model's: its edited against its unedited prediction" if variants else ""),
     )  # fmt: skip
 
     def label(r: StepWhatIf) -> str:
