@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bottleneck_oracle.analysis.checks import run_warnings
 from bottleneck_oracle.analysis.results import (
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 ExecutorSpec = str | Executor | Engine | Any | None
 """Where parsing and graph building run: see ``build``."""
+T = TypeVar("T")
 
 
 def _predictor(checkpoint: str | Path | None) -> Predictor:
@@ -254,6 +255,62 @@ def analyze_stream(
     gap = (config or Config()).analysis.untraced_gap_us
     table, gs = _graph_stream(path, steps, config, et, executor)
     return table, (StepAnalysis.of(g, gap) for g in gs)
+
+
+def analyze_map(
+    path: str | Path,
+    fn: Callable[[StepAnalysis], T],
+    steps: list[int] | None = None,
+    config: Config | None = None,
+    et: str | Path | None = None,
+    executor: ExecutorSpec = None,
+    keep: frozenset[int | None] | Callable[[list[int | None]], frozenset[int | None]] = frozenset(),
+) -> tuple[EventTable | None, Iterator[tuple[T, StepAnalysis | None]]]:
+    """``analyze``, keeping only ``fn(analysis)`` of each step, computed where the step is built
+    (analysis.stepwise: forked workers or the executor's; the graphs stay there).
+
+    Args:
+        path, steps, config, et, executor: as for ``analyze``.
+        fn: what to keep of each step (a module-level function or a ``functools.partial`` of one).
+        keep: the steps whose StepAnalysis comes back whole too, or a function of the step numbers
+            to be analysed (None: the whole trace) that gives them.
+
+    Returns:
+        ``(table, iterator)``: the event table (None for Chakra input) and, per step in step order,
+        ``(fn's result, the StepAnalysis if the step is in keep else None)``. Bad input raises
+        here, before the first step.
+    """
+    from bottleneck_oracle.analysis.stepwise import map_steps
+
+    gap = (config or Config()).analysis.untraced_gap_us
+    if chakra.is_chakra(path):
+        a = StepAnalysis.of(chakra.chakra_graph(path), gap)
+        kept = keep([None]) if callable(keep) else keep
+        return None, iter([(fn(a), a if a.graph.step in kept else None)])
+    stack = ExitStack()
+    try:
+        eng = stack.enter_context(_engine(executor))
+        table = load(path, et, (config or Config()).graph.ranks_per_host, eng)
+        results = map_steps(table, fn, steps, _options(config), gap, eng, keep)
+    except BaseException:
+        stack.close()
+        raise
+
+    def run() -> Iterator[tuple[T, StepAnalysis | None]]:
+        with stack:
+            try:
+                yield from results
+            finally:
+                table.drop_caches()
+
+    return table, run()
+
+
+def step_analysis(table: EventTable, step: int | None, config: Config | None = None) -> StepAnalysis:
+    """The StepAnalysis of one step of a loaded table (``step`` None: the whole trace), built here."""
+    from bottleneck_oracle.graph_pipeline.builder import build_graph
+
+    return StepAnalysis.of(build_graph(table, step, _options(config)), (config or Config()).analysis.untraced_gap_us)
 
 
 def _corrections() -> Corrections | GraphCorrections | None:

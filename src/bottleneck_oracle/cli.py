@@ -9,9 +9,12 @@ import re
 import signal
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ from bottleneck_oracle.atomic import (
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
 from bottleneck_oracle.inert import UNSAFE, plain
+from bottleneck_oracle.report.step_output import dumps
 from bottleneck_oracle.report.tables import region_labels, shorten
 
 
@@ -226,27 +230,7 @@ def _config(path: Path | None, ranks_per_host: int | None = None) -> Config:
     return cfg
 
 
-_JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-
-
-def _dumps(doc: object) -> bytes:
-    try:
-        return orjson.dumps(doc, option=_JSON_OPTIONS)
-    except TypeError as exc:
-        if "surrogates" in str(exc):  # a file name that is not UTF-8, a name with a lone surrogate: as escapes
-            return _dumps(_utf8(doc))
-        raise OracleError(f"cannot write the result as JSON ({exc})") from None
-
-
-def _utf8(doc: object) -> object:
-    """``doc`` with every string's lone surrogates (a file name's undecodable bytes) as backslash escapes."""
-    if isinstance(doc, str):
-        return doc.encode("utf-8", errors="backslashreplace").decode("utf-8")
-    if isinstance(doc, dict):
-        return {_utf8(k): _utf8(v) for k, v in doc.items()}
-    if isinstance(doc, (list, tuple)):
-        return [_utf8(v) for v in doc]
-    return doc
+_dumps = dumps  # (report.step_output: the one --json serialiser, also run by the workers that analyse steps)
 
 
 def _print_json_spooled(head: dict, spool, tail: dict) -> None:
@@ -475,45 +459,101 @@ class _Spool:
 
 
 def _analyze_stepwise(
-    path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None, detail: bool, references=None
-) -> None:
+    path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None, detail: bool, references=None,
+    full_path: bool = False,
+) -> None:  # fmt: skip
     """``analyze`` without --html / --advise, one step at a time: each step leaves its JSON
     (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
-    its critical events for --perfetto; the terminal keeps the analyses of the slowest steps only."""
-    from bottleneck_oracle.analysis.answer import StepFigures, answer_from, blame_sample
-    from bottleneck_oracle.report.perfetto import critical_events, write_overlay_paths
-    from bottleneck_oracle.report.tables import step_row
+    its critical events for --perfetto, computed where the step is built (analysis.stepwise); the
+    terminal keeps the analyses of the slowest steps only."""
+    from bottleneck_oracle.analysis.answer import answer_from, blame_sample
+    from bottleneck_oracle.report.perfetto import write_overlay_paths
+    from bottleneck_oracle.report.step_output import Wanted, output_of
 
-    table, stream = api.analyze_stream(path, steps, cfg, et, executor)
+    wanted = Wanted(json_top=k if as_json else None, full_path=full_path, row=not as_json, critical=perfetto is not None)
+    sel: dict[str, list] = {}
+
+    def keep(numbers: list[int | None]) -> frozenset[int | None]:
+        """The steps kept whole: those the run answer's blame replays, and on the terminal every step of a short run."""
+        sel["numbers"], sel["picked"] = numbers, blame_sample(list(numbers))
+        return frozenset(sel["picked"] | (set(numbers) if not as_json and len(numbers) <= MAX_STEP_DETAILS else set()))
+
+    with _progress(f"reading {path}"):
+        table, stream = api.analyze_map(path, partial(output_of, wanted), steps, cfg, et, executor, keep)
     _check_overlay_input(path, table, perfetto)
-    numbers = sorted(set(steps)) if steps else (sorted({s.number for s in table.steps}) if table is not None and table.steps else [None])
-    picked = blame_sample(list(numbers))  # the steps the run answer's blame replays: kept whole
-    rows, kept, paths, figures, blamed = [], [], [], [], []
-    status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
-    with _Spool() if as_json else nullcontext() as spool, status:
-        for n, a in enumerate(stream):
-            figures.append(StepFigures.of(a))
-            if a.graph.step in picked:
+    numbers, picked = sel["numbers"], sel["picked"]
+    rows, times, kept, paths, figures, blamed = [], [], {}, [], [], []
+    with _Spool() if as_json else nullcontext() as spool, _progress(f"analysing {path}", len(numbers)) as bar:
+        for n, (o, a) in enumerate(stream):
+            figures.append(o.figures)
+            if a is not None and o.step in picked:
                 blamed.append(a)
             if spool is not None:  # --json
-                spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))
+                spool.write((b",\n" if n else b"") + o.json)
             else:
-                rows.append(step_row(a))
-                kept.append(a)
-                if len(kept) > MAX_STEP_DETAILS:  # keep the slowest (first ones on ties), in step order
-                    del kept[min(range(len(kept)), key=lambda i: (kept[i].step_time, -i))]
+                rows.append(o.row)
+                times.append(o.step_time)
+                if a is not None:
+                    kept[o.step] = a
             if perfetto:
-                paths.append(critical_events(a))
+                paths.append(o.critical)
+            bar(n + 1)
         if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
-            write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
+            with _progress(f"writing {perfetto}"):
+                write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
         run = answer_from(figures, blamed, str(path), references, api.two_step_graphs(table, cfg))
         if spool is not None:
             _print_json_spooled({**_json_head(path, table), "run": run.to_dict()}, spool, _json_tail(table))
             return
-    _print_summary(kept, str(path), k, rows, len(rows), run, detail)
+    slowest = _slowest(times)
+    shown = [kept.get(numbers[i]) or api.step_analysis(table, numbers[i], cfg) for i in slowest]
+    _print_summary(shown, str(path), k, rows, len(rows), run, detail)
     _print_table_lines(table)
     if perfetto:
         out.print(f"Perfetto trace: {perfetto}", highlight=False)
+
+
+def _slowest(times: list[float]) -> list[int]:
+    """Positions of the MAX_STEP_DETAILS slowest steps (the earlier of equal ones), in step order."""
+    kept: list[int] = []
+    for i in range(len(times)):
+        kept.append(i)
+        if len(kept) > MAX_STEP_DETAILS:  # keep the slowest (first ones on ties), in step order
+            del kept[min(range(len(kept)), key=lambda j: (times[kept[j]], -j))]
+    return kept
+
+
+@contextmanager
+def _progress(what: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr for work that lasts more than PROGRESS_AFTER_S (rich's, shown only
+    when stderr is a terminal, gone when the work ends); yields ``advance(done)``."""
+    if not err.is_terminal:
+        yield lambda done: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total is not None:
+        columns += [BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    bar = Progress(*columns, console=err, transient=True, auto_refresh=True)
+    task = bar.add_task(shorten(plain(what), 80), total=total)
+    t0 = time.monotonic()
+    timer = threading.Timer(PROGRESS_AFTER_S, bar.start)  # a short job prints nothing
+    timer.daemon = True
+    timer.start()
+
+    def advance(done: int) -> None:
+        bar.update(task, completed=done)
+
+    try:
+        yield advance
+    finally:
+        timer.cancel()
+        if time.monotonic() - t0 >= PROGRESS_AFTER_S:
+            bar.stop()
+
+
+PROGRESS_AFTER_S = 2.0  # seconds of work before a progress bar is shown
 
 
 @app.command(rich_help_panel="Analysis")
@@ -525,6 +565,9 @@ def analyze(
         None, "--perfetto", metavar="PATH", help="Write the trace with the critical path marked (opens in Perfetto)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of the tables."),
+    full_path: bool = typer.Option(
+        False, "--full-path", help="In --json, each step's critical path segment by segment (default: its --top longest segments)."
+    ),
     top: int = typer.Option(
         None, "--top", min=1, metavar="N", help="How many ops to list by critical-path time (default from config: 20)."
     ),
@@ -559,7 +602,7 @@ def analyze(
     guard_outputs({"--html": html, "--perfetto": perfetto}, [path, et, config, baseline])
     references = _baseline_sample(baseline, cfg) if baseline is not None else None
     if not (html or with_advice):  # step by step: a long run's graphs are never all held
-        _analyze_stepwise(path, step or None, cfg, et, executor, k, as_json, perfetto, detail, references)
+        _analyze_stepwise(path, step or None, cfg, et, executor, k, as_json, perfetto, detail, references, full_path)
         return
     with err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
         table, analyses = api.analyze(path, step or None, cfg, et, executor)
@@ -583,7 +626,7 @@ def analyze(
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
-        doc = {**_json_head(path, table), "run": run.to_dict(), "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
+        doc = {**_json_head(path, table), "run": run.to_dict(), "steps": [a.to_dict(k, full_path) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 x = extras[s_doc["step"]]

@@ -105,7 +105,8 @@ def families(g: ExecutionGraph, critical: np.ndarray) -> list[FamilyTime]:
 
 
 def _families_of(g: ExecutionGraph, ids: np.ndarray) -> np.ndarray:
-    fam = np.array([family(g.node_name(int(i))) for i in ids], dtype=object)
+    codes, inverse = np.unique(g.nodes["name"][ids], return_inverse=True)  # each name classified once
+    fam = np.array([family(g.names[int(c)]) for c in codes] or [""], dtype=object)[inverse.reshape(-1)] if len(ids) else np.array([], dtype=object)
     fam[g.nodes["node_type"][ids] == NodeType.NETWORK] = "communication"
     return fam
 
@@ -117,9 +118,9 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     order = np.argsort(starts, kind="stable")
     s, e = starts[order], ends[order]
     reach = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > reach[:-1]]
+    new = np.concatenate([[True], s[1:] > reach[:-1]])
     first = np.flatnonzero(new)
-    last = np.r_[first[1:], len(s)] - 1
+    last = np.concatenate([first[1:], [len(s)]]) - 1
     return s[first], reach[last]
 
 

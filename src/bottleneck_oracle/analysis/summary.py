@@ -139,12 +139,13 @@ class StepAnalysis:
         order = sorted(total, key=lambda x: (-total[x], x))[:k]
         return [{"name": x, "kind": kind[x], "critical_us": total[x], "share": total[x] / ms, "count": count[x]} for x in order]
 
-    def critical_path(self) -> list[dict[str, Any]]:
-        """The segments as JSON rows, in time order (schema: docs/commands/analyze.md, critical_path)."""
+    def critical_path(self, segments: list[Segment] | None = None) -> list[dict[str, Any]]:
+        """The segments (``segments``: those of them) as JSON rows, in time order (schema:
+        docs/commands/analyze.md, critical_path)."""
         g = self.graph
         threads, streams = g.meta.get("thread_names", {}), g.meta.get("stream_names", {})
         rows = []
-        for s in self.segments():
+        for s in self.segments() if segments is None else segments:
             key = f"{s.rank}:{s.tid}"
             row = {
                 "kind": s.kind,
@@ -294,8 +295,14 @@ class StepAnalysis:
         rank = max(imposed, key=lambda r: imposed[r])
         return {"rank": rank, "imposed_wait_us": imposed[rank]}
 
-    def to_dict(self, top: int = 20) -> dict[str, Any]:
-        """The step as ``analyze --json`` prints it, with ``top`` ops by critical-path time."""
+    def longest_segments(self, k: int) -> list[Segment]:
+        """The ``k`` longest segments of the critical path (the earlier of equal ones), in time order."""
+        segs = self.segments()
+        return [segs[i] for i in sorted(sorted(range(len(segs)), key=lambda i: -segs[i].dur)[:k])]
+
+    def to_dict(self, top: int = 20, full_path: bool = True) -> dict[str, Any]:
+        """The step as ``analyze --json`` prints it, with ``top`` ops by critical-path time; with
+        ``full_path`` the critical path segment by segment, else its ``top`` longest segments."""
         g, r = self.graph, self.cpm
         step_time = self.step_time
         reference = self.period or self.measured
@@ -323,7 +330,7 @@ class StepAnalysis:
             "checks": [c.to_dict() for c in self.checks()],
             "facts": g.meta.get("facts"),
             "bystanders": self.bystanders(),
-            "critical_path": self.critical_path(),
+            **({"critical_path": self.critical_path()} if full_path else {"critical_path_top": self.critical_path(self.longest_segments(top))}),
             "kernel_families": {"scope": scope(g)[0], "families": [f.to_dict() for f in self.kernel_families()]},
             "overlap": [o.to_dict() for o in self.overlap()],
         }

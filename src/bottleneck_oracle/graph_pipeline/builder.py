@@ -423,6 +423,18 @@ def iter_graphs(
     """The graphs of ``build_graphs`` one at a time, in step order (a long run's graphs need not
     all be held at once). The steps are checked before anything is built: a bad selection or
     traces of different runs raise here, not halfway through."""
+    present = checked_steps(table, steps)
+    if present is None:
+        return iter([build_graph(table, None, options)])
+    return _graphs(table, present, options, engine)
+
+
+def checked_steps(table: EventTable, steps: list[int] | None = None) -> list[int] | None:
+    """The step numbers to build (``steps``, or every step present), checked: a step that is not in
+    the trace, or ranks starting one step too far apart (traces of different runs), raise
+    GraphError; steps lasting 0 µs and steps missing on some ranks are warned about. None: the
+    trace has no step markers (one window for the whole trace, with a warning). The table's
+    look-up indexes are computed here, before it is shared with workers."""
     present = sorted({s.number for s in table.steps})
     if steps is not None:
         missing = sorted(set(steps) - set(present))
@@ -431,10 +443,10 @@ def iter_graphs(
         present = sorted(set(steps))
     if not present:
         files = ", ".join(table.files.values())
-        warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=3)
-        return iter([build_graph(table, None, options)])
+        warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=4)
+        return None
     for number in present:
-        mine = [s for s in table.steps if s.number == number]
+        mine = table.steps_of(number)
         ranks = {s.rank for s in mine}
         starts = [s.start for s in mine]
         longest = max(s.span for s in mine)
@@ -445,15 +457,15 @@ def iter_graphs(
                 f"for a step of {longest / 1000:.1f} ms: these traces are from different runs (or from hosts whose clocks disagree)"
             )
         if longest <= 0:
-            warnings.warn(f"ProfilerStep#{number} lasts 0 µs on every rank: nothing ran in it", OracleWarning, stacklevel=3)
+            warnings.warn(f"ProfilerStep#{number} lasts 0 µs on every rank: nothing ran in it", OracleWarning, stacklevel=4)
         absent = sorted(set(table.ranks) - ranks)
         if absent:
             warnings.warn(
-                f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=3
+                f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=4
             )
     table.index()  # computed once, before the table is shared
     table.launchers()
-    return _graphs(table, present, options, engine)
+    return present
 
 
 def _graphs(table: EventTable, present: list[int], options: BuildOptions | None, engine: Engine | None) -> Iterator[ExecutionGraph]:

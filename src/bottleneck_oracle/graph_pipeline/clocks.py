@@ -138,6 +138,7 @@ def shift(table: EventTable, offsets: dict[int, float]) -> None:
             s.end -= low
     table.steps.sort(key=lambda s: (s.number, s.rank))
     table.by_rank_ts = table.streams = None  # caches ordered by time
+    table.lookups = {}
 
 
 def align(table: EventTable, host_of: dict[int, int] | None = None) -> ClockReport:

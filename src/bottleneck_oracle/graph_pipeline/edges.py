@@ -122,7 +122,8 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     if not len(fl["ts"]) or not w.n_leaf:
         return
     c = w.c
-    fts = fl["ts"] - w.w0
+    f = _flows_near(table, w) if w.steps else np.arange(len(fl["ts"]))
+    fts = fl["ts"][f] - w.w0
     keep = (fts >= 0) & (fts <= w.end.max())
     if w.steps:  # (a window over several steps: from the first one's start to the last one's end)
         lo: dict[int, float] = {}
@@ -131,10 +132,10 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
             lo[s.rank] = min(lo.get(s.rank, np.inf), s.start - w.w0)
             hi[s.rank] = max(hi.get(s.rank, -np.inf), s.end - w.w0)
         ranks = np.array(sorted(lo))
-        keep &= np.isin(fl["rank"], ranks)
-        pos = np.searchsorted(ranks, fl["rank"]).clip(0, len(ranks) - 1)
+        keep &= np.isin(fl["rank"][f], ranks)
+        pos = np.searchsorted(ranks, fl["rank"][f]).clip(0, len(ranks) - 1)
         keep &= (fts >= np.array([lo[r] for r in ranks])[pos]) & (fts < np.array([hi[r] for r in ranks])[pos])
-    f = np.flatnonzero(keep)
+    f, fts = f[keep], fts[keep]
     if not len(f):
         return
     # the window's thread id of each flow endpoint (-1: a thread with no CPU op in the window)
@@ -150,7 +151,7 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     fl_th = np.array([thread_of.get(tuple(x), -1) for x in triples.tolist()], dtype=np.int64)[inverse.reshape(-1)]
     span = float(w.end.max()) + 2.0
     keys = w.ev_thread[srt] * span + w.ts[srt]
-    fkey = np.where(fl_th >= 0, fl_th * span + fts[f], -1.0)
+    fkey = np.where(fl_th >= 0, fl_th * span + fts, -1.0)
     pos = np.minimum(np.searchsorted(keys, fkey - 1e-3), len(keys) - 1)
     ok = (fl_th >= 0) & (np.abs(keys[pos] - fkey) <= 1e-3)
     ev = np.where(ok, srt[pos], -1)
@@ -164,6 +165,30 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     a, b = a[good], b[good]
     forward = w.ts[b] >= w.ts[a]
     E.add(w.out_node(a[forward]), w.in_node(b[forward]), EdgeKind.FWD_BWD)
+
+
+def _flows_near(table: EventTable, w: Window) -> np.ndarray:
+    """The flow endpoints of the window's ranks within 1 µs of their steps' spans, ascending: a
+    superset of those forward_backward keeps, found in the flows sorted by (rank, ts) once per
+    table instead of a pass over every flow of the trace per step."""
+    fl = table.flows
+    cached = table.lookups.get("flows")
+    if cached is None or cached[0] is not fl["ts"]:
+        order = np.lexsort((fl["ts"], fl["rank"]))
+        cached = table.lookups["flows"] = (fl["ts"], order, fl["rank"][order], fl["ts"][order])
+    _, order, rank_s, ts_s = cached
+    spans: dict[int, tuple[float, float]] = {}
+    for s in w.steps:
+        lo, hi = spans.get(s.rank, (np.inf, -np.inf))
+        spans[s.rank] = (min(lo, s.start), max(hi, s.end))
+    parts = []
+    for rank, (start, end) in spans.items():
+        key = rank_s.dtype.type(rank)
+        a, b = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
+        lo = a + np.searchsorted(ts_s[a:b], start - 1.0, side="left")
+        hi = a + np.searchsorted(ts_s[a:b], end + 1.0, side="right")
+        parts.append(order[lo:hi])
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
 def data_dependencies(table: EventTable, w: Window, E: EdgeSet) -> None:
@@ -285,7 +310,7 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
             waits_src.append(w.n_leaf + g)
             waits_dst.append(node)
     with_sync = np.unique(rank[syncs])
-    blocking_names = [i for i, n in enumerate(w.names) if n in blocking_calls]
+    blocking_names = w.codes_of(blocking_calls)
     # the blocking calls no sync record describes: synchronize calls of ranks without cuda_sync
     # records, and polling loops of queries (no record describes a query) everywhere
     named = (cls == EvClass.RUNTIME) & (np.isin(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0)))

@@ -139,10 +139,25 @@ class EventTable:
     """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
     facts_cache: dict | None = None
     """Cached per-rank indexes of facts.py (device ops by launch and by start; long host ops)."""
+    lookups: dict = field(default_factory=dict)
+    """Cached look-ups that every step's graph reads (window.py, edges.py): flags of every name,
+    the steps by number, the flows by rank and time; each says what it was computed from."""
 
     def drop_caches(self) -> None:
         """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
         self.by_rank_ts = self.launcher = self.streams = self.facts_cache = None
+        self.lookups = {}
+
+    def steps_of(self, number: int) -> list[Step]:
+        """The ProfilerStep spans numbered ``number`` (every rank's), in table order: one look-up
+        per step instead of a scan of every step of every rank."""
+        index = self.lookups.get("steps")
+        if index is None or index[0] != len(self.steps):
+            by: dict[int, list[Step]] = {}
+            for s in self.steps:
+                by.setdefault(s.number, []).append(s)
+            index = self.lookups["steps"] = (len(self.steps), by)
+        return index[1].get(number, [])
 
     def launchers(self) -> np.ndarray:
         """Per row, the row of the runtime call that launched it: GPU ops and GPU-side sync records
@@ -594,13 +609,24 @@ def _duplicates(pid, tid, ts, dur, code, cls, raw: TraceBytes, lo: np.ndarray, h
     """Events whose JSON text is the same as an earlier one's: a trace written twice. (Two calls
     of one name starting in the same microsecond with the same duration are common in µs-resolution
     traces; they differ in their correlation or External ids, so only identical text counts.)"""
+    out = np.zeros(len(ts), dtype=bool)
     if not len(ts):
-        return np.zeros(0, dtype=bool)
-    order = np.lexsort((dur, ts, code, cls, tid, pid))
+        return out
+    # only events sharing their start and duration with another can be one's copy: one sort of two
+    # columns finds them (few in most traces), the full sort runs on those alone
+    by = np.lexsort((dur, ts))
+    tie = (ts[by][1:] == ts[by][:-1]) & (dur[by][1:] == dur[by][:-1])
+    cand = np.zeros(len(ts), dtype=bool)
+    cand[by[1:][tie]] = True
+    cand[by[:-1][tie]] = True
+    sub = np.flatnonzero(cand)  # ascending: ties of the full sort keep the table order
+    if not len(sub):
+        return out
+    order = sub[np.lexsort((dur[sub], ts[sub], code[sub], cls[sub], tid[sub], pid[sub]))]
     same = np.ones(len(order) - 1, dtype=bool)
     for col in (pid, tid, cls, code, ts, dur):
-        same &= col[order][1:] == col[order][:-1]
-    out = np.zeros(len(ts), dtype=bool)
+        c = col[order]
+        same &= c[1:] == c[:-1]
     for k in np.flatnonzero(same).tolist():
         a, b = int(order[k]), int(order[k + 1])
         if raw[int(lo[a]) : int(hi[a])] == raw[int(lo[b]) : int(hi[b])]:

@@ -239,7 +239,7 @@ class StepFacts:
 
 
 def step_facts(table: EventTable, step: int | None) -> StepFacts:
-    steps = [s for s in table.steps if s.number == step] if step is not None else []
+    steps = table.steps_of(step) if step is not None else []
     if step is not None:
         return StepFacts(step, [rank_facts(table, s.rank, s) for s in sorted(steps, key=lambda s: s.rank)])
     return StepFacts(None, [rank_facts(table, r, None) for r in table.ranks])

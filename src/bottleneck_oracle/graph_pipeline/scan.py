@@ -449,14 +449,29 @@ _DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": 
 _FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1, "evidx": -1}
 
 
-def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes, step: int = 64 * 2**20) -> int:
-    """Occurrences of ``needle`` in buf[lo:hi] (at least the non-overlapping count: an upper bound where
-    occurrences overlap), counted through a memoryview: no copy of the buffer, no temporary array."""
-    view = buf.data[lo:hi]
+@numba.njit(cache=True, nogil=True)
+def _count_at(buf, lo, hi, needle):
+    n = len(needle)
+    first = needle[0]
     total = 0
-    for a in range(0, len(view), step):  # each chunk reaches len(needle) - 1 bytes into the next: an occurrence
-        total += view[a : min(a + step + len(needle) - 1, len(view))].tobytes().count(needle)  # is counted where it starts
+    i = lo
+    while i <= hi - n:
+        if buf[i] == first:
+            j = 1
+            while j < n and buf[i + j] == needle[j]:
+                j += 1
+            if j == n:
+                total += 1
+                i += n
+                continue
+        i += 1
     return total
+
+
+def _count(buf: np.ndarray, lo: int, hi: int, needle: bytes) -> int:
+    """Non-overlapping occurrences of ``needle`` in buf[lo:hi] (as ``bytes.count``), counted in
+    place: no copy of the buffer, no temporary array."""
+    return int(_count_at(buf, lo, hi, np.frombuffer(needle, dtype=np.uint8)))
 
 
 def cache_is_cold(folder: Path | None = None) -> bool:

@@ -43,14 +43,14 @@ def select_window(table: EventTable, step: int | None, span: int = 1) -> tuple[n
     belong to the step they start in. With ``step=None`` the whole trace is one window.
     """
     c = table.cols
-    ts, end = c["ts"], c["ts"] + c["dur"]
     if step is None:
+        ts, end = c["ts"], c["ts"] + c["dur"]
         measured = {}
         for r in table.ranks:
             m = c["rank"] == r
             measured[r] = float(end[m].max() - ts[m].min())
         return np.arange(len(table)), float(ts.min()), measured, []
-    steps = [s for s in table.steps if step <= s.number < step + span]
+    steps = [s for k in range(step, step + span) for s in table.steps_of(k)]
     first = [s for s in steps if s.number == step]
     if not first:
         raise GraphError(f"no ProfilerStep#{step} in the trace")
@@ -137,6 +137,14 @@ class Window:
     copy_op: np.ndarray  # per event: for a blocking copy or set call, the window event of its device op (-1: none)
     polls: np.ndarray  # per event: how many query calls a merged polling loop holds (0: not one)
     origins: dict[int, float]  # µs per rank: where its step's period starts (facts.py), from the window start
+    codes: tuple[dict[str, list[int]], int] | None = None  # the table's name -> codes, for names[:n] (None: none)
+
+    def codes_of(self, wanted: tuple[str, ...]) -> list[int]:
+        """The codes of the names in ``wanted``, ascending: from the table's index of its names,
+        and a scan of the window's own names after them (the step-end marker)."""
+        index, n = self.codes if self.codes is not None else ({}, 0)
+        found = [i for name in set(wanted) for i in index.get(name, ())]
+        return sorted(found + [i for i, name in enumerate(self.names[n:], n) if name in wanted])
 
     @property
     def n_leaf(self) -> int:
@@ -190,6 +198,35 @@ class Window:
         elem = self.c["elem_bytes"][self.node_rows]
         elem = np.where(np.isnan(elem), 4.0, elem)  # fp32 when the trace does not say
         return np.where(self.is_net, self.c["msg_nelems"][self.node_rows] * elem, np.nan)
+
+
+def _name_lookups(table: EventTable, names: list[str]) -> dict[str, np.ndarray]:
+    """Per name of ``names`` (the table's names and the window's step-end marker after them):
+    name_flags and whether it matches SYNC_NAME, COPY_NAME, QUERY_NAME. The table's part is
+    computed once per table (every step reads the same thousands of names), the rest here."""
+    n_table = len(table.names)
+    cached = table.lookups.get("names")
+    if cached is None or cached[0] != n_table:
+        cached = table.lookups["names"] = (n_table, _flags_of(table.names))
+        codes: dict[str, list[int]] = {}
+        for i, n in enumerate(table.names):
+            codes.setdefault(n, []).append(i)
+        table.lookups["codes"] = codes
+    extra = names[n_table:]
+    if not extra:
+        return cached[1]
+    more = _flags_of(extra)
+    return {k: np.concatenate([v, more[k]]) for k, v in cached[1].items()}
+
+
+def _flags_of(names: list[str]) -> dict[str, np.ndarray]:
+    coll, gloo, nccl, c10d = name_flags(names)
+    return {
+        "coll": coll, "gloo": gloo, "nccl": nccl, "c10d": c10d,
+        "sync": np.array([bool(SYNC_NAME.search(n)) for n in names], dtype=bool),
+        "copy": np.array([bool(COPY_NAME.search(n)) for n in names], dtype=bool),
+        "query": np.array([bool(QUERY_NAME.search(n)) for n in names], dtype=bool),
+    }  # fmt: skip
 
 
 def name_flags(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -275,10 +312,10 @@ def _leaves(cpu_rows: np.ndarray, c: dict[str, np.ndarray], ts: np.ndarray, end:
     return thread, srt, th, leaf
 
 
-def _polling_loops(c: dict[str, np.ndarray], names: list[str], srt: np.ndarray, th: np.ndarray, leaf: np.ndarray) -> list[np.ndarray]:
+def _polling_loops(c: dict[str, np.ndarray], is_query: np.ndarray, srt: np.ndarray, th: np.ndarray, leaf: np.ndarray) -> list[np.ndarray]:
     """Runs of at least POLL_MIN_CALLS consecutive leaves of a thread that are all event or stream
-    queries (``while not event.query(): pass``): each run's events, in time order."""
-    is_query = np.array([bool(QUERY_NAME.search(n)) for n in names], dtype=bool)
+    queries (``while not event.query(): pass``; ``is_query`` per name code): each run's events,
+    in time order."""
     lf = srt[leaf]
     if not len(lf):
         return []
@@ -300,12 +337,12 @@ def _polling_loops(c: dict[str, np.ndarray], names: list[str], srt: np.ndarray, 
     return runs
 
 
-def _blocking_copies(c: dict[str, np.ndarray], names: list[str], ts: np.ndarray, end: np.ndarray, tol: float) -> np.ndarray:
+def _blocking_copies(c: dict[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarray, end: np.ndarray, tol: float) -> np.ndarray:
     """Per event, the device op of a copy or set call that returned only after that op ended
     (a copy to pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``: what ``.item()``,
-    ``.cpu()`` and ``.tolist()`` do), -1 otherwise. Joined on the correlation id."""
+    ``.cpu()`` and ``.tolist()`` do), -1 otherwise (``is_copy`` per name code: COPY_NAME). Joined
+    on the correlation id."""
     out = np.full(len(ts), -1, dtype=np.int64)
-    is_copy = np.array([bool(COPY_NAME.search(n)) for n in names], dtype=bool)
     calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & is_copy[c["name"]] & (c["correlation"] >= 0))
     ops = np.flatnonzero(np.isin(c["cls"], GPU_CLASSES) & (c["correlation"] >= 0))
     if not len(calls) or not len(ops):
@@ -342,7 +379,8 @@ def make_window(
     dur = c["dur"]
     end = ts + dur
     cls = c["cls"]
-    name_coll, name_gloo, name_nccl, name_c10d = name_flags(names)
+    flags = _name_lookups(table, names)
+    name_coll, name_gloo, name_nccl, name_c10d = flags["coll"], flags["gloo"], flags["nccl"], flags["c10d"]
 
     # CPU leaves: sorted by (thread, ts, -dur), an event is a leaf if the next one on its
     # thread starts at or after its end (leaves of one thread therefore never overlap)
@@ -353,8 +391,8 @@ def make_window(
     cpu_rows = np.flatnonzero(cpu_mask)
     thread, srt, th, leaf = _leaves(cpu_rows, c, ts, end)
     polls = np.zeros(len(ts), dtype=np.int64)
-    blocking = (cls == EvClass.RUNTIME) & np.array([bool(SYNC_NAME.search(n)) for n in names], dtype=bool)[c["name"]]
-    loops = _polling_loops(c, names, srt, th, leaf)
+    blocking = (cls == EvClass.RUNTIME) & flags["sync"][c["name"]]
+    loops = _polling_loops(c, flags["query"], srt, th, leaf)
     if loops:  # each loop becomes its first call, lasting the whole loop: one wait on the device
         for run in loops:
             first = run[0]
@@ -365,7 +403,7 @@ def make_window(
         cpu_rows = np.flatnonzero(cpu_mask)
         thread, srt, th, leaf = _leaves(cpu_rows, c, ts, end)
     blocking |= polls > 0
-    copy_op = _blocking_copies(c, names, ts, end, tol)
+    copy_op = _blocking_copies(c, flags["copy"], ts, end, tol)
     blocking |= copy_op >= 0
     ev_thread = np.full(len(ts), -1, dtype=np.int64)
     ev_thread[cpu_rows] = thread
@@ -410,5 +448,10 @@ def make_window(
         staged_prev=staged_prev, staged_next=staged_next,
         node_rows=node_rows, ev2node=ev2node, is_net=is_net,
         ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8), carry=carry, lead_from=lead_from,
-        blocking=blocking, copy_op=copy_op, polls=polls, origins=origin_of,
+        blocking=blocking, copy_op=copy_op, polls=polls, origins=origin_of, codes=_codes(table),
     )  # fmt: skip
+
+
+def _codes(table: EventTable) -> tuple[dict[str, list[int]], int]:
+    """The table's index of its names (cached by _name_lookups) and how many it covers."""
+    return table.lookups["codes"], len(table.names)
