@@ -105,8 +105,10 @@ def families(g: ExecutionGraph, critical: np.ndarray) -> list[FamilyTime]:
 
 
 def _families_of(g: ExecutionGraph, ids: np.ndarray) -> np.ndarray:
+    if not len(ids):
+        return np.array([], dtype=object)
     codes, inverse = np.unique(g.nodes["name"][ids], return_inverse=True)  # each name classified once
-    fam = np.array([family(g.names[int(c)]) for c in codes] or [""], dtype=object)[inverse.reshape(-1)] if len(ids) else np.array([], dtype=object)
+    fam = np.array([family(g.names[int(c)]) for c in codes], dtype=object)[inverse.reshape(-1)]
     fam[g.nodes["node_type"][ids] == NodeType.NETWORK] = "communication"
     return fam
 

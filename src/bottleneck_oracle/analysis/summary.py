@@ -306,6 +306,9 @@ class StepAnalysis:
         g, r = self.graph, self.cpm
         step_time = self.step_time
         reference = self.period or self.measured
+        path = (
+            {"critical_path": self.critical_path()} if full_path else {"critical_path_top": self.critical_path(self.longest_segments(top))}
+        )
         return {
             "step": g.step,
             "ranks": g.ranks,
@@ -330,7 +333,7 @@ class StepAnalysis:
             "checks": [c.to_dict() for c in self.checks()],
             "facts": g.meta.get("facts"),
             "bystanders": self.bystanders(),
-            **({"critical_path": self.critical_path()} if full_path else {"critical_path_top": self.critical_path(self.longest_segments(top))}),
+            **path,
             "kernel_families": {"scope": scope(g)[0], "families": [f.to_dict() for f in self.kernel_families()]},
             "overlap": [o.to_dict() for o in self.overlap()],
         }
