@@ -60,7 +60,7 @@ def test_analyze_prints_the_run_answer_first_and_the_steps_on_request(capsys):
 
 
 def test_analyze_json_schema(capsys):
-    code, out, _ = run(["analyze", str(SAMPLE), "--json", "--step", "2"], capsys)
+    code, out, _ = run(["analyze", str(SAMPLE), "--json", "--step", "2", "--full-path"], capsys)
     assert code == 0
     doc = json.loads(out)
     assert doc["ranks"] == [0, 1] and [s["step"] for s in doc["steps"]] == [2]
@@ -97,6 +97,13 @@ def test_analyze_json_schema(capsys):
     assert all(b["start_us"] >= a["start_us"] for a, b in zip(path, path[1:]))
     assert step["gpu_queue"] is None  # a CPU run
     assert any("untraced" in w for w in step["warnings"])  # rank 1's 20 ms sleep is untraced Python
+    # by default: the path's longest segments, in time order, the rest of the step as with --full-path
+    code, out, _ = run(["analyze", str(SAMPLE), "--json", "--step", "2", "--top", "3"], capsys)
+    short = json.loads(out)["steps"][0]
+    top = short.pop("critical_path_top")
+    assert "critical_path" not in short and len(top) == 3 and all(b["start_us"] >= a["start_us"] for a, b in zip(top, top[1:]))
+    assert sorted(s["dur_us"] for s in top) == sorted(s["dur_us"] for s in path)[-3:]
+    assert short == {**{k: v for k, v in step.items() if k != "critical_path"}, "top_ops": step["top_ops"][:3]}
 
 
 def test_unknown_step_is_a_clean_error(capsys):

@@ -246,6 +246,9 @@ def _typical(
     for members in across.values():
         if len(members) < 2:
             continue  # nobody to compare with
+        if len(members) >= _MANY_PEERS:  # the same, each rank against all the others at once
+            _against_peers(members, typical, source, noise, ref_med, ref_noise)
+            continue
         for i, _ in members:
             others = [v for j, v in members if j != i]
             med, nz = (others[0], 0.0) if len(others) == 1 else _robust(others)  # one peer: its value, no spread
@@ -253,6 +256,45 @@ def _typical(
                 typical[i], source[i] = med, 1
             noise[i] = max(nz, ref_noise[i]) if ref_noise is not None else nz  # ... the wider margin (one peer alone shows no spread)
     return typical, source, noise
+
+
+_MANY_PEERS = 8  # peer groups this large are compared with one sort (_against_peers), smaller ones in plain Python
+
+
+def _against_peers(
+    members: list[tuple[int, float]], typical: np.ndarray, source: np.ndarray, noise: np.ndarray,
+    ref_med: np.ndarray | None, ref_noise: np.ndarray | None,
+) -> None:  # fmt: skip
+    """_typical's comparison of each member (node id, value) with the others of its peer group, for
+    every member at once: the quantiles of the values without member i are read off the sorted
+    values, skipping i's place (one sort for the group, not one per member: thousands of ranks
+    made this quadratic). The same floats as _robust's, by the same arithmetic. In place."""
+    idx = np.array([i for i, _ in members], dtype=np.int64)
+    vals = np.array([v for _, v in members], dtype=np.float64)
+    m = len(vals)
+    order = np.argsort(vals, kind="stable")
+    srt = vals[order]
+    place = np.empty(m, dtype=np.int64)
+    place[order] = np.arange(m)
+
+    def quantile(q: float) -> np.ndarray:  # _quantile of the m - 1 others, for every member
+        pos = (m - 2) * q
+        lo = int(pos)
+        hi = min(lo + 1, m - 2)
+        a = np.where(lo < place, srt[lo], srt[lo + 1])
+        b = np.where(hi < place, srt[hi], srt[hi + 1])
+        out: np.ndarray = a + (b - a) * (pos - lo)
+        return out
+
+    q1, med, q3 = quantile(0.25), quantile(0.5), quantile(0.75)
+    nz = q3 + TUKEY_K * (q3 - q1) - med
+    if ref_med is None or ref_noise is None:
+        typical[idx], source[idx], noise[idx] = med, 1, nz
+        return
+    rm, rn = ref_med[idx], ref_noise[idx]
+    smaller = (med < rm) | ((med == rm) & ((nz < rn) | (nz == rn)))  # (med, nz, 1) < (rm, rn, 2), as tuples compare
+    typical[idx[smaller]], source[idx[smaller]] = med[smaller], 1
+    noise[idx] = np.where(rn > nz, rn, nz)  # max(nz, rn)
 
 
 def absent_on_peers(g: ExecutionGraph, keys: list[NodeKey], groups: dict[int, int], typical: np.ndarray, source: np.ndarray) -> None:

@@ -133,7 +133,7 @@ def _stream_order_edges(g: ExecutionGraph, src, dst, w, est, dur, makespan) -> d
     arrive = est[src] + dur[src] + w
     tie = max(NEAR_TIE_US, NEAR_TIE_SHARE * makespan)
     cand = np.flatnonzero((kind == EdgeKind.PROGRAM_ORDER) & gpu[src] & gpu[dst] & (arrive >= est[dst] - tie))
-    return {int(v): int(e) for v, e in zip(dst[cand].tolist(), cand.tolist())}
+    return dict(zip(dst[cand].tolist(), cand.tolist()))
 
 
 def origins(g: ExecutionGraph) -> np.ndarray:

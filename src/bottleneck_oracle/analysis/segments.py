@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult
+from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
@@ -71,9 +72,9 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
     send/recv), CPU (runtime calls, CPU ops of ranks with a GPU)."""
     n = g.nodes
     cat = n["category"]
-    cpu_is_overhead = np.isin(n["rank"], np.unique(n["rank"][n["on_gpu"]]))
+    cpu_is_overhead = isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]]))
     out = np.full(len(cat), CPU, dtype=np.int8)
-    out[np.isin(cat, GPU_CATEGORIES)] = COMPUTE
+    out[isin_small(cat, GPU_CATEGORIES)] = COMPUTE
     out[(cat == Category.CPU_OP) & ~cpu_is_overhead] = COMPUTE
     out[n["node_type"] == NodeType.NETWORK] = COMM
     return out
@@ -99,7 +100,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     """The segments of the critical path of ``g`` (CPM result ``r``), in time order."""
     n, e = g.nodes, g.edges
     klass = node_class(g)
-    cpu_only = (~np.isin(n["rank"], np.unique(n["rank"][n["on_gpu"]]))).tolist()
+    cpu_only = (~isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]]))).tolist()
     rank_of, tid_of, gpu_of = n["rank"].astype(int).tolist(), n["tid"].astype(int).tolist(), n["on_gpu"].astype(bool).tolist()
     pieces = _Pieces(g)
     out: list[Segment] = []
@@ -146,7 +147,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
                 add("wait", IDLE, v, wait_name, cursor, hi, cause)
 
     barrier = n["category"] == Category.BARRIER
-    sync = np.isin(e["kind"], (EdgeKind.COLLECTIVE_SYNC, EdgeKind.SEND_RECV)) & barrier[e["src"]]
+    sync = isin_small(e["kind"], (EdgeKind.COLLECTIVE_SYNC, EdgeKind.SEND_RECV)) & barrier[e["src"]]
 
     def member_on_thread(b: int, src: int) -> int:
         """The participant of barrier ``b`` on the thread of ``src`` (the barrier holds copies of

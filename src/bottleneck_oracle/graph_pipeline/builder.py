@@ -30,6 +30,7 @@ import numpy as np
 from bottleneck_oracle.errors import GraphError, OracleWarning
 from bottleneck_oracle.graph_pipeline import edges as rules
 from bottleneck_oracle.graph_pipeline import fields as F
+from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
@@ -173,7 +174,7 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
         np.maximum.at(bar_release, inst[member], carry[member])  # a participant queued behind earlier steps' work
         release[waiting] = -np.inf
         release[n:] = bar_release
-        p2p = np.isin(ckind[waiting], P2P_KINDS)
+        p2p = isin_small(ckind[waiting], P2P_KINDS)
         src = np.concatenate([src, n + inst[waiting]])
         dst = np.concatenate([dst, waiting])
         kind = np.concatenate([kind, np.where(p2p, EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC).astype(np.int8)])
@@ -332,7 +333,7 @@ def _finish(table: EventTable, step: int | None, opt: BuildOptions, w: Window, E
     nodes = {
         "rank": c["rank"][rows],
         "tid": c["tid"][rows],
-        "on_gpu": np.isin(c["cls"][rows], GPU_CLASSES),
+        "on_gpu": isin_small(c["cls"][rows], GPU_CLASSES),
         "name": c["name"][rows],
         "node_type": w.node_type(),
         "category": w.node_category(),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
+from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 from bottleneck_oracle.graph_pipeline.window import Window
 
@@ -147,8 +148,8 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
         (r, p, t): k
         for r, p, t, k in zip(c["rank"][heads].tolist(), c["pid"][heads].tolist(), c["tid"][heads].tolist(), w.ev_thread[heads].tolist())
     }
-    triples, inverse = np.unique(np.stack([fl["rank"][f], fl["pid"][f], fl["tid"][f]], axis=1), axis=0, return_inverse=True)
-    fl_th = np.array([thread_of.get(tuple(x), -1) for x in triples.tolist()], dtype=np.int64)[inverse.reshape(-1)]
+    ends = zip(fl["rank"][f].tolist(), fl["pid"][f].tolist(), fl["tid"][f].tolist())
+    fl_th = np.array([thread_of.get(x, -1) for x in ends], dtype=np.int64).reshape(-1)
     span = float(w.end.max()) + 2.0
     keys = w.ev_thread[srt] * span + w.ts[srt]
     fkey = np.where(fl_th >= 0, fl_th * span + fts, -1.0)
@@ -313,8 +314,8 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     blocking_names = w.codes_of(blocking_calls)
     # the blocking calls no sync record describes: synchronize calls of ranks without cuda_sync
     # records, and polling loops of queries (no record describes a query) everywhere
-    named = (cls == EvClass.RUNTIME) & (np.isin(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0)))
-    calls = np.flatnonzero(((named & ~np.isin(rank, with_sync)) | (w.polls > 0)) & (w.ev2node >= 0))
+    named = (cls == EvClass.RUNTIME) & (isin_small(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0)))
+    calls = np.flatnonzero(((named & ~isin_sorted(rank, with_sync)) | (w.polls > 0)) & (w.ev2node >= 0))
     dev_by_end: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for call in calls.tolist():
         limit = float(w.end[call]) + tol

@@ -612,10 +612,11 @@ def _duplicates(pid, tid, ts, dur, code, cls, raw: TraceBytes, lo: np.ndarray, h
     out = np.zeros(len(ts), dtype=bool)
     if not len(ts):
         return out
-    # only events sharing their start and duration with another can be one's copy: one sort of two
-    # columns finds them (few in most traces), the full sort runs on those alone
-    by = np.lexsort((dur, ts))
-    tie = (ts[by][1:] == ts[by][:-1]) & (dur[by][1:] == dur[by][:-1])
+    # only events sharing their start with another can be one's copy: one sort of one column finds
+    # them (few in most traces), the full sort runs on those alone
+    by = np.argsort(ts)
+    t = ts[by]
+    tie = t[1:] == t[:-1]
     cand = np.zeros(len(ts), dtype=bool)
     cand[by[1:][tie]] = True
     cand[by[:-1][tie]] = True
@@ -1154,13 +1155,13 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
 def _parse_file(path: Path, single: bool) -> _Builder:
     raw = map_trace(path)
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
-    lo, hi, is_object, has_nodes, has_schema, err = scan.find_events(buf)
+    lo, hi, is_object, has_nodes, has_schema, err, count = scan.count_events(buf)
     if err == scan.OK and lo < 0:
         raise _not_a_trace(path, raw, is_object, has_nodes, has_schema)
     if isinstance(raw, MappedTrace):  # finding the events array read every page
         raw.release(len(raw))
     if err == scan.OK:  # a mapped trace gives back the pages it has scanned as it goes
-        err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if isinstance(raw, MappedTrace) else None)
+        err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if isinstance(raw, MappedTrace) else None, events=count)
     else:
         pos = 0
     _give_back(raw)

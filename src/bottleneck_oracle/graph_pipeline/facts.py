@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
 
 DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
@@ -149,7 +150,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         cpu_start = float(c["ts"][rows].min())
         span = host if len(host) else rows
         cpu_end = float((c["ts"][span] + c["dur"][span]).max())
-    own = rows[np.isin(cls[rows], DEVICE_CLASSES)]
+    own = rows[isin_small(cls[rows], DEVICE_CLASSES)]
     device_end = float((c["ts"][own] + c["dur"][own]).max()) if len(own) else None
     prev_end = None
     busy = 0.0
@@ -193,7 +194,7 @@ def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float
     longs = longs[(c["ts"][longs] + c["dur"][longs] > lo) & (c["dur"][longs] >= 0.1 * (hi - lo))]
     if not len(longs):
         return []
-    host = rows[np.isin(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
+    host = rows[isin_small(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
     mine = np.unique(np.concatenate([host, longs]))  # the step's host events and the long ones reaching into it
     key = c["pid"][mine].astype(np.int64) * (1 << 32) + (c["tid"][mine].astype(np.int64) & 0xFFFFFFFF)
     threads = np.unique(key)

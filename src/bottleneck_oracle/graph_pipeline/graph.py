@@ -179,11 +179,12 @@ class ExecutionGraph:
     def summary_counts(self) -> dict[str, int]:
         nt = self.nodes["node_type"]
         cat = self.nodes["category"]
+        kinds = np.bincount(self.edges["kind"][self.edges["kind"] >= 0].astype(np.int64), minlength=len(EdgeKind))
         return {
             "nodes": self.n_nodes,
             "edges": self.n_edges,
             "compute_nodes": int((nt == NodeType.COMPUTE).sum()),
             "network_nodes": int(((nt == NodeType.NETWORK) & (cat != Category.BARRIER)).sum()),
             "barriers": int((cat == Category.BARRIER).sum()),
-            **{f"edges_{k.name.lower()}": int((self.edges["kind"] == k).sum()) for k in EdgeKind},
+            **{f"edges_{k.name.lower()}": int(kinds[k]) for k in EdgeKind},
         }

@@ -84,29 +84,55 @@ def _string(buf, i, n):
 
 
 @numba.njit(cache=True, nogil=True)
+def _string_end(buf, i, n):
+    """buf[i] is the opening quote; the index after the closing quote, or -1 (_string without the hash)."""
+    i += 1
+    while i < n:
+        c = buf[i]
+        if c == 34:  # "
+            return i + 1
+        if c == 92:  # backslash: the escaped byte is part of the string
+            i += 1
+            if i >= n:
+                return -1
+        i += 1
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _skip_container(buf, i, n):
+    """Skip the object or array at buf[i]: (index after it or -2 if truncated, how many objects it
+    holds directly: the events of an events array)."""
+    depth = 0
+    objects = 0
+    while i < n:
+        c = buf[i]
+        if c == 34:
+            i = _string_end(buf, i, n)
+            if i < 0:
+                return -2, objects
+            continue
+        if c == 123 or c == 91:
+            if c == 123 and depth == 1:
+                objects += 1
+            depth += 1
+        elif c == 125 or c == 93:
+            depth -= 1
+            if depth == 0:
+                return i + 1, objects
+        i += 1
+    return -2, objects
+
+
+@numba.njit(cache=True, nogil=True)
 def _skip(buf, i, n):
     """Skip one JSON value at buf[i]; returns the index after it, -1 if malformed, -2 if truncated."""
     c = buf[i]
     if c == 34:
-        j, _ = _string(buf, i, n)
+        j = _string_end(buf, i, n)
         return j if j >= 0 else -2
     if c == 123 or c == 91:  # { [
-        depth = 0
-        while i < n:
-            c = buf[i]
-            if c == 34:
-                i, _ = _string(buf, i, n)
-                if i < 0:
-                    return -2
-                continue
-            if c == 123 or c == 91:
-                depth += 1
-            elif c == 125 or c == 93:
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-            i += 1
-        return -2
+        return _skip_container(buf, i, n)[0]
     # number or literal (true / false / null): up to the next delimiter
     if not (c == 45 or 48 <= c <= 57 or c == 116 or c == 102 or c == 110):
         return -1
@@ -203,35 +229,40 @@ def _find_events(buf, h_events, h_nodes, h_schema):
     n = len(buf)
     i = _ws(buf, 0, n)
     if i >= n:
-        return -1, -1, False, False, False, TRUNCATED
+        return -1, -1, False, False, False, TRUNCATED, 0
     if buf[i] == 91:
-        j = _skip(buf, i, n)
+        j, count = _skip_container(buf, i, n)
         if j < 0:
-            return -1, -1, False, False, False, TRUNCATED if j == -2 else BAD_JSON
-        return i, j, False, False, False, OK
+            return -1, -1, False, False, False, TRUNCATED if j == -2 else BAD_JSON, 0
+        return i, j, False, False, False, OK, count
     if buf[i] != 123:
-        return -1, -1, False, False, False, BAD_JSON
+        return -1, -1, False, False, False, BAD_JSON, 0
     start = -1
     end = -1
+    count = 0
     has_nodes = False
     has_schema = False
     i += 1
     while True:
         i = _ws(buf, i, n)
         if i >= n:
-            return -1, -1, True, has_nodes, has_schema, TRUNCATED
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED, 0
         if buf[i] == 125:
-            return start, end, True, has_nodes, has_schema, OK
+            return start, end, True, has_nodes, has_schema, OK, count
         if buf[i] != 34:
-            return -1, -1, True, has_nodes, has_schema, BAD_JSON
+            return -1, -1, True, has_nodes, has_schema, BAD_JSON, 0
         i, h, err = _member(buf, i, n)
         if err != OK:
-            return -1, -1, True, has_nodes, has_schema, err
-        j = _skip(buf, i, n)
+            return -1, -1, True, has_nodes, has_schema, err, 0
+        events = h == h_events and buf[i] == 91
+        if events:
+            j, objects = _skip_container(buf, i, n)
+        else:
+            j = _skip(buf, i, n)
         if j < 0:
-            return -1, -1, True, has_nodes, has_schema, TRUNCATED if j == -2 else BAD_JSON
-        if h == h_events and buf[i] == 91:
-            start, end = i, j
+            return -1, -1, True, has_nodes, has_schema, TRUNCATED if j == -2 else BAD_JSON, 0
+        if events:
+            start, end, count = i, j, objects
         elif h == h_nodes:
             has_nodes = True
         elif h == h_schema:
@@ -240,14 +271,22 @@ def _find_events(buf, h_events, h_nodes, h_schema):
         if i < n and buf[i] == 44:
             i += 1
         elif i < n and buf[i] != 125:
-            return -1, -1, True, has_nodes, has_schema, BAD_JSON
+            return -1, -1, True, has_nodes, has_schema, BAD_JSON, 0
 
 
 def find_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int]:
     """Span [start, end) of the top-level traceEvents array (or of a top-level array), whether the
     top level is an object, whether it has the 'nodes' and 'schema' keys of an execution trace,
     and an error code."""
-    return _find_events(buf, np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema")))
+    return count_events(buf)[:6]
+
+
+def count_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int, int]:
+    """``find_events`` and how many objects the events array holds (the rows ``scan`` needs)."""
+    lo, hi, is_object, nodes, schema, err, count = _find_events(
+        buf, np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema"))
+    )
+    return int(lo), int(hi), bool(is_object), bool(nodes), bool(schema), int(err), int(count)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -495,15 +534,16 @@ def cache_is_cold(folder: Path | None = None) -> bool:
 SCAN_BLOCK = 1_000_000  # events scanned per call when the caller gives scanned bytes back as it goes
 
 
-def scan(buf: np.ndarray, lo: int, hi: int, release=None) -> tuple[int, int, dict[str, np.ndarray]]:
+def scan(buf: np.ndarray, lo: int, hi: int, release=None, events: int | None = None) -> tuple[int, int, dict[str, np.ndarray]]:
     """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi].
 
     With ``release`` (a callable taking a byte offset), the events are scanned SCAN_BLOCK at a time
     and ``release(pos)`` is called with the start of the next unscanned event after each block:
-    the bytes before it are done with (a mapped trace gives their pages back)."""
-    # no more events than '"ph"' keys (every event has one; an args object with one only adds room),
-    # counted in C without a temporary array the size of the trace
-    cap = _count(buf, lo, hi, b'"ph"') + 1
+    the bytes before it are done with (a mapped trace gives their pages back). ``events``: how many
+    objects the array holds (count_events), else counted here."""
+    # no more events than objects in the array, or than '"ph"' keys (every event has one; an args
+    # object with one only adds room), counted in C without a temporary array the size of the trace
+    cap = (events if events is not None else _count(buf, lo, hi, b'"ph"')) + 1
     cols = {k: np.full(cap, _FILL[k], dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
     if release is None:
         count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())

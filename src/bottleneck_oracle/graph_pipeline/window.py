@@ -16,6 +16,7 @@ import numpy as np
 
 from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline import fields as F
+from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
@@ -85,13 +86,18 @@ def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> t
 
 def dense_ids(*cols: np.ndarray) -> np.ndarray:
     """Dense integer id per distinct tuple of the given integer columns, ordered like the tuples."""
-    if not len(cols[0]):
+    n = len(cols[0])
+    if not n:
         return np.zeros(0, dtype=np.int64)
-    key = np.zeros(len(cols[0]), dtype=np.int64)
+    order = np.lexsort(cols[::-1])  # by the first column, then the next, ...
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
     for col in cols:
-        _, code = np.unique(col, return_inverse=True)
-        key = key * (int(code.max()) + 1) + code.reshape(-1)  # mixed radix: one int64 per tuple
-    return np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        s = col[order]
+        new[1:] |= s[1:] != s[:-1]
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.cumsum(new) - 1
+    return out
 
 
 @dataclass(slots=True)
@@ -188,7 +194,7 @@ class Window:
         cat = _CLASS_CATEGORY[np.minimum(self.c["cls"][self.node_rows], 4)].copy()
         cat[self.blocking[self.node_rows]] = Category.BLOCKING
         net = self.is_net
-        cat[net] = np.where(np.isin(self.ckind[net], P2P_KINDS), Category.P2P, Category.COLLECTIVE)
+        cat[net] = np.where(isin_small(self.ckind[net], P2P_KINDS), Category.P2P, Category.COLLECTIVE)
         return cat
 
     def node_type(self) -> np.ndarray:
@@ -344,7 +350,7 @@ def _blocking_copies(c: dict[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarr
     on the correlation id."""
     out = np.full(len(ts), -1, dtype=np.int64)
     calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & is_copy[c["name"]] & (c["correlation"] >= 0))
-    ops = np.flatnonzero(np.isin(c["cls"], GPU_CLASSES) & (c["correlation"] >= 0))
+    ops = np.flatnonzero(isin_small(c["cls"], GPU_CLASSES) & (c["correlation"] >= 0))
     if not len(calls) or not len(ops):
         return out
     key = c["rank"][ops].astype(np.int64) * (1 << 40) + c["correlation"][ops]
@@ -408,7 +414,7 @@ def make_window(
     ev_thread = np.full(len(ts), -1, dtype=np.int64)
     ev_thread[cpu_rows] = thread
 
-    gpu_rows = np.flatnonzero(np.isin(cls, GPU_CLASSES))
+    gpu_rows = np.flatnonzero(isin_small(cls, GPU_CLASSES))
     stream = dense_ids(c["rank"][gpu_rows], c["pid"][gpu_rows], c["tid"][gpu_rows])
     g_order = np.lexsort((ts[gpu_rows], stream))
 
@@ -427,7 +433,7 @@ def make_window(
     carry = np.full(len(node_rows), -np.inf)
     g_nodes = len(srt[leaf]) + np.arange(len(gpu_rows))
     prev = table.stream_predecessors(rows[node_rows[g_nodes]]) if len(g_nodes) else np.zeros(0, np.int64)
-    outside = (prev >= 0) & ~np.isin(prev, rows)
+    outside = (prev >= 0) & ~isin_sorted(prev, np.sort(rows))
     if outside.any():
         p_end = table.cols["ts"][prev[outside]] + table.cols["dur"][prev[outside]] - w0
         g_start = ts[node_rows[g_nodes[outside]]]

@@ -1,0 +1,32 @@
+"""Blame's comparison of a rank with its peers gives the same floats whether each rank is held
+against the others one by one or the whole peer group at once (thousands of ranks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.analysis import blame
+
+
+@pytest.mark.parametrize("with_references", [False, True])
+def test_peer_groups_compared_at_once_match_one_by_one(monkeypatch, with_references):
+    rng = np.random.default_rng(7)
+    keys, values = [], []
+    for op in range(30):
+        ranks = int(rng.integers(2, 40))
+        for r in range(ranks):
+            keys.append((r, False, f"op{op % 7}", op))
+            values.append(float(rng.choice([1.0, 2.0, 2.5, 10.0])) if op % 3 == 0 else float(rng.gamma(2.0, 50.0)))
+    values[5] = -1.0  # no value: left out of the comparison
+    values = np.array(values)
+    references = []
+    if with_references:
+        for _ in range(3):
+            references.append((keys, np.maximum(values + rng.normal(0, 5, len(values)), 0.0)))
+    groups = {r: 0 for r in range(40)}
+    at_once = blame._typical(values, keys, references, groups)
+    monkeypatch.setattr(blame, "_MANY_PEERS", 10**9)
+    one_by_one = blame._typical(values, keys, references, groups)
+    for a, b in zip(at_once, one_by_one):
+        assert np.array_equal(a, b)
