@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
+from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 from bottleneck_oracle.graph_pipeline.window import Window
 
