@@ -30,3 +30,14 @@ def test_peer_groups_compared_at_once_match_one_by_one(monkeypatch, with_referen
     one_by_one = blame._typical(values, keys, references, groups)
     for a, b in zip(at_once, one_by_one):
         assert np.array_equal(a, b)
+
+
+def test_the_median_peer_count_without_a_rank_is_numpys():
+    from bottleneck_oracle.analysis.answer import _median_without
+
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        counts = rng.integers(0, 5, size=int(rng.integers(2, 12))).tolist()
+        r = int(rng.integers(0, len(counts)))
+        peers = counts[:r] + counts[r + 1 :]
+        assert _median_without(sorted(counts), counts[r]) == float(np.median(peers))

@@ -16,6 +16,7 @@ fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenl
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -320,20 +321,41 @@ def _extra_ops(g, groups: dict[int, int], focus: int | None) -> dict[tuple[int, 
     for r, name, d in zip(rg["rank"][ops].tolist(), rg["name"][ops].tolist(), (rg["end"] - rg["start"])[ops].tolist()):
         counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
     out = {}
+    members: dict[int, list[int]] = {}
+    for r in counts:
+        members.setdefault(groups.get(r, r), []).append(r)
+    sorted_counts: dict[tuple[int, str], list[int]] = {}  # (group, name) -> its members' counts, sorted
     for r, mine in counts.items():
         if focus is not None and r != focus:
             continue
-        peers = [p for p in counts if p != r and groups.get(p, p) == groups.get(r, r)]
-        if not peers:
+        group = groups.get(r, r)
+        if len(members[group]) < 2:  # no peers
             continue
         for name, durs in mine.items():
-            typical = float(np.median([len(counts[p].get(name, [])) for p in peers]))
+            key = (group, name)
+            if key not in sorted_counts:
+                sorted_counts[key] = sorted(len(counts[p].get(name, [])) for p in members[group])
+            typical = _median_without(sorted_counts[key], len(durs))  # the median peer's count
             more = len(durs) - typical
             if more >= 1:
                 dur = float(np.median(durs)) * more  # its typical run, as many more times
                 if dur >= EXTRA_MIN_US:
                     out[(r, name)] = (int(round(more)), dur)
     return out
+
+
+def _median_without(s: list[int], v: int) -> float:
+    """``np.median`` of the sorted ``s`` with one ``v`` taken out (a rank's peers: the group without
+    it), read off ``s`` instead of a list built per rank (thousands of ranks made that quadratic)."""
+    p = bisect.bisect_left(s, v)  # any occurrence of v: the rest is the same
+
+    def at(i: int) -> int:
+        return s[i] if i < p else s[i + 1]
+
+    k = len(s) - 1
+    if k % 2:
+        return float(at(k // 2))
+    return (at(k // 2 - 1) + at(k // 2)) / 2.0
 
 
 def _matching_regions(g, rank: int, name: str) -> list[int]:

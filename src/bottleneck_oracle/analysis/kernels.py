@@ -164,10 +164,13 @@ def overlap(g: ExecutionGraph) -> list[Overlap]:
         rank = np.r_[rank, n["rank"][gp["node"][own]]]
         comm, compute = np.r_[comm, np.zeros(k, bool)], np.r_[compute, np.ones(k, bool)]
     out = []
+    by_rank = np.argsort(rank, kind="stable")  # each rank's ops in their order: one sort, not one scan per rank
+    ranks = rank[by_rank]
     for r in sorted({int(x) for x in rank[comm]}):
-        mine = rank == r
-        c = _union(start[comm & mine], end[comm & mine])
+        mine = by_rank[np.searchsorted(ranks, r, side="left") : np.searchsorted(ranks, r, side="right")]
+        cm, cp = mine[comm[mine]], mine[compute[mine]]
+        c = _union(start[cm], end[cm])
         busy = float((c[1] - c[0]).sum())
-        hidden = _intersection(c, _union(start[compute & mine], end[compute & mine]))
+        hidden = _intersection(c, _union(start[cp], end[cp]))
         out.append(Overlap(r, busy, float(hidden), float(busy - hidden)))
     return out

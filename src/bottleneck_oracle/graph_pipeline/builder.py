@@ -34,12 +34,12 @@ from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
-from bottleneck_oracle.graph_pipeline.facts import StepFacts, run_facts, step_facts
+from bottleneck_oracle.graph_pipeline.facts import StepFacts, index_facts, run_facts, step_facts
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
-from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, make_window
+from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, make_window, table_lookups
 
 
 @dataclass(kw_only=True, slots=True)
@@ -466,6 +466,9 @@ def checked_steps(table: EventTable, steps: list[int] | None = None) -> list[int
             )
     table.index()  # computed once, before the table is shared
     table.launchers()
+    rules.flow_index(table)
+    table_lookups(table)
+    index_facts(table)
     return present
 
 

@@ -172,12 +172,7 @@ def _flows_near(table: EventTable, w: Window) -> np.ndarray:
     """The flow endpoints of the window's ranks within 1 µs of their steps' spans, ascending: a
     superset of those forward_backward keeps, found in the flows sorted by (rank, ts) once per
     table instead of a pass over every flow of the trace per step."""
-    fl = table.flows
-    cached = table.lookups.get("flows")
-    if cached is None or cached[0] is not fl["ts"]:
-        order = np.lexsort((fl["ts"], fl["rank"]))
-        cached = table.lookups["flows"] = (fl["ts"], order, fl["rank"][order], fl["ts"][order])
-    _, order, rank_s, ts_s = cached
+    order, rank_s, ts_s = flow_index(table)
     spans: dict[int, tuple[float, float]] = {}
     for s in w.steps:
         lo, hi = spans.get(s.rank, (np.inf, -np.inf))
@@ -189,7 +184,17 @@ def _flows_near(table: EventTable, w: Window) -> np.ndarray:
         lo = a + np.searchsorted(ts_s[a:b], start - 1.0, side="left")
         hi = a + np.searchsorted(ts_s[a:b], end + 1.0, side="right")
         parts.append(order[lo:hi])
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)  # (ranks apart: no duplicates)
+
+
+def flow_index(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The flow endpoints sorted by (rank, ts): (their rows, ranks, times), computed once per table."""
+    fl = table.flows
+    cached = table.lookups.get("flows")
+    if cached is None or cached[0] is not fl["ts"]:
+        order = np.lexsort((fl["ts"], fl["rank"]))
+        cached = table.lookups["flows"] = (fl["ts"], order, fl["rank"][order], fl["ts"][order])
+    return cached[1], cached[2], cached[3]
 
 
 def data_dependencies(table: EventTable, w: Window, E: EdgeSet) -> None:
@@ -489,8 +494,10 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
     src, dst = [], []
     piece_leaf = pieces["node"][long]
     piece_proc = proc[piece_leaf]
+    by_proc = np.argsort(proc, kind="stable")  # each process's leaves, ascending: one sort, not one scan per process
+    procs = proc[by_proc]
     for q in np.unique(piece_proc).tolist():
-        mine = np.flatnonzero(proc == q)
+        mine = by_proc[np.searchsorted(procs, q, side="left") : np.searchsorted(procs, q, side="right")]
         if len(np.unique(w.leaf_thread[mine])) < 2:
             continue
         by_end = mine[np.argsort(w.end[leaf_ev[mine]], kind="stable")]

@@ -137,6 +137,12 @@ def _long_host_ops(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray]
     return cache["long_host"]
 
 
+def index_facts(table: EventTable) -> None:
+    """Compute the per-table indexes the facts read (before the table is shared with workers)."""
+    _device_index(table)
+    _long_host_ops(table)
+
+
 def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     """The facts of ``rank`` in ``step`` (None: the whole trace)."""
     c = table.cols

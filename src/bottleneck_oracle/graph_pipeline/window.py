@@ -225,6 +225,11 @@ def _name_lookups(table: EventTable, names: list[str]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([v, more[k]]) for k, v in cached[1].items()}
 
 
+def table_lookups(table: EventTable) -> None:
+    """Compute the table's name look-ups (before the table is shared with workers)."""
+    _name_lookups(table, table.names)
+
+
 def _flags_of(names: list[str]) -> dict[str, np.ndarray]:
     coll, gloo, nccl, c10d = name_flags(names)
     return {
