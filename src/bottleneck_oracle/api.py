@@ -9,6 +9,7 @@ Chakra ET files) and returns typed results whose ``to_dict()`` is the matching c
 
 from __future__ import annotations
 
+import bisect
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -467,10 +468,22 @@ def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -
         pool = [r for r in pool if r.step != g.step]
     if len(pool) > MAX_REFERENCES:
         here = g.step if g.step is not None else 0
+        pool = _nearest(pool, here)
         pool = sorted(pool, key=lambda r: (abs((r.step if r.step is not None else 0) - here), r.step or 0))[:MAX_REFERENCES]
     if baseline:
         return pool, "baseline"
     return pool, f"{len(pool)} other step{'s' if len(pool) != 1 else ''}" if pool else "peer ranks"
+
+
+def _nearest(pool: list[ExecutionGraph], here: int) -> list[ExecutionGraph]:
+    """The graphs of ``pool`` that can be among the MAX_REFERENCES nearest to step ``here``: where
+    the pool is in increasing step order (a trace's steps), the MAX_REFERENCES on either side of it
+    (a long run: not a sort of every step for every step); else the whole pool."""
+    numbers = [r.step for r in pool]
+    if any(s is None for s in numbers) or any(b <= a for a, b in zip(numbers, numbers[1:])):  # type: ignore[operator]
+        return pool
+    at = bisect.bisect_left(numbers, here)
+    return pool[max(at - MAX_REFERENCES, 0) : at + MAX_REFERENCES]
 
 
 def _batch_scale(

@@ -377,13 +377,13 @@ def _matching_regions(g, rank: int, name: str) -> list[int]:
 
 def _restored_makespan(g, rank: int, name: str, factor: float) -> tuple[float, float] | None:
     from bottleneck_oracle.analysis.blame import region_time, restored_regions
-    from bottleneck_oracle.analysis.cpm import run_cpm
+    from bottleneck_oracle.analysis.cpm import makespan_of
 
     members = _matching_regions(g, rank, name)
     if not members:
         return None
     dd, ww, rr = restored_regions(g, region_time(g), members, [factor] * len(members))
-    return run_cpm(g).makespan, run_cpm(g, dd, ww, rr).makespan
+    return makespan_of(g), makespan_of(g, dd, ww, rr)
 
 
 def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps) -> None:

@@ -54,8 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from bottleneck_oracle.analysis.cpm import CPMResult, origins, run_cpm
+from bottleneck_oracle.analysis.cpm import CPMResult, makespan_of, origins, run_cpm
 from bottleneck_oracle.analysis.whatif import single_edge_makespans, single_node_makespans
+from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
 
@@ -225,12 +226,13 @@ def _typical(
         order = np.argsort(own, kind="stable")
         sorted_own = own[order]
         table = np.zeros((n, r))
-        for j, ((_, ref_values), rid) in enumerate(zip(references, theirs)):
-            if not len(rid) or not n:
-                continue
+        if n:  # every reference's keys looked up at once (a key occurs once per step: one value per cell)
+            rid = np.concatenate([np.asarray(x, dtype=np.int64) for x in theirs])
+            col = np.repeat(np.arange(r), [len(x) for x in theirs])
+            val = np.concatenate([np.asarray(v, dtype=np.float64) for _, v in references])
             p = np.minimum(np.searchsorted(sorted_own, rid), n - 1)
             hit = sorted_own[p] == rid
-            table[order[p[hit]], j] = np.maximum(np.asarray(ref_values, dtype=np.float64)[hit], 0.0)
+            table[order[p[hit]], col[hit]] = np.maximum(val[hit], 0.0)
         table.sort(axis=1)
         q1, ref_med, q3 = (_column_quantile(table, q) for q in (0.25, 0.5, 0.75))
         ref_noise = q3 + TUKEY_K * (q3 - q1) - ref_med
@@ -551,13 +553,13 @@ def blame(
     for i in lcand:
         rel = g.release.astype(np.float64).copy()
         rel[i] -= lead_excess[i]
-        lsaving.append(base.makespan - run_cpm(g, None, None, rel).makespan)
+        lsaving.append(base.makespan - makespan_of(g, None, None, rel))
     items = [(float(saving[j]), float(excess[cand[j]]), "op", int(cand[j])) for j in range(len(cand))]
     items += [(float(lsaving[j]), float(lead_excess[lcand[j]]), "lead", int(lcand[j])) for j in range(len(lcand))]
     items += [(float(gsaving[j]), float(gap_excess[gcand[j]]), "gap", int(gcand[j])) for j in range(len(gcand))]
     floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
     items.sort(key=lambda x: (-(x[0] if x[0] >= floor else 0.0), -x[1]))
-    everything = run_cpm(g, restored, restored_w, restored_rel).makespan
+    everything = makespan_of(g, restored, restored_w, restored_rel)
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
     total = max(base.makespan - everything, 1e-9)
 
@@ -577,7 +579,7 @@ def blame(
         m = n["rank"] == rank
         rw = np.where(m[g.edges["src"]], restored_w, w)
         rr = np.where(m, restored_rel, g.release)
-        s = base.makespan - run_cpm(g, np.where(m, restored, d), rw, rr).makespan
+        s = base.makespan - makespan_of(g, np.where(m, restored, d), rw, rr)
         lead_m = np.where(m & (lead > 0), lead, 0.0)
         out.ranks.append(RankBlame(int(rank), float(s), float(s / total), float(excess[m].sum()),
                                    float(gap_excess[m].sum() + lead_excess[m].sum()), float(d[m].sum()), float(gap_w[m].sum() + lead_m.sum())))  # fmt: skip
@@ -585,9 +587,10 @@ def blame(
     by_name: dict[str, float] = defaultdict(float)
     for i in cand:
         by_name[g.node_name(int(i))] += float(excess[i])
+    codes = np.unique(n["name"]).tolist()  # the names of the step's nodes (not every name of the trace)
     for name in sorted(by_name, key=lambda k: -by_name[k])[: max(top, 10)]:
-        m = np.array([s == name for s in g.names])[n["name"]]
-        s = base.makespan - run_cpm(g, np.where(m, restored, d)).makespan
+        m = isin_small(n["name"], [c for c in codes if g.names[c] == name])
+        s = base.makespan - makespan_of(g, np.where(m, restored, d))
         out.ops.append(OpKindBlame(name, float(s), float(s / total), by_name[name]))
     out.ops.sort(key=lambda r: -r.saving_us)
     out.ops = out.ops[:top]
@@ -735,7 +738,7 @@ def region_blame(
     for members in candidates:
         factors = [float(np.clip(typical[j] / rt[j], 0.0, 1.0)) if rt[j] > 0 else 1.0 for j in members]
         dd, ww, rr = restored_regions(g, parts, members, factors)
-        saving.append(float(base.makespan - run_cpm(g, dd, ww, rr).makespan))
+        saving.append(float(base.makespan - makespan_of(g, dd, ww, rr)))
     kept = [c for c in range(len(candidates)) if saving[c] >= floor]
 
     def encloses(x: list[int], y: list[int]) -> bool:

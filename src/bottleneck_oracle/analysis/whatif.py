@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from bottleneck_oracle.analysis.cpm import CPMResult, makespans_after, run_cpm
+from bottleneck_oracle.analysis.cpm import CPMResult, makespan_of, makespans_after, run_cpm
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -553,7 +553,7 @@ def single_edge_makespans(g: ExecutionGraph, eids: np.ndarray, delta_us: np.ndar
     for i in np.flatnonzero((delta < 0) & (slack <= 1e-3 + 1e-9 * m)):
         w2 = w.copy()
         w2[eids[i]] = max(w2[eids[i]] + delta[i], 0.0)
-        out[i] = run_cpm(g, None, w2).makespan
+        out[i] = makespan_of(g, None, w2)
     return out
 
 
