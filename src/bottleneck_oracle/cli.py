@@ -187,6 +187,8 @@ out = _PlainConsole(markup=False, file=stdout)  # type: ignore[arg-type]  # a fi
 err = _PlainConsole(stderr=True, markup=False)
 
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
+RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
+TWO_STEP_EVENTS = 1_000_000  # events a step: beyond, the run answer's saving is replayed in one step, not two
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
 PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
@@ -480,14 +482,18 @@ def _analyze_stepwise(
     """``analyze`` without --html / --advise, one step at a time: each step leaves its JSON
     (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
     its critical events for --perfetto; the terminal keeps the analyses of the slowest steps only."""
-    from bottleneck_oracle.analysis.answer import StepFigures, answer_from, blame_sample
+    from bottleneck_oracle.analysis.answer import MAX_BLAME_STEPS, StepFigures, answer_from, blame_sample
     from bottleneck_oracle.report.perfetto import critical_events, write_overlay_paths
     from bottleneck_oracle.report.tables import step_row
 
     table, stream = api.analyze_stream(path, steps, cfg, et, executor)
     _check_overlay_input(path, table, perfetto)
     numbers = sorted(set(steps)) if steps else (sorted({s.number for s in table.steps}) if table is not None and table.steps else [None])
-    picked = blame_sample(list(numbers))  # the steps the run answer's blame replays: kept whole
+    per_step = len(table) / max(len(numbers), 1) if table is not None else 0.0
+    # the steps the run answer's blame replays are kept whole: as many as RUN_ANSWER_EVENTS of events allow
+    k = min(MAX_BLAME_STEPS, int(RUN_ANSWER_EVENTS // max(per_step, 1.0)))  # 0 for a step too large to hold beside the rest
+    picked = blame_sample(list(numbers), k) if k else set()
+    two = api.two_step_graphs(table, cfg) if per_step <= TWO_STEP_EVENTS else None
     rows, kept, paths, figures, blamed = [], [], [], [], []
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
     with _Spool() if as_json else nullcontext() as spool, status:
@@ -506,7 +512,12 @@ def _analyze_stepwise(
                 paths.append(critical_events(a))
         if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        run = answer_from(figures, blamed, str(path), references, api.two_step_graphs(table, cfg))
+        run = answer_from(figures, blamed, str(path), references, two)
+        if not k and len(table.ranks if table is not None else []) > 1:
+            run.notes.append(f"No region search: {per_step:,.0f} events a step are too many to hold a step beside the run "
+                             "(blame --step N looks at one step)")  # fmt: skip
+        elif two is None and run.region is not None:
+            run.notes.append(f"The saving is replayed in one step ({per_step:,.0f} events a step: too many to replay two at once)")
         if spool is not None:
             _print_json_spooled({**_json_head(path, table), "run": run.to_dict()}, spool, _json_tail(table))
             return

@@ -305,34 +305,43 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
 
 
 EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
+LEAVE_ONE_OUT_RANKS = 64  # without a straggler, ranks each held against their peers up to this many
 
 
 def _extra_ops(g, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
     """Ops a rank runs more often than its peers (the median peer of its peer group), parent ops
     included: per (rank, name), how many more times and their time (its median run, as many more
-    times). Host ops only: the device ops they launch follow them."""
+    times). Host ops only: the device ops they launch follow them. Counted with one matrix of
+    (rank, name) counts, so thousands of ranks cost no more than their ops."""
     n, rg = g.nodes, g.regions
     host = ~n["on_gpu"] & (n["rank"] >= 0)
-    counts: dict[int, dict[str, list[float]]] = {}
-    for r, name, d in zip(n["rank"][host].tolist(), n["name"][host].tolist(), n["mdur"][host].tolist()):
-        counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
     ops = ~rg["is_range"].astype(bool)  # parent ops too (aten::mm around its children): the names a user recognises
-    for r, name, d in zip(rg["rank"][ops].tolist(), rg["name"][ops].tolist(), (rg["end"] - rg["start"])[ops].tolist()):
-        counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
-    out = {}
-    for r, mine in counts.items():
+    rank = np.concatenate([n["rank"][host], rg["rank"][ops]]).astype(np.int64)
+    name = np.concatenate([n["name"][host], rg["name"][ops]]).astype(np.int64)
+    dur = np.concatenate([n["mdur"][host], (rg["end"] - rg["start"])[ops]]).astype(np.float64)
+    if not len(rank):
+        return {}
+    ranks, r_idx = np.unique(rank, return_inverse=True)
+    names, k_idx = np.unique(name, return_inverse=True)
+    counts = np.zeros((len(ranks), len(names)), dtype=np.int64)
+    np.add.at(counts, (r_idx, k_idx), 1)
+    group = np.array([groups.get(int(r), int(r)) for r in ranks])
+    out: dict[tuple[int, str], tuple[int, float]] = {}
+    for i, r in enumerate(ranks.tolist()):
         if focus is not None and r != focus:
             continue
-        peers = [p for p in counts if p != r and groups.get(p, p) == groups.get(r, r)]
-        if not peers:
+        peers = np.flatnonzero((group == group[i]) & (np.arange(len(ranks)) != i))
+        if not len(peers):
             continue
-        for name, durs in mine.items():
-            typical = float(np.median([len(counts[p].get(name, [])) for p in peers]))
-            more = len(durs) - typical
-            if more >= 1:
-                dur = float(np.median(durs)) * more  # its typical run, as many more times
-                if dur >= EXTRA_MIN_US:
-                    out[(r, name)] = (int(round(more)), dur)
+        typical = np.median(counts[peers], axis=0)
+        more = counts[i] - typical
+        for k in np.flatnonzero(more >= 1).tolist():
+            mine = dur[(r_idx == i) & (k_idx == k)]
+            extra = float(np.median(mine)) * float(more[k])  # its typical run, as many more times
+            if extra >= EXTRA_MIN_US:
+                out[(r, g.names[int(names[k])])] = (int(round(float(more[k]))), extra)
+        if focus is None and len(ranks) > LEAVE_ONE_OUT_RANKS:
+            break  # without a straggler to look at, thousands of ranks are not each held against the rest
     return out
 
 

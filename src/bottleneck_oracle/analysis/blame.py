@@ -66,6 +66,7 @@ TYPICAL_FROM = ("none", "peer ranks", "reference steps")  # where a typical valu
 REGION_REPLAYS = 20  # regions replayed per step: the ones most slower than typical
 REGION_NESTED_SHARE = 0.9  # a region enclosing one that saves at least this share of its saving is not reported
 REGION_GROUP_REPLAYS = 10  # repeated ranges (all occurrences of a name on a rank, taken as one) replayed per step
+LEAVE_ONE_OUT_MAX = 16  # peers compared one by one up to this many; beyond, against the group as a whole
 
 
 NodeKey = tuple[int, bool, str, int]
@@ -246,9 +247,16 @@ def _typical(
     for members in across.values():
         if len(members) < 2:
             continue  # nobody to compare with
+        # each member against the others: exactly for small groups; for many peers the group's own
+        # median and spread (one member moves them by at most one order statistic, and the exact
+        # leave-one-out is quadratic: 4,096 ranks)
+        everyone = _robust([v for _, v in members]) if len(members) > LEAVE_ONE_OUT_MAX else None
         for i, _ in members:
-            others = [v for j, v in members if j != i]
-            med, nz = (others[0], 0.0) if len(others) == 1 else _robust(others)  # one peer: its value, no spread
+            if everyone is not None:
+                med, nz = everyone
+            else:
+                others = [v for j, v in members if j != i]
+                med, nz = (others[0], 0.0) if len(others) == 1 else _robust(others)  # one peer: its value, no spread
             if ref_med is None or ref_noise is None or (med, nz, 1) < (ref_med[i], ref_noise[i], 2):  # the smaller median ...
                 typical[i], source[i] = med, 1
             noise[i] = max(nz, ref_noise[i]) if ref_noise is not None else nz  # ... the wider margin (one peer alone shows no spread)
