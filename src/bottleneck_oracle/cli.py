@@ -491,8 +491,8 @@ def _analyze_stepwise(
     numbers = sorted(set(steps)) if steps else (sorted({s.number for s in table.steps}) if table is not None and table.steps else [None])
     per_step = len(table) / max(len(numbers), 1) if table is not None else 0.0
     # the steps the run answer's blame replays are kept whole: as many as RUN_ANSWER_EVENTS of events allow
-    k = min(MAX_BLAME_STEPS, int(RUN_ANSWER_EVENTS // max(per_step, 1.0)))  # 0 for a step too large to hold beside the rest
-    picked = blame_sample(list(numbers), k) if k else set()
+    n_blamed = min(MAX_BLAME_STEPS, int(RUN_ANSWER_EVENTS // max(per_step, 1.0)))  # 0: a step too large to hold beside the rest
+    picked = blame_sample(list(numbers), n_blamed) if n_blamed else set()
     two = api.two_step_graphs(table, cfg) if per_step <= TWO_STEP_EVENTS else None
     rows, kept, paths, figures, blamed = [], [], [], [], []
     status = err.status(f"analysing {path} ...", spinner="dots") if not as_json and err.is_terminal else nullcontext()
@@ -513,7 +513,7 @@ def _analyze_stepwise(
         if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
         run = answer_from(figures, blamed, str(path), references, two)
-        if not k and len(table.ranks if table is not None else []) > 1:
+        if not n_blamed and len(table.ranks if table is not None else []) > 1:
             run.notes.append(f"No region search: {per_step:,.0f} events a step are too many to hold a step beside the run "
                              "(blame --step N looks at one step)")  # fmt: skip
         elif two is None and run.region is not None:
