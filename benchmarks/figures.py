@@ -557,8 +557,17 @@ def persistent(root: Path) -> str:
                  _pct(sm["saving_within_25pct_of_injected"], 0)])  # fmt: skip
     spread = ", ".join(f"{lay} {_pct(v, 0)}" for lay, v in sm["clean_spread"].items() if v is not None)
     return (
-        _table(["layout", "conditions", "slowed rank named", "its region named", "saving within 25% of the measured difference",
-                "saving within 25% of the injected time"], rows)  # fmt: skip
+        _table(
+            [
+                "layout",
+                "conditions",
+                "slowed rank named",
+                "its region named",
+                "saving within 25% of the measured difference",
+                "saving within 25% of the injected time",
+            ],
+            rows,
+        )  # fmt: skip
         + f"\n\n{sm['steps']} profiled steps per recording; the clean recordings of a layout spread {spread} (largest minus smallest "
         "median, over their median): the measured difference holds that drift of the machine as well as the slowdown.\n"
     )

@@ -15,7 +15,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import click
 import orjson
 import typer
 from rich.console import Console
@@ -46,10 +45,10 @@ class _Grouped(TyperGroup):
     """The command list of --help in two sections: what users run, and the developers' commands that
     record the grid, train and evaluate the models (the lab)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # in the order they are defined, not sorted
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:  # (typer's own click types)
         groups: dict[str, list[tuple[str, str]]] = {}
         width = formatter.width - 6 - max((len(n) for n in self.list_commands(ctx)), default=0)
         for name in self.list_commands(ctx):
@@ -369,7 +368,7 @@ def _baseline_sample(baseline: Path, cfg: Config) -> list:
     from bottleneck_oracle.analysis.answer import blame_sample
 
     table = api.load(baseline)
-    numbers = sorted({s.number for s in table.steps}) or [None]
+    numbers: list[int | None] = [*sorted({s.number for s in table.steps})] or [None]
     picked = sorted(n for n in blame_sample(numbers, 32) if n is not None)
     return api.build(baseline, picked or None, cfg)[1]
 
@@ -548,7 +547,7 @@ def analyze(
     with_advice: bool = typer.Option(
         False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     detail: bool = typer.Option(False, "--detail", help="Also print each step's critical path, top ops, ranks and warnings."),
     baseline: Path = typer.Option(
         None,
@@ -581,7 +580,7 @@ def analyze(
     extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
-            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=model)
+            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=use_model)
         extras = {r.step: r for r in rows}
     if html or perfetto:  # both written, or neither: a failure leaves nothing behind
         with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):
@@ -926,7 +925,7 @@ def whatif(
         metavar="PATH",
         help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -934,7 +933,7 @@ def whatif(
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
     edit = edit or []
     rows = api.whatif(
-        trace, edit, step or None, _config(config, ranks_per_host), checkpoint, model or checkpoint is not None, microbatches, batch
+        trace, edit, step or None, _config(config, ranks_per_host), checkpoint, use_model or checkpoint is not None, microbatches, batch
     )
     if as_json:
         _print_json({"trace": str(trace), "edits": edit, "steps": [r.to_dict() for r in rows]})
@@ -1041,14 +1040,14 @@ def blame(
         metavar="PATH",
         help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
     cfg = _config(config, ranks_per_host)
-    rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, model or checkpoint is not None)
+    rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, use_model or checkpoint is not None)
     if as_json:
         _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": [r.to_dict() for r in rows]})
         return
@@ -1126,7 +1125,7 @@ def advise(
         metavar="PATH",
         help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -1140,7 +1139,7 @@ def advise(
     from bottleneck_oracle.llm.graphrag import run_advice
 
     rows = api.advise(
-        trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, model or checkpoint is not None, llm, recipes
+        trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, use_model or checkpoint is not None, llm, recipes
     )
     overall = run_advice([r.advice for r in rows])
     if as_json:

@@ -224,7 +224,7 @@ def answer_from(
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
     bound: Bound = {"compute": "device compute" if gpu else "CPU compute", "communication": "communication",
-                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # type: ignore[assignment]  # fmt: skip
+                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # fmt: skip
     ranks = sorted({r for f in figures for r in f.ranks})
     answer = RunAnswer(
         source=source, ranks=ranks, steps=len(figures), steady=len(st),

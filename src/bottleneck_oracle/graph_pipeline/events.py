@@ -682,10 +682,10 @@ class _Builder:
             x = x[~far]
             fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
             flow &= np.abs(fts - med) <= MAX_SPAN_US
-        idx = ev.pop("evidx")
-        idx = idx[idx >= 0]  # every event, of any phase: instant events are numbered too
-        if len(idx):  # how many of the events its exporter numbered the file holds (facts.py)
-            self.numbered = {"events": int(len(np.unique(idx))), "first": int(idx.min()), "last": int(idx.max())}
+        ev_idx = ev.pop("evidx")
+        ev_idx = ev_idx[ev_idx >= 0]  # every event, of any phase: instant events are numbered too
+        if len(ev_idx):  # how many of the events its exporter numbered the file holds (facts.py)
+            self.numbered = {"events": int(len(np.unique(ev_idx))), "first": int(ev_idx.min()), "last": int(ev_idx.max())}
         names, code = self._names(raw, ev, x)
         _give_back(raw)
         base = int(min(ev["ts_i"][x].min(), ev["ts_i"][flow].min() if flow.any() else ev["ts_i"][x].min()))
