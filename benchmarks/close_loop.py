@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle import api
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.inject import Injection
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.inject import Injection
 
 
 def _every(kind: str, steps: int, **kw) -> tuple[Injection, ...]:

@@ -76,9 +76,9 @@ def slowed_steps(name: str, spec: dict, steps: int) -> list[int]:
 
 def record(folder: Path, steps: int) -> dict[str, dict]:
     """Every recording, in the order of ``_recordings`` (clean first, clean2 last but one)."""
-    from bottleneck_oracle.systems.ddp import DDPRun
-    from bottleneck_oracle.systems.ddp import record as record_run
-    from bottleneck_oracle.systems.inject import Injection
+    from bottleneck_oracle_lab.systems.ddp import DDPRun
+    from bottleneck_oracle_lab.systems.ddp import record as record_run
+    from bottleneck_oracle_lab.systems.inject import Injection
 
     done = {}
     order = list(_recordings().items())

@@ -34,7 +34,7 @@ import numpy as np
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import build
 from bottleneck_oracle.models.corrections import load_corrections
-from bottleneck_oracle.training.reruns import corrected, evaluate_launch, merge, read_paired, scores
+from bottleneck_oracle_lab.training.reruns import corrected, evaluate_launch, merge, read_paired, scores
 
 
 def main() -> int:
@@ -49,7 +49,7 @@ def main() -> int:
     a = ap.parse_args()
     ckpt = None
     if a.checkpoint:
-        from bottleneck_oracle.models.checkpoint import load_checkpoint
+        from bottleneck_oracle_lab.models.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(a.checkpoint)
     if a.baselines:

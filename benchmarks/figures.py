@@ -212,7 +212,7 @@ def reruns_final(root: Path) -> str:
 
 
 def reruns_by_kind(root: Path) -> str:
-    from bottleneck_oracle.training.reruns import scores
+    from bottleneck_oracle_lab.training.reruns import scores
 
     rows_all = _rows_of(root, _load(root, "benchmarks/heldout_final_results.json"))
     out = []
@@ -264,7 +264,7 @@ def reruns_history(root: Path) -> str:
 
 def rerecorded(root: Path) -> str:
     """The conditions recorded again alone: their clean-vs-clean before and after, and their errors."""
-    from bottleneck_oracle.training.reruns import scores
+    from bottleneck_oracle_lab.training.reruns import scores
 
     lone = _load(root, "benchmarks/corrections_heldout_requiet_results.json")["rows"]
     first = [r["replaces"]["clean_vs_clean"] for r in lone]

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.inject import Injection
-from bottleneck_oracle.systems.paired import KINDS, default_launches, generate_paired
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.inject import Injection
+from bottleneck_oracle_lab.systems.paired import KINDS, default_launches, generate_paired
 
 
 def env() -> dict:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.systems.paired import local_saving
-from bottleneck_oracle.training.reruns import on_median, scores
+from bottleneck_oracle_lab.systems.paired import local_saving
+from bottleneck_oracle_lab.training.reruns import on_median, scores
 
 
 def runs(steps: list[int]) -> list[list[int]]:

@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 
 from bottleneck_oracle import api
-from bottleneck_oracle.systems.pipeline import PipelineRun, record
+from bottleneck_oracle_lab.systems.pipeline import PipelineRun, record
 
 
 def median_step(path) -> float:

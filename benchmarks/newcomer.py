@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from bottleneck_oracle.api import analyze
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.inject import Injection
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.inject import Injection
 
 
 def _record(out: Path, steps: int, ms: float) -> Path:

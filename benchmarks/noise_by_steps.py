@@ -31,7 +31,7 @@ from collections import defaultdict
 import numpy as np
 
 from bottleneck_oracle.api import build
-from bottleneck_oracle.training.reruns import evaluate_launch, read_paired
+from bottleneck_oracle_lab.training.reruns import evaluate_launch, read_paired
 
 
 def clean_times(rows: list[dict], graphs) -> list[float]:

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bottleneck_oracle.systems.launch import free_port, idle_gloo_loops, process_group
-from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle_lab.systems.launch import free_port, idle_gloo_loops, process_group
+from bottleneck_oracle_lab.systems.model import GPT, SIZES, synthetic_batch
 
 WARMUP = 10
 

@@ -34,11 +34,11 @@ from pathlib import Path
 
 from bottleneck_oracle.analysis.answer import run_answer
 from bottleneck_oracle.api import analyze, build
-from bottleneck_oracle.systems.ddp import DDPRun
-from bottleneck_oracle.systems.ddp import record as record_ddp
-from bottleneck_oracle.systems.inject import Injection
-from bottleneck_oracle.systems.pipeline import PipelineRun
-from bottleneck_oracle.systems.pipeline import record as record_pp
+from bottleneck_oracle_lab.systems.ddp import DDPRun
+from bottleneck_oracle_lab.systems.ddp import record as record_ddp
+from bottleneck_oracle_lab.systems.inject import Injection
+from bottleneck_oracle_lab.systems.pipeline import PipelineRun
+from bottleneck_oracle_lab.systems.pipeline import record as record_pp
 
 MICROBATCHES = 4
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from bottleneck_oracle.api import build
 from bottleneck_oracle.models.corrections import Corrections, GraphCorrections
-from bottleneck_oracle.training.reruns import (
+from bottleneck_oracle_lab.training.reruns import (
     Conditions,
     calibrate,
     conformal_halfwidth,
@@ -75,11 +75,12 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
                 import torch
                 import xgboost as xgb
 
-                from bottleneck_oracle.models.baselines import pooled_features
-                from bottleneck_oracle.models.checkpoint import mlp_from, xgb_from
+                from bottleneck_oracle_lab.models.baselines import pooled_features
+                from bottleneck_oracle_lab.models.checkpoint import mlp_from, xgb_from
+                from bottleneck_oracle_lab.models.pyg import heterodata
 
                 mlp, booster = ckpt.setdefault("_mlp", mlp_from(ckpt)), ckpt.setdefault("_xgb", xgb_from(ckpt))
-                x = np.stack([pooled_features(before.to_heterodata()), pooled_features(after.to_heterodata())])
+                x = np.stack([pooled_features(heterodata(before)), pooled_features(heterodata(after))])
                 with torch.no_grad():
                     m = ref * np.exp(mlp(torch.from_numpy(x)).numpy().astype(np.float64))
                 b = ref * np.exp(booster.predict(xgb.DMatrix(x)).astype(np.float64))
@@ -149,7 +150,7 @@ def main() -> int:
 
         predictor = Predictor()
     if a.checkpoint:
-        from bottleneck_oracle.models.checkpoint import load_checkpoint
+        from bottleneck_oracle_lab.models.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(a.checkpoint)
     t0 = time.monotonic()
@@ -189,14 +190,14 @@ def main() -> int:
         print(f"fold {k}: fit on {len(fit)}, calibrated on {len(cal)} (half-width {model.halfwidth:.3f} of the removed time), "
               f"{len(test)} held out ({time.monotonic() - t0:.0f} s)", file=sys.stderr)  # fmt: skip
         if a.graph_members:
-            from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
+            from bottleneck_oracle_lab.training.graph_corrections import fit_graph_corrections
 
             gm = fit_graph_corrections(allc.select(fit), members=a.graph_members, epochs=a.graph_epochs, seed=100 * a.graph_seed + k)
             gcorr[test], glo[test], ghi[test] = held_out(gm, calib, held)
             print(f"fold {k}: graph network, half-width {gm.halfwidth:.3f} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     if a.save_corrections:
         if a.save_kind == "graph":
-            from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
+            from bottleneck_oracle_lab.training.graph_corrections import fit_graph_corrections
 
             model = fit_graph_corrections(allc, members=max(a.graph_members, 1), epochs=a.graph_epochs, seed=a.folds)
             corr_used = gcorr

@@ -217,13 +217,17 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     import torch
 
     from bottleneck_oracle.models.predict import pretrained_path
+    from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint, write_companion
 
     def variant(name: str, change) -> Path:
-        ckpt = torch.load(pretrained_path(), weights_only=True)
+        ckpt = torch.load(pretrained_checkpoint(), weights_only=True)
         change(ckpt)
         path = root / f"{name}.pt"
         torch.save(ckpt, path)
-        return path
+        try:  # the inference file the product reads, with the damage carried over
+            return write_companion(path, ckpt)
+        except (KeyError, TypeError, AttributeError, ValueError):  # damage the writer stops at: the .pt alone (no .npz beside it)
+            return path
 
     def each_gat(fn):
         return lambda c: [fn(v) for v in c["gat"].values()]
@@ -239,7 +243,7 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     }
     import numpy as np
 
-    with np.load(pretrained_path().with_suffix(".npz")) as z:  # the torch-free inference file, its configs changed
+    with np.load(pretrained_path()) as z:  # the torch-free inference file, its configs changed
         meta, blob = json.loads(str(z["meta"][()])), z["arrays"]
     for cfg in meta["gat"].values():
         cfg["hidden"] = 64
@@ -263,7 +267,7 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
 
 def dataset_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     """Damaged datasets and run manifests for train, eval and build-dataset."""
-    from bottleneck_oracle.models.predict import pretrained_path
+    from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint
 
     row = {"id": "r/step-1", "path": str(root / "none.pt"), "split_random": "train", "split_ood_size": "train",
            "split_ood_layout": "train", "split_ood_injection": "train", "whatif": None}  # fmt: skip
@@ -287,7 +291,9 @@ def dataset_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     cases = []
     for case, d in sets.items():
         cases.append((f"dataset:train_{case}", ["train", "--dataset", str(d), "--out", str(root / f"ck_{case}")], None))
-    cases.append(("dataset:eval_junk_line", ["eval", "--checkpoint", str(pretrained_path()), "--dataset", str(sets["junk_line"])], None))
+    cases.append(
+        ("dataset:eval_junk_line", ["eval", "--checkpoint", str(pretrained_checkpoint()), "--dataset", str(sets["junk_line"])], None)
+    )
     for case, lines in {"manifest_junk": ["{oops"], "manifest_missing_keys": [json.dumps({"run_id": "x"})]}.items():
         raw = root / case
         raw.mkdir()
@@ -454,17 +460,18 @@ def test_full_size_bombs_are_refused_in_bounded_memory(tmp_path):
     a checkpoint claiming a 10^8-wide model: one error line each, under 1 GiB."""
     import torch
 
-    from bottleneck_oracle.models.predict import pretrained_path
+    from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint, write_companion
 
     zeros = gzip_bomb(tmp_path / "zeros.json.gz", b"[", b"0,", 2_200_000_000, b"0]")
     events = gzip_bomb(tmp_path / "events.json.gz", b'{"traceEvents":[', EVENT, 2_200_000_000, LAST)
     et_gz = gzip_bomb(tmp_path / "zeros.et.gz", b"", b"\0" * 4096, 1_000_000_000, b"")
     et = tmp_path / "zeros.et"
     et.write_bytes(b"\0" * 20_000_000)
-    ckpt = torch.load(pretrained_path(), weights_only=True)
+    ckpt = torch.load(pretrained_checkpoint(), weights_only=True)
     for v in ckpt["gat"].values():
         v["config"]["hidden"] = 10**8
     torch.save(ckpt, tmp_path / "hidden.pt")
+    write_companion(tmp_path / "hidden.pt", ckpt)
     s = str(SAMPLE)
     report = []
     for name, args in {

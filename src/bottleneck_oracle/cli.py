@@ -63,6 +63,9 @@ class _Grouped(TyperGroup):
                 formatter.write_dl(rows)
 
 
+ANALYSIS = "Analysis"  # the --help group of what users run
+DEVELOPER = "Developer commands (the lab, pip install -e lab/: recording, training, evaluation)"
+
 app = typer.Typer(
     cls=_Grouped,
     name="bottleneck-oracle",
@@ -516,7 +519,7 @@ def _analyze_stepwise(
         out.print(f"Perfetto trace: {perfetto}", highlight=False)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def analyze(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -616,7 +619,7 @@ def analyze(
             out.print(f"{label}: {target}", highlight=False)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def parse(
     path: Path = typer.Argument(None, metavar="PATH", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),
     input_: Path = typer.Option(None, "--input", "-i", metavar="PATH", hidden=True, help="The same as PATH (older spelling)."),
@@ -659,7 +662,7 @@ def parse(
             out.print(f"{output / e['file']}: {e['nodes']} nodes, {e['edges']} edges, ranks {e['ranks']}", highlight=False)
 
 
-@app.command(rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command(rich_help_panel=DEVELOPER)
 def generate(
     config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help="Config whose grid section says what to record."),
     out_dir: Path = typer.Option(
@@ -704,12 +707,13 @@ def generate(
     again alone, and that recording replaces it (run again on a finished folder to apply a new bound). Then knob changes (batch size, DDP bucket size, micro-batches at the same
     global batch), each as launches alternating with its base setting; knobs.jsonl gets each
     change's measured step-time change and noise floor."""
-    from bottleneck_oracle.systems.generate import generate as run_grid
+    with _needs_lab():
+        from bottleneck_oracle_lab.systems.generate import generate as run_grid
 
     cfg = _config(config)
     target = out_dir or Path(cfg.paths.raw)
     if paired:
-        from bottleneck_oracle.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
+        from bottleneck_oracle_lab.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
 
         if device not in ("cpu", "cuda"):
             raise OracleError(f"--device must be cpu or cuda (found {device!r})")
@@ -771,6 +775,22 @@ def generate(
         )
 
 
+LAB_MISSING = (
+    "the developer commands (generate, build-dataset, train, eval) are the lab's: pip install -e lab/ (in a clone of the repository)"
+)
+
+
+@contextmanager
+def _needs_lab() -> Iterator[None]:
+    """Around the lazy imports of a developer command: the lab not installed is one error line."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "bottleneck_oracle_lab":
+            raise
+        raise OracleError(LAB_MISSING) from None
+
+
 @contextmanager
 def _recording_bar(what: str, total: int | None, quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
     """A progress bar on stderr for a recording, and its callback (id now recording, done, total)."""
@@ -787,7 +807,7 @@ def _recording_bar(what: str, total: int | None, quiet: bool) -> Iterator[Callab
         yield advance
 
 
-@app.command("build-dataset", rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command("build-dataset", rich_help_panel=DEVELOPER)
 def build_dataset_cmd(
     raw: Path = typer.Argument(None, metavar="RAW", help="Folder written by `generate` (default: paths.raw of the config)."),
     out_dir: Path = typer.Option(
@@ -799,7 +819,8 @@ def build_dataset_cmd(
     """Turn generated runs into labelled PyG graphs (one per profiled step) with train/val/test and OOD splits."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from bottleneck_oracle.training.dataset import build_dataset
+    with _needs_lab():
+        from bottleneck_oracle_lab.training.dataset import build_dataset
 
     cfg = _config(config)
     with Progress(TextColumn("graphs"), BarColumn(), MofNCompleteColumn(), console=err, disable=as_json) as bar:
@@ -819,7 +840,7 @@ def build_dataset_cmd(
         )
 
 
-@app.command(rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command(rich_help_panel=DEVELOPER)
 def train(
     config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help=CONFIG_HELP),
     dataset: Path = typer.Option(None, "--dataset", metavar="PATH", help="Folder written by `build-dataset` (default: paths.graphs)."),
@@ -829,7 +850,8 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Train the HeteroGAT variants, the MLP and XGBoost on a built dataset: one checkpoint per split."""
-    from bottleneck_oracle.training.train import train as run_train
+    with _needs_lab():
+        from bottleneck_oracle_lab.training.train import train as run_train
 
     cfg = _config(config)
     with err.status("training") as status:
@@ -849,7 +871,7 @@ def train(
         )
 
 
-@app.command("eval", rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command("eval", rich_help_panel=DEVELOPER)
 def evaluate(
     checkpoint: Path = typer.Option(
         ..., "--checkpoint", metavar="PATH", help="A checkpoint written by `train`, or the folder of them (one per split)."
@@ -861,8 +883,9 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Every model and baseline side by side per split: what-if against the measured re-runs, slack ρ, critical F1, speed."""
-    from bottleneck_oracle.training.eval import COLUMNS, rows_of, to_markdown
-    from bottleneck_oracle.training.eval import evaluate as run_eval
+    with _needs_lab():
+        from bottleneck_oracle_lab.training.eval import COLUMNS, rows_of, to_markdown
+        from bottleneck_oracle_lab.training.eval import evaluate as run_eval
 
     cfg = _config(config)
     guard_outputs({"--markdown": markdown, "--json-file": json_file}, [checkpoint, dataset, config])
@@ -885,7 +908,7 @@ def evaluate(
     out.print(t)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def whatif(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     edit: list[str] = typer.Option(
@@ -1013,7 +1036,7 @@ def _edited(r: StepWhatIf) -> str:
     return ", ".join(p for p in parts if p) or "nothing"
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def blame(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     baseline: Path = typer.Option(
@@ -1088,7 +1111,7 @@ def blame(
         out.print(Text(f"By op kind: {ops}"))
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def advise(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -1167,7 +1190,7 @@ def advise(
             out.print(f"  {len(a.rejected)} suggestion(s) rejected (see --json)", highlight=False)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def summary(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file or a folder of per-rank traces."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -1217,7 +1240,7 @@ def _rank_list(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def compare(
     baseline: Path = typer.Argument(
         ..., metavar="BASELINE", help="The run before the change: a trace file or a folder of per-rank traces."
@@ -1292,7 +1315,7 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def version() -> None:
     """Print the version."""
     out.print(__version__)
