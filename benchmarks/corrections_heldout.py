@@ -76,7 +76,7 @@ def main() -> int:
                     bases = [run_cpm(g) for g, _, _ in steps]
                     per_step[(r["launch_id"], r["index"])] = {
                         "steps": [g.step for g, _, _ in steps],
-                        "replay_us": [b.makespan - run_cpm(g, f.dur, f.weight, f.release).makespan for (g, f, _), b in zip(steps, bases)],
+                        "replay_us": [b.makespan - f.times.cpm().makespan for (g, f, _), b in zip(steps, bases)],
                         "corrected_us": [model.saving(g, f, b) for (g, f, _), b in zip(steps, bases)],
                         "step_us": {str(k): span[k] for k in (*r["steps"], *r["clean_steps"]) if k in span},
                     }

@@ -64,12 +64,12 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
         span = [max(g.measured.values()) for g, _, _ in steps]
         for g, f, _ in steps:
             before, _ = sample_for(g, table=table)
-            after, _ = sample_for(g, f.dur, table, weight=f.weight, release=f.release)
+            after, _ = sample_for(g, f.times, table)
             ref = before.scalars["ref_step"]
             per["formula"].append(ref - after.scalars["formula_step"])
             if predictor is not None:
                 eff = predictor.effect(g, before, after)
-                for v, d in eff["delta_us"].items():
+                for v, d in eff.delta_us.items():
                     per[f"HeteroGAT {v}"].append(float("nan") if d is None else -d)
             if ckpt is not None:
                 import torch

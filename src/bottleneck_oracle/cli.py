@@ -15,7 +15,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import click
 import orjson
 import typer
 from rich.console import Console
@@ -38,18 +37,22 @@ from bottleneck_oracle.atomic import (
 )
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
+from bottleneck_oracle.graph_pipeline.clocks import HostClock
 from bottleneck_oracle.inert import UNSAFE, plain
 from bottleneck_oracle.report.tables import region_labels, shorten
+from bottleneck_oracle.serial import dumps, to_json, to_json_object
 
 
 class _Grouped(TyperGroup):
     """The command list of --help in two sections: what users run, and the developers' commands that
     record the grid, train and evaluate the models (the lab)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    # ctx, formatter: click's Context and HelpFormatter; newer typer vendors its own click (typer._click), so
+    # which classes they are depends on the installed typer
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # in the order they are defined, not sorted
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
         width = formatter.width - 6 - max((len(n) for n in self.list_commands(ctx)), default=0)
         for name in self.list_commands(ctx):
@@ -233,11 +236,12 @@ _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NO
 
 
 def _dumps(doc: object) -> bytes:
+    """``doc`` as --json writes it: results (dataclasses) as ``serial.to_json`` writes them."""
     try:
-        return orjson.dumps(doc, option=_JSON_OPTIONS)
+        return dumps(doc, option=_JSON_OPTIONS)
     except TypeError as exc:
         if "surrogates" in str(exc):  # a file name that is not UTF-8, a name with a lone surrogate: as escapes
-            return _dumps(_utf8(doc))
+            return _dumps(_utf8(to_json(doc)))
         raise OracleError(f"cannot write the result as JSON ({exc})") from None
 
 
@@ -290,14 +294,14 @@ def _model_ms(us: float | None, signed: bool = False) -> str:
 def _path_summary(a: StepAnalysis) -> str:
     """One line: where the critical path runs (rank, thread or stream: time), largest first."""
     g = a.graph
-    names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
+    info = g.info
     where: dict[tuple, float] = {}
     for x in a.segments():
         if x.rank >= 0:
             where[(x.rank, x.on_gpu, x.tid)] = where.get((x.rank, x.on_gpu, x.tid), 0.0) + x.dur
     parts = []
     for (rank, gpu, tid), t in sorted(where.items(), key=lambda kv: -kv[1])[:4]:
-        place = names[gpu].get(f"{rank}:{tid}", f"{'stream' if gpu else 'thread'} {tid}")
+        place = info.lane_name(rank, tid, gpu)
         parts.append(f"rank {rank} {place} {_ms(t)} ms")
     return "critical path: " + ", ".join(parts) if parts else "critical path: empty"
 
@@ -333,7 +337,7 @@ def _print_summary(
     for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         c = a.graph.summary_counts()
-        m = a.graph.meta.get("collectives") or {}
+        m = a.graph.info.collectives
         matched = (
             f"; matched {m['by_seq']} by sequence number, {m['by_order']} by order, {m['unmatched_ops']} ops unmatched"
             if c["network_nodes"] and m
@@ -357,7 +361,7 @@ def _print_summary(
         s = a.straggler()
         if s and len(a.graph.ranks) > 1:
             out.print(
-                f"Straggler: rank {s['rank']} (the others waited up to {_ms(s['imposed_wait_us'])} ms for it at a collective on the critical path)"
+                f"Straggler: rank {s.rank} (the others waited up to {_ms(s.imposed_wait_us)} ms for it at a collective on the critical path)"
             )
 
 
@@ -370,7 +374,7 @@ def _baseline_sample(baseline: Path, cfg: Config) -> list:
     from bottleneck_oracle.analysis.answer import blame_sample
 
     table = api.load(baseline)
-    numbers = sorted({s.number for s in table.steps}) or [None]
+    numbers: list[int | None] = [*sorted({s.number for s in table.steps})] or [None]
     picked = sorted(n for n in blame_sample(numbers, 32) if n is not None)
     return api.build(baseline, picked or None, cfg)[1]
 
@@ -400,14 +404,13 @@ def _et_line(ets: list[dict]) -> str:
     )
 
 
-def _clock_line(hosts: list[dict]) -> str:
+def _clock_line(hosts: list[HostClock]) -> str:
     """One line on the clock offsets applied per host."""
     moved = [
-        f"host {h['host']} (ranks {h['ranks'][0]}-{h['ranks'][-1]}) {h['offset_us'] / 1000:+.3f} ms "
-        f"(from {h['instances']} collectives, spread {h['spread_us']:.0f} us)"
+        f"host {h.host} (ranks {h.ranks[0]}-{h.ranks[-1]}) {h.offset_us / 1000:+.3f} ms (from {h.instances} collectives, spread {h.spread_us:.0f} us)"
         for h in hosts[1:]
     ]
-    return f"Clocks: {len(hosts)} host(s), aligned to host {hosts[0]['host']}: " + ("; ".join(moved) or "nothing to align")
+    return f"Clocks: {len(hosts)} host(s), aligned to host {hosts[0].host}: " + ("; ".join(moved) or "nothing to align")
 
 
 def _check_overlay_input(path: Path, table, perfetto: Path | None) -> None:
@@ -419,9 +422,14 @@ def _json_head(path: Path, table) -> dict:
     from bottleneck_oracle.analysis.checks import run_warnings
     from bottleneck_oracle.graph_pipeline.facts import run_facts
 
-    run = run_facts(table).to_dict() if table is not None else None
-    return {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "run_facts": run,
-            "run_warnings": run_warnings(run)}  # fmt: skip
+    run = run_facts(table) if table is not None else None
+    return {
+        "version": __version__,
+        "input": str(path),
+        "ranks": table.ranks if table else [],
+        "run_facts": run.to_dict() if run is not None else None,
+        "run_warnings": run_warnings(run),
+    }
 
 
 def _json_tail(table) -> dict:
@@ -429,7 +437,7 @@ def _json_tail(table) -> dict:
     tail = {}
     if table is not None and table.execution_traces:
         tail["execution_traces"] = table.execution_traces
-    if table is not None and table.clocks:
+    if table is not None and table.clocks is not None:
         tail["clocks"] = table.clocks
     return tail
 
@@ -438,8 +446,8 @@ def _print_table_lines(table) -> None:
     """The terminal's lines on the whole input after the steps: execution traces, clocks."""
     if table is not None and table.execution_traces:
         out.print(Text(_et_line(table.execution_traces)))
-    if table is not None and table.clocks.get("hosts"):
-        out.print(Text(_clock_line(table.clocks["hosts"])))
+    if table is not None and table.clocks is not None and table.clocks.hosts:
+        out.print(Text(_clock_line(table.clocks.hosts)))
 
 
 class _Spool:
@@ -499,7 +507,7 @@ def _analyze_stepwise(
             if a.graph.step in picked:
                 blamed.append(a)
             if spool is not None:  # --json
-                spool.write((b",\n" if n else b"") + _dumps(a.to_dict(k)))
+                spool.write((b",\n" if n else b"") + _dumps(a.report(k)))
             else:
                 rows.append(step_row(a))
                 kept.append(a)
@@ -511,7 +519,7 @@ def _analyze_stepwise(
             write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
         run = answer_from(figures, blamed, str(path), references)
         if spool is not None:
-            _print_json_spooled({**_json_head(path, table), "run": run.to_dict()}, spool, _json_tail(table))
+            _print_json_spooled({**_json_head(path, table), "run": run}, spool, _json_tail(table))
             return
     _print_summary(kept, str(path), k, rows, len(rows), run, detail)
     _print_table_lines(table)
@@ -586,12 +594,12 @@ def analyze(
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
-        doc = {**_json_head(path, table), "run": run.to_dict(), "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
+        doc = {**_json_head(path, table), "run": run, "steps": [a.to_dict(k) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 x = extras[s_doc["step"]]
-                s_doc["blame"] = x.blame.to_dict()
-                s_doc["advice"] = {**x.advice.to_dict(), "references": x.references}
+                s_doc["blame"] = to_json(x.blame)
+                s_doc["advice"] = {**to_json_object(x.advice), "references": x.references}
         _print_json(doc)
         return
     _print_summary(analyses, str(path), k, run=run, detail=detail)
@@ -949,12 +957,12 @@ def whatif(
         trace, edit, step or None, _config(config, ranks_per_host), checkpoint, model or checkpoint is not None, microbatches, batch
     )
     if as_json:
-        _print_json({"trace": str(trace), "edits": edit, "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "edits": edit, "steps": to_json(rows)})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    variants = list(rows[0].model["step_us"]) if rows and rows[0].model is not None else []
+    variants = list(rows[0].model.step_us) if rows and rows[0].model is not None else []
     corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
     t = TableModel(
         f"What-if: {'; '.join(edit) or (f'{microbatches} micro-batches' if microbatches else f'batch x{batch:g}')}",
@@ -972,7 +980,9 @@ def whatif(
         return "whole trace" if r.step is None else f"step {r.step}"
 
     for r in rows:
-        model = r.model or {}
+        m = r.model
+        predicted = [_model_ms(m.step_us[v]) for v in variants] if m else []
+        effects = [_model_ms(m.delta_us[v], signed=True) for v in variants] if m else []
         c = r.corrected
         fixes = []
         if corrected:
@@ -980,18 +990,15 @@ def whatif(
                 fixes = [_model_ms(c.delta_us, signed=True), f"{c.interval_us[0] / 1000:+.3f} .. {c.interval_us[1] / 1000:+.3f}"]
             else:
                 fixes = [_model_ms(None), "—"]
-        t.rows.append(
-            [label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes,
-             *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants]]
-        )  # fmt: skip
+        t.rows.append([label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes, *predicted, *effects])
     print_table(out, t)
     for r in rows:
         if r.corrected is not None and r.corrected.out_of_domain:
             out.print(Text(f"{where(r)}: corrections {r.corrected.out_of_domain}; the replay is the answer"))
             break
     for r in rows:
-        if r.model is not None and r.model.get("out_of_domain"):
-            out.print(Text(f"{where(r)}: graph network {r.model['out_of_domain']}; the replay is the answer"))
+        if r.model is not None and r.model.out_of_domain:
+            out.print(Text(f"{where(r)}: graph network {r.model.out_of_domain}; the replay is the answer"))
             break
     if any(r.microbatches is not None for r in rows):
         out.print(
@@ -1061,7 +1068,7 @@ def blame(
     cfg = _config(config, ranks_per_host)
     rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, model or checkpoint is not None)
     if as_json:
-        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": to_json(rows)})
         return
     from bottleneck_oracle.report.tables import Column, TableModel, regions_table
     from bottleneck_oracle.report.terminal import print_table
@@ -1091,13 +1098,13 @@ def blame(
             if with_corrected else "",
         )  # fmt: skip
         for k, x in enumerate(b.nodes, 1):
-            model = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
+            cells = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
             if with_corrected:
                 iv = x.corrected_interval_us
                 fix = "—" if not x.corrected else _model_ms(None) if x.corrected_saving_us is None or iv is None else (
                     f"{x.corrected_saving_us / 1000:.3f} [{iv[0] / 1000:.3f}, {iv[1] / 1000:.3f}]")  # fmt: skip
-                model.append(fix)
-            t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *model])
+                cells.append(fix)
+            t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *cells])
         print_table(out, t)
         slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"
                          for x in b.anomalies[:5])  # fmt: skip
@@ -1155,17 +1162,18 @@ def advise(
     )
     overall = run_advice([r.advice for r in rows])
     if as_json:
-        _print_json({"trace": str(trace), "run": overall, "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "run": to_json(overall), "steps": to_json(rows)})
         return
     if overall and len(rows) > 1:
         out.print(Text(f"Across {len(rows)} steps", style="bold"))
         for x in overall[:3]:
-            sv = x["saving"]
-            iv = f" [{_ms(sv['low_us'])}, {_ms(sv['high_us'])}]" if sv["low_us"] is not None else ""
-            out.print(Text(f"- {x['title']}: in {x['steps']} of {x['of']} steps, saves {_ms(sv['median_us'])} ms{iv} a step "
-                           f"({100 * x['share']:.0f}%) by replay"))  # fmt: skip
-            if x["remedy"]:
-                out.print(Text(f"  Remedy: {x['remedy']}"))
+            sv = x.saving
+            iv = f" [{_ms(sv.low_us)}, {_ms(sv.high_us)}]" if sv.low_us is not None and sv.high_us is not None else ""
+            out.print(
+                Text(f"- {x.title}: in {x.steps} of {x.of} steps, saves {_ms(sv.median_us)} ms{iv} a step ({100 * x.share:.0f}%) by replay")
+            )
+            if x.remedy:
+                out.print(Text(f"  Remedy: {x.remedy}"))
         out.print()
     for r in rows:
         a = r.advice
@@ -1173,12 +1181,11 @@ def advise(
         if not a.suggestions:
             out.print("  no suggestion survived validation", highlight=False)
         for k, s in enumerate(a.suggestions, 1):
-            model = "out of domain" if s.model_out_of_domain else ", ".join(f"{v} {_model_ms(x)}" for v, x in s.model_saving_us.items())
+            said = "out of domain" if s.model_out_of_domain else ", ".join(f"{v} {_model_ms(x)}" for v, x in s.model_saving_us.items())
             pct = 100 * s.replay_saving_us / max(a.makespan_us, 1.0)
             out.print(
                 Text(
-                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay"
-                    + (f"; model: {model} ms" if model else "")
+                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay" + (f"; model: {said} ms" if said else "")
                 )
             )
             out.print(Text(f"   {UNVERIFIED if s.explanation_by == 'llm' else ''}{s.explanation}"))
@@ -1204,7 +1211,7 @@ def summary(
 
     s = api.summary(path, step or None, _config(config, ranks_per_host))
     if as_json:
-        _print_json(s.to_dict())
+        _print_json(to_json(s))
         return
     steady = [x for x in s.steps if not x.warmup]
     out.print(
@@ -1274,7 +1281,7 @@ def compare(
     c = api.compare(baseline, candidate, _config(config, ranks_per_host), top, min_change / 100, force)
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:
-        _print_json({**c.to_dict(), "gate_failed": gate})
+        _print_json({**to_json_object(c), "gate_failed": gate})
     else:
         change = f"{c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%)"
         interval = f", 95% interval [{c.interval_us[0] / 1000:+.3f}, {c.interval_us[1] / 1000:+.3f}] ms" if c.interval_us else ""

@@ -15,6 +15,7 @@ import pytest
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
+from bottleneck_oracle.serial import to_json
 from conftest import ALL_FIXTURES, MORE, PUBLIC, REAL, cached_analyses, cached_load
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
@@ -177,7 +178,7 @@ def test_a_progress_bar_thread_that_sleeps_through_the_step_carries_none_of_it()
     tqdm = {e["tid"] for e in doc["traceEvents"] if "tqdm/_monitor.py" in str(e.get("name", ""))}
     assert len(tqdm) == 1
     (tid,) = tqdm
-    assert [b["tid"] for b in a.bystanders()] == [tid]
+    assert [b.tid for b in a.bystanders()] == [tid]
     assert sum(s.dur for s in a.segments() if not s.on_gpu and s.tid == tid) <= 0.10 * a.step_time
     assert sum("no dependency into the step's work" in w for w in a.warnings()) == 1
     asleep = [c for c in a.checks() if c.name == "asleep"]
@@ -197,7 +198,7 @@ def test_the_self_check_catches_a_bystander_that_carries_the_path():
     w, E, pieces = builder._window_edges(table, step, opt, frozenset(), {f.rank: f.origin for f in facts.ranks})
     old = StepAnalysis.of(builder._finish(table, step, opt, w, E, pieces, facts, {}))
     failed = [c for c in old.checks() if not c.ok]
-    assert [c.name for c in failed] == ["asleep"], [c.to_dict() for c in old.checks()]
+    assert [c.name for c in failed] == ["asleep"], to_json(old.checks())
     assert any("self-check 'asleep'" in x for x in old.warnings())
 
 
@@ -252,8 +253,9 @@ def test_a_partial_sampled_job_says_how_many_ranks_and_that_events_were_left_out
     docs = raw_events(PUBLIC / "sampled_128rank")
     world = {d["distributedInfo"]["world_size"] for d in docs}
     held = [len({e["args"]["Ev Idx"] for e in d["traceEvents"] if "Ev Idx" in e.get("args", {})}) for d in docs]
-    run = run_facts(cached_load(PUBLIC / "sampled_128rank")).to_dict()
-    lines = run_warnings(run)
+    facts = run_facts(cached_load(PUBLIC / "sampled_128rank"))
+    lines = run_warnings(facts)
+    run = facts.to_dict()  # as the graph's meta and --json hold it
     assert world == {128} and any(line.startswith("2 of 128 ranks") for line in lines)
     assert sorted(run["numbered"][r]["held"] for r in run["numbered"]) == sorted(held)
     assert sum("sampled or removed" in line for line in lines) == 2
@@ -271,7 +273,7 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
     docs = [(rank_of[f.resolve()], d) for f, d in raw_files(path) if f.resolve() in rank_of]
     for a in cached_analyses(path):
         facts = a.graph.meta["facts"]
-        bad = [c.to_dict() for c in a.checks() if not c.ok]
+        bad = [to_json(c) for c in a.checks() if not c.ok]
         assert not bad, (a.graph.step, bad)
         if a.graph.step is None:
             continue

@@ -17,12 +17,12 @@ fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenl
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
@@ -40,9 +40,6 @@ class Estimate:
     low_us: float | None
     high_us: float | None
     steps: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def estimate(values: list[float], seed: int = 0) -> Estimate:
@@ -99,14 +96,11 @@ class RunAnswer:
     step_time: Estimate
     measured: Estimate  # the ProfilerStep span
     bound: Bound
-    breakdown: dict[str, Estimate]
+    breakdown: dict[BreakdownKey, Estimate]
     straggler: Straggler | None
     region: RegionAnswer | None
     extra_ops: list[ExtraOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -181,7 +175,7 @@ class StepFigures:
     def of(cls, a: StepAnalysis) -> StepFigures:
         s = a.straggler() if len(a.graph.ranks) > 1 else None
         return cls(a.graph.step, tuple(a.graph.ranks), bool(a.graph.nodes["on_gpu"].any()), a.step_time, a.measured,
-                   a.breakdown(), (s["rank"], s["imposed_wait_us"]) if s else None)  # fmt: skip
+                   a.breakdown(), (s.rank, s.imposed_wait_us) if s else None)  # fmt: skip
 
 
 def steady(steps: list[int | None]) -> list[int | None]:
@@ -214,7 +208,7 @@ def answer_from(figures: list[StepFigures], blamed: list[StepAnalysis], source: 
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
     bound: Bound = {"compute": "device compute" if gpu else "CPU compute", "communication": "communication",
-                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # type: ignore[assignment]  # fmt: skip
+                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # fmt: skip
     ranks = sorted({r for f in figures for r in f.ranks})
     answer = RunAnswer(
         source=source, ranks=ranks, steps=len(figures), steady=len(st),

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from bottleneck_oracle.analysis.runs import ROBUST, steady
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, Segment, label
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, label
 from bottleneck_oracle.analysis.shift import shift_interval
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.errors import OracleError
@@ -231,13 +231,8 @@ class Comparison:
     moved: list[Move] = field(default_factory=list)  # the largest changes first (the top ones)
     other_us: float = 0.0  # the change of the rows not listed in moved
     residual_us: float = 0.0  # difference of medians minus the typical steps' difference
-    by_kind: dict[str, KindChange] = field(default_factory=dict)  # breakdown class -> its change
+    by_kind: dict[BreakdownKey, KindChange] = field(default_factory=dict)  # breakdown class -> its change
     by_rank: list[RankChange] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["interval_us"] = list(self.interval_us) if self.interval_us is not None else None
-        return d
 
     @property
     def left(self) -> list[Move]:
@@ -335,8 +330,8 @@ def _key(s: Segment, across_ranks: bool) -> tuple[str, int]:
 def _rank_medians(analyses: list[StepAnalysis]) -> dict[int, float]:
     per: dict[int, list[float]] = defaultdict(list)
     for a in analyses:
-        facts = a.graph.meta.get("facts") or {}
-        periods = {int(f["rank"]): float(f["period_us"]) for f in facts.get("ranks", [])}
+        facts = a.graph.info.facts
+        periods = {f.rank: f.period_us for f in facts.ranks} if facts is not None else {}
         for r, t in (periods or {int(r): float(t) for r, t in a.graph.measured.items()}).items():
             per[r].append(t)
     return {r: float(np.median(v)) for r, v in per.items()}

@@ -8,8 +8,7 @@ its cause is the top culprit of ``analysis.blame`` against the run's typical ste
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,9 +54,6 @@ class RunSummary:
     spread_us: float  # 1.4826 x MAD of those steps
     steps: list[StepRow] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
     """Every step against the run's median; outliers with the top cause from blame."""
@@ -76,7 +72,7 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
         row = StepRow(
             step=a.graph.step, measured_us=a.measured, cpm_us=a.step_time, vs_median=a.measured / med - 1 if med else 0.0,
             outlier=not warm and len(kept) >= 3 and abs(a.measured - med) > fence, warmup=warm, untraced_us=a.untraced_us,
-            top=top[0]["name"] if top else "",
+            top=top[0].name if top else "",
         )  # fmt: skip
         if row.outlier:
             refs = [g for g in typical if g.step != a.graph.step]

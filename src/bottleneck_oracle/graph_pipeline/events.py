@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 import orjson
@@ -33,6 +33,9 @@ from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
+
+if TYPE_CHECKING:
+    from bottleneck_oracle.graph_pipeline.clocks import ClockReport
 
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
 MAX_TS_US = 2.0**53  # µs: timestamps float64 holds to the µs (285 years from the epoch); no event lies beyond
@@ -122,8 +125,9 @@ class EventTable:
     """(rank, pid, tid) -> the thread's or GPU stream's name in the trace's metadata."""
     data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
-    clocks: dict = field(default_factory=dict)
-    """Clock alignment across hosts (clocks.align): per host its ranks and the offset applied, and warnings."""
+    clocks: ClockReport | None = None
+    """Clock alignment across hosts (clocks.align): per host its ranks and the offset applied, and
+    warnings; None where nothing was aligned or suspected."""
     inputs: dict[int, dict] = field(default_factory=dict)
     """rank -> what its files say of themselves beyond the events: ``numbered`` (per file, the
     events its exporter numbered with Ev Idx that it holds, and the first and last number: gaps
@@ -773,12 +777,12 @@ class _Builder:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
         if unread:
             self.notes.append(f"{path}: the args of {unread} collective or sync events are nested too deep to read; read without them")
-        for col, (idx, vals) in sparse.items():
+        for col, (at, values) in sparse.items():
             dtype = _SPARSE_DTYPE.get(col, np.int64)
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
             arr = np.full(n, default, dtype=dtype)
-            if idx:
-                where, got = np.asarray(idx, dtype=np.int64), np.asarray(vals)
+            if at:
+                where, got = np.asarray(at, dtype=np.int64), np.asarray(values)
                 if np.issubdtype(dtype, np.integer):  # a value the column cannot hold is unknown, not an overflow
                     info = np.iinfo(arr.dtype)
                     fits = (got >= info.min) & (got <= info.max) if got.dtype != object else np.zeros(len(got), dtype=bool)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -269,7 +270,7 @@ class RunFacts:
 
 
 def run_facts(table: EventTable) -> RunFacts:
-    sizes = [m.get("world_size") for m in table.meta.values() if isinstance(m, dict)]
+    sizes: list[Any] = [m.get("world_size") for m in table.meta.values() if isinstance(m, dict)]
     sizes = [int(s) for s in sizes if isinstance(s, int) and not isinstance(s, bool) and 0 < s < 2**31]
     numbered = {}
     for r, info in table.inputs.items():

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -55,41 +56,39 @@ RELATIONS = (1, 2, 4)  # same_rank, after_edited, concurrent: crossed with every
 MARGIN = 0.25  # a term may leave its training range by this share of the range before the input is out of domain
 
 
+@dataclass(frozen=True, slots=True)
+class CorrectedSaving:
+    """The corrected replay's answer to one edit: its saving (µs) and the 90% interval of it; or
+    None for both and ``out_of_domain`` saying why the corrections do not answer."""
+
+    saving_us: float | None
+    interval_us: tuple[float, float] | None
+    out_of_domain: str | None
+
+
 @dataclass(slots=True)
 class EditFeatures:
-    """Per node of one step: model inputs, and the edited durations, latencies and releases."""
+    """Per node of one step: model inputs, and the edited times."""
 
     x: np.ndarray  # [n, len(FEATURES)] float32
-    dur: np.ndarray
-    weight: np.ndarray
-    release: np.ndarray
+    times: EditedTimes  # the step's durations, latencies and releases after the edit
     edited: np.ndarray  # bool: nodes the edit changed (removed work)
     removed_us: float  # work and untraced time the edit removes, µs
     lengthens: bool  # the edit adds time somewhere (outside what the corrections were trained on)
     gpu: bool = False  # the step has GPU ops (the corrections were trained on CPU runs)
 
 
-def edit_features(
-    g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray, release: np.ndarray, base: CPMResult | None = None
-) -> EditFeatures:
-    """How each node stands to the work an edit (durations ``dur``, edge latencies ``weight``,
-    releases ``release``: ``whatif.apply_edits``) changes: on the edited rank or not, after the
-    edited work (and how long after), running on another rank while it ran; the node's own
-    duration, category and criticality; and the total removed."""
+def edit_features(times: EditedTimes, base: CPMResult | None = None) -> EditFeatures:
+    """How each node stands to the work an edit (``times``: ``whatif.apply_edits``) changes: on the
+    edited rank or not, after the edited work (and how long after), running on another rank while
+    it ran; the node's own duration, category and criticality; and the total removed."""
+    g = times.graph
     n = g.nodes
     d0 = n["mdur"].astype(np.float64)
-    dur = np.asarray(dur, dtype=np.float64)
-    edited = np.abs(dur - d0) > 1e-9
-    w0 = g.edges["weight"].astype(np.float64)
-    fin = np.isfinite(weight)
-    dw = np.where(fin, np.asarray(weight, dtype=np.float64) - w0, 0.0)
-    edited[g.edges["src"][np.abs(dw) > 1e-9]] = True
-    both = np.isfinite(g.release) & np.isfinite(release)
-    dr = np.zeros(g.n_nodes)
-    dr[both] = np.asarray(release, dtype=np.float64)[both] - g.release[both]
-    edited[np.abs(dr) > 1e-9] = True
-    removed_us = float(-(dur - d0)[dur < d0].sum() - dw[dw < 0].sum() - dr[dr < 0].sum())
-    lengthens = bool((dur - d0 > 1e-6).any() or (dw > 1e-6).any() or (dr > 1e-6).any())
+    delta = times.delta()
+    edited = delta.changed_nodes(g.edges["src"])
+    removed_us = delta.removed_us
+    lengthens = delta.lengthens
     start = n["start"].astype(np.float64)
     if edited.any():
         r0, r1 = float(start[edited].min()), float((start + d0)[edited].max())
@@ -106,8 +105,7 @@ def edit_features(
         cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), np.isin(cat, [Category.RUNTIME, Category.BLOCKING]),
         base.slack <= 1.0, np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
     ]).astype(np.float32)  # fmt: skip
-    return EditFeatures(x, dur, np.asarray(weight, dtype=np.float64), np.asarray(release, dtype=np.float64), edited, removed_us, lengthens,
-                        bool(n["on_gpu"].any()))  # fmt: skip
+    return EditFeatures(x, times, edited, removed_us, lengthens, bool(n["on_gpu"].any()))
 
 
 def terms(x: np.ndarray) -> np.ndarray:
@@ -149,25 +147,23 @@ class _Corrector:
 
     def corrected_durations(self, g: ExecutionGraph, f: EditFeatures) -> np.ndarray:
         factor = self.factors(g, f).mean(axis=0)
-        return np.where(f.edited, f.dur, f.dur * factor)
+        return np.where(f.edited, f.times.dur, f.times.dur * factor)
 
     def saving(self, g: ExecutionGraph, f: EditFeatures, base: CPMResult | None = None) -> float:
         """The corrected replay's saving (µs): the CPM on the edit's durations, every node the edit
         leaves in place scaled by the ensemble's mean factor."""
         base = base or run_cpm(g)
-        return base.makespan - run_cpm(g, self.corrected_durations(g, f), f.weight, f.release).makespan
+        return base.makespan - run_cpm(g, self.corrected_durations(g, f), f.times.weight, f.times.release).makespan
 
-    def answer(
-        self, g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray, release: np.ndarray, base: CPMResult | None = None
-    ) -> tuple[float, tuple[float, float]] | str:
-        """For an edit (``whatif.apply_edits``' durations, latencies and releases): the corrected
-        saving (µs) and its 90% interval, or why the corrections do not answer it."""
-        f = edit_features(g, dur, weight, release, base)
+    def answer(self, times: EditedTimes, base: CPMResult | None = None) -> CorrectedSaving:
+        """For an edit (``whatif.apply_edits``' times): the corrected saving (µs) and its 90%
+        interval, or why the corrections do not answer it."""
+        f = edit_features(times, base)
         reason = self.refusal(f)
         if reason is not None:
-            return reason
-        saving = self.saving(g, f, base)
-        return saving, self.interval(saving, f)
+            return CorrectedSaving(None, None, reason)
+        saving = self.saving(times.graph, f, base)
+        return CorrectedSaving(saving, self.interval(saving, f), None)
 
     def interval(self, saving: float, f: EditFeatures) -> tuple[float, float]:
         half = self.halfwidth * max(f.removed_us, 1.0)

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
-from bottleneck_oracle.analysis.whatif import with_durations
+from bottleneck_oracle.analysis.results import ModelAnswer
+from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -31,19 +32,20 @@ def pretrained_path() -> Path:
 
 
 def sample_for(
-    g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
-    weight: np.ndarray | None = None, release: np.ndarray | None = None, phases: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[GraphArrays, CPMResult]:  # fmt: skip
-    """The model input of ``g`` (numpy) with modelled durations ``dur``, edge latencies ``weight`` and
-    releases ``release`` (a what-if; None: as recorded). ``phases``: ``node_phases(table, g)``
-    if the caller has it (else computed from ``table``)."""
+    g: ExecutionGraph,
+    times: EditedTimes | None = None,
+    table: EventTable | None = None,
+    base: CPMResult | None = None,
+    phases: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[GraphArrays, CPMResult]:
+    """The model input of ``g`` with the edited ``times`` (a what-if; None: as recorded), and the
+    CPM on them. ``phases``: ``node_phases(table, g)`` if the caller has it (else computed from
+    ``table``)."""
     from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
 
     ref = max(g.measured.values())
     base = base or run_cpm(g)
-    d0 = g.nodes["mdur"].astype(np.float64)
-    d1 = d0 if dur is None else np.asarray(dur, dtype=np.float64)
-    edited = g if dur is None and weight is None and release is None else with_durations(g, d1, weight, release)
+    edited = g if times is None else times.applied()
     r1 = base if edited is g else run_cpm(edited)
     if phases is not None:
         phase, mb = phases
@@ -52,20 +54,11 @@ def sample_for(
     else:
         phase, mb = np.zeros(g.n_nodes, dtype=np.int8), np.full(g.n_nodes, -1, dtype=np.int16)
     pp = is_pipeline(g, table)
-    formula_dt = 0.0 if dur is None else formula_step(g, d1, phase, mb, pp) - formula_step(g, d0, phase, mb, pp)
+    d0 = g.nodes["mdur"].astype(np.float64)
+    formula_dt = 0.0 if times is None else formula_step(g, times.dur, phase, mb, pp) - formula_step(g, d0, phase, mb, pp)
     data = graph_arrays(edited, r1)
-    gap = 0.0
-    if weight is not None:
-        keep = np.isfinite(np.asarray(weight))
-        gap = float(np.abs(np.asarray(weight)[keep] - g.edges["weight"][keep]).sum())
-    if release is not None:
-        gap += float(
-            np.abs(
-                np.where(np.isfinite(g.release), np.nan_to_num(np.asarray(release), neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0)
-            ).sum()
-        )
     data.set(ref_step=ref, replay_step=ref + r1.makespan - base.makespan, formula_step=max(ref + formula_dt, 1.0))
-    data.set(edit_us=float(np.abs(d1 - d0).sum()) + gap, y_step=ref)
+    data.set(edit_us=0.0 if times is None else times.delta().size_us, y_step=ref)
     return data, r1
 
 
@@ -146,7 +139,7 @@ class Predictor:
             out[v] = data.scalars["ref_step"] * float(np.exp(np.clip(log_ratio, -bound, bound)))
         return out
 
-    def effect(self, g: ExecutionGraph, base_data, edited_data) -> dict:
+    def effect(self, g: ExecutionGraph, base_data: GraphArrays, edited_data: GraphArrays) -> ModelAnswer:
         """What the model says an edit does: per variant its effect (edited - unedited prediction,
         µs) and the measured step plus that effect, or None for both and ``out_of_domain`` naming why."""
         reason = self.refusal(g, base_data) or self.refusal(g, edited_data)
@@ -161,11 +154,6 @@ class Predictor:
             if hit:
                 reason = f"out of domain: {', '.join(hit)} predicted a step {MAX_RATIO:g}x off the measured one"
         if reason is not None:
-            return {
-                "checkpoint": str(self.path),
-                "out_of_domain": reason,
-                "step_us": dict.fromkeys(self.variants),
-                "delta_us": dict.fromkeys(self.variants),
-            }
+            return ModelAnswer(str(self.path), reason, dict.fromkeys(self.variants), dict.fromkeys(self.variants))
         delta = {v: after[v] - before[v] for v in self.variants}
-        return {"checkpoint": str(self.path), "out_of_domain": None, "step_us": {v: ref + d for v, d in delta.items()}, "delta_us": delta}
+        return ModelAnswer(str(self.path), None, {v: ref + d for v, d in delta.items()}, dict(delta))

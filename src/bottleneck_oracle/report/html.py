@@ -61,11 +61,9 @@ def _table(t: TableModel) -> str:
 def _lanes(a: StepAnalysis, nodes: np.ndarray) -> tuple[list[tuple], dict[tuple, str]]:
     g = a.graph
     n = g.nodes
-    names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
+    info = g.info
     lanes = sorted({(int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["tid"][i])) for i in nodes.tolist()})
-    label = {
-        k: plotly_text(f"rank {k[0]} · {names[k[1]].get(f'{k[0]}:{k[2]}', ('stream ' if k[1] else 'thread ') + str(k[2]))}") for k in lanes
-    }
+    label = {k: plotly_text(f"rank {k[0]} · {info.lane_name(k[0], k[2], k[1])}") for k in lanes}
     return lanes, label
 
 
@@ -244,7 +242,7 @@ def render(
         s = a.straggler()
         if s and len(a.graph.ranks) > 1:
             parts.append(
-                f"<p>Straggler: rank {s['rank']} (the others waited up to {s['imposed_wait_us'] / 1000:.3f} ms for it at a collective on the critical path).</p>"
+                f"<p>Straggler: rank {s.rank} (the others waited up to {s.imposed_wait_us / 1000:.3f} ms for it at a collective on the critical path).</p>"
             )
         parts.append(slack_plot(a))
         if extras and a.graph.step in extras:

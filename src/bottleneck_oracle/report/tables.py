@@ -100,7 +100,7 @@ def top_ops_table(a: StepAnalysis, k: int) -> TableModel:
         "Where the critical path's time goes (ops include their own time between their children)",
         [Column("op / time", "name"), Column("kind", "text"), Column("count", "int"), Column("critical ms", "ms"), Column("share", "pct")],
     )
-    t.rows = [[o["name"], o["kind"], o["count"], o["critical_us"], o["share"]] for o in a.top_ops(k)]
+    t.rows = [[o.name, o.kind, o.count, o.critical_us, o.share] for o in a.top_ops(k)]
     return t
 
 
@@ -114,10 +114,9 @@ def comm_table(a: StepAnalysis) -> TableModel | None:
          Column("bytes", "int"), Column("critical", "text")],
     )  # fmt: skip
     t.rows = [
-        [x["name"], x["rank"], x["slack_us"], x["dur_us"], x["wait_us"], None if x["msg_bytes"] is None else int(x["msg_bytes"]),
-         "yes" if x["critical"] else ""]
+        [x.name, x.rank, x.slack_us, x.dur_us, x.wait_us, None if x.msg_bytes is None else int(x.msg_bytes), "yes" if x.critical else ""]
         for x in comm
-    ]  # fmt: skip
+    ]
     return t
 
 
@@ -172,5 +171,5 @@ def ranks_table(a: StepAnalysis) -> TableModel | None:
         [Column("rank", "key"), Column("step ms", "ms"), Column("CPM step ms", "ms"), Column("collective wait ms (sum)", "ms"),
          Column("critical path share", "pct")],
     )  # fmt: skip
-    t.rows = [[x["rank"], x["step_us"], x["predicted_step_us"], x["collective_wait_us"], x["critical_share"]] for x in ranks]
+    t.rows = [[x.rank, x.step_us, x.predicted_step_us, x.collective_wait_us, x.critical_share] for x in ranks]
     return t

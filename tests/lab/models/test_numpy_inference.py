@@ -17,6 +17,7 @@ from torch_geometric.data import Batch
 
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.analysis.phases import node_phases
+from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.api import graphs
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.models import checkpoint as core
@@ -65,7 +66,8 @@ def _samples(path, steps: int = 2):
         base = run_cpm(g)
         phases = node_phases(table, g)
         d, w = _edits(g, i)
-        out.append((g, sample_for(g, None, table, base, phases=phases)[0], sample_for(g, d, table, base, w, None, phases)[0]))
+        times = EditedTimes(g, d, w, g.release.astype(np.float64))
+        out.append((g, sample_for(g, None, table, base, phases)[0], sample_for(g, times, table, base, phases)[0]))
     return out
 
 
@@ -129,14 +131,15 @@ def test_the_predictor_answers_as_the_torch_engine_does(path):
         for data in (unedited, edited):
             assert fast.refusal(g, data) == reference.refusal(g, data)
         want, got = reference.effect(g, unedited, edited), fast.effect(g, unedited, edited)
-        assert list(got) == list(want) and got["out_of_domain"] == want["out_of_domain"]
+        assert got.out_of_domain == want.out_of_domain
         for key in ("step_us", "delta_us"):
-            assert list(got[key]) == list(want[key])
-            for v, x in want[key].items():
-                assert (got[key][v] is None) == (x is None)
+            g_, w_ = getattr(got, key), getattr(want, key)
+            assert list(g_) == list(w_)
+            for v, x in w_.items():
+                assert (g_[v] is None) == (x is None)
                 if x is not None:
-                    assert got[key][v] == pytest.approx(x, abs=1e-5 * unedited.scalars["ref_step"])
-        answered += want["out_of_domain"] is None
+                    assert g_[v] == pytest.approx(x, abs=1e-5 * unedited.scalars["ref_step"])
+        answered += want.out_of_domain is None
     if path == SAMPLE:
         assert answered  # the shipped model answers for its own kind of trace
 

@@ -125,8 +125,7 @@ def test_corrections_round_trip_and_refuse_what_they_were_not_trained_on(tmp_pat
     lo, hi = back.interval(100.0, f)
     assert hi - lo == pytest.approx(2 * 0.2 * f.removed_us)
     # an edit that lengthens work is outside what paired removals taught it
-    d, w, rel, _, _ = apply_edits(g, [Edit(name="aten::mm", rank=0, delay_ms=1.0)])
-    assert "lengthens" in back.refusal(edit_features(g, d, w, rel))
+    assert "lengthens" in back.refusal(edit_features(apply_edits(g, [Edit(name="aten::mm", rank=0, delay_ms=1.0)])))
     # so is a node far outside the training range (a 1000x longer op)
     x = f.x.copy()
     x[:, 0] += 7.0

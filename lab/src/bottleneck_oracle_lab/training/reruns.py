@@ -60,8 +60,7 @@ def removal_edits(rank: int) -> list[Edit]:
 
 def step_features(g: ExecutionGraph, table, rank: int, base: CPMResult | None = None) -> EditFeatures:
     """The correction model's inputs for removing the injected ranges of ``rank`` from ``g``."""
-    d, w, rel, _, _ = apply_edits(g, removal_edits(rank), table=table)
-    return edit_features(g, d, w, rel, base)
+    return edit_features(apply_edits(g, removal_edits(rank), table=table), base)
 
 
 def on_median(steps: np.ndarray | list[float], savings: np.ndarray | list[float]) -> float:
@@ -167,7 +166,7 @@ def evaluate_launch(rows: list[dict], table, graphs: list[ExecutionGraph], with_
         for g in gs:
             base = run_cpm(g)
             feats = step_features(g, table, c["rank"], base)
-            edited = run_cpm(g, feats.dur, feats.weight, feats.release)
+            edited = feats.times.cpm()
             per["replay"].append(base.makespan - edited.makespan)
             per["own"].append(feats.removed_us)
             b = blame(g, [h for h in gs if h is not g], top=3, cpm=base, memo=memo)
