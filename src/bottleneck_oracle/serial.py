@@ -44,7 +44,7 @@ class Computed(NamedTuple):
 
 def json_meta(
     *, key: str | None = None, omit_none: bool = False, when: str | None = None, skip: bool = False, inline: bool = False
-) -> dict[str, dict[str, Any]]:
+) -> Mapping[str, object]:
     """A dataclass field's ``metadata`` saying what ``to_json`` does differently for it (see the
     module's doc): ``x: int = field(metadata=json_meta(key="from"))``."""
     return {_META: {"key": key, "omit_none": omit_none, "when": when, "skip": skip, "inline": inline}}
@@ -121,12 +121,10 @@ def _writer(cls: Hashable) -> Callable[[Any], dict[str, object]]:
                 drops.append((key, omit_none, when))
         keys += [c.key for c in after]
         attrs += [c.attribute for c in after]
-    get = operator.attrgetter(*attrs) if attrs else (lambda obj: ())
-    if len(attrs) == 1:
-        one = get
+    many = operator.attrgetter(*attrs) if len(attrs) > 1 else None  # (one attribute: attrgetter gives it, not a tuple)
 
-        def get(obj: Any) -> tuple[object, ...]:
-            return (one(obj),)
+    def get(obj: Any) -> tuple[object, ...]:
+        return many(obj) if many is not None else tuple(getattr(obj, a) for a in attrs)
 
     def write(obj: Any) -> dict[str, object]:
         out = dict(zip(keys, get(obj)))
@@ -162,7 +160,7 @@ def json_fields(obj: Any) -> dict[str, object]:
 
 
 def _object(obj: Any) -> JSONObject:
-    return {k: v if type(v) in _PLAIN else to_json(v) for k, v in json_fields(obj).items()}
+    return {k: v if type(v) in _PLAIN else to_json(v) for k, v in json_fields(obj).items()}  # type: ignore[misc]  # (a plain value is JSON)
 
 
 def dumps(obj: object, option: int = 0) -> bytes:
@@ -172,4 +170,4 @@ def dumps(obj: object, option: int = 0) -> bytes:
 
 
 def _default(obj: Any) -> object:
-    return _writer(type(obj))(obj)  # (not a dataclass: dataclasses.fields raises TypeError, as orjson wants)
+    return _writer(cast(Hashable, type(obj)))(obj)  # (not a dataclass: dataclasses.fields raises TypeError, as orjson wants)

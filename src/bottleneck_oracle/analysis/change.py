@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 
 from bottleneck_oracle.analysis.runs import ROBUST, steady
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, label
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, SegmentKind, label
 from bottleneck_oracle.analysis.shift import shift_interval
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.errors import OracleError
@@ -185,7 +185,7 @@ class Move:
 
     what: str  # segments.label: an op, a range's framework or untraced time, a wait
     ranks: list[int]  # where it lay on the path, in either run (one rank: rows per rank)
-    kind: str  # the segment kind
+    kind: SegmentKind
     baseline_us: float
     candidate_us: float
     delta_us: float
@@ -307,10 +307,10 @@ def _typical(analyses: list[StepAnalysis], times: np.ndarray) -> list[StepAnalys
     return [a for a, t in zip(analyses, times) if q1 <= t <= q3]
 
 
-def _rows(analyses: list[StepAnalysis], across_ranks: bool) -> dict[tuple[str, int], tuple[float, str, set[int]]]:
+def _rows(analyses: list[StepAnalysis], across_ranks: bool) -> dict[tuple[str, int], tuple[float, SegmentKind, set[int]]]:
     """(what, rank or -1 across ranks) -> (its mean time per step on the critical path, kind, ranks)."""
     total: dict[tuple[str, int], float] = defaultdict(float)
-    kind: dict[tuple[str, int], str] = {}
+    kind: dict[tuple[str, int], SegmentKind] = {}
     where: dict[tuple[str, int], set[int]] = defaultdict(set)
     for a in analyses:
         for s in a.segments():
@@ -383,10 +383,12 @@ def compare(
     kb, kc = _typical(b, tb), _typical(c, tc)
     pb, pc = _rows(kb, across), _rows(kc, across)
     moved = []
-    none: tuple[float, str, set[int]] = (0.0, "", set())
+    none: tuple[float, SegmentKind | None, set[int]] = (0.0, None, set())
     for key in set(pb) | set(pc):
         (x, kx, wx), (y, ky, wy) = pb.get(key, none), pc.get(key, none)
-        moved.append(Move(what=key[0], ranks=sorted(wx | wy), kind=kx or ky, baseline_us=x, candidate_us=y, delta_us=y - x))
+        what_kind = kx or ky
+        assert what_kind is not None  # (the key is in one run at least)
+        moved.append(Move(what=key[0], ranks=sorted(wx | wy), kind=what_kind, baseline_us=x, candidate_us=y, delta_us=y - x))
     moved.sort(key=lambda m: (-abs(m.delta_us), m.what))
     explained = sum(m.delta_us for m in moved)
     shown = [m for m in moved[:top] if abs(m.delta_us) > 1e-6]

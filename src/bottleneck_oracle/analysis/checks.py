@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from bottleneck_oracle.analysis.segments import CPU, Segment
 from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, RunFacts
+
+if TYPE_CHECKING:
+    from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
 CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "compute"]
 
@@ -56,7 +59,7 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.1f} ms"
 
 
-def step_checks(a) -> list[Check]:  # a: summary.StepAnalysis (imported there, not here: no cycle)
+def step_checks(a: StepAnalysis) -> list[Check]:
     """The invariants of one analysed step against the facts in its graph's meta (facts.py);
     none when the graph carries no facts (Chakra input, graphs saved by older versions)."""
     g = a.graph

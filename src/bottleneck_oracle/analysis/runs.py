@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.analysis.blame import CulpritKind
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
 OUTLIER_SIGMAS = 3.0  # robust sigmas from the median
@@ -29,7 +30,7 @@ class Cause:
     """An outlier step's top cause: blame's first culprit against the run's typical steps."""
 
     name: str
-    kind: str  # "op" or "gap" (untraced time)
+    kind: CulpritKind  # an op, or untraced time
     rank: int
     saving_us: float
 

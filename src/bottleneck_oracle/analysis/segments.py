@@ -24,6 +24,7 @@ the earlier segment is cut where the later one starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -222,7 +223,9 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     return [s for s in _clip(out, r.path_origin) if s.dur > 1e-9]
 
 
-def _lead_in(g: ExecutionGraph, r: CPMResult, v: int, lo: float, est: float, add, thread_time) -> None:
+def _lead_in(
+    g: ExecutionGraph, r: CPMResult, v: int, lo: float, est: float, add: Callable[..., None], thread_time: Callable[..., None]
+) -> None:
     """From the step start of the rank whose span is the step time to the path's first op."""
     n = g.nodes
     if est <= lo:

@@ -72,7 +72,7 @@ class TimeDelta:
     def changed_nodes(self, src: np.ndarray) -> np.ndarray:
         """bool [n_nodes]: nodes whose duration, release or a latency out of them changed (``src``:
         each edge's source node)."""
-        out = np.abs(self.dur) > 1e-9
+        out: np.ndarray = np.abs(self.dur) > 1e-9
         out[src[np.abs(self.weight) > 1e-9]] = True
         out[np.abs(self.release) > 1e-9] = True
         return out
@@ -220,7 +220,7 @@ class Edit:
     def parse(cls, text: str) -> Edit:
         """``"name~=all_reduce,rank=1,scale=0.5"``, ``"id=12,delay_ms=5"``, ``"name=aten::mm,scale=2"``,
         ``"cat=runtime,max_us=20,scale=0.2"``. Values are data: nothing in an edit is evaluated."""
-        kw: dict = {}
+        kw: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             m = re.fullmatch(r"([a-z_]+)(~=|=)(.*)", part)
             if not m:
@@ -616,7 +616,7 @@ def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarr
     ids = np.asarray(ids, dtype=np.int64)
     delta = np.broadcast_to(np.asarray(delta_us, dtype=np.float64), ids.shape)
     m = r.makespan
-    out = np.maximum(m, m - r.slack[ids] + np.maximum(delta, -g.nodes["mdur"][ids]))
+    out: np.ndarray = np.maximum(m, m - r.slack[ids] + np.maximum(delta, -g.nodes["mdur"][ids]))
     tol = 1e-3 + 1e-9 * m  # float noise in the slack of critical nodes (µs)
     shrink = np.flatnonzero((delta < 0) & (r.slack[ids] <= tol))
     if len(shrink):  # a shortened node without slack: exact forward passes, compiled
@@ -635,7 +635,7 @@ def single_edge_makespans(g: ExecutionGraph, eids: np.ndarray, delta_us: np.ndar
     w = e["weight"].astype(np.float64)
     slack = r.lst[e["dst"][eids]] - r.eft[e["src"][eids]] - w[eids]
     m = r.makespan
-    out = np.maximum(m, m - slack + np.maximum(delta, -w[eids]))
+    out: np.ndarray = np.maximum(m, m - slack + np.maximum(delta, -w[eids]))
     for i in np.flatnonzero((delta < 0) & (slack <= 1e-3 + 1e-9 * m)):
         w2 = w.copy()
         w2[eids[i]] = max(w2[eids[i]] + delta[i], 0.0)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,10 @@ from bottleneck_oracle.graph_pipeline.schema import (
     EdgeKind,
     NodeType,
 )
+from bottleneck_oracle.serial import JSONObject
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 MAX_GRAPH_BYTES = 16 * 2**30  # what a saved graph's arrays may declare (a 4096-rank step's take a few GiB)
 
@@ -129,15 +133,18 @@ class GraphInfo:
         return self._dict("collectives")
 
     @property
-    def facts_json(self) -> dict[str, Any] | None:
+    def facts_json(self) -> JSONObject | None:
         """The step's facts as saved (facts.StepFacts.to_dict), None without them."""
+        return self._facts()
+
+    def _facts(self) -> dict[str, Any] | None:
         facts = self._meta.get("facts")
         return facts if isinstance(facts, dict) else None
 
     @property
     def facts(self) -> StepFactsRecord | None:
         """The step's facts the analysis reads, None without facts or without a rank in them."""
-        facts = self.facts_json
+        facts = self._facts()
         if not facts or not facts.get("ranks"):
             return None
         ranks = tuple(
@@ -254,7 +261,7 @@ class ExecutionGraph:
             i = int(np.argmin(self.nodes["mdur"]))
             raise GraphError(f"node {self.node_name(i)!r} has a negative modelled duration")
 
-    def to_networkx(self):
+    def to_networkx(self) -> nx.DiGraph:
         """A networkx.DiGraph with node and edge attributes (for interop only)."""
         import networkx as nx
 

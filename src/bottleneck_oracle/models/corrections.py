@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -185,7 +186,8 @@ class Corrections(_Corrector):
         """[members, n]: each member's duration factor per node (within [1/e, e])."""
         z = (terms(x) - self.mean) / self.std
         z = np.column_stack([z, np.ones(len(z))])
-        return np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
+        out: np.ndarray = np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
+        return out
 
     def factors(self, g: ExecutionGraph, f: EditFeatures) -> np.ndarray:
         return self.node_factors(f.x)
@@ -201,6 +203,10 @@ class Corrections(_Corrector):
         np.savez(path, kind=np.array("ridge"), coef=self.coef, mean=self.mean, std=self.std, lo=self.lo, hi=self.hi,
                  halfwidth=np.array(self.halfwidth), trained_on=np.array(self.trained_on), features=np.array(FEATURES))  # fmt: skip
 
+
+_Segments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # gat_numpy._segments of one edge set
+# the standardised features, the edges, the reversed edges, and each grouped by destination (None: no edge)
+_Prepared = tuple[np.ndarray, np.ndarray, np.ndarray, "_Segments | None", "_Segments | None"]
 
 EDGE_DIM = len(EdgeKind) + 1  # the edge's kind (one-hot) and sign * log1p(|latency ms|)
 
@@ -259,7 +265,7 @@ class GraphCorrections(_Corrector):
         return ConvWeights(lin, lin, m[prefix + "att_src"].reshape(self.heads, c), m[prefix + "att_dst"].reshape(self.heads, c),
                            m[prefix + "lin_edge.weight"], m[prefix + "att_edge"].reshape(self.heads, c), None, m[prefix + "bias"])  # fmt: skip
 
-    def _prepare(self, x: np.ndarray, edge_index: np.ndarray) -> tuple:
+    def _prepare(self, x: np.ndarray, edge_index: np.ndarray) -> _Prepared:
         """What every member's forward shares for one input: the standardised features, the
         reversed edges, and both edge sets grouped by destination."""
         rev = edge_index[[1, 0]]
@@ -267,7 +273,7 @@ class GraphCorrections(_Corrector):
         z = ((x - self.mean) / self.std).astype(np.float32)
         return z, edge_index, rev, _segments(edge_index[1]) if some else None, _segments(rev[1]) if some else None
 
-    def _member(self, m: dict[str, np.ndarray], prepared: tuple, attr: np.ndarray) -> np.ndarray:
+    def _member(self, m: dict[str, np.ndarray], prepared: _Prepared, attr: np.ndarray) -> np.ndarray:
         c = self.hidden // self.heads
         z, edge_index, rev, seg_a, seg_r = prepared
         h = _elu(_linear(z, m["encode.weight"], m["encode.bias"]))
@@ -278,7 +284,8 @@ class GraphCorrections(_Corrector):
         y = _linear(
             _elu(_linear(np.concatenate([h, z], axis=1), m["head.0.weight"], m["head.0.bias"])), m["head.2.weight"], m["head.2.bias"]
         )
-        return np.tanh(y[:, 0])
+        out: np.ndarray = np.tanh(y[:, 0])
+        return out
 
     def member_log_factors(self, m: dict[str, np.ndarray], x: np.ndarray, edge_index: np.ndarray, attr: np.ndarray) -> np.ndarray:
         """One member's log factor per node ([n], float32)."""
@@ -333,7 +340,7 @@ def load_corrections(path: str | Path | None = None) -> Corrections | GraphCorre
     return out
 
 
-def _load_graph(path: Path, z) -> GraphCorrections:
+def _load_graph(path: Path, z: Any) -> GraphCorrections:  # z: the opened np.load archive
     hidden, layers, heads, n = (int(v) for v in z["shape"])
     if not (1 <= n <= 64 and 1 <= layers <= 8 and 1 <= heads <= hidden <= 1024 and hidden % heads == 0):
         raise OracleError(f"{path}: not a corrections file (shape {hidden}, {layers}, {heads}, {n})")

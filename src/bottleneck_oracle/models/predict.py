@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -89,12 +90,12 @@ class Predictor:
         self.models = self._models()
         self.ranges = {t: as_numpy(r) for t, r in (self.ckpt.get("feature_ranges") or {}).items()}
 
-    def _load(self, path: Path) -> dict:
+    def _load(self, path: Path) -> dict[str, Any]:
         from bottleneck_oracle.models.checkpoint import load_inference
 
         return load_inference(path)
 
-    def _models(self) -> dict:
+    def _models(self) -> dict[str, Any]:
         try:
             return {v: NumpyGAT(GATConfig.from_dict(self.ckpt["gat"][v]["config"]), self.ckpt["gat"][v]["state"]) for v in self.variants}
         except ValueError as exc:

@@ -52,7 +52,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -176,7 +176,7 @@ rank and filled the 24 GB recording machine."""
 
 
 def default_launches(
-    sizes: list[str], layouts: list[str], delays_ms: list[float], per_launch: int = 8, block: int = 3, repeats: int = 6, batch: int = 4,
+    sizes: Sequence[str], layouts: Sequence[str], delays_ms: list[float], per_launch: int = 8, block: int = 3, repeats: int = 6, batch: int = 4,
     seed: int = 0, device: str = "cpu",
 ) -> list[Launch]:  # fmt: skip
     """Every kind x rank x delay on every size x layout, ``per_launch`` conditions to a launch (in
@@ -412,7 +412,7 @@ class KnobChange:
         return [(f"{w}-{i}", v) for i in range(self.pairs) for w, v in (("base", self.base), ("changed", self.changed))]
 
 
-def default_knobs(sizes: list[str], layouts: list[str], batch: int = 4, seed: int = 0) -> list[KnobChange]:
+def default_knobs(sizes: Sequence[str], layouts: Sequence[str], batch: int = 4, seed: int = 0) -> list[KnobChange]:
     """Per size: DP batch halved and doubled, DP buckets from one (25 MB) to many (0.05 MB);
     pipeline micro-batches 4 -> 2 and 4 -> 8 at the same global batch, sequences per micro-batch doubled."""
     out: list[KnobChange] = []

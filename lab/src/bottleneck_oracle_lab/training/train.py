@@ -29,6 +29,7 @@ from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.files import read_jsonl
 from bottleneck_oracle.models.checkpoint import CHECKPOINT_VERSION, FORMAT
 from bottleneck_oracle.models.hetero import FEATURE_VERSION, feature_schema
+from bottleneck_oracle.serial import to_json
 from bottleneck_oracle_lab.models.baselines import fit_mlp, fit_xgb, graph_inputs, pooled_features
 from bottleneck_oracle_lab.models.checkpoint import save_checkpoint
 from bottleneck_oracle_lab.models.hetero_gat import NODE_TYPES, GATConfig, HeteroGAT, in_dims_of, prepare
@@ -242,7 +243,7 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
     ckpt["feature_ranges"] = feature_ranges(data.train_whatif + data.train_plain)
     for variant in cfg.variants:
         model, info = fit_gat(variant, data, cfg, progress)
-        ckpt["gat"][variant] = {"config": model.cfg.to_dict(), "state": model.state_dict(), "epochs": info["epochs"],
+        ckpt["gat"][variant] = {"config": to_json(model.cfg), "state": model.state_dict(), "epochs": info["epochs"],
                                 "best_val_loss": float(info["best_val_loss"]), "seconds": float(info["seconds"]),
                                 "history": [[h["train_loss"], h["val_loss"]] for h in info["history"]]}  # fmt: skip
     # learned baselines: what-if samples plus as many graphs as recorded (they teach "no edit, no change")
