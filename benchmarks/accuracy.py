@@ -65,8 +65,10 @@ def main() -> None:
     print("| trace | ranks | steps | nodes (first step) | max abs(CPM - period) | max abs(span - period) | checks failed |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['trace']} | {r['ranks']} | {r['steps']} | {r['nodes']:,} | {r['max_abs_error_pct']:.2f}% | "
-              f"{r['max_abs_span_vs_period_pct']:.1f}% | {r['checks_failed']} of {r['checks']} |")  # fmt: skip
+        print(
+            f"| {r['trace']} | {r['ranks']} | {r['steps']} | {r['nodes']:,} | {r['max_abs_error_pct']:.2f}% | "
+            f"{r['max_abs_span_vs_period_pct']:.1f}% | {r['checks_failed']} of {r['checks']} |"
+        )
     print(
         f"\nHTA agreement on simple_add_1gpu: Jaccard {hta.jaccard:.3f} on the events HTA models "
         f"({hta.shared} shared, {len(hta.only_ours)} only ours, {len(hta.only_hta)} only HTA); "

@@ -62,7 +62,7 @@ def scenarios(steps: int) -> list[dict]:
                 "injections": _every("phase", steps, rank=0, target="optimizer", delay_ms=15.0)
                 + _every("phase", steps, rank=1, target="optimizer", delay_ms=15.0),
             },
-        },  # fmt: skip
+        },
         {
             "name": "delayed gradient all-reduce (rank 1 +20 ms)",
             "run": {**base, "injections": _every("collective", steps, rank=1, delay_ms=20.0)},
@@ -134,8 +134,14 @@ def main() -> int:
                 for v in top["model_saving_us"]
             }
             changed, how = apply(top, sc["run"], before)
-            row = {"scenario": sc["name"], "top": top_id, "edits": top["edits"], "change": how, "predicted_replay_ms": predicted / 1000,
-                   "predicted_model_ms": {v: x / 1000 for v, x in model.items()}}  # fmt: skip
+            row = {
+                "scenario": sc["name"],
+                "top": top_id,
+                "edits": top["edits"],
+                "change": how,
+                "predicted_replay_ms": predicted / 1000,
+                "predicted_model_ms": {v: x / 1000 for v, x in model.items()},
+            }
             rows_before = api.analyze(before)[1]
             t_before = float(np.median([a.measured for a in rows_before[1:]]))
             row["before_ms"] = t_before / 1000

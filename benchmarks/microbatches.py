@@ -37,8 +37,10 @@ def main() -> int:
         for a, b in ((4, 8), (4, 2), (2, 8)):
             rows = [r.to_dict() for r in api.whatif(runs[a], [], None, None, None, False, b)[1:]]
             pred = float(np.median([r["microbatches"]["step_us"] for r in rows]))
-            print(f"{a:4d} {b:4d} {measured[a] / 1000:16.2f} {pred / 1000:16.2f} {measured[b] / 1000:15.2f} "
-                  f"{(pred - measured[a]) / 1000:8.2f} {(measured[b] - measured[a]) / 1000:8.2f}")  # fmt: skip
+            print(
+                f"{a:4d} {b:4d} {measured[a] / 1000:16.2f} {pred / 1000:16.2f} {measured[b] / 1000:15.2f} "
+                f"{(pred - measured[a]) / 1000:8.2f} {(measured[b] - measured[a]) / 1000:8.2f}"
+            )
     return 0
 
 

@@ -73,8 +73,9 @@ def _record(layout: str, out: Path, steps: int, injections: tuple = ()) -> Path:
         shutil.rmtree(out)
     if layout == "dp":
         return record_ddp(DDPRun(out=str(out), world=2, steps=steps, size="tiny", batch=8, injections=injections, pin=True))
-    return record_pp(PipelineRun(out=str(out), world=2, size="tiny", microbatches=MICROBATCHES, batch=2, steps=steps, injections=injections,
-                                 pin=True))  # fmt: skip
+    return record_pp(
+        PipelineRun(out=str(out), world=2, size="tiny", microbatches=MICROBATCHES, batch=2, steps=steps, injections=injections, pin=True)
+    )
 
 
 def _tensorboard_names(folder: Path) -> None:
@@ -150,10 +151,12 @@ def main() -> None:
             "lines": ans.lines(),
         }
         rows.append(row)
-        print(f"{c['index']:2d} {layout} {c['where']:8s} {c['what']:7s} {c['ms']:2d} ms rank {c['rank']}: truth {truth / 1000:5.1f} ms, "
-              f"named rank {named}, region {row['region']}, saving {saving / 1000:5.1f} ms "
-              f"{'ok' if row['rank_ok'] else 'RANK'} {'ok' if row['region_ok'] else 'REGION'} {'ok' if row['saving_ok'] else 'SAVING'}",
-              flush=True)  # fmt: skip
+        print(
+            f"{c['index']:2d} {layout} {c['where']:8s} {c['what']:7s} {c['ms']:2d} ms rank {c['rank']}: truth {truth / 1000:5.1f} ms, "
+            f"named rank {named}, region {row['region']}, saving {saving / 1000:5.1f} ms "
+            f"{'ok' if row['rank_ok'] else 'RANK'} {'ok' if row['region_ok'] else 'REGION'} {'ok' if row['saving_ok'] else 'SAVING'}",
+            flush=True,
+        )
     n = len(rows)
     spread = {lay: (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else None for lay, v in clean.items()}
     summary = {

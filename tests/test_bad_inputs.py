@@ -269,8 +269,15 @@ def dataset_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     """Damaged datasets and run manifests for train, eval and build-dataset."""
     from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint
 
-    row = {"id": "r/step-1", "path": str(root / "none.pt"), "split_random": "train", "split_ood_size": "train",
-           "split_ood_layout": "train", "split_ood_injection": "train", "whatif": None}  # fmt: skip
+    row = {
+        "id": "r/step-1",
+        "path": str(root / "none.pt"),
+        "split_random": "train",
+        "split_ood_size": "train",
+        "split_ood_layout": "train",
+        "split_ood_injection": "train",
+        "whatif": None,
+    }
 
     def dataset(name: str, lines: list[str]) -> Path:
         d = root / name
@@ -354,8 +361,21 @@ class HostileLLM:
         h.wfile.write(data)
 
     def cases(self) -> list[tuple[str, list[str], Path | None]]:
-        modes = ["deep", "big_int", "big_id_edit", "hostile_edits", "escapes", "not_suggestions", "prose",
-                 "s500", "s404", "html", "junk_body", "huge", "no_choices"]  # fmt: skip
+        modes = [
+            "deep",
+            "big_int",
+            "big_id_edit",
+            "hostile_edits",
+            "escapes",
+            "not_suggestions",
+            "prose",
+            "s500",
+            "s404",
+            "html",
+            "junk_body",
+            "huge",
+            "no_choices",
+        ]
         return [(f"llm:{m}", ["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{self.url}/{m}/v1"], None) for m in modes]
 
 
@@ -377,10 +397,19 @@ def run(args: list[str], capsys) -> tuple[int, str, str]:
 
 # inputs that used to be accepted silently: each now gets a warning (and a sane result) or an error
 NOT_SILENT = {
-    "nested_step": "warning", "duplicated_events": "warning", "dur_string": "warning", "zero_length_step": "warning",
-    "ts_huge": "warning", "dur_huge": "warning", "folder_with_truth_json": "warning", "ranks_from_two_runs": "error",
-    "dur_inf": "warning", "edit_scale_nan": "error", "edit_delay_nan": "error", "edit_delay_huge_negative": "error",
-}  # fmt: skip
+    "nested_step": "warning",
+    "duplicated_events": "warning",
+    "dur_string": "warning",
+    "zero_length_step": "warning",
+    "ts_huge": "warning",
+    "dur_huge": "warning",
+    "folder_with_truth_json": "warning",
+    "ranks_from_two_runs": "error",
+    "dur_inf": "warning",
+    "edit_scale_nan": "error",
+    "edit_delay_nan": "error",
+    "edit_delay_huge_negative": "error",
+}
 
 
 def test_the_corpus_is_large_enough(cases):
@@ -447,8 +476,9 @@ def measured(args: list[str], timeout: int = 900) -> tuple[int, str, float, floa
     import time
 
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args],
-                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args], capture_output=True, text=True, timeout=timeout
+    )
     code, err, peak = json.loads(r.stdout)
     return code, err, peak, time.monotonic() - t
 

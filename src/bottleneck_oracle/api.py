@@ -346,8 +346,13 @@ def whatif(
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
             parts = formula_parts(g, times.dur, *phase_mb)
             now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
-            resplit = Resplit(old=int(parts["m"]), new=microbatches, stages=int(parts["p"]), formula_delta_us=then - now,
-                              step_us=measured + replay.delta_us + then - now)  # fmt: skip
+            resplit = Resplit(
+                old=int(parts["m"]),
+                new=microbatches,
+                stages=int(parts["p"]),
+                formula_delta_us=then - now,
+                step_us=measured + replay.delta_us + then - now,
+            )
         scaled = None
         if batch is not None:
             scaled = _batch_scale(times, table, phases, batch, measured - base.makespan, path)
@@ -418,21 +423,28 @@ def _batch_scale(
 
     g, d, w, rel = times.graph, times.dur, times.weight, times.release
     if (g.nodes["category"] == Category.KERNEL).any():
-        raise OracleError(f"{path}: step {g.step}: --batch is built and checked on CPU (gloo) runs only; on a GPU the "
-                          "kernels scale with the batch, which it does not model")  # fmt: skip
+        raise OracleError(
+            f"{path}: step {g.step}: --batch is built and checked on CPU (gloo) runs only; on a GPU the "
+            "kernels scale with the batch, which it does not model"
+        )
     edits = [Edit(phase=p, category="cpu_op", scale=ratio) for p in ("forward", "backward")]
     ids = [e.select(g, phases, table) for e in edits] if phases is not None else []
     if not ids or not sum(len(i) for i in ids):
-        raise OracleError(f"{path}: step {g.step}: --batch needs the forward and backward ranges (the profiler's '## forward ##' "
-                          "or a phase hook); this step has no CPU op inside one")  # fmt: skip
+        raise OracleError(
+            f"{path}: step {g.step}: --batch needs the forward and backward ranges (the profiler's '## forward ##' "
+            "or a phase hook); this step has no CPU op inside one"
+        )
     dd = d.copy()
     for i in ids:
         dd[i] = d[i] * ratio
     _, eids = edited_weights(g, edits, phases, table)
     ww = w.copy()
     ww[eids] = w[eids] * ratio
-    return BatchScale(ratio=ratio, ops_alone_step_us=offset + run_cpm(g, dd, w, rel).makespan,
-                      with_own_time_step_us=offset + run_cpm(g, dd, ww, rel).makespan)  # fmt: skip
+    return BatchScale(
+        ratio=ratio,
+        ops_alone_step_us=offset + run_cpm(g, dd, w, rel).makespan,
+        with_own_time_step_us=offset + run_cpm(g, dd, ww, rel).makespan,
+    )
 
 
 def blame(

@@ -555,7 +555,7 @@ def analyze(
         "--baseline",
         metavar="PATH",
         help="A run of the same job as it normally runs: the run answer holds each rank against its steps (needed where ranks have no peers: pipeline stages).",
-    ),  # fmt: skip
+    ),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
@@ -612,9 +612,14 @@ def analyze(
             )
         if x.blame.regions:
             out.print(
-                Text(f"Step {step_no} regions: "
-                     + "; ".join(f"{shorten(label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r, label in zip(x.blame.regions[:3], region_labels(x.blame.regions[:3]))))
-            )  # fmt: skip
+                Text(
+                    f"Step {step_no} regions: "
+                    + "; ".join(
+                        f"{shorten(label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms"
+                        for r, label in zip(x.blame.regions[:3], region_labels(x.blame.regions[:3]))
+                    )
+                )
+            )
         for sug in x.advice.suggestions[:3]:
             out.print(
                 Text(
@@ -864,9 +869,11 @@ def train(
     cfg = _config(config)
     with err.status("training") as status:
         summary = run_train(
-            dataset or Path(cfg.paths.graphs), out_dir or Path(cfg.paths.checkpoints), cfg.models,
+            dataset or Path(cfg.paths.graphs),
+            out_dir or Path(cfg.paths.checkpoints),
+            cfg.models,
             None if as_json else (lambda msg: status.update(msg)),
-        )  # fmt: skip
+        )
     if as_json:
         _print_json(summary)
         return
@@ -968,10 +975,11 @@ def whatif(
         f"What-if: {'; '.join(edit) or (f'{microbatches} micro-batches' if microbatches else f'batch x{batch:g}')}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
-        + [Column(f"{v}", "text") for v in variants] + [Column(f"Δ {v}", "text") for v in variants],
+        + [Column(f"{v}", "text") for v in variants]
+        + [Column(f"Δ {v}", "text") for v in variants],
         caption="step times in ms; Δ: the edited replay against the unedited one (corrected: the replay with per-node duration "
         "corrections learned from paired re-runs; the model's: its edited against its unedited prediction)",
-    )  # fmt: skip
+    )
 
     def label(r: StepWhatIf) -> str:
         return "whole trace" if r.step is None else str(r.step)
@@ -1038,8 +1046,12 @@ def whatif(
 
 def _edited(r: StepWhatIf) -> str:
     """What an edit changed, in words: nodes, untraced gaps, removed dependencies."""
-    parts = [f"{r.edited_nodes} ops" if r.edited_nodes else "", f"{r.edited_own} ops' own time" if r.edited_own else "",
-             f"{r.edited_gaps} gaps" if r.edited_gaps else "", f"{r.detached_edges} deps removed" if r.detached_edges else ""]  # fmt: skip
+    parts = [
+        f"{r.edited_nodes} ops" if r.edited_nodes else "",
+        f"{r.edited_own} ops' own time" if r.edited_own else "",
+        f"{r.edited_gaps} gaps" if r.edited_gaps else "",
+        f"{r.detached_edges} deps removed" if r.detached_edges else "",
+    ]
     return ", ".join(p for p in parts if p) or "nothing"
 
 
@@ -1084,30 +1096,48 @@ def blame(
         b = r.blame
         out.print(
             Text(f"Step {r.step}", style="bold")
-            + Text(f": {_ms(r.measured_us)} ms measured; restoring every op to typical ({r.references}) "
-                   f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain")
-        )  # fmt: skip
+            + Text(
+                f": {_ms(r.measured_us)} ms measured; restoring every op to typical ({r.references}) "
+                f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain"
+            )
+        )
         with_model = r.model is not None
         with_corrected = any(x.corrected for x in b.nodes)
         t = TableModel(
             "Culprit ops (saving if restored to typical, ms)",
-            [Column("#", "key"), Column("op", "name"), Column("rank", "int"), Column("saving", "ms"), Column("share", "pct"), Column("dur", "ms"),
-             Column("typical", "ms"), Column("typical from")] + ([Column("model saving")] if with_model else [])
+            [
+                Column("#", "key"),
+                Column("op", "name"),
+                Column("rank", "int"),
+                Column("saving", "ms"),
+                Column("share", "pct"),
+                Column("dur", "ms"),
+                Column("typical", "ms"),
+                Column("typical from"),
+            ]
+            + ([Column("model saving")] if with_model else [])
             + ([Column("corrected [90%]")] if with_corrected else []),
             caption="corrected: the replay's saving with per-node corrections learned from paired re-runs, and its 90% interval"
-            if with_corrected else "",
-        )  # fmt: skip
+            if with_corrected
+            else "",
+        )
         for k, x in enumerate(b.nodes, 1):
             cells = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
             if with_corrected:
                 iv = x.corrected_interval_us
-                fix = "—" if not x.corrected else _model_ms(None) if x.corrected_saving_us is None or iv is None else (
-                    f"{x.corrected_saving_us / 1000:.3f} [{iv[0] / 1000:.3f}, {iv[1] / 1000:.3f}]")  # fmt: skip
+                fix = (
+                    "—"
+                    if not x.corrected
+                    else _model_ms(None)
+                    if x.corrected_saving_us is None or iv is None
+                    else (f"{x.corrected_saving_us / 1000:.3f} [{iv[0] / 1000:.3f}, {iv[1] / 1000:.3f}]")
+                )
                 cells.append(fix)
             t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *cells])
         print_table(out, t)
-        slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"
-                         for x in b.anomalies[:5])  # fmt: skip
+        slow = "; ".join(
+            f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}" for x in b.anomalies[:5]
+        )
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
         regions = regions_table(b, 5)
         if regions is not None:
@@ -1215,14 +1245,23 @@ def summary(
         return
     steady = [x for x in s.steps if not x.warmup]
     out.print(
-        Text(f"{path}: steady-state step time {_ms(s.median_us)} ms (median of {len(steady)} steps, spread ±{_ms(s.spread_us)} ms)"
-             + ("; the first step is warm-up and left out" if len(steady) < len(s.steps) else ""))
-    )  # fmt: skip
+        Text(
+            f"{path}: steady-state step time {_ms(s.median_us)} ms (median of {len(steady)} steps, spread ±{_ms(s.spread_us)} ms)"
+            + ("; the first step is warm-up and left out" if len(steady) < len(s.steps) else "")
+        )
+    )
     t = TableModel(
         "Steps against the run's median",
-        [Column("step", "key"), Column("measured ms", "ms"), Column("vs median", "signed_pct"), Column("CPM ms", "ms"),
-         Column("untraced ms", "ms"), Column("unusual"), Column("most time on the critical path", "name")],
-    )  # fmt: skip
+        [
+            Column("step", "key"),
+            Column("measured ms", "ms"),
+            Column("vs median", "signed_pct"),
+            Column("CPM ms", "ms"),
+            Column("untraced ms", "ms"),
+            Column("unusual"),
+            Column("most time on the critical path", "name"),
+        ],
+    )
     for x in s.steps:
         flag = "warm-up" if x.warmup else ("OUTLIER" if x.outlier else "")
         t.rows.append([x.step if x.step is not None else "-", x.measured_us, x.vs_median, x.cpm_us, x.untraced_us, flag, x.top])
@@ -1285,17 +1324,32 @@ def compare(
     else:
         change = f"{c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%)"
         interval = f", 95% interval [{c.interval_us[0] / 1000:+.3f}, {c.interval_us[1] / 1000:+.3f}] ms" if c.interval_us else ""
-        head = {"faster": "candidate is faster than the baseline", "slower": "candidate is slower than the baseline",
-                "within noise": "candidate is within noise of the baseline", "too few steps": "too few steps to tell"}[c.verdict]  # fmt: skip
+        head = {
+            "faster": "candidate is faster than the baseline",
+            "slower": "candidate is slower than the baseline",
+            "within noise": "candidate is within noise of the baseline",
+            "too few steps": "too few steps to tell",
+        }[c.verdict]
         why = "" if c.verdict in ("faster", "slower") else f": {c.reason}"
         out.print(Text(f"{head}: {change}{interval}{why}", style="bold"))
         out.print(
-            Text(f"baseline {_ms(c.baseline_median_us)} ms (median period of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
-                 f"candidate {_ms(c.candidate_median_us)} ms (median period of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})")
-        )  # fmt: skip
-        t = TableModel("What moved on the critical path (ms per typical step)", [Column("what", "name"), Column("ranks"), Column("kind"),
-                       Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
-                       caption="typical steps: those in each run's interquartile range; the change column adds up to the change of the medians")  # fmt: skip
+            Text(
+                f"baseline {_ms(c.baseline_median_us)} ms (median period of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
+                f"candidate {_ms(c.candidate_median_us)} ms (median period of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})"
+            )
+        )
+        t = TableModel(
+            "What moved on the critical path (ms per typical step)",
+            [
+                Column("what", "name"),
+                Column("ranks"),
+                Column("kind"),
+                Column("baseline", "ms"),
+                Column("candidate", "ms"),
+                Column("change", "signed_ms"),
+            ],
+            caption="typical steps: those in each run's interquartile range; the change column adds up to the change of the medians",
+        )
         t.rows = [[m.what, _rank_list(m.ranks), m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
         if abs(c.other_us) > 0.5:
             t.rows.append(["everything else on the path", "", "", None, None, c.other_us])

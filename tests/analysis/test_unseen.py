@@ -64,8 +64,11 @@ def test_mi300_steps_are_their_device_period_and_the_host_span_is_not_one():
     (doc,) = raw_events(REAL / "mi300_resnet_actckpt_rank0of8.json.gz")
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev
-                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))  # fmt: skip
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1]))
+        for e in ev
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    )
     dev_end = {}
     for e in ev:
         if e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in launch:
@@ -154,8 +157,19 @@ def test_a_polling_loop_of_event_queries_is_one_wait(tmp_path):
         if e.get("name", "").startswith("ProfilerStep#"):
             e["dur"] += shift
     step = (t1 - t0) / 40
-    ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaEventQuery", "pid": thread[0], "tid": thread[1],
-            "ts": t0 + k * step, "dur": step * 0.5, "args": {"correlation": 9_000_000 + k}} for k in range(40)]  # fmt: skip
+    ev += [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaEventQuery",
+            "pid": thread[0],
+            "tid": thread[1],
+            "ts": t0 + k * step,
+            "dur": step * 0.5,
+            "args": {"correlation": 9_000_000 + k},
+        }
+        for k in range(40)
+    ]
     path = tmp_path / "poll.json"
     path.write_text(json.dumps(doc))
     _, (a,) = analyze(path)
@@ -294,8 +308,11 @@ def _device_ops_launched(docs: list, step: int) -> int:
     total = 0
     for d in docs:
         ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
-        span = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == f"ProfilerStep#{step}" and
-                e.get("cat") in ("user_annotation", "cpu_op", "Operator")]  # fmt: skip
+        span = [
+            (e["ts"], e["ts"] + e["dur"])
+            for e in ev
+            if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")
+        ]
         if not span:
             continue
         lo, hi = max(span, key=lambda s: s[1] - s[0])

@@ -103,8 +103,9 @@ def test_step_time_is_the_period_the_raw_events_show(path):
     device = np.isin(c["cls"], (2, 3, 4))
     runtime = {(int(r), int(k)): float(t) for r, k, t, cl in zip(c["rank"], c["correlation"], c["ts"], c["cls"]) if cl == 1 and k >= 0}
     launched = np.array([dev and (int(r), int(k)) in runtime for r, k, dev in zip(c["rank"], c["correlation"], device)])
-    anchor = np.array([runtime.get((int(r), int(k)), float(t)) if dev else float(t)
-                       for r, k, t, dev in zip(c["rank"], c["correlation"], c["ts"], device)])  # fmt: skip
+    anchor = np.array(
+        [runtime.get((int(r), int(k)), float(t)) if dev else float(t) for r, k, t, dev in zip(c["rank"], c["correlation"], c["ts"], device)]
+    )
     for r in np.unique(c["rank"]):  # device work that ran before the first traced launch's was queued before the profile
         first = c["ts"][launched & (c["rank"] == r)].min() if (launched & (c["rank"] == r)).any() else np.inf
         anchor[device & ~launched & (c["rank"] == r) & (c["ts"] < first)] = -np.inf
@@ -171,8 +172,11 @@ def test_dlrm_the_late_rank_is_the_straggler_and_what_if_it_came_later():
     g, n = a.graph, a.graph.nodes
     e = g.edges
     sync = np.flatnonzero((e["kind"] == EdgeKind.SYNC) & n["on_gpu"][e["src"]] & n["on_gpu"][e["dst"]])
-    assert any(g.node_name(int(s)).startswith("ncclKernel_SendRecv") and "CatArrayBatchedCopy" in g.node_name(int(d))
-               for s, d in zip(e["src"][sync], e["dst"][sync]) if n["rank"][s] == 1)  # fmt: skip
+    assert any(
+        g.node_name(int(s)).startswith("ncclKernel_SendRecv") and "CatArrayBatchedCopy" in g.node_name(int(d))
+        for s, d in zip(e["src"][sync], e["dst"][sync])
+        if n["rank"][s] == 1
+    )
 
 
 def test_gpu_work_belongs_to_the_step_whose_cpu_launched_it():

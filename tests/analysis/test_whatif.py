@@ -183,8 +183,15 @@ def _own_time_from_raw(path: Path, rank: int, step: int, name: str) -> float:
     for op in ev:
         if op["name"] != name or not span["ts"] <= op["ts"] < span["ts"] + span["dur"]:
             continue
-        inside = [e for e in ev if e is not op and e["tid"] == op["tid"] and e.get("cat") == op.get("cat")
-                  and op["ts"] <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"]]  # fmt: skip
+        inside = [
+            e
+            for e in ev
+            if e is not op
+            and e["tid"] == op["tid"]
+            and e.get("cat") == op.get("cat")
+            and op["ts"] <= e["ts"]
+            and e["ts"] + e["dur"] <= op["ts"] + op["dur"]
+        ]
         direct = [
             e for e in inside if not any(p is not e and p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] for p in inside)
         ]

@@ -99,8 +99,12 @@ class _Server:
         body = json.loads(h.rfile.read(int(h.headers["Content-Length"])))
         self.requests.append({"path": h.path, "auth": h.headers.get("Authorization"), "body": body})
         content = self.replies.pop(0) if self.replies else '{"suggestions": []}'
-        reply = {"id": "x", "object": "chat.completion", "model": body["model"],
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}  # fmt: skip
+        reply = {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        }
         data = json.dumps(reply).encode()
         _headers(h, data)
         h.wfile.write(data)

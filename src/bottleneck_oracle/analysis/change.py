@@ -90,9 +90,15 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
         codes, k = np.unique(n["name"][keep], return_counts=True)
         for code, c in zip(codes.tolist(), k.tolist()):
             counts[_normal(g.names[code])] += c / max(len(g.ranks), 1)
-    return RunShape(devices=devices, on_device=on_device, world_size=max(sizes) if sizes else None, ranks=sorted(ranks),
-                    backend=backends.pop() if len(backends) == 1 else None, pipeline=pipeline,
-                    ops={k: v / max(len(steps), 1) for k, v in counts.items()})  # fmt: skip
+    return RunShape(
+        devices=devices,
+        on_device=on_device,
+        world_size=max(sizes) if sizes else None,
+        ranks=sorted(ranks),
+        backend=backends.pop() if len(backends) == 1 else None,
+        pipeline=pipeline,
+        ops={k: v / max(len(steps), 1) for k, v in counts.items()},
+    )
 
 
 def structure_match(a: RunShape, b: RunShape) -> float:
@@ -134,9 +140,11 @@ def alike(speed: tuple[float, int] | None, share: float, min_change: float = MIN
     UNIFORM_SHARE of its change ``share``: what a slower or faster machine does; else None."""
     if speed is None or abs(share) <= min_change or (speed[0] - 1) * share <= 0 or abs(speed[0] - 1) < UNIFORM_SHARE * abs(share):
         return None
-    return (f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
-            f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
-            "device) changes every op alike, a change to the job seldom does")  # fmt: skip
+    return (
+        f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
+        f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
+        "device) changes every op alike, a change to the job seldom does"
+    )
 
 
 def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
@@ -144,11 +152,15 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
     OracleError when they share almost no ops (not the same job) unless ``force``."""
     out = []
     if a.devices and b.devices and a.devices != b.devices:
-        out.append(f"the runs ran on different devices (baseline {', '.join(a.devices)}; candidate {', '.join(b.devices)}): "
-                   "the change includes the hardware's")  # fmt: skip
+        out.append(
+            f"the runs ran on different devices (baseline {', '.join(a.devices)}; candidate {', '.join(b.devices)}): "
+            "the change includes the hardware's"
+        )
     elif a.on_device != b.on_device:
-        out.append(f"the baseline runs {'on a device' if a.on_device else 'on the CPU only'}, "
-                   f"the candidate {'on a device' if b.on_device else 'on the CPU only'}")  # fmt: skip
+        out.append(
+            f"the baseline runs {'on a device' if a.on_device else 'on the CPU only'}, "
+            f"the candidate {'on a device' if b.on_device else 'on the CPU only'}"
+        )
     if a.world_size and b.world_size and a.world_size != b.world_size:
         out.append(f"the world size differs (baseline {a.world_size} ranks, candidate {b.world_size}): the job was scaled")
     if a.ranks != b.ranks:
@@ -168,8 +180,10 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
             f" ({detail})" if detail else ""
         )
         if match < REFUSE_STRUCTURE and not force:
-            raise OracleError(f"baseline and candidate do not run the same step: {line[len('the steps differ in structure: ') :]}; "
-                              "pass --force to compare them anyway")  # fmt: skip
+            raise OracleError(
+                f"baseline and candidate do not run the same step: {line[len('the steps differ in structure: ') :]}; "
+                "pass --force to compare them anyway"
+            )
         out.append(line)
     return out
 
@@ -256,8 +270,14 @@ def verdict(tb: np.ndarray, tc: np.ndarray, min_change: float = MIN_CHANGE) -> t
         return "too few steps", f"{len(tb)} and {len(tc)} steady steps: at least {MIN_STEPS} a side are needed for an interval", None
     ci = shift_interval(tb, tc, CONFIDENCE)
     if ci is None:
-        return "too few steps", (f"{len(tb)} and {len(tc)} steady steps are too few for a {100 * CONFIDENCE:.0f}% interval: "
-                                 "record at least 4 a side (a run's first step is warm-up)"), None  # fmt: skip
+        return (
+            "too few steps",
+            (
+                f"{len(tb)} and {len(tc)} steady steps are too few for a {100 * CONFIDENCE:.0f}% interval: "
+                "record at least 4 a side (a run's first step is warm-up)"
+            ),
+            None,
+        )
     mb = float(np.median(tb))
     delta = float(np.median(tc)) - mb
     lo, hi = ci
@@ -401,8 +421,25 @@ def compare(
     per_rank = [RankChange(r, rb.get(r), rc.get(r), (rc[r] - rb[r]) if r in rb and r in rc else None) for r in sorted(set(rb) | set(rc))]
     spread = [ROBUST * float(np.median(np.abs(t - np.median(t)))) for t in (tb, tc)]
     return Comparison(
-        baseline=base_name, candidate=cand_name, baseline_median_us=mb, candidate_median_us=mc, baseline_steps=len(tb),
-        candidate_steps=len(tc), baseline_spread_us=spread[0], candidate_spread_us=spread[1], delta_us=mc - mb,
-        delta_share=share, interval_us=ci, op_ratio=speed[0] if speed else None, min_change=min_change, verdict=call, reason=reason, warnings=warns,
-        moved=shown, other_us=explained - sum(m.delta_us for m in shown), residual_us=(mc - mb) - explained, by_kind=kinds, by_rank=per_rank,
-    )  # fmt: skip
+        baseline=base_name,
+        candidate=cand_name,
+        baseline_median_us=mb,
+        candidate_median_us=mc,
+        baseline_steps=len(tb),
+        candidate_steps=len(tc),
+        baseline_spread_us=spread[0],
+        candidate_spread_us=spread[1],
+        delta_us=mc - mb,
+        delta_share=share,
+        interval_us=ci,
+        op_ratio=speed[0] if speed else None,
+        min_change=min_change,
+        verdict=call,
+        reason=reason,
+        warnings=warns,
+        moved=shown,
+        other_us=explained - sum(m.delta_us for m in shown),
+        residual_us=(mc - mb) - explained,
+        by_kind=kinds,
+        by_rank=per_rank,
+    )

@@ -72,8 +72,13 @@ def step_checks(a: StepAnalysis) -> list[Check]:
     period = facts.period_us
     if period > 0:
         off = (a.step_time - period) / period
-        out.append(Check("period", abs(off) <= PERIOD_TOLERANCE,
-                         f"step time {_ms(a.step_time)} against the period the trace shows, {_ms(period)} ({100 * off:+.1f}%)"))  # fmt: skip
+        out.append(
+            Check(
+                "period",
+                abs(off) <= PERIOD_TOLERANCE,
+                f"step time {_ms(a.step_time)} against the period the trace shows, {_ms(period)} ({100 * off:+.1f}%)",
+            )
+        )
     on_device: dict[int, float] = {}
     for s in segs:
         if s.on_gpu:
@@ -81,32 +86,60 @@ def step_checks(a: StepAnalysis) -> list[Check]:
     for f in facts.ranks:
         if f.device_ops and f.device_busy >= DEVICE_BUSY and f.period_us >= (1 - PERIOD_TOLERANCE) * period:
             share = on_device.get(f.rank, 0.0) / ms
-            out.append(Check("device_bound", share >= DEVICE_PATH_SHARE,
-                             f"rank {f.rank}'s device was busy {100 * f.device_busy:.1f}% of its period; "
-                             f"{100 * share:.0f}% of the critical path runs on it"))  # fmt: skip
+            out.append(
+                Check(
+                    "device_bound",
+                    share >= DEVICE_PATH_SHARE,
+                    f"rank {f.rank}'s device was busy {100 * f.device_busy:.1f}% of its period; "
+                    f"{100 * share:.0f}% of the critical path runs on it",
+                )
+            )
     blocking_us = sum(f.blocking_us for f in facts.ranks)
     if blocking_us > 0:
         dur = g.nodes["dur"]
-        as_cpu = sum(s.dur for s in segs if s.kind == "op" and s.klass == CPU and not s.on_gpu and _BLOCKING.search(s.name)
-                     and dur[s.node] >= BLOCKING_FACT_US)  # the calls the facts count  # fmt: skip
-        out.append(Check("blocking", as_cpu <= BLOCKING_AS_CPU * blocking_us,
-                         f"{_ms(blocking_us)} in calls that block on the device; {_ms(as_cpu)} of the path shown as CPU work in such calls"))  # fmt: skip
+        as_cpu = sum(
+            s.dur
+            for s in segs
+            if s.kind == "op" and s.klass == CPU and not s.on_gpu and _BLOCKING.search(s.name) and dur[s.node] >= BLOCKING_FACT_US
+        )  # the calls the facts count
+        out.append(
+            Check(
+                "blocking",
+                as_cpu <= BLOCKING_AS_CPU * blocking_us,
+                f"{_ms(blocking_us)} in calls that block on the device; {_ms(as_cpu)} of the path shown as CPU work in such calls",
+            )
+        )
     for f in facts.ranks:
         for t in f.asleep:
             carried = sum(s.dur for s in segs if not s.on_gpu and s.rank == f.rank and s.tid == t.tid)
-            out.append(Check("asleep", carried <= ASLEEP_PATH_SHARE * ms,
-                             f"rank {f.rank} {t.thread} slept through the step in {t.op[:60]}; it carries "
-                             f"{100 * carried / ms:.0f}% of the critical path"))  # fmt: skip
+            out.append(
+                Check(
+                    "asleep",
+                    carried <= ASLEEP_PATH_SHARE * ms,
+                    f"rank {f.rank} {t.thread} slept through the step in {t.op[:60]}; it carries "
+                    f"{100 * carried / ms:.0f}% of the critical path",
+                )
+            )
     device_ops = sum(f.device_ops for f in facts.ranks)
     nodes = int(g.nodes["on_gpu"].sum())
     if device_ops:
-        out.append(Check("device_ops", nodes >= device_ops,
-                         f"{device_ops} device events launched in the step in the trace; {nodes} device ops in the graph"))  # fmt: skip
+        out.append(
+            Check(
+                "device_ops",
+                nodes >= device_ops,
+                f"{device_ops} device events launched in the step in the trace; {nodes} device ops in the graph",
+            )
+        )
     busy = sum(f.device_busy_us for f in facts.ranks if f.rank in on_device)
     dev_ops = sum(s.dur for s in segs if s.on_gpu and s.kind == "op")
     if dev_ops > 0:
-        out.append(Check("compute", dev_ops <= busy * (1 + COMPUTE_SLACK) + 1.0,
-                         f"{_ms(dev_ops)} of device ops on the path; the devices it runs on were busy {_ms(busy)}"))  # fmt: skip
+        out.append(
+            Check(
+                "compute",
+                dev_ops <= busy * (1 + COMPUTE_SLACK) + 1.0,
+                f"{_ms(dev_ops)} of device ops on the path; the devices it runs on were busy {_ms(busy)}",
+            )
+        )
     return out
 
 

@@ -274,6 +274,14 @@ def makespans_after(g: ExecutionGraph, ids: np.ndarray, new_dur: np.ndarray) -> 
     topo, _, _ = _topo(n, src, dst)
     in_ptr, in_order = _csr(n, dst)
     return _edited_makespans(
-        g.nodes["mdur"].astype(np.float64).copy(), g.release.astype(np.float64), origins(g), src, g.edges["weight"].astype(np.float64),
-        topo, in_ptr, in_order, np.asarray(ids, dtype=np.int64), np.asarray(new_dur, dtype=np.float64),
-    )  # fmt: skip
+        g.nodes["mdur"].astype(np.float64).copy(),
+        g.release.astype(np.float64),
+        origins(g),
+        src,
+        g.edges["weight"].astype(np.float64),
+        topo,
+        in_ptr,
+        in_order,
+        np.asarray(ids, dtype=np.int64),
+        np.asarray(new_dur, dtype=np.float64),
+    )

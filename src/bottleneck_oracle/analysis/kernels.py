@@ -98,8 +98,15 @@ def families(g: ExecutionGraph, critical: np.ndarray) -> list[FamilyTime]:
     out = []
     for f in sorted(set(fam)):
         m = fam == f
-        out.append(FamilyTime(f, int(m.sum()), float(dur[m].sum()), float(dur[m].sum()) / total if total > 0 else 0.0,
-                              float(np.asarray(critical, dtype=np.float64)[ids][m].sum())))  # fmt: skip
+        out.append(
+            FamilyTime(
+                f,
+                int(m.sum()),
+                float(dur[m].sum()),
+                float(dur[m].sum()) / total if total > 0 else 0.0,
+                float(np.asarray(critical, dtype=np.float64)[ids][m].sum()),
+            )
+        )
     return sorted(out, key=lambda x: -x.total_us)
 
 

@@ -71,10 +71,15 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
         warm = a not in kept
         top = a.top_ops(1)
         row = StepRow(
-            step=a.graph.step, measured_us=a.measured, cpm_us=a.step_time, vs_median=a.measured / med - 1 if med else 0.0,
-            outlier=not warm and len(kept) >= 3 and abs(a.measured - med) > fence, warmup=warm, untraced_us=a.untraced_us,
+            step=a.graph.step,
+            measured_us=a.measured,
+            cpm_us=a.step_time,
+            vs_median=a.measured / med - 1 if med else 0.0,
+            outlier=not warm and len(kept) >= 3 and abs(a.measured - med) > fence,
+            warmup=warm,
+            untraced_us=a.untraced_us,
             top=top[0].name if top else "",
-        )  # fmt: skip
+        )
         if row.outlier:
             refs = [g for g in typical if g.step != a.graph.step]
             b = blame(a.graph, refs, 3, a.cpm)

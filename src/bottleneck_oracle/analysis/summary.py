@@ -59,8 +59,10 @@ class StepAnalysis:
 
     def __repr__(self) -> str:
         period = f", period {self.period / 1000:.3f} ms" if self.period is not None else ""
-        return (f"StepAnalysis(step {self.graph.step}, ranks {self.graph.ranks}: step time {self.step_time / 1000:.3f} ms{period}, "
-                f"measured {self.measured / 1000:.3f} ms, {self.graph.n_nodes} nodes, critical path {len(self.cpm.path)} nodes)")  # fmt: skip
+        return (
+            f"StepAnalysis(step {self.graph.step}, ranks {self.graph.ranks}: step time {self.step_time / 1000:.3f} ms{period}, "
+            f"measured {self.measured / 1000:.3f} ms, {self.graph.n_nodes} nodes, critical path {len(self.cpm.path)} nodes)"
+        )
 
     def _repr_html_(self) -> str:
         """A notebook's view: the step's figures and its breakdown."""
@@ -75,7 +77,9 @@ class StepAnalysis:
         ]
         rows += [(f"{k} (ms)", f"{v / 1000:.3f}") for k, v in self.breakdown().items()]
         warn = "".join(f"<p>warning: {html_text(w)}</p>" for w in self.warnings())
-        return "<table>" + "".join(f"<tr><th>{html_text(str(k))}</th><td>{html_text(str(v))}</td></tr>" for k, v in rows) + "</table>" + warn  # fmt: skip
+        return (
+            "<table>" + "".join(f"<tr><th>{html_text(str(k))}</th><td>{html_text(str(v))}</td></tr>" for k, v in rows) + "</table>" + warn
+        )
 
     @classmethod
     def of(cls, g: ExecutionGraph, untraced_gap_us: float = UNTRACED_GAP_US) -> StepAnalysis:

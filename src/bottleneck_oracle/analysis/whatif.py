@@ -183,8 +183,15 @@ class Edit:
 
     def describe(self) -> str:
         """The edit in words, e.g. "make the untraced time after rank 1's ops 11% of what it is"."""
-        kinds = {"cpu_op": "CPU ops", "runtime": "runtime calls", "kernel": "GPU kernels", "memcpy": "GPU memcpys", "memset": "GPU memsets",
-                 "collective": "collectives", "p2p": "sends and receives"}  # fmt: skip
+        kinds = {
+            "cpu_op": "CPU ops",
+            "runtime": "runtime calls",
+            "kernel": "GPU kernels",
+            "memcpy": "GPU memcpys",
+            "memset": "GPU memsets",
+            "collective": "collectives",
+            "p2p": "sends and receives",
+        }
         what = kinds.get(self.category or "", "ops")
         if self.ids:
             what = f"op{'s' if len(self.ids) > 1 else ''} #{', #'.join(str(i) for i in self.ids)}"
@@ -537,8 +544,16 @@ def selects_anything(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = Non
 
 
 SELECTORS = ("ids", "name", "name_contains", "rank", "category", "max_us", "phase", "module")
-_CLAUSE = {"ids": "id", "name": "name", "name_contains": "name~", "rank": "rank", "category": "cat", "max_us": "max_us",
-           "phase": "phase", "module": "module"}  # fmt: skip
+_CLAUSE = {
+    "ids": "id",
+    "name": "name",
+    "name_contains": "name~",
+    "rank": "rank",
+    "category": "cat",
+    "max_us": "max_us",
+    "phase": "phase",
+    "module": "module",
+}
 
 
 def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray | None], table: EventTable | None = None) -> str:
@@ -550,9 +565,16 @@ def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray |
         alone = replace(e, **cleared, gap=False, detach=False, scale=0.5, delay_ms=0.0)
         if not any(selects_anything(g, alone, p, table) for g, p in zip(graphs, phases)):
             shown = "+".join(map(str, value)) if key == "ids" else value
-            what = {"rank": "no op runs on that rank", "name": "no op has that name", "name_contains": "no op's name contains it",
-                    "category": "no op is of that category", "max_us": "no op is that short", "ids": "those are not ops",
-                    "phase": "no op runs in a range of that phase", "module": "no op runs inside a range of that name"}[key]  # fmt: skip
+            what = {
+                "rank": "no op runs on that rank",
+                "name": "no op has that name",
+                "name_contains": "no op's name contains it",
+                "category": "no op is of that category",
+                "max_us": "no op is that short",
+                "ids": "those are not ops",
+                "phase": "no op runs in a range of that phase",
+                "module": "no op runs inside a range of that name",
+            }[key]
             return f"{_CLAUSE[key]}={shown} selects nothing ({what})"
     if "rank" in given and ("name" in given or "name_contains" in given):
         named = replace(e, rank=None, gap=False, detach=False, scale=0.5, delay_ms=0.0)

@@ -1060,9 +1060,16 @@ class _Merger:
         fl["ts"] -= first
         step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
         return EventTable(
-            t0=float(self.base or 0.0) + first, names=self.names, cols=cols, steps=step_list, flows=fl,
-            files=self.files, meta=self.meta, thread_names=self.thread_names, inputs=self.inputs,
-        )  # fmt: skip
+            t0=float(self.base or 0.0) + first,
+            names=self.names,
+            cols=cols,
+            steps=step_list,
+            flows=fl,
+            files=self.files,
+            meta=self.meta,
+            thread_names=self.thread_names,
+            inputs=self.inputs,
+        )
 
 
 def trace_files(path: str | Path) -> list[Path]:

@@ -141,24 +141,34 @@ def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
         for x in extra:
             names[x.name] = names.get(x.name, 0) + 1
         shown = ", ".join(f"{n} ×{k}" if k > 1 else n for n, k in sorted(names.items(), key=lambda kv: -kv[1])[:4])
-        remedy = (f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
-                  "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
-                  "Remove it, make every rank share it, or move it off the step.")  # fmt: skip
+        remedy = (
+            f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
+            "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
+            "Remove it, make every rank share it, or move it off the step."
+        )
         return f"ops its peers do not run ({shown})", remedy
     if "dataloader" in lower or "enumerate(" in lower or "data_load" in lower:
-        remedy = (f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
-                  "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network.")  # fmt: skip
+        remedy = (
+            f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
+            "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network."
+        )
     elif gaps:
-        remedy = (f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
-                  "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
-                  "checkpointing, evaluation on rank 0) and per-rank data differences.")  # fmt: skip
+        remedy = (
+            f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
+            "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
+            "checkpointing, evaluation on rank 0) and per-rank data differences."
+        )
     elif mine and mine[0].saving_us >= SPREAD_SHARE * max(worst.saving_us, 1.0):
-        remedy = (f"One op of it is much slower ({top}): look at what that op does differently on rank {worst.rank} (its "
-                  "inputs' shapes, its data, a different kernel or algorithm, memory) before suspecting the host.")  # fmt: skip
+        remedy = (
+            f"One op of it is much slower ({top}): look at what that op does differently on rank {worst.rank} (its "
+            "inputs' shapes, its data, a different kernel or algorithm, memory) before suspecting the host."
+        )
     else:
-        remedy = (f"Every op of it is a little slower (the largest, {top}, holds under {100 * SPREAD_SHARE:.0f}% of its excess): "
-                  "the host is the suspect (thermal throttling, clocks, noisy neighbours, CPU affinity, a slower link), or "
-                  "its data (longer sequences).")  # fmt: skip
+        remedy = (
+            f"Every op of it is a little slower (the largest, {top}, holds under {100 * SPREAD_SHARE:.0f}% of its excess): "
+            "the host is the suspect (thermal throttling, clocks, noisy neighbours, CPU affinity, a slower link), or "
+            "its data (longer sequences)."
+        )
     return (f"untraced time ({top})" if gaps else f"slower ops ({top})"), remedy
 
 
@@ -189,11 +199,18 @@ def causal_subgraph(a: StepAnalysis, b: Blame | None, k_hop: int = 1) -> dict:
     ids = np.array(keep, dtype=np.int64)
     blamed = {x.id: x.saving_us for x in (b.nodes if b else [])}
     nodes = [
-        {"id": int(i), "name": g.node_name(i), "rank": int(n["rank"][i]), "kind": Category(int(n["category"][i])).name.lower(),
-         "dur_us": round(float(n["mdur"][i]), 1), "slack_us": round(float(r.slack[i]), 1), "critical": bool(r.critical[i]),
-         **({"blame_saving_us": round(float(blamed[int(i)]), 1)} if int(i) in blamed else {})}
+        {
+            "id": int(i),
+            "name": g.node_name(i),
+            "rank": int(n["rank"][i]),
+            "kind": Category(int(n["category"][i])).name.lower(),
+            "dur_us": round(float(n["mdur"][i]), 1),
+            "slack_us": round(float(r.slack[i]), 1),
+            "critical": bool(r.critical[i]),
+            **({"blame_saving_us": round(float(blamed[int(i)]), 1)} if int(i) in blamed else {}),
+        }
         for i in ids
-    ]  # fmt: skip
+    ]
     inside = np.isin(e["src"], ids) & np.isin(e["dst"], ids)
     edges = [[int(s), int(d), EdgeKind(int(k)).name.lower()] for s, d, k in zip(e["src"][inside], e["dst"][inside], e["kind"][inside])]
     return {"step": g.step, "makespan_us": round(r.makespan, 1), "nodes": nodes, "edges": edges[:200]}
@@ -231,7 +248,7 @@ def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str
                     remedy=instantiate(recipe.remedy, ctx),
                     edits=[instantiate(e, ctx) for e in recipe.edits],
                     references=list(recipe.references),
-                )  # fmt: skip
+                )
             )
     return out
 
@@ -309,7 +326,7 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
                 edits=list(edits),
                 references=list(recipe.references) if recipe else [],
                 explanation_by="llm",
-            )  # fmt: skip
+            )
         )
     return out, problems
 
@@ -337,8 +354,10 @@ def validate(
         s.model_saving_us = {v: (None if x is None else -x) for v, x in answer.delta_us.items()}
         s.model_out_of_domain = answer.out_of_domain
     if s.replay_saving_us < MIN_SAVING_SHARE * base.makespan:
-        return (f"the replay predicts {s.replay_saving_us:.0f} µs for {s.edits}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
-                f"{base.makespan / 1000:.1f} ms step")  # fmt: skip
+        return (
+            f"the replay predicts {s.replay_saving_us:.0f} µs for {s.edits}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
+            f"{base.makespan / 1000:.1f} ms step"
+        )
     return None
 
 
@@ -357,17 +376,26 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
     )
     data = {"metrics": {k: round(v, 4) for k, v in metrics.items()}, "subgraph": sub}
     user = (
-        "<trace_data>\n" + fence(json.dumps(data, separators=(",", ":"))) + "\n</trace_data>\n<recipes>\n"
+        "<trace_data>\n"
+        + fence(json.dumps(data, separators=(",", ":")))
+        + "\n</trace_data>\n<recipes>\n"
         + json.dumps([{"id": r.id, "title": r.title, "remedy": r.remedy, "edits": list(r.edits), "when": r.when} for r, _ in retrieved])
         + "\n</recipes>\nSuggest the changes most likely to shorten this step."
-    )  # fmt: skip
+    )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def advise(
-    a: StepAnalysis, b: Blame | None, phases: np.ndarray | None = None, table=None, predictor=None, llm=None, k: int = 8,
-    recipes: list[Recipe] | None = None, mb: np.ndarray | None = None,
-) -> Advice:  # fmt: skip
+    a: StepAnalysis,
+    b: Blame | None,
+    phases: np.ndarray | None = None,
+    table=None,
+    predictor=None,
+    llm=None,
+    k: int = 8,
+    recipes: list[Recipe] | None = None,
+    mb: np.ndarray | None = None,
+) -> Advice:
     """Suggestions for one analysed step, each validated by the replay (and the model)."""
     recipes = recipes or load_recipes()
     metrics, ctx = symptoms(a, b, phases)
@@ -387,9 +415,11 @@ def advise(
         rejected += [Rejected(reason=p, round=1) for p in problems]
     good, bad = _check(suggestions, a, phases, predictor, table, mb)
     if llm is not None and (bad or (not good and rejected)):
-        feedback = "These suggestions were rejected; fix them or drop them, and reply with the full JSON again:\n" + "\n".join(
-            f"- {json.dumps(s.edits)}: {why}" for s, why in bad
-        ) + "".join(f"\n- {r.reason}" for r in rejected)  # fmt: skip
+        feedback = (
+            "These suggestions were rejected; fix them or drop them, and reply with the full JSON again:\n"
+            + "\n".join(f"- {json.dumps(s.edits)}: {why}" for s, why in bad)
+            + "".join(f"\n- {r.reason}" for r in rejected)
+        )
         messages = prompt(metrics, sub, candidates) + [{"role": "user", "content": fence(feedback)}]
         retry, problems = parse_llm_output(llm.chat(messages), by_id)
         rejected += [Rejected(reason=p, round=2) for p in problems]
@@ -400,10 +430,14 @@ def advise(
     rejected += [Rejected(source=s.source, edits=s.edits, reason=why) for s, why in bad]
     good.sort(key=lambda s: -s.replay_saving_us)
     return Advice(
-        step=a.graph.step, makespan_us=a.cpm.makespan, metrics=metrics,
+        step=a.graph.step,
+        makespan_us=a.cpm.makespan,
+        metrics=metrics,
         retrieved=[Retrieved(id=r.id, score=round(sc, 3), holds=holds(r, metrics)) for r, sc in retrieved],
-        suggestions=good, rejected=rejected, generator=generator,
-    )  # fmt: skip
+        suggestions=good,
+        rejected=rejected,
+        generator=generator,
+    )
 
 
 def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb):

@@ -67,7 +67,7 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
                 assumes=str(r.get("assumes", "")),
                 edits=tuple(str(e) for e in r["edits"]),
                 references=tuple(str(x) for x in r.get("references", [])),
-            )  # fmt: skip
+            )
         )
     return out
 

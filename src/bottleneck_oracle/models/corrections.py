@@ -101,11 +101,20 @@ def edit_features(times: EditedTimes, base: CPMResult | None = None) -> EditFeat
     same = np.isin(n["rank"], ranks)
     after = start >= r1
     concurrent = (~same) & (start < r1) & (start + d0 > r0)
-    x = np.column_stack([
-        np.log1p(np.maximum(d0, 0.0)), same, after, np.log1p(np.maximum(start - r1, 0.0)), concurrent,
-        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), np.isin(cat, [Category.RUNTIME, Category.BLOCKING]),
-        base.slack <= 1.0, np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
-    ]).astype(np.float32)  # fmt: skip
+    x = np.column_stack(
+        [
+            np.log1p(np.maximum(d0, 0.0)),
+            same,
+            after,
+            np.log1p(np.maximum(start - r1, 0.0)),
+            concurrent,
+            cat == Category.CPU_OP,
+            np.isin(cat, [Category.COLLECTIVE, Category.P2P]),
+            np.isin(cat, [Category.RUNTIME, Category.BLOCKING]),
+            base.slack <= 1.0,
+            np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
+        ]
+    ).astype(np.float32)
     return EditFeatures(x, times, edited, removed_us, lengthens, bool(n["on_gpu"].any()))
 
 
@@ -200,8 +209,18 @@ class Corrections(_Corrector):
         return None
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, kind=np.array("ridge"), coef=self.coef, mean=self.mean, std=self.std, lo=self.lo, hi=self.hi,
-                 halfwidth=np.array(self.halfwidth), trained_on=np.array(self.trained_on), features=np.array(FEATURES))  # fmt: skip
+        np.savez(
+            path,
+            kind=np.array("ridge"),
+            coef=self.coef,
+            mean=self.mean,
+            std=self.std,
+            lo=self.lo,
+            hi=self.hi,
+            halfwidth=np.array(self.halfwidth),
+            trained_on=np.array(self.trained_on),
+            features=np.array(FEATURES),
+        )
 
 
 _Segments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # gat_numpy._segments of one edge set
@@ -244,13 +263,27 @@ class GraphCorrections(_Corrector):
 
     def __post_init__(self) -> None:
         h, k = self.hidden, len(FEATURES)
-        want = {"encode.weight": (h, k), "encode.bias": (h,), "head.0.weight": (h, h + k), "head.0.bias": (h,),
-                "head.2.weight": (1, h), "head.2.bias": (1,)}  # fmt: skip
+        want = {
+            "encode.weight": (h, k),
+            "encode.bias": (h,),
+            "head.0.weight": (h, h + k),
+            "head.0.bias": (h,),
+            "head.2.weight": (1, h),
+            "head.2.bias": (1,),
+        }
         for i in range(self.layers):
             for d in ("along", "against"):
                 p = f"{d}.{i}."
-                want.update({p + "lin.weight": (h, h), p + "att_src": (1, self.heads, h // self.heads), p + "att_dst": (1, self.heads, h // self.heads),
-                             p + "att_edge": (1, self.heads, h // self.heads), p + "lin_edge.weight": (h, EDGE_DIM), p + "bias": (h,)})  # fmt: skip
+                want.update(
+                    {
+                        p + "lin.weight": (h, h),
+                        p + "att_src": (1, self.heads, h // self.heads),
+                        p + "att_dst": (1, self.heads, h // self.heads),
+                        p + "att_edge": (1, self.heads, h // self.heads),
+                        p + "lin_edge.weight": (h, EDGE_DIM),
+                        p + "bias": (h,),
+                    }
+                )
             want.update({f"norms.{i}.weight": (h,), f"norms.{i}.bias": (h,)})
         if not self.members:
             raise ValueError("a graph correction model needs at least one member")
@@ -262,8 +295,16 @@ class GraphCorrections(_Corrector):
     def _conv(self, m: dict[str, np.ndarray], prefix: str) -> ConvWeights:
         c = self.hidden // self.heads
         lin = m[prefix + "lin.weight"]
-        return ConvWeights(lin, lin, m[prefix + "att_src"].reshape(self.heads, c), m[prefix + "att_dst"].reshape(self.heads, c),
-                           m[prefix + "lin_edge.weight"], m[prefix + "att_edge"].reshape(self.heads, c), None, m[prefix + "bias"])  # fmt: skip
+        return ConvWeights(
+            lin,
+            lin,
+            m[prefix + "att_src"].reshape(self.heads, c),
+            m[prefix + "att_dst"].reshape(self.heads, c),
+            m[prefix + "lin_edge.weight"],
+            m[prefix + "att_edge"].reshape(self.heads, c),
+            None,
+            m[prefix + "bias"],
+        )
 
     def _prepare(self, x: np.ndarray, edge_index: np.ndarray) -> _Prepared:
         """What every member's forward shares for one input: the standardised features, the
@@ -304,9 +345,17 @@ class GraphCorrections(_Corrector):
 
     def save(self, path: str | Path) -> None:
         arrays: dict[str, np.ndarray] = {f"m{k}/{name}": a for k, m in enumerate(self.members) for name, a in m.items()}
-        arrays.update(kind=np.array("graph"), mean=self.mean, std=self.std, lo=self.lo, hi=self.hi,
-                      shape=np.array([self.hidden, self.layers, self.heads, len(self.members)]), halfwidth=np.array(self.halfwidth),
-                      trained_on=np.array(self.trained_on), features=np.array(FEATURES))  # fmt: skip
+        arrays.update(
+            kind=np.array("graph"),
+            mean=self.mean,
+            std=self.std,
+            lo=self.lo,
+            hi=self.hi,
+            shape=np.array([self.hidden, self.layers, self.heads, len(self.members)]),
+            halfwidth=np.array(self.halfwidth),
+            trained_on=np.array(self.trained_on),
+            features=np.array(FEATURES),
+        )
         np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
@@ -332,8 +381,13 @@ def load_corrections(path: str | Path | None = None) -> Corrections | GraphCorre
             out = Corrections(**arrays, halfwidth=float(z["halfwidth"]), trained_on=str(z["trained_on"]))
     except (OSError, ValueError, KeyError) as exc:
         raise OracleError(f"{path}: not a corrections file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    shapes = {"coef": (out.coef.ndim == 2 and out.coef.shape[1] == k + 1), "mean": out.mean.shape == (k,), "std": out.std.shape == (k,),
-              "lo": out.lo.shape == (k,), "hi": out.hi.shape == (k,)}  # fmt: skip
+    shapes = {
+        "coef": (out.coef.ndim == 2 and out.coef.shape[1] == k + 1),
+        "mean": out.mean.shape == (k,),
+        "std": out.std.shape == (k,),
+        "lo": out.lo.shape == (k,),
+        "hi": out.hi.shape == (k,),
+    }
     bad = [name for name, ok in shapes.items() if not ok]
     if bad or not np.isfinite(out.coef).all() or (out.std <= 0).any():
         raise OracleError(f"{path}: not a corrections file (wrong shape or values: {', '.join(bad) or 'coef/std'})")
@@ -357,7 +411,8 @@ def _load_graph(path: Path, z: Any) -> GraphCorrections:  # z: the opened np.loa
     if not all(np.isfinite(a).all() for m in members for a in m.values()):
         raise OracleError(f"{path}: not a corrections file (weights not finite)")
     try:
-        return GraphCorrections(members, **arrays, hidden=hidden, layers=layers, heads=heads, halfwidth=float(z["halfwidth"]),
-                                trained_on=str(z["trained_on"]))  # fmt: skip
+        return GraphCorrections(
+            members, **arrays, hidden=hidden, layers=layers, heads=heads, halfwidth=float(z["halfwidth"]), trained_on=str(z["trained_on"])
+        )
     except ValueError as exc:
         raise OracleError(f"{path}: not a corrections file ({exc})") from None

@@ -44,8 +44,14 @@ COMPUTE_COLUMNS = ["log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "on_gp
     f"category_{c.name.lower()}" for c in Category if c < MODEL_CATEGORIES
 ]
 NETWORK_COLUMNS = [
-    "log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "log1p_msg_bytes", "group_share_of_ranks", "is_barrier", "rank_position",
-] + [f"collective_{k.name.lower()}" for k in CollectiveKind]  # fmt: skip
+    "log1p_mdur_us",
+    "log1p_dur_us",
+    "mdur_share_of_step",
+    "log1p_msg_bytes",
+    "group_share_of_ranks",
+    "is_barrier",
+    "rank_position",
+] + [f"collective_{k.name.lower()}" for k in CollectiveKind]
 EDGE_COLUMNS = ["weight_ms"] + [f"kind_{k.name.lower()}" for k in EdgeKind]
 
 

@@ -104,9 +104,14 @@ def test_injected_delay_raises_the_measured_step_time(tmp_path, kind, target):
 
     injected = list(range(3, 25, 3))  # 8 perturbed steps, each between two unperturbed ones
     run = DDPRun(
-        out=str(tmp_path), world=2, steps=25, size="tiny", batch=4, bucket_mb=25.0,
+        out=str(tmp_path),
+        world=2,
+        steps=25,
+        size="tiny",
+        batch=4,
+        bucket_mb=25.0,
         injections=tuple(Injection(kind=kind, target=target, rank=1, step=s, delay_ms=20) for s in injected),
-    )  # fmt: skip
+    )
     with OtherLoad() as other:
         folder = record(run)
     table = load(folder)

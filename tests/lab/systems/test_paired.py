@@ -133,8 +133,12 @@ def test_knob_changes_alternate_with_their_base_and_keep_the_global_batch():
 
 def test_measure_knob_takes_medians_without_each_launch_warm_up():
     change = KnobChange(launch_id="k", layout="dp2", size="tiny", knob="batch", base=4, changed=8, pairs=2)
-    times = {"base-0": {1: 999.0, 2: 100.0, 3: 100.0}, "base-1": {1: 999.0, 2: 104.0, 3: 104.0},
-             "changed-0": {1: 5.0, 2: 150.0, 3: 150.0}, "changed-1": {1: 5.0, 2: 152.0, 3: 152.0}}  # fmt: skip
+    times = {
+        "base-0": {1: 999.0, 2: 100.0, 3: 100.0},
+        "base-1": {1: 999.0, 2: 104.0, 3: 104.0},
+        "changed-0": {1: 5.0, 2: 150.0, 3: 150.0},
+        "changed-1": {1: 5.0, 2: 152.0, 3: 152.0},
+    }
     row = measure_knob(change, times)
     assert row["base_us"] == pytest.approx(102.0) and row["changed_us"] == pytest.approx(151.0)
     assert row["measured_change_us"] == pytest.approx(49.0) and row["clean_vs_clean"] == pytest.approx(0.04)

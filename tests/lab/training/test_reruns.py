@@ -36,8 +36,15 @@ def _launch(folder, pairs: int, seed: int):
     table, graphs = build(folder)
     t = {g.step: max(g.measured.values()) for g in graphs}
     measured = float(np.median([t[s] for s in PERTURBED]) - np.median([t[s] for s in CLEAN]))
-    row = {"launch_id": folder.name, "size": "synthetic", "layout": "dp2", "steps": list(PERTURBED), "clean_steps": list(CLEAN),
-           "condition": {"kind": "compute", "rank": 1, "delay_ms": 0.0, "target": "layers.0.mlp"}, "measured_saving_us": measured}  # fmt: skip
+    row = {
+        "launch_id": folder.name,
+        "size": "synthetic",
+        "layout": "dp2",
+        "steps": list(PERTURBED),
+        "clean_steps": list(CLEAN),
+        "condition": {"kind": "compute", "rank": 1, "delay_ms": 0.0, "target": "layers.0.mlp"},
+        "measured_saving_us": measured,
+    }
     return evaluate_launch([row], table, graphs), float(np.median([extra[s] for s in PERTURBED]))
 
 

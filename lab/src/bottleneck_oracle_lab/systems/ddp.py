@@ -150,8 +150,18 @@ def main() -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     a = p.parse_args()
-    record(DDPRun(out=a.out, world=a.world, steps=a.steps, straggler=a.straggler, delay_ms=a.delay_ms, bucket_mb=a.bucket_mb,
-                  device=a.device, backend=a.backend))  # fmt: skip
+    record(
+        DDPRun(
+            out=a.out,
+            world=a.world,
+            steps=a.steps,
+            straggler=a.straggler,
+            delay_ms=a.delay_ms,
+            bucket_mb=a.bucket_mb,
+            device=a.device,
+            backend=a.backend,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -123,8 +123,18 @@ def run_cell(cell: dict, grid: GridConfig, out: Path, seed: int) -> Path:
     else:
         schedule = layout.split("-", 1)[1]
         record_pipeline(
-            PipelineRun(out=str(folder), world=world, size=cell["size"], schedule=schedule, microbatches=grid.microbatches, batch=grid.batch, steps=grid.steps, seed=seed, injections=injections)
-        )  # fmt: skip
+            PipelineRun(
+                out=str(folder),
+                world=world,
+                size=cell["size"],
+                schedule=schedule,
+                microbatches=grid.microbatches,
+                batch=grid.batch,
+                steps=grid.steps,
+                seed=seed,
+                injections=injections,
+            )
+        )
     (folder / "DONE").write_text(json.dumps({**cell, "seed": seed}))
     return folder
 
@@ -145,10 +155,15 @@ def manifest_rows(folder: Path, cell: dict) -> list[dict]:
         got = injected.get(step)
         rows.append(
             {
-                **cell, "step": step, "ranks": len(table.ranks), "step_time_us": step_time[step], "path": str(folder),
-                "injection": got, "baseline_step": None if got is None else step - 1,
+                **cell,
+                "step": step,
+                "ranks": len(table.ranks),
+                "step_time_us": step_time[step],
+                "path": str(folder),
+                "injection": got,
+                "baseline_step": None if got is None else step - 1,
             }
-        )  # fmt: skip
+        )
     return rows
 
 

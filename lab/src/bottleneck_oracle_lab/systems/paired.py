@@ -176,9 +176,16 @@ rank and filled the 24 GB recording machine."""
 
 
 def default_launches(
-    sizes: Sequence[str], layouts: Sequence[str], delays_ms: list[float], per_launch: int = 8, block: int = 3, repeats: int = 6, batch: int = 4,
-    seed: int = 0, device: str = "cpu",
-) -> list[Launch]:  # fmt: skip
+    sizes: Sequence[str],
+    layouts: Sequence[str],
+    delays_ms: list[float],
+    per_launch: int = 8,
+    block: int = 3,
+    repeats: int = 6,
+    batch: int = 4,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[Launch]:
     """Every kind x rank x delay on every size x layout, ``per_launch`` conditions to a launch (in
     an order that mixes kinds within a launch)."""
     out: list[Launch] = []
@@ -195,21 +202,68 @@ def default_launches(
                         target = f"layers.{layers[0]}.mlp" if kind in ("stall", "compute") else ""
                         conds.append(Condition(kind=kind, rank=rank, delay_ms=float(delay), target=target))
             for i in range(0, len(conds), per_launch):
-                out.append(Launch(launch_id=f"{size}-{layout}-{i // per_launch}", layout=layout, size=size, conditions=tuple(conds[i : i + per_launch]),
-                                  block=block, repeats=repeats, batch=batch, seed=seed + len(out), device=device))  # fmt: skip
+                out.append(
+                    Launch(
+                        launch_id=f"{size}-{layout}-{i // per_launch}",
+                        layout=layout,
+                        size=size,
+                        conditions=tuple(conds[i : i + per_launch]),
+                        block=block,
+                        repeats=repeats,
+                        batch=batch,
+                        seed=seed + len(out),
+                        device=device,
+                    )
+                )
     return out
 
 
-def _record_job(folder: Path, layout: str, size: str, steps: int, seed: int, batch: int, microbatches: int, bucket_mb: float = 25.0,
-                injections: tuple[Injection, ...] = (), window: int | None = None, device: str = "cpu") -> None:  # fmt: skip
+def _record_job(
+    folder: Path,
+    layout: str,
+    size: str,
+    steps: int,
+    seed: int,
+    batch: int,
+    microbatches: int,
+    bucket_mb: float = 25.0,
+    injections: tuple[Injection, ...] = (),
+    window: int | None = None,
+    device: str = "cpu",
+) -> None:
     """One pinned launch of the DDP job or the pipeline (``batch``: per rank, or per micro-batch)."""
     if layout.startswith("dp"):
-        record_ddp(DDPRun(out=str(folder), world=world_of(layout), steps=steps, size=size, batch=batch, bucket_mb=bucket_mb, seed=seed,
-                          injections=injections, pin=True, window=window, device=device))  # fmt: skip
+        record_ddp(
+            DDPRun(
+                out=str(folder),
+                world=world_of(layout),
+                steps=steps,
+                size=size,
+                batch=batch,
+                bucket_mb=bucket_mb,
+                seed=seed,
+                injections=injections,
+                pin=True,
+                window=window,
+                device=device,
+            )
+        )
     else:
-        record_pipeline(PipelineRun(out=str(folder), world=world_of(layout), size=size, schedule=layout.split("-", 1)[1],
-                                    microbatches=microbatches, batch=batch, steps=steps, seed=seed, injections=injections, pin=True,
-                                    window=window))  # fmt: skip
+        record_pipeline(
+            PipelineRun(
+                out=str(folder),
+                world=world_of(layout),
+                size=size,
+                schedule=layout.split("-", 1)[1],
+                microbatches=microbatches,
+                batch=batch,
+                steps=steps,
+                seed=seed,
+                injections=injections,
+                pin=True,
+                window=window,
+            )
+        )
 
 
 def _record(launch: Launch, folder: Path) -> None:
@@ -258,15 +312,27 @@ def measure(launch: Launch, times: dict[int, float]) -> list[dict]:
         slowed, before, after = steps(launch.slowed_blocks(k)), steps(first), steps(second)
         cb, cp, ca = (_median([times[s] for s in x]) for x in (before, slowed, after))
         around = [[[times[s] for s in steps([b + d])] for d in (-1, 0, 1)] for b in launch.slowed_blocks(k)]
-        rows.append({
-            "launch_id": launch.launch_id, "layout": launch.layout, "size": launch.size, "device": launch.device, "index": k,
-            "condition": asdict(c),
-            "steps": slowed, "clean_steps": before + after, "clean_groups": [before, after],
-            "perturbed_us": cp, "clean_before_us": cb, "clean_after_us": ca, "measured_saving_us": cp - (cb + ca) / 2,
-            "clean_vs_clean": abs(ca - cb) / cb, "clean_spread": max(spread([times[s] for s in x]) for x in (before, after)),
-            "perturbed_spread": spread([times[s] for s in slowed]),
-            "local_saving_us": local_saving(around),
-        })  # fmt: skip
+        rows.append(
+            {
+                "launch_id": launch.launch_id,
+                "layout": launch.layout,
+                "size": launch.size,
+                "device": launch.device,
+                "index": k,
+                "condition": asdict(c),
+                "steps": slowed,
+                "clean_steps": before + after,
+                "clean_groups": [before, after],
+                "perturbed_us": cp,
+                "clean_before_us": cb,
+                "clean_after_us": ca,
+                "measured_saving_us": cp - (cb + ca) / 2,
+                "clean_vs_clean": abs(ca - cb) / cb,
+                "clean_spread": max(spread([times[s] for s in x]) for x in (before, after)),
+                "perturbed_spread": spread([times[s] for s in slowed]),
+                "local_saving_us": local_saving(around),
+            }
+        )
     return rows
 
 
@@ -304,8 +370,15 @@ def record_launch(launch: Launch, out: Path, bound: float = 0.05, retries: int =
 
     rows, attempts, noise = _until_quiet(folder, record, lambda rs: _median([r["clean_vs_clean"] for r in rs]), bound, retries)
     for k, r in enumerate(rows):
-        r.update(path=str(folder), attempts=attempts, launch_clean_vs_clean=noise, noisy=noise > bound, bound=bound,
-                 tried_clean_vs_clean=[t[k] for t in tried], **(extra or {}))  # fmt: skip
+        r.update(
+            path=str(folder),
+            attempts=attempts,
+            launch_clean_vs_clean=noise,
+            noisy=noise > bound,
+            bound=bound,
+            tried_clean_vs_clean=[t[k] for t in tried],
+            **(extra or {}),
+        )
     _write_jsonl(folder / CONDITIONS, rows)
     return rows
 
@@ -424,8 +497,18 @@ def default_knobs(sizes: Sequence[str], layouts: Sequence[str], batch: int = 4, 
                 half = max(1, batch // 2)
                 changes = [("microbatches", 4, 2), ("microbatches", 4, 8), ("batch", half, 2 * half)]
             for knob, a, b in changes:
-                out.append(KnobChange(launch_id=f"knob-{size}-{layout}-{knob}-{a:g}-{b:g}", layout=layout, size=size, knob=knob, base=a,
-                                      changed=b, batch=batch, seed=seed + len(out)))  # fmt: skip
+                out.append(
+                    KnobChange(
+                        launch_id=f"knob-{size}-{layout}-{knob}-{a:g}-{b:g}",
+                        layout=layout,
+                        size=size,
+                        knob=knob,
+                        base=a,
+                        changed=b,
+                        batch=batch,
+                        seed=seed + len(out),
+                    )
+                )
     return out
 
 
@@ -447,11 +530,22 @@ def measure_knob(change: KnobChange, times: dict[str, dict[int, float]]) -> dict
     mb, mc = _median(kept(base)), _median(kept(changed))
     ca, cb = _median(kept(first)), _median(kept(second)) if second else _median(kept(first))
     return {
-        "launch_id": change.launch_id, "layout": change.layout, "size": change.size, "knob": change.knob, "base": change.base,
-        "changed": change.changed, "settings": {"base": change.settings(change.base), "changed": change.settings(change.changed)},
-        "base_paths": base, "changed_paths": changed, "base_us": mb, "changed_us": mc, "measured_change_us": mc - mb,
-        "clean_vs_clean": abs(cb - ca) / ca, "clean_spread": max(spread(kept([n])) for n in base), "changed_spread": spread(kept(changed)),
-    }  # fmt: skip
+        "launch_id": change.launch_id,
+        "layout": change.layout,
+        "size": change.size,
+        "knob": change.knob,
+        "base": change.base,
+        "changed": change.changed,
+        "settings": {"base": change.settings(change.base), "changed": change.settings(change.changed)},
+        "base_paths": base,
+        "changed_paths": changed,
+        "base_us": mb,
+        "changed_us": mc,
+        "measured_change_us": mc - mb,
+        "clean_vs_clean": abs(cb - ca) / ca,
+        "clean_spread": max(spread(kept([n])) for n in base),
+        "changed_spread": spread(kept(changed)),
+    }
 
 
 def record_knob(change: KnobChange, out: Path, bound: float = 0.05, retries: int = 1) -> dict:
@@ -520,10 +614,13 @@ def generate_knobs(
 
     rows, recorded, skipped = _record_all(changes, out, out / KNOB_CHANGES, done, lambda c: [record_knob(c, out, bound, retries)], progress)
     return {
-        "knob_changes": len(rows), "recorded": recorded, "skipped": skipped, "manifest": str(out / KNOB_CHANGES),
+        "knob_changes": len(rows),
+        "recorded": recorded,
+        "skipped": skipped,
+        "manifest": str(out / KNOB_CHANGES),
         "median_clean_vs_clean": _median([r["clean_vs_clean"] for r in rows]) if rows else None,
         "noisy": sum(r["noisy"] for r in rows),
-    }  # fmt: skip
+    }
 
 
 def read_rows(folder: Path) -> list[dict]:
@@ -550,10 +647,14 @@ def generate_paired(
 
     rows, recorded, skipped = _record_all(launches, out, out / PAIRED, done, record, progress)
     return {
-        "launches": len(launches), "recorded": recorded, "skipped": skipped, "conditions": len(rows), "manifest": str(out / PAIRED),
+        "launches": len(launches),
+        "recorded": recorded,
+        "skipped": skipped,
+        "conditions": len(rows),
+        "manifest": str(out / PAIRED),
         "median_clean_spread": _median([r["clean_spread"] for r in rows]) if rows else None,
         "median_clean_vs_clean": _median([r["clean_vs_clean"] for r in rows]) if rows else None,
         "noisy_launches": len({r["launch_id"] for r in rows if r["noisy"] and "replaces" not in r}),
         "rerecorded_conditions": sum("replaces" in r for r in rows),
         "noisy_conditions": sum(r["clean_vs_clean"] > bound for r in rows),
-    }  # fmt: skip
+    }

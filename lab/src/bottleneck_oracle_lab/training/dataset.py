@@ -86,9 +86,11 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
     if not manifest.is_file():
         raise OracleError(f"{raw}: no manifest.jsonl (run `bottleneck-oracle generate` first)")
     rows = read_jsonl(
-        manifest, "run manifest", ("run_id", "size", "layout", "kind", "step", "step_time_us", "path", "injection", "baseline_step"),
+        manifest,
+        "run manifest",
+        ("run_id", "size", "layout", "kind", "step", "step_time_us", "path", "injection", "baseline_step"),
         "the manifest is damaged: record the runs again with `generate`",
-    )  # fmt: skip
+    )
     if not rows:
         raise OracleError(f"{manifest}: holds no steps")
     ood = {
@@ -118,9 +120,18 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
                 whatif = _whatif_sample(out / f"{sid}.whatif.pt", table, by_step[r["baseline_step"]], g, ids, r, is_pipeline(g, table))
             samples.append(
                 {
-                    "id": sid, "path": str(path), "trace": r["path"], "run_id": run_id, "size": r["size"], "layout": r["layout"], "kind": r["kind"],
-                    "step": r["step"], "step_time_us": r["step_time_us"], "injection": r["injection"],
-                    "culprit_ids": ids, "culprit_names": sorted({g.node_name(i) for i in ids}),
+                    "id": sid,
+                    "path": str(path),
+                    "trace": r["path"],
+                    "run_id": run_id,
+                    "size": r["size"],
+                    "layout": r["layout"],
+                    "kind": r["kind"],
+                    "step": r["step"],
+                    "step_time_us": r["step_time_us"],
+                    "injection": r["injection"],
+                    "culprit_ids": ids,
+                    "culprit_names": sorted({g.node_name(i) for i in ids}),
                     "baseline": None if r["baseline_step"] is None else f"{run_id}/step-{r['baseline_step']}",
                     "whatif": whatif,
                     "split_random": _random_split(sid, seed),
@@ -128,7 +139,7 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
                     "split_ood_layout": "test" if r["layout"] == ood["layout"] else "train",
                     "split_ood_injection": "test" if r["kind"] == ood["kind"] else "train",
                 }
-            )  # fmt: skip
+            )
             done += 1
             if progress:
                 progress(done, len(rows))
@@ -138,8 +149,13 @@ def build_dataset(raw: str | Path, out: str | Path, seed: int = 0, progress: Cal
         k: dict(zip(*np.unique([s[k] for s in samples], return_counts=True)))
         for k in ("split_random", "split_ood_size", "split_ood_layout", "split_ood_injection")
     }
-    return {"samples": len(samples), "perturbed": sum(bool(s["culprit_ids"]) for s in samples), "held_out": ood,
-            "splits": {k: {str(a): int(b) for a, b in v.items()} for k, v in splits.items()}, "dataset": str(out / DATASET)}  # fmt: skip
+    return {
+        "samples": len(samples),
+        "perturbed": sum(bool(s["culprit_ids"]) for s in samples),
+        "held_out": ood,
+        "splits": {k: {str(a): int(b) for a, b in v.items()} for k, v in splits.items()},
+        "dataset": str(out / DATASET),
+    }
 
 
 def _save(path: Path, g, cpm, culprit: list[int], *, ref: float, replay: float, formula: float, edit_us: float, y: float) -> None:
@@ -171,8 +187,16 @@ def _whatif_sample(path: Path, table, base, perturbed, culprit: list[int], row: 
     formula_dt = formula_step(base, d1, phase, mb, pipeline) - formula_step(base, d0, phase, mb, pipeline)
     measured = max(perturbed.measured.values())
     _save(path, edited, cpm1, sites, ref=ref, replay=ref + replay_dt, formula=ref + formula_dt, edit_us=delta * len(sites), y=measured)
-    return {"path": str(path), "sites": sites, "site_names": [base.node_name(i) for i in sites], "delta_us": delta,
-            "measured_dt_us": measured - ref, "replay_dt_us": replay_dt, "formula_dt_us": formula_dt, "replay_ms": replay_ms}  # fmt: skip
+    return {
+        "path": str(path),
+        "sites": sites,
+        "site_names": [base.node_name(i) for i in sites],
+        "delta_us": delta,
+        "measured_dt_us": measured - ref,
+        "replay_dt_us": replay_dt,
+        "formula_dt_us": formula_dt,
+        "replay_ms": replay_ms,
+    }
 
 
 def load_sample(path: str | Path):

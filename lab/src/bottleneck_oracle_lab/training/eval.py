@@ -110,8 +110,12 @@ def evaluate_checkpoint(ckpt_path: str | Path, dataset: str | Path) -> dict:
     node_samples = data.test_plain[:: max(len(data.test_plain) // NODE_GRAPHS, 1)][:NODE_GRAPHS]
     models: dict[str, dict] = {}
     replay = np.array([float(s.replay_step) for s in test])
-    models["replay (CPM)"] = {**whatif_metrics(replay, y, ref), "slack_rho": 1.0, "critical_f1": 1.0,
-                              "ms_per_graph": float(np.mean([r["whatif"]["replay_ms"] for r in wi_rows]))}  # fmt: skip
+    models["replay (CPM)"] = {
+        **whatif_metrics(replay, y, ref),
+        "slack_rho": 1.0,
+        "critical_f1": 1.0,
+        "ms_per_graph": float(np.mean([r["whatif"]["replay_ms"] for r in wi_rows])),
+    }
     formula = np.array([float(s.formula_step) for s in test])
     models["1F1B / busy-rank formula"] = {**whatif_metrics(formula, y, ref), "slack_rho": None, "critical_f1": None, "ms_per_graph": None}
     t0 = time.perf_counter()
@@ -121,15 +125,23 @@ def evaluate_checkpoint(ckpt_path: str | Path, dataset: str | Path) -> dict:
     t0 = time.perf_counter()
     with torch.no_grad():
         p = ref * np.exp(mlp(torch.from_numpy(x)).numpy().astype(np.float64))
-    models["MLP (pooled)"] = {**whatif_metrics(p, y, ref), "slack_rho": None, "critical_f1": None,
-                              "ms_per_graph": feat_ms + 1000 * (time.perf_counter() - t0) / len(test)}  # fmt: skip
+    models["MLP (pooled)"] = {
+        **whatif_metrics(p, y, ref),
+        "slack_rho": None,
+        "critical_f1": None,
+        "ms_per_graph": feat_ms + 1000 * (time.perf_counter() - t0) / len(test),
+    }
     import xgboost as xgb
 
     booster = xgb_from(ckpt)
     t0 = time.perf_counter()
     p = ref * np.exp(booster.predict(xgb.DMatrix(x)).astype(np.float64))
-    models["XGBoost (pooled)"] = {**whatif_metrics(p, y, ref), "slack_rho": None, "critical_f1": None,
-                                  "ms_per_graph": feat_ms + 1000 * (time.perf_counter() - t0) / len(test)}  # fmt: skip
+    models["XGBoost (pooled)"] = {
+        **whatif_metrics(p, y, ref),
+        "slack_rho": None,
+        "critical_f1": None,
+        "ms_per_graph": feat_ms + 1000 * (time.perf_counter() - t0) / len(test),
+    }
     for variant in ckpt["gat"]:
         model = gat_from(ckpt, variant)
         p, ms = _gat_predict(model, test, variant)
@@ -165,10 +177,17 @@ def _fmt(v, pct: bool = False) -> str:
 
 
 COLUMNS = [
-    ("n", "what-if n", False), ("step_mape", "step MAPE %", True), ("step_mse_ms2", "MSE ms²", True), ("dt_mape", "ΔT MAPE %", True),
-    ("dt_median_ape", "ΔT median APE %", True), ("dt_mae_ms", "ΔT MAE ms", False), ("sign_acc", "sign acc", False),
-    ("slack_rho", "slack ρ", False), ("critical_f1", "critical F1", False), ("ms_per_graph", "ms/graph", False),
-]  # fmt: skip
+    ("n", "what-if n", False),
+    ("step_mape", "step MAPE %", True),
+    ("step_mse_ms2", "MSE ms²", True),
+    ("dt_mape", "ΔT MAPE %", True),
+    ("dt_median_ape", "ΔT median APE %", True),
+    ("dt_mae_ms", "ΔT MAE ms", False),
+    ("sign_acc", "sign acc", False),
+    ("slack_rho", "slack ρ", False),
+    ("critical_f1", "critical F1", False),
+    ("ms_per_graph", "ms/graph", False),
+]
 
 
 def rows_of(result: dict) -> list[list[str]]:
@@ -183,7 +202,10 @@ def to_markdown(result: dict) -> str:
     head = ["split", "model"] + [c[1] for c in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows_of(result)]
-    lines += ["", "What-if against re-runs of paired conditions (a slowdown in every step of a block between clean blocks, the",
-              "noise floor beside every figure): docs/eval-reruns.md, written by benchmarks/reruns.py; the same on a GPU",
-              "(an H200, the replay only): docs/eval-gpu.md."]  # fmt: skip
+    lines += [
+        "",
+        "What-if against re-runs of paired conditions (a slowdown in every step of a block between clean blocks, the",
+        "noise floor beside every figure): docs/eval-reruns.md, written by benchmarks/reruns.py; the same on a GPU",
+        "(an H200, the replay only): docs/eval-gpu.md.",
+    ]
     return "\n".join(lines) + "\n"

@@ -135,5 +135,14 @@ def fit_graph_corrections(
                     file=sys.stderr,
                 )
         states.append({k: v.detach().numpy().astype(np.float32) for k, v in net.state_dict().items()})
-    return GraphCorrections(states, mean, std, every.min(axis=0), every.max(axis=0), hidden=hidden, layers=layers, heads=heads,
-                            trained_on=f"{len(per_cond)} paired conditions")  # fmt: skip
+    return GraphCorrections(
+        states,
+        mean,
+        std,
+        every.min(axis=0),
+        every.max(axis=0),
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        trained_on=f"{len(per_cond)} paired conditions",
+    )

@@ -308,8 +308,9 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return (conc - disc) / den if den else float("nan")
 
 
-def scores(pred: np.ndarray, measured: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None, boot: int = 1000,
-           seed: int = 0) -> dict:  # fmt: skip
+def scores(
+    pred: np.ndarray, measured: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None, boot: int = 1000, seed: int = 0
+) -> dict:
     """MAPE (with a bootstrap 90% interval over conditions), sign accuracy, Kendall's tau, share
     within 25%, and the coverage of [lo, hi] when given; over the conditions the predictor
     answered (a finite prediction: a model refuses inputs outside its domain), ``answered`` their share."""
@@ -322,12 +323,15 @@ def scores(pred: np.ndarray, measured: np.ndarray, lo: np.ndarray | None = None,
     rng = np.random.default_rng(seed)
     means = [float(np.mean(ape[rng.integers(0, len(ape), len(ape))])) for _ in range(boot)] if len(ape) else [float("nan")]
     out = {
-        "n": int(len(ape)), "answered": float(len(ape) / n_all) if n_all else float("nan"), "mape": float(np.mean(ape)) if len(ape) else float("nan"),
-        "mape_ci90": [float(np.quantile(means, 0.05)), float(np.quantile(means, 0.95))], "median_ape": float(np.median(ape)) if len(ape) else float("nan"),
+        "n": int(len(ape)),
+        "answered": float(len(ape) / n_all) if n_all else float("nan"),
+        "mape": float(np.mean(ape)) if len(ape) else float("nan"),
+        "mape_ci90": [float(np.quantile(means, 0.05)), float(np.quantile(means, 0.95))],
+        "median_ape": float(np.median(ape)) if len(ape) else float("nan"),
         "within_25pct": float(np.mean(ape <= 0.25)) if len(ape) else float("nan"),
         "sign": float(np.mean(np.sign(pred) == np.sign(measured))) if len(ape) else float("nan"),
         "kendall_tau": kendall_tau(pred, measured) if len(ape) > 1 else float("nan"),
-    }  # fmt: skip
+    }
     if lo is not None and hi is not None:
         out["coverage"] = float(np.mean((measured >= lo) & (measured <= hi)))
     return out

@@ -183,9 +183,14 @@ def fit_gat(variant: str, data: SplitData, cfg: ModelsConfig, progress: Callable
     rng = random.Random(cfg.seed)
     sample = (data.train_whatif or data.train_plain)[0]
     gcfg = GATConfig(
-        variant=variant, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, dropout=cfg.dropout,
-        in_dims=in_dims_of(sample, variant), edge_dim=int(sample[("compute", "depends_on", "compute")].edge_attr.shape[1]),
-    )  # fmt: skip
+        variant=variant,
+        hidden=cfg.hidden,
+        layers=cfg.layers,
+        heads=cfg.heads,
+        dropout=cfg.dropout,
+        in_dims=in_dims_of(sample, variant),
+        edge_dim=int(sample[("compute", "depends_on", "compute")].edge_attr.shape[1]),
+    )
     model = HeteroGAT(gcfg)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=1e-5)
     val = data.val_whatif or data.val_plain[: max(cfg.plain_per_epoch // 4, 8)]
@@ -235,17 +240,33 @@ def train_split(rows: list[dict], split: str, cfg: ModelsConfig, progress: Calla
     if not data.train_whatif:
         raise OracleError(f"split {split}: no what-if samples to train on (the dataset has no perturbed steps with a baseline there)")
     ckpt: dict = {
-        "format": FORMAT, "checkpoint_version": CHECKPOINT_VERSION, "feature_version": FEATURE_VERSION, "package_version": __version__,
-        "feature_schema": feature_schema(), "split": split, "config": asdict(cfg), "gat": {},
-        "counts": {"train_whatif": len(data.train_whatif), "train_graphs": len(data.train_plain), "val_whatif": len(data.val_whatif),
-                   "test_whatif": len(data.test_whatif), "test_graphs": len(data.test_plain)},
-    }  # fmt: skip
+        "format": FORMAT,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "feature_version": FEATURE_VERSION,
+        "package_version": __version__,
+        "feature_schema": feature_schema(),
+        "split": split,
+        "config": asdict(cfg),
+        "gat": {},
+        "counts": {
+            "train_whatif": len(data.train_whatif),
+            "train_graphs": len(data.train_plain),
+            "val_whatif": len(data.val_whatif),
+            "test_whatif": len(data.test_whatif),
+            "test_graphs": len(data.test_plain),
+        },
+    }
     ckpt["feature_ranges"] = feature_ranges(data.train_whatif + data.train_plain)
     for variant in cfg.variants:
         model, info = fit_gat(variant, data, cfg, progress)
-        ckpt["gat"][variant] = {"config": to_json(model.cfg), "state": model.state_dict(), "epochs": info["epochs"],
-                                "best_val_loss": float(info["best_val_loss"]), "seconds": float(info["seconds"]),
-                                "history": [[h["train_loss"], h["val_loss"]] for h in info["history"]]}  # fmt: skip
+        ckpt["gat"][variant] = {
+            "config": to_json(model.cfg),
+            "state": model.state_dict(),
+            "epochs": info["epochs"],
+            "best_val_loss": float(info["best_val_loss"]),
+            "seconds": float(info["seconds"]),
+            "history": [[h["train_loss"], h["val_loss"]] for h in info["history"]],
+        }
     # learned baselines: what-if samples plus as many graphs as recorded (they teach "no edit, no change")
     train_rows = data.train_whatif + data.train_plain[: len(data.train_whatif)]
     x, y = _xy(train_rows)
@@ -292,6 +313,10 @@ def train(dataset: str | Path, out: str | Path, cfg: ModelsConfig, progress: Cal
         t0 = time.perf_counter()
         ckpt = train_split(rows, split, cfg, _prefixed(progress, f"{split}: "))
         path = save_checkpoint(ckpt, out / f"{split}.pt")
-        checkpoints[split] = {"path": str(path), "seconds": round(time.perf_counter() - t0, 1), **ckpt["counts"],
-                                         "epochs": {v: e["epochs"] for v, e in ckpt["gat"].items()}}  # fmt: skip
+        checkpoints[split] = {
+            "path": str(path),
+            "seconds": round(time.perf_counter() - t0, 1),
+            **ckpt["counts"],
+            "epochs": {v: e["epochs"] for v, e in ckpt["gat"].items()},
+        }
     return summary
