@@ -15,6 +15,8 @@ import no torch; and the product's wheel holds no recording, training or benchma
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -142,8 +144,13 @@ def test_the_products_wheel_holds_no_lab_code(tmp_path):
     the analysis package and its data, and no recording, training, benchmark or torch model code,
     and the graph network's weights once (the .npz inference reads)."""
     pytest.importorskip("setuptools")
+    source = tmp_path / "checkout"  # a copy: setuptools writes its build folders beside the sources
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q", "-w", str(tmp_path), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -161,3 +168,24 @@ def test_the_products_wheel_holds_no_lab_code(tmp_path):
     shipped = {n.removeprefix("bottleneck_oracle/") for n in code}
     on_disk = {str(f.relative_to(PACKAGE)) for f in PACKAGE.rglob("*.py")}
     assert shipped == on_disk, sorted(shipped ^ on_disk)
+    # installed alone, the package is whole: every module of it, and nothing of the lab
+    target = tmp_path / "site"
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    code = (
+        "import pkgutil, sys, bottleneck_oracle as bo; "
+        f"assert bo.__file__.startswith({str(target)!r}), bo.__file__; "
+        "names = sorted(m.name for m in pkgutil.walk_packages(bo.__path__, 'bottleneck_oracle.')); "
+        "print('\\n'.join(names))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    modules = r.stdout.split()
+    assert "bottleneck_oracle.api" in modules and "bottleneck_oracle.models.predict" in modules
+    assert not [m for m in modules if m.split(".")[1] in ("systems", "training") or m.endswith(("hetero_gat", "baselines"))], modules

@@ -1,7 +1,7 @@
 """The Python API the CLI is a thin layer over.
 
 Every function takes a trace path (a Kineto/Chrome trace file, a folder of per-rank traces, or
-Chakra ET files) and returns typed results whose ``to_dict()`` is the matching command's
+Chakra ET files) and returns typed results whose ``serial.to_json`` is the matching command's
 ``--json``. Times are microseconds (µs) throughout. Bad input raises
 ``bottleneck_oracle.errors.OracleError`` naming the file; partial input warns with
 ``OracleWarning``.
