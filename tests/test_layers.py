@@ -150,7 +150,19 @@ def test_the_products_wheel_holds_no_lab_code(tmp_path):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q", "-w", str(tmp_path), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
