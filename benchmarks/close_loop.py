@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle import api
+from bottleneck_oracle.serial import to_json_object
 from bottleneck_oracle_lab.systems.ddp import DDPRun, record
 from bottleneck_oracle_lab.systems.inject import Injection
 
@@ -119,7 +120,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for k, sc in enumerate(scenarios(args.steps)):
             before = record(DDPRun(out=f"{tmp}/{k}-before", **sc["run"]))
-            advice = [a.to_dict() for a in api.advise(before)]  # the --json shape
+            advice = [to_json_object(a) for a in api.advise(before)]  # the --json shape
             per_step = [a["suggestions"][0] for a in advice[1:] if a["suggestions"]]
             if not per_step:
                 results.append({"scenario": sc["name"], "top": None, "note": "no suggestion survived validation"})
