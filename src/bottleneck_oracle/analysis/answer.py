@@ -17,13 +17,15 @@ fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenl
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey
 from bottleneck_oracle.analysis.summary import StepAnalysis
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
 BOOTSTRAP = 2000
@@ -40,9 +42,6 @@ class Estimate:
     low_us: float | None
     high_us: float | None
     steps: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def estimate(values: list[float], seed: int = 0) -> Estimate:
@@ -70,7 +69,7 @@ class RegionAnswer:
 
     rank: int
     name: str
-    kind: str  # "range" or "op"
+    kind: Literal["range", "op"]
     steps: int  # blamed steps in which blame found it slower than on the peers
     of: int
     own: Estimate  # its own time on the rank, per step
@@ -100,14 +99,11 @@ class RunAnswer:
     step_time: Estimate
     measured: Estimate  # the ProfilerStep span
     bound: Bound
-    breakdown: dict[str, Estimate]
+    breakdown: dict[BreakdownKey, Estimate]
     straggler: Straggler | None
     region: RegionAnswer | None
     extra_ops: list[ExtraOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -183,7 +179,7 @@ class StepFigures:
     def of(cls, a: StepAnalysis) -> StepFigures:
         s = a.straggler() if len(a.graph.ranks) > 1 else None
         return cls(a.graph.step, tuple(a.graph.ranks), bool(a.graph.nodes["on_gpu"].any()), a.step_time, a.measured,
-                   a.breakdown(), (s["rank"], s["imposed_wait_us"]) if s else None)  # fmt: skip
+                   a.breakdown(), (s.rank, s.imposed_wait_us) if s else None)  # fmt: skip
 
 
 def steady(steps: list[int | None]) -> list[int | None]:
@@ -199,7 +195,12 @@ def blame_sample(steps: list[int | None], k: int = MAX_BLAME_STEPS) -> set[int |
     return {st[int(i)] for i in np.linspace(0, len(st) - 1, k).round().astype(int)}
 
 
-def run_answer(analyses: list[StepAnalysis], source: str = "", references: list | None = None, two_steps=None) -> RunAnswer:
+def run_answer(
+    analyses: list[StepAnalysis],
+    source: str = "",
+    references: list[ExecutionGraph] | None = None,
+    two_steps: Callable[[int | None], ExecutionGraph | None] | None = None,
+) -> RunAnswer:
     """The run-level answer of ``analyses`` (every analysed step, in step order); ``references``:
     graphs of a baseline run of the same job (the typical times where ranks have no peers);
     ``two_steps``: step number -> the graph of that step and the next (the steady-state saving)."""
@@ -209,7 +210,11 @@ def run_answer(analyses: list[StepAnalysis], source: str = "", references: list 
 
 
 def answer_from(
-    figures: list[StepFigures], blamed: list[StepAnalysis], source: str = "", references: list | None = None, two_steps=None
+    figures: list[StepFigures],
+    blamed: list[StepAnalysis],
+    source: str = "",
+    references: list[ExecutionGraph] | None = None,
+    two_steps: Callable[[int | None], ExecutionGraph | None] | None = None,
 ) -> RunAnswer:
     """The run-level answer from every step's figures (in step order) and the analyses of the
     steps ``blame_sample`` picked (the region and the extra ops are found on those), against the
@@ -250,7 +255,10 @@ def _straggler(st: list[StepFigures]) -> Straggler | None:
     return Straggler(rank, count, len(st), estimate([w for r, w in named if r == rank]))
 
 
-def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> None:
+RegionKey = tuple[int, str, Literal["range", "op"]]  # a region: rank, name, kind
+
+
+def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[ExecutionGraph]) -> None:
     """The region where the straggler (or, without one, any rank) differs from its peer ranks (or,
     with ``references``, from the baseline's steps), and its extra ops, on the ``picked`` steps.
     The region is the one whose saving has the largest median over the blamed steps (a step in
@@ -261,9 +269,9 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
     memo = KeyMemo()
     against = ("peer ranks", "reference steps") if references else ("peer ranks",)
     focus = answer.straggler.rank if answer.straggler else None
-    per: dict[tuple[int, str, str], dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
+    per: dict[RegionKey, dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    sources: dict[tuple[int, str, str], set[str]] = {}
+    sources: dict[RegionKey, set[str]] = {}
     used = 0
     for k, a in enumerate(picked):
         g = a.graph
@@ -280,7 +288,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
     if not used:
         return
 
-    def typical_saving(key: tuple[int, str, str]) -> float:
+    def typical_saving(key: RegionKey) -> float:
         return float(np.median([per[key][k][2] if k in per[key] else 0.0 for k in range(len(picked))]))
 
     best = max(per, key=lambda key: (typical_saving(key), len(per[key])), default=None)
@@ -308,7 +316,7 @@ EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
 LEAVE_ONE_OUT_RANKS = 64  # without a straggler, ranks each held against their peers up to this many
 
 
-def _extra_ops(g, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
+def _extra_ops(g: ExecutionGraph, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
     """Ops a rank runs more often than its peers (the median peer of its peer group), parent ops
     included: per (rank, name), how many more times and their time (its median run, as many more
     times). Host ops only: the device ops they launch follow them. Counted with one matrix of
