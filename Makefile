@@ -7,10 +7,11 @@ TORCH ?= torch==2.13.0
 
 .PHONY: venv demo test test-slow lint docs figures bench data train eval clean
 
-$(STAMP): pyproject.toml
+# the product (.) and the lab (lab/: recording, training, evaluation), both editable
+$(STAMP): pyproject.toml lab/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,systems,models,report,chakra,dask]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,report,chakra,dask]' -e lab/
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,8 +26,8 @@ test-slow: venv  ## slow tests only
 	$(PY) -m pytest -q -m slow
 
 lint: venv
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src lab/src tests benchmarks
+	$(VENV)/bin/ruff format --check src lab/src tests benchmarks
 	$(VENV)/bin/mypy  ## the whole package (pyproject.toml [tool.mypy]); --strict on the API: tests/test_types.py
 
 docs: venv  ## the manual (mkdocs.yml, docs/) into site/, warnings as errors

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bottleneck_oracle.analysis.compare import hta_agreement
 from bottleneck_oracle.api import analyze, graphs, load
+from bottleneck_oracle.serial import to_json_object
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
@@ -53,23 +54,29 @@ def main() -> None:
     if a.json:
         print(
             json.dumps(
-                {"makespan": rows, "hta": {k: v for k, v in hta.items() if not k.startswith("only_") or k.endswith("_all")}}, indent=1
+                {
+                    "makespan": rows,
+                    "hta": {k: v for k, v in to_json_object(hta).items() if not k.startswith("only_") or k.endswith("_all")},
+                },
+                indent=1,
             )
         )
         return
     print("| trace | ranks | steps | nodes (first step) | max abs(CPM - period) | max abs(span - period) | checks failed |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['trace']} | {r['ranks']} | {r['steps']} | {r['nodes']:,} | {r['max_abs_error_pct']:.2f}% | "
-              f"{r['max_abs_span_vs_period_pct']:.1f}% | {r['checks_failed']} of {r['checks']} |")  # fmt: skip
+        print(
+            f"| {r['trace']} | {r['ranks']} | {r['steps']} | {r['nodes']:,} | {r['max_abs_error_pct']:.2f}% | "
+            f"{r['max_abs_span_vs_period_pct']:.1f}% | {r['checks_failed']} of {r['checks']} |"
+        )
     print(
-        f"\nHTA agreement on simple_add_1gpu: Jaccard {hta['jaccard']:.3f} on the events HTA models "
-        f"({hta['shared']} shared, {len(hta['only_ours'])} only ours, {len(hta['only_hta'])} only HTA); "
-        f"{hta['jaccard_all_events']:.3f} on all events"
+        f"\nHTA agreement on simple_add_1gpu: Jaccard {hta.jaccard:.3f} on the events HTA models "
+        f"({hta.shared} shared, {len(hta.only_ours)} only ours, {len(hta.only_hta)} only HTA); "
+        f"{hta.jaccard_all_events:.3f} on all events"
     )
-    for k in hta["only_ours"]:
+    for k in hta.only_ours:
         print("  only ours:", k)
-    for k in hta["only_hta"]:
+    for k in hta.only_hta:
         print("  only HTA: ", (k[0], k[1], k[2][:70]))
 
 

@@ -190,9 +190,11 @@ def main() -> None:
             f"(+ {hta['hta_peak_rss_worker_mb']:.0f} MB per worker) "
             f"-> ours end-to-end is {res['speedup_vs_hta_load']:.1f}x faster than HTA's load alone"
         )
-        say(f"  HTA critical_path_analysis: {hta['hta_cp_s_per_rank_step']:.2f} s per rank and step ({hta['hta_cp_steps_ok']}/5 succeeded); "
-              f"one rank at a time, so {a.ranks} ranks x {info['steps']} steps would take about "
-              f"{hta['hta_cp_s_per_rank_step'] * a.ranks * info['steps']:.0f} s (extrapolated)")  # fmt: skip
+        say(
+            f"  HTA critical_path_analysis: {hta['hta_cp_s_per_rank_step']:.2f} s per rank and step ({hta['hta_cp_steps_ok']}/5 succeeded); "
+            f"one rank at a time, so {a.ranks} ranks x {info['steps']} steps would take about "
+            f"{hta['hta_cp_s_per_rank_step'] * a.ranks * info['steps']:.0f} s (extrapolated)"
+        )
 
     header = [
         "# Scale benchmark: measured results",

@@ -60,8 +60,10 @@ def main() -> int:
     run_cpm(g)
     cpm_s = time.perf_counter() - t1
     print(f"graph: {g.n_nodes:,} nodes, {g.n_edges:,} edges, {len(base.path):,} on the critical path; one CPM {1000 * cpm_s:.1f} ms")
-    print(f"{args.edits:,} single-node edits: {seconds:.2f} s ({reruns} shortened critical nodes rerun exactly); "
-          f"max |error| vs a full rerun on {len(check)} of them (25 random, the rest shortened critical nodes): {worst:.3g} µs")  # fmt: skip
+    print(
+        f"{args.edits:,} single-node edits: {seconds:.2f} s ({reruns} shortened critical nodes rerun exactly); "
+        f"max |error| vs a full rerun on {len(check)} of them (25 random, the rest shortened critical nodes): {worst:.3g} µs"
+    )
     return 0
 
 

@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from bottleneck_oracle import api
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.inject import Injection
+from bottleneck_oracle.serial import to_json_object
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.inject import Injection
 
 
 def _every(kind: str, steps: int, **kw) -> tuple[Injection, ...]:
@@ -62,7 +63,7 @@ def scenarios(steps: int) -> list[dict]:
                 "injections": _every("phase", steps, rank=0, target="optimizer", delay_ms=15.0)
                 + _every("phase", steps, rank=1, target="optimizer", delay_ms=15.0),
             },
-        },  # fmt: skip
+        },
         {
             "name": "delayed gradient all-reduce (rank 1 +20 ms)",
             "run": {**base, "injections": _every("collective", steps, rank=1, delay_ms=20.0)},
@@ -119,7 +120,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for k, sc in enumerate(scenarios(args.steps)):
             before = record(DDPRun(out=f"{tmp}/{k}-before", **sc["run"]))
-            advice = [a.to_dict() for a in api.advise(before)]  # the --json shape
+            advice = [to_json_object(a) for a in api.advise(before)]  # the --json shape
             per_step = [a["suggestions"][0] for a in advice[1:] if a["suggestions"]]
             if not per_step:
                 results.append({"scenario": sc["name"], "top": None, "note": "no suggestion survived validation"})
@@ -134,8 +135,14 @@ def main() -> int:
                 for v in top["model_saving_us"]
             }
             changed, how = apply(top, sc["run"], before)
-            row = {"scenario": sc["name"], "top": top_id, "edits": top["edits"], "change": how, "predicted_replay_ms": predicted / 1000,
-                   "predicted_model_ms": {v: x / 1000 for v, x in model.items()}}  # fmt: skip
+            row = {
+                "scenario": sc["name"],
+                "top": top_id,
+                "edits": top["edits"],
+                "change": how,
+                "predicted_replay_ms": predicted / 1000,
+                "predicted_model_ms": {v: x / 1000 for v, x in model.items()},
+            }
             rows_before = api.analyze(before)[1]
             t_before = float(np.median([a.measured for a in rows_before[1:]]))
             row["before_ms"] = t_before / 1000

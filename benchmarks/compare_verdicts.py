@@ -76,9 +76,9 @@ def slowed_steps(name: str, spec: dict, steps: int) -> list[int]:
 
 def record(folder: Path, steps: int) -> dict[str, dict]:
     """Every recording, in the order of ``_recordings`` (clean first, clean2 last but one)."""
-    from bottleneck_oracle.systems.ddp import DDPRun
-    from bottleneck_oracle.systems.ddp import record as record_run
-    from bottleneck_oracle.systems.inject import Injection
+    from bottleneck_oracle_lab.systems.ddp import DDPRun
+    from bottleneck_oracle_lab.systems.ddp import record as record_run
+    from bottleneck_oracle_lab.systems.inject import Injection
 
     done = {}
     order = list(_recordings().items())
@@ -189,12 +189,23 @@ def evaluate(folder: Path, recordings: dict[str, dict], steps: int) -> dict:
             conds = interleaved(t, slowed, n)
             calls = [_call(a, b) for a, b in conds]
             diffs = [float(np.median(b) - np.median(a)) for a, b in conds]
-            rows.append({
-                "recording": name, "delay_ms": spec["delay_ms"], "n": n, "true_delta_us": true, "true_share": true / float(np.median(clean_pop)),
-                "se_us": se, "true_in_se": true / se, "empirical_sd_us": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
-                "conditions": len(calls), "slower": calls.count("slower"), "faster": calls.count("faster"),
-                "within_noise": calls.count("within noise"), "too_few": calls.count("too few steps"),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "recording": name,
+                    "delay_ms": spec["delay_ms"],
+                    "n": n,
+                    "true_delta_us": true,
+                    "true_share": true / float(np.median(clean_pop)),
+                    "se_us": se,
+                    "true_in_se": true / se,
+                    "empirical_sd_us": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
+                    "conditions": len(calls),
+                    "slower": calls.count("slower"),
+                    "faster": calls.count("faster"),
+                    "within_noise": calls.count("within noise"),
+                    "too_few": calls.count("too few steps"),
+                }
+            )
     for n in WINDOWS:
         conds = interleaved(times["clean"], set(), n, rng)
         calls = [_call(a, b) for a, b in conds]
@@ -206,16 +217,29 @@ def evaluate(folder: Path, recordings: dict[str, dict], steps: int) -> dict:
         pairs = list(zip(wins, other))
         calls = [_call(_times(times["clean"], a), _times(times["clean2"], b)) for a, b in pairs]
         said = [machine_said((analyses["clean"], analyses["clean2"]), a, b) for a, b in pairs]
-        clean_rows.append({"design": "two recordings", "recording": "clean vs clean2", "n": n, **_share(calls, ("slower", "faster")),
-                           "called_and_ops_said_alike": sum(c != "within noise" and c != "too few steps" and w for c, w in zip(calls, said))})  # fmt: skip
+        clean_rows.append(
+            {
+                "design": "two recordings",
+                "recording": "clean vs clean2",
+                "n": n,
+                **_share(calls, ("slower", "faster")),
+                "called_and_ops_said_alike": sum(c != "within noise" and c != "too few steps" and w for c, w in zip(calls, said)),
+            }
+        )
     persist = f"persist_{PERSIST_MS:g}"
     separate = []
     for n in WINDOWS:
         pairs = list(zip(contiguous(times["clean"], n), contiguous(times[persist], n)))
         calls = [_call(_times(times["clean"], a), _times(times[persist], b)) for a, b in pairs]
         said = [machine_said((analyses["clean"], analyses[persist]), a, b) for a, b in pairs]
-        separate.append({"recording": f"clean vs {persist}", "n": n, **_share(calls, ("slower",)),
-                         "called_and_ops_said_alike": sum(c == "slower" and w for c, w in zip(calls, said))})  # fmt: skip
+        separate.append(
+            {
+                "recording": f"clean vs {persist}",
+                "n": n,
+                **_share(calls, ("slower",)),
+                "called_and_ops_said_alike": sum(c == "slower" and w for c, w in zip(calls, said)),
+            }
+        )
     eligible = [r for r in rows if r["true_in_se"] >= 2 and r["true_share"] >= 0.01]
     called = sum(r["slower"] for r in eligible)
     total = sum(r["conditions"] for r in eligible)

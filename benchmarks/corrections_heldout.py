@@ -34,7 +34,7 @@ import numpy as np
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import build
 from bottleneck_oracle.models.corrections import load_corrections
-from bottleneck_oracle.training.reruns import corrected, evaluate_launch, merge, read_paired, scores
+from bottleneck_oracle_lab.training.reruns import corrected, evaluate_launch, merge, read_paired, scores
 
 
 def main() -> int:
@@ -49,7 +49,7 @@ def main() -> int:
     a = ap.parse_args()
     ckpt = None
     if a.checkpoint:
-        from bottleneck_oracle.models.checkpoint import load_checkpoint
+        from bottleneck_oracle_lab.models.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(a.checkpoint)
     if a.baselines:
@@ -76,7 +76,7 @@ def main() -> int:
                     bases = [run_cpm(g) for g, _, _ in steps]
                     per_step[(r["launch_id"], r["index"])] = {
                         "steps": [g.step for g, _, _ in steps],
-                        "replay_us": [b.makespan - run_cpm(g, f.dur, f.weight, f.release).makespan for (g, f, _), b in zip(steps, bases)],
+                        "replay_us": [b.makespan - f.times.cpm().makespan for (g, f, _), b in zip(steps, bases)],
                         "corrected_us": [model.saving(g, f, b) for (g, f, _), b in zip(steps, bases)],
                         "step_us": {str(k): span[k] for k in (*r["steps"], *r["clean_steps"]) if k in span},
                     }
@@ -99,27 +99,56 @@ def main() -> int:
 
     for i, r in enumerate(c.rows):
         k = r["condition"]
-        rows.append({"launch_id": r["launch_id"], **which(r), "kind": k["kind"], "rank": k["rank"], "measured_us": float(c.measured[i]),
-                     "replay_us": float(c.replay[i]), "corrected_us": float(pred[i]), "half_us": float(half[i]),
-                     "clean_vs_clean": r["clean_vs_clean"], "remeasured_us": float(c.remeasured[i]),
-                     "measured_after_us": float(c.measured_after[i]), **{f"{k}_us": float(v[i]) for k, v in other.items()}})  # fmt: skip
-        print(f"{r['launch_id']:16s} {k['kind']:10s} rank {k['rank']}: measured {c.measured[i] / 1e3:6.2f} ms, replay "
-              f"{c.replay[i] / 1e3:6.2f}, corrected {pred[i] / 1e3:6.2f} ± {half[i] / 1e3:.2f}")  # fmt: skip
-    out = {"conditions": len(rows), "rows": rows, "replay": scores(c.replay, c.measured),
-           "corrected": scores(pred, c.measured, pred - half, pred + half),
-           "remeasured": scores(c.remeasured, c.measured_after), **{k: scores(v, c.measured) for k, v in other.items()}}  # fmt: skip
+        rows.append(
+            {
+                "launch_id": r["launch_id"],
+                **which(r),
+                "kind": k["kind"],
+                "rank": k["rank"],
+                "measured_us": float(c.measured[i]),
+                "replay_us": float(c.replay[i]),
+                "corrected_us": float(pred[i]),
+                "half_us": float(half[i]),
+                "clean_vs_clean": r["clean_vs_clean"],
+                "remeasured_us": float(c.remeasured[i]),
+                "measured_after_us": float(c.measured_after[i]),
+                **{f"{k}_us": float(v[i]) for k, v in other.items()},
+            }
+        )
+        print(
+            f"{r['launch_id']:16s} {k['kind']:10s} rank {k['rank']}: measured {c.measured[i] / 1e3:6.2f} ms, replay "
+            f"{c.replay[i] / 1e3:6.2f}, corrected {pred[i] / 1e3:6.2f} ± {half[i] / 1e3:.2f}"
+        )
+    out = {
+        "conditions": len(rows),
+        "rows": rows,
+        "replay": scores(c.replay, c.measured),
+        "corrected": scores(pred, c.measured, pred - half, pred + half),
+        "remeasured": scores(c.remeasured, c.measured_after),
+        **{k: scores(v, c.measured) for k, v in other.items()},
+    }
     comp = [i for i, r in enumerate(c.rows) if r["condition"]["kind"] == "compute"]
     region = []
     for i in comp:
         m = float(c.measured[i])
-        row = {"launch_id": c.rows[i]["launch_id"], **which(c.rows[i], False), "rank": c.rows[i]["condition"]["rank"], "measured_us": m,
-               "replay_us": float(c.replay[i]), "top_op_us": float(c.blame_op[i]), "region_us": float(c.blame_region[i]),
-               "region": c.region_names[i], "region_baseline_us": float(c.blame_region_baseline[i]),
-               "region_baseline": c.baseline_region_names[i]}  # fmt: skip
+        row = {
+            "launch_id": c.rows[i]["launch_id"],
+            **which(c.rows[i], False),
+            "rank": c.rows[i]["condition"]["rank"],
+            "measured_us": m,
+            "replay_us": float(c.replay[i]),
+            "top_op_us": float(c.blame_op[i]),
+            "region_us": float(c.blame_region[i]),
+            "region": c.region_names[i],
+            "region_baseline_us": float(c.blame_region_baseline[i]),
+            "region_baseline": c.baseline_region_names[i],
+        }
         region.append(row)
-        print(f"compute, {row['launch_id']} rank {row['rank']}: measured {m / 1e3:.2f} ms; top op {row['top_op_us'] / 1e3:.2f}; top region "
-              f"{row['region_us'] / 1e3:.2f} ({row['region'] or '-'}); with the baseline {row['region_baseline_us'] / 1e3:.2f} "
-              f"({row['region_baseline'] or '-'})")  # fmt: skip
+        print(
+            f"compute, {row['launch_id']} rank {row['rank']}: measured {m / 1e3:.2f} ms; top op {row['top_op_us'] / 1e3:.2f}; top region "
+            f"{row['region_us'] / 1e3:.2f} ({row['region'] or '-'}); with the baseline {row['region_baseline_us'] / 1e3:.2f} "
+            f"({row['region_baseline'] or '-'})"
+        )
 
     def within(key: str) -> float:  # the share within 25% of the measured saving, as scores() counts it
         return scores(np.array([r[key] for r in region]), np.array([r["measured_us"] for r in region]))["within_25pct"]
@@ -129,14 +158,21 @@ def main() -> int:
         "rows": region,
         **{f"{k}_within_25pct": within(f"{k}_us") for k in ("region", "region_baseline", "replay", "top_op")},
     }
-    print("region blame on the compute conditions, within 25% of the measured saving: " + ", ".join(
-        f"{k} {100 * out['region_on_compute'][f'{k}_within_25pct']:.0f}%" for k in ("region", "region_baseline", "replay", "top_op")) + f" (n={len(region)})")  # fmt: skip
+    print(
+        "region blame on the compute conditions, within 25% of the measured saving: "
+        + ", ".join(
+            f"{k} {100 * out['region_on_compute'][f'{k}_within_25pct']:.0f}%" for k in ("region", "region_baseline", "replay", "top_op")
+        )
+        + f" (n={len(region)})"
+    )
     for name in ("replay", "corrected", "remeasured", *other):
         s = out[name]
         cov = f", 90% interval covers {100 * s['coverage']:.0f}%" if "coverage" in s else ""
-        print(f"{name:10s}: MAPE {100 * s['mape']:.1f}% [{100 * s['mape_ci90'][0]:.1f}, {100 * s['mape_ci90'][1]:.1f}], median APE "
-              f"{100 * s['median_ape']:.1f}%, within 25% {100 * s['within_25pct']:.0f}%, sign {100 * s['sign']:.0f}%, "
-              f"Kendall tau {s['kendall_tau']:.2f}{cov} (n={s['n']})")  # fmt: skip
+        print(
+            f"{name:10s}: MAPE {100 * s['mape']:.1f}% [{100 * s['mape_ci90'][0]:.1f}, {100 * s['mape_ci90'][1]:.1f}], median APE "
+            f"{100 * s['median_ape']:.1f}%, within 25% {100 * s['within_25pct']:.0f}%, sign {100 * s['sign']:.0f}%, "
+            f"Kendall tau {s['kendall_tau']:.2f}{cov} (n={s['n']})"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

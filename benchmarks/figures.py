@@ -78,8 +78,9 @@ def quickstart(root: Path) -> str:
     """``analyze`` on the bundled 2-rank trace, as a terminal shows it: the steps table and the
     first step's summary, its tables left out."""
     env = {**os.environ, "COLUMNS": WIDTH, "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run([sys.executable, "-m", "bottleneck_oracle", "analyze", SAMPLE], cwd=root, env=env, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "bottleneck_oracle", "analyze", SAMPLE], cwd=root, env=env, capture_output=True, text=True, check=True
+    ).stdout
     blocks = [b for b in out.rstrip().split("\n\n") if b.strip()]
     first = blocks[1].splitlines() if len(blocks) > 1 else []
     prose = []
@@ -101,10 +102,17 @@ def quickstart(root: Path) -> str:
 def step_time(root: Path) -> str:
     d = _load(root, "benchmarks/accuracy_results.json")
     rows = [
-        [f"`{r['trace']}`", str(r["ranks"]), str(r["steps"]), f"{r['nodes']:,}", f"{r['max_abs_error_pct']:.2f}%",
-         f"{r['max_abs_span_vs_period_pct']:.1f}%", f"{r['checks_failed']} of {r['checks']}"]
+        [
+            f"`{r['trace']}`",
+            str(r["ranks"]),
+            str(r["steps"]),
+            f"{r['nodes']:,}",
+            f"{r['max_abs_error_pct']:.2f}%",
+            f"{r['max_abs_span_vs_period_pct']:.1f}%",
+            f"{r['checks_failed']} of {r['checks']}",
+        ]
         for r in d["makespan"]
-    ]  # fmt: skip
+    ]
     h = d["hta"]
     return (
         _table(
@@ -118,7 +126,7 @@ def step_time(root: Path) -> str:
                 "self-checks failed",
             ],
             rows,
-        )  # fmt: skip
+        )
         + f"\n\nAgainst HTA's critical-path overlay of `simple_add_1gpu`: Jaccard overlap of the critical events "
         f"**{h['jaccard']:.3f}** on the events HTA's graph models ({h['shared']} shared, {h['ours'] - h['shared']} only ours, "
         f"{h['hta'] - h['shared']} only HTA's), {h['jaccard_all_events']:.3f} on all events.\n"
@@ -129,10 +137,17 @@ def step_time(root: Path) -> str:
 
 # the columns and number format of training.eval.to_markdown (which imports torch)
 EVAL_COLUMNS = [
-    ("n", "what-if n", False), ("step_mape", "step MAPE %", True), ("step_mse_ms2", "MSE ms²", True), ("dt_mape", "ΔT MAPE %", True),
-    ("dt_median_ape", "ΔT median APE %", True), ("dt_mae_ms", "ΔT MAE ms", False), ("sign_acc", "sign acc", False),
-    ("slack_rho", "slack ρ", False), ("critical_f1", "critical F1", False), ("ms_per_graph", "ms/graph", False),
-]  # fmt: skip
+    ("n", "what-if n", False),
+    ("step_mape", "step MAPE %", True),
+    ("step_mse_ms2", "MSE ms²", True),
+    ("dt_mape", "ΔT MAPE %", True),
+    ("dt_median_ape", "ΔT median APE %", True),
+    ("dt_mae_ms", "ΔT MAE ms", False),
+    ("sign_acc", "sign acc", False),
+    ("slack_rho", "slack ρ", False),
+    ("critical_f1", "critical F1", False),
+    ("ms_per_graph", "ms/graph", False),
+]
 
 
 def _eval_fmt(v: Any, pct: bool) -> str:
@@ -156,8 +171,13 @@ def eval_table(root: Path) -> str:
 def eval_best(root: Path) -> str:
     """Per split, which model is best on each what-if metric (lowest error, highest sign accuracy)."""
     d = _load(root, "docs/eval.json")
-    metrics = [("step_mape", "step MAPE %", min), ("dt_mape", "ΔT MAPE %", min), ("dt_median_ape", "ΔT median APE %", min),
-               ("dt_mae_ms", "ΔT MAE ms", min), ("sign_acc", "sign acc", max)]  # fmt: skip
+    metrics = [
+        ("step_mape", "step MAPE %", min),
+        ("dt_mape", "ΔT MAPE %", min),
+        ("dt_median_ape", "ΔT median APE %", min),
+        ("dt_mae_ms", "ΔT MAE ms", min),
+        ("sign_acc", "sign acc", max),
+    ]
     rows = []
     for s in d["splits"]:
         replay = s["models"]["replay (CPM)"]
@@ -189,8 +209,14 @@ def eval_best(root: Path) -> str:
 
 # ------------------------------------------------------------------ what-if against re-runs
 
-PREDICTORS = [("replay", "replay"), ("corrected", "corrected replay"), ("formula", "1F1B / busy-rank formula"),
-              ("mlp_pooled", "MLP (pooled)"), ("xgb_pooled", "XGBoost (pooled)"), ("remeasured", "the truth against itself")]  # fmt: skip
+PREDICTORS = [
+    ("replay", "replay"),
+    ("corrected", "corrected replay"),
+    ("formula", "1F1B / busy-rank formula"),
+    ("mlp_pooled", "MLP (pooled)"),
+    ("xgb_pooled", "XGBoost (pooled)"),
+    ("remeasured", "the truth against itself"),
+]
 
 
 def reruns_final(root: Path) -> str:
@@ -212,7 +238,7 @@ def reruns_final(root: Path) -> str:
 
 
 def reruns_by_kind(root: Path) -> str:
-    from bottleneck_oracle.training.reruns import scores
+    from bottleneck_oracle_lab.training.reruns import scores
 
     rows_all = _rows_of(root, _load(root, "benchmarks/heldout_final_results.json"))
     out = []
@@ -241,13 +267,32 @@ def reruns_history(root: Path) -> str:
         d = _load(root, f"benchmarks/{name}")
         corr = "graph-corrected" if "graph-corrected" in d["all"] else "corrected"
         res = d["resolvable"]
-        rows.append([what, f"`{name}`", _pct(d["noise"]["median_clean_vs_clean"]), f"{d['noise']['launches_above_bound']} launches",
-                     _pct(d["all"]["replay"]["mape"]), _pct(d["all"][corr]["mape"]), _pct(d["all"]["re-measurement (noise)"]["mape"]),
-                     f"{res['n']}: {_pct(res['scores']['replay']['mape'])} / {_pct(res['scores'][corr]['mape'])}"])  # fmt: skip
+        rows.append(
+            [
+                what,
+                f"`{name}`",
+                _pct(d["noise"]["median_clean_vs_clean"]),
+                f"{d['noise']['launches_above_bound']} launches",
+                _pct(d["all"]["replay"]["mape"]),
+                _pct(d["all"][corr]["mape"]),
+                _pct(d["all"]["re-measurement (noise)"]["mape"]),
+                f"{res['n']}: {_pct(res['scores']['replay']['mape'])} / {_pct(res['scores'][corr]['mape'])}",
+            ]
+        )
     h31 = _load(root, "benchmarks/corrections_heldout_31_results.json")
     cvc, above = _clean_vs_clean(h31["rows"])
-    rows.append(["31 slowed blocks per condition; the bundled corrections, all held out", "`corrections_heldout_31_results.json`", _pct(cvc),
-                 f"{above} conditions", _pct(h31["replay"]["mape"]), _pct(h31["corrected"]["mape"]), _pct(h31["remeasured"]["mape"]), "—"])  # fmt: skip
+    rows.append(
+        [
+            "31 slowed blocks per condition; the bundled corrections, all held out",
+            "`corrections_heldout_31_results.json`",
+            _pct(cvc),
+            f"{above} conditions",
+            _pct(h31["replay"]["mape"]),
+            _pct(h31["corrected"]["mape"]),
+            _pct(h31["remeasured"]["mape"]),
+            "—",
+        ]
+    )
     for name, what in [
         ("heldout_dp31_pp50_results.json", "the pipeline half at 50 blocks per condition"),
         ("heldout_final_results.json", "each condition whose clean groups differ by more than 5% recorded again alone"),
@@ -255,16 +300,34 @@ def reruns_history(root: Path) -> str:
         d = _load(root, f"benchmarks/{name}")
         _, above = _clean_vs_clean(_rows_of(root, d))
         rem = _pct(d["all"]["remeasured"]["mape"]) if "remeasured" in d["all"] else f"pipeline: {_pct(d['pp']['remeasured']['mape'])}"
-        rows.append([what, f"`{name}`", _pct(d["all"]["clean_vs_clean_median"]), f"{above} conditions", _pct(d["all"]["replay"]["mape"]),
-                     _pct(d["all"]["corrected"]["mape"]), rem, "—"])  # fmt: skip
-    head = ["recording", "result", "clean vs clean", "above the 5% bound", "replay MAPE", "corrected MAPE", "truth against itself",
-            "resolvable: replay / corrected"]  # fmt: skip
+        rows.append(
+            [
+                what,
+                f"`{name}`",
+                _pct(d["all"]["clean_vs_clean_median"]),
+                f"{above} conditions",
+                _pct(d["all"]["replay"]["mape"]),
+                _pct(d["all"]["corrected"]["mape"]),
+                rem,
+                "—",
+            ]
+        )
+    head = [
+        "recording",
+        "result",
+        "clean vs clean",
+        "above the 5% bound",
+        "replay MAPE",
+        "corrected MAPE",
+        "truth against itself",
+        "resolvable: replay / corrected",
+    ]
     return _table(head, rows) + "\n"
 
 
 def rerecorded(root: Path) -> str:
     """The conditions recorded again alone: their clean-vs-clean before and after, and their errors."""
-    from bottleneck_oracle.training.reruns import scores
+    from bottleneck_oracle_lab.training.reruns import scores
 
     lone = _load(root, "benchmarks/corrections_heldout_requiet_results.json")["rows"]
     first = [r["replaces"]["clean_vs_clean"] for r in lone]
@@ -279,25 +342,42 @@ def rerecorded(root: Path) -> str:
     )
 
 
-LABELS = {"own": "the removed time (the injected ranges' own)", "corrected": "ridge-corrected replay", "blame_op": "blame: top op",
-          "blame_region": "blame: top region (peers)", "blame_region_baseline": "blame: top region (clean baseline)",
-          "formula": "1F1B / busy-rank formula", "re-measurement (noise)": "the truth against itself"}  # fmt: skip
+LABELS = {
+    "own": "the removed time (the injected ranges' own)",
+    "corrected": "ridge-corrected replay",
+    "blame_op": "blame: top op",
+    "blame_region": "blame: top region (peers)",
+    "blame_region_baseline": "blame: top region (clean baseline)",
+    "formula": "1F1B / busy-rank formula",
+    "re-measurement (noise)": "the truth against itself",
+}
 
 
 def reruns_earlier(root: Path) -> str:
     """Every predictor on the earlier recording, learned step-time models included."""
     d = _load(root, "benchmarks/reruns_results.json")
     res = d["resolvable"]
-    rows = [[LABELS.get(name, name), _pct(s["answered"], 0), *_score_cells(s)[:4], _pct(res["scores"][name]["mape"]), _pct(res["scores"][name]["answered"], 0)]
-            for name, s in d["all"].items()]  # fmt: skip
+    rows = [
+        [
+            LABELS.get(name, name),
+            _pct(s["answered"], 0),
+            *_score_cells(s)[:4],
+            _pct(res["scores"][name]["mape"]),
+            _pct(res["scores"][name]["answered"], 0),
+        ]
+        for name, s in d["all"].items()
+    ]
     head = ["predictor", "answered", "MAPE [90% CI]", "median APE", "sign", "Kendall τ", f"resolvable {res['n']}: MAPE", "answered"]
     return _table(head, rows) + f"\n\n{d['conditions']} conditions; resolvable: {res['rule']}.\n"
 
 
 def local_scores(root: Path) -> str:
     d = _load(root, "benchmarks/local_scores_results.json")
-    rows = [[truth, name, *_score_cells(d[f"{key}_{truth}"], coverage=False)] for truth in ("pooled", "local")
-            for key, name in (("replay", "replay"), ("corrected", "corrected replay"))]  # fmt: skip
+    rows = [
+        [truth, name, *_score_cells(d[f"{key}_{truth}"], coverage=False)]
+        for truth in ("pooled", "local")
+        for key, name in (("replay", "replay"), ("corrected", "corrected replay"))
+    ]
     a = d["estimates_apart"]
     return (
         _table(["truth", "predictor", *SCORE_HEAD[:-1]], rows)
@@ -316,8 +396,17 @@ def heldout_in_time(root: Path) -> str:
         ("corrections_heldout_dp31_results.json", "the DP half at 31 blocks per condition, the bundled graph corrections"),
     ]:
         d = _load(root, f"benchmarks/{name}")
-        rows.append([what, f"`{name}`", str(d["conditions"]), _pct(d["replay"]["mape"]), _pct(d["corrected"]["mape"]),
-                     _pct(d["corrected"].get("coverage"), 0), _pct(d["remeasured"]["mape"])])  # fmt: skip
+        rows.append(
+            [
+                what,
+                f"`{name}`",
+                str(d["conditions"]),
+                _pct(d["replay"]["mape"]),
+                _pct(d["corrected"]["mape"]),
+                _pct(d["corrected"].get("coverage"), 0),
+                _pct(d["remeasured"]["mape"]),
+            ]
+        )
     return (
         _table(["launches", "result", "conditions", "replay MAPE", "corrected MAPE", "interval covers", "truth against itself"], rows)
         + "\n"
@@ -369,10 +458,31 @@ def knobs(root: Path) -> str:
         br = p["bracket_step_us"]
         if br:
             inside.append(br[0] <= r["changed_us"] <= br[1])
-        rows.append([r["size"], r["layout"], r["knob"], f"{r['base']:g} → {r['changed']:g}", f"{r['base_us'] / 1000:.2f}", f"{m / 1000:+.2f}",
-                     _pct(r["clean_vs_clean"]), *cells, f"{br[0] / 1000:.1f}–{br[1] / 1000:.1f}" if br else "—"])  # fmt: skip
-    head = ["size", "layout", "knob", "from → to", "base ms", "measured Δ ms", "clean vs clean", "replay / 1F1B formula Δ ms", "proportional Δ ms",
-            "`--batch` range ms"]  # fmt: skip
+        rows.append(
+            [
+                r["size"],
+                r["layout"],
+                r["knob"],
+                f"{r['base']:g} → {r['changed']:g}",
+                f"{r['base_us'] / 1000:.2f}",
+                f"{m / 1000:+.2f}",
+                _pct(r["clean_vs_clean"]),
+                *cells,
+                f"{br[0] / 1000:.1f}–{br[1] / 1000:.1f}" if br else "—",
+            ]
+        )
+    head = [
+        "size",
+        "layout",
+        "knob",
+        "from → to",
+        "base ms",
+        "measured Δ ms",
+        "clean vs clean",
+        "replay / 1F1B formula Δ ms",
+        "proportional Δ ms",
+        "`--batch` range ms",
+    ]
     lines = [
         f"- {k}: MAPE {_pct(float(np.mean(e)), 0)}, sign {_pct(float(np.mean(signs[k])), 0)} over {len(e)} changes" for k, e in errs.items()
     ]
@@ -432,8 +542,16 @@ def close_loop(root: Path) -> str:
         for v in wrong:
             wrong[v] += model[v] < 0 < r["predicted_replay_ms"]
         measured = r.get("measured_ms")
-        rows.append([r["scenario"], f"`{r['top']}`", r["change"], f"{r['predicted_replay_ms']:.2f}", f"{model['correction']:.2f}",
-                     "— (not applied)" if measured is None else f"{measured:.2f}"])  # fmt: skip
+        rows.append(
+            [
+                r["scenario"],
+                f"`{r['top']}`",
+                r["change"],
+                f"{r['predicted_replay_ms']:.2f}",
+                f"{model['correction']:.2f}",
+                "— (not applied)" if measured is None else f"{measured:.2f}",
+            ]
+        )
     return (
         _table(["scenario", "top suggestion", "applied", "predicted saving: replay ms", "correction variant ms", "measured ms"], rows)
         + "\n\nThe bidirectional and directed variants predicted a negative saving (the step getting slower) in "
@@ -452,8 +570,19 @@ def gpu(root: Path) -> str:
         d = _load(root, f"benchmarks/{name}")
         floors.append(f"{note}: clean vs clean {_pct(float(np.median([r['clean_vs_clean'] for r in d['rows']])))} (median)")
         for group, s in d["summary"].items():
-            rows.append([note, group, str(s["n"]), _pct(s["mape"]), _pct(s["median_ape"]), f"{_pct(s['mape_measured_1ms_up'])} (n={s['n_measured_1ms_up']})",
-                         f"{s['mean_abs_error_ms']:.2f} ms", _pct(s["sign"], 0), f"{s['kendall_tau']:.2f}"])  # fmt: skip
+            rows.append(
+                [
+                    note,
+                    group,
+                    str(s["n"]),
+                    _pct(s["mape"]),
+                    _pct(s["median_ape"]),
+                    f"{_pct(s['mape_measured_1ms_up'])} (n={s['n_measured_1ms_up']})",
+                    f"{s['mean_abs_error_ms']:.2f} ms",
+                    _pct(s["sign"], 0),
+                    f"{s['kendall_tau']:.2f}",
+                ]
+            )
     stalls = []
     for delay in sorted({r["delay_ms"] for r in _load(root, "benchmarks/gpu_reruns_results.json")["rows"]}):
         rs = [r for r in _load(root, "benchmarks/gpu_reruns_results.json")["rows"] if r["kind"] == "stall" and r["delay_ms"] == delay]
@@ -484,8 +613,9 @@ def corrections_interval(root: Path) -> str:
 def model_earned(root: Path) -> str:
     d = _load(root, "benchmarks/model_earned_results.json")
     rows = [[k, _pct(v["mape"]), _pct(v["median_ape"])] for k, v in d["scores"].items()]
-    tests = "; ".join(f"than {k}: p = {t['p_corrected_better']:.3f} ({t['corrected_wins']} of {d['n']} better)"
-                      for k, t in d["paired_tests"].items())  # fmt: skip
+    tests = "; ".join(
+        f"than {k}: p = {t['p_corrected_better']:.3f} ({t['corrected_wins']} of {d['n']} better)" for k, t in d["paired_tests"].items()
+    )
     cov = "; ".join(f"{k}: {_pct(v, 0)}" for k, v in d["coverage"].items())
     return (
         _table(["predictor", "MAPE", "median APE"], rows)
@@ -557,8 +687,17 @@ def persistent(root: Path) -> str:
                  _pct(sm["saving_within_25pct_of_injected"], 0)])  # fmt: skip
     spread = ", ".join(f"{lay} {_pct(v, 0)}" for lay, v in sm["clean_spread"].items() if v is not None)
     return (
-        _table(["layout", "conditions", "slowed rank named", "its region named", "saving within 25% of the measured difference",
-                "saving within 25% of the injected time"], rows)  # fmt: skip
+        _table(
+            [
+                "layout",
+                "conditions",
+                "slowed rank named",
+                "its region named",
+                "saving within 25% of the measured difference",
+                "saving within 25% of the injected time",
+            ],
+            rows,
+        )  # fmt: skip
         + f"\n\n{sm['steps']} profiled steps per recording; the clean recordings of a layout spread {spread} (largest minus smallest "
         "median, over their median): the measured difference holds that drift of the machine as well as the slowdown.\n"
     )
@@ -591,12 +730,30 @@ def headline(root: Path) -> str:
 
 
 FIGURES_OF: dict[str, Callable[[Path], str]] = {
-    "quickstart": quickstart, "headline": headline, "step-time": step_time, "eval-table": eval_table, "eval-best": eval_best,
-    "reruns-final": reruns_final, "reruns-by-kind": reruns_by_kind, "reruns-history": reruns_history, "rerecorded": rerecorded, "reruns-earlier": reruns_earlier,
-    "local-scores": local_scores, "heldout-in-time": heldout_in_time, "noise-steps": noise_steps, "noise-sources": noise_sources,
-    "knobs": knobs, "culprits": culprits, "close-loop": close_loop, "gpu": gpu, "scale": scale, "corrections-interval": corrections_interval,
-    "model-earned": model_earned, "compare-verdicts": compare_verdicts, "persistent": persistent,
-}  # fmt: skip
+    "quickstart": quickstart,
+    "headline": headline,
+    "step-time": step_time,
+    "eval-table": eval_table,
+    "eval-best": eval_best,
+    "reruns-final": reruns_final,
+    "reruns-by-kind": reruns_by_kind,
+    "reruns-history": reruns_history,
+    "rerecorded": rerecorded,
+    "reruns-earlier": reruns_earlier,
+    "local-scores": local_scores,
+    "heldout-in-time": heldout_in_time,
+    "noise-steps": noise_steps,
+    "noise-sources": noise_sources,
+    "knobs": knobs,
+    "culprits": culprits,
+    "close-loop": close_loop,
+    "gpu": gpu,
+    "scale": scale,
+    "corrections-interval": corrections_interval,
+    "model-earned": model_earned,
+    "compare-verdicts": compare_verdicts,
+    "persistent": persistent,
+}
 README_BLOCKS = ("quickstart", "headline")  # figures the README also shows, between its markers
 
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.inject import Injection
-from bottleneck_oracle.systems.paired import KINDS, default_launches, generate_paired
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.inject import Injection
+from bottleneck_oracle_lab.systems.paired import KINDS, default_launches, generate_paired
 
 
 def env() -> dict:
@@ -98,8 +98,10 @@ def main() -> int:
             continue
         launches = default_launches([size], ["dp2"], a.delays, per_launch=10_000, repeats=a.repeats, batch=4, device=a.device)
         conds = [c for la in launches for c in la.conditions if c.kind in a.kinds]
-        done.extend(replace(launches[0], launch_id=f"{size}-dp2-{i // 8}", conditions=tuple(conds[i : i + 8]), seed=i // 8)
-                    for i in range(0, len(conds), 8))  # fmt: skip
+        done.extend(
+            replace(launches[0], launch_id=f"{size}-dp2-{i // 8}", conditions=tuple(conds[i : i + 8]), seed=i // 8)
+            for i in range(0, len(conds), 8)
+        )
 
         def run() -> None:
             print(json.dumps(generate_paired(done, a.out / "paired", retries=a.retries)), flush=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.training.reruns import scores
+from bottleneck_oracle_lab.training.reruns import scores
 
 
 def _rows(pair: str) -> list[dict]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.training.reruns import scores
+from bottleneck_oracle_lab.training.reruns import scores
 
 
 def _summary(rows: list[dict]) -> dict:

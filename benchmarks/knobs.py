@@ -107,21 +107,27 @@ def main() -> int:
             errs[k].append(e)
             signs[k].append(np.sign(p) == np.sign(m))
             cells += [f"{p / 1000:+.2f}", f"{100 * e:.0f}%"]
-        emit(f"| {r['size']} | {r['layout']} | {r['knob']} | {r['base']:g} → {r['changed']:g} | {r['base_us'] / 1000:.2f} | {m / 1000:+.2f} | "
-             f"{100 * r['clean_vs_clean']:.1f}% ({r['clean_vs_clean'] * r['base_us'] / 1000:.2f} ms) | " + " | ".join(cells) + " |")  # fmt: skip
+        emit(
+            f"| {r['size']} | {r['layout']} | {r['knob']} | {r['base']:g} → {r['changed']:g} | {r['base_us'] / 1000:.2f} | {m / 1000:+.2f} | "
+            f"{100 * r['clean_vs_clean']:.1f}% ({r['clean_vs_clean'] * r['base_us'] / 1000:.2f} ms) | " + " | ".join(cells) + " |"
+        )
     emit("")
     for k in errs:
         if errs[k]:
-            emit(f"- {k}: MAPE {100 * np.mean(errs[k]):.0f}%, median APE {100 * np.median(errs[k]):.0f}%, "
-                 f"sign {100 * np.mean(signs[k]):.0f}% over {len(errs[k])} changes")  # fmt: skip
+            emit(
+                f"- {k}: MAPE {100 * np.mean(errs[k]):.0f}%, median APE {100 * np.median(errs[k]):.0f}%, "
+                f"sign {100 * np.mean(signs[k]):.0f}% over {len(errs[k])} changes"
+            )
     inside = [
         r["predicted"]["bracket_step_us"][0] <= r["changed_us"] <= r["predicted"]["bracket_step_us"][1]
         for r in rows
         if r["predicted"]["bracket_step_us"]
     ]
     if inside:
-        emit(f"- whatif --batch (the ops alone to the ops with their own time): the changed launches' median step inside the range on "
-             f"{sum(inside)} of {len(inside)} batch changes")  # fmt: skip
+        emit(
+            f"- whatif --batch (the ops alone to the ops with their own time): the changed launches' median step inside the range on "
+            f"{sum(inside)} of {len(inside)} batch changes"
+        )
     noise = [r["clean_vs_clean"] for r in rows]
     emit(f"- the base launches' clean-vs-clean difference: median {100 * np.median(noise):.1f}%")
     if a.markdown:

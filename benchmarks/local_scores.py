@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.systems.paired import local_saving
-from bottleneck_oracle.training.reruns import on_median, scores
+from bottleneck_oracle_lab.systems.paired import local_saving
+from bottleneck_oracle_lab.training.reruns import on_median, scores
 
 
 def runs(steps: list[int]) -> list[list[int]]:
@@ -74,8 +74,10 @@ def main() -> int:
     lt = np.array([x[0] for x in loc])
     rel = np.abs(lt - pooled) / np.maximum(np.abs(pooled), 1.0)
     out["estimates_apart"] = {"median": float(np.median(rel)), "over_10pct": int((rel > 0.1).sum()), "over_25pct": int((rel > 0.25).sum())}
-    print(f"{len(rows)} conditions; the two estimates of the truth differ by {100 * np.median(rel):.1f}% (median), "
-          f"{(rel > 0.1).sum()} by more than 10%, {(rel > 0.25).sum()} by more than 25%")  # fmt: skip
+    print(
+        f"{len(rows)} conditions; the two estimates of the truth differ by {100 * np.median(rel):.1f}% (median), "
+        f"{(rel > 0.1).sum()} by more than 10%, {(rel > 0.25).sum()} by more than 25%"
+    )
     for name in ("replay", "corrected"):
         for truth, label, pred in (
             ("pooled", pooled, np.array([r[f"{name}_us"] for r in rows])),
@@ -83,8 +85,10 @@ def main() -> int:
         ):
             s = scores(pred, label)
             out[f"{name}_{truth}"] = s
-            print(f"  {name:9s} against the {truth:6s} truth: MAPE {100 * s['mape']:5.1f}% [{100 * s['mape_ci90'][0]:.1f}, "
-                  f"{100 * s['mape_ci90'][1]:.1f}], median APE {100 * s['median_ape']:.1f}%, sign {100 * s['sign']:.0f}%, tau {s['kendall_tau']:.3f}")  # fmt: skip
+            print(
+                f"  {name:9s} against the {truth:6s} truth: MAPE {100 * s['mape']:5.1f}% [{100 * s['mape_ci90'][0]:.1f}, "
+                f"{100 * s['mape_ci90'][1]:.1f}], median APE {100 * s['median_ape']:.1f}%, sign {100 * s['sign']:.0f}%, tau {s['kendall_tau']:.3f}"
+            )
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -13,7 +13,8 @@ import tempfile
 import numpy as np
 
 from bottleneck_oracle import api
-from bottleneck_oracle.systems.pipeline import PipelineRun, record
+from bottleneck_oracle.serial import to_json_object
+from bottleneck_oracle_lab.systems.pipeline import PipelineRun, record
 
 
 def median_step(path) -> float:
@@ -35,10 +36,12 @@ def main() -> int:
             runs[m] = record(PipelineRun(out=f"{tmp}/m{m}", size=args.size, microbatches=m, batch=sequences // m, steps=args.steps))
         measured = {m: median_step(p) for m, p in runs.items()}
         for a, b in ((4, 8), (4, 2), (2, 8)):
-            rows = [r.to_dict() for r in api.whatif(runs[a], [], None, None, None, False, b)[1:]]
+            rows = [to_json_object(r) for r in api.whatif(runs[a], [], None, None, None, False, b)[1:]]
             pred = float(np.median([r["microbatches"]["step_us"] for r in rows]))
-            print(f"{a:4d} {b:4d} {measured[a] / 1000:16.2f} {pred / 1000:16.2f} {measured[b] / 1000:15.2f} "
-                  f"{(pred - measured[a]) / 1000:8.2f} {(measured[b] - measured[a]) / 1000:8.2f}")  # fmt: skip
+            print(
+                f"{a:4d} {b:4d} {measured[a] / 1000:16.2f} {pred / 1000:16.2f} {measured[b] / 1000:15.2f} "
+                f"{(pred - measured[a]) / 1000:8.2f} {(measured[b] - measured[a]) / 1000:8.2f}"
+            )
     return 0
 
 

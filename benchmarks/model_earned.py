@@ -63,19 +63,32 @@ def main() -> None:
     launch = np.array([r["launch_id"] for r in rs])
     plus = _loo(launch, lambda tr, te: replay[te] + float(np.median(truth[tr] - replay[tr])))
     times = _loo(launch, lambda tr, te: replay[te] * float(np.median(truth[tr] / np.maximum(replay[tr], 1.0))))
-    preds = {"corrected replay": corrected, "replay": replay, "replay + constant (other launches)": plus,
-             "replay x constant (other launches)": times}  # fmt: skip
+    preds = {
+        "corrected replay": corrected,
+        "replay": replay,
+        "replay + constant (other launches)": plus,
+        "replay x constant (other launches)": times,
+    }
     ape = {k: _ape(v, truth) for k, v in preds.items()}
     table = {k: {"mape": float(v.mean()), "median_ape": float(np.median(v))} for k, v in ape.items()}
     tests = {}
     for base in ("replay", "replay + constant (other launches)", "replay x constant (other launches)"):
         stat = wilcoxon(ape["corrected replay"], ape[base], alternative="less")
         tests[base] = {"p_corrected_better": float(stat.pvalue), "corrected_wins": int((ape["corrected replay"] < ape[base]).sum())}
-    coverage = {"corrected replay ± its half-width": float((np.abs(corrected - truth) <= half).mean()),
-                "replay ± the same half-width": float((np.abs(replay - truth) <= half).mean())}  # fmt: skip
+    coverage = {
+        "corrected replay ± its half-width": float((np.abs(corrected - truth) <= half).mean()),
+        "replay ± the same half-width": float((np.abs(replay - truth) <= half).mean()),
+    }
     earned = any(t["p_corrected_better"] < 0.05 for k, t in tests.items() if k != "replay")
-    doc = {"n": len(rs), "launches": int(len(np.unique(launch))), "scores": table, "paired_tests": tests, "coverage": coverage,
-           "earned": earned, "held_out": "recorded later, same condition definitions (not by condition, size or layout)"}  # fmt: skip
+    doc = {
+        "n": len(rs),
+        "launches": int(len(np.unique(launch))),
+        "scores": table,
+        "paired_tests": tests,
+        "coverage": coverage,
+        "earned": earned,
+        "held_out": "recorded later, same condition definitions (not by condition, size or layout)",
+    }
     for k, v in table.items():
         print(f"{k:38s} MAPE {100 * v['mape']:5.1f}%  median APE {100 * v['median_ape']:5.1f}%")
     for k, t in tests.items():

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from bottleneck_oracle.api import analyze
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.inject import Injection
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.inject import Injection
 
 
 def _record(out: Path, steps: int, ms: float) -> Path:
@@ -55,8 +55,13 @@ def main() -> None:
 
     first = _cli("analyze", str(slow)).splitlines()[:20]
     whatif = _cli("whatif", str(slow), "--step", str(a.steps // 2 + 1), "--edit", "name=aten::mm,rank=1,scale=0")
-    doc = {"extra_ms": a.ms, "clean_median_us": median(clean), "slow_median_us": median(slow), "analyze_first_20_lines": first,
-           "whatif": whatif.splitlines()}  # fmt: skip
+    doc = {
+        "extra_ms": a.ms,
+        "clean_median_us": median(clean),
+        "slow_median_us": median(slow),
+        "analyze_first_20_lines": first,
+        "whatif": whatif.splitlines(),
+    }
     print("\n".join(first))
     print(whatif)
     print(f"clean {doc['clean_median_us'] / 1000:.1f} ms, slow {doc['slow_median_us'] / 1000:.1f} ms")

@@ -31,7 +31,7 @@ from collections import defaultdict
 import numpy as np
 
 from bottleneck_oracle.api import build
-from bottleneck_oracle.training.reruns import evaluate_launch, read_paired
+from bottleneck_oracle_lab.training.reruns import evaluate_launch, read_paired
 
 
 def clean_times(rows: list[dict], graphs) -> list[float]:
@@ -60,9 +60,19 @@ def score(lid: str, rows: list[dict], table, graphs) -> list[dict]:
         m = float(c.measured[i])
         ape = abs(float(c.replay[i]) - m) / max(abs(m), 1.0)
         re_ape = abs(float(c.remeasured[i] - c.measured_after[i])) / max(abs(float(c.measured_after[i])), 1.0)
-        per.append({"launch_id": lid, "condition": r["condition"], "groups": [len(x) for x in r["clean_groups"]],
-                    "clean_vs_clean": r["clean_vs_clean"], "measured_us": m, "noise_us": float(c.noise[i]),
-                    "replay_us": float(c.replay[i]), "replay_ape": ape, "remeasure_ape": re_ape})  # fmt: skip
+        per.append(
+            {
+                "launch_id": lid,
+                "condition": r["condition"],
+                "groups": [len(x) for x in r["clean_groups"]],
+                "clean_vs_clean": r["clean_vs_clean"],
+                "measured_us": m,
+                "noise_us": float(c.noise[i]),
+                "replay_us": float(c.replay[i]),
+                "replay_ape": ape,
+                "remeasure_ape": re_ape,
+            }
+        )
     return per
 
 
@@ -70,15 +80,24 @@ def summary(per: list[dict]) -> dict:
     """Print each condition's line and the APEs summarised; the summary."""
     for p in per:
         k = p["condition"]
-        print(f"{p['launch_id']} {k['kind']:10s} rank {k['rank']}: measured {p['measured_us'] / 1e3:6.2f} ms (se {p['noise_us'] / 1e3:.2f}), "
-              f"replay {p['replay_us'] / 1e3:6.2f} ms ({100 * p['replay_ape']:.0f}%), clean vs clean {100 * p['clean_vs_clean']:.1f}%")  # fmt: skip
+        print(
+            f"{p['launch_id']} {k['kind']:10s} rank {k['rank']}: measured {p['measured_us'] / 1e3:6.2f} ms (se {p['noise_us'] / 1e3:.2f}), "
+            f"replay {p['replay_us'] / 1e3:6.2f} ms ({100 * p['replay_ape']:.0f}%), clean vs clean {100 * p['clean_vs_clean']:.1f}%"
+        )
     ape = np.array([p["replay_ape"] for p in per])
-    out = {"conditions": len(per), "replay_mape": float(np.mean(ape)), "replay_median_ape": float(np.median(ape)),
-           "replay_within_25pct": float(np.mean(ape <= 0.25)), "remeasure_mape": float(np.mean([p["remeasure_ape"] for p in per])),
-           "median_clean_vs_clean": float(np.median([p["clean_vs_clean"] for p in per]))}  # fmt: skip
-    print(f"replay: MAPE {100 * out['replay_mape']:.1f}%, median APE {100 * out['replay_median_ape']:.1f}%, within 25% "
-          f"{100 * out['replay_within_25pct']:.0f}% of {len(per)}; the truth against itself: MAPE {100 * out['remeasure_mape']:.1f}%; "
-          f"clean vs clean {100 * out['median_clean_vs_clean']:.1f}% (median)")  # fmt: skip
+    out = {
+        "conditions": len(per),
+        "replay_mape": float(np.mean(ape)),
+        "replay_median_ape": float(np.median(ape)),
+        "replay_within_25pct": float(np.mean(ape <= 0.25)),
+        "remeasure_mape": float(np.mean([p["remeasure_ape"] for p in per])),
+        "median_clean_vs_clean": float(np.median([p["clean_vs_clean"] for p in per])),
+    }
+    print(
+        f"replay: MAPE {100 * out['replay_mape']:.1f}%, median APE {100 * out['replay_median_ape']:.1f}%, within 25% "
+        f"{100 * out['replay_within_25pct']:.0f}% of {len(per)}; the truth against itself: MAPE {100 * out['remeasure_mape']:.1f}%; "
+        f"clean vs clean {100 * out['median_clean_vs_clean']:.1f}% (median)"
+    )
     return out
 
 

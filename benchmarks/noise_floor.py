@@ -26,8 +26,8 @@ import time
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.events import load_events
-from bottleneck_oracle.systems.ddp import DDPRun, record
-from bottleneck_oracle.systems.generate import step_times
+from bottleneck_oracle_lab.systems.ddp import DDPRun, record
+from bottleneck_oracle_lab.systems.generate import step_times
 
 
 def clean_steps(folder) -> list[float]:

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bottleneck_oracle.systems.launch import free_port, idle_gloo_loops, process_group
-from bottleneck_oracle.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle_lab.systems.launch import free_port, idle_gloo_loops, process_group
+from bottleneck_oracle_lab.systems.model import GPT, SIZES, synthetic_batch
 
 WARMUP = 10
 
@@ -41,8 +41,13 @@ WARMUP = 10
 def figures(ms: list[float]) -> dict:
     x = np.array(ms[WARMUP:])
     m = float(np.median(x))
-    return {"median_ms": m, "robust_spread": float(1.4826 * np.median(np.abs(x - m)) / m), "p10_ms": float(np.percentile(x, 10)),
-            "p90_ms": float(np.percentile(x, 90)), "n": int(len(x))}  # fmt: skip
+    return {
+        "median_ms": m,
+        "robust_spread": float(1.4826 * np.median(np.abs(x - m)) / m),
+        "p10_ms": float(np.percentile(x, 10)),
+        "p90_ms": float(np.percentile(x, 90)),
+        "n": int(len(x)),
+    }
 
 
 def _matmul(steps: int, q) -> None:
@@ -104,8 +109,11 @@ def main() -> int:
         for _ in range(n):
             name, rank, f = q.get()
             rows.append({"probe": name, "rank": rank, **f})
-            print(f"{name:32s} rank {rank}: median {f['median_ms']:7.2f} ms, robust spread {100 * f['robust_spread']:5.1f}%, "
-                  f"p10 {f['p10_ms']:7.2f}, p90 {f['p90_ms']:7.2f} ms", flush=True)  # fmt: skip
+            print(
+                f"{name:32s} rank {rank}: median {f['median_ms']:7.2f} ms, robust spread {100 * f['robust_spread']:5.1f}%, "
+                f"p10 {f['p10_ms']:7.2f}, p90 {f['p90_ms']:7.2f} ms",
+                flush=True,
+            )
 
     p = ctx.Process(target=_matmul, args=(a.steps, q))
     p.start()

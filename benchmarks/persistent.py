@@ -37,11 +37,11 @@ from pathlib import Path
 from bottleneck_oracle.analysis.answer import run_answer
 from bottleneck_oracle.api import analyze, build
 from bottleneck_oracle.graph_pipeline.builder import build_graph
-from bottleneck_oracle.systems.ddp import DDPRun
-from bottleneck_oracle.systems.ddp import record as record_ddp
-from bottleneck_oracle.systems.inject import Injection
-from bottleneck_oracle.systems.pipeline import PipelineRun
-from bottleneck_oracle.systems.pipeline import record as record_pp
+from bottleneck_oracle_lab.systems.ddp import DDPRun
+from bottleneck_oracle_lab.systems.ddp import record as record_ddp
+from bottleneck_oracle_lab.systems.inject import Injection
+from bottleneck_oracle_lab.systems.pipeline import PipelineRun
+from bottleneck_oracle_lab.systems.pipeline import record as record_pp
 
 MICROBATCHES = 4
 
@@ -76,8 +76,9 @@ def _record(layout: str, out: Path, steps: int, injections: tuple = ()) -> Path:
         shutil.rmtree(out)
     if layout == "dp":
         return record_ddp(DDPRun(out=str(out), world=2, steps=steps, size="tiny", batch=8, injections=injections, pin=True))
-    return record_pp(PipelineRun(out=str(out), world=2, size="tiny", microbatches=MICROBATCHES, batch=2, steps=steps, injections=injections,
-                                 pin=True))  # fmt: skip
+    return record_pp(
+        PipelineRun(out=str(out), world=2, size="tiny", microbatches=MICROBATCHES, batch=2, steps=steps, injections=injections, pin=True)
+    )
 
 
 def _tensorboard_names(folder: Path) -> None:
@@ -161,10 +162,12 @@ def main() -> None:
             "lines": ans.lines(),
         }
         rows.append(row)
-        print(f"{c['index']:2d} {layout} {c['where']:8s} {c['what']:7s} {c['ms']:2d} ms rank {c['rank']}: truth {truth / 1000:5.1f} ms, "
-              f"named rank {named}, region {row['region']}, saving {saving / 1000:5.1f} ms "
-              f"{'ok' if row['rank_ok'] else 'RANK'} {'ok' if row['region_ok'] else 'REGION'} {'ok' if row['saving_ok'] else 'SAVING'}",
-              flush=True)  # fmt: skip
+        print(
+            f"{c['index']:2d} {layout} {c['where']:8s} {c['what']:7s} {c['ms']:2d} ms rank {c['rank']}: truth {truth / 1000:5.1f} ms, "
+            f"named rank {named}, region {row['region']}, saving {saving / 1000:5.1f} ms "
+            f"{'ok' if row['rank_ok'] else 'RANK'} {'ok' if row['region_ok'] else 'REGION'} {'ok' if row['saving_ok'] else 'SAVING'}",
+            flush=True,
+        )
     n = len(rows)
     spread = {lay: (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else None for lay, v in clean.items()}
     summary = {

@@ -30,7 +30,7 @@ import numpy as np
 
 from bottleneck_oracle.api import build
 from bottleneck_oracle.models.corrections import Corrections, GraphCorrections
-from bottleneck_oracle.training.reruns import (
+from bottleneck_oracle_lab.training.reruns import (
     Conditions,
     calibrate,
     conformal_halfwidth,
@@ -64,22 +64,23 @@ def baselines(c: Conditions, table, predictor, ckpt) -> dict[str, np.ndarray]:
         span = [max(g.measured.values()) for g, _, _ in steps]
         for g, f, _ in steps:
             before, _ = sample_for(g, table=table)
-            after, _ = sample_for(g, f.dur, table, weight=f.weight, release=f.release)
+            after, _ = sample_for(g, f.times, table)
             ref = before.scalars["ref_step"]
             per["formula"].append(ref - after.scalars["formula_step"])
             if predictor is not None:
                 eff = predictor.effect(g, before, after)
-                for v, d in eff["delta_us"].items():
+                for v, d in eff.delta_us.items():
                     per[f"HeteroGAT {v}"].append(float("nan") if d is None else -d)
             if ckpt is not None:
                 import torch
                 import xgboost as xgb
 
-                from bottleneck_oracle.models.baselines import pooled_features
-                from bottleneck_oracle.models.checkpoint import mlp_from, xgb_from
+                from bottleneck_oracle_lab.models.baselines import pooled_features
+                from bottleneck_oracle_lab.models.checkpoint import mlp_from, xgb_from
+                from bottleneck_oracle_lab.models.pyg import heterodata
 
                 mlp, booster = ckpt.setdefault("_mlp", mlp_from(ckpt)), ckpt.setdefault("_xgb", xgb_from(ckpt))
-                x = np.stack([pooled_features(before.to_heterodata()), pooled_features(after.to_heterodata())])
+                x = np.stack([pooled_features(heterodata(before)), pooled_features(heterodata(after))])
                 with torch.no_grad():
                     m = ref * np.exp(mlp(torch.from_numpy(x)).numpy().astype(np.float64))
                 b = ref * np.exp(booster.predict(xgb.DMatrix(x)).astype(np.float64))
@@ -98,11 +99,20 @@ def held_out(model: Corrections | GraphCorrections, cal: Conditions, held: Condi
     return p, p - half, p + half
 
 
-def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-          intervals: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[str, dict]:  # fmt: skip
-    lines = [f"**{title}** ({len(measured)} conditions)", "",
-             "| predictor | answered | MAPE [90% CI] | median APE | within 25% | sign | Kendall τ | 90% interval covers |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+def table(
+    title: str,
+    preds: dict[str, np.ndarray],
+    measured: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    intervals: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> tuple[str, dict]:
+    lines = [
+        f"**{title}** ({len(measured)} conditions)",
+        "",
+        "| predictor | answered | MAPE [90% CI] | median APE | within 25% | sign | Kendall τ | 90% interval covers |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     res = {}
     for name, p in preds.items():
         truth = preds[REMEASURE_TRUTH] if name == REMEASURE else measured
@@ -119,8 +129,10 @@ def table(title: str, preds: dict[str, np.ndarray], measured: np.ndarray, lo: np
         if not s["n"]:
             lines.append(f"| {name} | 0% | — | — | — | — | — | — |")
             continue
-        lines.append(f"| {name} | {100 * s['answered']:.0f}% | {100 * s['mape']:.1f}% [{100 * s['mape_ci90'][0]:.1f}, {100 * s['mape_ci90'][1]:.1f}] | {100 * s['median_ape']:.1f}% | "
-                     f"{100 * s['within_25pct']:.0f}% | {100 * s['sign']:.0f}% | {s['kendall_tau']:.3f} | {cov} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {100 * s['answered']:.0f}% | {100 * s['mape']:.1f}% [{100 * s['mape_ci90'][0]:.1f}, {100 * s['mape_ci90'][1]:.1f}] | {100 * s['median_ape']:.1f}% | "
+            f"{100 * s['within_25pct']:.0f}% | {100 * s['sign']:.0f}% | {s['kendall_tau']:.3f} | {cov} |"
+        )
     return "\n".join(lines) + "\n", res
 
 
@@ -149,7 +161,7 @@ def main() -> int:
 
         predictor = Predictor()
     if a.checkpoint:
-        from bottleneck_oracle.models.checkpoint import load_checkpoint
+        from bottleneck_oracle_lab.models.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(a.checkpoint)
     t0 = time.monotonic()
@@ -186,17 +198,20 @@ def main() -> int:
         calib, held = allc.select(cal), allc.select(test)
         model = fit_corrections(allc.select(fit), seed=k)
         corr[test], lo[test], hi[test] = held_out(model, calib, held)
-        print(f"fold {k}: fit on {len(fit)}, calibrated on {len(cal)} (half-width {model.halfwidth:.3f} of the removed time), "
-              f"{len(test)} held out ({time.monotonic() - t0:.0f} s)", file=sys.stderr)  # fmt: skip
+        print(
+            f"fold {k}: fit on {len(fit)}, calibrated on {len(cal)} (half-width {model.halfwidth:.3f} of the removed time), "
+            f"{len(test)} held out ({time.monotonic() - t0:.0f} s)",
+            file=sys.stderr,
+        )
         if a.graph_members:
-            from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
+            from bottleneck_oracle_lab.training.graph_corrections import fit_graph_corrections
 
             gm = fit_graph_corrections(allc.select(fit), members=a.graph_members, epochs=a.graph_epochs, seed=100 * a.graph_seed + k)
             gcorr[test], glo[test], ghi[test] = held_out(gm, calib, held)
             print(f"fold {k}: graph network, half-width {gm.halfwidth:.3f} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     if a.save_corrections:
         if a.save_kind == "graph":
-            from bottleneck_oracle.training.graph_corrections import fit_graph_corrections
+            from bottleneck_oracle_lab.training.graph_corrections import fit_graph_corrections
 
             model = fit_graph_corrections(allc, members=max(a.graph_members, 1), epochs=a.graph_epochs, seed=a.folds)
             corr_used = gcorr
@@ -209,8 +224,14 @@ def main() -> int:
         )
         model.save(a.save_corrections)
         print(f"corrections saved to {a.save_corrections}: half-width {model.halfwidth:.3f} of the removed time", file=sys.stderr)
-    preds = {"own": allc.own, "replay": allc.replay, "corrected": corr, "blame_op": allc.blame_op, "blame_region": allc.blame_region,
-             "blame_region_baseline": allc.blame_region_baseline}  # fmt: skip
+    preds = {
+        "own": allc.own,
+        "replay": allc.replay,
+        "corrected": corr,
+        "blame_op": allc.blame_op,
+        "blame_region": allc.blame_region,
+        "blame_region_baseline": allc.blame_region_baseline,
+    }
     if a.graph_members:
         preds["graph-corrected"] = gcorr
     preds.update({k: np.concatenate(v) for k, v in extra.items()})
@@ -221,12 +242,18 @@ def main() -> int:
     cvc = [r["clean_vs_clean"] for r in allc.rows]
     spr = [r["clean_spread"] for r in allc.rows]
     per_launch = {lid: rs[0]["launch_clean_vs_clean"] for lid, rs in by_launch.items()}
-    out["noise"] = {"median_clean_spread": statistics.median(spr), "median_clean_vs_clean": statistics.median(cvc),
-                    "median_launch_clean_vs_clean": statistics.median(per_launch.values()), "launches_above_bound": sum(r[0]["noisy"] for r in by_launch.values()),
-                    "bound": rows[0]["bound"]}  # fmt: skip
-    emit(f"Noise floor: clean blocks' robust spread {100 * out['noise']['median_clean_spread']:.1f}% (median over conditions); clean vs clean "
-          f"{100 * out['noise']['median_clean_vs_clean']:.1f}% (median over conditions), {out['noise']['launches_above_bound']} of {len(launches)} "
-          f"launches above the {100 * out['noise']['bound']:.0f}% bound after re-recording\n")  # fmt: skip
+    out["noise"] = {
+        "median_clean_spread": statistics.median(spr),
+        "median_clean_vs_clean": statistics.median(cvc),
+        "median_launch_clean_vs_clean": statistics.median(per_launch.values()),
+        "launches_above_bound": sum(r[0]["noisy"] for r in by_launch.values()),
+        "bound": rows[0]["bound"],
+    }
+    emit(
+        f"Noise floor: clean blocks' robust spread {100 * out['noise']['median_clean_spread']:.1f}% (median over conditions); clean vs clean "
+        f"{100 * out['noise']['median_clean_vs_clean']:.1f}% (median over conditions), {out['noise']['launches_above_bound']} of {len(launches)} "
+        f"launches above the {100 * out['noise']['bound']:.0f}% bound after re-recording\n"
+    )
     gint = {"graph-corrected": (glo, ghi)}
     text, out["all"] = table("All conditions", preds, allc.measured, lo, hi, gint)
     emit(text)
@@ -234,9 +261,12 @@ def main() -> int:
     out["resolvable"] = {"n": len(resolvable), "rule": "the measured saving's bootstrap standard error is at most 10% of it"}
     text, out["resolvable"]["scores"] = table(
         "Resolvable conditions (the measurement's standard error at most 10% of the saving)",
-        {k: v[resolvable] for k, v in preds.items()}, allc.measured[resolvable], lo[resolvable], hi[resolvable],
+        {k: v[resolvable] for k, v in preds.items()},
+        allc.measured[resolvable],
+        lo[resolvable],
+        hi[resolvable],
         {"graph-corrected": (glo[resolvable], ghi[resolvable])},
-    )  # fmt: skip
+    )
     emit(text)
     groups: dict[str, dict[str, list[int]]] = {"kind": defaultdict(list), "size, layout": defaultdict(list), "delay_ms": defaultdict(list)}
     for i, r in enumerate(allc.rows):
@@ -256,10 +286,19 @@ def main() -> int:
             )
             emit(text)
     out["rows"] = [
-        {"launch_id": r["launch_id"], "condition": r["condition"], "measured_us": float(allc.measured[i]), "noise_us": float(allc.noise[i]),
-         "interval_us": [float(lo[i]), float(hi[i])], "graph_interval_us": [float(glo[i]), float(ghi[i])], "region": allc.region_names[i], "baseline_region": allc.baseline_region_names[i], **{k: float(v[i]) for k, v in preds.items()}}
+        {
+            "launch_id": r["launch_id"],
+            "condition": r["condition"],
+            "measured_us": float(allc.measured[i]),
+            "noise_us": float(allc.noise[i]),
+            "interval_us": [float(lo[i]), float(hi[i])],
+            "graph_interval_us": [float(glo[i]), float(ghi[i])],
+            "region": allc.region_names[i],
+            "baseline_region": allc.baseline_region_names[i],
+            **{k: float(v[i]) for k, v in preds.items()},
+        }
         for i, r in enumerate(allc.rows)
-    ]  # fmt: skip
+    ]
     for label, subset in (
         ("", groups["kind"].get("compute", [])),
         ("resolvable_", [i for i in groups["kind"].get("compute", []) if i in set(resolvable)]),
@@ -268,9 +307,11 @@ def main() -> int:
     out["seconds"] = time.monotonic() - t0
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write(f"# What-if against re-runs\n\n`python benchmarks/reruns.py {' '.join(a.paired)} --folds {a.folds}"
-                    f"{' --checkpoint ' + a.checkpoint if a.checkpoint else ''}` ({out['conditions']} conditions in {out['launches']} launches, "
-                    f"{out['seconds'] / 60:.0f} min).\n\n" + "\n".join(REPORT) + "\n")  # fmt: skip
+            f.write(
+                f"# What-if against re-runs\n\n`python benchmarks/reruns.py {' '.join(a.paired)} --folds {a.folds}"
+                f"{' --checkpoint ' + a.checkpoint if a.checkpoint else ''}` ({out['conditions']} conditions in {out['launches']} launches, "
+                f"{out['seconds'] / 60:.0f} min).\n\n" + "\n".join(REPORT) + "\n"
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -290,20 +331,26 @@ def region_check(allc: Conditions, comp: list[int], label: str, out: dict) -> No
         named, named_base = [allc.region_names[i] for i in comp], [allc.baseline_region_names[i] for i in comp]
         dp = [i for i in comp if allc.rows[i]["layout"].startswith("dp")]
         out[f"{label}region_on_compute"] = rc = {
-            "n": len(comp), "within_25pct": within(allc.blame_region), "baseline_within_25pct": within(allc.blame_region_baseline),
-            "replay_within_25pct": within(allc.replay), "op_within_25pct": within(allc.blame_op),
-            "dp_n": len(dp), "dp_within_25pct": within(allc.blame_region, dp) if dp else 0.0,
+            "n": len(comp),
+            "within_25pct": within(allc.blame_region),
+            "baseline_within_25pct": within(allc.blame_region_baseline),
+            "replay_within_25pct": within(allc.replay),
+            "op_within_25pct": within(allc.blame_op),
+            "dp_n": len(dp),
+            "dp_within_25pct": within(allc.blame_region, dp) if dp else 0.0,
             "top_region_is_injected": float(np.mean([n.startswith("oracle_inject:") for n in named])),
             "baseline_top_region_is_injected": float(np.mean([n.startswith("oracle_inject:") for n in named_base])),
             "op_share_of_measured": float(np.median(allc.blame_op[comp] / np.maximum(m, 1.0))),
-        }  # fmt: skip
-        emit(f"Region blame on the {len(comp)} {label.rstrip('_')} extra-compute conditions: top region within 25% of the measured saving in "
-              f"{100 * rc['within_25pct']:.0f}% against the peers and the block's steps ({100 * rc['dp_within_25pct']:.0f}% of the {len(dp)} "
-              f"data-parallel ones: a pipeline stage has no peer), {100 * rc['baseline_within_25pct']:.0f}% with the clean steps as the "
-              f"baseline (the replay of the injected range: {100 * rc['replay_within_25pct']:.0f}%; the top op row: "
-              f"{100 * rc['op_within_25pct']:.0f}%, its saving {100 * rc['op_share_of_measured']:.0f}% of the measured, median); the top "
-              f"region is the injected range in {100 * rc['top_region_is_injected']:.0f}% ({100 * rc['baseline_top_region_is_injected']:.0f}% "
-              f"with the baseline)")  # fmt: skip
+        }
+        emit(
+            f"Region blame on the {len(comp)} {label.rstrip('_')} extra-compute conditions: top region within 25% of the measured saving in "
+            f"{100 * rc['within_25pct']:.0f}% against the peers and the block's steps ({100 * rc['dp_within_25pct']:.0f}% of the {len(dp)} "
+            f"data-parallel ones: a pipeline stage has no peer), {100 * rc['baseline_within_25pct']:.0f}% with the clean steps as the "
+            f"baseline (the replay of the injected range: {100 * rc['replay_within_25pct']:.0f}%; the top op row: "
+            f"{100 * rc['op_within_25pct']:.0f}%, its saving {100 * rc['op_share_of_measured']:.0f}% of the measured, median); the top "
+            f"region is the injected range in {100 * rc['top_region_is_injected']:.0f}% ({100 * rc['baseline_top_region_is_injected']:.0f}% "
+            f"with the baseline)"
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,16 @@ class _Rank:
         self.t += self.d(GAP_US)
 
 
-def write_run(folder, steps: int = 6, extra_pairs: int = 0, extra_steps: tuple[int, ...] = (), seed: int = 0, noise: float = 0.03,
-              extra_range: str | None = None, repeats: int = 1) -> dict[int, float]:  # fmt: skip
+def write_run(
+    folder,
+    steps: int = 6,
+    extra_pairs: int = 0,
+    extra_steps: tuple[int, ...] = (),
+    seed: int = 0,
+    noise: float = 0.03,
+    extra_range: str | None = None,
+    repeats: int = 1,
+) -> dict[int, float]:
     """Write rank-0.json.gz and rank-1.json.gz. Rank 1 runs ``extra_pairs`` extra mm + tanh pairs
     inside ``block`` in the steps ``extra_steps`` (or, with ``extra_range``, in a range of that
     name no other rank runs, after ``block``). With ``repeats``, ``forward`` runs ``block`` that

@@ -217,13 +217,17 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     import torch
 
     from bottleneck_oracle.models.predict import pretrained_path
+    from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint, write_companion
 
     def variant(name: str, change) -> Path:
-        ckpt = torch.load(pretrained_path(), weights_only=True)
+        ckpt = torch.load(pretrained_checkpoint(), weights_only=True)
         change(ckpt)
         path = root / f"{name}.pt"
         torch.save(ckpt, path)
-        return path
+        try:  # the inference file the product reads, with the damage carried over
+            return write_companion(path, ckpt)
+        except (KeyError, TypeError, AttributeError, ValueError):  # damage the writer stops at: the .pt alone (no .npz beside it)
+            return path
 
     def each_gat(fn):
         return lambda c: [fn(v) for v in c["gat"].values()]
@@ -239,7 +243,7 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     }
     import numpy as np
 
-    with np.load(pretrained_path().with_suffix(".npz")) as z:  # the torch-free inference file, its configs changed
+    with np.load(pretrained_path()) as z:  # the torch-free inference file, its configs changed
         meta, blob = json.loads(str(z["meta"][()])), z["arrays"]
     for cfg in meta["gat"].values():
         cfg["hidden"] = 64
@@ -263,10 +267,17 @@ def model_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
 
 def dataset_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     """Damaged datasets and run manifests for train, eval and build-dataset."""
-    from bottleneck_oracle.models.predict import pretrained_path
+    from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint
 
-    row = {"id": "r/step-1", "path": str(root / "none.pt"), "split_random": "train", "split_ood_size": "train",
-           "split_ood_layout": "train", "split_ood_injection": "train", "whatif": None}  # fmt: skip
+    row = {
+        "id": "r/step-1",
+        "path": str(root / "none.pt"),
+        "split_random": "train",
+        "split_ood_size": "train",
+        "split_ood_layout": "train",
+        "split_ood_injection": "train",
+        "whatif": None,
+    }
 
     def dataset(name: str, lines: list[str]) -> Path:
         d = root / name
@@ -287,7 +298,9 @@ def dataset_cases(root: Path) -> list[tuple[str, list[str], Path | None]]:
     cases = []
     for case, d in sets.items():
         cases.append((f"dataset:train_{case}", ["train", "--dataset", str(d), "--out", str(root / f"ck_{case}")], None))
-    cases.append(("dataset:eval_junk_line", ["eval", "--checkpoint", str(pretrained_path()), "--dataset", str(sets["junk_line"])], None))
+    cases.append(
+        ("dataset:eval_junk_line", ["eval", "--checkpoint", str(pretrained_checkpoint()), "--dataset", str(sets["junk_line"])], None)
+    )
     for case, lines in {"manifest_junk": ["{oops"], "manifest_missing_keys": [json.dumps({"run_id": "x"})]}.items():
         raw = root / case
         raw.mkdir()
@@ -348,8 +361,21 @@ class HostileLLM:
         h.wfile.write(data)
 
     def cases(self) -> list[tuple[str, list[str], Path | None]]:
-        modes = ["deep", "big_int", "big_id_edit", "hostile_edits", "escapes", "not_suggestions", "prose",
-                 "s500", "s404", "html", "junk_body", "huge", "no_choices"]  # fmt: skip
+        modes = [
+            "deep",
+            "big_int",
+            "big_id_edit",
+            "hostile_edits",
+            "escapes",
+            "not_suggestions",
+            "prose",
+            "s500",
+            "s404",
+            "html",
+            "junk_body",
+            "huge",
+            "no_choices",
+        ]
         return [(f"llm:{m}", ["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{self.url}/{m}/v1"], None) for m in modes]
 
 
@@ -371,10 +397,19 @@ def run(args: list[str], capsys) -> tuple[int, str, str]:
 
 # inputs that used to be accepted silently: each now gets a warning (and a sane result) or an error
 NOT_SILENT = {
-    "nested_step": "warning", "duplicated_events": "warning", "dur_string": "warning", "zero_length_step": "warning",
-    "ts_huge": "warning", "dur_huge": "warning", "folder_with_truth_json": "warning", "ranks_from_two_runs": "error",
-    "dur_inf": "warning", "edit_scale_nan": "error", "edit_delay_nan": "error", "edit_delay_huge_negative": "error",
-}  # fmt: skip
+    "nested_step": "warning",
+    "duplicated_events": "warning",
+    "dur_string": "warning",
+    "zero_length_step": "warning",
+    "ts_huge": "warning",
+    "dur_huge": "warning",
+    "folder_with_truth_json": "warning",
+    "ranks_from_two_runs": "error",
+    "dur_inf": "warning",
+    "edit_scale_nan": "error",
+    "edit_delay_nan": "error",
+    "edit_delay_huge_negative": "error",
+}
 
 
 def test_the_corpus_is_large_enough(cases):
@@ -441,8 +476,9 @@ def measured(args: list[str], timeout: int = 900) -> tuple[int, str, float, floa
     import time
 
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args],
-                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args], capture_output=True, text=True, timeout=timeout
+    )
     code, err, peak = json.loads(r.stdout)
     return code, err, peak, time.monotonic() - t
 
@@ -454,17 +490,18 @@ def test_full_size_bombs_are_refused_in_bounded_memory(tmp_path):
     a checkpoint claiming a 10^8-wide model: one error line each, under 1 GiB."""
     import torch
 
-    from bottleneck_oracle.models.predict import pretrained_path
+    from bottleneck_oracle_lab.models.checkpoint import pretrained_checkpoint, write_companion
 
     zeros = gzip_bomb(tmp_path / "zeros.json.gz", b"[", b"0,", 2_200_000_000, b"0]")
     events = gzip_bomb(tmp_path / "events.json.gz", b'{"traceEvents":[', EVENT, 2_200_000_000, LAST)
     et_gz = gzip_bomb(tmp_path / "zeros.et.gz", b"", b"\0" * 4096, 1_000_000_000, b"")
     et = tmp_path / "zeros.et"
     et.write_bytes(b"\0" * 20_000_000)
-    ckpt = torch.load(pretrained_path(), weights_only=True)
+    ckpt = torch.load(pretrained_checkpoint(), weights_only=True)
     for v in ckpt["gat"].values():
         v["config"]["hidden"] = 10**8
     torch.save(ckpt, tmp_path / "hidden.pt")
+    write_companion(tmp_path / "hidden.pt", ckpt)
     s = str(SAMPLE)
     report = []
     for name, args in {

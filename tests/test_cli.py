@@ -40,6 +40,28 @@ def test_top_level_help_lists_all_commands(capsys):
         assert c in out
 
 
+def test_help_groups_the_users_commands_apart_from_the_developers(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    users, developers = out.index(f"{cli.ANALYSIS}:"), out.index(f"{cli.DEVELOPER}:")
+    assert users < developers
+    listed = {m.group(1): m.start() for m in re.finditer(r"^  ([a-z-]+)  ", out, re.MULTILINE)}
+    for c in ("generate", "build-dataset", "train", "eval"):
+        assert listed[c] > developers, c
+    for c in ("analyze", "parse", "whatif", "blame", "advise", "summary", "compare", "version"):
+        assert users < listed[c] < developers, c
+
+
+@pytest.mark.parametrize("command", [["generate"], ["build-dataset"], ["train"], ["eval", "--checkpoint", "x.pt"]])
+def test_a_developer_command_without_the_lab_says_how_to_install_it(command, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for name in [m for m in sys.modules if m.split(".")[0] == "bottleneck_oracle_lab"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "bottleneck_oracle_lab", None)  # as if not installed: importing it fails
+    code, out, err = run(command, capsys)
+    assert code == 2 and out == "" and err.strip().splitlines() == [f"error: {cli.LAB_MISSING}"]
+
+
 def test_analyze_prints_the_run_answer_first_and_the_steps_on_request(capsys):
     code, out, _ = run(["analyze", str(SAMPLE)], capsys)
     assert code == 0
@@ -235,7 +257,7 @@ def test_whatif_json_has_replay_and_the_pretrained_model(capsys):
     (row,) = json.loads(out)["steps"]
     assert row["edited_nodes"] > 0 and row["replay"]["delta_us"] >= 0
     assert set(row["model"]["step_us"]) == {"bidirectional", "directed", "correction"} and row["model"]["checkpoint"].endswith(
-        "pretrained.pt"
+        "pretrained.npz"
     )
     # in its domain (a CPU gloo run) the model answers; its effect is edited - unedited prediction
     assert row["model"]["out_of_domain"] is None

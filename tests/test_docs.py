@@ -35,8 +35,9 @@ def _commands() -> dict[str, typer.models.CommandInfo]:
 
 
 def _public_api() -> list[str]:
-    return sorted(name for name, obj in vars(api).items()
-                  if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == api.__name__)  # fmt: skip
+    return sorted(
+        name for name, obj in vars(api).items() if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == api.__name__
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,13 @@ def site(tmp_path_factory) -> Path:
         pytest.skip("mkdocs and mkdocstrings are not installed (the [dev] extra installs them)")
     out = tmp_path_factory.mktemp("site")
     mkdocs = [sys.executable, "-m", "mkdocs"]
-    run = subprocess.run([*mkdocs, "build", "--strict", "--site-dir", str(out), "--config-file", str(ROOT / "mkdocs.yml")],
-                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    run = subprocess.run(
+        [*mkdocs, "build", "--strict", "--site-dir", str(out), "--config-file", str(ROOT / "mkdocs.yml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     assert not re.search(r"^(WARNING|ERROR)", run.stderr, re.M), run.stderr
     return out

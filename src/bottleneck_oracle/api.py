@@ -1,7 +1,7 @@
 """The Python API the CLI is a thin layer over.
 
 Every function takes a trace path (a Kineto/Chrome trace file, a folder of per-rank traces, or
-Chakra ET files) and returns typed results whose ``to_dict()`` is the matching command's
+Chakra ET files) and returns typed results whose ``serial.to_json`` is the matching command's
 ``--json``. Times are microseconds (µs) throughout. Bad input raises
 ``bottleneck_oracle.errors.OracleError`` naming the file; partial input warns with
 ``OracleWarning``.
@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bottleneck_oracle.analysis.checks import run_warnings
 from bottleneck_oracle.analysis.results import (
     BatchScale,
     BlameModel,
     Corrected,
+    ModelAnswer,
     NodeRef,
     PathChange,
     Replay,
@@ -31,6 +32,7 @@ from bottleneck_oracle.analysis.results import (
     StepWhatIf,
 )
 from bottleneck_oracle.analysis.summary import StepAnalysis
+from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
 from bottleneck_oracle.graph_pipeline import chakra, clocks
@@ -82,10 +84,10 @@ def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0
         table = load_events(path, engine=eng)
     hosts = clocks.hosts_by_block(table.ranks, ranks_per_host) if ranks_per_host > 0 else None
     report = clocks.align(table, hosts)
-    table.clocks = report.as_dict() if hosts is not None or report.warnings else {}
+    table.clocks = report if hosts is not None or report.warnings else None
     for line in report.warnings:
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
-    for line in run_warnings(run_facts(table).to_dict()):  # a partial job, sampled events: said once, up front
+    for line in run_warnings(run_facts(table)):  # a partial job, sampled events: said once, up front
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     if et is not None:
         attach(table, load_execution_traces(et, table))
@@ -265,7 +267,7 @@ def analyze_map(
     config: Config | None = None,
     et: str | Path | None = None,
     executor: ExecutorSpec = None,
-    keep: frozenset[int | None] | Callable[[list[int | None]], frozenset[int | None]] = frozenset(),
+    keep: frozenset[int | None] | Callable[[list[int | None], EventTable | None], frozenset[int | None]] = frozenset(),
 ) -> tuple[EventTable | None, Iterator[tuple[T, StepAnalysis | None]]]:
     """``analyze``, keeping only ``fn(analysis)`` of each step, computed where the step is built
     (analysis.stepwise: forked workers or the executor's; the graphs stay there).
@@ -286,7 +288,7 @@ def analyze_map(
     gap = (config or Config()).analysis.untraced_gap_us
     if chakra.is_chakra(path):
         a = StepAnalysis.of(chakra.chakra_graph(path), gap)
-        kept = keep([None]) if callable(keep) else keep
+        kept = keep([None], None) if callable(keep) else keep
         return None, iter([(fn(a), a if a.graph.step in kept else None)])
     stack = ExitStack()
     try:
@@ -386,62 +388,71 @@ def whatif(
         corrections = _corrections()
     out: list[StepWhatIf] = []
     for g, phase_mb, phases in zip(gs, phase_mbs, phase_of):
-        d, w, rel, ids, eids = apply_edits(g, parsed, phases, table)
+        times = apply_edits(g, parsed, phases, table)
         owned, own_eids = own_time_edits(g, parsed, phases, table)
         base = run_cpm(g)
         measured = max(g.measured.values())
-        fin = np.isfinite(w)
-        added = float(
-            (d - g.nodes["mdur"]).sum()
-            + (w[fin] - g.edges["weight"][fin]).sum()
-            + np.where(np.isfinite(g.release), np.nan_to_num(rel, neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0).sum()
-        )
-        model: dict[str, Any] | None = None
+        delta = times.delta()
+        model: ModelAnswer | None = None
         if predictor is not None:
             from bottleneck_oracle.models.predict import sample_for
 
-            data, edited = sample_for(g, d, table, base, w, rel, phase_mb)
-            model = predictor.effect(g, sample_for(g, None, table, base, phases=phase_mb)[0], data)
+            data, edited = sample_for(g, times, table, base, phase_mb)
+            model = predictor.effect(g, sample_for(g, None, table, base, phase_mb)[0], data)
         else:
-            edited = run_cpm(g, d, w, rel)
+            edited = times.cpm()
         replay = Replay(step_us=measured + edited.makespan - base.makespan, delta_us=edited.makespan - base.makespan)
         corrected = None
         if corrections is not None:
-            answer = corrections.answer(g, d, w, rel, base)
-            if isinstance(answer, str):
-                corrected = Corrected(
-                    step_us=None, delta_us=None, interval_us=None, out_of_domain=answer, trained_on=corrections.trained_on
-                )
-            else:
-                saving, (lo, hi) = answer
-                corrected = Corrected(step_us=measured - saving, delta_us=-saving, interval_us=(-hi, -lo), out_of_domain=None,
-                                      trained_on=corrections.trained_on)  # fmt: skip
+            fixed = corrections.answer(times, base)
+            corrected = Corrected(
+                step_us=None if fixed.saving_us is None else measured - fixed.saving_us,
+                delta_us=None if fixed.saving_us is None else -fixed.saving_us,
+                interval_us=None if fixed.interval_us is None else (-fixed.interval_us[1], -fixed.interval_us[0]),
+                out_of_domain=fixed.out_of_domain,
+                trained_on=corrections.trained_on,
+            )
         resplit = None
         if microbatches is not None:
             from bottleneck_oracle.analysis.phases import formula_parts, is_pipeline, pipeline_step
 
             if phase_mb is None or not is_pipeline(g, table):
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
-            parts = formula_parts(g, d, *phase_mb)
+            parts = formula_parts(g, times.dur, *phase_mb)
             now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
-            resplit = Resplit(old=int(parts["m"]), new=microbatches, stages=int(parts["p"]), formula_delta_us=then - now,
-                              step_us=measured + replay.delta_us + then - now)  # fmt: skip
+            resplit = Resplit(
+                old=int(parts["m"]),
+                new=microbatches,
+                stages=int(parts["p"]),
+                formula_delta_us=then - now,
+                step_us=measured + replay.delta_us + then - now,
+            )
         scaled = None
         if batch is not None:
-            scaled = _batch_scale(g, table, phases, d, w, rel, batch, measured - base.makespan, path)
+            scaled = _batch_scale(times, table, phases, batch, measured - base.makespan, path)
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
-        def names(s: set[int], g: ExecutionGraph = g, d: np.ndarray = d) -> list[NodeRef]:
+        def names(s: set[int], g: ExecutionGraph = g, d: np.ndarray = times.dur) -> list[NodeRef]:
             ranked = sorted(s, key=lambda i: -float(d[i]))[:10]
             return [NodeRef(int(i), g.node_name(i), int(g.nodes["rank"][i])) for i in ranked]
 
         out.append(
             StepWhatIf(
-                step=g.step, measured_us=measured, edited_nodes=len(ids), edited_gaps=int(fin[np.setdiff1d(eids, own_eids)].sum()),
-                edited_own=owned, detached_edges=int((~fin).sum()), added_us=added, replay=replay, model=model, microbatches=resplit, corrected=corrected, batch=scaled,
+                step=g.step,
+                measured_us=measured,
+                edited_nodes=len(times.nodes),
+                edited_gaps=int((~delta.detached)[np.setdiff1d(times.edges, own_eids)].sum()),
+                edited_own=owned,
+                detached_edges=int(delta.detached.sum()),
+                added_us=delta.added_us,
+                replay=replay,
+                model=model,
+                microbatches=resplit,
+                corrected=corrected,
+                batch=scaled,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -482,37 +493,44 @@ def _nearest(pool: list[ExecutionGraph], here: int) -> list[ExecutionGraph]:
     numbers = [r.step for r in pool]
     if any(s is None for s in numbers) or any(b <= a for a, b in zip(numbers, numbers[1:])):  # type: ignore[operator]
         return pool
-    at = bisect.bisect_left(numbers, here)
+    at = bisect.bisect_left(cast("list[int]", numbers), here)
     return pool[max(at - MAX_REFERENCES, 0) : at + MAX_REFERENCES]
 
 
 def _batch_scale(
-    g: ExecutionGraph, table: EventTable | None, phases: np.ndarray | None, d: np.ndarray, w: np.ndarray, rel: np.ndarray, ratio: float,
-    offset: float, path: str | Path,
-) -> BatchScale:  # fmt: skip
-    """The step with the batch scaled by ``ratio`` (on top of the edits: ``d``, ``w``, ``rel``):
-    the forward and backward passes' CPU ops scaled alone, and with their regions' own time."""
+    times: EditedTimes, table: EventTable | None, phases: np.ndarray | None, ratio: float, offset: float, path: str | Path
+) -> BatchScale:
+    """The step with the batch scaled by ``ratio`` (on top of the edits, ``times``): the forward and
+    backward passes' CPU ops scaled alone, and with their regions' own time."""
     from bottleneck_oracle.analysis.cpm import run_cpm
     from bottleneck_oracle.analysis.whatif import Edit, edited_weights
     from bottleneck_oracle.errors import OracleError
     from bottleneck_oracle.graph_pipeline.schema import Category
 
+    g, d, w, rel = times.graph, times.dur, times.weight, times.release
     if (g.nodes["category"] == Category.KERNEL).any():
-        raise OracleError(f"{path}: step {g.step}: --batch is built and checked on CPU (gloo) runs only; on a GPU the "
-                          "kernels scale with the batch, which it does not model")  # fmt: skip
+        raise OracleError(
+            f"{path}: step {g.step}: --batch is built and checked on CPU (gloo) runs only; on a GPU the "
+            "kernels scale with the batch, which it does not model"
+        )
     edits = [Edit(phase=p, category="cpu_op", scale=ratio) for p in ("forward", "backward")]
     ids = [e.select(g, phases, table) for e in edits] if phases is not None else []
     if not ids or not sum(len(i) for i in ids):
-        raise OracleError(f"{path}: step {g.step}: --batch needs the forward and backward ranges (the profiler's '## forward ##' "
-                          "or a phase hook); this step has no CPU op inside one")  # fmt: skip
+        raise OracleError(
+            f"{path}: step {g.step}: --batch needs the forward and backward ranges (the profiler's '## forward ##' "
+            "or a phase hook); this step has no CPU op inside one"
+        )
     dd = d.copy()
     for i in ids:
         dd[i] = d[i] * ratio
     _, eids = edited_weights(g, edits, phases, table)
     ww = w.copy()
     ww[eids] = w[eids] * ratio
-    return BatchScale(ratio=ratio, ops_alone_step_us=offset + run_cpm(g, dd, w, rel).makespan,
-                      with_own_time_step_us=offset + run_cpm(g, dd, ww, rel).makespan)  # fmt: skip
+    return BatchScale(
+        ratio=ratio,
+        ops_alone_step_us=offset + run_cpm(g, dd, w, rel).makespan,
+        with_own_time_step_us=offset + run_cpm(g, dd, ww, rel).makespan,
+    )
 
 
 def blame(
@@ -574,25 +592,25 @@ def blame(
             (variant,) = predictor.variants
             row.model = BlameModel(str(predictor.path), variant)
             phases = node_phases(table, g) if table is not None else None
-            unedited = sample_for(g, None, table, base, phases=phases)[0]
+            unedited = sample_for(g, None, table, base, phases)[0]
             for x in b.nodes[:5]:  # the same restoration the replay's saving is for
-                d, w, rel = g.nodes["mdur"].astype(float).copy(), g.edges["weight"].astype(float).copy(), g.release.astype(float).copy()
+                times = EditedTimes.unedited(g)
                 if x.kind == "op":
-                    d[x.id] = x.typical_us
+                    times.dur[x.id] = x.typical_us
                 elif x.edge is not None:  # the untraced time after the op
-                    w[x.edge] = x.typical_us
+                    times.weight[x.edge] = x.typical_us
                 else:  # the untraced time before a thread's first op, from the rank's step start
-                    rel[x.id] = g.rank_start(x.rank) + x.typical_us
-                data, _ = sample_for(g, d, table, base, w, rel, phases)
+                    times.release[x.id] = g.rank_start(x.rank) + x.typical_us
+                data, _ = sample_for(g, times, table, base, phases)
                 answer = predictor.effect(g, unedited, data)
                 x.model_predicted = True
-                x.model_saving_us = None if answer["out_of_domain"] else -answer["delta_us"][variant]
-                row.model.out_of_domain = answer["out_of_domain"]
+                effect = answer.delta_us[variant]
+                x.model_saving_us = None if answer.out_of_domain or effect is None else -effect
+                row.model.out_of_domain = answer.out_of_domain
                 if corrections is not None:
                     x.corrected = True
-                    fixed = corrections.answer(g, d, w, rel, base)
-                    if not isinstance(fixed, str):
-                        x.corrected_saving_us, x.corrected_interval_us = fixed
+                    fixed = corrections.answer(times, base)
+                    x.corrected_saving_us, x.corrected_interval_us = fixed.saving_us, fixed.interval_us
         out.append(row)
     return out
 

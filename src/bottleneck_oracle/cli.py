@@ -16,9 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
 import orjson
 import typer
 from rich.console import Console
@@ -41,19 +40,26 @@ from bottleneck_oracle.atomic import (
 )
 from bottleneck_oracle.config import Config, load_config
 from bottleneck_oracle.errors import OracleError, OracleWarning, first_line
+from bottleneck_oracle.graph_pipeline.clocks import HostClock
 from bottleneck_oracle.inert import UNSAFE, plain
 from bottleneck_oracle.report.step_output import dumps
 from bottleneck_oracle.report.tables import region_labels, shorten
+from bottleneck_oracle.serial import to_json, to_json_object
+
+if TYPE_CHECKING:
+    from bottleneck_oracle.graph_pipeline.events import EventTable
 
 
 class _Grouped(TyperGroup):
     """The command list of --help in two sections: what users run, and the developers' commands that
     record the grid, train and evaluate the models (the lab)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    # ctx, formatter: click's Context and HelpFormatter; newer typer vendors its own click (typer._click), so
+    # which classes they are depends on the installed typer
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # in the order they are defined, not sorted
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
         width = formatter.width - 6 - max((len(n) for n in self.list_commands(ctx)), default=0)
         for name in self.list_commands(ctx):
@@ -66,6 +72,9 @@ class _Grouped(TyperGroup):
             with formatter.section(panel):
                 formatter.write_dl(rows)
 
+
+ANALYSIS = "Analysis"  # the --help group of what users run
+DEVELOPER = "Developer commands (the lab, pip install -e lab/: recording, training, evaluation)"
 
 app = typer.Typer(
     cls=_Grouped,
@@ -191,6 +200,8 @@ out = _PlainConsole(markup=False, file=stdout)  # type: ignore[arg-type]  # a fi
 err = _PlainConsole(stderr=True, markup=False)
 
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
+RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
+TWO_STEP_EVENTS = 1_000_000  # events a step: beyond, the run answer's saving is replayed in one step, not two
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
 PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
@@ -271,14 +282,14 @@ def _model_ms(us: float | None, signed: bool = False) -> str:
 def _path_summary(a: StepAnalysis) -> str:
     """One line: where the critical path runs (rank, thread or stream: time), largest first."""
     g = a.graph
-    names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
+    info = g.info
     where: dict[tuple, float] = {}
     for x in a.segments():
         if x.rank >= 0:
             where[(x.rank, x.on_gpu, x.tid)] = where.get((x.rank, x.on_gpu, x.tid), 0.0) + x.dur
     parts = []
     for (rank, gpu, tid), t in sorted(where.items(), key=lambda kv: -kv[1])[:4]:
-        place = names[gpu].get(f"{rank}:{tid}", f"{'stream' if gpu else 'thread'} {tid}")
+        place = info.lane_name(rank, tid, gpu)
         parts.append(f"rank {rank} {place} {_ms(t)} ms")
     return "critical path: " + ", ".join(parts) if parts else "critical path: empty"
 
@@ -314,7 +325,7 @@ def _print_summary(
     for a in detailed:
         label = a.graph.step if a.graph.step is not None else "(whole trace)"
         c = a.graph.summary_counts()
-        m = a.graph.meta.get("collectives") or {}
+        m = a.graph.info.collectives
         matched = (
             f"; matched {m['by_seq']} by sequence number, {m['by_order']} by order, {m['unmatched_ops']} ops unmatched"
             if c["network_nodes"] and m
@@ -338,7 +349,7 @@ def _print_summary(
         s = a.straggler()
         if s and len(a.graph.ranks) > 1:
             out.print(
-                f"Straggler: rank {s['rank']} (the others waited up to {_ms(s['imposed_wait_us'])} ms for it at a collective on the critical path)"
+                f"Straggler: rank {s.rank} (the others waited up to {_ms(s.imposed_wait_us)} ms for it at a collective on the critical path)"
             )
 
 
@@ -351,7 +362,7 @@ def _baseline_sample(baseline: Path, cfg: Config) -> list:
     from bottleneck_oracle.analysis.answer import blame_sample
 
     table = api.load(baseline)
-    numbers = sorted({s.number for s in table.steps}) or [None]
+    numbers: list[int | None] = [*sorted({s.number for s in table.steps})] or [None]
     picked = sorted(n for n in blame_sample(numbers, 32) if n is not None)
     return api.build(baseline, picked or None, cfg)[1]
 
@@ -381,14 +392,13 @@ def _et_line(ets: list[dict]) -> str:
     )
 
 
-def _clock_line(hosts: list[dict]) -> str:
+def _clock_line(hosts: list[HostClock]) -> str:
     """One line on the clock offsets applied per host."""
     moved = [
-        f"host {h['host']} (ranks {h['ranks'][0]}-{h['ranks'][-1]}) {h['offset_us'] / 1000:+.3f} ms "
-        f"(from {h['instances']} collectives, spread {h['spread_us']:.0f} us)"
+        f"host {h.host} (ranks {h.ranks[0]}-{h.ranks[-1]}) {h.offset_us / 1000:+.3f} ms (from {h.instances} collectives, spread {h.spread_us:.0f} us)"
         for h in hosts[1:]
     ]
-    return f"Clocks: {len(hosts)} host(s), aligned to host {hosts[0]['host']}: " + ("; ".join(moved) or "nothing to align")
+    return f"Clocks: {len(hosts)} host(s), aligned to host {hosts[0].host}: " + ("; ".join(moved) or "nothing to align")
 
 
 def _check_overlay_input(path: Path, table, perfetto: Path | None) -> None:
@@ -400,9 +410,14 @@ def _json_head(path: Path, table) -> dict:
     from bottleneck_oracle.analysis.checks import run_warnings
     from bottleneck_oracle.graph_pipeline.facts import run_facts
 
-    run = run_facts(table).to_dict() if table is not None else None
-    return {"version": __version__, "input": str(path), "ranks": table.ranks if table else [], "run_facts": run,
-            "run_warnings": run_warnings(run)}  # fmt: skip
+    run = run_facts(table) if table is not None else None
+    return {
+        "version": __version__,
+        "input": str(path),
+        "ranks": table.ranks if table else [],
+        "run_facts": run.to_dict() if run is not None else None,
+        "run_warnings": run_warnings(run),
+    }
 
 
 def _json_tail(table) -> dict:
@@ -410,7 +425,7 @@ def _json_tail(table) -> dict:
     tail = {}
     if table is not None and table.execution_traces:
         tail["execution_traces"] = table.execution_traces
-    if table is not None and table.clocks:
+    if table is not None and table.clocks is not None:
         tail["clocks"] = table.clocks
     return tail
 
@@ -419,8 +434,8 @@ def _print_table_lines(table) -> None:
     """The terminal's lines on the whole input after the steps: execution traces, clocks."""
     if table is not None and table.execution_traces:
         out.print(Text(_et_line(table.execution_traces)))
-    if table is not None and table.clocks.get("hosts"):
-        out.print(Text(_clock_line(table.clocks["hosts"])))
+    if table is not None and table.clocks is not None and table.clocks.hosts:
+        out.print(Text(_clock_line(table.clocks.hosts)))
 
 
 class _Spool:
@@ -466,16 +481,21 @@ def _analyze_stepwise(
     (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
     its critical events for --perfetto, computed where the step is built (analysis.stepwise); the
     terminal keeps the analyses of the slowest steps only."""
-    from bottleneck_oracle.analysis.answer import answer_from, blame_sample
+    from bottleneck_oracle.analysis.answer import MAX_BLAME_STEPS, answer_from, blame_sample
     from bottleneck_oracle.report.perfetto import write_overlay_paths
     from bottleneck_oracle.report.step_output import Wanted, output_of
 
     wanted = Wanted(json_top=k if as_json else None, full_path=full_path, row=not as_json, critical=perfetto is not None)
-    sel: dict[str, list] = {}
+    sel: dict[str, Any] = {}
 
-    def keep(numbers: list[int | None]) -> frozenset[int | None]:
-        """The steps kept whole: those the run answer's blame replays, and on the terminal every step of a short run."""
-        sel["numbers"], sel["picked"] = numbers, blame_sample(list(numbers))
+    def keep(numbers: list[int | None], table: EventTable | None) -> frozenset[int | None]:
+        """The steps kept whole: those the run answer's blame replays (as many as RUN_ANSWER_EVENTS
+        of events allow: none where a step is too large to hold beside the rest), and on the
+        terminal every step of a short run."""
+        per_step = len(table) / max(len(numbers), 1) if table is not None else 0.0
+        n_blamed = min(MAX_BLAME_STEPS, int(RUN_ANSWER_EVENTS // max(per_step, 1.0)))
+        sel["numbers"], sel["per_step"], sel["n_blamed"] = numbers, per_step, n_blamed
+        sel["picked"] = blame_sample(list(numbers), n_blamed) if n_blamed else set()
         return frozenset(sel["picked"] | (set(numbers) if not as_json and len(numbers) <= MAX_STEP_DETAILS else set()))
 
     with _progress(f"reading {path}"):
@@ -489,24 +509,32 @@ def _analyze_stepwise(
             if a is not None and o.step in picked:
                 blamed.append(a)
             if spool is not None:  # --json
+                assert o.json is not None
                 spool.write((b",\n" if n else b"") + o.json)
-            else:
+            elif o.row is not None:
                 rows.append(o.row)
                 times.append(o.step_time)
                 if a is not None:
                     kept[o.step] = a
-            if perfetto:
+            if perfetto and o.critical is not None:
                 paths.append(o.critical)
             bar(n + 1)
         if perfetto and table is not None:  # (_check_overlay_input: a Chakra input has no table to overlay)
             with _progress(f"writing {perfetto}"):
                 write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
-        run = answer_from(figures, blamed, str(path), references, api.two_step_graphs(table, cfg))
+        per_step = sel["per_step"]
+        two = api.two_step_graphs(table, cfg) if per_step <= TWO_STEP_EVENTS else None
+        run = answer_from(figures, blamed, str(path), references, two)
+        if not sel["n_blamed"] and len(table.ranks if table is not None else []) > 1:
+            run.notes.append(f"No region search: {per_step:,.0f} events a step are too many to hold a step beside the run "
+                             "(blame --step N looks at one step)")  # fmt: skip
+        elif two is None and run.region is not None:
+            run.notes.append(f"The saving is replayed in one step ({per_step:,.0f} events a step: too many to replay two at once)")
         if spool is not None:
-            _print_json_spooled({**_json_head(path, table), "run": run.to_dict()}, spool, _json_tail(table))
+            _print_json_spooled({**_json_head(path, table), "run": run}, spool, _json_tail(table))
             return
     slowest = _slowest(times)
-    shown = [kept.get(numbers[i]) or api.step_analysis(table, numbers[i], cfg) for i in slowest]
+    shown = [kept[numbers[i]] if numbers[i] in kept or table is None else api.step_analysis(table, numbers[i], cfg) for i in slowest]
     _print_summary(shown, str(path), k, rows, len(rows), run, detail)
     _print_table_lines(table)
     if perfetto:
@@ -556,7 +584,7 @@ def _progress(what: str, total: int | None = None) -> Iterator[Callable[[int], N
 PROGRESS_AFTER_S = 2.0  # seconds of work before a progress bar is shown
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def analyze(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -580,14 +608,14 @@ def analyze(
     with_advice: bool = typer.Option(
         False, "--advise", help="Add the blame and the validated advice of every step (also to --html and --json)."
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     detail: bool = typer.Option(False, "--detail", help="Also print each step's critical path, top ops, ranks and warnings."),
     baseline: Path = typer.Option(
         None,
         "--baseline",
         metavar="PATH",
         help="A run of the same job as it normally runs: the run answer holds each rank against its steps (needed where ranks have no peers: pipeline stages).",
-    ),  # fmt: skip
+    ),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
@@ -613,7 +641,7 @@ def analyze(
     extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
-            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=model)
+            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=use_model)
         extras = {r.step: r for r in rows}
     if html or perfetto:  # both written, or neither: a failure leaves nothing behind
         with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):
@@ -626,12 +654,12 @@ def analyze(
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
-        doc = {**_json_head(path, table), "run": run.to_dict(), "steps": [a.to_dict(k, full_path) for a in analyses], **_json_tail(table)}
+        doc = {**_json_head(path, table), "run": run, "steps": [a.report(k, full_path) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 x = extras[s_doc["step"]]
-                s_doc["blame"] = x.blame.to_dict()
-                s_doc["advice"] = {**x.advice.to_dict(), "references": x.references}
+                s_doc["blame"] = to_json(x.blame)
+                s_doc["advice"] = {**to_json_object(x.advice), "references": x.references}
         _print_json(doc)
         return
     _print_summary(analyses, str(path), k, run=run, detail=detail)
@@ -644,9 +672,14 @@ def analyze(
             )
         if x.blame.regions:
             out.print(
-                Text(f"Step {step_no} regions: "
-                     + "; ".join(f"{shorten(label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms" for r, label in zip(x.blame.regions[:3], region_labels(x.blame.regions[:3]))))
-            )  # fmt: skip
+                Text(
+                    f"Step {step_no} regions: "
+                    + "; ".join(
+                        f"{shorten(label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms"
+                        for r, label in zip(x.blame.regions[:3], region_labels(x.blame.regions[:3]))
+                    )
+                )
+            )
         for sug in x.advice.suggestions[:3]:
             out.print(
                 Text(
@@ -659,7 +692,7 @@ def analyze(
             out.print(f"{label}: {target}", highlight=False)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def parse(
     path: Path = typer.Argument(None, metavar="PATH", help="A trace file, a folder of per-rank trace files, or Chakra ET files."),
     input_: Path = typer.Option(None, "--input", "-i", metavar="PATH", hidden=True, help="The same as PATH (older spelling)."),
@@ -702,7 +735,7 @@ def parse(
             out.print(f"{output / e['file']}: {e['nodes']} nodes, {e['edges']} edges, ranks {e['ranks']}", highlight=False)
 
 
-@app.command(rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command(rich_help_panel=DEVELOPER)
 def generate(
     config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help="Config whose grid section says what to record."),
     out_dir: Path = typer.Option(
@@ -747,12 +780,13 @@ def generate(
     again alone, and that recording replaces it (run again on a finished folder to apply a new bound). Then knob changes (batch size, DDP bucket size, micro-batches at the same
     global batch), each as launches alternating with its base setting; knobs.jsonl gets each
     change's measured step-time change and noise floor."""
-    from bottleneck_oracle.systems.generate import generate as run_grid
+    with _needs_lab():
+        from bottleneck_oracle_lab.systems.generate import generate as run_grid
 
     cfg = _config(config)
     target = out_dir or Path(cfg.paths.raw)
     if paired:
-        from bottleneck_oracle.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
+        from bottleneck_oracle_lab.systems.paired import default_knobs, default_launches, generate_knobs, generate_paired
 
         if device not in ("cpu", "cuda"):
             raise OracleError(f"--device must be cpu or cuda (found {device!r})")
@@ -814,6 +848,22 @@ def generate(
         )
 
 
+LAB_MISSING = (
+    "the developer commands (generate, build-dataset, train, eval) are the lab's: pip install -e lab/ (in a clone of the repository)"
+)
+
+
+@contextmanager
+def _needs_lab() -> Iterator[None]:
+    """Around the lazy imports of a developer command: the lab not installed is one error line."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "bottleneck_oracle_lab":
+            raise
+        raise OracleError(LAB_MISSING) from None
+
+
 @contextmanager
 def _recording_bar(what: str, total: int | None, quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
     """A progress bar on stderr for a recording, and its callback (id now recording, done, total)."""
@@ -830,7 +880,7 @@ def _recording_bar(what: str, total: int | None, quiet: bool) -> Iterator[Callab
         yield advance
 
 
-@app.command("build-dataset", rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command("build-dataset", rich_help_panel=DEVELOPER)
 def build_dataset_cmd(
     raw: Path = typer.Argument(None, metavar="RAW", help="Folder written by `generate` (default: paths.raw of the config)."),
     out_dir: Path = typer.Option(
@@ -842,7 +892,8 @@ def build_dataset_cmd(
     """Turn generated runs into labelled PyG graphs (one per profiled step) with train/val/test and OOD splits."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from bottleneck_oracle.training.dataset import build_dataset
+    with _needs_lab():
+        from bottleneck_oracle_lab.training.dataset import build_dataset
 
     cfg = _config(config)
     with Progress(TextColumn("graphs"), BarColumn(), MofNCompleteColumn(), console=err, disable=as_json) as bar:
@@ -862,7 +913,7 @@ def build_dataset_cmd(
         )
 
 
-@app.command(rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command(rich_help_panel=DEVELOPER)
 def train(
     config: Path = typer.Option(Path("config.yaml"), "--config", metavar="PATH", help=CONFIG_HELP),
     dataset: Path = typer.Option(None, "--dataset", metavar="PATH", help="Folder written by `build-dataset` (default: paths.graphs)."),
@@ -872,14 +923,17 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Train the HeteroGAT variants, the MLP and XGBoost on a built dataset: one checkpoint per split."""
-    from bottleneck_oracle.training.train import train as run_train
+    with _needs_lab():
+        from bottleneck_oracle_lab.training.train import train as run_train
 
     cfg = _config(config)
     with err.status("training") as status:
         summary = run_train(
-            dataset or Path(cfg.paths.graphs), out_dir or Path(cfg.paths.checkpoints), cfg.models,
+            dataset or Path(cfg.paths.graphs),
+            out_dir or Path(cfg.paths.checkpoints),
+            cfg.models,
             None if as_json else (lambda msg: status.update(msg)),
-        )  # fmt: skip
+        )
     if as_json:
         _print_json(summary)
         return
@@ -892,7 +946,7 @@ def train(
         )
 
 
-@app.command("eval", rich_help_panel="Developer commands (recording, training, evaluation)")
+@app.command("eval", rich_help_panel=DEVELOPER)
 def evaluate(
     checkpoint: Path = typer.Option(
         ..., "--checkpoint", metavar="PATH", help="A checkpoint written by `train`, or the folder of them (one per split)."
@@ -904,8 +958,9 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Every model and baseline side by side per split: what-if against the measured re-runs, slack ρ, critical F1, speed."""
-    from bottleneck_oracle.training.eval import COLUMNS, rows_of, to_markdown
-    from bottleneck_oracle.training.eval import evaluate as run_eval
+    with _needs_lab():
+        from bottleneck_oracle_lab.training.eval import COLUMNS, rows_of, to_markdown
+        from bottleneck_oracle_lab.training.eval import evaluate as run_eval
 
     cfg = _config(config)
     guard_outputs({"--markdown": markdown, "--json-file": json_file}, [checkpoint, dataset, config])
@@ -928,7 +983,7 @@ def evaluate(
     out.print(t)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def whatif(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     edit: list[str] = typer.Option(
@@ -958,7 +1013,7 @@ def whatif(
         metavar="PATH",
         help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -966,25 +1021,26 @@ def whatif(
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
     edit = edit or []
     rows = api.whatif(
-        trace, edit, step or None, _config(config, ranks_per_host), checkpoint, model or checkpoint is not None, microbatches, batch
+        trace, edit, step or None, _config(config, ranks_per_host), checkpoint, use_model or checkpoint is not None, microbatches, batch
     )
     if as_json:
-        _print_json({"trace": str(trace), "edits": edit, "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "edits": edit, "steps": to_json(rows)})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    variants = list(rows[0].model["step_us"]) if rows and rows[0].model is not None else []
+    variants = list(rows[0].model.step_us) if rows and rows[0].model is not None else []
     corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
     t = TableModel(
         f"What-if: {'; '.join(edit) or (f'{microbatches} micro-batches' if microbatches else f'batch x{batch:g}')}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
-        + [Column(f"{v}", "text") for v in variants] + [Column(f"Δ {v}", "text") for v in variants],
+        + [Column(f"{v}", "text") for v in variants]
+        + [Column(f"Δ {v}", "text") for v in variants],
         caption="step times in ms; Δ: the edited replay against the unedited one"
         + ("; corrected: the replay with per-node duration corrections learned from paired re-runs" if corrected else "")
         + ("; the model's: its edited against its unedited prediction" if variants else ""),
-    )  # fmt: skip
+    )
 
     def label(r: StepWhatIf) -> str:
         return "whole trace" if r.step is None else str(r.step)
@@ -993,7 +1049,9 @@ def whatif(
         return "whole trace" if r.step is None else f"step {r.step}"
 
     for r in rows:
-        model = r.model or {}
+        m = r.model
+        predicted = [_model_ms(m.step_us[v]) for v in variants] if m else []
+        effects = [_model_ms(m.delta_us[v], signed=True) for v in variants] if m else []
         c = r.corrected
         fixes = []
         if corrected:
@@ -1001,18 +1059,15 @@ def whatif(
                 fixes = [_model_ms(c.delta_us, signed=True), f"{c.interval_us[0] / 1000:+.3f} .. {c.interval_us[1] / 1000:+.3f}"]
             else:
                 fixes = [_model_ms(None), "—"]
-        t.rows.append(
-            [label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes,
-             *[_model_ms(model["step_us"][v]) for v in variants], *[_model_ms(model["delta_us"][v], signed=True) for v in variants]]
-        )  # fmt: skip
+        t.rows.append([label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes, *predicted, *effects])
     print_table(out, t)
     for r in rows:
         if r.corrected is not None and r.corrected.out_of_domain:
             out.print(Text(f"{where(r)}: corrections {r.corrected.out_of_domain}; the replay is the answer"))
             break
     for r in rows:
-        if r.model is not None and r.model.get("out_of_domain"):
-            out.print(Text(f"{where(r)}: graph network {r.model['out_of_domain']}; the replay is the answer"))
+        if r.model is not None and r.model.out_of_domain:
+            out.print(Text(f"{where(r)}: graph network {r.model.out_of_domain}; the replay is the answer"))
             break
     if any(r.microbatches is not None for r in rows):
         out.print(
@@ -1052,12 +1107,16 @@ def whatif(
 
 def _edited(r: StepWhatIf) -> str:
     """What an edit changed, in words: nodes, untraced gaps, removed dependencies."""
-    parts = [f"{r.edited_nodes} ops" if r.edited_nodes else "", f"{r.edited_own} ops' own time" if r.edited_own else "",
-             f"{r.edited_gaps} gaps" if r.edited_gaps else "", f"{r.detached_edges} deps removed" if r.detached_edges else ""]  # fmt: skip
+    parts = [
+        f"{r.edited_nodes} ops" if r.edited_nodes else "",
+        f"{r.edited_own} ops' own time" if r.edited_own else "",
+        f"{r.edited_gaps} gaps" if r.edited_gaps else "",
+        f"{r.detached_edges} deps removed" if r.detached_edges else "",
+    ]
     return ", ".join(p for p in parts if p) or "nothing"
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def blame(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     baseline: Path = typer.Option(
@@ -1073,16 +1132,16 @@ def blame(
         metavar="PATH",
         help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
     cfg = _config(config, ranks_per_host)
-    rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, model or checkpoint is not None)
+    rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, use_model or checkpoint is not None)
     if as_json:
-        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": to_json(rows)})
         return
     from bottleneck_oracle.report.tables import Column, TableModel, regions_table
     from bottleneck_oracle.report.terminal import print_table
@@ -1098,30 +1157,48 @@ def blame(
         b = r.blame
         out.print(
             Text(f"Step {r.step}", style="bold")
-            + Text(f": {_ms(r.measured_us)} ms measured; restoring every op to typical ({r.references}) "
-                   f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain")
-        )  # fmt: skip
+            + Text(
+                f": {_ms(r.measured_us)} ms measured; restoring every op to typical ({r.references}) "
+                f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain"
+            )
+        )
         with_model = r.model is not None
         with_corrected = any(x.corrected for x in b.nodes)
         t = TableModel(
             "Culprit ops (saving if restored to typical, ms)",
-            [Column("#", "key"), Column("op", "name"), Column("rank", "int"), Column("saving", "ms"), Column("share", "pct"), Column("dur", "ms"),
-             Column("typical", "ms"), Column("typical from")] + ([Column("model saving")] if with_model else [])
+            [
+                Column("#", "key"),
+                Column("op", "name"),
+                Column("rank", "int"),
+                Column("saving", "ms"),
+                Column("share", "pct"),
+                Column("dur", "ms"),
+                Column("typical", "ms"),
+                Column("typical from"),
+            ]
+            + ([Column("model saving")] if with_model else [])
             + ([Column("corrected [90%]")] if with_corrected else []),
             caption="corrected: the replay's saving with per-node corrections learned from paired re-runs, and its 90% interval"
-            if with_corrected else "",
-        )  # fmt: skip
+            if with_corrected
+            else "",
+        )
         for k, x in enumerate(b.nodes, 1):
-            model = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
+            cells = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
             if with_corrected:
                 iv = x.corrected_interval_us
-                fix = "—" if not x.corrected else _model_ms(None) if x.corrected_saving_us is None or iv is None else (
-                    f"{x.corrected_saving_us / 1000:.3f} [{iv[0] / 1000:.3f}, {iv[1] / 1000:.3f}]")  # fmt: skip
-                model.append(fix)
-            t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *model])
+                fix = (
+                    "—"
+                    if not x.corrected
+                    else _model_ms(None)
+                    if x.corrected_saving_us is None or iv is None
+                    else (f"{x.corrected_saving_us / 1000:.3f} [{iv[0] / 1000:.3f}, {iv[1] / 1000:.3f}]")
+                )
+                cells.append(fix)
+            t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *cells])
         print_table(out, t)
-        slow = "; ".join(f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}"
-                         for x in b.anomalies[:5])  # fmt: skip
+        slow = "; ".join(
+            f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}" for x in b.anomalies[:5]
+        )
         out.print(Text(f"Most slower than typical: {slow or '—'}"))
         regions = regions_table(b, 5)
         if regions is not None:
@@ -1132,7 +1209,7 @@ def blame(
         out.print(Text(f"By op kind: {ops}"))
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def advise(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -1158,7 +1235,7 @@ def advise(
         metavar="PATH",
         help="Model checkpoint, a .pt (its .npz beside it is read without torch) or the .npz (default: the pretrained one shipped with the package).",
     ),
-    model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
+    use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -1172,21 +1249,22 @@ def advise(
     from bottleneck_oracle.llm.graphrag import run_advice
 
     rows = api.advise(
-        trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, model or checkpoint is not None, llm, recipes
+        trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, use_model or checkpoint is not None, llm, recipes
     )
     overall = run_advice([r.advice for r in rows])
     if as_json:
-        _print_json({"trace": str(trace), "run": overall, "steps": [r.to_dict() for r in rows]})
+        _print_json({"trace": str(trace), "run": to_json(overall), "steps": to_json(rows)})
         return
     if overall and len(rows) > 1:
         out.print(Text(f"Across {len(rows)} steps", style="bold"))
         for x in overall[:3]:
-            sv = x["saving"]
-            iv = f" [{_ms(sv['low_us'])}, {_ms(sv['high_us'])}]" if sv["low_us"] is not None else ""
-            out.print(Text(f"- {x['title']}: in {x['steps']} of {x['of']} steps, saves {_ms(sv['median_us'])} ms{iv} a step "
-                           f"({100 * x['share']:.0f}%) by replay"))  # fmt: skip
-            if x["remedy"]:
-                out.print(Text(f"  Remedy: {x['remedy']}"))
+            sv = x.saving
+            iv = f" [{_ms(sv.low_us)}, {_ms(sv.high_us)}]" if sv.low_us is not None and sv.high_us is not None else ""
+            out.print(
+                Text(f"- {x.title}: in {x.steps} of {x.of} steps, saves {_ms(sv.median_us)} ms{iv} a step ({100 * x.share:.0f}%) by replay")
+            )
+            if x.remedy:
+                out.print(Text(f"  Remedy: {x.remedy}"))
         out.print()
     for r in rows:
         a = r.advice
@@ -1194,12 +1272,11 @@ def advise(
         if not a.suggestions:
             out.print("  no suggestion survived validation", highlight=False)
         for k, s in enumerate(a.suggestions, 1):
-            model = "out of domain" if s.model_out_of_domain else ", ".join(f"{v} {_model_ms(x)}" for v, x in s.model_saving_us.items())
+            said = "out of domain" if s.model_out_of_domain else ", ".join(f"{v} {_model_ms(x)}" for v, x in s.model_saving_us.items())
             pct = 100 * s.replay_saving_us / max(a.makespan_us, 1.0)
             out.print(
                 Text(
-                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay"
-                    + (f"; model: {model} ms" if model else "")
+                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay" + (f"; model: {said} ms" if said else "")
                 )
             )
             out.print(Text(f"   {UNVERIFIED if s.explanation_by == 'llm' else ''}{s.explanation}"))
@@ -1211,7 +1288,7 @@ def advise(
             out.print(f"  {len(a.rejected)} suggestion(s) rejected (see --json)", highlight=False)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def summary(
     path: Path = typer.Argument(..., metavar="PATH", help="A trace file or a folder of per-rank traces."),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
@@ -1225,18 +1302,27 @@ def summary(
 
     s = api.summary(path, step or None, _config(config, ranks_per_host))
     if as_json:
-        _print_json(s.to_dict())
+        _print_json(to_json(s))
         return
     steady = [x for x in s.steps if not x.warmup]
     out.print(
-        Text(f"{path}: steady-state step time {_ms(s.median_us)} ms (median of {len(steady)} steps, spread ±{_ms(s.spread_us)} ms)"
-             + ("; the first step is warm-up and left out" if len(steady) < len(s.steps) else ""))
-    )  # fmt: skip
+        Text(
+            f"{path}: steady-state step time {_ms(s.median_us)} ms (median of {len(steady)} steps, spread ±{_ms(s.spread_us)} ms)"
+            + ("; the first step is warm-up and left out" if len(steady) < len(s.steps) else "")
+        )
+    )
     t = TableModel(
         "Steps against the run's median",
-        [Column("step", "key"), Column("measured ms", "ms"), Column("vs median", "signed_pct"), Column("CPM ms", "ms"),
-         Column("untraced ms", "ms"), Column("unusual"), Column("most time on the critical path", "name")],
-    )  # fmt: skip
+        [
+            Column("step", "key"),
+            Column("measured ms", "ms"),
+            Column("vs median", "signed_pct"),
+            Column("CPM ms", "ms"),
+            Column("untraced ms", "ms"),
+            Column("unusual"),
+            Column("most time on the critical path", "name"),
+        ],
+    )
     for x in s.steps:
         flag = "warm-up" if x.warmup else ("OUTLIER" if x.outlier else "")
         t.rows.append([x.step if x.step is not None else "-", x.measured_us, x.vs_median, x.cpm_us, x.untraced_us, flag, x.top])
@@ -1261,7 +1347,7 @@ def _rank_list(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def compare(
     baseline: Path = typer.Argument(
         ..., metavar="BASELINE", help="The run before the change: a trace file or a folder of per-rank traces."
@@ -1295,21 +1381,36 @@ def compare(
     c = api.compare(baseline, candidate, _config(config, ranks_per_host), top, min_change / 100, force)
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:
-        _print_json({**c.to_dict(), "gate_failed": gate})
+        _print_json({**to_json_object(c), "gate_failed": gate})
     else:
         change = f"{c.delta_us / 1000:+.3f} ms ({100 * c.delta_share:+.1f}%)"
         interval = f", 95% interval [{c.interval_us[0] / 1000:+.3f}, {c.interval_us[1] / 1000:+.3f}] ms" if c.interval_us else ""
-        head = {"faster": "candidate is faster than the baseline", "slower": "candidate is slower than the baseline",
-                "within noise": "candidate is within noise of the baseline", "too few steps": "too few steps to tell"}[c.verdict]  # fmt: skip
+        head = {
+            "faster": "candidate is faster than the baseline",
+            "slower": "candidate is slower than the baseline",
+            "within noise": "candidate is within noise of the baseline",
+            "too few steps": "too few steps to tell",
+        }[c.verdict]
         why = "" if c.verdict in ("faster", "slower") else f": {c.reason}"
         out.print(Text(f"{head}: {change}{interval}{why}", style="bold"))
         out.print(
-            Text(f"baseline {_ms(c.baseline_median_us)} ms (median period of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
-                 f"candidate {_ms(c.candidate_median_us)} ms (median period of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})")
-        )  # fmt: skip
-        t = TableModel("What moved on the critical path (ms per typical step)", [Column("what", "name"), Column("ranks"), Column("kind"),
-                       Column("baseline", "ms"), Column("candidate", "ms"), Column("change", "signed_ms")],
-                       caption="typical steps: those in each run's interquartile range; the change column adds up to the change of the medians")  # fmt: skip
+            Text(
+                f"baseline {_ms(c.baseline_median_us)} ms (median period of {c.baseline_steps} steps, spread ±{_ms(c.baseline_spread_us)}); "
+                f"candidate {_ms(c.candidate_median_us)} ms (median period of {c.candidate_steps} steps, spread ±{_ms(c.candidate_spread_us)})"
+            )
+        )
+        t = TableModel(
+            "What moved on the critical path (ms per typical step)",
+            [
+                Column("what", "name"),
+                Column("ranks"),
+                Column("kind"),
+                Column("baseline", "ms"),
+                Column("candidate", "ms"),
+                Column("change", "signed_ms"),
+            ],
+            caption="typical steps: those in each run's interquartile range; the change column adds up to the change of the medians",
+        )
         t.rows = [[m.what, _rank_list(m.ranks), m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
         if abs(c.other_us) > 0.5:
             t.rows.append(["everything else on the path", "", "", None, None, c.other_us])
@@ -1336,7 +1437,7 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command(rich_help_panel="Analysis")
+@app.command(rich_help_panel=ANALYSIS)
 def version() -> None:
     """Print the version."""
     out.print(__version__)

@@ -2,19 +2,54 @@
 
 from __future__ import annotations
 
-import re
 import reprlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal, get_args
 
 from bottleneck_oracle.errors import ConfigError, OracleError
 from bottleneck_oracle.files import read_yaml
 
 # Names the config validates against, defined here so that reading a config needs neither torch
 # nor PyG; the modules that implement them import these (systems.model.SIZES has one GPT per size).
-MODEL_SIZES = ("tiny", "small", "medium")
-INJECTION_KINDS = ("module", "phase", "collective", "rank", "compute")
-GAT_VARIANTS = ("bidirectional", "directed", "correction")
+ModelSize = Literal["tiny", "small", "medium"]
+MODEL_SIZES: tuple[ModelSize, ...] = get_args(ModelSize)
+InjectionKind = Literal["module", "phase", "collective", "rank", "compute"]
+INJECTION_KINDS: tuple[InjectionKind, ...] = get_args(InjectionKind)
+GATVariant = Literal["bidirectional", "directed", "correction"]
+GAT_VARIANTS: tuple[GATVariant, ...] = get_args(GATVariant)
+# a parallel layout of the reference workloads: dpN data parallel on N ranks, tpN tensor parallel,
+# ppN-afab / ppN-1f1b N pipeline stages with that schedule
+Layout = Literal[
+    "dp2",
+    "dp3",
+    "dp4",
+    "dp5",
+    "dp6",
+    "dp7",
+    "dp8",
+    "tp2",
+    "tp3",
+    "tp4",
+    "tp5",
+    "tp6",
+    "tp7",
+    "tp8",
+    "pp2-afab",
+    "pp2-1f1b",
+    "pp3-afab",
+    "pp3-1f1b",
+    "pp4-afab",
+    "pp4-1f1b",
+    "pp5-afab",
+    "pp5-1f1b",
+    "pp6-afab",
+    "pp6-1f1b",
+    "pp7-afab",
+    "pp7-1f1b",
+    "pp8-afab",
+    "pp8-1f1b",
+]
 
 
 def _shown(value: object) -> str:
@@ -86,16 +121,13 @@ class PathsConfig:
                 raise ConfigError(f"paths.{name} must be a folder name (found {_shown(v)})")
 
 
-_LAYOUT = re.compile(r"^(dp[2-8]|tp[2-8]|pp[2-8]-(afab|1f1b))$")
-
-
 @dataclass(kw_only=True, slots=True)
 class GridConfig:
-    sizes: list[str] = field(default_factory=lambda: ["tiny", "small", "medium"])
+    sizes: list[ModelSize] = field(default_factory=lambda: ["tiny", "small", "medium"])
     """GPT sizes (systems.model.SIZES)."""
-    layouts: list[str] = field(default_factory=lambda: ["dp2", "tp2", "pp2-1f1b", "pp2-afab"])
+    layouts: list[Layout] = field(default_factory=lambda: ["dp2", "tp2", "pp2-1f1b", "pp2-afab"])
     """dpN: data parallel on N ranks; tpN: tensor parallel; ppN-1f1b / ppN-afab: N pipeline stages."""
-    injection_kinds: list[str] = field(default_factory=lambda: ["module", "phase", "collective", "rank"])
+    injection_kinds: list[InjectionKind] = field(default_factory=lambda: ["module", "phase", "collective", "rank"])
     """What the injections slow (systems.inject.KINDS); collective runs on DP layouts only."""
     steps: int = 18
     """Profiled steps per launch; every third one from step 3 carries an injection."""
@@ -112,9 +144,9 @@ class GridConfig:
             bad = [v for v in values if v not in known]
             if bad or not values:
                 raise ConfigError(f"grid.{name} must be a non-empty list from {sorted(known)} (found {_shown(values)})")
-        bad = [v for v in self.layouts if not isinstance(v, str) or not _LAYOUT.match(v)]
-        if bad or not self.layouts:
-            raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {_shown(bad or self.layouts)})")
+        bad_layouts = [v for v in self.layouts if v not in get_args(Layout)]
+        if bad_layouts or not self.layouts:
+            raise ConfigError(f"grid.layouts must be like dp2, tp2, pp2-1f1b, pp4-afab (found {_shown(bad_layouts or self.layouts)})")
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 4:
             raise ConfigError(f"grid.steps must be an integer >= 4 (found {_shown(self.steps)})")
         if not self.delays_ms or any(
@@ -127,12 +159,13 @@ class GridConfig:
                 raise ConfigError(f"grid.{name} must be an integer >= {low} (found {_shown(v)})")
 
 
-SPLITS = ("random", "ood_size", "ood_layout", "ood_injection")
+Split = Literal["random", "ood_size", "ood_layout", "ood_injection"]
+SPLITS: tuple[Split, ...] = get_args(Split)
 
 
 @dataclass(kw_only=True, slots=True)
 class ModelsConfig:
-    variants: list[str] = field(default_factory=lambda: ["bidirectional", "directed", "correction"])
+    variants: list[GATVariant] = field(default_factory=lambda: ["bidirectional", "directed", "correction"])
     """HeteroGAT variants to train (models.hetero_gat.VARIANTS)."""
     hidden: int = 32
     layers: int = 3
@@ -152,7 +185,7 @@ class ModelsConfig:
     """Weight of the node slack loss (MSE of log1p(slack ms))."""
     loss_critical: float = 0.05
     """Weight of the criticality loss (binary cross-entropy)."""
-    splits: list[str] = field(default_factory=lambda: list(SPLITS))
+    splits: list[Split] = field(default_factory=lambda: list(SPLITS))
     """Which splits to train a checkpoint for: random, ood_size, ood_layout, ood_injection."""
     seed: int = 0
 
@@ -161,8 +194,8 @@ class ModelsConfig:
         bad = [v for v in self.variants if v not in GAT_VARIANTS]
         if bad or not self.variants:
             raise ConfigError(f"models.variants must be a non-empty list from {list(GAT_VARIANTS)} (found {_shown(self.variants)})")
-        bad = [v for v in self.splits if v not in SPLITS]
-        if bad or not self.splits:
+        bad_splits = [v for v in self.splits if v not in SPLITS]
+        if bad_splits or not self.splits:
             raise ConfigError(f"models.splits must be a non-empty list from {list(SPLITS)} (found {_shown(self.splits)})")
         for name in ("hidden", "layers", "heads", "epochs", "patience", "batch", "seed", "plain_per_epoch"):
             v = getattr(self, name)
@@ -183,9 +216,6 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 _SECTIONS = {"graph": GraphConfig, "analysis": AnalysisConfig, "paths": PathsConfig, "grid": GridConfig, "models": ModelsConfig}

@@ -24,9 +24,14 @@ TEST = PUBLIC / "diff_test_rank1of2.json.gz"  # rank 1 of 2, V100, device-bound
 
 
 def _compare(base, cand, **kw):
-    return compare(list(cached_analyses(base)), list(cached_analyses(cand)), str(base), str(cand),
-                   shapes=(shape_of(cached_load(base), list(cached_analyses(base))), shape_of(cached_load(cand), list(cached_analyses(cand)))),
-                   **kw)  # fmt: skip
+    return compare(
+        list(cached_analyses(base)),
+        list(cached_analyses(cand)),
+        str(base),
+        str(cand),
+        shapes=(shape_of(cached_load(base), list(cached_analyses(base))), shape_of(cached_load(cand), list(cached_analyses(cand)))),
+        **kw,
+    )
 
 
 def raw_periods(path) -> dict[int, float]:
@@ -35,8 +40,11 @@ def raw_periods(path) -> dict[int, float]:
     (doc,) = raw_events(path)
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev
-                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))  # fmt: skip
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1]))
+        for e in ev
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    )
     dev_end: dict[int, float] = {}
     for e in ev:
         t = launch.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_CATS else None
@@ -140,8 +148,7 @@ def test_runs_that_share_no_op_are_refused_unless_forced(capsys):
 def test_pipeline_stages_keep_one_row_per_rank():
     """Ranks with send/recv between them are stages of a pipeline, not copies: rows stay per rank."""
     b, c = list(cached_analyses(STRAGGLER)), list(cached_analyses(CLEAN))
-    stages = RunShape(devices=[], on_device=False, world_size=2, ranks=[0, 1], backend="gloo", pipeline=True,
-                      ops=shape_of(None, b).ops)  # fmt: skip
+    stages = RunShape(devices=[], on_device=False, world_size=2, ranks=[0, 1], backend="gloo", pipeline=True, ops=shape_of(None, b).ops)
     per_rank = compare(b, c, top=10**6, shapes=(stages, stages)).moved
     assert all(len(m.ranks) == 1 for m in per_rank)
     across = compare(b, c, top=10**6).moved

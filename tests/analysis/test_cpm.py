@@ -15,9 +15,14 @@ def make_graph(durs, edges, release) -> ExecutionGraph:
     n = len(durs)
     nodes = {k: np.zeros(n, dtype=np.int64) for k in NODE_COLUMNS}
     nodes.update(
-        start=np.zeros(n), dur=np.array(durs, float), mstart=np.zeros(n), mdur=np.array(durs, float),
-        msg_bytes=np.full(n, np.nan), on_gpu=np.zeros(n, bool), name=np.arange(n, dtype=np.int32),
-    )  # fmt: skip
+        start=np.zeros(n),
+        dur=np.array(durs, float),
+        mstart=np.zeros(n),
+        mdur=np.array(durs, float),
+        msg_bytes=np.full(n, np.nan),
+        on_gpu=np.zeros(n, bool),
+        name=np.arange(n, dtype=np.int32),
+    )
     src, dst, w = (np.array(x) for x in zip(*edges)) if edges else (np.zeros(0, int),) * 3
     return ExecutionGraph(
         names=[f"op{i}" for i in range(n)],

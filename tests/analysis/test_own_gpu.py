@@ -63,13 +63,13 @@ def test_speeding_up_the_late_rank_saves_the_wait_it_imposed(path):
     forward and backward brings it in earlier: the step shrinks by at least half that wait (it
     shrank by nothing when the early rank's exchange was a fixed gap in its thread's program)."""
     steps = {a.graph.step: a.straggler() for a in cached_analyses(path)}
-    late = {s: x for s, x in steps.items() if s != 1 and x is not None and x["imposed_wait_us"] > 500}  # step 1 warms up
+    late = {s: x for s, x in steps.items() if s != 1 and x is not None and x.imposed_wait_us > 500}  # step 1 warms up
     assert len(late) >= 4
     for s, x in late.items():
         (w,) = whatif(
-            path, [f"phase=forward,rank={x['rank']},scale=0.5", f"phase=backward,rank={x['rank']},scale=0.5"], steps=[s], use_model=False
+            path, [f"phase=forward,rank={x.rank},scale=0.5", f"phase=backward,rank={x.rank},scale=0.5"], steps=[s], use_model=False
         )
-        assert -w.replay.delta_us >= 0.5 * x["imposed_wait_us"], (s, x, w.replay.delta_us)
+        assert -w.replay.delta_us >= 0.5 * x.imposed_wait_us, (s, x, w.replay.delta_us)
 
 
 def test_a_gpu_stall_the_gpu_catches_up_on_saves_nothing():

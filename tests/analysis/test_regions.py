@@ -13,6 +13,7 @@ import pytest
 
 from bottleneck_oracle.analysis.blame import region_labels
 from bottleneck_oracle.api import blame, build
+from bottleneck_oracle.serial import to_json
 from conftest import DATA
 from synthetic_ranks import EXTRA_MM_US, EXTRA_TANH_US, MM_US, TANH_US, write_run  # noqa: F401
 
@@ -55,9 +56,9 @@ def test_extra_small_ops_in_one_range_are_blamed_on_the_range(tmp_path, persiste
         assert "forward" not in [x.name for x in b.regions if x.rank == 1]  # the innermost of the two is reported
         best_op = max((x.saving_us for x in b.nodes), default=0.0)
         assert best_op < 0.2 * extra[s], (s, b.nodes[:3])
-        d = top.to_dict()
+        d = to_json(top)
         assert {"rank", "tid", "name", "saving_us", "typical_us", "share"} <= set(d)
-        assert rows[s].to_dict()["regions"][0]["name"] == "block"
+        assert to_json(rows[s])["regions"][0]["name"] == "block"
     if not persistent:  # the other steps have nothing to blame on a region
         for s in (2, 3, 5, 6):
             assert all(x.share < 0.03 for x in rows[s].blame.regions), (s, rows[s].blame.regions[:3])
@@ -76,7 +77,7 @@ def test_a_range_run_several_times_a_little_slower_each_time_is_one_region(tmp_p
         top = b.regions[0]
         assert (top.name, top.rank, top.occurrences, top.typical_from) == ("block", 1, 4, "peer ranks"), (s, b.regions[:3])
         assert top.saving_us == pytest.approx(extra[s], rel=0.25), (s, top, extra[s])
-        assert top.label == "block ×4" and top.to_dict()["occurrences"] == 4
+        assert top.label == "block ×4" and to_json(top)["occurrences"] == 4
         labels = region_labels(b.regions)  # what the tables show: the occurrences listed too are told apart
         assert labels[0] == "block ×4" and {x for x in labels[1:] if x.startswith("block")} <= {f"block #{k}" for k in range(1, 5)}
         singles = [x.saving_us for x in b.regions if x.name == "block" and x.occurrences == 1]

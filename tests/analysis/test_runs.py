@@ -37,8 +37,12 @@ def test_no_number_is_cut_at_any_width(width, monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "out", Console(width=width))
     old = sys.argv
-    for args in (["analyze", str(DATA / "gloo_ddp_2rank")], ["analyze", str(DATA / "real-gpu" / "dlrm_v100_8rank")],
-                 ["compare", str(STRAGGLER), str(CLEAN)], ["summary", str(STRAGGLER)]):  # fmt: skip
+    for args in (
+        ["analyze", str(DATA / "gloo_ddp_2rank")],
+        ["analyze", str(DATA / "real-gpu" / "dlrm_v100_8rank")],
+        ["compare", str(STRAGGLER), str(CLEAN)],
+        ["summary", str(STRAGGLER)],
+    ):
         sys.argv = ["bottleneck-oracle", *args]
         try:
             cli.main()

@@ -15,6 +15,7 @@ import pytest
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
+from bottleneck_oracle.serial import to_json
 from conftest import ALL_FIXTURES, MORE, PUBLIC, REAL, cached_analyses, cached_load
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
@@ -63,8 +64,11 @@ def test_mi300_steps_are_their_device_period_and_the_host_span_is_not_one():
     (doc,) = raw_events(REAL / "mi300_resnet_actckpt_rank0of8.json.gz")
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev
-                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))  # fmt: skip
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1]))
+        for e in ev
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    )
     dev_end = {}
     for e in ev:
         if e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in launch:
@@ -153,8 +157,19 @@ def test_a_polling_loop_of_event_queries_is_one_wait(tmp_path):
         if e.get("name", "").startswith("ProfilerStep#"):
             e["dur"] += shift
     step = (t1 - t0) / 40
-    ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaEventQuery", "pid": thread[0], "tid": thread[1],
-            "ts": t0 + k * step, "dur": step * 0.5, "args": {"correlation": 9_000_000 + k}} for k in range(40)]  # fmt: skip
+    ev += [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaEventQuery",
+            "pid": thread[0],
+            "tid": thread[1],
+            "ts": t0 + k * step,
+            "dur": step * 0.5,
+            "args": {"correlation": 9_000_000 + k},
+        }
+        for k in range(40)
+    ]
     path = tmp_path / "poll.json"
     path.write_text(json.dumps(doc))
     _, (a,) = analyze(path)
@@ -177,7 +192,7 @@ def test_a_progress_bar_thread_that_sleeps_through_the_step_carries_none_of_it()
     tqdm = {e["tid"] for e in doc["traceEvents"] if "tqdm/_monitor.py" in str(e.get("name", ""))}
     assert len(tqdm) == 1
     (tid,) = tqdm
-    assert [b["tid"] for b in a.bystanders()] == [tid]
+    assert [b.tid for b in a.bystanders()] == [tid]
     assert sum(s.dur for s in a.segments() if not s.on_gpu and s.tid == tid) <= 0.10 * a.step_time
     assert sum("no dependency into the step's work" in w for w in a.warnings()) == 1
     asleep = [c for c in a.checks() if c.name == "asleep"]
@@ -197,7 +212,7 @@ def test_the_self_check_catches_a_bystander_that_carries_the_path():
     w, E, pieces = builder._window_edges(table, step, opt, frozenset(), {f.rank: f.origin for f in facts.ranks})
     old = StepAnalysis.of(builder._finish(table, step, opt, w, E, pieces, facts, {}))
     failed = [c for c in old.checks() if not c.ok]
-    assert [c.name for c in failed] == ["asleep"], [c.to_dict() for c in old.checks()]
+    assert [c.name for c in failed] == ["asleep"], to_json(old.checks())
     assert any("self-check 'asleep'" in x for x in old.warnings())
 
 
@@ -252,8 +267,9 @@ def test_a_partial_sampled_job_says_how_many_ranks_and_that_events_were_left_out
     docs = raw_events(PUBLIC / "sampled_128rank")
     world = {d["distributedInfo"]["world_size"] for d in docs}
     held = [len({e["args"]["Ev Idx"] for e in d["traceEvents"] if "Ev Idx" in e.get("args", {})}) for d in docs]
-    run = run_facts(cached_load(PUBLIC / "sampled_128rank")).to_dict()
-    lines = run_warnings(run)
+    facts = run_facts(cached_load(PUBLIC / "sampled_128rank"))
+    lines = run_warnings(facts)
+    run = facts.to_dict()  # as the graph's meta and --json hold it
     assert world == {128} and any(line.startswith("2 of 128 ranks") for line in lines)
     assert sorted(run["numbered"][r]["held"] for r in run["numbered"]) == sorted(held)
     assert sum("sampled or removed" in line for line in lines) == 2
@@ -271,7 +287,7 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
     docs = [(rank_of[f.resolve()], d) for f, d in raw_files(path) if f.resolve() in rank_of]
     for a in cached_analyses(path):
         facts = a.graph.meta["facts"]
-        bad = [c.to_dict() for c in a.checks() if not c.ok]
+        bad = [to_json(c) for c in a.checks() if not c.ok]
         assert not bad, (a.graph.step, bad)
         if a.graph.step is None:
             continue
@@ -292,8 +308,11 @@ def _device_ops_launched(docs: list, step: int) -> int:
     total = 0
     for d in docs:
         ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
-        span = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == f"ProfilerStep#{step}" and
-                e.get("cat") in ("user_annotation", "cpu_op", "Operator")]  # fmt: skip
+        span = [
+            (e["ts"], e["ts"] + e["dur"])
+            for e in ev
+            if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")
+        ]
         if not span:
             continue
         lo, hi = max(span, key=lambda s: s[1] - s[0])

@@ -103,8 +103,9 @@ def test_step_time_is_the_period_the_raw_events_show(path):
     device = np.isin(c["cls"], (2, 3, 4))
     runtime = {(int(r), int(k)): float(t) for r, k, t, cl in zip(c["rank"], c["correlation"], c["ts"], c["cls"]) if cl == 1 and k >= 0}
     launched = np.array([dev and (int(r), int(k)) in runtime for r, k, dev in zip(c["rank"], c["correlation"], device)])
-    anchor = np.array([runtime.get((int(r), int(k)), float(t)) if dev else float(t)
-                       for r, k, t, dev in zip(c["rank"], c["correlation"], c["ts"], device)])  # fmt: skip
+    anchor = np.array(
+        [runtime.get((int(r), int(k)), float(t)) if dev else float(t) for r, k, t, dev in zip(c["rank"], c["correlation"], c["ts"], device)]
+    )
     for r in np.unique(c["rank"]):  # device work that ran before the first traced launch's was queued before the profile
         first = c["ts"][launched & (c["rank"] == r)].min() if (launched & (c["rank"] == r)).any() else np.inf
         anchor[device & ~launched & (c["rank"] == r) & (c["ts"] < first)] = -np.inf
@@ -138,11 +139,11 @@ def test_the_backward_on_the_autograd_thread_is_on_the_critical_path(path, tid, 
     the path must enter that thread (or the GPU), not jump over the wait as CPU overhead."""
     for a in cached_analyses(path):
         rows = a.critical_path()
-        there = sum(s["dur_us"] for s in rows if s["tid"] == tid or s["stream"] is not None)
+        there = sum(s.dur_us for s in rows if s.tid == tid or s.stream is not None)
         assert there >= at_least_ms * 1000, (a.graph.step, there)
-        handed = [s for s in rows if s["kind"] == "wait" and s["cause"] and s["cause"]["thread"] and "wake-up" in s["name"]]
-        assert {s["tid"] for s in handed} >= {tid}  # into the autograd thread ...
-        assert any(s["tid"] != tid for s in handed)  # ... and back to the thread that called backward()
+        handed = [s for s in rows if s.kind == "wait" and s.cause and s.cause.thread and "wake-up" in s.name]
+        assert {s.tid for s in handed} >= {tid}  # into the autograd thread ...
+        assert any(s.tid != tid for s in handed)  # ... and back to the thread that called backward()
         g = a.graph
         assert (g.edges["kind"] == EdgeKind.THREAD).sum() >= 2
         assert a.breakdown()["cpu_overhead"] > 0.5 * a.cpm.makespan  # both traces are CPU-bound steps
@@ -156,23 +157,26 @@ def test_dlrm_the_late_rank_is_the_straggler_and_what_if_it_came_later():
 
     path = REAL / "dlrm_v100_8rank"
     (a,) = cached_analyses(path)
-    assert a.straggler()["rank"] in (7, 2, 6)
+    assert a.straggler().rank in (7, 2, 6)
     rows = a.critical_path()
-    launch = [s for s in rows if s["kind"] == "launch"]
-    assert max(s["dur_us"] for s in launch) < 100.0  # no wait disguised as launch latency
-    late = [s for s in rows if s["kind"] == "wait" and s["rank"] == 7 and "late step start" in s["name"]]
+    launch = [s for s in rows if s.kind == "launch"]
+    assert max(s.dur_us for s in launch) < 100.0  # no wait disguised as launch latency
+    late = [s for s in rows if s.kind == "wait" and s.rank == 7 and "late step start" in s.name]
     # the README: rank 7 enters at 7513 µs (from rank 1's start); the wait ends there
-    assert late and late[0]["start_us"] + late[0]["dur_us"] == pytest.approx(a.graph.rank_start(1) + 7513.0, abs=1.0)
+    assert late and late[0].start_us + late[0].dur_us == pytest.approx(a.graph.rank_start(1) + 7513.0, abs=1.0)
     assert a.breakdown()["idle"] >= 5000.0
-    first7 = next(s["node"] for s in rows if s["rank"] == 7 and s["kind"] == "op")
+    first7 = next(s.node for s in rows if s.rank == 7 and s.kind == "op")
     (row,) = whatif(path, [f"id={first7},delay_ms=5"], use_model=False)
     assert 4000.0 <= row.replay.delta_us <= 5500.0
     # the compute stream's kernel after the all-to-all waited for the NCCL stream (no cuda_sync events: inferred)
     g, n = a.graph, a.graph.nodes
     e = g.edges
     sync = np.flatnonzero((e["kind"] == EdgeKind.SYNC) & n["on_gpu"][e["src"]] & n["on_gpu"][e["dst"]])
-    assert any(g.node_name(int(s)).startswith("ncclKernel_SendRecv") and "CatArrayBatchedCopy" in g.node_name(int(d))
-               for s, d in zip(e["src"][sync], e["dst"][sync]) if n["rank"][s] == 1)  # fmt: skip
+    assert any(
+        g.node_name(int(s)).startswith("ncclKernel_SendRecv") and "CatArrayBatchedCopy" in g.node_name(int(d))
+        for s, d in zip(e["src"][sync], e["dst"][sync])
+        if n["rank"][s] == 1
+    )
 
 
 def test_gpu_work_belongs_to_the_step_whose_cpu_launched_it():
@@ -189,7 +193,7 @@ def test_gpu_work_belongs_to_the_step_whose_cpu_launched_it():
         launch_ts = table.cols["ts"][launcher[gpu_rows]]
         assert ((launch_ts >= step.start) & (launch_ts < step.end)).all()
         q = a.gpu_queue()
-        assert q["ranks"][0]["lag_us"] > 15_000 and q["ranks"][0]["gpu_after_step_us"] > 15_000
+        assert q.ranks[0].lag_us > 15_000 and q.ranks[0].gpu_after_step_us > 15_000
         assert a.queue_warning() and "behind its host" in a.queue_warning()
         # the step's time starts where the device finished the earlier steps' work: no "idle" lead-in
         assert a.segments()[0].on_gpu and a.breakdown()["idle"] < 0.01 * a.step_time
@@ -264,4 +268,4 @@ def test_the_straggler_sleep_of_the_bundled_run_is_untraced_time_on_rank_1():
     for a in cached_analyses(SAMPLE):
         untraced = [s for s in a.segments() if s.kind == "untraced"]
         assert sum(s.dur for s in untraced if s.rank == 1) >= 18_000  # rank 1 sleeps 20 ms in its forward
-        assert a.straggler()["rank"] == 1
+        assert a.straggler().rank == 1

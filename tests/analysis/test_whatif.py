@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import cached_load
 
 from bottleneck_oracle.analysis.cpm import run_cpm
-from bottleneck_oracle.analysis.whatif import Edit, edited_durations, replay, single_node_makespans
+from bottleneck_oracle.analysis.whatif import Edit, EditedTimes, apply_edits, edited_durations, replay, single_node_makespans
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 
@@ -49,6 +49,25 @@ def test_an_edit_parses_selects_and_replays(graph):
     slack = float(base.slack.max())
     w = int(np.argmax(base.slack))  # the node with the most slack absorbs a delay smaller than it
     assert replay(graph, [Edit(ids=(w,), delay_ms=min(slack, 10_000) / 2000)], base).delta_us == pytest.approx(0.0, abs=1e-6)
+
+
+def test_an_edits_times_travel_together_and_say_what_changed(graph):
+    """apply_edits gives one EditedTimes: its delta() is what the edit added (whatif's added_us),
+    how large it is (the graph network's edit size), what it removed and whether it lengthens
+    anything (the corrections' refusal), from one subtraction."""
+    times = apply_edits(graph, [Edit.parse("name~=all_reduce,rank=1,scale=0.5"), Edit.parse("rank=0,gap=1,scale=0.0")])
+    d = times.delta()
+    removed = float((graph.nodes["mdur"] - times.dur).sum())
+    assert removed > 0 and len(times.nodes) and len(times.edges)
+    assert d.added_us == pytest.approx(-d.removed_us) and d.removed_us > removed  # the rank-0 gaps count too
+    assert d.size_us == pytest.approx(d.removed_us) and not d.lengthens
+    assert times.cpm().makespan <= run_cpm(graph).makespan
+    changed = d.changed_nodes(graph.edges["src"])
+    assert set(np.flatnonzero(changed)) >= set(times.nodes.tolist())
+    unedited = EditedTimes.unedited(graph).delta()
+    assert unedited.added_us == unedited.size_us == unedited.removed_us == 0.0 and not unedited.changed_nodes(graph.edges["src"]).any()
+    longer = apply_edits(graph, [Edit.parse("name~=all_reduce,delay_ms=1")]).delta()
+    assert longer.lengthens and longer.added_us > 0 and longer.removed_us == 0.0
 
 
 @pytest.mark.parametrize(
@@ -183,8 +202,15 @@ def _own_time_from_raw(path: Path, rank: int, step: int, name: str) -> float:
     for op in ev:
         if op["name"] != name or not span["ts"] <= op["ts"] < span["ts"] + span["dur"]:
             continue
-        inside = [e for e in ev if e is not op and e["tid"] == op["tid"] and e.get("cat") == op.get("cat")
-                  and op["ts"] <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"]]  # fmt: skip
+        inside = [
+            e
+            for e in ev
+            if e is not op
+            and e["tid"] == op["tid"]
+            and e.get("cat") == op.get("cat")
+            and op["ts"] <= e["ts"]
+            and e["ts"] + e["dur"] <= op["ts"] + op["dur"]
+        ]
         direct = [
             e for e in inside if not any(p is not e and p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] for p in inside)
         ]

@@ -68,8 +68,9 @@ def test_every_kernel_has_exactly_one_launch_edge_from_its_runtime_call():
     rt = {(int(c["correlation"][i])): i for i in np.flatnonzero(c["cls"] == EvClass.RUNTIME)}
     call_ev = np.array([rt.get(int(c["correlation"][d]), -1) for d in dst_ev])
     ends = c["ts"] + c["dur"]
-    copy = np.array([i >= 0 and ("memcpy" in table.names[c["name"][i]].lower() or "memset" in table.names[c["name"][i]].lower())
-                     for i in call_ev])  # fmt: skip
+    copy = np.array(
+        [i >= 0 and ("memcpy" in table.names[c["name"][i]].lower() or "memset" in table.names[c["name"][i]].lower()) for i in call_ev]
+    )
     blocking = copy & (ends[dst_ev] <= ends[np.maximum(call_ev, 0)]) & (c["ts"][dst_ev] >= c["ts"][np.maximum(call_ev, 0)])
     assert (src_ev[~blocking] == call_ev[~blocking]).all()
     node_of = {int(ev): i for i, ev in enumerate(n["event"])}

@@ -56,10 +56,18 @@ def test_scanner_agrees_with_orjson_on_every_fixture(path):
 
 def test_tricky_json(tmp_path):
     events = [
-        {"ph": "X", "cat": "cpu_op", "name": 'caf\u00e9 "quoted" {[}]', "pid": "proc one", "tid": -3, "ts": 1.5e3, "dur": 2e-1,
-         "args": {"nested": {"a": [1, {"b": "]}"}]}, "correlation": 7, "s": "\\\\", "External id": 12}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": 'caf\u00e9 "quoted" {[}]',
+            "pid": "proc one",
+            "tid": -3,
+            "ts": 1.5e3,
+            "dur": 2e-1,
+            "args": {"nested": {"a": [1, {"b": "]}"}]}, "correlation": 7, "s": "\\\\", "External id": 12},
+        },
         {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": 1600.25, "dur": 0, "args": {}},
-    ]  # fmt: skip
+    ]
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 4}}, indent=2, ensure_ascii=True))
     t = load_events(p)

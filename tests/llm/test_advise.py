@@ -75,7 +75,7 @@ def test_offline_advice_is_validated_by_replay_and_ranked(step):
     for s in adv.suggestions:  # every edit parses and selects something
         assert s.edited_nodes > 0 and all(Edit.parse(e) for e in s.edits)
     for r in adv.rejected:
-        assert r["reason"]
+        assert r.reason
 
 
 def _serve(respond) -> tuple[ThreadingHTTPServer, str]:
@@ -99,8 +99,12 @@ class _Server:
         body = json.loads(h.rfile.read(int(h.headers["Content-Length"])))
         self.requests.append({"path": h.path, "auth": h.headers.get("Authorization"), "body": body})
         content = self.replies.pop(0) if self.replies else '{"suggestions": []}'
-        reply = {"id": "x", "object": "chat.completion", "model": body["model"],
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}  # fmt: skip
+        reply = {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        }
         data = json.dumps(reply).encode()
         _headers(h, data)
         h.wfile.write(data)
@@ -149,7 +153,7 @@ def test_schema_violations_are_fed_back_once_then_dropped(server, step):
     feedback = server.requests[1]["body"]["messages"][-1]["content"]
     assert "not JSON" in feedback
     assert adv.suggestions == []
-    assert any("exactly the keys" in r["reason"] for r in adv.rejected) and any("not JSON" in r["reason"] for r in adv.rejected)
+    assert any("exactly the keys" in r.reason for r in adv.rejected) and any("not JSON" in r.reason for r in adv.rejected)
 
 
 INJECTION = json.dumps(
@@ -173,7 +177,7 @@ def test_an_injected_instruction_reply_is_rejected_and_nothing_runs(server, step
     adv = advise(a, b, phases, table, llm=ChatClient(server.url, "m"))
     assert adv.suggestions == []
     assert not Path("/tmp/oracle_pwned").exists()
-    reasons = " | ".join(r["reason"] for r in adv.rejected)
+    reasons = " | ".join(r.reason for r in adv.rejected)
     assert "is not key=value" in reasons and "recipe must be null or one of" in reasons and "select no node" in reasons
 
 

@@ -16,15 +16,16 @@ fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenl
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey
 from bottleneck_oracle.analysis.summary import StepAnalysis
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
 BOOTSTRAP = 2000
@@ -41,9 +42,6 @@ class Estimate:
     low_us: float | None
     high_us: float | None
     steps: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def estimate(values: list[float], seed: int = 0) -> Estimate:
@@ -71,7 +69,7 @@ class RegionAnswer:
 
     rank: int
     name: str
-    kind: str  # "range" or "op"
+    kind: Literal["range", "op"]
     steps: int  # blamed steps in which blame found it slower than on the peers
     of: int
     own: Estimate  # its own time on the rank, per step
@@ -101,14 +99,11 @@ class RunAnswer:
     step_time: Estimate
     measured: Estimate  # the ProfilerStep span
     bound: Bound
-    breakdown: dict[str, Estimate]
+    breakdown: dict[BreakdownKey, Estimate]
     straggler: Straggler | None
     region: RegionAnswer | None
     extra_ops: list[ExtraOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -184,7 +179,7 @@ class StepFigures:
     def of(cls, a: StepAnalysis) -> StepFigures:
         s = a.straggler() if len(a.graph.ranks) > 1 else None
         return cls(a.graph.step, tuple(a.graph.ranks), bool(a.graph.nodes["on_gpu"].any()), a.step_time, a.measured,
-                   a.breakdown(), (s["rank"], s["imposed_wait_us"]) if s else None)  # fmt: skip
+                   a.breakdown(), (s.rank, s.imposed_wait_us) if s else None)  # fmt: skip
 
 
 def steady(steps: list[int | None]) -> list[int | None]:
@@ -200,7 +195,12 @@ def blame_sample(steps: list[int | None], k: int = MAX_BLAME_STEPS) -> set[int |
     return {st[int(i)] for i in np.linspace(0, len(st) - 1, k).round().astype(int)}
 
 
-def run_answer(analyses: list[StepAnalysis], source: str = "", references: list | None = None, two_steps=None) -> RunAnswer:
+def run_answer(
+    analyses: list[StepAnalysis],
+    source: str = "",
+    references: list[ExecutionGraph] | None = None,
+    two_steps: Callable[[int | None], ExecutionGraph | None] | None = None,
+) -> RunAnswer:
     """The run-level answer of ``analyses`` (every analysed step, in step order); ``references``:
     graphs of a baseline run of the same job (the typical times where ranks have no peers);
     ``two_steps``: step number -> the graph of that step and the next (the steady-state saving)."""
@@ -210,7 +210,11 @@ def run_answer(analyses: list[StepAnalysis], source: str = "", references: list 
 
 
 def answer_from(
-    figures: list[StepFigures], blamed: list[StepAnalysis], source: str = "", references: list | None = None, two_steps=None
+    figures: list[StepFigures],
+    blamed: list[StepAnalysis],
+    source: str = "",
+    references: list[ExecutionGraph] | None = None,
+    two_steps: Callable[[int | None], ExecutionGraph | None] | None = None,
 ) -> RunAnswer:
     """The run-level answer from every step's figures (in step order) and the analyses of the
     steps ``blame_sample`` picked (the region and the extra ops are found on those), against the
@@ -225,7 +229,7 @@ def answer_from(
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
     bound: Bound = {"compute": "device compute" if gpu else "CPU compute", "communication": "communication",
-                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # type: ignore[assignment]  # fmt: skip
+                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # fmt: skip
     ranks = sorted({r for f in figures for r in f.ranks})
     answer = RunAnswer(
         source=source, ranks=ranks, steps=len(figures), steady=len(st),
@@ -251,7 +255,10 @@ def _straggler(st: list[StepFigures]) -> Straggler | None:
     return Straggler(rank, count, len(st), estimate([w for r, w in named if r == rank]))
 
 
-def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> None:
+RegionKey = tuple[int, str, Literal["range", "op"]]  # a region: rank, name, kind
+
+
+def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[ExecutionGraph]) -> None:
     """The region where the straggler (or, without one, any rank) differs from its peer ranks (or,
     with ``references``, from the baseline's steps), and its extra ops, on the ``picked`` steps.
     The region is the one whose saving has the largest median over the blamed steps (a step in
@@ -262,9 +269,9 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
     memo = KeyMemo()
     against = ("peer ranks", "reference steps") if references else ("peer ranks",)
     focus = answer.straggler.rank if answer.straggler else None
-    per: dict[tuple[int, str, str], dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
+    per: dict[RegionKey, dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    sources: dict[tuple[int, str, str], set[str]] = {}
+    sources: dict[RegionKey, set[str]] = {}
     used = 0
     for k, a in enumerate(picked):
         g = a.graph
@@ -281,7 +288,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
     if not used:
         return
 
-    def typical_saving(key: tuple[int, str, str]) -> float:
+    def typical_saving(key: RegionKey) -> float:
         return float(np.median([per[key][k][2] if k in per[key] else 0.0 for k in range(len(picked))]))
 
     best = max(per, key=lambda key: (typical_saving(key), len(per[key])), default=None)
@@ -308,57 +315,73 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list) -> N
 EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
 
 
-def _extra_ops(g, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
+def _extra_ops(g: ExecutionGraph, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
     """Ops a rank runs more often than its peers (the median peer of its peer group), parent ops
     included: per (rank, name), how many more times and their time (its median run, as many more
-    times). Host ops only: the device ops they launch follow them."""
+    times). Host ops only: the device ops they launch follow them. Counted with one matrix of
+    (rank, name) counts, so thousands of ranks cost no more than their ops."""
     n, rg = g.nodes, g.regions
     host = ~n["on_gpu"] & (n["rank"] >= 0)
-    counts: dict[int, dict[str, list[float]]] = {}
-    for r, name, d in zip(n["rank"][host].tolist(), n["name"][host].tolist(), n["mdur"][host].tolist()):
-        counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
     ops = ~rg["is_range"].astype(bool)  # parent ops too (aten::mm around its children): the names a user recognises
-    for r, name, d in zip(rg["rank"][ops].tolist(), rg["name"][ops].tolist(), (rg["end"] - rg["start"])[ops].tolist()):
-        counts.setdefault(r, {}).setdefault(g.names[name], []).append(d)
-    out = {}
-    members: dict[int, list[int]] = {}
-    for r in counts:
-        members.setdefault(groups.get(r, r), []).append(r)
-    sorted_counts: dict[tuple[int, str], list[int]] = {}  # (group, name) -> its members' counts, sorted
-    for r, mine in counts.items():
-        if focus is not None and r != focus:
+    rank = np.concatenate([n["rank"][host], rg["rank"][ops]]).astype(np.int64)
+    name = np.concatenate([n["name"][host], rg["name"][ops]]).astype(np.int64)
+    dur = np.concatenate([n["mdur"][host], (rg["end"] - rg["start"])[ops]]).astype(np.float64)
+    if not len(rank):
+        return {}
+    ranks, r_idx = np.unique(rank, return_inverse=True)
+    names, k_idx = np.unique(name, return_inverse=True)
+    counts = np.zeros((len(ranks), len(names)), dtype=np.int64)
+    np.add.at(counts, (r_idx, k_idx), 1)
+    order = np.lexsort((dur, k_idx, r_idx))  # each (rank, name)'s durations together, sorted
+    cell = r_idx[order] * len(names) + k_idx[order]
+    dur_sorted = dur[order]
+    group = np.array([groups.get(int(r), int(r)) for r in ranks])
+    out: dict[tuple[int, str], tuple[int, float]] = {}
+    for gr in np.unique(group).tolist():
+        members = np.flatnonzero(group == gr)
+        if len(members) < 2:  # no peers
             continue
-        group = groups.get(r, r)
-        if len(members[group]) < 2:  # no peers
-            continue
-        for name, durs in mine.items():
-            key = (group, name)
-            if key not in sorted_counts:
-                sorted_counts[key] = sorted(len(counts[p].get(name, [])) for p in members[group])
-            typical = _median_without(sorted_counts[key], len(durs))  # the median peer's count
-            more = len(durs) - typical
-            if more >= 1:
-                dur = float(np.median(durs)) * more  # its typical run, as many more times
-                if dur >= EXTRA_MIN_US:
-                    out[(r, name)] = (int(round(more)), dur)
+        if focus is not None:
+            look = members[ranks[members] == focus]
+            if not len(look):
+                continue
+        else:
+            look = members
+        typical = _median_without(counts[members], counts[look])  # the median peer's count, per name
+        more = counts[look] - typical
+        for a, k in zip(*np.nonzero(more >= 1)):
+            i = int(look[a])
+            c = i * len(names) + int(k)
+            lo, hi = np.searchsorted(cell, [c, c + 1])
+            extra = float(np.median(dur_sorted[lo:hi])) * float(more[a, k])  # its typical run, as many more times
+            if extra >= EXTRA_MIN_US:
+                out[(int(ranks[i]), g.names[int(names[k])])] = (int(round(float(more[a, k]))), extra)
     return out
 
 
-def _median_without(s: list[int], v: int) -> float:
-    """``np.median`` of the sorted ``s`` with one ``v`` taken out (a rank's peers: the group without
-    it), read off ``s`` instead of a list built per rank (thousands of ranks made that quadratic)."""
-    p = bisect.bisect_left(s, v)  # any occurrence of v: the rest is the same
+def _median_without(group: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows`` (members of ``group``, a matrix of counts: ranks by names), per name,
+    ``np.median`` of the group's column with that row taken out (a rank's peers: the group
+    without it), read off the sorted columns instead of a matrix built per rank (thousands of
+    ranks made that quadratic)."""
+    s = np.sort(group, axis=0)
+    m, k_names = s.shape
+    # where one occurrence of each row's value sits in its sorted column: taking out any of them leaves the same rest
+    p = np.stack([np.searchsorted(s[:, k], rows[:, k]) for k in range(k_names)], axis=1) if k_names else rows
+    cols = np.arange(k_names)
 
-    def at(i: int) -> int:
-        return s[i] if i < p else s[i + 1]
+    def at(j: int) -> np.ndarray:
+        v: np.ndarray = np.where(j < p, s[min(j, m - 1), cols], s[min(j + 1, m - 1), cols]).astype(np.float64)
+        return v
 
-    k = len(s) - 1
+    k = m - 1
     if k % 2:
-        return float(at(k // 2))
-    return (at(k // 2 - 1) + at(k // 2)) / 2.0
+        return at(k // 2)
+    mid: np.ndarray = (at(k // 2 - 1) + at(k // 2)) / 2.0
+    return mid
 
 
-def _matching_regions(g, rank: int, name: str) -> list[int]:
+def _matching_regions(g: ExecutionGraph, rank: int, name: str) -> list[int]:
     """The regions of ``g`` on ``rank`` named ``name`` (or of its family: ``forward.mb*``), the
     outermost where one holds another."""
     from bottleneck_oracle.analysis.blame import _family
@@ -375,7 +398,7 @@ def _matching_regions(g, rank: int, name: str) -> list[int]:
     return out
 
 
-def _restored_makespan(g, rank: int, name: str, factor: float) -> tuple[float, float] | None:
+def _restored_makespan(g: ExecutionGraph, rank: int, name: str, factor: float) -> tuple[float, float] | None:
     from bottleneck_oracle.analysis.blame import region_time, restored_regions
     from bottleneck_oracle.analysis.cpm import makespan_of
 
@@ -386,7 +409,7 @@ def _restored_makespan(g, rank: int, name: str, factor: float) -> tuple[float, f
     return makespan_of(g), makespan_of(g, dd, ww, rr)
 
 
-def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps) -> None:
+def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Callable[[int | None], ExecutionGraph | None] | None) -> None:
     """The region's saving in steady state: on each picked step that has a next one, the region at
     its typical time in both steps, replayed over the two; the saving of the second step."""
     r = answer.region
@@ -394,7 +417,7 @@ def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps) -> 
     factor = float(np.clip(r.peers.median_us / r.own.median_us, 0.0, 1.0)) if r.own.median_us > 0 else 1.0
     savings = []
     for a in picked:
-        g2 = two_steps(a.graph.step) if a.graph.step is not None else None
+        g2 = two_steps(a.graph.step) if two_steps is not None and a.graph.step is not None else None
         one, two = _restored_makespan(a.graph, r.rank, r.name, factor), (_restored_makespan(g2, r.rank, r.name, factor) if g2 else None)
         if one is None or two is None:
             continue

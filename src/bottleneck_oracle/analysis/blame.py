@@ -50,7 +50,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -59,11 +59,18 @@ from bottleneck_oracle.analysis.whatif import single_edge_makespans, single_node
 from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
+from bottleneck_oracle.serial import Computed, json_meta
 
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
 MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-run noise: ranked as none
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
-TYPICAL_FROM = ("none", "peer ranks", "reference steps")  # where a typical value came from, by _typical's source code
+TypicalFrom = Literal["none", "peer ranks", "reference steps"]
+TYPICAL_FROM: tuple[TypicalFrom, ...] = (
+    "none",
+    "peer ranks",
+    "reference steps",
+)  # where a typical value came from, by _typical's source code
+CulpritKind = Literal["op", "gap"]  # an op, or untraced time (after an op, or before a thread's first)
 REGION_REPLAYS = 20  # regions replayed per step: the ones most slower than typical
 REGION_NESTED_SHARE = 0.9  # a region enclosing one that saves at least this share of its saving is not reported
 REGION_GROUP_REPLAYS = 10  # repeated ranges (all occurrences of a name on a rank, taken as one) replayed per step
@@ -390,38 +397,29 @@ class Culprit:
     rank's step start to the thread's first op ``id``)."""
 
     id: int
-    kind: str
+    kind: CulpritKind
     name: str
     rank: int
     dur_us: float
     typical_us: float
-    typical_from: str  # "reference steps", "peer ranks" or "none"
+    typical_from: TypicalFrom
     noise_us: float
     saving_us: float  # the step time restoring it to typical saves (replay)
     share: float  # of the saving of restoring everything
     slack_us: float
-    edge: int | None = None
-    parent: str | None = None  # the op whose own time an untraced gap is (name_gaps)
-    model_predicted: bool = False  # the graph network was asked for this one's saving
-    model_saving_us: float | None = None  # its answer; None where it refused (out of domain)
-    corrected: bool = False  # the corrections (models.corrections) were asked for this one's saving
-    corrected_saving_us: float | None = None  # the corrected replay's saving; None where out of domain
-    corrected_interval_us: tuple[float, float] | None = None  # its 90% interval
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "kind": self.kind, "name": self.name, "rank": self.rank, "dur_us": self.dur_us,
-                             "typical_us": self.typical_us, "typical_from": self.typical_from, "noise_us": self.noise_us,
-                             "saving_us": self.saving_us, "share": self.share, "slack_us": self.slack_us}  # fmt: skip
-        if self.edge is not None:
-            d["edge"] = self.edge
-        if self.parent is not None:
-            d["parent"] = self.parent
-        if self.model_predicted:
-            d["model_saving_us"] = self.model_saving_us
-        if self.corrected:
-            d["corrected_saving_us"] = self.corrected_saving_us
-            d["corrected_interval_us"] = list(self.corrected_interval_us) if self.corrected_interval_us else None
-        return d
+    edge: int | None = field(default=None, metadata=json_meta(omit_none=True))
+    parent: str | None = field(default=None, metadata=json_meta(omit_none=True))  # the op whose own time an untraced gap is (name_gaps)
+    model_predicted: bool = field(default=False, metadata=json_meta(skip=True))  # the graph network was asked for this one's saving
+    model_saving_us: float | None = field(
+        default=None, metadata=json_meta(when="model_predicted")
+    )  # its answer; None where it refused (out of domain)
+    corrected: bool = field(
+        default=False, metadata=json_meta(skip=True)
+    )  # the corrections (models.corrections) were asked for this one's saving
+    corrected_saving_us: float | None = field(
+        default=None, metadata=json_meta(when="corrected")
+    )  # the corrected replay's saving; None where out of domain
+    corrected_interval_us: tuple[float, float] | None = field(default=None, metadata=json_meta(when="corrected"))  # its 90% interval
 
 
 @dataclass(slots=True)
@@ -436,10 +434,6 @@ class RankBlame:
     op_us: float
     gap_us: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "saving_us": self.saving_us, "share": self.share, "op_excess_us": self.op_excess_us,
-                "gap_excess_us": self.gap_excess_us, "op_us": self.op_us, "gap_us": self.gap_us}  # fmt: skip
-
 
 @dataclass(slots=True)
 class OpKindBlame:
@@ -450,9 +444,6 @@ class OpKindBlame:
     share: float
     excess_us: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "saving_us": self.saving_us, "share": self.share, "excess_us": self.excess_us}
-
 
 @dataclass(slots=True)
 class Region:
@@ -462,27 +453,25 @@ class Region:
     tid: int
     name: str
     occurrence: int  # of the regions of this name on its rank in the step, by start
-    kind: str  # "range" (record_function, Python, nn.Module) or "op" (a parent op)
+    kind: Literal["range", "op"]  # "range" (record_function, Python, nn.Module) or "op" (a parent op)
     span_us: float  # from its start to its end, as measured (waiting included)
     dur_us: float  # its own time: the ops inside it and the untraced time between them (waiting excluded)
     typical_us: float
-    typical_from: str  # "reference steps", "peer ranks" or "none"
+    typical_from: TypicalFrom
     noise_us: float
     saving_us: float  # the step time it taking its typical time saves (replay)
     share: float  # of the step time
     nodes: int  # ops inside it
-    occurrences: int = 1  # > 1: every slower occurrence of a range run several times in the step, taken as one (``occurrence``: the first)
+    occurrences: int = field(
+        default=1, metadata=json_meta(skip=True)
+    )  # > 1: every slower occurrence of a range run several times in the step, taken as one (``occurrence``: the first)
+
+    JSON_COMPUTED: ClassVar[tuple[Computed, ...]] = (Computed("occurrences", "occurrences", after="occurrence"),)
 
     @property
     def label(self) -> str:
         """The name, with ``×N`` for a repeated range taken as one."""
         return self.name if self.occurrences == 1 else f"{self.name} ×{self.occurrences}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "tid": self.tid, "name": self.name, "occurrence": self.occurrence, "occurrences": self.occurrences,
-                "kind": self.kind, "span_us": self.span_us, "dur_us": self.dur_us, "typical_us": self.typical_us,
-                "typical_from": self.typical_from, "noise_us": self.noise_us, "saving_us": self.saving_us, "share": self.share,
-                "nodes": self.nodes}  # fmt: skip
 
 
 def region_labels(regions: list[Region]) -> list[str]:
@@ -498,23 +487,19 @@ def region_labels(regions: list[Region]) -> list[str]:
 @dataclass(slots=True)
 class Blame:
     step: int | None
-    makespan: float
-    restored_makespan: float  # every node restored to typical
+    makespan: float = field(metadata=json_meta(key="makespan_us"))
+    restored_makespan: float = field(metadata=json_meta(key="restored_makespan_us"))  # every node restored to typical
     nodes: list[Culprit] = field(default_factory=list)  # ranked by saving
     anomalies: list[Culprit] = field(default_factory=list)  # the same candidates ranked by excess over typical
     ranks: list[RankBlame] = field(default_factory=list)
     ops: list[OpKindBlame] = field(default_factory=list)
     regions: list[Region] = field(default_factory=list)  # the most specific regions, ranked by saving
 
+    JSON_COMPUTED: ClassVar[tuple[Computed, ...]] = (Computed("excess_us", "excess", after="restored_makespan"),)
+
     @property
     def excess(self) -> float:
         return self.makespan - self.restored_makespan
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "makespan_us": self.makespan, "restored_makespan_us": self.restored_makespan, "excess_us": self.excess,
-                "nodes": [x.to_dict() for x in self.nodes], "anomalies": [x.to_dict() for x in self.anomalies],
-                "ranks": [x.to_dict() for x in self.ranks], "ops": [x.to_dict() for x in self.ops],
-                "regions": [x.to_dict() for x in self.regions]}  # fmt: skip
 
 
 def blame(

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from bottleneck_oracle.analysis.runs import ROBUST, steady
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, Segment, label
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, SegmentKind, label
 from bottleneck_oracle.analysis.shift import shift_interval
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.errors import OracleError
@@ -90,9 +90,15 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
         codes, k = np.unique(n["name"][keep], return_counts=True)
         for code, c in zip(codes.tolist(), k.tolist()):
             counts[_normal(g.names[code])] += c / max(len(g.ranks), 1)
-    return RunShape(devices=devices, on_device=on_device, world_size=max(sizes) if sizes else None, ranks=sorted(ranks),
-                    backend=backends.pop() if len(backends) == 1 else None, pipeline=pipeline,
-                    ops={k: v / max(len(steps), 1) for k, v in counts.items()})  # fmt: skip
+    return RunShape(
+        devices=devices,
+        on_device=on_device,
+        world_size=max(sizes) if sizes else None,
+        ranks=sorted(ranks),
+        backend=backends.pop() if len(backends) == 1 else None,
+        pipeline=pipeline,
+        ops={k: v / max(len(steps), 1) for k, v in counts.items()},
+    )
 
 
 def structure_match(a: RunShape, b: RunShape) -> float:
@@ -134,9 +140,11 @@ def alike(speed: tuple[float, int] | None, share: float, min_change: float = MIN
     UNIFORM_SHARE of its change ``share``: what a slower or faster machine does; else None."""
     if speed is None or abs(share) <= min_change or (speed[0] - 1) * share <= 0 or abs(speed[0] - 1) < UNIFORM_SHARE * abs(share):
         return None
-    return (f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
-            f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
-            "device) changes every op alike, a change to the job seldom does")  # fmt: skip
+    return (
+        f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
+        f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
+        "device) changes every op alike, a change to the job seldom does"
+    )
 
 
 def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
@@ -144,11 +152,15 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
     OracleError when they share almost no ops (not the same job) unless ``force``."""
     out = []
     if a.devices and b.devices and a.devices != b.devices:
-        out.append(f"the runs ran on different devices (baseline {', '.join(a.devices)}; candidate {', '.join(b.devices)}): "
-                   "the change includes the hardware's")  # fmt: skip
+        out.append(
+            f"the runs ran on different devices (baseline {', '.join(a.devices)}; candidate {', '.join(b.devices)}): "
+            "the change includes the hardware's"
+        )
     elif a.on_device != b.on_device:
-        out.append(f"the baseline runs {'on a device' if a.on_device else 'on the CPU only'}, "
-                   f"the candidate {'on a device' if b.on_device else 'on the CPU only'}")  # fmt: skip
+        out.append(
+            f"the baseline runs {'on a device' if a.on_device else 'on the CPU only'}, "
+            f"the candidate {'on a device' if b.on_device else 'on the CPU only'}"
+        )
     if a.world_size and b.world_size and a.world_size != b.world_size:
         out.append(f"the world size differs (baseline {a.world_size} ranks, candidate {b.world_size}): the job was scaled")
     if a.ranks != b.ranks:
@@ -168,8 +180,10 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
             f" ({detail})" if detail else ""
         )
         if match < REFUSE_STRUCTURE and not force:
-            raise OracleError(f"baseline and candidate do not run the same step: {line[len('the steps differ in structure: ') :]}; "
-                              "pass --force to compare them anyway")  # fmt: skip
+            raise OracleError(
+                f"baseline and candidate do not run the same step: {line[len('the steps differ in structure: ') :]}; "
+                "pass --force to compare them anyway"
+            )
         out.append(line)
     return out
 
@@ -185,7 +199,7 @@ class Move:
 
     what: str  # segments.label: an op, a range's framework or untraced time, a wait
     ranks: list[int]  # where it lay on the path, in either run (one rank: rows per rank)
-    kind: str  # the segment kind
+    kind: SegmentKind
     baseline_us: float
     candidate_us: float
     delta_us: float
@@ -231,13 +245,8 @@ class Comparison:
     moved: list[Move] = field(default_factory=list)  # the largest changes first (the top ones)
     other_us: float = 0.0  # the change of the rows not listed in moved
     residual_us: float = 0.0  # difference of medians minus the typical steps' difference
-    by_kind: dict[str, KindChange] = field(default_factory=dict)  # breakdown class -> its change
+    by_kind: dict[BreakdownKey, KindChange] = field(default_factory=dict)  # breakdown class -> its change
     by_rank: list[RankChange] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["interval_us"] = list(self.interval_us) if self.interval_us is not None else None
-        return d
 
     @property
     def left(self) -> list[Move]:
@@ -261,8 +270,14 @@ def verdict(tb: np.ndarray, tc: np.ndarray, min_change: float = MIN_CHANGE) -> t
         return "too few steps", f"{len(tb)} and {len(tc)} steady steps: at least {MIN_STEPS} a side are needed for an interval", None
     ci = shift_interval(tb, tc, CONFIDENCE)
     if ci is None:
-        return "too few steps", (f"{len(tb)} and {len(tc)} steady steps are too few for a {100 * CONFIDENCE:.0f}% interval: "
-                                 "record at least 4 a side (a run's first step is warm-up)"), None  # fmt: skip
+        return (
+            "too few steps",
+            (
+                f"{len(tb)} and {len(tc)} steady steps are too few for a {100 * CONFIDENCE:.0f}% interval: "
+                "record at least 4 a side (a run's first step is warm-up)"
+            ),
+            None,
+        )
     mb = float(np.median(tb))
     delta = float(np.median(tc)) - mb
     lo, hi = ci
@@ -312,10 +327,10 @@ def _typical(analyses: list[StepAnalysis], times: np.ndarray) -> list[StepAnalys
     return [a for a, t in zip(analyses, times) if q1 <= t <= q3]
 
 
-def _rows(analyses: list[StepAnalysis], across_ranks: bool) -> dict[tuple[str, int], tuple[float, str, set[int]]]:
+def _rows(analyses: list[StepAnalysis], across_ranks: bool) -> dict[tuple[str, int], tuple[float, SegmentKind, set[int]]]:
     """(what, rank or -1 across ranks) -> (its mean time per step on the critical path, kind, ranks)."""
     total: dict[tuple[str, int], float] = defaultdict(float)
-    kind: dict[tuple[str, int], str] = {}
+    kind: dict[tuple[str, int], SegmentKind] = {}
     where: dict[tuple[str, int], set[int]] = defaultdict(set)
     for a in analyses:
         for s in a.segments():
@@ -335,8 +350,8 @@ def _key(s: Segment, across_ranks: bool) -> tuple[str, int]:
 def _rank_medians(analyses: list[StepAnalysis]) -> dict[int, float]:
     per: dict[int, list[float]] = defaultdict(list)
     for a in analyses:
-        facts = a.graph.meta.get("facts") or {}
-        periods = {int(f["rank"]): float(f["period_us"]) for f in facts.get("ranks", [])}
+        facts = a.graph.info.facts
+        periods = {f.rank: f.period_us for f in facts.ranks} if facts is not None else {}
         for r, t in (periods or {int(r): float(t) for r, t in a.graph.measured.items()}).items():
             per[r].append(t)
     return {r: float(np.median(v)) for r, v in per.items()}
@@ -388,10 +403,12 @@ def compare(
     kb, kc = _typical(b, tb), _typical(c, tc)
     pb, pc = _rows(kb, across), _rows(kc, across)
     moved = []
-    none: tuple[float, str, set[int]] = (0.0, "", set())
+    none: tuple[float, SegmentKind | None, set[int]] = (0.0, None, set())
     for key in set(pb) | set(pc):
         (x, kx, wx), (y, ky, wy) = pb.get(key, none), pc.get(key, none)
-        moved.append(Move(what=key[0], ranks=sorted(wx | wy), kind=kx or ky, baseline_us=x, candidate_us=y, delta_us=y - x))
+        what_kind = kx or ky
+        assert what_kind is not None  # (the key is in one run at least)
+        moved.append(Move(what=key[0], ranks=sorted(wx | wy), kind=what_kind, baseline_us=x, candidate_us=y, delta_us=y - x))
     moved.sort(key=lambda m: (-abs(m.delta_us), m.what))
     explained = sum(m.delta_us for m in moved)
     shown = [m for m in moved[:top] if abs(m.delta_us) > 1e-6]
@@ -404,8 +421,25 @@ def compare(
     per_rank = [RankChange(r, rb.get(r), rc.get(r), (rc[r] - rb[r]) if r in rb and r in rc else None) for r in sorted(set(rb) | set(rc))]
     spread = [ROBUST * float(np.median(np.abs(t - np.median(t)))) for t in (tb, tc)]
     return Comparison(
-        baseline=base_name, candidate=cand_name, baseline_median_us=mb, candidate_median_us=mc, baseline_steps=len(tb),
-        candidate_steps=len(tc), baseline_spread_us=spread[0], candidate_spread_us=spread[1], delta_us=mc - mb,
-        delta_share=share, interval_us=ci, op_ratio=speed[0] if speed else None, min_change=min_change, verdict=call, reason=reason, warnings=warns,
-        moved=shown, other_us=explained - sum(m.delta_us for m in shown), residual_us=(mc - mb) - explained, by_kind=kinds, by_rank=per_rank,
-    )  # fmt: skip
+        baseline=base_name,
+        candidate=cand_name,
+        baseline_median_us=mb,
+        candidate_median_us=mc,
+        baseline_steps=len(tb),
+        candidate_steps=len(tc),
+        baseline_spread_us=spread[0],
+        candidate_spread_us=spread[1],
+        delta_us=mc - mb,
+        delta_share=share,
+        interval_us=ci,
+        op_ratio=speed[0] if speed else None,
+        min_change=min_change,
+        verdict=call,
+        reason=reason,
+        warnings=warns,
+        moved=shown,
+        other_us=explained - sum(m.delta_us for m in shown),
+        residual_us=(mc - mb) - explained,
+        by_kind=kinds,
+        by_rank=per_rank,
+    )

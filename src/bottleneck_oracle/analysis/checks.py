@@ -26,11 +26,14 @@ Invariants (thresholds stated with each):
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from bottleneck_oracle.analysis.segments import CPU, Segment
-from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US
+from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, RunFacts
+
+if TYPE_CHECKING:
+    from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
 CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "compute"]
 
@@ -51,81 +54,110 @@ class Check:
     ok: bool
     detail: str  # what was compared, in words with the figures
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def _ms(us: float) -> str:
     return f"{us / 1000:.1f} ms"
 
 
-def step_checks(a) -> list[Check]:  # a: summary.StepAnalysis (imported there, not here: no cycle)
+def step_checks(a: StepAnalysis) -> list[Check]:
     """The invariants of one analysed step against the facts in its graph's meta (facts.py);
     none when the graph carries no facts (Chakra input, graphs saved by older versions)."""
     g = a.graph
-    facts = g.meta.get("facts")
-    if not facts or not facts.get("ranks"):
+    facts = g.info.facts
+    if facts is None:
         return []
     segs: list[Segment] = a.segments()
     ms = a.step_time or 1.0
     out: list[Check] = []
-    period = float(facts["period_us"])
+    period = facts.period_us
     if period > 0:
         off = (a.step_time - period) / period
-        out.append(Check("period", abs(off) <= PERIOD_TOLERANCE,
-                         f"step time {_ms(a.step_time)} against the period the trace shows, {_ms(period)} ({100 * off:+.1f}%)"))  # fmt: skip
+        out.append(
+            Check(
+                "period",
+                abs(off) <= PERIOD_TOLERANCE,
+                f"step time {_ms(a.step_time)} against the period the trace shows, {_ms(period)} ({100 * off:+.1f}%)",
+            )
+        )
     on_device: dict[int, float] = {}
     for s in segs:
         if s.on_gpu:
             on_device[s.rank] = on_device.get(s.rank, 0.0) + s.dur
-    for f in facts["ranks"]:
-        if f["device_ops"] and f["device_busy"] >= DEVICE_BUSY and f["period_us"] >= (1 - PERIOD_TOLERANCE) * period:
-            share = on_device.get(f["rank"], 0.0) / ms
-            out.append(Check("device_bound", share >= DEVICE_PATH_SHARE,
-                             f"rank {f['rank']}'s device was busy {100 * f['device_busy']:.1f}% of its period; "
-                             f"{100 * share:.0f}% of the critical path runs on it"))  # fmt: skip
-    blocking_us = sum(f["blocking_us"] for f in facts["ranks"])
+    for f in facts.ranks:
+        if f.device_ops and f.device_busy >= DEVICE_BUSY and f.period_us >= (1 - PERIOD_TOLERANCE) * period:
+            share = on_device.get(f.rank, 0.0) / ms
+            out.append(
+                Check(
+                    "device_bound",
+                    share >= DEVICE_PATH_SHARE,
+                    f"rank {f.rank}'s device was busy {100 * f.device_busy:.1f}% of its period; "
+                    f"{100 * share:.0f}% of the critical path runs on it",
+                )
+            )
+    blocking_us = sum(f.blocking_us for f in facts.ranks)
     if blocking_us > 0:
         dur = g.nodes["dur"]
-        as_cpu = sum(s.dur for s in segs if s.kind == "op" and s.klass == CPU and not s.on_gpu and _BLOCKING.search(s.name)
-                     and dur[s.node] >= BLOCKING_FACT_US)  # the calls the facts count  # fmt: skip
-        out.append(Check("blocking", as_cpu <= BLOCKING_AS_CPU * blocking_us,
-                         f"{_ms(blocking_us)} in calls that block on the device; {_ms(as_cpu)} of the path shown as CPU work in such calls"))  # fmt: skip
-    for f in facts["ranks"]:
-        for t in f["asleep"]:
-            carried = sum(s.dur for s in segs if not s.on_gpu and s.rank == f["rank"] and s.tid == t["tid"])
-            out.append(Check("asleep", carried <= ASLEEP_PATH_SHARE * ms,
-                             f"rank {f['rank']} {t['thread']} slept through the step in {t['op'][:60]}; it carries "
-                             f"{100 * carried / ms:.0f}% of the critical path"))  # fmt: skip
-    device_ops = sum(f["device_ops"] for f in facts["ranks"])
+        as_cpu = sum(
+            s.dur
+            for s in segs
+            if s.kind == "op" and s.klass == CPU and not s.on_gpu and _BLOCKING.search(s.name) and dur[s.node] >= BLOCKING_FACT_US
+        )  # the calls the facts count
+        out.append(
+            Check(
+                "blocking",
+                as_cpu <= BLOCKING_AS_CPU * blocking_us,
+                f"{_ms(blocking_us)} in calls that block on the device; {_ms(as_cpu)} of the path shown as CPU work in such calls",
+            )
+        )
+    for f in facts.ranks:
+        for t in f.asleep:
+            carried = sum(s.dur for s in segs if not s.on_gpu and s.rank == f.rank and s.tid == t.tid)
+            out.append(
+                Check(
+                    "asleep",
+                    carried <= ASLEEP_PATH_SHARE * ms,
+                    f"rank {f.rank} {t.thread} slept through the step in {t.op[:60]}; it carries "
+                    f"{100 * carried / ms:.0f}% of the critical path",
+                )
+            )
+    device_ops = sum(f.device_ops for f in facts.ranks)
     nodes = int(g.nodes["on_gpu"].sum())
     if device_ops:
-        out.append(Check("device_ops", nodes >= device_ops,
-                         f"{device_ops} device events launched in the step in the trace; {nodes} device ops in the graph"))  # fmt: skip
-    busy = sum(f["device_busy_us"] for f in facts["ranks"] if f["rank"] in on_device)
+        out.append(
+            Check(
+                "device_ops",
+                nodes >= device_ops,
+                f"{device_ops} device events launched in the step in the trace; {nodes} device ops in the graph",
+            )
+        )
+    busy = sum(f.device_busy_us for f in facts.ranks if f.rank in on_device)
     dev_ops = sum(s.dur for s in segs if s.on_gpu and s.kind == "op")
     if dev_ops > 0:
-        out.append(Check("compute", dev_ops <= busy * (1 + COMPUTE_SLACK) + 1.0,
-                         f"{_ms(dev_ops)} of device ops on the path; the devices it runs on were busy {_ms(busy)}"))  # fmt: skip
+        out.append(
+            Check(
+                "compute",
+                dev_ops <= busy * (1 + COMPUTE_SLACK) + 1.0,
+                f"{_ms(dev_ops)} of device ops on the path; the devices it runs on were busy {_ms(busy)}",
+            )
+        )
     return out
 
 
-def run_warnings(run: dict | None) -> list[str]:
+def run_warnings(run: RunFacts | None) -> list[str]:
     """What the input says of the whole job that bears on every answer: ranks missing against the
     world size, events left out of the trace (sampled or removed). (Device events in unknown
     categories are counted when the files are read.)"""
     if not run:
         return []
     out = []
-    present, world = len(run.get("ranks", [])), run.get("world_size")
+    present, world = len(run.ranks), run.world_size
     if world and present < world:
         out.append(
             f"{present} of {world} ranks are in the input: a collective's time includes waiting for ranks that are not here, "
             "and a straggler among them cannot be named"
         )
-    sampled = run.get("sampled") or {}
-    for rank, held in sorted(sampled.items(), key=lambda kv: int(kv[0])):
-        n = run["numbered"][rank]
+    for rank, held in sorted(run.sampled().items()):
+        n = run.numbered[rank]
         out.append(
             f"rank {rank}'s trace holds {n['held']:,} of the {n['numbered']:,} events its profiler numbered (Ev Idx, {100 * held:.1f}%): "
             "events were sampled or removed, so ops and the waits between them may be missing"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,32 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 HTA_CATEGORIES = frozenset({"cpu_op", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset"})
 
 
-def _key(tid: object, ts: float, name: str) -> tuple:
+EventKey = tuple[str, float, str]  # (thread id, start µs to 0.1, name): an event in both traces
+
+
+def _key(tid: object, ts: float, name: str) -> EventKey:
     return (str(tid), round(float(ts), 1), name)
 
 
-def hta_agreement(table: EventTable, graph: ExecutionGraph, cpm: CPMResult, overlay: str | Path) -> dict:
+@dataclass(frozen=True, slots=True)
+class HTAAgreement:
+    """Our critical events against HTA's (``hta_agreement``)."""
+
+    jaccard: float  # on the events HTA models
+    jaccard_all_events: float
+    ours: int  # critical events of ours among those HTA models
+    hta: int  # HTA's
+    shared: int
+    only_ours: list[EventKey]
+    only_hta: list[EventKey]
+    only_ours_all: int  # among every event
+    only_hta_all: int
+    categories_only_hta: list[str]  # the categories of the events only HTA marks
+    cp_nodes: int  # nodes on our critical path
+    cp_gpu_nodes: int
+
+
+def hta_agreement(table: EventTable, graph: ExecutionGraph, cpm: CPMResult, overlay: str | Path) -> HTAAgreement:
     """Jaccard overlap of critical events with HTA's overlay (events with args.critical=1).
 
     An op of ours is critical if time inside it is on our critical path (the path's leaves
@@ -39,17 +61,17 @@ def hta_agreement(table: EventTable, graph: ExecutionGraph, cpm: CPMResult, over
     comparable = {k for k, e in events.items() if e.get("cat") in HTA_CATEGORIES and e.get("dur", 0) > 0}
     ours, hta = ours_all & comparable, hta_all & comparable
     union = ours | hta
-    return {
-        "jaccard": len(ours & hta) / len(union) if union else 1.0,
-        "jaccard_all_events": len(ours_all & hta_all) / max(len(ours_all | hta_all), 1),
-        "ours": len(ours),
-        "hta": len(hta),
-        "shared": len(ours & hta),
-        "only_ours": sorted(ours - hta),
-        "only_hta": sorted(hta - ours),
-        "only_ours_all": int(len(ours_all - hta_all)),
-        "only_hta_all": int(len(hta_all - ours_all)),
-        "categories_only_hta": sorted({events[k]["cat"] for k in hta - ours}),
-        "cp_nodes": int(len(cpm.path)),
-        "cp_gpu_nodes": int(np.sum(graph.nodes["on_gpu"][cpm.path])),
-    }
+    return HTAAgreement(
+        jaccard=len(ours & hta) / len(union) if union else 1.0,
+        jaccard_all_events=len(ours_all & hta_all) / max(len(ours_all | hta_all), 1),
+        ours=len(ours),
+        hta=len(hta),
+        shared=len(ours & hta),
+        only_ours=sorted(ours - hta),
+        only_hta=sorted(hta - ours),
+        only_ours_all=int(len(ours_all - hta_all)),
+        only_hta_all=int(len(hta_all - ours_all)),
+        categories_only_hta=sorted({events[k]["cat"] for k in hta - ours}),
+        cp_nodes=int(len(cpm.path)),
+        cp_gpu_nodes=int(np.sum(graph.nodes["on_gpu"][cpm.path])),
+    )

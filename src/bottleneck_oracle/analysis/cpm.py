@@ -45,7 +45,7 @@ class CPMResult:
 
 
 @numba.njit(cache=True)
-def _csr(n, keys):
+def _csr(n: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(keys, kind="mergesort")
     ptr = np.zeros(n + 1, dtype=np.int64)
     for k in keys:
@@ -56,7 +56,7 @@ def _csr(n, keys):
 
 
 @numba.njit(cache=True)
-def _topo(n, src, dst):
+def _topo(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out_ptr, out_order = _csr(n, src)
     indeg = np.zeros(n, dtype=np.int64)
     for d in dst:
@@ -82,7 +82,18 @@ def _topo(n, src, dst):
 
 
 @numba.njit(cache=True)
-def _passes(n, dur, release, origin, src, dst, w, topo, out_ptr, out_order):
+def _passes(
+    n: int,
+    dur: np.ndarray,
+    release: np.ndarray,
+    origin: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    w: np.ndarray,
+    topo: np.ndarray,
+    out_ptr: np.ndarray,
+    out_order: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     in_ptr, in_order = _csr(n, dst)
     est = np.empty(n)
     pred = np.full(n, -1, dtype=np.int64)
@@ -118,7 +129,9 @@ NEAR_TIE_SHARE = 0.01  # of the step: a device op whose stream was ready this cl
 NEAR_TIE_US = 50.0  # µs: ... or this close (the larger) is traced back along its stream
 
 
-def _stream_order_edges(g: ExecutionGraph, src, dst, w, est, dur, makespan) -> dict[int, int]:
+def _stream_order_edges(
+    g: ExecutionGraph, src: np.ndarray, dst: np.ndarray, w: np.ndarray, est: np.ndarray, dur: np.ndarray, makespan: float
+) -> dict[int, int]:
     """Device ops whose binding in-edge comes from another stream (a stream wait) while the op
     before them on their own stream ended within a near tie of it: node -> that program-order
     edge. The path is traced back along the stream there, so that a device-bound step's path runs
@@ -214,7 +227,17 @@ def run_cpm(
 
 
 @numba.njit(cache=True)
-def _forward_makespan(n, dur, release, origin, src, w, topo, in_ptr, in_order):
+def _forward_makespan(
+    n: int,
+    dur: np.ndarray,
+    release: np.ndarray,
+    origin: np.ndarray,
+    src: np.ndarray,
+    w: np.ndarray,
+    topo: np.ndarray,
+    in_ptr: np.ndarray,
+    in_order: np.ndarray,
+) -> float:
     """The makespan of _passes' forward pass alone (the same loop: the same floats)."""
     est = np.empty(n)
     for v in topo:
@@ -233,7 +256,7 @@ def _forward_makespan(n, dur, release, origin, src, w, topo, in_ptr, in_order):
 
 # id(graph) -> (graph, its edge columns, (sources, topological order, in-edge index, origins)) of the last
 # few graphs replayed: a cache, checked against the graph and its edge arrays on every hit
-_STRUCTURE: dict[int, tuple[ExecutionGraph, tuple[np.ndarray, np.ndarray], tuple]] = {}
+_STRUCTURE: dict[int, tuple[ExecutionGraph, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]] = {}
 
 
 def makespan_of(
@@ -261,7 +284,18 @@ def makespan_of(
 
 
 @numba.njit(cache=True)
-def _edited_makespans(dur, release, origin, src, w, topo, in_ptr, in_order, vs, new_dur):
+def _edited_makespans(
+    dur: np.ndarray,
+    release: np.ndarray,
+    origin: np.ndarray,
+    src: np.ndarray,
+    w: np.ndarray,
+    topo: np.ndarray,
+    in_ptr: np.ndarray,
+    in_order: np.ndarray,
+    vs: np.ndarray,
+    new_dur: np.ndarray,
+) -> np.ndarray:
     """Makespan after each single edit dur[vs[k]] = new_dur[k] (forward passes only)."""
     n = len(dur)
     out = np.empty(len(vs))
@@ -297,6 +331,14 @@ def makespans_after(g: ExecutionGraph, ids: np.ndarray, new_dur: np.ndarray) -> 
     topo, _, _ = _topo(n, src, dst)
     in_ptr, in_order = _csr(n, dst)
     return _edited_makespans(
-        g.nodes["mdur"].astype(np.float64).copy(), g.release.astype(np.float64), origins(g), src, g.edges["weight"].astype(np.float64),
-        topo, in_ptr, in_order, np.asarray(ids, dtype=np.int64), np.asarray(new_dur, dtype=np.float64),
-    )  # fmt: skip
+        g.nodes["mdur"].astype(np.float64).copy(),
+        g.release.astype(np.float64),
+        origins(g),
+        src,
+        g.edges["weight"].astype(np.float64),
+        topo,
+        in_ptr,
+        in_order,
+        np.asarray(ids, dtype=np.int64),
+        np.asarray(new_dur, dtype=np.float64),
+    )

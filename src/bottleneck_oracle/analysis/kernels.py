@@ -16,12 +16,13 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, NodeType
+from bottleneck_oracle.serial import Computed
 
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|sendrecv|c10d::"),
@@ -58,9 +59,6 @@ class FamilyTime:
     share: float  # of the summed durations of the step's kernels (ops)
     critical_us: float  # of it on the critical path
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "count": self.count, "total_us": self.total_us, "share": self.share, "critical_us": self.critical_us}
-
 
 @dataclass(frozen=True, slots=True)
 class Overlap:
@@ -69,16 +67,17 @@ class Overlap:
     overlapped_us: float  # of it, time some compute of the rank runs too
     exposed_us: float  # communication_us - overlapped_us
 
+    JSON_COMPUTED: ClassVar[tuple[Computed, ...]] = (Computed("overlap_share", "overlap_share", after="exposed_us"),)
+
     @property
     def overlap_share(self) -> float:
         return self.overlapped_us / self.communication_us if self.communication_us > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "communication_us": self.communication_us, "overlapped_us": self.overlapped_us,
-                "exposed_us": self.exposed_us, "overlap_share": self.overlap_share}  # fmt: skip
+
+Scope = Literal["gpu", "cpu"]  # what the families are of: a step's GPU kernels, or its ops where it has none
 
 
-def scope(g: ExecutionGraph) -> tuple[str, np.ndarray]:
+def scope(g: ExecutionGraph) -> tuple[Scope, np.ndarray]:
     """("gpu", the GPU nodes) where the step has GPU work, else ("cpu", every op node); barriers
     (the graph's stand-ins for a collective's rendezvous) are not work."""
     n = g.nodes
@@ -99,8 +98,15 @@ def families(g: ExecutionGraph, critical: np.ndarray) -> list[FamilyTime]:
     out = []
     for f in sorted(set(fam)):
         m = fam == f
-        out.append(FamilyTime(f, int(m.sum()), float(dur[m].sum()), float(dur[m].sum()) / total if total > 0 else 0.0,
-                              float(np.asarray(critical, dtype=np.float64)[ids][m].sum())))  # fmt: skip
+        out.append(
+            FamilyTime(
+                f,
+                int(m.sum()),
+                float(dur[m].sum()),
+                float(dur[m].sum()) / total if total > 0 else 0.0,
+                float(np.asarray(critical, dtype=np.float64)[ids][m].sum()),
+            )
+        )
     return sorted(out, key=lambda x: -x.total_us)
 
 

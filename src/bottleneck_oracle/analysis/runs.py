@@ -8,11 +8,11 @@ its cause is the top culprit of ``analysis.blame`` against the run's typical ste
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.analysis.blame import CulpritKind
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
 OUTLIER_SIGMAS = 3.0  # robust sigmas from the median
@@ -30,7 +30,7 @@ class Cause:
     """An outlier step's top cause: blame's first culprit against the run's typical steps."""
 
     name: str
-    kind: str  # "op" or "gap" (untraced time)
+    kind: CulpritKind  # an op, or untraced time
     rank: int
     saving_us: float
 
@@ -55,9 +55,6 @@ class RunSummary:
     spread_us: float  # 1.4826 x MAD of those steps
     steps: list[StepRow] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
     """Every step against the run's median; outliers with the top cause from blame."""
@@ -74,10 +71,15 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
         warm = a not in kept
         top = a.top_ops(1)
         row = StepRow(
-            step=a.graph.step, measured_us=a.measured, cpm_us=a.step_time, vs_median=a.measured / med - 1 if med else 0.0,
-            outlier=not warm and len(kept) >= 3 and abs(a.measured - med) > fence, warmup=warm, untraced_us=a.untraced_us,
-            top=top[0]["name"] if top else "",
-        )  # fmt: skip
+            step=a.graph.step,
+            measured_us=a.measured,
+            cpm_us=a.step_time,
+            vs_median=a.measured / med - 1 if med else 0.0,
+            outlier=not warm and len(kept) >= 3 and abs(a.measured - med) > fence,
+            warmup=warm,
+            untraced_us=a.untraced_us,
+            top=top[0].name if top else "",
+        )
         if row.outlier:
             refs = [g for g in typical if g.step != a.graph.step]
             b = blame(a.graph, refs, 3, a.cpm)

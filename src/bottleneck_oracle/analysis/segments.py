@@ -24,7 +24,9 @@ the earlier segment is cut where the later one starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -33,8 +35,10 @@ from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
-SEGMENT_KINDS = ("op", "device", "launch", "wait", "framework", "untraced")
-BREAKDOWN_KEYS = ("compute", "communication", "cpu_overhead", "idle", "untraced")
+SegmentKind = Literal["op", "device", "launch", "wait", "framework", "untraced"]
+SEGMENT_KINDS: tuple[SegmentKind, ...] = get_args(SegmentKind)
+BreakdownKey = Literal["compute", "communication", "cpu_overhead", "idle", "untraced"]
+BREAKDOWN_KEYS: tuple[BreakdownKey, ...] = get_args(BreakdownKey)
 COMPUTE, COMM, CPU, IDLE, UNTRACED = range(5)
 UNTRACED_GAP_US = 1000.0  # µs: a stretch between ops with nothing open, or inside a range, longer than this is untraced
 
@@ -51,7 +55,7 @@ _WAIT_LABEL = {
 
 @dataclass(slots=True)
 class Segment:
-    kind: str  # one of SEGMENT_KINDS
+    kind: SegmentKind
     klass: int  # index into BREAKDOWN_KEYS
     rank: int
     tid: int  # CPU thread or GPU stream id (-1: none)
@@ -105,7 +109,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     pieces = _Pieces(g)
     out: list[Segment] = []
 
-    def add(kind: str, k: int, v: int, name: str, lo: float, hi: float, cause: int = -1) -> None:
+    def add(kind: SegmentKind, k: int, v: int, name: str, lo: float, hi: float, cause: int = -1) -> None:
         if hi - lo <= 1e-9:
             return
         out.append(Segment(kind, k, rank_of[v], tid_of[v], gpu_of[v], name, lo, hi - lo, v, cause))
@@ -220,7 +224,9 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     return [s for s in _clip(out, r.path_origin) if s.dur > 1e-9]
 
 
-def _lead_in(g: ExecutionGraph, r: CPMResult, v: int, lo: float, est: float, add, thread_time) -> None:
+def _lead_in(
+    g: ExecutionGraph, r: CPMResult, v: int, lo: float, est: float, add: Callable[..., None], thread_time: Callable[..., None]
+) -> None:
     """From the step start of the rank whose span is the step time to the path's first op."""
     n = g.nodes
     if est <= lo:

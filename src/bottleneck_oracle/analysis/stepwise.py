@@ -34,7 +34,7 @@ def map_steps(
     options: BuildOptions | None = None,
     untraced_gap_us: float = UNTRACED_GAP_US,
     engine: Engine | None = None,
-    keep: frozenset[int | None] | Callable[[list[int | None]], frozenset[int | None]] = frozenset(),
+    keep: frozenset[int | None] | Callable[[list[int | None], EventTable | None], frozenset[int | None]] = frozenset(),
 ) -> Iterator[tuple[T, StepAnalysis | None]]:
     """``fn(StepAnalysis)`` of every selected step, in step order, computed where the step is built.
 
@@ -58,7 +58,7 @@ def map_steps(
     present = checked_steps(table, steps)
     numbers: list[int | None] = [None] if present is None else list(present)
     if callable(keep):
-        keep = keep(numbers)
+        keep = keep(numbers, table)
     if engine is not None and not isinstance(engine, LocalEngine):
         shared = (table, options, untraced_gap_us, fn, keep, _GRAPH)
         return _whole_analyses(engine.imap(_task, numbers, shared=shared), untraced_gap_us)
@@ -70,7 +70,15 @@ def map_steps(
     return _forked(table, fn, numbers, options, untraced_gap_us, keep, workers)
 
 
-def _forked(table, fn, numbers, options, gap, keep, workers) -> Iterator[tuple[Any, StepAnalysis | None]]:
+def _forked(
+    table: EventTable,
+    fn: Callable[[StepAnalysis], Any],
+    numbers: list[int | None],
+    options: BuildOptions | None,
+    gap: float,
+    keep: frozenset[int | None],
+    workers: int | None,
+) -> Iterator[tuple[Any, StepAnalysis | None]]:
     # forked workers hand whole graphs back as files: a pickled graph would be held twice on each side
     with tempfile.TemporaryDirectory(prefix="bottleneck-oracle-") as folder:
         for out, whole in LocalEngine(workers).imap(_task, numbers, shared=(table, options, gap, fn, keep, folder)):
@@ -81,7 +89,7 @@ def _forked(table, fn, numbers, options, gap, keep, workers) -> Iterator[tuple[A
             yield out, whole
 
 
-def _whole_analyses(results: Iterator, gap: float) -> Iterator[tuple[Any, StepAnalysis | None]]:
+def _whole_analyses(results: Iterator[tuple[Any, ExecutionGraph | None]], gap: float) -> Iterator[tuple[Any, StepAnalysis | None]]:
     """Results of another engine's workers: a whole step comes back as its graph."""
     for out, g in results:
         yield out, (StepAnalysis.of(g, gap) if g is not None else None)
@@ -90,7 +98,7 @@ def _whole_analyses(results: Iterator, gap: float) -> Iterator[tuple[Any, StepAn
 _GRAPH = ""  # a whole step travels back as its graph (another engine's workers)
 
 
-def _task(shared: tuple, step: int | None) -> tuple[Any, Any]:
+def _task(shared: tuple[Any, ...], step: int | None) -> tuple[Any, Any]:
     """One step: built, analysed, ``fn`` of it; with the step in ``keep`` also the analysis itself
     (``to`` None: this process), its graph saved in the folder ``to`` (a forked worker) or its
     graph (``to`` _GRAPH: another engine's worker)."""

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from bottleneck_oracle.analysis.checks import Check, step_checks
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.analysis.kernels import FamilyTime, Overlap, families, overlap, scope
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, UNTRACED_GAP_US, Segment, breakdown, explain, label, node_class
-from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.analysis.rows import (
+    CommSlack,
+    GpuQueue,
+    KernelFamilies,
+    PathCause,
+    PathSegment,
+    RankQueue,
+    RankRow,
+    StepReport,
+    StepStraggler,
+    TopOp,
+)
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, UNTRACED_GAP_US, Segment, SegmentKind, breakdown, explain, label, node_class
+from bottleneck_oracle.graph_pipeline.graph import Bystander, ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.serial import JSONObject, to_json_object
 
 __all__ = ["BREAKDOWN_KEYS", "StepAnalysis"]
 
@@ -30,7 +42,8 @@ def _rank_positions(ranks: np.ndarray, node_rank: np.ndarray) -> tuple[np.ndarra
 @dataclass(slots=True, repr=False)
 class StepAnalysis:
     """One analysed step (api.analyze): its graph, the critical path method's result on it, and
-    what a user reads off them. Times are µs; ``to_dict()`` is the step of ``analyze --json``.
+    what a user reads off them. Times are µs; ``report()`` is the step of ``analyze --json``
+    (``serial.to_json(a.report(top))``, or ``a.to_dict(top)``).
 
     Attributes:
         graph: the step's ExecutionGraph (all ranks merged).
@@ -46,8 +59,10 @@ class StepAnalysis:
 
     def __repr__(self) -> str:
         period = f", period {self.period / 1000:.3f} ms" if self.period is not None else ""
-        return (f"StepAnalysis(step {self.graph.step}, ranks {self.graph.ranks}: step time {self.step_time / 1000:.3f} ms{period}, "
-                f"measured {self.measured / 1000:.3f} ms, {self.graph.n_nodes} nodes, critical path {len(self.cpm.path)} nodes)")  # fmt: skip
+        return (
+            f"StepAnalysis(step {self.graph.step}, ranks {self.graph.ranks}: step time {self.step_time / 1000:.3f} ms{period}, "
+            f"measured {self.measured / 1000:.3f} ms, {self.graph.n_nodes} nodes, critical path {len(self.cpm.path)} nodes)"
+        )
 
     def _repr_html_(self) -> str:
         """A notebook's view: the step's figures and its breakdown."""
@@ -62,7 +77,9 @@ class StepAnalysis:
         ]
         rows += [(f"{k} (ms)", f"{v / 1000:.3f}") for k, v in self.breakdown().items()]
         warn = "".join(f"<p>warning: {html_text(w)}</p>" for w in self.warnings())
-        return "<table>" + "".join(f"<tr><th>{html_text(str(k))}</th><td>{html_text(str(v))}</td></tr>" for k, v in rows) + "</table>" + warn  # fmt: skip
+        return (
+            "<table>" + "".join(f"<tr><th>{html_text(str(k))}</th><td>{html_text(str(v))}</td></tr>" for k, v in rows) + "</table>" + warn
+        )
 
     @classmethod
     def of(cls, g: ExecutionGraph, untraced_gap_us: float = UNTRACED_GAP_US) -> StepAnalysis:
@@ -123,13 +140,13 @@ class StepAnalysis:
                 t[s.node] += s.dur
         return np.array(t, dtype=np.float64)
 
-    def top_ops(self, k: int = 20) -> list[dict[str, Any]]:
+    def top_ops(self, k: int = 20) -> list[TopOp]:
         """What the critical path's time went to, largest first: ops (an op's own time between
         its children included), the framework time of ranges, waits, launch latency, untraced
         time (segments.label); shares of the makespan add up to 1 over all of them."""
         total: dict[str, float] = {}
         count: dict[str, int] = {}
-        kind: dict[str, str] = {}
+        kind: dict[str, SegmentKind] = {}
         for s in self.segments():
             key = label(s)
             total[key] = total.get(key, 0.0) + s.dur
@@ -137,38 +154,48 @@ class StepAnalysis:
             kind.setdefault(key, s.kind)
         ms = self.cpm.makespan or 1.0
         order = sorted(total, key=lambda x: (-total[x], x))[:k]
-        return [{"name": x, "kind": kind[x], "critical_us": total[x], "share": total[x] / ms, "count": count[x]} for x in order]
+        return [TopOp(name=x, kind=kind[x], critical_us=total[x], share=total[x] / ms, count=count[x]) for x in order]
 
-    def critical_path(self, segments: list[Segment] | None = None) -> list[dict[str, Any]]:
-        """The segments (``segments``: those of them) as JSON rows, in time order (schema:
+    def critical_path(self, segments: list[Segment] | None = None) -> list[PathSegment]:
+        """The segments (``segments``: those of them) as named rows, in time order (schema:
         docs/commands/analyze.md, critical_path)."""
         g = self.graph
-        threads, streams = g.meta.get("thread_names", {}), g.meta.get("stream_names", {})
+        info = g.info
+        threads, streams = info.thread_names, info.stream_names
         rows = []
-        for s in self.segments() if segments is None else segments:
+        on_gpu_of, rank_of, tid_of = g.nodes["on_gpu"], g.nodes["rank"], g.nodes["tid"]
+        for s in (
+            self.segments() if segments is None else segments
+        ):  # positional arguments: a long step has hundreds of thousands of segments
             key = f"{s.rank}:{s.tid}"
-            row = {
-                "kind": s.kind,
-                "rank": s.rank,
-                "tid": None if s.on_gpu or s.rank < 0 else s.tid,
-                "thread": None if s.on_gpu or s.rank < 0 else threads.get(key, f"thread {s.tid}"),
-                "stream": s.tid if s.on_gpu else None,
-                "name": s.name,
-                "start_us": s.start,
-                "dur_us": s.dur,
-                "node": s.node,
-                "cause": None,
-            }
+            host = not s.on_gpu and s.rank >= 0
+            cause = None
             if s.cause >= 0:
                 c = s.cause
-                on_gpu = bool(g.nodes["on_gpu"][c])
-                rk, tid = int(g.nodes["rank"][c]), int(g.nodes["tid"][c])
-                row["cause"] = {"node": c, "name": g.node_name(c), "rank": rk,
-                                "thread": None if on_gpu or rk < 0 else threads.get(f"{rk}:{tid}", f"thread {tid}"),
-                                "stream": tid if on_gpu else None}  # fmt: skip
-            if s.on_gpu:
-                row["stream_name"] = streams.get(key, f"stream {s.tid}")
-            rows.append(row)
+                on_gpu = bool(on_gpu_of[c])
+                rk, tid = int(rank_of[c]), int(tid_of[c])
+                cause = PathCause(
+                    c,
+                    g.node_name(c),
+                    rk,
+                    None if on_gpu or rk < 0 else threads.get(f"{rk}:{tid}", f"thread {tid}"),
+                    tid if on_gpu else None,
+                )
+            rows.append(
+                PathSegment(
+                    s.kind,
+                    s.rank,
+                    s.tid if host else None,
+                    threads.get(key, f"thread {s.tid}") if host else None,
+                    s.tid if s.on_gpu else None,
+                    s.name,
+                    s.start,
+                    s.dur,
+                    s.node,
+                    cause,
+                    streams.get(key, f"stream {s.tid}") if s.on_gpu else None,
+                )
+            )
         return rows
 
     def untraced_warning(self, share: float = 0.10) -> str | None:
@@ -183,8 +210,7 @@ class StepAnalysis:
         for s in segs:
             where[(s.rank, s.tid, s.on_gpu)] = where.get((s.rank, s.tid, s.on_gpu), 0.0) + s.dur
         (rank, tid, gpu), most = max(where.items(), key=lambda kv: kv[1])
-        names = g.meta.get("stream_names" if gpu else "thread_names", {})
-        place = names.get(f"{rank}:{tid}", f"{'stream' if gpu else 'thread'} {tid}")
+        place = g.info.lane_name(rank, tid, gpu)
         big = max(segs, key=lambda s: s.dur)
         step = g.step if g.step is not None else "(whole trace)"
         return (
@@ -193,7 +219,7 @@ class StepAnalysis:
             f"before {g.node_name(big.node)} at {big.start / 1000:.3f} ms"
         )
 
-    def gpu_queue(self) -> dict[str, Any] | None:
+    def gpu_queue(self) -> GpuQueue | None:
         """How far each rank's GPU ran behind its CPU in this step: the median delay from a launch
         call's start to its GPU op's start, how long after the step's CPU end the GPU finished the
         step's work, and whether the queue was deeper than the step (the GPU still ran earlier
@@ -204,7 +230,7 @@ class StepAnalysis:
             return None
         launch = e["kind"] == EdgeKind.LAUNCH
         src, dst = e["src"][launch], e["dst"][launch]
-        ends = g.meta.get("step_end_us", {})
+        ends = g.info.step_end_us
         ranks = np.asarray(g.ranks, dtype=np.int64)
         pos, _ = _rank_positions(ranks, n["rank"])
         gpu = np.flatnonzero(n["on_gpu"])
@@ -227,30 +253,30 @@ class StepAnalysis:
             tail = float(gpu_end[i] - end_cpu) if end_cpu is not None else 0.0
             span = g.measured.get(rk, 0.0)
             lag = float(lag_of[i])
-            out.append({"rank": rk, "lag_us": lag, "gpu_after_step_us": max(tail, 0.0), "deeper_than_step": bool(span and lag > span)})
-        return {"ranks": out, "deeper_than_step": any(x["deeper_than_step"] for x in out)} if out else None
+            out.append(RankQueue(rank=rk, lag_us=lag, gpu_after_step_us=max(tail, 0.0), deeper_than_step=bool(span and lag > span)))
+        return GpuQueue(ranks=out, deeper_than_step=any(x.deeper_than_step for x in out)) if out else None
 
-    def lowest_slack_comm(self, k: int = 10) -> list[dict[str, Any]]:
+    def lowest_slack_comm(self, k: int = 10) -> list[CommSlack]:
         """The ``k`` communication ops with the least slack (µs), with how long each waited for its peers."""
         g, r = self.graph, self.cpm
         n = g.nodes
         net = np.flatnonzero((n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER))
         order = net[np.lexsort((-n["dur"][net], r.slack[net]))][:k]
         return [
-            {
-                "node": int(i),
-                "name": g.node_name(i),
-                "rank": int(n["rank"][i]),
-                "slack_us": float(r.slack[i]),
-                "dur_us": float(n["dur"][i]),
-                "wait_us": float(n["mstart"][i] - n["start"][i]),
-                "msg_bytes": None if np.isnan(n["msg_bytes"][i]) else float(n["msg_bytes"][i]),
-                "critical": bool(r.critical[i]),
-            }
+            CommSlack(
+                node=int(i),
+                name=g.node_name(i),
+                rank=int(n["rank"][i]),
+                slack_us=float(r.slack[i]),
+                dur_us=float(n["dur"][i]),
+                wait_us=float(n["mstart"][i] - n["start"][i]),
+                msg_bytes=None if np.isnan(n["msg_bytes"][i]) else float(n["msg_bytes"][i]),
+                critical=bool(r.critical[i]),
+            )
             for i in order
         ]
 
-    def ranks(self) -> list[dict[str, Any]]:
+    def ranks(self) -> list[RankRow]:
         """Per-rank step span, time spent waiting in collectives, share of the critical path."""
         g, r = self.graph, self.cpm
         n = g.nodes
@@ -263,18 +289,18 @@ class StepAnalysis:
         waits = np.bincount(pos[net], weights=wait[net], minlength=len(ranks))
         crit = np.bincount(pos[on], weights=t[on], minlength=len(ranks))
         return [
-            {
-                "rank": rk,
-                "step_us": float(g.measured[rk]),
-                "predicted_step_us": predicted[rk],
-                "collective_wait_us": float(waits[i]),
-                "critical_us": float(crit[i]),
-                "critical_share": float(crit[i] / (r.makespan or 1.0)),
-            }
+            RankRow(
+                rank=rk,
+                step_us=float(g.measured[rk]),
+                predicted_step_us=predicted[rk],
+                collective_wait_us=float(waits[i]),
+                critical_us=float(crit[i]),
+                critical_share=float(crit[i] / (r.makespan or 1.0)),
+            )
             for i, rk in enumerate(g.ranks)
         ]
 
-    def straggler(self) -> dict[str, Any] | None:
+    def straggler(self) -> StepStraggler | None:
         """The rank the others waited for at the collectives on the critical path: at each such
         barrier, the last participant to arrive imposed the others' waits; reported with the
         longest of them (µs). None if no collective on the critical path made a rank wait."""
@@ -293,50 +319,53 @@ class StepAnalysis:
         if not imposed or max(imposed.values()) <= 0:
             return None
         rank = max(imposed, key=lambda r: imposed[r])
-        return {"rank": rank, "imposed_wait_us": imposed[rank]}
+        return StepStraggler(rank=rank, imposed_wait_us=imposed[rank])
 
     def longest_segments(self, k: int) -> list[Segment]:
         """The ``k`` longest segments of the critical path (the earlier of equal ones), in time order."""
         segs = self.segments()
         return [segs[i] for i in sorted(sorted(range(len(segs)), key=lambda i: -segs[i].dur)[:k])]
 
-    def to_dict(self, top: int = 20, full_path: bool = True) -> dict[str, Any]:
-        """The step as ``analyze --json`` prints it, with ``top`` ops by critical-path time; with
+    def report(self, top: int = 20, full_path: bool = True) -> StepReport:
+        """The step as ``analyze --json`` writes it, with ``top`` ops by critical-path time; with
         ``full_path`` the critical path segment by segment, else its ``top`` longest segments."""
         g, r = self.graph, self.cpm
         step_time = self.step_time
         reference = self.period or self.measured
-        path = (
-            {"critical_path": self.critical_path()} if full_path else {"critical_path_top": self.critical_path(self.longest_segments(top))}
+        info = g.info
+        return StepReport(
+            step=g.step,
+            ranks=g.ranks,
+            measured_us=self.measured,
+            period_us=self.period,
+            step_time_us=step_time,
+            step_time_error=(step_time - reference) / reference if reference else 0.0,
+            makespan_us=r.makespan,
+            window_us=r.window,
+            counts=g.summary_counts(),
+            breakdown_us=self.breakdown(),
+            top_ops=self.top_ops(top),
+            lowest_slack_comm=self.lowest_slack_comm(),
+            per_rank=self.ranks(),
+            straggler=self.straggler(),
+            critical_path_nodes=len(r.path),
+            untraced_us=self.untraced_us,
+            gpu_queue=self.gpu_queue(),
+            dropped_edges=info.dropped_edges,
+            collective_matching=info.collectives,
+            warnings=self.warnings(),
+            checks=self.checks(),
+            facts=info.facts_json,
+            bystanders=self.bystanders(),
+            critical_path=self.critical_path() if full_path else None,
+            critical_path_top=None if full_path else self.critical_path(self.longest_segments(top)),
+            kernel_families=KernelFamilies(scope=scope(g)[0], families=self.kernel_families()),
+            overlap=self.overlap(),
         )
-        return {
-            "step": g.step,
-            "ranks": g.ranks,
-            "measured_us": self.measured,
-            "period_us": self.period,
-            "step_time_us": step_time,
-            "step_time_error": (step_time - reference) / reference if reference else 0.0,
-            "makespan_us": r.makespan,
-            "window_us": r.window,
-            "counts": g.summary_counts(),
-            "breakdown_us": self.breakdown(),
-            "top_ops": self.top_ops(top),
-            "lowest_slack_comm": self.lowest_slack_comm(),
-            "per_rank": self.ranks(),
-            "straggler": self.straggler(),
-            "critical_path_nodes": len(r.path),
-            "untraced_us": self.untraced_us,
-            "gpu_queue": self.gpu_queue(),
-            "dropped_edges": g.meta.get("dropped_edges", {}),
-            "collective_matching": g.meta.get("collectives", {}),
-            "warnings": self.warnings(),
-            "checks": [c.to_dict() for c in self.checks()],
-            "facts": g.meta.get("facts"),
-            "bystanders": self.bystanders(),
-            **path,
-            "kernel_families": {"scope": scope(g)[0], "families": [f.to_dict() for f in self.kernel_families()]},
-            "overlap": [o.to_dict() for o in self.overlap()],
-        }
+
+    def to_dict(self, top: int = 20, full_path: bool = True) -> JSONObject:
+        """``serial.to_json(self.report(top, full_path))``: the step as ``analyze --json`` prints it."""
+        return to_json_object(self.report(top, full_path))
 
     def kernel_families(self) -> list[FamilyTime]:
         """Time per kernel family (per op family in a trace without GPU work): analysis.kernels."""
@@ -352,8 +381,8 @@ class StepAnalysis:
         device work queued before the step to the end of the step's own work, on the rank where it
         is longest; the ProfilerStep span on a step whose device queued nothing ahead. None
         without facts (Chakra input)."""
-        facts = self.graph.meta.get("facts")
-        return float(facts["period_us"]) if facts and facts.get("ranks") else None
+        facts = self.graph.info.facts
+        return facts.period_us if facts is not None else None
 
     def checks(self) -> list[Check]:
         """The self-check (analysis.checks): each invariant between this analysis and the facts
@@ -362,21 +391,21 @@ class StepAnalysis:
             self._checks = step_checks(self)
         return self._checks
 
-    def bystanders(self) -> list[dict[str, Any]]:
+    def bystanders(self) -> list[Bystander]:
         """Host threads left out of the step: no dependency into its work (graph_pipeline.builder)."""
-        return list(self.graph.meta.get("bystanders", []))
+        return self.graph.info.bystanders
 
     def queue_warning(self) -> str | None:
         """One line when the device ran the work of earlier steps while this step's host ran: what
         the step time then is (its period), and how far ahead the host was."""
         q = self.gpu_queue()
-        if not q or not q["deeper_than_step"]:
+        if not q or not q.deeper_than_step:
             return None
-        worst = max(q["ranks"], key=lambda x: x["lag_us"])
+        worst = max(q.ranks, key=lambda x: x.lag_us)
         step = self.graph.step if self.graph.step is not None else "(whole trace)"
         return (
-            f"step {step}: the device of rank {worst['rank']} runs {worst['lag_us'] / 1000:.1f} ms behind its host (median launch to "
-            f"start), more than the {self.graph.measured.get(worst['rank'], 0.0) / 1000:.1f} ms ProfilerStep: the step is device-bound; "
+            f"step {step}: the device of rank {worst.rank} runs {worst.lag_us / 1000:.1f} ms behind its host (median launch to "
+            f"start), more than the {self.graph.measured.get(worst.rank, 0.0) / 1000:.1f} ms ProfilerStep: the step is device-bound; "
             f"its step time is its period on the device ({(self.period or self.step_time) / 1000:.1f} ms), not the host's span"
         )
 
@@ -387,8 +416,8 @@ class StepAnalysis:
         out = [w for w in (self.untraced_warning(), self.queue_warning()) if w]
         for b in self.bystanders():
             out.append(
-                f"step {step}: rank {b['rank']} {b['thread']} has no dependency into the step's work ({b['ops']} ops, e.g. "
-                f"{b['longest_op'][:60]}); left out of the critical path"
+                f"step {step}: rank {b.rank} {b.thread} has no dependency into the step's work ({b.ops} ops, e.g. "
+                f"{b.longest_op[:60]}); left out of the critical path"
             )
         for c in self.checks():
             if not c.ok:

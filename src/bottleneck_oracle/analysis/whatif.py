@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -32,7 +32,93 @@ from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
 MAX_DELAY_MS = 3_600_000.0  # an edit adds or takes at most an hour per op: beyond, it is a typo or a hostile reply
 MAX_SCALE = 1e6  # an edit makes an op at most a million times longer: beyond, float64 step times overflow
-PHASES = ("forward", "backward", "optimizer")  # codes 1, 2, 3 of analysis.phases.node_phases
+Phase = Literal["forward", "backward", "optimizer"]
+PHASES: tuple[Phase, ...] = get_args(Phase)  # codes 1, 2, 3 of analysis.phases.node_phases
+EditCategory = Literal["cpu_op", "runtime", "kernel", "memcpy", "memset", "collective", "p2p", "blocking"]
+"""What ``cat=`` selects: a schema.Category's name, lower case (barriers are never edited)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeDelta:
+    """What edits changed in a step, per node and edge (µs; positive: time added). One object for
+    every reader: the what-if's added time, the graph network's size of the edit, the corrections'
+    removed time and edited nodes."""
+
+    dur: np.ndarray  # float64 [n_nodes]: modelled duration after - before
+    weight: np.ndarray  # float64 [n_edges]: latency after - before; 0 where the edits removed the dependency
+    release: np.ndarray  # float64 [n_nodes]: release after - before; 0 for a node without one
+    detached: np.ndarray  # bool [n_edges]: the dependencies the edits removed (latency -inf)
+
+    @property
+    def added_us(self) -> float:
+        """The time the edits added to ops, latencies and thread starts (negative: removed)."""
+        return float(self.dur.sum() + self.weight[~self.detached].sum() + self.release.sum())
+
+    @property
+    def size_us(self) -> float:
+        """Every change taken as positive, summed: how large the edit is."""
+        return float(np.abs(self.dur).sum()) + (float(np.abs(self.weight[~self.detached]).sum()) + float(np.abs(self.release).sum()))
+
+    @property
+    def removed_us(self) -> float:
+        """The work and untraced time the edits removed (every negative change, taken positive)."""
+        return float(-self.dur[self.dur < 0].sum() - self.weight[self.weight < 0].sum() - self.release[self.release < 0].sum())
+
+    @property
+    def lengthens(self) -> bool:
+        """Does an edit add time somewhere (more than 1 ns)?"""
+        return bool((self.dur > 1e-6).any() or (self.weight > 1e-6).any() or (self.release > 1e-6).any())
+
+    def changed_nodes(self, src: np.ndarray) -> np.ndarray:
+        """bool [n_nodes]: nodes whose duration, release or a latency out of them changed (``src``:
+        each edge's source node)."""
+        out: np.ndarray = np.abs(self.dur) > 1e-9
+        out[src[np.abs(self.weight) > 1e-9]] = True
+        out[np.abs(self.release) > 1e-9] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EditedTimes:
+    """A step's times after edits (µs), what the replay, the corrected replay and the graph network
+    read: every node's modelled duration, every edge's latency, every node's release. What changes
+    together travels together; ``delta()`` is what the edits changed."""
+
+    graph: ExecutionGraph
+    dur: np.ndarray  # float64 [n_nodes]: modelled durations
+    weight: np.ndarray  # float64 [n_edges]: latencies; -inf: a dependency the edits removed (detach=1)
+    release: np.ndarray  # float64 [n_nodes]: earliest starts of nodes without a predecessor (-inf: none)
+    nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """int64: the edited nodes (their duration, or the untraced time before them)"""
+    edges: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """int64: the edited edges (latencies changed, dependencies removed)"""
+
+    @classmethod
+    def unedited(cls, g: ExecutionGraph) -> EditedTimes:
+        """The step's own times, copied (to edit in place before the object is handed on)."""
+        return cls(g, g.nodes["mdur"].astype(np.float64), g.edges["weight"].astype(np.float64), g.release.astype(np.float64))
+
+    def delta(self) -> TimeDelta:
+        """What the edits changed, per node and edge."""
+        g = self.graph
+        fin = np.isfinite(self.weight)
+        old_release = g.release
+        return TimeDelta(
+            dur=self.dur - g.nodes["mdur"].astype(np.float64),
+            weight=np.where(fin, self.weight - g.edges["weight"].astype(np.float64), 0.0),
+            release=np.where(
+                np.isfinite(old_release), np.nan_to_num(self.release, neginf=0.0) - np.nan_to_num(old_release, neginf=0.0), 0.0
+            ),
+            detached=~fin,
+        )
+
+    def cpm(self) -> CPMResult:
+        """The replay: the critical path method on these times."""
+        return run_cpm(self.graph, self.dur, self.weight, self.release)
+
+    def applied(self) -> ExecutionGraph:
+        """A copy of the graph with these times (``with_durations``: removed dependencies dropped)."""
+        return with_durations(self.graph, self.dur, self.weight, self.release)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +130,11 @@ class Edit:
     """exact node name, or an fnmatch pattern if it has * ? or ["""
     name_contains: str | None = None
     rank: int | None = None
-    category: str | None = None
+    category: EditCategory | None = None
     """schema.Category name, lower case: cpu_op, runtime, kernel, memcpy, memset, collective, p2p"""
     max_us: float | None = None
     """only nodes whose modelled duration is at most this (µs)"""
-    phase: str | None = None
+    phase: Phase | None = None
     """forward | backward | optimizer: nodes inside that phase range (needs the event table)"""
     module: str | None = None
     """nodes run inside a CPU range whose name matches this (exact, or an fnmatch pattern if it
@@ -97,8 +183,15 @@ class Edit:
 
     def describe(self) -> str:
         """The edit in words, e.g. "make the untraced time after rank 1's ops 11% of what it is"."""
-        kinds = {"cpu_op": "CPU ops", "runtime": "runtime calls", "kernel": "GPU kernels", "memcpy": "GPU memcpys", "memset": "GPU memsets",
-                 "collective": "collectives", "p2p": "sends and receives"}  # fmt: skip
+        kinds = {
+            "cpu_op": "CPU ops",
+            "runtime": "runtime calls",
+            "kernel": "GPU kernels",
+            "memcpy": "GPU memcpys",
+            "memset": "GPU memsets",
+            "collective": "collectives",
+            "p2p": "sends and receives",
+        }
         what = kinds.get(self.category or "", "ops")
         if self.ids:
             what = f"op{'s' if len(self.ids) > 1 else ''} #{', #'.join(str(i) for i in self.ids)}"
@@ -134,7 +227,7 @@ class Edit:
     def parse(cls, text: str) -> Edit:
         """``"name~=all_reduce,rank=1,scale=0.5"``, ``"id=12,delay_ms=5"``, ``"name=aten::mm,scale=2"``,
         ``"cat=runtime,max_us=20,scale=0.2"``. Values are data: nothing in an edit is evaluated."""
-        kw: dict = {}
+        kw: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             m = re.fullmatch(r"([a-z_]+)(~=|=)(.*)", part)
             if not m:
@@ -434,25 +527,33 @@ def edited_releases(
 
 def apply_edits(
     g: ExecutionGraph, edits: list[Edit] | tuple[Edit, ...], phases: np.ndarray | None = None, table: EventTable | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(durations, edge latencies, releases, edited node ids, edited edge ids) after all the edits;
-    nodes whose leading untraced time changed count among the edited nodes."""
+) -> EditedTimes:
+    """The step's times after all the edits, with the edited nodes and edges; nodes whose leading
+    untraced time changed count among the edited nodes."""
     d, ids = edited_durations(g, edits, phases, table)
     w, eids = edited_weights(g, edits, phases, table)
     rel, rids = edited_releases(g, edits, phases, table)
-    return d, w, rel, np.union1d(ids, rids), eids
+    return EditedTimes(g, d, w, rel, np.union1d(ids, rids), eids)
 
 
 def selects_anything(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = None, table: EventTable | None = None) -> bool:
     """Does the edit, alone, change anything in ``g``: a duration, an op's own time, a latency, a
     release or a dependency?"""
-    _, _, _, ids, eids = apply_edits(g, [e], phases, table)
-    return bool(len(ids) or len(eids))
+    t = apply_edits(g, [e], phases, table)
+    return bool(len(t.nodes) or len(t.edges))
 
 
 SELECTORS = ("ids", "name", "name_contains", "rank", "category", "max_us", "phase", "module")
-_CLAUSE = {"ids": "id", "name": "name", "name_contains": "name~", "rank": "rank", "category": "cat", "max_us": "max_us",
-           "phase": "phase", "module": "module"}  # fmt: skip
+_CLAUSE = {
+    "ids": "id",
+    "name": "name",
+    "name_contains": "name~",
+    "rank": "rank",
+    "category": "cat",
+    "max_us": "max_us",
+    "phase": "phase",
+    "module": "module",
+}
 
 
 def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray | None], table: EventTable | None = None) -> str:
@@ -464,14 +565,21 @@ def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray |
         alone = replace(e, **cleared, gap=False, detach=False, scale=0.5, delay_ms=0.0)
         if not any(selects_anything(g, alone, p, table) for g, p in zip(graphs, phases)):
             shown = "+".join(map(str, value)) if key == "ids" else value
-            what = {"rank": "no op runs on that rank", "name": "no op has that name", "name_contains": "no op's name contains it",
-                    "category": "no op is of that category", "max_us": "no op is that short", "ids": "those are not ops",
-                    "phase": "no op runs in a range of that phase", "module": "no op runs inside a range of that name"}[key]  # fmt: skip
+            what = {
+                "rank": "no op runs on that rank",
+                "name": "no op has that name",
+                "name_contains": "no op's name contains it",
+                "category": "no op is of that category",
+                "max_us": "no op is that short",
+                "ids": "those are not ops",
+                "phase": "no op runs in a range of that phase",
+                "module": "no op runs inside a range of that name",
+            }[key]
             return f"{_CLAUSE[key]}={shown} selects nothing ({what})"
     if "rank" in given and ("name" in given or "name_contains" in given):
         named = replace(e, rank=None, gap=False, detach=False, scale=0.5, delay_ms=0.0)
         ranks = sorted(
-            {int(r) for g, p in zip(graphs, phases) for r in g.nodes["rank"][apply_edits(g, [named], p, table)[3]]}
+            {int(r) for g, p in zip(graphs, phases) for r in g.nodes["rank"][apply_edits(g, [named], p, table).nodes]}
             | {int(r) for g, p in zip(graphs, phases) for r in g.nodes["rank"][own_time(g, named, p, table).nodes]}
         )
         if ranks:
@@ -515,10 +623,10 @@ def replay(
     phases: np.ndarray | None = None,
     table: EventTable | None = None,
 ) -> WhatIf:
-    d, w, rel, ids, eids = apply_edits(g, edits, phases, table)
-    if not len(ids) and not len(eids):
+    t = apply_edits(g, edits, phases, table)
+    if not len(t.nodes) and not len(t.edges):
         raise OracleError("edit selects no node of the graph")
-    return WhatIf(base=base or run_cpm(g), edited=run_cpm(g, d, w, rel), ids=ids)
+    return WhatIf(base=base or run_cpm(g), edited=t.cpm(), ids=t.nodes)
 
 
 def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarray | float, base: CPMResult | None = None) -> np.ndarray:
@@ -530,7 +638,7 @@ def single_node_makespans(g: ExecutionGraph, ids: np.ndarray, delta_us: np.ndarr
     ids = np.asarray(ids, dtype=np.int64)
     delta = np.broadcast_to(np.asarray(delta_us, dtype=np.float64), ids.shape)
     m = r.makespan
-    out = np.maximum(m, m - r.slack[ids] + np.maximum(delta, -g.nodes["mdur"][ids]))
+    out: np.ndarray = np.maximum(m, m - r.slack[ids] + np.maximum(delta, -g.nodes["mdur"][ids]))
     tol = 1e-3 + 1e-9 * m  # float noise in the slack of critical nodes (µs)
     shrink = np.flatnonzero((delta < 0) & (r.slack[ids] <= tol))
     if len(shrink):  # a shortened node without slack: exact forward passes, compiled
@@ -549,7 +657,7 @@ def single_edge_makespans(g: ExecutionGraph, eids: np.ndarray, delta_us: np.ndar
     w = e["weight"].astype(np.float64)
     slack = r.lst[e["dst"][eids]] - r.eft[e["src"][eids]] - w[eids]
     m = r.makespan
-    out = np.maximum(m, m - slack + np.maximum(delta, -w[eids]))
+    out: np.ndarray = np.maximum(m, m - slack + np.maximum(delta, -w[eids]))
     for i in np.flatnonzero((delta < 0) & (slack <= 1e-3 + 1e-9 * m)):
         w2 = w.copy()
         w2[eids[i]] = max(w2[eids[i]] + delta[i], 0.0)

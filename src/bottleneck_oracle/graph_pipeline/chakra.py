@@ -29,10 +29,17 @@ from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, Ed
 _RANK = re.compile(r"(?:rank[-_]?|\.)(\d+)\.et(?:\.gz)?$", re.IGNORECASE)
 # Chakra CollectiveCommType -> CollectiveKind
 _COMM_KIND = {
-    0: CollectiveKind.ALL_REDUCE, 1: CollectiveKind.REDUCE, 2: CollectiveKind.ALL_GATHER, 3: CollectiveKind.GATHER,
-    4: CollectiveKind.SCATTER, 5: CollectiveKind.BROADCAST, 6: CollectiveKind.ALL_TO_ALL, 7: CollectiveKind.REDUCE_SCATTER,
-    8: CollectiveKind.REDUCE_SCATTER, 9: CollectiveKind.BARRIER,
-}  # fmt: skip
+    0: CollectiveKind.ALL_REDUCE,
+    1: CollectiveKind.REDUCE,
+    2: CollectiveKind.ALL_GATHER,
+    3: CollectiveKind.GATHER,
+    4: CollectiveKind.SCATTER,
+    5: CollectiveKind.BROADCAST,
+    6: CollectiveKind.ALL_TO_ALL,
+    7: CollectiveKind.REDUCE_SCATTER,
+    8: CollectiveKind.REDUCE_SCATTER,
+    9: CollectiveKind.BARRIER,
+}
 
 
 def _pb(path: str | Path = "Chakra ET"):
@@ -179,17 +186,37 @@ def chakra_graph(path: str | Path) -> ExecutionGraph:
     end = modelled_ends(start, start + dur, ckind, inst)
     measured = {r: float((start + dur)[rank_a == r].max() - start[rank_a == r].min()) for r in ranks}
     nodes_cols = {
-        "rank": rank_a, "tid": np.array(cols["tid"], dtype=np.int64), "on_gpu": np.array(cols["on_gpu"], dtype=bool),
-        "name": np.array(cols["name"], dtype=np.int32), "node_type": np.array(cols["node_type"], dtype=np.int8),
-        "category": np.array(cols["category"], dtype=np.int8), "start": start, "dur": dur,
-        "event": np.arange(len(start), dtype=np.int64), "msg_bytes": msg, "group_size": np.full(len(start), -1, dtype=np.int32),
+        "rank": rank_a,
+        "tid": np.array(cols["tid"], dtype=np.int64),
+        "on_gpu": np.array(cols["on_gpu"], dtype=bool),
+        "name": np.array(cols["name"], dtype=np.int32),
+        "node_type": np.array(cols["node_type"], dtype=np.int8),
+        "category": np.array(cols["category"], dtype=np.int8),
+        "start": start,
+        "dur": dur,
+        "event": np.arange(len(start), dtype=np.int64),
+        "msg_bytes": msg,
+        "group_size": np.full(len(start), -1, dtype=np.int32),
         "coll_kind": ckind,
-    }  # fmt: skip
+    }
     raw = RawGraph(
-        names=names, nodes=nodes_cols, end=end, inst=inst, src=src_a, dst=dst_a, kind=kind_a, is_wait=np.zeros(len(src_a), bool),
-        window_start=float(t0), step=None, measured=measured,
-        meta={"files": {str(k): v for k, v in ranks.items()}, "format": "chakra", "rank_start_us": {str(r): float(start[rank_a == r].min()) for r in ranks}},
-    )  # fmt: skip
+        names=names,
+        nodes=nodes_cols,
+        end=end,
+        inst=inst,
+        src=src_a,
+        dst=dst_a,
+        kind=kind_a,
+        is_wait=np.zeros(len(src_a), bool),
+        window_start=float(t0),
+        step=None,
+        measured=measured,
+        meta={
+            "files": {str(k): v for k, v in ranks.items()},
+            "format": "chakra",
+            "rank_start_us": {str(r): float(start[rank_a == r].min()) for r in ranks},
+        },
+    )
     return finalize(raw)
 
 

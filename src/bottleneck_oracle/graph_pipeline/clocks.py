@@ -48,15 +48,6 @@ class ClockReport:
     hosts: list[HostClock] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        return {
-            "hosts": [
-                {"host": h.host, "ranks": h.ranks, "offset_us": h.offset_us, "instances": h.instances, "spread_us": h.spread_us}
-                for h in self.hosts
-            ],
-            "warnings": list(self.warnings),
-        }
-
 
 def hosts_by_block(ranks: list[int], ranks_per_host: int) -> dict[int, int]:
     """torchrun's placement: ranks 0..N-1 on the first host, N..2N-1 on the second, and so on."""

@@ -62,9 +62,15 @@ def match_instances(
     sequences: dict[tuple, list[tuple[float, int]]] = {}
     groups: dict[tuple, list[int]] = {}
     for i, r, k, g, m, t, q, s in zip(
-        net.tolist(), rank[net].tolist(), ckind[net].tolist(), pg[net].tolist(), size.tolist(), start[net].tolist(), peers.tolist(),
+        net.tolist(),
+        rank[net].tolist(),
+        ckind[net].tolist(),
+        pg[net].tolist(),
+        size.tolist(),
+        start[net].tolist(),
+        peers.tolist(),
         seqs.tolist(),
-    ):  # fmt: skip
+    ):
         if s >= 0 and k not in P2P_KINDS:
             groups.setdefault(("seq", k, g, s), []).append(i)
         else:

@@ -28,10 +28,12 @@ import struct
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, Executor, ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from bottleneck_oracle.errors import OracleError, first_line
 
+T = TypeVar("T")  # an item of imap/map
+R = TypeVar("R")  # what fn makes of it
 _SHARED: dict[str, Any] = {}  # per local worker process: the shared data its tasks read
 
 
@@ -39,17 +41,17 @@ def _init_shared(shared: Any) -> None:
     _SHARED["data"] = shared
 
 
-def _call_with_shared(fn: Callable, item: Any) -> Any:
+def _call_with_shared(fn: Callable[[Any, Any], Any], item: Any) -> Any:
     return fn(_SHARED["data"], item)
 
 
 class Engine:
     """An engine (module docstring). What every engine does with ``imap``: ``map`` lists it; ``close`` has nothing to free."""
 
-    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+    def imap(self, fn: Callable[[Any, T], R], items: Iterable[T], shared: Any = None, workers: int | None = None) -> Iterator[R]:
         raise NotImplementedError
 
-    def map(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> list:
+    def map(self, fn: Callable[[Any, T], R], items: Iterable[T], shared: Any = None, workers: int | None = None) -> list[R]:
         """``[fn(shared, item) for item in items]``, where the engine runs its work."""
         return list(self.imap(fn, items, shared, workers))
 
@@ -65,7 +67,7 @@ class LocalEngine(Engine):
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
 
-    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+    def imap(self, fn: Callable[[Any, T], R], items: Iterable[T], shared: Any = None, workers: int | None = None) -> Iterator[R]:
         """The results of ``map`` one at a time, in input order, as they are ready."""
         items = list(items)
         n = min(workers or self.workers, len(items))
@@ -90,7 +92,7 @@ class FuturesEngine(Engine):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
 
-    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+    def imap(self, fn: Callable[[Any, T], R], items: Iterable[T], shared: Any = None, workers: int | None = None) -> Iterator[R]:
         items = list(items)
         yield from self.executor.map(fn, [shared] * len(items), items)
 
@@ -119,17 +121,17 @@ class DaskEngine(Engine):
             if address.startswith("tcp://"):
                 probe_scheduler(host, port, min(timeout, PROBE_S))
             try:
-                self.client = Client(address, timeout=timeout)
+                self.client = Client(address, timeout=timeout)  # type: ignore[no-untyped-call, unused-ignore]  # (strict mode only: Dask's constructors have no annotations)
             except Exception as exc:  # noqa: BLE001 - whatever Dask raises for an address it cannot use (TLS without certificates, ...)
                 raise OracleError(f"cannot connect to the Dask scheduler at {address} ({type(exc).__name__}: {first_line(exc)})") from None
         else:
             n = workers or os.cpu_count() or 1
-            self._cluster = LocalCluster(
+            self._cluster = LocalCluster(  # type: ignore[no-untyped-call, unused-ignore]  # (strict mode only: the same)
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50, memory_limit=0
             )
-            self.client = Client(self._cluster)
+            self.client = Client(self._cluster)  # type: ignore[no-untyped-call, unused-ignore]  # (strict mode only: the same)
 
-    def imap(self, fn: Callable, items: Iterable, shared: Any = None, workers: int | None = None) -> Iterator:
+    def imap(self, fn: Callable[[Any, T], R], items: Iterable[T], shared: Any = None, workers: int | None = None) -> Iterator[R]:
         """Results in input order; each is released on the cluster once fetched."""
         items = list(items)
         if not items:
@@ -158,11 +160,12 @@ class DaskEngine(Engine):
         finally:
             del futures
 
-    def _submit(self, fn: Callable, items: list, shared: Any) -> list:
+    def _submit(self, fn: Callable[[Any, Any], Any], items: list[Any], shared: Any) -> list[Any]:
         """Futures of ``fn(shared, item)`` per item, ``shared`` scattered to every worker once."""
         try:
             ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
-            return self.client.map(fn, [ref] * len(items), items, pure=False)
+            futures: list[Any] = self.client.map(fn, [ref] * len(items), items, pure=False)
+            return futures
         except Exception as exc:  # noqa: BLE001
             raise self._failed(exc) from None
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
 import orjson
@@ -33,6 +33,10 @@ from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
+
+if TYPE_CHECKING:
+    from bottleneck_oracle.graph_pipeline.clocks import ClockReport
+    from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6  # no event of a trace lies further from the rest, or lasts longer
 MAX_TS_US = 2.0**53  # µs: timestamps float64 holds to the µs (285 years from the epoch); no event lies beyond
@@ -117,19 +121,20 @@ class EventTable:
     steps: list[Step]
     flows: dict[str, np.ndarray]  # fwdbwd flow endpoints: rank, pid, tid, ts, id, is_start
     files: dict[int, str]  # rank -> file path
-    meta: dict[int, dict] = field(default_factory=dict)  # rank -> distributedInfo
+    meta: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> distributedInfo
     thread_names: dict[tuple[int, int, int], str] = field(default_factory=dict)
     """(rank, pid, tid) -> the thread's or GPU stream's name in the trace's metadata."""
     data_deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     """(producer row, consumer row) pairs of CPU ops from a PyTorch execution trace (et.attach)."""
-    clocks: dict = field(default_factory=dict)
-    """Clock alignment across hosts (clocks.align): per host its ranks and the offset applied, and warnings."""
-    inputs: dict[int, dict] = field(default_factory=dict)
+    clocks: ClockReport | None = None
+    """Clock alignment across hosts (clocks.align): per host its ranks and the offset applied, and
+    warnings; None where nothing was aligned or suspected."""
+    inputs: dict[int, dict[str, Any]] = field(default_factory=dict)
     """rank -> what its files say of themselves beyond the events: ``numbered`` (per file, the
     events its exporter numbered with Ev Idx that it holds, and the first and last number: gaps
     mean sampled or removed events), ``unknown_device_events``, ``process_names`` (pid -> name),
     ``devices`` (the device models its files' ``deviceProperties`` name)."""
-    execution_traces: list[dict] = field(default_factory=list)
+    execution_traces: list[dict[str, Any]] = field(default_factory=list)
     """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     """Cached (rows sorted by rank then anchor, their rank, their anchor) for window look-ups."""
@@ -137,9 +142,9 @@ class EventTable:
     """Cached row of the runtime call that launched each GPU op (-1: none, or not a GPU op)."""
     streams: tuple[np.ndarray, np.ndarray] | None = None
     """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
-    facts_cache: dict | None = None
+    facts_cache: dict[str, Any] | None = None
     """Cached per-rank indexes of facts.py (device ops by launch and by start; long host ops)."""
-    lookups: dict = field(default_factory=dict)
+    lookups: dict[str, Any] = field(default_factory=dict)
     """Cached look-ups that every step's graph reads (window.py, edges.py): flags of every name,
     the steps by number, the flows by rank and time; each says what it was computed from."""
 
@@ -235,7 +240,7 @@ class EventTable:
         b = lo + np.searchsorted(ts_s[lo:hi], end, side="left")
         return order[a:b]
 
-    def window_rows(self, rank: int, g) -> np.ndarray:
+    def window_rows(self, rank: int, g: ExecutionGraph) -> np.ndarray:
         """Rows of the events of ``rank`` that start in the window of ``g`` (an ExecutionGraph:
         from its start to its longest measured span, 1 µs either side), in table order."""
         offset = g.window_start - self.t0
@@ -258,7 +263,7 @@ def _too_large(path: Path, inflated: bool) -> TraceError:
     return TraceError(path, f"{what} {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
 
 
-def _check_inflation(path: Path, fh, total: int) -> None:
+def _check_inflation(path: Path, fh: BinaryIO, total: int) -> None:
     """Refuse a gzip stream that has inflated ``total`` bytes from the ``fh.tell()`` bytes read so
     far: past MAX_TRACE_BYTES, or past BOMB_FLOOR at more than MAX_GZIP_RATIO times its input
     (a decompression bomb is refused after tens of megabytes, not after filling the memory)."""
@@ -326,7 +331,7 @@ class MappedTrace:
     pages already scanned can be given back (``release``), so a trace of gigabytes is never held
     whole — what stays is what was read lately."""
 
-    def __init__(self, fh) -> None:
+    def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
@@ -405,7 +410,7 @@ def _spool_error(path: Path, exc: OSError) -> TraceError:
     )
 
 
-def _copy_plain(path: Path, src, tmp, size: int) -> int:
+def _copy_plain(path: Path, src: BinaryIO, tmp: BinaryIO, size: int) -> int:
     """Copy ``size`` bytes of the open file ``src`` into ``tmp`` (in the kernel where it can);
     TraceError if the file ends sooner (it shrank while being read)."""
     done = 0
@@ -432,7 +437,7 @@ def _copy_plain(path: Path, src, tmp, size: int) -> int:
     return done
 
 
-def _copy_gunzipped(path: Path, src, tmp) -> int:
+def _copy_gunzipped(path: Path, src: BinaryIO, tmp: BinaryIO) -> int:
     """Decompress the open gzip file ``src`` into ``tmp`` block by block; the bytes written."""
     total = 0
     with gzip.open(src, "rb") as gz:
@@ -446,7 +451,7 @@ def _copy_gunzipped(path: Path, src, tmp) -> int:
     return total
 
 
-def _gunzip(path: Path, fh) -> bytearray:
+def _gunzip(path: Path, fh: BinaryIO) -> bytearray:
     """The decompressed bytes of an open gzip file, in one buffer grown as the data arrives: the
     gzip trailer's size (ISIZE) only sets the first block (up to _CHUNK), so a trailer that lies
     costs nothing; each block is filled in place (no list of chunks and their join) and the
@@ -492,11 +497,13 @@ def _decode_one(raw: bytes | bytearray) -> object | None:
     surrogate, ``"\\ud800"``, that some profilers write in names); None if neither can (nesting
     deeper than either parser goes)."""
     try:
-        return orjson.loads(raw)
+        out: object = orjson.loads(raw)
+        return out
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(bytes(raw).decode("utf-8", errors="replace"))
+        std: object = json.loads(bytes(raw).decode("utf-8", errors="replace"))
+        return std
     except (ValueError, RecursionError):
         return None
 
@@ -506,7 +513,7 @@ def read_json(path: Path) -> object:
     return _decode(path, read_bytes(path))
 
 
-def rank_of(doc: dict, path: Path, default: int | None) -> int:
+def rank_of(doc: dict[str, Any], path: Path, default: int | None) -> int:
     """Rank from distributedInfo.rank, else from a file name like rank-3.json.gz, else from a
     folder named like rank3 or 3 that holds the file. A rank is an integer in [0, MAX_RANK):
     anything else (negative, or beyond any job) is a TraceError, not a rank read another way."""
@@ -549,7 +556,7 @@ def _step_number(name: str) -> int | None:
     return number if 0 <= number <= MAX_STEP else -1
 
 
-def _first(args: dict, keys: tuple[str, ...]) -> object:
+def _first(args: dict[str, Any], keys: tuple[str, ...]) -> object:
     for k in keys:
         if k in args:
             return args[k]
@@ -572,7 +579,7 @@ def _prod(dims: object) -> float:
     return float(n)
 
 
-def _arg(args: dict, col: str) -> object:
+def _arg(args: dict[str, Any], col: str) -> object:
     spec = F.ARG_SPECS[col]
     v = _first(args, spec.raw_names)
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else spec.default
@@ -605,7 +612,17 @@ _SPARSE_DTYPE = {
 }
 
 
-def _duplicates(pid, tid, ts, dur, code, cls, raw: TraceBytes, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _duplicates(
+    pid: np.ndarray,
+    tid: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    code: np.ndarray,
+    cls: np.ndarray,
+    raw: TraceBytes,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> np.ndarray:
     """Events whose JSON text is the same as an earlier one's: a trace written twice. (Two calls
     of one name starting in the same microsecond with the same duration are common in µs-resolution
     traces; they differ in their correlation or External ids, so only identical text counts.)"""
@@ -642,10 +659,11 @@ def _name(b: bytes | bytearray) -> str:
     if b"\\" not in b:
         return b.decode("utf-8", errors="replace")
     try:
-        return orjson.loads(b'"' + b + b'"')
+        name: str = orjson.loads(b'"' + b + b'"')
+        return name
     except orjson.JSONDecodeError:
         try:
-            text = json.loads('"' + b.decode("utf-8", errors="replace") + '"')  # the stdlib keeps lone surrogates ...
+            text: str = json.loads('"' + b.decode("utf-8", errors="replace") + '"')  # the stdlib keeps lone surrogates ...
         except ValueError:  # an escape JSON does not know: keep the characters as they are
             return b.decode("utf-8", errors="replace")
         return text.encode("utf-8", errors="replace").decode("utf-8")  # ... which become "?" here
@@ -658,7 +676,7 @@ class _Builder:
     (CUDA sync details, collective sizes, peers) are decoded for those events and stored
     sparsely as (row, value)."""
 
-    def __init__(self, rank: int = 0, path: str = "", meta: dict | None = None) -> None:
+    def __init__(self, rank: int = 0, path: str = "", meta: dict[str, Any] | None = None) -> None:
         self.rank, self.path, self.meta = rank, path, meta or {}
         self.names: list[str] = []
         self.str_codes: dict[object, int] = {}
@@ -709,10 +727,10 @@ class _Builder:
             x = x[~far]
             fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
             flow &= np.abs(fts - med) <= MAX_SPAN_US
-        idx = ev.pop("evidx")
-        idx = idx[idx >= 0]  # every event, of any phase: instant events are numbered too
-        if len(idx):  # how many of the events its exporter numbered the file holds (facts.py)
-            self.numbered = {"events": int(len(np.unique(idx))), "first": int(idx.min()), "last": int(idx.max())}
+        ev_idx = ev.pop("evidx")
+        ev_idx = ev_idx[ev_idx >= 0]  # every event, of any phase: instant events are numbered too
+        if len(ev_idx):  # how many of the events its exporter numbered the file holds (facts.py)
+            self.numbered = {"events": int(len(np.unique(ev_idx))), "first": int(ev_idx.min()), "last": int(ev_idx.max())}
         names, code = self._names(raw, ev, x)
         _give_back(raw)
         base = int(min(ev["ts_i"][x].min(), ev["ts_i"][flow].min() if flow.any() else ev["ts_i"][x].min()))
@@ -779,7 +797,7 @@ class _Builder:
             "rf_id": ev.pop("rfid")[rows],
             "stream": ev.pop("stream")[rows],
         }
-        sparse: dict[str, tuple[list, list]] = {k: ([], []) for k in _SPARSE if k not in part}
+        sparse: dict[str, tuple[list[int], list[Any]]] = {k: ([], []) for k in _SPARSE if k not in part}
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
@@ -800,12 +818,12 @@ class _Builder:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
         if unread:
             self.notes.append(f"{path}: the args of {unread} collective or sync events are nested too deep to read; read without them")
-        for col, (idx, vals) in sparse.items():
+        for col, (at, values) in sparse.items():
             dtype = _SPARSE_DTYPE.get(col, np.int64)
             default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
             arr = np.full(n, default, dtype=dtype)
-            if idx:
-                where, got = np.asarray(idx, dtype=np.int64), np.asarray(vals)
+            if at:
+                where, got = np.asarray(at, dtype=np.int64), np.asarray(values)
                 if np.issubdtype(dtype, np.integer):  # a value the column cannot hold is unknown, not an overflow
                     info = np.iinfo(arr.dtype)
                     fits = (got >= info.min) & (got <= info.max) if got.dtype != object else np.zeros(len(got), dtype=bool)
@@ -917,14 +935,14 @@ class _Builder:
 
     def _ids(self, num: np.ndarray, str_hash: np.ndarray) -> np.ndarray:
         """pid/tid: the number, or a stable negative code for a string id."""
-        out = num.astype(np.int64).copy()
+        out: np.ndarray = num.astype(np.int64).copy()
         s = np.flatnonzero(str_hash != 0)
         for i in s.tolist():
             out[i] = self.str_codes.setdefault(int(str_hash[i]), -(len(self.str_codes) + 2))
         return out
 
     @staticmethod
-    def _sync_args(sparse: dict, row: int, name: str, args: dict) -> None:
+    def _sync_args(sparse: dict[str, tuple[list[int], list[Any]]], row: int, name: str, args: dict[str, Any]) -> None:
         kind = args.get(F.SYNC_KIND_KEY, name)
         if kind in SYNC_KINDS:
             sparse["sync_kind"][0].append(row)
@@ -935,7 +953,7 @@ class _Builder:
                 sparse[col][0].append(row)
                 sparse[col][1].append(v)
 
-    def _comm_args(self, sparse: dict, row: int, args: dict, name: str) -> None:
+    def _comm_args(self, sparse: dict[str, tuple[list[int], list[Any]]], row: int, args: dict[str, Any], name: str) -> None:
         """Message size, group size, process group and element size of collective-ish ops, and
         the peer rank of c10d send/recv calls (their third concrete input: dst or src)."""
         if name.startswith("c10d::") and ("send" in name or "recv" in name):
@@ -988,11 +1006,11 @@ class _Merger:
         self.cols: dict[str, np.ndarray] = {}
         self.n = 0
         self.flows: list[dict[str, np.ndarray]] = []
-        self.steps: list[tuple] = []
+        self.steps: list[tuple[int, int, float, float, int, int]] = []
         self.files: dict[int, str] = {}
-        self.meta: dict[int, dict] = {}
+        self.meta: dict[int, dict[str, Any]] = {}
         self.thread_names: dict[tuple[int, int, int], str] = {}
-        self.inputs: dict[int, dict] = {}
+        self.inputs: dict[int, dict[str, Any]] = {}
 
     def _reserve(self, rows: int, template: dict[str, np.ndarray], bytes_seen: int) -> None:
         need = self.n + rows
@@ -1024,7 +1042,8 @@ class _Merger:
         def merged(k: str, v: np.ndarray) -> np.ndarray:
             """A file's column in the merged table's codes and clock."""
             if k == "name":
-                return remap[v]
+                named: np.ndarray = remap[v]
+                return named
             if k == "ts":
                 return v + shift
             if k == "pg" and len(pg_remap):
@@ -1068,9 +1087,16 @@ class _Merger:
         fl["ts"] -= first
         step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
         return EventTable(
-            t0=float(self.base or 0.0) + first, names=self.names, cols=cols, steps=step_list, flows=fl,
-            files=self.files, meta=self.meta, thread_names=self.thread_names, inputs=self.inputs,
-        )  # fmt: skip
+            t0=float(self.base or 0.0) + first,
+            names=self.names,
+            cols=cols,
+            steps=step_list,
+            flows=fl,
+            files=self.files,
+            meta=self.meta,
+            thread_names=self.thread_names,
+            inputs=self.inputs,
+        )
 
 
 def trace_files(path: str | Path) -> list[Path]:
@@ -1268,7 +1294,7 @@ def _time_span(b: _Builder) -> tuple[float, float]:
 def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:
     """One ProfilerStep#N per rank: a second span with the same number (nested in the first, or a
     trace written twice) is dropped with a note, keeping the longest."""
-    best: dict[int, tuple] = {}
+    best: dict[int, tuple[int, int, float, float, int, int]] = {}
     for s in b.steps:
         if s[1] not in best or s[3] - s[2] > best[s[1]][3] - best[s[1]][2]:
             best[s[1]] = s

@@ -277,11 +277,11 @@ class RunFacts:
 
 def run_facts(table: EventTable) -> RunFacts:
     sizes = [m.get("world_size") for m in table.meta.values() if isinstance(m, dict)]
-    sizes = [int(s) for s in sizes if isinstance(s, int) and not isinstance(s, bool) and 0 < s < 2**31]
+    sizes_ok: list[int] = [int(s) for s in sizes if isinstance(s, int) and not isinstance(s, bool) and 0 < s < 2**31]
     numbered = {}
     for r, info in table.inputs.items():
         files = info.get("numbered") or []
         if files:
             numbered[r] = {"held": sum(f["events"] for f in files), "numbered": sum(f["last"] - f["first"] + 1 for f in files)}
     unknown = sum(int(info.get("unknown_device_events", 0)) for info in table.inputs.values())
-    return RunFacts(ranks=table.ranks, world_size=max(sizes) if sizes else None, numbered=numbered, unknown_device_events=unknown)
+    return RunFacts(ranks=table.ranks, world_size=max(sizes_ok) if sizes_ok else None, numbered=numbered, unknown_device_events=unknown)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,8 +25,157 @@ from bottleneck_oracle.graph_pipeline.schema import (
     EdgeKind,
     NodeType,
 )
+from bottleneck_oracle.serial import JSONObject
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 MAX_GRAPH_BYTES = 16 * 2**30  # what a saved graph's arrays may declare (a 4096-rank step's take a few GiB)
+
+
+@dataclass(frozen=True, slots=True)
+class Bystander:
+    """A host thread left out of the step: no dependency into its work (graph_pipeline.builder)."""
+
+    rank: int
+    pid: int
+    tid: int
+    thread: str  # its name in the trace
+    ops: int  # its ops in the step
+    longest_op: str  # the name of its longest op (at most 120 characters)
+    ends_us: float  # when its last op in the step ended
+
+
+@dataclass(frozen=True, slots=True)
+class AsleepThread:
+    """A host thread that slept through the step (graph_pipeline.facts)."""
+
+    tid: int
+    thread: str  # its name in the trace
+    op: str  # its longest op (at most 120 characters)
+
+
+@dataclass(frozen=True, slots=True)
+class RankFactsRecord:
+    """What the analysis reads of one rank's facts as the graph saved them (graph_pipeline.facts)."""
+
+    rank: int
+    device_ops: int  # device events the step launched
+    device_busy: float  # share of the period the device was busy
+    device_busy_us: float
+    period_us: float  # the rank's period: end of the device work queued before the step to the end of the step's
+    blocking_us: float  # host time in calls that block on the device (each >= 1 ms)
+    asleep: tuple[AsleepThread, ...]  # host threads that slept through the step
+
+
+@dataclass(frozen=True, slots=True)
+class StepFactsRecord:
+    """What the analysis reads of the step's facts as the graph saved them."""
+
+    period_us: float  # the step's period: the longest of its ranks'
+    ranks: tuple[RankFactsRecord, ...]
+
+
+class GraphInfo:
+    """The typed view of ``ExecutionGraph.meta``: what the builder recorded beside the graph (thread
+    and stream names, step starts and ends, the facts, dropped edges, collective matching,
+    bystanders). ``meta`` itself is what a saved graph holds (JSON in its header, keys by name);
+    the analysis reads it through this view. Absent keys read as empty (graphs of Chakra input,
+    or saved by older versions)."""
+
+    __slots__ = ("_meta",)
+
+    def __init__(self, meta: Mapping[str, Any]) -> None:
+        self._meta = meta
+
+    def _dict(self, key: str) -> dict[str, Any]:
+        value = self._meta.get(key)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def thread_names(self) -> dict[str, str]:
+        """The trace's names of the step's CPU threads, keyed "rank:tid"."""
+        return self._dict("thread_names")
+
+    @property
+    def stream_names(self) -> dict[str, str]:
+        """The trace's names of the step's device streams, keyed "rank:stream"."""
+        return self._dict("stream_names")
+
+    def lane_name(self, rank: int, tid: int, on_gpu: bool) -> str:
+        """A thread's or stream's name, or "thread N" / "stream N" where the trace gives none."""
+        names = self.stream_names if on_gpu else self.thread_names
+        return names.get(f"{rank}:{tid}", f"{'stream' if on_gpu else 'thread'} {tid}")
+
+    @property
+    def rank_start_us(self) -> dict[str, float]:
+        """When each rank ("rank") started the step, µs from the window start."""
+        return self._dict("rank_start_us")
+
+    @property
+    def rank_origin_us(self) -> dict[str, float]:
+        """Where each rank's step time starts (facts.py), µs from the window start."""
+        return self._dict("rank_origin_us")
+
+    @property
+    def step_end_us(self) -> dict[str, float]:
+        """When each rank's ProfilerStep span ended, µs from the window start."""
+        return self._dict("step_end_us")
+
+    @property
+    def dropped_edges(self) -> dict[str, int]:
+        """Edges dropped because they ran back in time, per edge kind."""
+        return self._dict("dropped_edges")
+
+    @property
+    def collectives(self) -> dict[str, int]:
+        """How the collectives were matched across ranks (collectives.match_report)."""
+        return self._dict("collectives")
+
+    @property
+    def facts_json(self) -> JSONObject | None:
+        """The step's facts as saved (facts.StepFacts.to_dict), None without them."""
+        return self._facts()
+
+    def _facts(self) -> dict[str, Any] | None:
+        facts = self._meta.get("facts")
+        return facts if isinstance(facts, dict) else None
+
+    @property
+    def facts(self) -> StepFactsRecord | None:
+        """The step's facts the analysis reads, None without facts or without a rank in them."""
+        facts = self._facts()
+        if not facts or not facts.get("ranks"):
+            return None
+        ranks = tuple(
+            RankFactsRecord(
+                rank=int(f["rank"]),
+                device_ops=int(f["device_ops"]),
+                device_busy=float(f["device_busy"]),
+                device_busy_us=float(f["device_busy_us"]),
+                period_us=float(f["period_us"]),
+                blocking_us=float(f["blocking_us"]),
+                asleep=tuple(AsleepThread(tid=int(t["tid"]), thread=str(t["thread"]), op=str(t["op"])) for t in f.get("asleep", [])),
+            )
+            for f in facts["ranks"]
+        )
+        return StepFactsRecord(period_us=float(facts["period_us"]), ranks=ranks)
+
+    @property
+    def bystanders(self) -> list[Bystander]:
+        """Host threads left out of the step (builder): no dependency into its work."""
+        return [
+            Bystander(
+                rank=int(b["rank"]),
+                pid=int(b["pid"]),
+                tid=int(b["tid"]),
+                thread=str(b["thread"]),
+                ops=int(b["ops"]),
+                longest_op=str(b["longest_op"]),
+                ends_us=float(b["ends_us"]),
+            )
+            for b in self._meta.get("bystanders", [])
+        ]
 
 
 @dataclass(slots=True, repr=False)
@@ -42,7 +193,8 @@ class ExecutionGraph:
     window_start: float
     step: int | None
     measured: dict[int, float]
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    """What the builder recorded beside the graph, as saved (JSON); read it through ``info``."""
     gaps: dict[str, np.ndarray] = field(default_factory=empty_gaps)
     """The time between consecutive ops of each CPU thread, in pieces (schema.GAP_COLUMNS)."""
     regions: dict[str, np.ndarray] = field(default_factory=empty_regions)
@@ -63,15 +215,20 @@ class ExecutionGraph:
     def __repr__(self) -> str:
         return f"ExecutionGraph(step {self.step}, ranks {self.ranks}, {self.n_nodes} nodes, {self.n_edges} edges)"
 
+    @property
+    def info(self) -> GraphInfo:
+        """The typed view of ``meta``."""
+        return GraphInfo(self.meta)
+
     def rank_origin(self, rank: int) -> float:
         """Where ``rank``'s step time starts (µs from the window start): the later of its step start
         and the end of the device work queued before the step (facts.py); its step start if unknown."""
-        origin = self.meta.get("rank_origin_us", {}).get(str(rank))
+        origin = self.info.rank_origin_us.get(str(rank))
         return float(origin) if origin is not None else self.rank_start(rank)
 
     def rank_start(self, rank: int) -> float:
         """When ``rank`` started this step, µs from the window start."""
-        return float(self.meta.get("rank_start_us", {}).get(str(rank), 0.0))
+        return float(self.info.rank_start_us.get(str(rank), 0.0))
 
     def node_name(self, i: int) -> str:
         return self.names[int(self.nodes["name"][i])]
@@ -104,7 +261,7 @@ class ExecutionGraph:
             i = int(np.argmin(self.nodes["mdur"]))
             raise GraphError(f"node {self.node_name(i)!r} has a negative modelled duration")
 
-    def to_networkx(self):
+    def to_networkx(self) -> nx.DiGraph:
         """A networkx.DiGraph with node and edge attributes (for interop only)."""
         import networkx as nx
 

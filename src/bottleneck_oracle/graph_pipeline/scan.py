@@ -483,8 +483,17 @@ COLUMNS = (
 )
 
 
-_DTYPES = {"ph": np.uint8, "cat": np.uint64, "name_hash": np.uint64, "pid_str": np.uint64, "tid_str": np.uint64,
-           "ts_f": np.float64, "dur_f": np.float64, "has_ts": np.bool_, "has_dur": np.bool_}  # fmt: skip
+_DTYPES = {
+    "ph": np.uint8,
+    "cat": np.uint64,
+    "name_hash": np.uint64,
+    "pid_str": np.uint64,
+    "tid_str": np.uint64,
+    "ts_f": np.float64,
+    "dur_f": np.float64,
+    "has_ts": np.bool_,
+    "has_dur": np.bool_,
+}
 _FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1, "evidx": -1}
 
 

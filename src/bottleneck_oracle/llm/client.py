@@ -111,7 +111,7 @@ class ChatClient:
         self.timeout = timeout_s
         self.calls = 0
 
-    def chat(self, messages: list[dict]) -> str:
+    def chat(self, messages: list[dict[str, str]]) -> str:
         body = json.dumps(
             {"model": self.model, "messages": messages, "temperature": 0, "response_format": {"type": "json_object"}}
         ).encode()

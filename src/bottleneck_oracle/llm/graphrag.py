@@ -23,7 +23,7 @@ import numpy as np
 
 from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
-from bottleneck_oracle.analysis.results import Advice, Suggestion
+from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunSuggestion, Suggestion
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
@@ -97,8 +97,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
     top = a.top_ops(1)
-    m["top_op_share"] = float(top[0]["share"]) if top else 0.0
-    ctx["top_op"] = top[0]["name"] if top else ""
+    m["top_op_share"] = float(top[0].share) if top else 0.0
+    ctx["top_op"] = top[0].name if top else ""
     ctx["top_op_pct"] = f"{100 * m['top_op_share']:.0f}"
     m["straggler_share"] = 0.0
     ctx["straggler_rank"], ctx["straggler_scale"], ctx["straggler_gap_scale"] = "0", "1.0", "1.0"
@@ -141,24 +141,34 @@ def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
         for x in extra:
             names[x.name] = names.get(x.name, 0) + 1
         shown = ", ".join(f"{n} ×{k}" if k > 1 else n for n, k in sorted(names.items(), key=lambda kv: -kv[1])[:4])
-        remedy = (f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
-                  "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
-                  "Remove it, make every rank share it, or move it off the step.")  # fmt: skip
+        remedy = (
+            f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
+            "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
+            "Remove it, make every rank share it, or move it off the step."
+        )
         return f"ops its peers do not run ({shown})", remedy
     if "dataloader" in lower or "enumerate(" in lower or "data_load" in lower:
-        remedy = (f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
-                  "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network.")  # fmt: skip
+        remedy = (
+            f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
+            "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network."
+        )
     elif gaps:
-        remedy = (f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
-                  "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
-                  "checkpointing, evaluation on rank 0) and per-rank data differences.")  # fmt: skip
+        remedy = (
+            f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
+            "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
+            "checkpointing, evaluation on rank 0) and per-rank data differences."
+        )
     elif mine and mine[0].saving_us >= SPREAD_SHARE * max(worst.saving_us, 1.0):
-        remedy = (f"One op of it is much slower ({top}): look at what that op does differently on rank {worst.rank} (its "
-                  "inputs' shapes, its data, a different kernel or algorithm, memory) before suspecting the host.")  # fmt: skip
+        remedy = (
+            f"One op of it is much slower ({top}): look at what that op does differently on rank {worst.rank} (its "
+            "inputs' shapes, its data, a different kernel or algorithm, memory) before suspecting the host."
+        )
     else:
-        remedy = (f"Every op of it is a little slower (the largest, {top}, holds under {100 * SPREAD_SHARE:.0f}% of its excess): "
-                  "the host is the suspect (thermal throttling, clocks, noisy neighbours, CPU affinity, a slower link), or "
-                  "its data (longer sequences).")  # fmt: skip
+        remedy = (
+            f"Every op of it is a little slower (the largest, {top}, holds under {100 * SPREAD_SHARE:.0f}% of its excess): "
+            "the host is the suspect (thermal throttling, clocks, noisy neighbours, CPU affinity, a slower link), or "
+            "its data (longer sequences)."
+        )
     return (f"untraced time ({top})" if gaps else f"slower ops ({top})"), remedy
 
 
@@ -189,11 +199,18 @@ def causal_subgraph(a: StepAnalysis, b: Blame | None, k_hop: int = 1) -> dict:
     ids = np.array(keep, dtype=np.int64)
     blamed = {x.id: x.saving_us for x in (b.nodes if b else [])}
     nodes = [
-        {"id": int(i), "name": g.node_name(i), "rank": int(n["rank"][i]), "kind": Category(int(n["category"][i])).name.lower(),
-         "dur_us": round(float(n["mdur"][i]), 1), "slack_us": round(float(r.slack[i]), 1), "critical": bool(r.critical[i]),
-         **({"blame_saving_us": round(float(blamed[int(i)]), 1)} if int(i) in blamed else {})}
+        {
+            "id": int(i),
+            "name": g.node_name(i),
+            "rank": int(n["rank"][i]),
+            "kind": Category(int(n["category"][i])).name.lower(),
+            "dur_us": round(float(n["mdur"][i]), 1),
+            "slack_us": round(float(r.slack[i]), 1),
+            "critical": bool(r.critical[i]),
+            **({"blame_saving_us": round(float(blamed[int(i)]), 1)} if int(i) in blamed else {}),
+        }
         for i in ids
-    ]  # fmt: skip
+    ]
     inside = np.isin(e["src"], ids) & np.isin(e["dst"], ids)
     edges = [[int(s), int(d), EdgeKind(int(k)).name.lower()] for s, d, k in zip(e["src"][inside], e["dst"][inside], e["kind"][inside])]
     return {"step": g.step, "makespan_us": round(r.makespan, 1), "nodes": nodes, "edges": edges[:200]}
@@ -231,7 +248,7 @@ def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str
                     remedy=instantiate(recipe.remedy, ctx),
                     edits=[instantiate(e, ctx) for e in recipe.edits],
                     references=list(recipe.references),
-                )  # fmt: skip
+                )
             )
     return out
 
@@ -309,7 +326,7 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
                 edits=list(edits),
                 references=list(recipe.references) if recipe else [],
                 explanation_by="llm",
-            )  # fmt: skip
+            )
         )
     return out, problems
 
@@ -319,28 +336,28 @@ def validate(
 ) -> str | None:
     """Replay (and predict) the suggestion; fills its savings. Returns why it is rejected, or None.
     ``phases``, ``mb``: the two arrays of ``node_phases(table, g)``."""
-    from bottleneck_oracle.analysis.cpm import run_cpm
-
     try:
         edits = [Edit.parse(x) for x in s.edits]
-        d, w, rel, ids, eids = apply_edits(g, edits, phases, table)
+        times = apply_edits(g, edits, phases, table)
     except OracleError as exc:
         return str(exc)
-    if not len(ids) and not len(eids):
+    if not len(times.nodes) and not len(times.edges):
         return f"the edits {s.edits} select no node of step {g.step}"
-    s.edited_nodes = int(len(ids) + len(eids))
-    s.replay_saving_us = float(base.makespan - run_cpm(g, d, w, rel).makespan)
+    s.edited_nodes = int(len(times.nodes) + len(times.edges))
+    s.replay_saving_us = float(base.makespan - times.cpm().makespan)
     if predictor is not None:
         from bottleneck_oracle.models.predict import sample_for
 
         pm = (phases, mb) if phases is not None and mb is not None else None
-        data, _ = sample_for(g, d, table, base, w, rel, pm)
-        answer = predictor.effect(g, sample_for(g, None, table, base, phases=pm)[0], data)
-        s.model_saving_us = {v: (None if x is None else -x) for v, x in answer["delta_us"].items()}
-        s.model_out_of_domain = answer["out_of_domain"]
+        data, _ = sample_for(g, times, table, base, pm)
+        answer = predictor.effect(g, sample_for(g, None, table, base, pm)[0], data)
+        s.model_saving_us = {v: (None if x is None else -x) for v, x in answer.delta_us.items()}
+        s.model_out_of_domain = answer.out_of_domain
     if s.replay_saving_us < MIN_SAVING_SHARE * base.makespan:
-        return (f"the replay predicts {s.replay_saving_us:.0f} µs for {s.edits}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
-                f"{base.makespan / 1000:.1f} ms step")  # fmt: skip
+        return (
+            f"the replay predicts {s.replay_saving_us:.0f} µs for {s.edits}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
+            f"{base.makespan / 1000:.1f} ms step"
+        )
     return None
 
 
@@ -359,17 +376,26 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
     )
     data = {"metrics": {k: round(v, 4) for k, v in metrics.items()}, "subgraph": sub}
     user = (
-        "<trace_data>\n" + fence(json.dumps(data, separators=(",", ":"))) + "\n</trace_data>\n<recipes>\n"
+        "<trace_data>\n"
+        + fence(json.dumps(data, separators=(",", ":")))
+        + "\n</trace_data>\n<recipes>\n"
         + json.dumps([{"id": r.id, "title": r.title, "remedy": r.remedy, "edits": list(r.edits), "when": r.when} for r, _ in retrieved])
         + "\n</recipes>\nSuggest the changes most likely to shorten this step."
-    )  # fmt: skip
+    )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def advise(
-    a: StepAnalysis, b: Blame | None, phases: np.ndarray | None = None, table=None, predictor=None, llm=None, k: int = 8,
-    recipes: list[Recipe] | None = None, mb: np.ndarray | None = None,
-) -> Advice:  # fmt: skip
+    a: StepAnalysis,
+    b: Blame | None,
+    phases: np.ndarray | None = None,
+    table=None,
+    predictor=None,
+    llm=None,
+    k: int = 8,
+    recipes: list[Recipe] | None = None,
+    mb: np.ndarray | None = None,
+) -> Advice:
     """Suggestions for one analysed step, each validated by the replay (and the model)."""
     recipes = recipes or load_recipes()
     metrics, ctx = symptoms(a, b, phases)
@@ -379,33 +405,39 @@ def advise(
     extra = [(r, 0.0) for r in recipes if holds(r, metrics) and r.id not in {x.id for x, _ in retrieved}]
     candidates = retrieved + extra
     by_id = {r.id: r for r in recipes}
-    rejected: list[dict] = []
+    rejected: list[Rejected] = []
     if llm is None:
         suggestions, generator = offline_suggestions(candidates, metrics, ctx), "recipe engine (offline)"
     else:
         messages = prompt(metrics, sub, candidates)
         suggestions, problems = parse_llm_output(llm.chat(messages), by_id)
         generator = f"LLM {llm.model} at {llm.base_url}"
-        rejected += [{"reason": p, "round": 1} for p in problems]
+        rejected += [Rejected(reason=p, round=1) for p in problems]
     good, bad = _check(suggestions, a, phases, predictor, table, mb)
     if llm is not None and (bad or (not good and rejected)):
-        feedback = "These suggestions were rejected; fix them or drop them, and reply with the full JSON again:\n" + "\n".join(
-            f"- {json.dumps(s.edits)}: {why}" for s, why in bad
-        ) + "".join(f"\n- {r['reason']}" for r in rejected)  # fmt: skip
+        feedback = (
+            "These suggestions were rejected; fix them or drop them, and reply with the full JSON again:\n"
+            + "\n".join(f"- {json.dumps(s.edits)}: {why}" for s, why in bad)
+            + "".join(f"\n- {r.reason}" for r in rejected)
+        )
         messages = prompt(metrics, sub, candidates) + [{"role": "user", "content": fence(feedback)}]
         retry, problems = parse_llm_output(llm.chat(messages), by_id)
-        rejected += [{"reason": p, "round": 2} for p in problems]
+        rejected += [Rejected(reason=p, round=2) for p in problems]
         good2, bad2 = _check(retry, a, phases, predictor, table, mb)
         seen = {tuple(s.edits) for s in good}
         good += [s for s in good2 if tuple(s.edits) not in seen]
         bad = bad2
-    rejected += [{"source": s.source, "edits": s.edits, "reason": why} for s, why in bad]
+    rejected += [Rejected(source=s.source, edits=s.edits, reason=why) for s, why in bad]
     good.sort(key=lambda s: -s.replay_saving_us)
     return Advice(
-        step=a.graph.step, makespan_us=a.cpm.makespan, metrics=metrics,
-        retrieved=[{"id": r.id, "score": round(sc, 3), "holds": holds(r, metrics)} for r, sc in retrieved],
-        suggestions=good, rejected=rejected, generator=generator,
-    )  # fmt: skip
+        step=a.graph.step,
+        makespan_us=a.cpm.makespan,
+        metrics=metrics,
+        retrieved=[Retrieved(id=r.id, score=round(sc, 3), holds=holds(r, metrics)) for r, sc in retrieved],
+        suggestions=good,
+        rejected=rejected,
+        generator=generator,
+    )
 
 
 def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb):
@@ -416,7 +448,7 @@ def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb):
     return good, bad
 
 
-def run_advice(advices: list[Advice]) -> list[dict]:
+def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
     """One answer across steps: each suggestion (by its recipe, or its edits for an LLM's own) with
     how many steps it survived validation in, and its replayed saving as a median with a 95%
     interval (analysis.answer.estimate) — most steps first, then the largest saving. An LLM's
@@ -435,8 +467,17 @@ def run_advice(advices: list[Advice]) -> list[dict]:
     out = []
     for key, rows in by.items():
         first = rows[0][0]
-        out.append({"source": key, "title": first.title, "remedy": first.remedy, "edits": list(first.edits), "steps": len(rows),
-                    "of": len(advices), "saving": estimate([s.replay_saving_us for s, _ in rows]).to_dict(),
-                    "share": float(np.median([s.replay_saving_us / max(ms, 1.0) for s, ms in rows]))})  # fmt: skip
-    out.sort(key=lambda x: (-x["steps"], -x["saving"]["median_us"]))
+        out.append(
+            RunSuggestion(
+                source=key,
+                title=first.title,
+                remedy=first.remedy,
+                edits=list(first.edits),
+                steps=len(rows),
+                of=len(advices),
+                saving=estimate([s.replay_saving_us for s, _ in rows]),
+                share=float(np.median([s.replay_saving_us / max(ms, 1.0) for s, ms in rows])),
+            )
+        )
+    out.sort(key=lambda x: (-x.steps, -x.saving.median_us))
     return out

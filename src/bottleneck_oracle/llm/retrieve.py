@@ -32,9 +32,6 @@ class Recipe:
     def text(self) -> str:
         return " ".join([self.id.replace("-", " "), self.title, self.keywords, self.explanation, self.remedy, " ".join(self.when)])
 
-    def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in ((f, getattr(self, f)) for f in FIELDS)}
-
 
 def tokens(text: str) -> list[str]:
     """Lower-case word pieces; snake_case and :: names split (``all_reduce`` -> all, reduce, allreduce)."""
@@ -70,7 +67,7 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
                 assumes=str(r.get("assumes", "")),
                 edits=tuple(str(e) for e in r["edits"]),
                 references=tuple(str(x) for x in r.get("references", [])),
-            )  # fmt: skip
+            )
         )
     return out
 

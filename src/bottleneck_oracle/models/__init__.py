@@ -1,1 +1,1 @@
-"""The learned models (HeteroGAT variants) and their baselines; the shipped pretrained checkpoint."""
+"""The learned models at inference, in numpy (no torch): the graph network (Predictor) and the per-node corrections; the shipped pretrained.npz and corrections.npz."""

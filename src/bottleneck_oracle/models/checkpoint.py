@@ -1,27 +1,25 @@
-"""Checkpoints of the learned models: written by ``train``, read by inference (models.predict)
-and ``eval``. A checkpoint ``X.pt`` is a plain dict of tensors, numbers and strings saved with
-``torch.save`` and read with ``torch.load(weights_only=True)``: nothing in it is executed.
+"""The inference file of a trained graph network: what ``whatif``, ``blame`` and ``advise``
+read with ``--model``, without torch.
 
-Beside it ``train`` writes its inference part, ``X.npz``: the graph networks' configs and
-weights, the feature ranges, the versions and the feature schema, as two arrays (``meta``, a JSON
-string that also indexes the others; ``arrays``, their bytes end to end, one read instead of
-hundreds) read with ``np.load(allow_pickle=False)`` and no torch (the baselines stay in the .pt,
-for ``eval``). The .npz names the SHA-256 of the .pt it was written from; inference
-(``load_inference``) reads it only while that matches, and otherwise reads the .pt with torch
-and converts it in memory. ``write_companion`` writes the .npz of an existing .pt.
+``train`` (the lab: ``bottleneck_oracle_lab.models.checkpoint``) writes a checkpoint ``X.pt`` (a
+plain dict of tensors for torch, the baselines included, for ``eval``) and beside it its
+inference part ``X.npz``: the graph networks' configs and weights, the feature ranges, the
+versions and the feature schema, as two arrays (``meta``, a JSON string that also indexes the
+others; ``arrays``, their bytes end to end, one read instead of hundreds) read with
+``np.load(allow_pickle=False)``. The package ships the .npz alone (``models/pretrained.npz``).
+The .npz names the SHA-256 of the .pt it was written from: given a .pt, ``load_inference``
+reads the .npz beside it only while that matches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from bottleneck_oracle.atomic import atomic_path, uninterrupted
 from bottleneck_oracle.errors import OracleError, first_line
 from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.models.gat_numpy import GRAPH_COLUMNS, GATConfig
@@ -35,57 +33,7 @@ ALIGN = 16  # bytes: each array of a companion starts at a multiple of this
 META_KEYS = ("format", "checkpoint_version", "feature_version", "feature_schema", "package_version", "split")
 
 
-def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
-    """Write ``ckpt`` to ``path`` (torch.save) and its inference part beside it (``write_companion``)."""
-    import torch
-
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        torch.save(ckpt, tmp)
-    write_companion(path, ckpt)
-    return path
-
-
-def safe_load(path: Path, what: str) -> object:
-    """``torch.load(path, weights_only=True)``: tensors and plain values only, nothing in the file
-    is run; a file that is not that is one OracleError naming it (torch raises many types)."""
-    import torch
-
-    if zipfile.is_zipfile(path):  # (anything else: torch says what it is below)
-        check_archive(path, what)  # torch inflates what its members declare before it checks a thing
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as exc:
-        if "weights only" not in str(exc).lower() or not zipfile.is_zipfile(path):
-            raise OracleError(f"{path}: not a {what} (not a file torch.save wrote)") from None
-        raise OracleError(
-            f"{path}: not a {what}: it holds objects other than tensors and plain values (read with weights_only=True, nothing was run)"
-        ) from None
-    except FileNotFoundError:
-        raise OracleError(f"{path}: {what} not found") from None
-    except Exception as exc:  # noqa: BLE001 - foreign or corrupt files
-        raise OracleError(f"{path}: not a readable {what} ({exc.__class__.__name__}: {first_line(exc)})") from None
-
-
-def load_checkpoint(path: str | Path) -> dict:
-    """A checkpoint written by train; OracleError (one line) if it is not one, or not for this version."""
-    path = Path(path)
-    if not path.is_file():
-        raise OracleError(f"{path}: checkpoint not found")
-    try:
-        import torch  # noqa: F401 - only to say what to install
-    except ImportError:
-        raise OracleError(
-            f"{path}: reading a .pt checkpoint needs torch (pip install 'bottleneck-oracle[models]'); inference reads "
-            f"its {companion_path(path).name} without it (models.checkpoint.write_companion writes one)"
-        ) from None
-    ckpt = _checked(safe_load(path, "checkpoint"), path)
-    _check_models(path, ckpt)
-    _check_shapes(path, ckpt)
-    return ckpt
-
-
-def _checked(ckpt, path: Path) -> dict:
+def check_versions(ckpt, path: Path) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise OracleError(f"{path}: not a BottleneckOracle checkpoint")
     if ckpt.get("checkpoint_version") != CHECKPOINT_VERSION:
@@ -108,7 +56,7 @@ MAX_LAYERS = 64
 MAX_IN_DIM = 4096
 
 
-def _check_models(path: Path, ckpt: dict) -> None:
+def check_models(path: Path, ckpt: dict) -> None:
     """Each graph network has a config of plausible sizes and a state, and the feature ranges
     their shape; its weights must have exactly the shapes that config
     builds (``_check_shapes`` for a .pt; the numpy forward checks a companion's): a damaged or
@@ -145,25 +93,6 @@ def _check_models(path: Path, ckpt: dict) -> None:
             raise OracleError(f"{path}: feature_ranges is not a (low, high) row pair per node type")
 
 
-def _check_shapes(path: Path, ckpt: dict) -> None:
-    """The weights of each graph network have exactly the shapes its config builds in PyG
-    (built on the meta device: no memory for the sizes a file claims)."""
-    import torch
-
-    from bottleneck_oracle.models.hetero_gat import HeteroGAT
-
-    for variant, entry in ckpt["gat"].items():
-        with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in HeteroGAT(GATConfig.from_dict(entry["config"])).state_dict().items()}
-        state = entry["state"]
-        found = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-        if found != expected or len(found) != len(state):
-            wrong = sorted(set(found) ^ set(expected)) or sorted(k for k in expected if found.get(k) != expected[k])
-            raise OracleError(
-                f"{path}: graph network {variant!r}: weights do not match its config (first mismatch: {(wrong or ['a non-tensor entry'])[0]})"
-            )
-
-
 def companion_path(path: str | Path) -> Path:
     """Where the inference part of checkpoint ``path`` lives: ``X.npz`` beside ``X.pt``."""
     return Path(path).with_suffix(COMPANION_SUFFIX)
@@ -183,51 +112,33 @@ def inference_part(ckpt: dict) -> dict:
     return out
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_companion(path: str | Path, ckpt: dict | None = None) -> Path:
-    """Write the inference part of checkpoint ``path`` (``ckpt`` if given, else read from ``path``)
-    to ``companion_path(path)``; returns that path."""
-    path = Path(path)
-    part = inference_part(ckpt if ckpt is not None else load_checkpoint(path))
-    meta = {k: part[k] for k in META_KEYS if k in part}
-    meta |= {"companion_format": COMPANION_FORMAT, "source_sha256": _sha256(path), "gat": {v: e["config"] for v, e in part["gat"].items()}}
-    arrays = {f"gat/{v}/{k}": a for v, e in part["gat"].items() for k, a in e["state"].items()}
-    arrays |= {f"feature_ranges/{t}": r for t, r in part["feature_ranges"].items()}
-    chunks, meta["arrays"], offset = [], [], 0
-    for name, a in arrays.items():
-        data = np.ascontiguousarray(a).tobytes()
-        meta["arrays"].append([name, a.dtype.str, list(a.shape), offset])
-        chunks.append(data + bytes(-len(data) % ALIGN))
-        offset += len(data) + -len(data) % ALIGN
-    out = companion_path(path)
-    with atomic_path(out) as tmp, open(tmp, "wb") as f, uninterrupted():
-        np.savez(f, meta=np.array(json.dumps(meta)), arrays=np.frombuffer(b"".join(chunks), dtype=np.uint8))
-    return out
-
-
 def load_inference(path: str | Path) -> dict:
-    """``inference_part`` of checkpoint ``path``: from ``X.npz`` without torch (given directly,
-    or beside ``X.pt`` and written from it), else from the .pt (torch.load, weights_only)."""
+    """``inference_part`` of checkpoint ``path``: the ``X.npz`` given directly, or the one beside
+    ``X.pt`` written from it; OracleError (one line) if there is none, or a stale one (the lab's
+    ``bottleneck_oracle_lab.models.checkpoint.write_companion`` writes it)."""
     path = Path(path)
     if not path.is_file():
         raise OracleError(f"{path}: checkpoint not found")
     if path.suffix == COMPANION_SUFFIX:
-        part = _read_companion(path)
+        part = read_companion(path)
         if part is None:  # (only a companion read for its .pt can be stale)
             raise OracleError(f"{path}: not a readable inference file")
         return part
     companion = companion_path(path)
-    if companion.is_file():
-        part = _read_companion(companion, source=path)
-        if part is not None:
-            return part
-    return inference_part(load_checkpoint(path))
+    part = read_companion(companion, source=path) if companion.is_file() else None
+    if part is None:
+        raise OracleError(
+            f"{path}: inference reads its {companion.name} beside it, and {'it was written from another .pt' if companion.is_file() else 'there is none'}; "
+            "write it with bottleneck_oracle_lab.models.checkpoint.write_companion (the lab: pip install -e lab/)"
+        )
+    return part
 
 
-def _read_companion(path: Path, source: Path | None = None) -> dict | None:
+def read_companion(path: Path, source: Path | None = None) -> dict | None:
     """The inference part stored in ``path``; None if it was written from another file than
     ``source`` (a stale companion); OracleError if it is not one, or not for this version."""
     if not zipfile.is_zipfile(path):
@@ -247,9 +158,9 @@ def _read_companion(path: Path, source: Path | None = None) -> dict | None:
         raise OracleError(f"{path}: not a readable inference file ({exc.__class__.__name__}: {first_line(exc)})") from None
     if not isinstance(meta, dict) or meta.get("companion_format") != COMPANION_FORMAT:
         raise OracleError(f"{path}: not a BottleneckOracle inference file")
-    if source is not None and meta.get("source_sha256") != _sha256(source):
+    if source is not None and meta.get("source_sha256") != file_sha256(source):
         return None
-    part = _checked({k: meta[k] for k in META_KEYS if k in meta}, path)
+    part = check_versions({k: meta[k] for k in META_KEYS if k in meta}, path)
     if not isinstance(meta.get("gat"), dict) or not all(isinstance(c, dict) for c in meta["gat"].values()):
         raise OracleError(f"{path}: the inference file holds no graph network configs")
     part["gat"] = {
@@ -257,31 +168,5 @@ def _read_companion(path: Path, source: Path | None = None) -> dict | None:
         for v, cfg in meta["gat"].items()
     }
     part["feature_ranges"] = {k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("feature_ranges/")}
-    _check_models(path, part)
+    check_models(path, part)
     return part
-
-
-def gat_from(ckpt: dict, variant: str):
-    """The PyG HeteroGAT of ``variant`` in a checkpoint (eval mode)."""
-    from bottleneck_oracle.models.hetero_gat import GATConfig, HeteroGAT
-
-    entry = ckpt["gat"][variant]
-    model = HeteroGAT(GATConfig.from_dict(entry["config"]))
-    model.load_state_dict(entry["state"])
-    return model.eval()
-
-
-def mlp_from(ckpt: dict):
-    from bottleneck_oracle.models.baselines import MLPRegressor
-
-    model = MLPRegressor(ckpt["mlp"]["n_in"])
-    model.load_state_dict(ckpt["mlp"]["state"])
-    return model.eval()
-
-
-def xgb_from(ckpt: dict):
-    import xgboost as xgb
-
-    booster = xgb.Booster()
-    booster.load_model(bytearray(ckpt["xgboost"].encode()))
-    return booster

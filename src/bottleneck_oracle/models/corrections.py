@@ -28,10 +28,12 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
+from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.files import check_archive
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -55,41 +57,39 @@ RELATIONS = (1, 2, 4)  # same_rank, after_edited, concurrent: crossed with every
 MARGIN = 0.25  # a term may leave its training range by this share of the range before the input is out of domain
 
 
+@dataclass(frozen=True, slots=True)
+class CorrectedSaving:
+    """The corrected replay's answer to one edit: its saving (µs) and the 90% interval of it; or
+    None for both and ``out_of_domain`` saying why the corrections do not answer."""
+
+    saving_us: float | None
+    interval_us: tuple[float, float] | None
+    out_of_domain: str | None
+
+
 @dataclass(slots=True)
 class EditFeatures:
-    """Per node of one step: model inputs, and the edited durations, latencies and releases."""
+    """Per node of one step: model inputs, and the edited times."""
 
     x: np.ndarray  # [n, len(FEATURES)] float32
-    dur: np.ndarray
-    weight: np.ndarray
-    release: np.ndarray
+    times: EditedTimes  # the step's durations, latencies and releases after the edit
     edited: np.ndarray  # bool: nodes the edit changed (removed work)
     removed_us: float  # work and untraced time the edit removes, µs
     lengthens: bool  # the edit adds time somewhere (outside what the corrections were trained on)
     gpu: bool = False  # the step has GPU ops (the corrections were trained on CPU runs)
 
 
-def edit_features(
-    g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray, release: np.ndarray, base: CPMResult | None = None
-) -> EditFeatures:
-    """How each node stands to the work an edit (durations ``dur``, edge latencies ``weight``,
-    releases ``release``: ``whatif.apply_edits``) changes: on the edited rank or not, after the
-    edited work (and how long after), running on another rank while it ran; the node's own
-    duration, category and criticality; and the total removed."""
+def edit_features(times: EditedTimes, base: CPMResult | None = None) -> EditFeatures:
+    """How each node stands to the work an edit (``times``: ``whatif.apply_edits``) changes: on the
+    edited rank or not, after the edited work (and how long after), running on another rank while
+    it ran; the node's own duration, category and criticality; and the total removed."""
+    g = times.graph
     n = g.nodes
     d0 = n["mdur"].astype(np.float64)
-    dur = np.asarray(dur, dtype=np.float64)
-    edited = np.abs(dur - d0) > 1e-9
-    w0 = g.edges["weight"].astype(np.float64)
-    fin = np.isfinite(weight)
-    dw = np.where(fin, np.asarray(weight, dtype=np.float64) - w0, 0.0)
-    edited[g.edges["src"][np.abs(dw) > 1e-9]] = True
-    both = np.isfinite(g.release) & np.isfinite(release)
-    dr = np.zeros(g.n_nodes)
-    dr[both] = np.asarray(release, dtype=np.float64)[both] - g.release[both]
-    edited[np.abs(dr) > 1e-9] = True
-    removed_us = float(-(dur - d0)[dur < d0].sum() - dw[dw < 0].sum() - dr[dr < 0].sum())
-    lengthens = bool((dur - d0 > 1e-6).any() or (dw > 1e-6).any() or (dr > 1e-6).any())
+    delta = times.delta()
+    edited = delta.changed_nodes(g.edges["src"])
+    removed_us = delta.removed_us
+    lengthens = delta.lengthens
     start = n["start"].astype(np.float64)
     if edited.any():
         r0, r1 = float(start[edited].min()), float((start + d0)[edited].max())
@@ -101,13 +101,21 @@ def edit_features(
     same = np.isin(n["rank"], ranks)
     after = start >= r1
     concurrent = (~same) & (start < r1) & (start + d0 > r0)
-    x = np.column_stack([
-        np.log1p(np.maximum(d0, 0.0)), same, after, np.log1p(np.maximum(start - r1, 0.0)), concurrent,
-        cat == Category.CPU_OP, np.isin(cat, [Category.COLLECTIVE, Category.P2P]), np.isin(cat, [Category.RUNTIME, Category.BLOCKING]),
-        base.slack <= 1.0, np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
-    ]).astype(np.float32)  # fmt: skip
-    return EditFeatures(x, dur, np.asarray(weight, dtype=np.float64), np.asarray(release, dtype=np.float64), edited, removed_us, lengthens,
-                        bool(n["on_gpu"].any()))  # fmt: skip
+    x = np.column_stack(
+        [
+            np.log1p(np.maximum(d0, 0.0)),
+            same,
+            after,
+            np.log1p(np.maximum(start - r1, 0.0)),
+            concurrent,
+            cat == Category.CPU_OP,
+            np.isin(cat, [Category.COLLECTIVE, Category.P2P]),
+            np.isin(cat, [Category.RUNTIME, Category.BLOCKING]),
+            base.slack <= 1.0,
+            np.full(g.n_nodes, math.log1p(max(removed_us, 0.0))),
+        ]
+    ).astype(np.float32)
+    return EditFeatures(x, times, edited, removed_us, lengthens, bool(n["on_gpu"].any()))
 
 
 def terms(x: np.ndarray) -> np.ndarray:
@@ -149,25 +157,23 @@ class _Corrector:
 
     def corrected_durations(self, g: ExecutionGraph, f: EditFeatures) -> np.ndarray:
         factor = self.factors(g, f).mean(axis=0)
-        return np.where(f.edited, f.dur, f.dur * factor)
+        return np.where(f.edited, f.times.dur, f.times.dur * factor)
 
     def saving(self, g: ExecutionGraph, f: EditFeatures, base: CPMResult | None = None) -> float:
         """The corrected replay's saving (µs): the CPM on the edit's durations, every node the edit
         leaves in place scaled by the ensemble's mean factor."""
         base = base or run_cpm(g)
-        return base.makespan - run_cpm(g, self.corrected_durations(g, f), f.weight, f.release).makespan
+        return base.makespan - run_cpm(g, self.corrected_durations(g, f), f.times.weight, f.times.release).makespan
 
-    def answer(
-        self, g: ExecutionGraph, dur: np.ndarray, weight: np.ndarray, release: np.ndarray, base: CPMResult | None = None
-    ) -> tuple[float, tuple[float, float]] | str:
-        """For an edit (``whatif.apply_edits``' durations, latencies and releases): the corrected
-        saving (µs) and its 90% interval, or why the corrections do not answer it."""
-        f = edit_features(g, dur, weight, release, base)
+    def answer(self, times: EditedTimes, base: CPMResult | None = None) -> CorrectedSaving:
+        """For an edit (``whatif.apply_edits``' times): the corrected saving (µs) and its 90%
+        interval, or why the corrections do not answer it."""
+        f = edit_features(times, base)
         reason = self.refusal(f)
         if reason is not None:
-            return reason
-        saving = self.saving(g, f, base)
-        return saving, self.interval(saving, f)
+            return CorrectedSaving(None, None, reason)
+        saving = self.saving(times.graph, f, base)
+        return CorrectedSaving(saving, self.interval(saving, f), None)
 
     def interval(self, saving: float, f: EditFeatures) -> tuple[float, float]:
         half = self.halfwidth * max(f.removed_us, 1.0)
@@ -189,7 +195,8 @@ class Corrections(_Corrector):
         """[members, n]: each member's duration factor per node (within [1/e, e])."""
         z = (terms(x) - self.mean) / self.std
         z = np.column_stack([z, np.ones(len(z))])
-        return np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
+        out: np.ndarray = np.exp(np.clip(z @ self.coef.T, -1.0, 1.0)).T
+        return out
 
     def factors(self, g: ExecutionGraph, f: EditFeatures) -> np.ndarray:
         return self.node_factors(f.x)
@@ -202,9 +209,23 @@ class Corrections(_Corrector):
         return None
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, kind=np.array("ridge"), coef=self.coef, mean=self.mean, std=self.std, lo=self.lo, hi=self.hi,
-                 halfwidth=np.array(self.halfwidth), trained_on=np.array(self.trained_on), features=np.array(FEATURES))  # fmt: skip
+        np.savez(
+            path,
+            kind=np.array("ridge"),
+            coef=self.coef,
+            mean=self.mean,
+            std=self.std,
+            lo=self.lo,
+            hi=self.hi,
+            halfwidth=np.array(self.halfwidth),
+            trained_on=np.array(self.trained_on),
+            features=np.array(FEATURES),
+        )
 
+
+_Segments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # gat_numpy._segments of one edge set
+# the standardised features, the edges, the reversed edges, and each grouped by destination (None: no edge)
+_Prepared = tuple[np.ndarray, np.ndarray, np.ndarray, "_Segments | None", "_Segments | None"]
 
 EDGE_DIM = len(EdgeKind) + 1  # the edge's kind (one-hot) and sign * log1p(|latency ms|)
 
@@ -242,13 +263,27 @@ class GraphCorrections(_Corrector):
 
     def __post_init__(self) -> None:
         h, k = self.hidden, len(FEATURES)
-        want = {"encode.weight": (h, k), "encode.bias": (h,), "head.0.weight": (h, h + k), "head.0.bias": (h,),
-                "head.2.weight": (1, h), "head.2.bias": (1,)}  # fmt: skip
+        want = {
+            "encode.weight": (h, k),
+            "encode.bias": (h,),
+            "head.0.weight": (h, h + k),
+            "head.0.bias": (h,),
+            "head.2.weight": (1, h),
+            "head.2.bias": (1,),
+        }
         for i in range(self.layers):
             for d in ("along", "against"):
                 p = f"{d}.{i}."
-                want.update({p + "lin.weight": (h, h), p + "att_src": (1, self.heads, h // self.heads), p + "att_dst": (1, self.heads, h // self.heads),
-                             p + "att_edge": (1, self.heads, h // self.heads), p + "lin_edge.weight": (h, EDGE_DIM), p + "bias": (h,)})  # fmt: skip
+                want.update(
+                    {
+                        p + "lin.weight": (h, h),
+                        p + "att_src": (1, self.heads, h // self.heads),
+                        p + "att_dst": (1, self.heads, h // self.heads),
+                        p + "att_edge": (1, self.heads, h // self.heads),
+                        p + "lin_edge.weight": (h, EDGE_DIM),
+                        p + "bias": (h,),
+                    }
+                )
             want.update({f"norms.{i}.weight": (h,), f"norms.{i}.bias": (h,)})
         if not self.members:
             raise ValueError("a graph correction model needs at least one member")
@@ -260,10 +295,18 @@ class GraphCorrections(_Corrector):
     def _conv(self, m: dict[str, np.ndarray], prefix: str) -> ConvWeights:
         c = self.hidden // self.heads
         lin = m[prefix + "lin.weight"]
-        return ConvWeights(lin, lin, m[prefix + "att_src"].reshape(self.heads, c), m[prefix + "att_dst"].reshape(self.heads, c),
-                           m[prefix + "lin_edge.weight"], m[prefix + "att_edge"].reshape(self.heads, c), None, m[prefix + "bias"])  # fmt: skip
+        return ConvWeights(
+            lin,
+            lin,
+            m[prefix + "att_src"].reshape(self.heads, c),
+            m[prefix + "att_dst"].reshape(self.heads, c),
+            m[prefix + "lin_edge.weight"],
+            m[prefix + "att_edge"].reshape(self.heads, c),
+            None,
+            m[prefix + "bias"],
+        )
 
-    def _prepare(self, x: np.ndarray, edge_index: np.ndarray) -> tuple:
+    def _prepare(self, x: np.ndarray, edge_index: np.ndarray) -> _Prepared:
         """What every member's forward shares for one input: the standardised features, the
         reversed edges, and both edge sets grouped by destination."""
         rev = edge_index[[1, 0]]
@@ -271,7 +314,7 @@ class GraphCorrections(_Corrector):
         z = ((x - self.mean) / self.std).astype(np.float32)
         return z, edge_index, rev, _segments(edge_index[1]) if some else None, _segments(rev[1]) if some else None
 
-    def _member(self, m: dict[str, np.ndarray], prepared: tuple, attr: np.ndarray) -> np.ndarray:
+    def _member(self, m: dict[str, np.ndarray], prepared: _Prepared, attr: np.ndarray) -> np.ndarray:
         c = self.hidden // self.heads
         z, edge_index, rev, seg_a, seg_r = prepared
         h = _elu(_linear(z, m["encode.weight"], m["encode.bias"]))
@@ -282,7 +325,8 @@ class GraphCorrections(_Corrector):
         y = _linear(
             _elu(_linear(np.concatenate([h, z], axis=1), m["head.0.weight"], m["head.0.bias"])), m["head.2.weight"], m["head.2.bias"]
         )
-        return np.tanh(y[:, 0])
+        out: np.ndarray = np.tanh(y[:, 0])
+        return out
 
     def member_log_factors(self, m: dict[str, np.ndarray], x: np.ndarray, edge_index: np.ndarray, attr: np.ndarray) -> np.ndarray:
         """One member's log factor per node ([n], float32)."""
@@ -301,9 +345,17 @@ class GraphCorrections(_Corrector):
 
     def save(self, path: str | Path) -> None:
         arrays: dict[str, np.ndarray] = {f"m{k}/{name}": a for k, m in enumerate(self.members) for name, a in m.items()}
-        arrays.update(kind=np.array("graph"), mean=self.mean, std=self.std, lo=self.lo, hi=self.hi,
-                      shape=np.array([self.hidden, self.layers, self.heads, len(self.members)]), halfwidth=np.array(self.halfwidth),
-                      trained_on=np.array(self.trained_on), features=np.array(FEATURES))  # fmt: skip
+        arrays.update(
+            kind=np.array("graph"),
+            mean=self.mean,
+            std=self.std,
+            lo=self.lo,
+            hi=self.hi,
+            shape=np.array([self.hidden, self.layers, self.heads, len(self.members)]),
+            halfwidth=np.array(self.halfwidth),
+            trained_on=np.array(self.trained_on),
+            features=np.array(FEATURES),
+        )
         np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
@@ -329,15 +381,20 @@ def load_corrections(path: str | Path | None = None) -> Corrections | GraphCorre
             out = Corrections(**arrays, halfwidth=float(z["halfwidth"]), trained_on=str(z["trained_on"]))
     except (OSError, ValueError, KeyError) as exc:
         raise OracleError(f"{path}: not a corrections file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    shapes = {"coef": (out.coef.ndim == 2 and out.coef.shape[1] == k + 1), "mean": out.mean.shape == (k,), "std": out.std.shape == (k,),
-              "lo": out.lo.shape == (k,), "hi": out.hi.shape == (k,)}  # fmt: skip
+    shapes = {
+        "coef": (out.coef.ndim == 2 and out.coef.shape[1] == k + 1),
+        "mean": out.mean.shape == (k,),
+        "std": out.std.shape == (k,),
+        "lo": out.lo.shape == (k,),
+        "hi": out.hi.shape == (k,),
+    }
     bad = [name for name, ok in shapes.items() if not ok]
     if bad or not np.isfinite(out.coef).all() or (out.std <= 0).any():
         raise OracleError(f"{path}: not a corrections file (wrong shape or values: {', '.join(bad) or 'coef/std'})")
     return out
 
 
-def _load_graph(path: Path, z) -> GraphCorrections:
+def _load_graph(path: Path, z: Any) -> GraphCorrections:  # z: the opened np.load archive
     hidden, layers, heads, n = (int(v) for v in z["shape"])
     if not (1 <= n <= 64 and 1 <= layers <= 8 and 1 <= heads <= hidden <= 1024 and hidden % heads == 0):
         raise OracleError(f"{path}: not a corrections file (shape {hidden}, {layers}, {heads}, {n})")
@@ -354,7 +411,8 @@ def _load_graph(path: Path, z) -> GraphCorrections:
     if not all(np.isfinite(a).all() for m in members for a in m.values()):
         raise OracleError(f"{path}: not a corrections file (weights not finite)")
     try:
-        return GraphCorrections(members, **arrays, hidden=hidden, layers=layers, heads=heads, halfwidth=float(z["halfwidth"]),
-                                trained_on=str(z["trained_on"]))  # fmt: skip
+        return GraphCorrections(
+            members, **arrays, hidden=hidden, layers=layers, heads=heads, halfwidth=float(z["halfwidth"]), trained_on=str(z["trained_on"])
+        )
     except ValueError as exc:
         raise OracleError(f"{path}: not a corrections file ({exc})") from None

@@ -23,7 +23,7 @@ forward in eval mode, operation for operation:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,11 +56,6 @@ class GATConfig:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.layers < 1:
             raise ValueError("layers must be >= 1")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["in_dims"] = [list(p) for p in self.in_dims]
-        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> GATConfig:

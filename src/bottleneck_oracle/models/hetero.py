@@ -1,4 +1,4 @@
-"""ExecutionGraph -> PyG HeteroData: node features, typed edges, CPM labels.
+"""ExecutionGraph -> the graph network's input: node features, typed edges, CPM labels.
 
 Node types ``compute`` and ``network`` (barriers included), edge types the schema's
 (src, rel, dst) triples; every edge keeps its kind and weight as attributes. Features
@@ -22,24 +22,21 @@ features are relative to; for a what-if sample the unedited baseline's), ``repla
 (the what-if's added time; 0 for a graph as recorded).
 
 ``graph_arrays`` builds all of it in numpy (``GraphArrays``: what inference reads, without
-torch); ``to_heterodata`` is those arrays as a HeteroData (what training reads).
+torch); the lab's ``bottleneck_oracle_lab.models.pyg`` turns those arrays into a PyG HeteroData
+(what training reads).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, NODE_TYPE_NAMES, Category, CollectiveKind, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import EDGE_TYPES, Category, CollectiveKind, EdgeKind, NodeType
 
 MODEL_CATEGORIES = 8  # category one-hot width the shipped models were trained with (BLOCKING reads as RUNTIME)
-
-if TYPE_CHECKING:
-    import torch
 
 FEATURE_VERSION = 3  # 3: the THREAD edge kind
 
@@ -47,8 +44,14 @@ COMPUTE_COLUMNS = ["log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "on_gp
     f"category_{c.name.lower()}" for c in Category if c < MODEL_CATEGORIES
 ]
 NETWORK_COLUMNS = [
-    "log1p_mdur_us", "log1p_dur_us", "mdur_share_of_step", "log1p_msg_bytes", "group_share_of_ranks", "is_barrier", "rank_position",
-] + [f"collective_{k.name.lower()}" for k in CollectiveKind]  # fmt: skip
+    "log1p_mdur_us",
+    "log1p_dur_us",
+    "mdur_share_of_step",
+    "log1p_msg_bytes",
+    "group_share_of_ranks",
+    "is_barrier",
+    "rank_position",
+] + [f"collective_{k.name.lower()}" for k in CollectiveKind]
 EDGE_COLUMNS = ["weight_ms"] + [f"kind_{k.name.lower()}" for k in EdgeKind]
 
 
@@ -102,7 +105,7 @@ def f32(v: float) -> float:
 class GraphArrays:
     """A graph's model input in numpy: per node type ``x``, ``slack``, ``est``, ``critical``,
     ``node_id``; per edge type ``edge_index``, ``edge_attr``; the per-graph scalars (float32
-    values; None where not set). ``to_heterodata`` gives the same as a PyG HeteroData."""
+    values; None where not set). ``bottleneck_oracle_lab.models.pyg.heterodata`` gives the same as a PyG HeteroData."""
 
     nodes: dict[str, dict[str, np.ndarray]]
     edges: dict[tuple[str, str, str], dict[str, np.ndarray]]
@@ -114,32 +117,9 @@ class GraphArrays:
                 raise KeyError(k)
             self.scalars[k] = f32(v)
 
-    def to_heterodata(self):
-        import torch
-        from torch_geometric.data import HeteroData
-
-        data = HeteroData()
-        for t, arrays in self.nodes.items():
-            for k, v in arrays.items():
-                data[t][k] = torch.from_numpy(v)
-        for k, v in self.scalars.items():
-            data[k] = torch.tensor([v], dtype=torch.float32)
-        for triple, arrays in self.edges.items():
-            for k, v in arrays.items():
-                data[triple][k] = torch.from_numpy(v)
-        data.validate(raise_on_error=True)
-        return data
-
-
-def from_heterodata(data) -> GraphArrays:
-    """A (single-graph) HeteroData's node, edge and per-graph values as numpy arrays."""
-    nodes = {t: {k: v.numpy() for k, v in data[t].items()} for t in NODE_TYPE_NAMES.values()}
-    edges = {triple: {k: v.numpy() for k, v in data[triple].items()} for triple in EDGE_TYPES}
-    return GraphArrays(nodes, edges, {k: float(data[k]) for k in SCALARS if k in data})
-
 
 def graph_arrays(g: ExecutionGraph, cpm: CPMResult | None = None) -> GraphArrays:
-    """The model input of a graph in numpy, with CPM labels (``to_heterodata``'s content)."""
+    """The model input of a graph in numpy, with CPM labels."""
     r = cpm or run_cpm(g)
     n, e = g.nodes, g.edges
     is_net = n["node_type"] == NodeType.NETWORK
@@ -169,47 +149,3 @@ def graph_arrays(g: ExecutionGraph, cpm: CPMResult | None = None) -> GraphArrays
     out = GraphArrays(nodes, edges)
     out.set(y_step=max(g.measured.values()))
     return out
-
-
-def to_heterodata(g: ExecutionGraph, cpm: CPMResult | None = None):
-    """The PyG HeteroData of a graph, with CPM labels; validated."""
-    return graph_arrays(g, cpm).to_heterodata()
-
-
-def to_tensors(data) -> dict[str, torch.Tensor]:
-    """A HeteroData as a flat dict of plain tensors (torch.load(weights_only=True) can read it)."""
-    import torch
-
-    out = {"feature_version": torch.tensor(FEATURE_VERSION)}
-    for t in NODE_TYPE_NAMES.values():
-        for k, v in data[t].items():
-            out[f"{t}/{k}"] = v
-    for triple in EDGE_TYPES:
-        for k, v in data[triple].items():
-            out[f"{'__'.join(triple)}/{k}"] = v
-    for k in ("y_step", "ref_step", "replay_step", "formula_step", "edit_us"):
-        if k in data:
-            out[k] = data[k]
-    return out
-
-
-def from_tensors(tensors: dict[str, torch.Tensor]):
-    """The HeteroData back from to_tensors' dict."""
-    import torch
-    from torch_geometric.data import HeteroData
-
-    if int(tensors.get("feature_version", torch.tensor(-1))) != FEATURE_VERSION:
-        raise ValueError(
-            f"feature version {int(tensors.get('feature_version', torch.tensor(-1)))} is not {FEATURE_VERSION}; rebuild the dataset"
-        )
-    data = HeteroData()
-    for key, v in tensors.items():
-        if "/" not in key:
-            if key != "feature_version":
-                data[key] = v
-            continue
-        where, attr = key.split("/", 1)
-        store = data[tuple(where.split("__"))] if "__" in where else data[where]
-        store[attr] = v
-    data.validate(raise_on_error=True)
-    return data

@@ -1,29 +1,31 @@
 """The trained models on a user's trace: what-if predictions beside the replay.
 
-``Predictor`` loads a checkpoint (the shipped ``pretrained.pt`` by default) and answers, for one
-ExecutionGraph and a set of duration edits, the step time the replay predicts and the step time
-each HeteroGAT variant predicts, all relative to the step as measured. It runs the variants in
-numpy (``models.gat_numpy``) from the checkpoint's ``.npz`` companion, without importing torch;
-``engine="torch"`` runs the PyTorch Geometric modules instead (the same numbers; the reference
-the numpy forward is tested against).
+``Predictor`` loads a checkpoint's inference file (the shipped ``pretrained.npz`` by default) and
+answers, for one ExecutionGraph and a set of duration edits, the step time the replay predicts
+and the step time each HeteroGAT variant predicts, all relative to the step as measured. It runs
+the variants in numpy (``models.gat_numpy``), without importing torch; the lab's
+``bottleneck_oracle_lab.models.reference.TorchPredictor`` runs the PyTorch Geometric modules
+instead (the same numbers; the reference the numpy forward is tested against).
 """
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, run_cpm
-from bottleneck_oracle.analysis.whatif import with_durations
+from bottleneck_oracle.analysis.results import ModelAnswer
+from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.models.gat_numpy import GRAPH_COLUMNS, GATConfig, NumpyGAT, graph_inputs_of, model_inputs
 from bottleneck_oracle.models.hetero import GraphArrays, graph_arrays
 
-PRETRAINED = "pretrained.pt"
+PRETRAINED = "pretrained.npz"
 
 
 def pretrained_path() -> Path:
@@ -31,19 +33,20 @@ def pretrained_path() -> Path:
 
 
 def sample_for(
-    g: ExecutionGraph, dur: np.ndarray | None = None, table: EventTable | None = None, base: CPMResult | None = None,
-    weight: np.ndarray | None = None, release: np.ndarray | None = None, phases: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[GraphArrays, CPMResult]:  # fmt: skip
-    """The model input of ``g`` (numpy; ``.to_heterodata()`` for PyG) with modelled durations ``dur``, edge latencies ``weight`` and
-    releases ``release`` (a what-if; None: as recorded). ``phases``: ``node_phases(table, g)``
-    if the caller has it (else computed from ``table``)."""
+    g: ExecutionGraph,
+    times: EditedTimes | None = None,
+    table: EventTable | None = None,
+    base: CPMResult | None = None,
+    phases: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[GraphArrays, CPMResult]:
+    """The model input of ``g`` with the edited ``times`` (a what-if; None: as recorded), and the
+    CPM on them. ``phases``: ``node_phases(table, g)`` if the caller has it (else computed from
+    ``table``)."""
     from bottleneck_oracle.analysis.phases import formula_step, is_pipeline, node_phases
 
     ref = max(g.measured.values())
     base = base or run_cpm(g)
-    d0 = g.nodes["mdur"].astype(np.float64)
-    d1 = d0 if dur is None else np.asarray(dur, dtype=np.float64)
-    edited = g if dur is None and weight is None and release is None else with_durations(g, d1, weight, release)
+    edited = g if times is None else times.applied()
     r1 = base if edited is g else run_cpm(edited)
     if phases is not None:
         phase, mb = phases
@@ -52,25 +55,14 @@ def sample_for(
     else:
         phase, mb = np.zeros(g.n_nodes, dtype=np.int8), np.full(g.n_nodes, -1, dtype=np.int16)
     pp = is_pipeline(g, table)
-    formula_dt = 0.0 if dur is None else formula_step(g, d1, phase, mb, pp) - formula_step(g, d0, phase, mb, pp)
+    d0 = g.nodes["mdur"].astype(np.float64)
+    formula_dt = 0.0 if times is None else formula_step(g, times.dur, phase, mb, pp) - formula_step(g, d0, phase, mb, pp)
     data = graph_arrays(edited, r1)
-    gap = 0.0
-    if weight is not None:
-        keep = np.isfinite(np.asarray(weight))
-        gap = float(np.abs(np.asarray(weight)[keep] - g.edges["weight"][keep]).sum())
-    if release is not None:
-        gap += float(
-            np.abs(
-                np.where(np.isfinite(g.release), np.nan_to_num(np.asarray(release), neginf=0.0) - np.nan_to_num(g.release, neginf=0.0), 0.0)
-            ).sum()
-        )
     data.set(ref_step=ref, replay_step=ref + r1.makespan - base.makespan, formula_step=max(ref + formula_dt, 1.0))
-    data.set(edit_us=float(np.abs(d1 - d0).sum()) + gap, y_step=ref)
+    data.set(edit_us=0.0 if times is None else times.delta().size_us, y_step=ref)
     return data, r1
 
 
-ENGINES = ("numpy", "torch")
-THREADS = 1  # torch threads for inference with engine="torch"
 MAX_RATIO = 5.0  # a predicted step more than this many times longer or shorter than the reference is out of domain
 MARGIN = 0.25  # a feature may exceed the training range by this share of the range before the input is out of domain
 
@@ -86,37 +78,28 @@ class Predictor:
     predictions are bounded to [1/MAX_RATIO, MAX_RATIO] x the reference step, and one that hits
     the bound is refused too. Refused answers are None with the reason, never a number.
 
-    ``engine``: "numpy" (default) reads the checkpoint's inference part (``load_inference``: the
-    ``.npz`` beside a ``.pt``, or a ``.pt`` converted with torch when it has none) and runs
-    ``NumpyGAT``; "torch" reads the ``.pt`` and runs the PyG modules."""
+    ``checkpoint``: an inference file (``X.npz``), or a checkpoint ``X.pt`` with its ``X.npz``
+    beside it (``models.checkpoint.load_inference``); None: the shipped one."""
 
-    def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None, engine: str = "numpy") -> None:
-        from bottleneck_oracle.models.checkpoint import as_numpy, gat_from, load_checkpoint, load_inference
+    def __init__(self, checkpoint: str | Path | None = None, variants: list[str] | None = None) -> None:
+        from bottleneck_oracle.models.checkpoint import as_numpy
 
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES} (found {engine!r})")
-        self.engine = engine
         self.path = Path(checkpoint) if checkpoint else pretrained_path()
-        if engine == "torch":
-            import torch
-
-            # graphs of one step are small: torch's default pool (a thread per core) only contends with
-            # the rest of the machine; a fixed, small count keeps --advise near the replay's speed
-            torch.set_num_threads(THREADS)
-            self.ckpt = load_checkpoint(self.path)
-        else:
-            self.ckpt = load_inference(self.path)
+        self.ckpt = self._load(self.path)
         self.variants = [v for v in (variants or list(self.ckpt["gat"])) if v in self.ckpt["gat"]]
-        if engine == "torch":
-            self.models = {v: gat_from(self.ckpt, v) for v in self.variants}
-        else:
-            try:
-                self.models = {
-                    v: NumpyGAT(GATConfig.from_dict(self.ckpt["gat"][v]["config"]), self.ckpt["gat"][v]["state"]) for v in self.variants
-                }
-            except ValueError as exc:
-                raise OracleError(f"{self.path}: {exc}") from None
+        self.models = self._models()
         self.ranges = {t: as_numpy(r) for t, r in (self.ckpt.get("feature_ranges") or {}).items()}
+
+    def _load(self, path: Path) -> dict[str, Any]:
+        from bottleneck_oracle.models.checkpoint import load_inference
+
+        return load_inference(path)
+
+    def _models(self) -> dict[str, Any]:
+        try:
+            return {v: NumpyGAT(GATConfig.from_dict(self.ckpt["gat"][v]["config"]), self.ckpt["gat"][v]["state"]) for v in self.variants}
+        except ValueError as exc:
+            raise OracleError(f"{self.path}: {exc}") from None
 
     def refusal(self, g: ExecutionGraph, data: GraphArrays) -> str | None:
         """None if the model may answer for graph ``g`` (model input ``data``), else why not."""
@@ -146,16 +129,7 @@ class Predictor:
 
     def log_ratios(self, data: GraphArrays) -> dict[str, float]:
         """Each variant's raw output: log(predicted step / reference step)."""
-        if self.engine == "numpy":
-            return {v: float(self.models[v](model_inputs(data, v))["step"][0]) for v in self.variants}
-        import torch
-        from torch_geometric.data import Batch
-
-        from bottleneck_oracle.models.hetero_gat import prepare
-
-        hetero = data.to_heterodata()
-        with torch.no_grad():
-            return {v: float(self.models[v](Batch.from_data_list([prepare(hetero.clone(), v)]))["step"][0]) for v in self.variants}
+        return {v: float(self.models[v](model_inputs(data, v))["step"][0]) for v in self.variants}
 
     def step_times(self, data: GraphArrays) -> dict[str, float]:
         """Predicted step time (µs) of a model input, per variant, bounded to MAX_RATIO x the reference."""
@@ -166,7 +140,7 @@ class Predictor:
             out[v] = data.scalars["ref_step"] * float(np.exp(np.clip(log_ratio, -bound, bound)))
         return out
 
-    def effect(self, g: ExecutionGraph, base_data, edited_data) -> dict:
+    def effect(self, g: ExecutionGraph, base_data: GraphArrays, edited_data: GraphArrays) -> ModelAnswer:
         """What the model says an edit does: per variant its effect (edited - unedited prediction,
         µs) and the measured step plus that effect, or None for both and ``out_of_domain`` naming why."""
         reason = self.refusal(g, base_data) or self.refusal(g, edited_data)
@@ -181,11 +155,6 @@ class Predictor:
             if hit:
                 reason = f"out of domain: {', '.join(hit)} predicted a step {MAX_RATIO:g}x off the measured one"
         if reason is not None:
-            return {
-                "checkpoint": str(self.path),
-                "out_of_domain": reason,
-                "step_us": dict.fromkeys(self.variants),
-                "delta_us": dict.fromkeys(self.variants),
-            }
+            return ModelAnswer(str(self.path), reason, dict.fromkeys(self.variants), dict.fromkeys(self.variants))
         delta = {v: after[v] - before[v] for v in self.variants}
-        return {"checkpoint": str(self.path), "out_of_domain": None, "step_us": {v: ref + d for v, d in delta.items()}, "delta_us": delta}
+        return ModelAnswer(str(self.path), None, {v: ref + d for v, d in delta.items()}, dict(delta))

@@ -61,11 +61,9 @@ def _table(t: TableModel) -> str:
 def _lanes(a: StepAnalysis, nodes: np.ndarray) -> tuple[list[tuple], dict[tuple, str]]:
     g = a.graph
     n = g.nodes
-    names = {False: g.meta.get("thread_names", {}), True: g.meta.get("stream_names", {})}
+    info = g.info
     lanes = sorted({(int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["tid"][i])) for i in nodes.tolist()})
-    label = {
-        k: plotly_text(f"rank {k[0]} · {names[k[1]].get(f'{k[0]}:{k[2]}', ('stream ' if k[1] else 'thread ') + str(k[2]))}") for k in lanes
-    }
+    label = {k: plotly_text(f"rank {k[0]} · {info.lane_name(k[0], k[2], k[1])}") for k in lanes}
     return lanes, label
 
 
@@ -89,34 +87,69 @@ def timeline(a: StepAnalysis) -> str:
             return
         fig.add_trace(
             go.Bar(
-                name=name, orientation="h", y=[label[k] for k in lane_keys], base=np.asarray(starts) / 1000, x=np.asarray(durs) / 1000,
-                marker={"color": color, "line": {"width": 0}}, width=width, hovertext=texts, hoverinfo="text",
+                name=name,
+                orientation="h",
+                y=[label[k] for k in lane_keys],
+                base=np.asarray(starts) / 1000,
+                x=np.asarray(durs) / 1000,
+                marker={"color": color, "line": {"width": 0}},
+                width=width,
+                hovertext=texts,
+                hoverinfo="text",
             )
-        )  # fmt: skip
+        )
 
     def key(i: int) -> tuple:
         return (int(n["rank"][i]), bool(n["on_gpu"][i]), int(n["tid"][i]))
 
     wait = n["mstart"][real] - n["start"][real]
     waiting = real[wait > 0]
-    bars("waiting (blocking op)", "#f2cf8a", [key(i) for i in waiting], n["start"][waiting], wait[wait > 0],
-         [plotly_text(f"{g.node_name(i)}: waited {fmt(w, 'ms')} ms") for i, w in zip(waiting.tolist(), wait[wait > 0])])  # fmt: skip
+    bars(
+        "waiting (blocking op)",
+        "#f2cf8a",
+        [key(i) for i in waiting],
+        n["start"][waiting],
+        wait[wait > 0],
+        [plotly_text(f"{g.node_name(i)}: waited {fmt(w, 'ms')} ms") for i, w in zip(waiting.tolist(), wait[wait > 0])],
+    )
     for is_crit, name, color in ((False, "ops", "#9aa5b1"), (True, "critical path: ops", "#d62728")):
         sel = real[crit[real] == is_crit]
-        bars(name, color, [key(i) for i in sel], n["mstart"][sel], n["mdur"][sel],
-             [plotly_text(f"{g.node_name(i)} · {fmt(d, 'ms')} ms · slack {fmt(s, 'ms')} ms") for i, d, s in zip(sel.tolist(), n["mdur"][sel], r.slack[sel])])  # fmt: skip
+        bars(
+            name,
+            color,
+            [key(i) for i in sel],
+            n["mstart"][sel],
+            n["mdur"][sel],
+            [
+                plotly_text(f"{g.node_name(i)} · {fmt(d, 'ms')} ms · slack {fmt(s, 'ms')} ms")
+                for i, d, s in zip(sel.tolist(), n["mdur"][sel], r.slack[sel])
+            ],
+        )
     for kind, color in _SEGMENT_COLORS.items():
         segs = [s for s in a.segments() if s.kind == kind and (s.rank, s.on_gpu, s.tid) in label]
-        bars(f"critical path: {kind}", color, [(s.rank, s.on_gpu, s.tid) for s in segs], [s.start for s in segs], [s.dur for s in segs],
-             [plotly_text(f"{kind}: {s.name} · {fmt(s.dur, 'ms')} ms" + (f" · waited for {g.node_name(s.cause)}" if s.cause >= 0 else "")) for s in segs],
-             width=0.35)  # fmt: skip
+        bars(
+            f"critical path: {kind}",
+            color,
+            [(s.rank, s.on_gpu, s.tid) for s in segs],
+            [s.start for s in segs],
+            [s.dur for s in segs],
+            [
+                plotly_text(f"{kind}: {s.name} · {fmt(s.dur, 'ms')} ms" + (f" · waited for {g.node_name(s.cause)}" if s.cause >= 0 else ""))
+                for s in segs
+            ],
+            width=0.35,
+        )
     step = g.step if g.step is not None else "(whole trace)"
     fig.update_layout(
-        title=plotly_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"), barmode="overlay",
-        xaxis_title="time from step start (ms)", height=160 + 34 * len(lanes), margin={"l": 10, "r": 10, "t": 90, "b": 40},
+        title=plotly_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"),
+        barmode="overlay",
+        xaxis_title="time from step start (ms)",
+        height=160 + 34 * len(lanes),
+        margin={"l": 10, "r": 10, "t": 90, "b": 40},
         yaxis={"categoryorder": "array", "categoryarray": [label[k] for k in reversed(lanes)], "automargin": True},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0}, hoverlabel={"namelength": -1},
-    )  # fmt: skip
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        hoverlabel={"namelength": -1},
+    )
     return _figure(fig)
 
 
@@ -128,8 +161,14 @@ def breakdown_plot(analyses: list[StepAnalysis]) -> str:
         fig.add_trace(
             go.Bar(name=key, orientation="h", y=steps, x=[a.breakdown()[key] / 1000 for a in analyses], marker_color=_COLORS[key])
         )
-    fig.update_layout(barmode="stack", xaxis_title="critical path (ms)", yaxis_title="step", height=160 + 22 * len(analyses),
-                      margin={"l": 10, "r": 10, "t": 30, "b": 40}, title="the critical path by kind")  # fmt: skip
+    fig.update_layout(
+        barmode="stack",
+        xaxis_title="critical path (ms)",
+        yaxis_title="step",
+        height=160 + 22 * len(analyses),
+        margin={"l": 10, "r": 10, "t": 30, "b": 40},
+        title="the critical path by kind",
+    )
     return _figure(fig)
 
 
@@ -137,8 +176,13 @@ def slack_plot(a: StepAnalysis) -> str:
     go, _ = _plotly()
     s = a.cpm.slack[a.graph.nodes["event"] >= 0]
     fig = go.Figure(go.Histogram(x=np.log10(s + 1.0), nbinsx=50, marker_color="#4c78a8"))
-    fig.update_layout(xaxis_title="log10(slack µs + 1)", yaxis_title="ops", title="slack distribution", height=280,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 40})  # fmt: skip
+    fig.update_layout(
+        xaxis_title="log10(slack µs + 1)",
+        yaxis_title="ops",
+        title="slack distribution",
+        height=280,
+        margin={"l": 10, "r": 10, "t": 40, "b": 40},
+    )
     return _figure(fig)
 
 
@@ -152,15 +196,31 @@ def _extras(x: StepAdvice) -> list[str]:
             f"<p>Restoring everything: {b.restored_makespan / 1000:.3f} ms, {b.excess / 1000:.3f} ms to explain "
             f"(typical durations from {html_text(x.references)}).</p>"
         )
-        t = TableModel("Culprits", [tables.Column("op", "name"), tables.Column("rank", "int"), tables.Column("duration (ms)", "ms"),
-                                    tables.Column("typical (ms)", "ms"), tables.Column("typical from"), tables.Column("saving (ms)", "ms"),
-                                    tables.Column("share", "pct")])  # fmt: skip
+        t = TableModel(
+            "Culprits",
+            [
+                tables.Column("op", "name"),
+                tables.Column("rank", "int"),
+                tables.Column("duration (ms)", "ms"),
+                tables.Column("typical (ms)", "ms"),
+                tables.Column("typical from"),
+                tables.Column("saving (ms)", "ms"),
+                tables.Column("share", "pct"),
+            ],
+        )
         t.rows = [[n.name, n.rank, n.dur_us, n.typical_us, n.typical_from, n.saving_us, n.share] for n in b.nodes]
         parts.append(_table(t))
         if b.anomalies:
-            t = TableModel("Slower than typical, whatever it cost (a delay that overlapped waiting saves nothing)",
-                           [tables.Column("op", "name"), tables.Column("rank", "int"), tables.Column("slower by (ms)", "ms"),
-                            tables.Column("saving (ms)", "ms"), tables.Column("slack (ms)", "ms")])  # fmt: skip
+            t = TableModel(
+                "Slower than typical, whatever it cost (a delay that overlapped waiting saves nothing)",
+                [
+                    tables.Column("op", "name"),
+                    tables.Column("rank", "int"),
+                    tables.Column("slower by (ms)", "ms"),
+                    tables.Column("saving (ms)", "ms"),
+                    tables.Column("slack (ms)", "ms"),
+                ],
+            )
             t.rows = [[n.name, n.rank, n.dur_us - n.typical_us, n.saving_us, n.slack_us] for n in b.anomalies[:5]]
             parts.append(_table(t))
         t = TableModel("Ranks", [tables.Column("rank", "key"), tables.Column("saving (ms)", "ms"), tables.Column("share", "pct")])
@@ -173,8 +233,17 @@ def _extras(x: StepAdvice) -> list[str]:
     parts.append(f"<h3>Advice ({html_text(a.generator)}; every suggestion replayed)</h3>")
     if not a.suggestions:
         parts.append("<p>No suggestion survived validation.</p>")
-    t = TableModel("Suggestions", [tables.Column("suggestion"), tables.Column("why"), tables.Column("remedy"), tables.Column("what-if edit"),
-                                   tables.Column("replay saving (ms)", "ms"), tables.Column("model saving (ms)")])  # fmt: skip
+    t = TableModel(
+        "Suggestions",
+        [
+            tables.Column("suggestion"),
+            tables.Column("why"),
+            tables.Column("remedy"),
+            tables.Column("what-if edit"),
+            tables.Column("replay saving (ms)", "ms"),
+            tables.Column("model saving (ms)"),
+        ],
+    )
     for sug in a.suggestions:
         model = (
             "out of domain"
@@ -244,7 +313,7 @@ def render(
         s = a.straggler()
         if s and len(a.graph.ranks) > 1:
             parts.append(
-                f"<p>Straggler: rank {s['rank']} (the others waited up to {s['imposed_wait_us'] / 1000:.3f} ms for it at a collective on the critical path).</p>"
+                f"<p>Straggler: rank {s.rank} (the others waited up to {s.imposed_wait_us / 1000:.3f} ms for it at a collective on the critical path).</p>"
             )
         parts.append(slack_plot(a))
         if extras and a.graph.step in extras:
@@ -254,9 +323,13 @@ def render(
 
 
 def write_report(
-    analyses: list[StepAnalysis], source: str, out: str | Path, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None,
+    analyses: list[StepAnalysis],
+    source: str,
+    out: str | Path,
+    top: int = 20,
+    extras: Mapping[int | None, StepAdvice] | None = None,
     run=None,
-) -> Path:  # fmt: skip
+) -> Path:
     out = Path(out)
     text = render(analyses, source, top, extras, run)
     with atomic_path(out) as tmp:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from bottleneck_oracle import serial
 from bottleneck_oracle.analysis.answer import StepFigures
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.errors import OracleError
@@ -21,13 +22,14 @@ JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON
 
 
 def dumps(doc: object) -> bytes:
-    """``--json`` text of ``doc``: orjson (fast on the long critical paths of big steps), indented; a
-    value JSON cannot hold (NaN, infinity) is an OracleError, never invalid JSON."""
+    """``doc`` as ``--json`` writes it (orjson, indented; results, dataclasses, as
+    ``serial.to_json`` writes them); a value JSON cannot hold (NaN, infinity) is an OracleError,
+    never invalid JSON."""
     try:
-        return orjson.dumps(doc, option=JSON_OPTIONS)
+        return serial.dumps(doc, option=JSON_OPTIONS)
     except TypeError as exc:
         if "surrogates" in str(exc):  # a file name that is not UTF-8, a name with a lone surrogate: as escapes
-            return dumps(_utf8(doc))
+            return dumps(_utf8(serial.to_json(doc)))
         raise OracleError(f"cannot write the result as JSON ({exc})") from None
 
 
@@ -72,7 +74,7 @@ def output_of(wanted: Wanted, a: StepAnalysis) -> StepOutput:
         step=a.graph.step,
         step_time=a.step_time,
         figures=StepFigures.of(a),
-        json=dumps(a.to_dict(wanted.json_top, wanted.full_path)) if wanted.json_top is not None else None,
+        json=dumps(a.report(wanted.json_top, wanted.full_path)) if wanted.json_top is not None else None,
         row=step_row(a) if wanted.row else None,
         critical=critical_events(a) if wanted.critical else None,
     )

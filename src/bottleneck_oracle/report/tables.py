@@ -90,7 +90,7 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
         caption="span: the slowest rank's ProfilerStep; period: from the end of the device work queued before the step to the end "
         "of its own (the span when nothing was queued ahead); CPM: the graph's step time, then its critical path: compute, "
         "communication, CPU overhead, waiting (idle), untraced",
-    )  # fmt: skip
+    )
     t.rows = rows if rows is not None else [step_row(a) for a in analyses]
     return t
 
@@ -100,7 +100,7 @@ def top_ops_table(a: StepAnalysis, k: int) -> TableModel:
         "Where the critical path's time goes (ops include their own time between their children)",
         [Column("op / time", "name"), Column("kind", "text"), Column("count", "int"), Column("critical ms", "ms"), Column("share", "pct")],
     )
-    t.rows = [[o["name"], o["kind"], o["count"], o["critical_us"], o["share"]] for o in a.top_ops(k)]
+    t.rows = [[o.name, o.kind, o.count, o.critical_us, o.share] for o in a.top_ops(k)]
     return t
 
 
@@ -110,14 +110,20 @@ def comm_table(a: StepAnalysis) -> TableModel | None:
         return None
     t = TableModel(
         "Lowest-slack communication",
-        [Column("op", "name"), Column("rank", "int"), Column("slack ms", "ms"), Column("dur ms", "ms"), Column("waiting ms", "ms"),
-         Column("bytes", "int"), Column("critical", "text")],
-    )  # fmt: skip
+        [
+            Column("op", "name"),
+            Column("rank", "int"),
+            Column("slack ms", "ms"),
+            Column("dur ms", "ms"),
+            Column("waiting ms", "ms"),
+            Column("bytes", "int"),
+            Column("critical", "text"),
+        ],
+    )
     t.rows = [
-        [x["name"], x["rank"], x["slack_us"], x["dur_us"], x["wait_us"], None if x["msg_bytes"] is None else int(x["msg_bytes"]),
-         "yes" if x["critical"] else ""]
+        [x.name, x.rank, x.slack_us, x.dur_us, x.wait_us, None if x.msg_bytes is None else int(x.msg_bytes), "yes" if x.critical else ""]
         for x in comm
-    ]  # fmt: skip
+    ]
     return t
 
 
@@ -139,9 +145,14 @@ def overlap_table(a: StepAnalysis) -> TableModel | None:
         return None
     t = TableModel(
         "Communication hidden behind compute",
-        [Column("rank", "key"), Column("communication ms", "ms"), Column("overlapped ms", "ms"), Column("exposed ms", "ms"),
-         Column("overlapped", "pct")],
-    )  # fmt: skip
+        [
+            Column("rank", "key"),
+            Column("communication ms", "ms"),
+            Column("overlapped ms", "ms"),
+            Column("exposed ms", "ms"),
+            Column("overlapped", "pct"),
+        ],
+    )
     t.rows = [[o.rank, o.communication_us, o.overlapped_us, o.exposed_us, o.overlap_share] for o in rows]
     return t
 
@@ -152,9 +163,17 @@ def regions_table(b: Blame, k: int) -> TableModel | None:
         return None
     t = TableModel(
         "Regions (ranges, modules, parent ops) taking their typical time as a whole",
-        [Column("region", "name"), Column("rank", "int"), Column("own time (ms)", "ms"), Column("typical (ms)", "ms"), Column("typical from"),
-         Column("saving (ms)", "ms"), Column("of the step", "pct"), Column("ops", "int")],
-    )  # fmt: skip
+        [
+            Column("region", "name"),
+            Column("rank", "int"),
+            Column("own time (ms)", "ms"),
+            Column("typical (ms)", "ms"),
+            Column("typical from"),
+            Column("saving (ms)", "ms"),
+            Column("of the step", "pct"),
+            Column("ops", "int"),
+        ],
+    )
     shown = b.regions[:k]
     t.rows = [
         [label, r.rank, r.dur_us, r.typical_us, r.typical_from, r.saving_us, r.share, r.nodes]
@@ -169,8 +188,13 @@ def ranks_table(a: StepAnalysis) -> TableModel | None:
         return None
     t = TableModel(
         "Ranks",
-        [Column("rank", "key"), Column("step ms", "ms"), Column("CPM step ms", "ms"), Column("collective wait ms (sum)", "ms"),
-         Column("critical path share", "pct")],
-    )  # fmt: skip
-    t.rows = [[x["rank"], x["step_us"], x["predicted_step_us"], x["collective_wait_us"], x["critical_share"]] for x in ranks]
+        [
+            Column("rank", "key"),
+            Column("step ms", "ms"),
+            Column("CPM step ms", "ms"),
+            Column("collective wait ms (sum)", "ms"),
+            Column("critical path share", "pct"),
+        ],
+    )
+    t.rows = [[x.rank, x.step_us, x.predicted_step_us, x.collective_wait_us, x.critical_share] for x in ranks]
     return t

@@ -1,0 +1,1 @@
+"""The learned models as trained: the HeteroGAT variants (PyG), the baselines, checkpoints."""
