@@ -273,10 +273,14 @@ def analyze_map(
     (analysis.stepwise: forked workers or the executor's; the graphs stay there).
 
     Args:
-        path, steps, config, et, executor: as for ``analyze``.
+        path: a trace file, a folder of per-rank traces, or Chakra ET files (as for ``analyze``).
         fn: what to keep of each step (a module-level function or a ``functools.partial`` of one).
+        steps: the ProfilerStep numbers to analyse; None: every step.
+        config: the configuration; None: defaults.
+        et: the run's PyTorch execution trace(s) (see ``load``).
+        executor: where parsing and graph building run (see ``build``).
         keep: the steps whose StepAnalysis comes back whole too, or a function of the step numbers
-            to be analysed (None: the whole trace) that gives them.
+            to be analysed (None: the whole trace) and the event table that gives them.
 
     Returns:
         ``(table, iterator)``: the event table (None for Chakra input) and, per step in step order,

@@ -654,7 +654,7 @@ def analyze(
 
                 write_overlay(table, analyses, perfetto_tmp, gz=perfetto.name.endswith(".gz"))
     if as_json:
-        doc = {**_json_head(path, table), "run": run, "steps": [a.report(k, full_path) for a in analyses], **_json_tail(table)}
+        doc = {**_json_head(path, table), "run": run, "steps": [a.to_dict(k, full_path) for a in analyses], **_json_tail(table)}
         for s_doc in doc["steps"]:
             if s_doc["step"] in extras:
                 x = extras[s_doc["step"]]

@@ -140,6 +140,6 @@ def test_eval_json_schema(checkpoint, dataset):
     for name, m in split["models"].items():
         assert set(m) == set(METRICS), name
         assert m["n"] == split["n_whatif"]
-        assert m["step_mape"] >= 0 and 0 <= m["sign_acc"] <= 1 and np.isfinite(m["dt_mae_ms"])
+        assert m["step_mape"] >= 0 and 0 <= m["sign_acc"] <= 1 and np.isfinite(m["dt_mae_ms"]), (name, m)
     gat = split["models"]["HeteroGAT directed"]
     assert -1 <= gat["slack_rho"] <= 1 and 0 <= gat["critical_f1"] <= 1 and gat["ms_per_graph"] > 0
