@@ -680,11 +680,27 @@ def persistent(root: Path) -> str:
     for lay, name in (("dp", "data-parallel (no baseline)"), ("pp", "1F1B pipeline (with --baseline)")):
         mine = [r for r in d["rows"] if r["layout"] == lay]
         n = len(mine)
-        rows.append([name, str(n), f"{sum(r['rank_ok'] for r in mine)} of {n}", f"{sum(r['region_ok'] for r in mine)} of {n}",
-                     f"{sum(r['saving_ok'] for r in mine)} of {n}", f"{sum(r['saving_vs_injected_ok'] for r in mine)} of {n}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                str(n),
+                f"{sum(r['rank_ok'] for r in mine)} of {n}",
+                f"{sum(r['region_ok'] for r in mine)} of {n}",
+                f"{sum(r['saving_ok'] for r in mine)} of {n}",
+                f"{sum(r['saving_vs_injected_ok'] for r in mine)} of {n}",
+            ]
+        )
     n = sm["conditions"]
-    rows.append(["all", str(n), _pct(sm["rank_named"], 0), _pct(sm["region_named"], 0), _pct(sm["saving_within_25pct"], 0),
-                 _pct(sm["saving_within_25pct_of_injected"], 0)])  # fmt: skip
+    rows.append(
+        [
+            "all",
+            str(n),
+            _pct(sm["rank_named"], 0),
+            _pct(sm["region_named"], 0),
+            _pct(sm["saving_within_25pct"], 0),
+            _pct(sm["saving_within_25pct_of_injected"], 0),
+        ]
+    )
     spread = ", ".join(f"{lay} {_pct(v, 0)}" for lay, v in sm["clean_spread"].items() if v is not None)
     return (
         _table(
@@ -697,7 +713,7 @@ def persistent(root: Path) -> str:
                 "saving within 25% of the injected time",
             ],
             rows,
-        )  # fmt: skip
+        )
         + f"\n\n{sm['steps']} profiled steps per recording; the clean recordings of a layout spread {spread} (largest minus smallest "
         "median, over their median): the measured difference holds that drift of the machine as well as the slowdown.\n"
     )

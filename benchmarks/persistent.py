@@ -183,7 +183,7 @@ def main() -> None:
                 "saving_within_25pct_of_injected": sum(r["saving_vs_injected_ok"] for r in rows if r["layout"] == lay),
             }
             for lay in ("dp", "pp")
-        },  # fmt: skip
+        },
         "clean_medians_us": clean,
         "clean_spread": spread,
         "steps": a.steps,

@@ -474,9 +474,18 @@ class _Spool:
 
 
 def _analyze_stepwise(
-    path: Path, steps, cfg: Config, et, executor: str, k: int, as_json: bool, perfetto: Path | None, detail: bool, references=None,
+    path: Path,
+    steps,
+    cfg: Config,
+    et,
+    executor: str,
+    k: int,
+    as_json: bool,
+    perfetto: Path | None,
+    detail: bool,
+    references=None,
     full_path: bool = False,
-) -> None:  # fmt: skip
+) -> None:
     """``analyze`` without --html / --advise, one step at a time: each step leaves its JSON
     (spooled to a temporary file, printed once everything succeeded) or its steps-table row, and
     its critical events for --perfetto, computed where the step is built (analysis.stepwise); the
@@ -526,8 +535,10 @@ def _analyze_stepwise(
         two = api.two_step_graphs(table, cfg) if per_step <= TWO_STEP_EVENTS else None
         run = answer_from(figures, blamed, str(path), references, two)
         if not sel["n_blamed"] and len(table.ranks if table is not None else []) > 1:
-            run.notes.append(f"No region search: {per_step:,.0f} events a step are too many to hold a step beside the run "
-                             "(blame --step N looks at one step)")  # fmt: skip
+            run.notes.append(
+                f"No region search: {per_step:,.0f} events a step are too many to hold a step beside the run "
+                "(blame --step N looks at one step)"
+            )
         elif two is None and run.region is not None:
             run.notes.append(f"The saving is replayed in one step ({per_step:,.0f} events a step: too many to replay two at once)")
         if spool is not None:

@@ -84,8 +84,10 @@ def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
                 for e in ev:
                     if isinstance(e.get("ts"), (int, float)) and e["ts"] > at:
                         e["ts"] += gap
-                ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": main[0], "tid": main[1], "ts": at + 60 * k, "dur": 50}
-                       for k in range(40)]  # fmt: skip
+                ev += [
+                    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": main[0], "tid": main[1], "ts": at + 60 * k, "dur": 50}
+                    for k in range(40)
+                ]
                 s["dur"] += gap
         (out / f.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
     _, steps = analyze(out)

@@ -136,22 +136,31 @@ class RunAnswer:
             )
         if self.region:
             r = self.region
-            out.append(f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} {r.against} "
-                       f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; slower in {r.steps} of {r.of} steps)")  # fmt: skip
+            out.append(
+                f"Where rank {r.rank} differs: {r.name} takes {ms(r.own.median_us)} ms a step, {ms(r.peers.median_us)} {r.against} "
+                f"(+{ms(r.excess.median_us)} ms{_interval(r.excess)}; slower in {r.steps} of {r.of} steps)"
+            )
         if self.extra_ops:
             shown = ", ".join(f"{x.name} ×{x.count} ({ms(x.dur.median_us)} ms)" for x in self.extra_ops[:3])
             out.append(f"  extra ops on rank {self.extra_ops[0].rank} that its peers do not run, a step: {shown}")
         if self.region:
             r = self.region
             how = "in steady state: replayed over two steps" if r.one_step is not None else "replayed"
-            out.append(f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
-                       f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; {how}, the region at its time {r.against})")  # fmt: skip
+            out.append(
+                f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
+                f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; {how}, the region at its time {r.against})"
+            )
         out += self.notes
         return out
 
 
-_CLASS_WORDS = {"compute": "compute", "communication": "communication", "cpu_overhead": "CPU overhead", "idle": "waiting",
-                "untraced": "untraced"}  # fmt: skip
+_CLASS_WORDS = {
+    "compute": "compute",
+    "communication": "communication",
+    "cpu_overhead": "CPU overhead",
+    "idle": "waiting",
+    "untraced": "untraced",
+}
 
 
 def _ms(us: float) -> str:
@@ -178,8 +187,15 @@ class StepFigures:
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
         s = a.straggler() if len(a.graph.ranks) > 1 else None
-        return cls(a.graph.step, tuple(a.graph.ranks), bool(a.graph.nodes["on_gpu"].any()), a.step_time, a.measured,
-                   a.breakdown(), (s.rank, s.imposed_wait_us) if s else None)  # fmt: skip
+        return cls(
+            a.graph.step,
+            tuple(a.graph.ranks),
+            bool(a.graph.nodes["on_gpu"].any()),
+            a.step_time,
+            a.measured,
+            a.breakdown(),
+            (s.rank, s.imposed_wait_us) if s else None,
+        )
 
 
 def steady(steps: list[int | None]) -> list[int | None]:
@@ -205,8 +221,9 @@ def run_answer(
     graphs of a baseline run of the same job (the typical times where ranks have no peers);
     ``two_steps``: step number -> the graph of that step and the next (the steady-state saving)."""
     picked = blame_sample([a.graph.step for a in analyses])
-    return answer_from([StepFigures.of(a) for a in analyses], [a for a in analyses if a.graph.step in picked], source, references,
-                       two_steps)  # fmt: skip
+    return answer_from(
+        [StepFigures.of(a) for a in analyses], [a for a in analyses if a.graph.step in picked], source, references, two_steps
+    )
 
 
 def answer_from(
@@ -228,14 +245,26 @@ def answer_from(
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
-    bound: Bound = {"compute": "device compute" if gpu else "CPU compute", "communication": "communication",
-                    "cpu_overhead": "host CPU overhead", "idle": "waiting", "untraced": "untraced time"}[top]  # fmt: skip
+    bound: Bound = {
+        "compute": "device compute" if gpu else "CPU compute",
+        "communication": "communication",
+        "cpu_overhead": "host CPU overhead",
+        "idle": "waiting",
+        "untraced": "untraced time",
+    }[top]
     ranks = sorted({r for f in figures for r in f.ranks})
     answer = RunAnswer(
-        source=source, ranks=ranks, steps=len(figures), steady=len(st),
-        step_time=estimate([f.step_time for f in st]), measured=estimate([f.measured for f in st]),
-        bound=bound, breakdown=breakdown, straggler=_straggler(st), region=None,
-    )  # fmt: skip
+        source=source,
+        ranks=ranks,
+        steps=len(figures),
+        steady=len(st),
+        step_time=estimate([f.step_time for f in st]),
+        measured=estimate([f.measured for f in st]),
+        bound=bound,
+        breakdown=breakdown,
+        straggler=_straggler(st),
+        region=None,
+    )
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     if len(ranks) > 1:
@@ -295,11 +324,17 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     if best is not None and len(per[best]) >= PERSISTENT * used:
         rows = list(per[best].values())
         answer.region = RegionAnswer(
-            best[0], best[1], best[2], len(rows), used,
-            own=estimate([r[0] for r in rows]), peers=estimate([r[1] for r in rows]), excess=estimate([r[0] - r[1] for r in rows]),
+            best[0],
+            best[1],
+            best[2],
+            len(rows),
+            used,
+            own=estimate([r[0] for r in rows]),
+            peers=estimate([r[1] for r in rows]),
+            excess=estimate([r[0] - r[1] for r in rows]),
             saving=estimate([r[2] for r in rows]),
             against="on its peers" if sources[best] == {"peer ranks"} else "in the baseline's steps",
-        )  # fmt: skip
+        )
     elif per:
         answer.notes.append(
             f"No region is slower than on its peers in most steps ({len(per)} regions; none in {used // 2 + 1} of {used} steps)"

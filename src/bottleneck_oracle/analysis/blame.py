@@ -227,8 +227,10 @@ def _typical(
     if r:  # one row per node, one column per reference step; a reference without the op did not run it: 0 µs
         if ids is None:
             memo = KeyMemo()
-            ids = (np.array([memo.ids.setdefault(k, len(memo.ids)) for k in keys], dtype=np.int64),
-                   [np.array([memo.ids.setdefault(k, len(memo.ids)) for k in rk], dtype=np.int64) for rk, _ in references])  # fmt: skip
+            ids = (
+                np.array([memo.ids.setdefault(k, len(memo.ids)) for k in keys], dtype=np.int64),
+                [np.array([memo.ids.setdefault(k, len(memo.ids)) for k in rk], dtype=np.int64) for rk, _ in references],
+            )
         own, theirs = ids
         order = np.argsort(own, kind="stable")
         sorted_own = own[order]
@@ -271,9 +273,13 @@ _MANY_PEERS = 8  # peer groups this large are compared with one sort (_against_p
 
 
 def _against_peers(
-    members: list[tuple[int, float]], typical: np.ndarray, source: np.ndarray, noise: np.ndarray,
-    ref_med: np.ndarray | None, ref_noise: np.ndarray | None,
-) -> None:  # fmt: skip
+    members: list[tuple[int, float]],
+    typical: np.ndarray,
+    source: np.ndarray,
+    noise: np.ndarray,
+    ref_med: np.ndarray | None,
+    ref_noise: np.ndarray | None,
+) -> None:
     """_typical's comparison of each member (node id, value) with the others of its peer group, for
     every member at once: the quantiles of the values without member i are read off the sorted
     values, skipping i's place (one sort for the group, not one per member: thousands of ranks
@@ -550,13 +556,47 @@ def blame(
 
     def entry(sav: float, kind: str, i: int) -> Culprit:
         if kind == "op":
-            return Culprit(i, "op", g.node_name(i), int(n["rank"][i]), float(d[i]), float(typical[i]), TYPICAL_FROM[source[i]], float(noise[i]),
-                           sav, float(sav / total), float(base.slack[i]))  # fmt: skip
+            return Culprit(
+                i,
+                "op",
+                g.node_name(i),
+                int(n["rank"][i]),
+                float(d[i]),
+                float(typical[i]),
+                TYPICAL_FROM[source[i]],
+                float(noise[i]),
+                sav,
+                float(sav / total),
+                float(base.slack[i]),
+            )
         if kind == "lead":
-            return Culprit(i, "gap", _lead_name(g, i), int(n["rank"][i]), float(lead[i]), float(lead_typical[i]), TYPICAL_FROM[lead_source[i]],
-                           float(lead_noise[i]), sav, float(sav / total), float(base.slack[i]))  # fmt: skip
-        return Culprit(i, "gap", f"untraced time after {g.node_name(i)}", int(n["rank"][i]), float(gap_w[i]), float(gap_typical[i]),
-                       TYPICAL_FROM[gap_source[i]], float(gap_noise[i]), sav, float(sav / total), float(base.slack[i]), edge=int(gap[i]))  # fmt: skip
+            return Culprit(
+                i,
+                "gap",
+                _lead_name(g, i),
+                int(n["rank"][i]),
+                float(lead[i]),
+                float(lead_typical[i]),
+                TYPICAL_FROM[lead_source[i]],
+                float(lead_noise[i]),
+                sav,
+                float(sav / total),
+                float(base.slack[i]),
+            )
+        return Culprit(
+            i,
+            "gap",
+            f"untraced time after {g.node_name(i)}",
+            int(n["rank"][i]),
+            float(gap_w[i]),
+            float(gap_typical[i]),
+            TYPICAL_FROM[gap_source[i]],
+            float(gap_noise[i]),
+            sav,
+            float(sav / total),
+            float(base.slack[i]),
+            edge=int(gap[i]),
+        )
 
     out.nodes = [entry(sav, kind, i) for sav, _, kind, i in items[:top]]
     out.anomalies = [entry(sav, kind, i) for sav, _, kind, i in sorted(items, key=lambda x: (-x[1], -x[0]))[:top]]
@@ -566,8 +606,17 @@ def blame(
         rr = np.where(m, restored_rel, g.release)
         s = base.makespan - makespan_of(g, np.where(m, restored, d), rw, rr)
         lead_m = np.where(m & (lead > 0), lead, 0.0)
-        out.ranks.append(RankBlame(int(rank), float(s), float(s / total), float(excess[m].sum()),
-                                   float(gap_excess[m].sum() + lead_excess[m].sum()), float(d[m].sum()), float(gap_w[m].sum() + lead_m.sum())))  # fmt: skip
+        out.ranks.append(
+            RankBlame(
+                int(rank),
+                float(s),
+                float(s / total),
+                float(excess[m].sum()),
+                float(gap_excess[m].sum() + lead_excess[m].sum()),
+                float(d[m].sum()),
+                float(gap_w[m].sum() + lead_m.sum()),
+            )
+        )
     out.ranks.sort(key=lambda r: -r.saving_us)
     by_name: dict[str, float] = defaultdict(float)
     for i in cand:
@@ -627,8 +676,11 @@ def region_time(g: ExecutionGraph) -> RegionTime:
     has_before = (first > 0) & chain[prev]
     before = np.where(has_before, inside(end[prev], start[first], gi[prev], rg["start"], rg["end"]), 0.0)
     lead_all = _leads(g)
-    lead = np.where(~has_before & (lead_all[first] > 0), inside(origins(g)[first], start[first], np.maximum(lead_all[first], 0.0),
-                                                                 rg["start"], rg["end"]), 0.0)  # fmt: skip
+    lead = np.where(
+        ~has_before & (lead_all[first] > 0),
+        inside(origins(g)[first], start[first], np.maximum(lead_all[first], 0.0), rg["start"], rg["end"]),
+        0.0,
+    )
     nxt_leaf = np.minimum(last + 1, nn - 1)
     after = np.where(chain[last], inside(end[last], start[nxt_leaf], gi[last], rg["start"], rg["end"]), 0.0)
     return RegionTime(work + before + lead + after, gap, before, lead, after)
@@ -695,9 +747,15 @@ def region_blame(
     def within(j: int, k: int) -> bool:
         """Region k is region j or lies inside it (regions come in (thread, start, -dur) order:
         of two with the same extent, the later one is the inner)."""
-        return k == j or (k > j and rg["rank"][k] == rg["rank"][j] and rg["tid"][k] == rg["tid"][j]
-                          and rg["first"][k] >= rg["first"][j] and rg["last"][k] <= rg["last"][j]
-                          and rg["start"][k] >= rg["start"][j] - 1e-6 and rg["end"][k] <= rg["end"][j] + 1e-6)  # fmt: skip
+        return k == j or (
+            k > j
+            and rg["rank"][k] == rg["rank"][j]
+            and rg["tid"][k] == rg["tid"][j]
+            and rg["first"][k] >= rg["first"][j]
+            and rg["last"][k] <= rg["last"][j]
+            and rg["start"][k] >= rg["start"][j] - 1e-6
+            and rg["end"][k] <= rg["end"][j] + 1e-6
+        )
 
     # a range run several times in the step (once per micro-batch, per layer call, per hook
     # call), each time a little slower: its occurrences taken as one, each to its own typical time

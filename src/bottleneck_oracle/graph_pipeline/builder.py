@@ -250,7 +250,7 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
 
 def _window_edges(
     table: EventTable, step: int | None, opt: BuildOptions, exclude: frozenset, origins: dict[int, float] | None, span: int = 1
-):  # fmt: skip
+):
     """The window of ``step`` without the ``exclude`` threads, and the edges of every local rule."""
     w = make_window(table, step, exclude, origins, opt.clock_tolerance_us, span)
     pieces = gap_pieces(w, w.lead_from)
@@ -311,13 +311,20 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
         mine = np.flatnonzero(w.leaf_thread == t)
         ev = w.leaf_rows[mine]
         longest = ev[np.argmax(w.end[ev] - w.ts[ev])]
-        out[key_of[t]] = {"ops": int(len(mine)), "longest_op": w.names[c["name"][longest]][:120],
-                          "ends_us": float(w.end[ev].max())}  # fmt: skip
+        out[key_of[t]] = {"ops": int(len(mine)), "longest_op": w.names[c["name"][longest]][:120], "ends_us": float(w.end[ev].max())}
     return out
 
 
-def _finish(table: EventTable, step: int | None, opt: BuildOptions, w: Window, E: rules.EdgeSet, pieces, facts: StepFacts,
-            away: dict[tuple[int, int, int], dict]) -> ExecutionGraph:  # fmt: skip
+def _finish(
+    table: EventTable,
+    step: int | None,
+    opt: BuildOptions,
+    w: Window,
+    E: rules.EdgeSet,
+    pieces,
+    facts: StepFacts,
+    away: dict[tuple[int, int, int], dict],
+) -> ExecutionGraph:
     c, rows = w.c, w.node_rows
     start = w.ts[rows]
     pairs = rules.backends(w, E)
@@ -345,16 +352,38 @@ def _finish(table: EventTable, step: int | None, opt: BuildOptions, w: Window, E
         "coll_kind": w.ckind,
     }
     raw = RawGraph(
-        names=w.names, nodes=nodes, end=end, inst=inst, src=src, dst=dst, kind=kind, is_wait=is_wait,
-        window_start=table.t0 + w.w0, step=step, measured=w.measured,
-        meta={"files": {str(k): v for k, v in table.files.items()}, "rank_start_us": _rank_starts(w, table), "fields_version": F.FIELDS_VERSION,
-              "dropped_edges": dropped, "collectives": match_report(w.ckind, inst, seq), "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps},
-              "rank_origin_us": {str(r): t for r, t in w.origins.items()}, "facts": facts.to_dict(offset=w.w0), "run_facts": run_facts(table).to_dict(),
-              "bystanders": [{"rank": r, "pid": p, "tid": t, "thread": table.thread_names.get((r, p, t), f"thread {t}"), **info}
-                             for (r, p, t), info in sorted(away.items())],
-              "polling_loops": int((w.polls > 0).sum()), **_thread_names(table, nodes)},
-        carry=w.carry, gaps=pieces, regions=window_regions(w),
-    )  # fmt: skip
+        names=w.names,
+        nodes=nodes,
+        end=end,
+        inst=inst,
+        src=src,
+        dst=dst,
+        kind=kind,
+        is_wait=is_wait,
+        window_start=table.t0 + w.w0,
+        step=step,
+        measured=w.measured,
+        meta={
+            "files": {str(k): v for k, v in table.files.items()},
+            "rank_start_us": _rank_starts(w, table),
+            "fields_version": F.FIELDS_VERSION,
+            "dropped_edges": dropped,
+            "collectives": match_report(w.ckind, inst, seq),
+            "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps},
+            "rank_origin_us": {str(r): t for r, t in w.origins.items()},
+            "facts": facts.to_dict(offset=w.w0),
+            "run_facts": run_facts(table).to_dict(),
+            "bystanders": [
+                {"rank": r, "pid": p, "tid": t, "thread": table.thread_names.get((r, p, t), f"thread {t}"), **info}
+                for (r, p, t), info in sorted(away.items())
+            ],
+            "polling_loops": int((w.polls > 0).sum()),
+            **_thread_names(table, nodes),
+        },
+        carry=w.carry,
+        gaps=pieces,
+        regions=window_regions(w),
+    )
     del w, c, E  # the window's columns are the largest thing held: gone before finalize allocates
     return finalize(raw)
 

@@ -112,8 +112,13 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
             continue
         ends = c["ts"][rows] + c["dur"][rows]
         by_start = rows[np.argsort(c["ts"][rows], kind="stable")]
-        out[r] = (anchor_s[lo:hi][dev_sorted[lo:hi]], np.maximum.accumulate(ends), c["ts"][by_start],
-                  c["ts"][by_start] + c["dur"][by_start], float(c["dur"][rows].max()))  # fmt: skip
+        out[r] = (
+            anchor_s[lo:hi][dev_sorted[lo:hi]],
+            np.maximum.accumulate(ends),
+            c["ts"][by_start],
+            c["ts"][by_start] + c["dur"][by_start],
+            float(c["dur"][rows].max()),
+        )
     cache["device"] = out
     return out
 
@@ -178,10 +183,19 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     rt = rows[(cls[rows] == EvClass.RUNTIME) & (c["dur"][rows] >= BLOCKING_FACT_US)]
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     return RankFacts(
-        rank=rank, cpu_start=cpu_start, cpu_end=cpu_end, device_ops=int(len(own)), device_end=device_end,
-        prev_device_end=prev_end, origin=origin, step_end=step_end, device_busy_us=busy, lead_us=lead,
-        blocking_us=blocking, asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
-    )  # fmt: skip
+        rank=rank,
+        cpu_start=cpu_start,
+        cpu_end=cpu_end,
+        device_ops=int(len(own)),
+        device_end=device_end,
+        prev_device_end=prev_end,
+        origin=origin,
+        step_end=step_end,
+        device_busy_us=busy,
+        lead_us=lead,
+        blocking_us=blocking,
+        asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
+    )
 
 
 def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float, step: Step | None) -> list[dict]:
@@ -221,8 +235,15 @@ def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float
         if covered >= ASLEEP_SHARE * (hi - lo) and not comm:  # a backend thread waiting in a collective is working
             pid, tid = int(c["pid"][ops[0]]), int(c["tid"][ops[0]])
             longest = long[np.argmax(c["dur"][long])]
-            out.append({"pid": pid, "tid": tid, "thread": table.thread_names.get((rank, pid, tid), f"thread {tid}"),
-                        "op": table.names[c["name"][longest]][:120], "ops": int(len(ops))})  # fmt: skip
+            out.append(
+                {
+                    "pid": pid,
+                    "tid": tid,
+                    "thread": table.thread_names.get((rank, pid, tid), f"thread {tid}"),
+                    "op": table.names[c["name"][longest]][:120],
+                    "ops": int(len(ops)),
+                }
+            )
     return out
 
 
@@ -270,9 +291,14 @@ class RunFacts:
         return {r: n["held"] / n["numbered"] for r, n in self.numbered.items() if n["numbered"] and n["held"] < threshold * n["numbered"]}
 
     def to_dict(self) -> dict:
-        return {"ranks": self.ranks, "world_size": self.world_size, "missing_ranks": self.missing_ranks,
-                "numbered": {str(r): n for r, n in self.numbered.items()}, "sampled": {str(r): v for r, v in self.sampled().items()},
-                "unknown_device_events": self.unknown_device_events}  # fmt: skip
+        return {
+            "ranks": self.ranks,
+            "world_size": self.world_size,
+            "missing_ranks": self.missing_ranks,
+            "numbered": {str(r): n for r, n in self.numbered.items()},
+            "sampled": {str(r): v for r, v in self.sampled().items()},
+            "unknown_device_events": self.unknown_device_events,
+        }
 
 
 def run_facts(table: EventTable) -> RunFacts:

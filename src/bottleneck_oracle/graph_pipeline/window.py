@@ -233,11 +233,14 @@ def table_lookups(table: EventTable) -> None:
 def _flags_of(names: list[str]) -> dict[str, np.ndarray]:
     coll, gloo, nccl, c10d = name_flags(names)
     return {
-        "coll": coll, "gloo": gloo, "nccl": nccl, "c10d": c10d,
+        "coll": coll,
+        "gloo": gloo,
+        "nccl": nccl,
+        "c10d": c10d,
         "sync": np.array([bool(SYNC_NAME.search(n)) for n in names], dtype=bool),
         "copy": np.array([bool(COPY_NAME.search(n)) for n in names], dtype=bool),
         "query": np.array([bool(QUERY_NAME.search(n)) for n in names], dtype=bool),
-    }  # fmt: skip
+    }
 
 
 def name_flags(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -259,9 +262,16 @@ def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.nda
 
 
 def _stage_exchanges(
-    c: dict[str, np.ndarray], ts: np.ndarray, end: np.ndarray, back: np.ndarray, cpu_rows: np.ndarray, thread: np.ndarray,
-    srt: np.ndarray, th: np.ndarray, leaf: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    c: dict[str, np.ndarray],
+    ts: np.ndarray,
+    end: np.ndarray,
+    back: np.ndarray,
+    cpu_rows: np.ndarray,
+    thread: np.ndarray,
+    srt: np.ndarray,
+    th: np.ndarray,
+    leaf: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Backend ops whose span holds CUDA runtime calls of their own thread (and no other leaf op):
     gloo's algorithms for CUDA tensors copy the tensor to host memory and wait for the copy
     (``cudaMemcpyAsync``, ``cudaStreamSynchronize``), exchange it with the peers, then copy it
@@ -372,9 +382,13 @@ def _blocking_copies(c: dict[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarr
 
 
 def make_window(
-    table: EventTable, step: int | None, exclude: frozenset[tuple[int, int, int]] = frozenset(),
-    origins: dict[int, float] | None = None, tol: float = 5.0, span: int = 1,
-) -> Window:  # fmt: skip
+    table: EventTable,
+    step: int | None,
+    exclude: frozenset[tuple[int, int, int]] = frozenset(),
+    origins: dict[int, float] | None = None,
+    tol: float = 5.0,
+    span: int = 1,
+) -> Window:
     """The window of ``step`` (None: the whole trace; ``span``: that many consecutive steps) without
     the host threads in ``exclude`` ((rank, pid, tid): bystanders, see builder), with each rank's
     period starting at ``origins`` (table-relative µs; default: its first step's start). ``tol``:
@@ -452,15 +466,42 @@ def make_window(
     at = np.array([starts[r] for r in known.tolist()], dtype=np.float64)
     lead_from = at[np.searchsorted(known, c["rank"]).clip(0, max(len(known) - 1, 0))] if len(known) else np.zeros(len(ts))
     return Window(
-        step=step, w0=w0, measured=measured, steps=steps, rows=rows, c=c, names=names, ts=ts, end=end,
-        name_coll=name_coll, name_gloo=name_gloo, name_nccl=name_nccl, name_c10d=name_c10d,
-        cpu_rows=cpu_rows, cpu_sorted=srt, ev_thread=ev_thread, leaf_rows=srt[leaf], leaf_thread=th[leaf],
-        gpu_rows=gpu_rows[g_order], gpu_stream=stream[g_order], backend_rows=back_rows[b_order], backend_lane=lane[b_order],
-        staged_prev=staged_prev, staged_next=staged_next,
-        node_rows=node_rows, ev2node=ev2node, is_net=is_net,
-        ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8), carry=carry, lead_from=lead_from,
-        blocking=blocking, copy_op=copy_op, polls=polls, origins=origin_of, codes=_codes(table),
-    )  # fmt: skip
+        step=step,
+        w0=w0,
+        measured=measured,
+        steps=steps,
+        rows=rows,
+        c=c,
+        names=names,
+        ts=ts,
+        end=end,
+        name_coll=name_coll,
+        name_gloo=name_gloo,
+        name_nccl=name_nccl,
+        name_c10d=name_c10d,
+        cpu_rows=cpu_rows,
+        cpu_sorted=srt,
+        ev_thread=ev_thread,
+        leaf_rows=srt[leaf],
+        leaf_thread=th[leaf],
+        gpu_rows=gpu_rows[g_order],
+        gpu_stream=stream[g_order],
+        backend_rows=back_rows[b_order],
+        backend_lane=lane[b_order],
+        staged_prev=staged_prev,
+        staged_next=staged_next,
+        node_rows=node_rows,
+        ev2node=ev2node,
+        is_net=is_net,
+        ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8),
+        carry=carry,
+        lead_from=lead_from,
+        blocking=blocking,
+        copy_op=copy_op,
+        polls=polls,
+        origins=origin_of,
+        codes=_codes(table),
+    )
 
 
 def _codes(table: EventTable) -> tuple[dict[str, list[int]], int]:
