@@ -74,7 +74,11 @@ for g in graphs:
     t = time.perf_counter()
     H = nx.DiGraph()
     d = g.nodes["mdur"]
-    H.add_weighted_edges_from(zip(g.edges["src"].tolist(), g.edges["dst"].tolist(), (d[g.edges["src"]] + g.edges["weight"]).tolist()))
+    # parallel edges (one pair joined by two dependencies): a DiGraph keeps one, so the heaviest is given
+    w = {}
+    for u, v, x in zip(g.edges["src"].tolist(), g.edges["dst"].tolist(), (d[g.edges["src"]] + g.edges["weight"]).tolist()):
+        w[(u, v)] = max(x, w.get((u, v), -np.inf))
+    H.add_weighted_edges_from((u, v, x) for (u, v), x in w.items())
     H.add_weighted_edges_from((v, "sink", float(d[v])) for v in range(g.n_nodes))
     H.add_weighted_edges_from(("source", int(v), float(g.release[v])) for v in np.flatnonzero(np.isfinite(g.release)))
     t_build += time.perf_counter() - t
