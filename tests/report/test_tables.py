@@ -45,3 +45,19 @@ def test_edits_are_said_in_words():
     assert Edit.parse("cat=kernel,max_us=20,scale=0").describe() == "remove GPU kernels of at most 20 µs"
     assert Edit.parse("id=7,delay_ms=5").describe() == "add 5 ms to each of op #7"
     assert Edit.parse("name~=nccl,detach=1").describe().startswith("let ops whose name contains 'nccl' neither wait")
+
+
+def test_a_table_wider_than_the_terminal_stays_one_table_keys_kept_columns_said():
+    """At 80 columns a table whose numbers do not all fit is not split into parts: the row key and
+    its name stay, the rightmost other columns are left out and the caption names them."""
+    cols = [Column("#", "key"), Column("op", "name"), *[Column(f"figure {i}", "ms") for i in range(12)], Column("typical from", "text")]
+    names = ["aten::mm", "DistributedDataParallel.forward", "gloo:broadcast"]
+    rows = [[k, names[k], *[123456789.0 + i for i in range(12)], "peer ranks"] for k in range(3)]
+    buf = io.StringIO()
+    print_table(Console(file=buf, width=80, force_terminal=False), TableModel("Culprits", cols, rows))
+    text = buf.getvalue()
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= 80
+    assert text.count("Culprits") == 1 and "(1/" not in text  # one table
+    assert "typical from" in text.split("Not shown at 80 columns:")[1]  # the caption names what is left out
+    assert "figure 0" in text and all(x[:8] in text for x in names)  # the key and names kept

@@ -20,7 +20,7 @@ NUMERIC = ("int", "ms", "ms1", "signed_ms", "pct", "signed_pct")
 @dataclass(slots=True)
 class Column:
     header: str
-    kind: str = "text"  # one of KINDS; "key" columns identify the row (repeated when a table is split)
+    kind: str = "text"  # one of KINDS; "key" columns identify the row (never left out at a narrow width)
 
 
 @dataclass(slots=True)

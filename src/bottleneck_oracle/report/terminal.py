@@ -2,8 +2,8 @@
 
 Every numeric column gets the width of its widest cell; name columns share what is left and
 their names are shortened by ``tables.shorten`` (the full names are in ``--json`` and the HTML
-report). Where the numbers alone do not fit, the table is printed in parts, each repeating the
-row's key column. Trace strings are printed as plain text, never as Rich markup.
+report). Where the numbers alone do not fit, the rightmost columns other than the row's key and
+name are left out, and the caption says which: a table is never split. Trace strings are printed as plain text, never as Rich markup.
 """
 
 from __future__ import annotations
@@ -55,36 +55,39 @@ def print_table(console: Console, t: TableModel) -> None:
     width = max(console.width, 40)
     need = _widths(t, cells)
     names = [j for j, c in enumerate(t.columns) if c.kind == "name"]
-    keys = [j for j, c in enumerate(t.columns) if c.kind == "key"] or names[:1]  # repeated in every part
+    keys = [j for j, c in enumerate(t.columns) if c.kind == "key"] or names[:1]  # never left out
     fixed = [j for j in range(len(t.columns)) if j not in names]
 
-    name_min = max(NAME_MIN, int(NAME_SHARE * width))
-
-    def size(cols: list[int]) -> int:
+    def size(cols: list[int], name_min: int) -> int:
         return sum(min(need[j], name_min) if j in names else need[j] for j in cols) + _BORDER * len(cols) + 1
 
-    groups: list[list[int]] = []
-    current = list(dict.fromkeys(keys + names))
-    for j in fixed:
-        if j in keys:
-            continue
-        if size(current + [j]) > width and len(current) > len(keys) + len(names):
-            groups.append(current)
-            current = list(keys) + ([] if groups else [n for n in names if n not in keys])
-        current.append(j)
-    groups.append(current)
-    for part, cols in enumerate(groups):
-        cols = sorted(cols)
-        room = width - sum(need[j] for j in cols if j not in names) - _BORDER * len(cols) - 1
-        name_cols = [j for j in cols if j in names]
-        name_w = {j: max(min(need[j], room // max(len(name_cols), 1)), min(need[j], name_min)) for j in name_cols}
-        title = plain(t.title if len(groups) == 1 else f"{t.title} ({part + 1}/{len(groups)})")
-        table = Table(title=Text(title), caption=Text(plain(t.caption)) if part == 0 and t.caption else None, box=box.SQUARE, expand=False)
-        for j in cols:
-            c = t.columns[j]
-            w = name_w.get(j, need[j])
-            # cells fit their width (names are shortened to it); a header may wrap between its words
-            table.add_column(headers[j], justify="right" if c.kind in NUMERIC else "left", width=w, overflow="fold")
-        for r in cells:
-            table.add_row(*[Text(shorten(r[j], name_w[j]) if j in name_w else r[j]) for j in cols])
-        console.print(table)
+    # one table, never split: names first give up their share of the width (down to NAME_MIN),
+    # then the rightmost columns that are neither the row's key nor its name are left out (said
+    # in the caption; --json has them)
+    cols = list(range(len(t.columns)))
+    name_min = max(NAME_MIN, int(NAME_SHARE * width))
+    if size(cols, name_min) > width:
+        name_min = NAME_MIN
+    left_out: list[int] = []
+    droppable = [j for j in fixed if j not in keys]
+    while size(cols, name_min) > width and droppable:
+        j = droppable.pop()
+        cols.remove(j)
+        left_out.append(j)
+    caption = t.caption
+    if left_out:
+        gone = ", ".join(plain(t.columns[j].header) for j in sorted(left_out))
+        caption = f"{caption} " if caption else ""
+        caption += f"Not shown at {width} columns: {gone} (--json, or a wider terminal, shows them)."
+    room = width - sum(need[j] for j in cols if j not in names) - _BORDER * len(cols) - 1
+    name_cols = [j for j in cols if j in names]
+    name_w = {j: max(min(need[j], room // max(len(name_cols), 1)), min(need[j], name_min)) for j in name_cols}
+    table = Table(title=Text(plain(t.title)), caption=Text(plain(caption)) if caption else None, box=box.SQUARE, expand=False)
+    for j in cols:
+        c = t.columns[j]
+        w = name_w.get(j, need[j])
+        # cells fit their width (names are shortened to it); a header may wrap between its words
+        table.add_column(headers[j], justify="right" if c.kind in NUMERIC else "left", width=w, overflow="fold")
+    for r in cells:
+        table.add_row(*[Text(shorten(r[j], name_w[j]) if j in name_w else r[j]) for j in cols])
+    console.print(table)
