@@ -14,8 +14,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from bottleneck_oracle.analysis.checks import run_warnings
 from bottleneck_oracle.analysis.results import (
@@ -37,7 +38,7 @@ from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
 from bottleneck_oracle.graph_pipeline import chakra, clocks
 from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs, iter_graphs
-from bottleneck_oracle.graph_pipeline.engine import Engine, make_engine
+from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
 from bottleneck_oracle.graph_pipeline.facts import run_facts
@@ -472,33 +473,53 @@ def _reference_pool(
 MAX_REFERENCES = 32  # reference steps per blamed step: the nearest ones (blame stays linear in the number of steps)
 
 
-def _references(g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool) -> tuple[list[ExecutionGraph], str]:
+def _references(
+    g: ExecutionGraph, pool: list[ExecutionGraph], baseline: bool, index: _PoolIndex | None = None
+) -> tuple[list[ExecutionGraph], str]:
     """(reference steps of ``g``, how to say where they came from): a baseline's steps, or the
     trace's other steps without the first (warm-up) when there are three or more; at most
-    MAX_REFERENCES of them, the nearest to ``g`` in step number."""
+    MAX_REFERENCES of them, the nearest to ``g`` in step number. ``index``: the pool's (a part of
+    a trace's steps: its first step and size those of the whole)."""
+    index = index or _PoolIndex.of(pool)
+    here = g.step if g.step is not None else 0
+    if len(pool) > 2 * MAX_REFERENCES + 4 and index.ordered:  # a long run: only the steps around g can be picked
+        at = bisect.bisect_left(index.numbers, here)
+        pool = pool[max(at - MAX_REFERENCES - 2, 0) : at + MAX_REFERENCES + 2]
     if not baseline:
-        if len(pool) >= 3 and all(r.step is not None for r in pool):
-            first = min(r.step for r in pool if r.step is not None)
-            pool = [r for r in pool if r.step != first]
+        if index.size >= 3 and index.first is not None:
+            pool = [r for r in pool if r.step != index.first]
         pool = [r for r in pool if r.step != g.step]
     if len(pool) > MAX_REFERENCES:
-        here = g.step if g.step is not None else 0
-        pool = _nearest(pool, here)
         pool = sorted(pool, key=lambda r: (abs((r.step if r.step is not None else 0) - here), r.step or 0))[:MAX_REFERENCES]
     if baseline:
         return pool, "baseline"
     return pool, f"{len(pool)} other step{'s' if len(pool) != 1 else ''}" if pool else "peer ranks"
 
 
-def _nearest(pool: list[ExecutionGraph], here: int) -> list[ExecutionGraph]:
-    """The graphs of ``pool`` that can be among the MAX_REFERENCES nearest to step ``here``: where
-    the pool is in increasing step order (a trace's steps), the MAX_REFERENCES on either side of it
-    (a long run: not a sort of every step for every step); else the whole pool."""
-    numbers = [r.step for r in pool]
-    if any(s is None for s in numbers) or any(b <= a for a, b in zip(numbers, numbers[1:])):  # type: ignore[operator]
-        return pool
-    at = bisect.bisect_left(cast("list[int]", numbers), here)
-    return pool[max(at - MAX_REFERENCES, 0) : at + MAX_REFERENCES]
+@dataclass(frozen=True)
+class _PoolIndex:
+    """A reference pool's step numbers, whether they increase (a trace's steps) and the first one
+    (None where a step has no number), computed once per pool (blame reads them for every step)."""
+
+    pool: list[ExecutionGraph]
+    numbers: list[int]
+    ordered: bool
+    first: int | None
+    size: int  # steps in the whole pool
+
+    _last: ClassVar[list[_PoolIndex]] = []
+
+    @classmethod
+    def of(cls, pool: list[ExecutionGraph]) -> _PoolIndex:
+        if cls._last and cls._last[0].pool is pool and len(cls._last[0].numbers) == len(pool):
+            return cls._last[0]
+        steps = [r.step for r in pool]
+        numbered = [s for s in steps if s is not None]
+        complete = len(numbered) == len(steps)
+        ordered = complete and all(b > a for a, b in zip(numbered, numbered[1:]))
+        index = cls(pool, numbered if complete else [], ordered, min(numbered) if complete and numbered else None, len(pool))
+        cls._last[:] = [index]
+        return index
 
 
 def _batch_scale(
@@ -572,7 +593,19 @@ def blame(
     from bottleneck_oracle.analysis.blame import blame as blame_graph
     from bottleneck_oracle.analysis.cpm import run_cpm
 
-    table, gs = build(path, steps, config)
+    table: EventTable | None
+    if baseline is None and steps is None and not use_model and not chakra.is_chakra(path):
+        loaded = load(path, None, (config or Config()).graph.ranks_per_host)
+        present = {st.number for st in loaded.steps}
+        if len(present) >= CHUNKED_BLAME_STEPS and len(loaded) <= CHUNKED_BLAME_EVENTS * len(present) and LocalEngine().workers >= 2:
+            return _blame_in_chunks(loaded, config, top)
+        try:
+            gs = list(iter_graphs(loaded, None, _options(config)))
+        finally:
+            loaded.drop_caches()
+        table = loaded
+    else:
+        table, gs = build(path, steps, config)
     pool = _reference_pool(path, baseline, steps, config, gs)
     predictor = corrections = None
     if use_model:
@@ -617,6 +650,51 @@ def blame(
                     x.corrected_saving_us, x.corrected_interval_us = fixed.saving_us, fixed.interval_us
         out.append(row)
     return out
+
+
+CHUNKED_BLAME_STEPS = 128  # a run of this many steps or more is blamed in chunks of steps, one per core ...
+CHUNKED_BLAME_EVENTS = 100_000  # ... where its steps are small (a chunk builds its own graphs and its neighbours')
+
+
+def _blame_in_chunks(table: EventTable, config: Config | None, top: int) -> list[StepBlame]:
+    """``blame`` of every step of a long run of small steps, in contiguous chunks of steps on this
+    machine's cores (forked workers share the table): each chunk builds its steps' graphs and the
+    MAX_REFERENCES on either side, and blames its steps against the same references as one pass
+    over the whole run would (the nearest steps, the run's first step left out)."""
+    from bottleneck_oracle.graph_pipeline.builder import checked_steps
+
+    numbers = checked_steps(table, None)
+    assert numbers is not None  # (the caller saw steps)
+    eng = LocalEngine()
+    cuts = [len(numbers) * k // eng.workers for k in range(eng.workers + 1)]
+    out: list[StepBlame] = []
+    try:
+        for rows in eng.imap(_blame_chunk, list(zip(cuts[:-1], cuts[1:])), shared=(table, _options(config), numbers, top)):
+            out.extend(rows)
+    finally:
+        table.drop_caches()
+    return out
+
+
+def _blame_chunk(shared: tuple[EventTable, BuildOptions, list[int], int], span: tuple[int, int]) -> list[StepBlame]:
+    from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
+    from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.cpm import run_cpm
+    from bottleneck_oracle.graph_pipeline.builder import build_graph
+
+    table, options, numbers, top = shared
+    lo, hi = span
+    a, b = max(lo - MAX_REFERENCES - 2, 0), min(hi + MAX_REFERENCES + 2, len(numbers))
+    graphs = [build_graph(table, numbers[i], options) for i in range(a, b)]
+    index = _PoolIndex(graphs, numbers[a:b], True, numbers[0], len(numbers))
+    memo = KeyMemo()
+    rows = []
+    for g in graphs[lo - a : hi - a]:
+        refs, row_refs = _references(g, graphs, False, index)
+        b_ = blame_graph(g, refs, top, run_cpm(g), memo)
+        name_gaps(b_, g, table)
+        rows.append(StepBlame(b_, max(g.measured.values()), row_refs))
+    return rows
 
 
 def advise(

@@ -44,3 +44,25 @@ def test_the_median_peer_count_without_a_rank_is_numpys():
         got = _median_without(counts, counts[look])
         for row, r in zip(got, look):
             assert np.array_equal(row, np.median(np.delete(counts, r, axis=0), axis=0))
+
+
+def test_a_long_run_blamed_in_chunks_gives_the_answer_of_one_pass(tmp_path, monkeypatch):
+    """blame on a long run of small steps splits the steps into chunks, one per core, each building
+    its own graphs and its neighbours': the JSON is the one pass over every step's, byte for byte
+    (the same reference steps: the nearest ones, the run's first left out)."""
+    from bottleneck_oracle import api
+    from bottleneck_oracle.graph_pipeline.engine import LocalEngine
+    from bottleneck_oracle.serial import dumps
+    from synthetic_ranks import write_run
+
+    write_run(tmp_path, steps=150, extra_pairs=3, extra_steps=(40, 41, 120, 149), seed=5)
+    monkeypatch.setattr(LocalEngine, "__init__", lambda self, workers=None: setattr(self, "workers", 3))
+    monkeypatch.setattr(api, "CHUNKED_BLAME_STEPS", 100)
+    chunks = []
+    whole = api._blame_in_chunks
+    monkeypatch.setattr(api, "_blame_in_chunks", lambda *a: chunks.append(1) or whole(*a))
+    chunked = dumps(api.blame(tmp_path))
+    assert chunks  # the chunked path ran
+    monkeypatch.setattr(api, "CHUNKED_BLAME_STEPS", 10**9)
+    one_pass = dumps(api.blame(tmp_path))
+    assert chunked == one_pass and len(chunked) > 10_000
