@@ -52,7 +52,7 @@ def raw_device_busy(path: Path) -> dict[int, dict[str, float]]:
     for i in range(1, len(steps)):
         a, b = end[i - 1], end[i]
 
-        def busy(pred: object) -> float:
+        def busy(pred: object, a: float = a, b: float = b) -> float:
             return _union(
                 [(max(k["ts"], a), min(k["ts"] + k["dur"], b)) for k in dev if k["ts"] + k["dur"] > a and k["ts"] < b and pred(k)]
             )  # type: ignore[operator]
