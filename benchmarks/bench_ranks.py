@@ -1,13 +1,17 @@
 """Rank-scale benchmark: N ranks x 2 steps of the synthetic GPU job (benchmarks/synth_trace.py),
 `bottleneck-oracle analyze DIR --json` end to end, with the local engine and with a Dask
-LocalCluster (`--executor dask`), on this machine.
+LocalCluster (`--executor dask`), on this machine; optionally one rank's trace of a given size
+(`analyze --json`, and with `--perfetto`), a long 2-rank run under `blame`, and the size of
+`analyze --json` on a real trace against the trace.
 
-    python benchmarks/bench_ranks.py --ranks 1024 4096 [--one-file-gib 1]
+    python benchmarks/bench_ranks.py --ranks 4096 --one-file-gib 1 --blame-steps 2000 --json-size
+
+The figures of the run are written to benchmarks/ranks_results.json (committed: `make figures`
+renders them into benchmarks/RESULTS.md and the docs) and appended to benchmarks/out/ranks.json.
 
 Each run is its own process; its process tree is sampled every 0.2 s (psutil), so the figures
 are the peak resident memory of the main process and of the largest worker (forked parse
 workers, Dask workers). The answers of the two engines are compared (the whole --json output).
-Results are printed and appended to benchmarks/out/ranks.json.
 """
 
 from __future__ import annotations
@@ -72,6 +76,13 @@ def _measure(args: list[str]) -> dict:
     th.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    if args[len(CLI)] == "blame":
+        return {
+            "wall_s": wall,
+            "peak_main_mb": peak["main"] / 2**20,
+            "peak_worker_mb": peak["worker"] / 2**20,
+            "peak_tree_mb": peak["tree"] / 2**20,
+        }
     steps = json.loads(out)["steps"]
     return {
         "wall_s": wall,
@@ -99,14 +110,65 @@ def _one_file(gib: float) -> Path:
     return folder / "rank-0.json"
 
 
+def _long_run(steps: int) -> Path:
+    """Two ranks of the synthetic job, ``steps`` steps of 2 layers (205 events a rank and step)."""
+    folder = OUT / f"steps_{steps}"
+    if not (folder / "DONE").exists():
+        code = (
+            f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate, EVENTS_PER_STEP; "
+            f"print(json.dumps(generate({str(folder)!r}, events={steps} * 2 * EVENTS_PER_STEP, ranks=2, layers=2)))"
+        )
+        info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        (folder / "DONE").write_text(json.dumps(info))
+    return folder
+
+
+REAL = HERE.parent / "tests/data/public-gpu/diff_control_rank3of8.json.gz"
+
+
+def _json_size() -> dict:
+    """`analyze --json` of a real trace, by default and with --full-path, against the trace's JSON."""
+    import gzip
+
+    trace = gzip.decompress(REAL.read_bytes())
+    out = {"trace": str(REAL.relative_to(HERE.parent)), "trace_bytes": len(trace)}
+    for key, extra in (("default", []), ("full_path", ["--full-path"])):
+        r = subprocess.run([*CLI, "analyze", str(REAL), "--json", *extra], check=True, capture_output=True)
+        out[f"{key}_bytes"] = len(r.stdout)
+        out[f"{key}_share"] = len(r.stdout) / len(trace)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="*", default=[1024])
     p.add_argument("--executors", nargs="+", default=["local", "dask"])
     p.add_argument("--one-file-gib", type=float, default=0, help="also one rank's trace of this many GiB: analyze --json and --perfetto")
+    p.add_argument("--blame-steps", type=int, default=0, help="also `blame` on a 2-rank run of this many steps")
+    p.add_argument("--json-size", action="store_true", help="also the size of analyze --json on a real trace")
+    p.add_argument("--results", type=Path, default=HERE / "ranks_results.json", help="where this run's figures are written")
     a = p.parse_args()
     OUT.mkdir(exist_ok=True)
     results = []
+    extra_figures: dict = {}
+    if a.json_size:
+        extra_figures["json_size"] = _json_size()
+        j = extra_figures["json_size"]
+        print(
+            f"{j['trace']}: analyze --json {j['default_bytes']:,} bytes ({100 * j['default_share']:.2f}% of the trace's "
+            f"{j['trace_bytes']:,}); --full-path {j['full_path_bytes']:,} ({100 * j['full_path_share']:.1f}%)",
+            flush=True,
+        )
+    if a.blame_steps:
+        folder = _long_run(a.blame_steps)
+        r = _measure([*CLI, "blame", str(folder)])
+        info = json.loads((folder / "DONE").read_text())
+        r.update(ranks=2, events=info["events"], steps=info["steps"], command="blame")
+        extra_figures["blame"] = r
+        print(
+            f"blame, 2 ranks x {info['steps']} steps ({info['events']:,} events): {r['wall_s']:.1f} s, peak RSS {r['peak_main_mb']:.0f} MB",
+            flush=True,
+        )
     if a.one_file_gib:
         trace = _one_file(a.one_file_gib)
         info = json.loads((trace.parent / "DONE").read_text())
@@ -137,6 +199,15 @@ def main() -> None:
     with open(OUT / "ranks.json", "a") as fh:
         for r in results:
             fh.write(json.dumps({**r, "date": time.strftime("%Y-%m-%d")}) + "\n")
+    doc = {
+        "command": "python benchmarks/bench_ranks.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "cores": os.cpu_count(),
+        "runs": [{k: v for k, v in r.items() if k != "steps"} for r in results],
+        **extra_figures,
+    }
+    a.results.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"written {a.results}")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class _Event(msgspec.Struct, omit_defaults=True):
     ts: float = 0.0
     dur: float = 0.0
     id: int | str | None = None
-    args: msgspec.Raw | None = None
+    args: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class _Trace(msgspec.Struct):

@@ -600,8 +600,55 @@ def gpu(root: Path) -> str:
 
 
 def scale(root: Path) -> str:
-    lines = (root / "benchmarks/RESULTS.md").read_text().splitlines()
+    text = (root / "benchmarks/RESULTS.md").read_text().split("\n## Huge traces")[0]  # bench_scale.py's part
+    lines = text.splitlines()
     return "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines).strip() + "\n"
+
+
+def huge_traces(root: Path) -> str:
+    """Issue 32's figures: benchmarks/ranks_results.json (bench_ranks.py) and scanner_results.json (bench_scanner.py)."""
+    d = _load(root, "benchmarks/ranks_results.json")
+    rows = []
+    for r in d["runs"]:
+        what = (
+            f"one rank, {r['json_gib']:.2f} GiB, `analyze --json{' ' + ' '.join(r['options']) if r.get('options') else ''}`"
+            if r["ranks"] == 1
+            else f"{r['ranks']:,} ranks x 2 steps, {r['json_gib']:.2f} GiB, `analyze --json --executor {r['executor']}`"
+        )
+        rows.append([what, f"{r['events']:,}", f"{r['wall_s']:.1f}", f"{r['peak_main_mb']:,.0f}", f"{r['peak_worker_mb']:,.0f}"])
+    if "blame" in d:
+        b = d["blame"]
+        rows.append(
+            [f"2 ranks x {b['steps']:,} steps, `blame`", f"{b['events']:,}", f"{b['wall_s']:.1f}", f"{b['peak_main_mb']:,.0f}", "—"]
+        )
+    text = f"`{d['command']}` on {d['date']}, {d['cores']} cores:\n\n" + _table(
+        ["run", "events", "seconds", "peak RSS, main (MB)", "largest worker (MB)"], rows
+    )
+    dask = [r for r in d["runs"] if r.get("executor") == "dask"]
+    local = {r["ranks"]: r for r in d["runs"] if r.get("executor") == "local" and r["ranks"] > 1}
+    for r in dask:
+        if r["ranks"] in local:
+            same = "the same" if r["answer_sha"] == local[r["ranks"]]["answer_sha"] else "**different**"
+            text += f"\n\nDask LocalCluster (2 workers) at {r['ranks']:,} ranks: {r['wall_s'] / local[r['ranks']]['wall_s']:.2f}x the local engine's time; {same} step answers."
+    if "json_size" in d:
+        j = d["json_size"]
+        text += (
+            f"\n\n`analyze --json` of `{j['trace']}`: {j['default_bytes']:,} bytes by default, {_pct(j['default_share'], 2)} of the "
+            f"uncompressed trace ({j['trace_bytes']:,} bytes); with `--full-path` {_pct(j['full_path_share'])}."
+        )
+    sc = _load(root, "benchmarks/scanner_results.json")
+    srows = []
+    for f in sc["files"]:
+        r = f["readers"]
+        srows.append([f"`{Path(f['file']).name}`", f"{f['mb']:,.0f}"] + [f"{v['mb_per_s']:,.0f}" for v in r.values()])
+    names = list(sc["files"][0]["readers"]) if sc["files"] else []
+    text += (
+        f"\n\nReading the events (`python benchmarks/bench_scanner.py`, {sc['date']}; MB/s of JSON, median of repeats, from the same "
+        f"bytes in memory; orjson {sc['versions']['orjson']}, msgspec {sc['versions']['msgspec']}):\n\n"
+        + _table(["trace", "MB", *names], srows)
+        + "\n"
+    )
+    return text
 
 
 def corrections_interval(root: Path) -> str:
@@ -765,6 +812,7 @@ FIGURES_OF: dict[str, Callable[[Path], str]] = {
     "close-loop": close_loop,
     "gpu": gpu,
     "scale": scale,
+    "huge-traces": huge_traces,
     "corrections-interval": corrections_interval,
     "model-earned": model_earned,
     "compare-verdicts": compare_verdicts,
@@ -783,11 +831,22 @@ def _readme_with(text: str, figures: dict[str, str]) -> str:
     return text
 
 
+RESULTS = Path("benchmarks/RESULTS.md")
+RESULTS_BLOCK = "huge-traces"  # RESULTS.md: bench_scale.py's block, then this one (kept by bench_scale.py)
+
+
+def _results_with(text: str, figures: dict[str, str]) -> str:
+    start, end = f"<!-- figure:{RESULTS_BLOCK} -->", f"<!-- /figure:{RESULTS_BLOCK} -->"
+    head = text.split(start)[0].rstrip("\n")
+    return f"{head}\n\n## Huge traces\n\n{start}\n{figures[RESULTS_BLOCK]}{end}\n"
+
+
 def render(root: Path = ROOT) -> dict[Path, str]:
-    """Every generated file (relative path -> text): docs/figures/NAME.md and the README."""
+    """Every generated file (relative path -> text): docs/figures/NAME.md, the README and benchmarks/RESULTS.md."""
     figures = {name: fn(root) for name, fn in FIGURES_OF.items()}
     out = {FIGURES / f"{name}.md": text for name, text in figures.items()}
     out[README] = _readme_with((root / README).read_text(), figures)
+    out[RESULTS] = _results_with((root / RESULTS).read_text(), figures)
     return out
 
 
