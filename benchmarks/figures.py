@@ -837,7 +837,7 @@ RESULTS_BLOCK = "huge-traces"  # RESULTS.md: bench_scale.py's block, then this o
 
 def _results_with(text: str, figures: dict[str, str]) -> str:
     start, end = f"<!-- figure:{RESULTS_BLOCK} -->", f"<!-- /figure:{RESULTS_BLOCK} -->"
-    head = text.split(start)[0].rstrip("\n")
+    head = text.split("\n## Huge traces")[0].rstrip("\n")
     return f"{head}\n\n## Huge traces\n\n{start}\n{figures[RESULTS_BLOCK]}{end}\n"
 
 
