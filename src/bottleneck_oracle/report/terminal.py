@@ -2,8 +2,8 @@
 
 Every numeric column gets the width of its widest cell; name columns share what is left and
 their names are shortened by ``tables.shorten`` (the full names are in ``--json`` and the HTML
-report). Where the numbers alone do not fit, the rightmost columns other than the row's key and
-name are left out, and the caption says which: a table is never split. Trace strings are printed as plain text, never as Rich markup.
+report). Where the columns do not fit, the rightmost ones other than the row's key and name are
+left out, and the caption says which: a table is never split. Trace strings are printed as plain text, never as Rich markup.
 """
 
 from __future__ import annotations
@@ -61,19 +61,20 @@ def print_table(console: Console, t: TableModel) -> None:
     def size(cols: list[int], name_min: int) -> int:
         return sum(min(need[j], name_min) if j in names else need[j] for j in cols) + _BORDER * len(cols) + 1
 
-    # one table, never split: names first give up their share of the width (down to NAME_MIN),
-    # then the rightmost columns that are neither the row's key nor its name are left out (said
-    # in the caption; --json has them)
+    # one table, never split: the rightmost columns that are neither the row's key nor its name
+    # are left out (said in the caption; --json has them) before names lose their share of the
+    # width (a name cut to a few characters says nothing); names go down to NAME_MIN only where
+    # the key and names alone do not fit
     cols = list(range(len(t.columns)))
     name_min = max(NAME_MIN, int(NAME_SHARE * width))
-    if size(cols, name_min) > width:
-        name_min = NAME_MIN
     left_out: list[int] = []
     droppable = [j for j in fixed if j not in keys]
     while size(cols, name_min) > width and droppable:
         j = droppable.pop()
         cols.remove(j)
         left_out.append(j)
+    if size(cols, name_min) > width:
+        name_min = NAME_MIN
     caption = t.caption
     if left_out:
         gone = ", ".join(plain(t.columns[j].header) for j in sorted(left_out))
