@@ -299,7 +299,9 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     src, dst, _, _ = E.arrays()
     a, b = lane[src], lane[dst]
     cross = a != b
-    for x, y in zip(a[cross].tolist(), b[cross].tolist()):
+    lanes = int(lane.max()) + 1
+    pairs = np.unique(a[cross].astype(np.int64) * lanes + b[cross])  # each joined pair of lanes once
+    for x, y in zip((pairs // lanes).tolist(), (pairs % lanes).tolist()):
         rx, ry = find(x), find(y)
         if rx != ry:
             parent[rx] = ry
