@@ -23,9 +23,11 @@ def test_names_are_shortened_by_the_rule_keeping_what_tells_them_apart():
         shorten("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", 40)
         == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"[:19] + "…" + "NG_SIMPLE_Sum_int8_t"
     )
-    # "(after ...)" is not a parameter list: the middle goes, both ends stay
-    short = shorten("own time of AddmmBackward0 (after aten::resolve_conj)", 30)
-    assert len(short) == 30 and short.startswith("own time of A") and short.endswith("resolve_conj)")
+    # "(after ...)" is not a parameter list but a qualifier: it goes first, the op it qualifies stays
+    assert shorten("own time of AddmmBackward0 (after aten::resolve_conj)", 30) == "own time of AddmmBackward0 (…)"
+    assert shorten("untraced time in forward (from the step start to aten::empty)", 28) == "untraced time in forward (…)"
+    short = shorten("own time of AddmmBackward0 (after aten::resolve_conj)", 20)  # the op alone is too long: its middle goes
+    assert len(short) == 20 and short.startswith("own time") and short.endswith("Backward0")
     for width in (4, 10, 33, 80):
         assert len(shorten(KERNEL, width)) <= width
 

@@ -49,13 +49,15 @@ def fmt(value: Any, kind: str) -> str:
 
 
 _PARAMS = re.compile(r"(?<=[\w>])\([^()]*\)\s*$")  # a C++ signature's parameter list, not "(after ...)"
+_QUALIFIER = re.compile(r" \([^()]*\)$")  # a trailing " (after ...)", " (from the step start to ...)"
 
 
 def shorten(name: str, width: int) -> str:
     """A name cut to ``width`` characters, keeping what tells it apart. The rule, in order, while it
     is too long: drop a leading ``void ``; drop a trailing parameter list ``(...)``; collapse
-    template arguments to ``<…>`` (innermost first); then keep the start and the end and cut the
-    middle at ``…`` (``ncclKernel_SendRecv_R…_Sum_int8_t``: the collective is near the start;
+    template arguments to ``<…>`` (innermost first); drop a trailing qualifier `` (after ...)`` to
+    `` (…)`` (the op it qualifies is what a user knows); then keep the start and the end and cut
+    the middle at ``…`` (``ncclKernel_SendRecv_R…_Sum_int8_t``: the collective is near the start;
     ``autograd::engine::ev…:autograd::AccumulateGrad``: the op is at the end)."""
     width = max(width, 4)
     if len(name) <= width:
@@ -69,6 +71,14 @@ def shorten(name: str, width: int) -> str:
         if not m:
             break
         s = (t[: m.start()] + "\x00" + t[m.end() :]).replace("\x00", "<…>")
+    qualifier = _QUALIFIER.search(s) if len(s) > width else None
+    if qualifier:  # "own time of AddmmBackward0 (after aten::resolve_conj)": the op is what a user knows
+        head = s[: qualifier.start()]
+        if len(head) + 4 <= width:
+            return head + " (…)"
+        if len(head) + 1 <= width:
+            return head + "…"
+        s = head
     if len(s) > width:
         head = (width - 1) // 2
         s = s[:head] + "…" + s[len(s) - (width - 1 - head) :]
