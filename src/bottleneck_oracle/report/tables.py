@@ -73,12 +73,12 @@ def shorten(name: str, width: int) -> str:
         s = (t[: m.start()] + "\x00" + t[m.end() :]).replace("\x00", "<…>")
     qualifier = _QUALIFIER.search(s) if len(s) > width else None
     if qualifier:  # "own time of AddmmBackward0 (after aten::resolve_conj)": the op is what a user knows
-        head = s[: qualifier.start()]
-        if len(head) + 4 <= width:
-            return head + " (…)"
-        if len(head) + 1 <= width:
-            return head + "…"
-        s = head
+        op = s[: qualifier.start()]
+        if len(op) + 4 <= width:
+            return op + " (…)"
+        if len(op) + 1 <= width:
+            return op + "…"
+        s = op
     if len(s) > width:
         head = (width - 1) // 2
         s = s[:head] + "…" + s[len(s) - (width - 1 - head) :]
