@@ -1031,9 +1031,10 @@ def whatif(
 ) -> None:
     """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
     edit = edit or []
-    rows = api.whatif(
-        trace, edit, step or None, _config(config, ranks_per_host), checkpoint, use_model or checkpoint is not None, microbatches, batch
-    )
+    with _progress(f"replaying {trace}"):
+        rows = api.whatif(
+            trace, edit, step or None, _config(config, ranks_per_host), checkpoint, use_model or checkpoint is not None, microbatches, batch
+        )
     if as_json:
         _print_json({"trace": str(trace), "edits": edit, "steps": to_json(rows)})
         return
@@ -1150,7 +1151,8 @@ def blame(
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
     cfg = _config(config, ranks_per_host)
-    rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, use_model or checkpoint is not None)
+    with _progress(f"blaming {trace}"):
+        rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, use_model or checkpoint is not None)
     if as_json:
         _print_json({"trace": str(trace), "baseline": str(baseline) if baseline else None, "steps": to_json(rows)})
         return
@@ -1259,9 +1261,10 @@ def advise(
         llm = ChatClient(llm_base_url, llm_model, llm_key_env)
     from bottleneck_oracle.llm.graphrag import run_advice
 
-    rows = api.advise(
-        trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, use_model or checkpoint is not None, llm, recipes
-    )
+    with _progress(f"advising on {trace}"):
+        rows = api.advise(
+            trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, use_model or checkpoint is not None, llm, recipes
+        )
     overall = run_advice([r.advice for r in rows])
     if as_json:
         _print_json({"trace": str(trace), "run": to_json(overall), "steps": to_json(rows)})
@@ -1311,7 +1314,8 @@ def summary(
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    s = api.summary(path, step or None, _config(config, ranks_per_host))
+    with _progress(f"summarising {path}"):
+        s = api.summary(path, step or None, _config(config, ranks_per_host))
     if as_json:
         _print_json(to_json(s))
         return
@@ -1389,7 +1393,8 @@ def compare(
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
-    c = api.compare(baseline, candidate, _config(config, ranks_per_host), top, min_change / 100, force)
+    with _progress(f"comparing {baseline} and {candidate}"):
+        c = api.compare(baseline, candidate, _config(config, ranks_per_host), top, min_change / 100, force)
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:
         _print_json({**to_json_object(c), "gate_failed": gate})
