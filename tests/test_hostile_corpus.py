@@ -675,7 +675,7 @@ def test_stdout_that_cannot_take_the_output_is_one_error(tmp_path):
     with open("/dev/full", "w") as full:
         r = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
     results["full"] = (r.returncode, r.stderr)
-    big = [sys.executable, "-m", "bottleneck_oracle", "analyze", str(SAMPLE), "--json"]  # 400 kB: more than a pipe holds
+    big = [sys.executable, "-m", "bottleneck_oracle", "analyze", str(SAMPLE), "--json", "--full-path"]  # 400 kB: more than a pipe holds
     p = subprocess.Popen(big, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     p.stdout.read(10)
     p.stdout.close()  # the reader goes away, as `head` does
