@@ -139,6 +139,44 @@ def _json_size() -> dict:
     return out
 
 
+def _growth() -> None:
+    """`analyze --json` (local engine) against the number of events: one rank of 1, 4 and 16 M
+    events, and 1,024 and 4,096 ranks x 2 steps; cost per event beside each."""
+    rows = []
+    for events in (1_000_000, 4_000_000, 16_000_000):
+        trace = _one_file(round(events / EVENTS_PER_GIB, 3))
+        info = json.loads((trace.parent / "DONE").read_text())
+        rows.append(
+            {
+                "shape": "one rank",
+                "ranks": 1,
+                "events": info["events"],
+                "steps": info["steps"],
+                **_measure([*CLI, "analyze", str(trace), "--json"]),
+            }
+        )
+    for ranks in (1024, 4096):
+        folder = _generate(ranks)
+        info = json.loads((folder / "DONE").read_text())
+        rows.append(
+            {
+                "shape": "ranks x 2 steps",
+                "ranks": ranks,
+                "events": info["events"],
+                "steps": info["steps"],
+                **_measure([*CLI, "analyze", str(folder), "--json"]),
+            }
+        )
+    for r in rows:
+        r["us_per_event"] = 1e6 * r["wall_s"] / r["events"]
+        print(
+            f"{r['shape']}, {r['ranks']} ranks, {r['events']:,} events: {r['wall_s']:.1f} s ({r['us_per_event']:.2f} µs an event), peak RSS {r['peak_main_mb']:.0f} MB",
+            flush=True,
+        )
+    doc = {"command": "python benchmarks/bench_ranks.py --growth", "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "runs": rows}
+    (HERE / "growth_results.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="*", default=[1024])
@@ -147,8 +185,16 @@ def main() -> None:
     p.add_argument("--blame-steps", type=int, default=0, help="also `blame` on a 2-rank run of this many steps")
     p.add_argument("--json-size", action="store_true", help="also the size of analyze --json on a real trace")
     p.add_argument("--results", type=Path, default=HERE / "ranks_results.json", help="where this run's figures are written")
+    p.add_argument(
+        "--growth",
+        action="store_true",
+        help="only the growth curve (1, 4, 16 M events in one file; 1,024 and 4,096 ranks): growth_results.json",
+    )
     a = p.parse_args()
     OUT.mkdir(exist_ok=True)
+    if a.growth:
+        _growth()
+        return
     results = []
     extra_figures: dict = {}
     if a.json_size:

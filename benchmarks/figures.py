@@ -636,6 +636,22 @@ def huge_traces(root: Path) -> str:
             f"\n\n`analyze --json` of `{j['trace']}`: {j['default_bytes']:,} bytes by default, {_pct(j['default_share'], 2)} of the "
             f"uncompressed trace ({j['trace_bytes']:,} bytes); with `--full-path` {_pct(j['full_path_share'])}."
         )
+    if (root / "benchmarks/growth_results.json").exists():
+        gr = _load(root, "benchmarks/growth_results.json")
+        grows = [
+            [
+                r["shape"],
+                f"{r['ranks']:,}",
+                f"{r['events']:,}",
+                f"{r['wall_s']:.1f}",
+                f"{r['us_per_event']:.2f}",
+                f"{r['peak_main_mb']:,.0f}",
+            ]
+            for r in gr["runs"]
+        ]
+        text += f"\n\nGrowth (`{gr['command']}`, {gr['date']}; `analyze --json`, local engine):\n\n" + _table(
+            ["trace", "ranks", "events", "seconds", "µs an event", "peak RSS, main (MB)"], grows
+        )
     sc = _load(root, "benchmarks/scanner_results.json")
     srows = []
     for f in sc["files"]:
