@@ -259,24 +259,31 @@ def _forward_makespan(
 _STRUCTURE: dict[int, tuple[ExecutionGraph, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]] = {}
 
 
-def makespan_of(
-    g: ExecutionGraph, dur: np.ndarray | None = None, weight: np.ndarray | None = None, release: np.ndarray | None = None
-) -> float:
-    """``run_cpm(g, dur, weight, release).makespan``, from the forward pass alone and the graph's
-    order and edge index computed once (blame and the run answer replay one step many times)."""
+def _structure(g: ExecutionGraph) -> tuple[np.ndarray, ...]:
+    """(sources, topological order, in-edge index, in-edge order, origins) of ``g``, computed once
+    for the last few graphs replayed (blame and the run answer replay one step many times). The
+    order is shorter than the graph where it has a cycle."""
     hit = _STRUCTURE.get(id(g))
     if hit is None or hit[0] is not g or hit[1][0] is not g.edges["src"] or hit[1][1] is not g.edges["dst"]:
         n = g.n_nodes
         src = g.edges["src"].astype(np.int64)
         dst = g.edges["dst"].astype(np.int64)
         topo, _, _ = _topo(n, src, dst)
-        if len(topo) != n:
-            return run_cpm(g, dur, weight, release).makespan  # (raises, naming the cycle)
         in_ptr, in_order = _csr(n, dst)
         if len(_STRUCTURE) >= 8:  # the last few graphs replayed
             _STRUCTURE.pop(next(iter(_STRUCTURE)))
         hit = _STRUCTURE[id(g)] = (g, (g.edges["src"], g.edges["dst"]), (src, topo, in_ptr, in_order, origins(g)))
-    src, topo, in_ptr, in_order, origin = hit[2]
+    return hit[2]
+
+
+def makespan_of(
+    g: ExecutionGraph, dur: np.ndarray | None = None, weight: np.ndarray | None = None, release: np.ndarray | None = None
+) -> float:
+    """``run_cpm(g, dur, weight, release).makespan``, from the forward pass alone and the graph's
+    order and edge index computed once (_structure)."""
+    src, topo, in_ptr, in_order, origin = _structure(g)
+    if len(topo) != g.n_nodes:
+        return run_cpm(g, dur, weight, release).makespan  # (raises, naming the cycle)
     d = (g.nodes["mdur"] if dur is None else dur).astype(np.float64)
     w = (g.edges["weight"] if weight is None else weight).astype(np.float64)
     rel = (g.release if release is None else release).astype(np.float64)
@@ -325,15 +332,11 @@ def _edited_makespans(
 def makespans_after(g: ExecutionGraph, ids: np.ndarray, new_dur: np.ndarray) -> np.ndarray:
     """Exact makespan after each single-node duration change ``ids[k]`` -> ``new_dur[k]`` µs:
     one compiled forward pass per edit, sharing the topological order and in-edge index."""
-    n = g.n_nodes
-    src = g.edges["src"].astype(np.int64)
-    dst = g.edges["dst"].astype(np.int64)
-    topo, _, _ = _topo(n, src, dst)
-    in_ptr, in_order = _csr(n, dst)
+    src, topo, in_ptr, in_order, origin = _structure(g)
     return _edited_makespans(
         g.nodes["mdur"].astype(np.float64).copy(),
         g.release.astype(np.float64),
-        origins(g),
+        origin,
         src,
         g.edges["weight"].astype(np.float64),
         topo,
