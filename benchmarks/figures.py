@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from bottleneck_oracle_lab.training.eval_table import HEAD, rows_of
+from bottleneck_oracle_lab.training.eval_table import fmt as eval_fmt
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = Path("docs/figures")
 README = Path("README.md")
@@ -135,37 +138,10 @@ def step_time(root: Path) -> str:
 
 # ------------------------------------------------------------------ the step-time models (make eval)
 
-# the columns and number format of training.eval.to_markdown (which imports torch)
-EVAL_COLUMNS = [
-    ("n", "what-if n", False),
-    ("step_mape", "step MAPE %", True),
-    ("step_mse_ms2", "MSE ms²", True),
-    ("dt_mape", "ΔT MAPE %", True),
-    ("dt_median_ape", "ΔT median APE %", True),
-    ("dt_mae_ms", "ΔT MAE ms", False),
-    ("sign_acc", "sign acc", False),
-    ("slack_rho", "slack ρ", False),
-    ("critical_f1", "critical F1", False),
-    ("ms_per_graph", "ms/graph", False),
-]
-
-
-def _eval_fmt(v: Any, pct: bool) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return "—"
-    if isinstance(v, int):
-        return str(v)
-    return f"{v:.1f}" if pct else f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
-
 
 def eval_table(root: Path) -> str:
     d = _load(root, "docs/eval.json")
-    rows = [
-        [s["split"], name] + [_eval_fmt(m.get(k), pct) for k, _, pct in EVAL_COLUMNS]
-        for s in d["splits"]
-        for name, m in s["models"].items()
-    ]
-    return _table(["split", "model"] + [c[1] for c in EVAL_COLUMNS], rows) + "\n"
+    return _table(HEAD, rows_of(d)) + "\n"
 
 
 def eval_best(root: Path) -> str:
@@ -184,8 +160,8 @@ def eval_best(root: Path) -> str:
         cells = [s["split"]]
         for key, _, pick in metrics:
             best = pick(s["models"], key=lambda name, key=key: s["models"][name][key])
-            cell = f"{best}: {_eval_fmt(s['models'][best][key], key != 'sign_acc')}"
-            cells.append(cell if best == "replay (CPM)" else f"{cell} (replay {_eval_fmt(replay[key], key != 'sign_acc')})")
+            cell = f"{best}: {eval_fmt(s['models'][best][key], key != 'sign_acc')}"
+            cells.append(cell if best == "replay (CPM)" else f"{cell} (replay {eval_fmt(replay[key], key != 'sign_acc')})")
         rows.append(cells)
 
     gats = [(s["models"]["replay (CPM)"], [m for name, m in s["models"].items() if name.startswith("HeteroGAT")]) for s in d["splits"]]
@@ -195,15 +171,15 @@ def eval_best(root: Path) -> str:
 
     def span(key: str, pick: Callable[..., float]) -> str:
         best = [pick(m[key] for m in s["models"].values() if m.get(key) is not None) for s in d["splits"]]
-        return f"{_eval_fmt(min(best), key != 'sign_acc')}–{_eval_fmt(max(best), key != 'sign_acc')}"
+        return f"{eval_fmt(min(best), key != 'sign_acc')}–{eval_fmt(max(best), key != 'sign_acc')}"
 
     return (
         _table(["split"] + [m[1] for m in metrics], rows)
         + f"\n\nThe best model per split against the targets: step MAPE {span('step_mape', min)}% (target ≤ 3%), "
         f"ΔT MAPE {span('dt_mape', min)}% (target ≤ 10%), sign accuracy {span('sign_acc', max)} (target ≥ 0.95). "
         f"A graph network's ΔT MAPE is below the replay's on {beats} of {len(d['splits'])} splits. Inference per graph: the replay "
-        f"{_eval_fmt(min(replay_ms), False)}–{_eval_fmt(max(replay_ms), False)} ms, the graph networks "
-        f"{_eval_fmt(min(gat_ms), False)}–{_eval_fmt(max(gat_ms), False)} ms.\n"
+        f"{eval_fmt(min(replay_ms), False)}–{eval_fmt(max(replay_ms), False)} ms, the graph networks "
+        f"{eval_fmt(min(gat_ms), False)}–{eval_fmt(max(gat_ms), False)} ms.\n"
     )
 
 

@@ -21,6 +21,7 @@ import torch
 from bottleneck_oracle_lab.models.baselines import pooled_features
 from bottleneck_oracle_lab.models.checkpoint import gat_from, load_checkpoint, mlp_from, xgb_from
 from bottleneck_oracle_lab.models.hetero_gat import NODE_TYPES, prepare
+from bottleneck_oracle_lab.training.eval_table import COLUMNS, HEAD, rows_of  # noqa: F401 (eval's table, re-exported)
 from bottleneck_oracle_lab.training.train import read_rows, split_data
 
 SIGN_DEADZONE = 0.01  # of the baseline step
@@ -168,39 +169,8 @@ def evaluate(checkpoint: str | Path, dataset: str | Path) -> dict:
     return {"dataset": str(dataset), "metrics": list(METRICS), "splits": [evaluate_checkpoint(p, dataset) for p in paths]}
 
 
-def _fmt(v, pct: bool = False) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return "—"
-    if isinstance(v, int):
-        return str(v)
-    return f"{v:.1f}" if pct else f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
-
-
-COLUMNS = [
-    ("n", "what-if n", False),
-    ("step_mape", "step MAPE %", True),
-    ("step_mse_ms2", "MSE ms²", True),
-    ("dt_mape", "ΔT MAPE %", True),
-    ("dt_median_ape", "ΔT median APE %", True),
-    ("dt_mae_ms", "ΔT MAE ms", False),
-    ("sign_acc", "sign acc", False),
-    ("slack_rho", "slack ρ", False),
-    ("critical_f1", "critical F1", False),
-    ("ms_per_graph", "ms/graph", False),
-]
-
-
-def rows_of(result: dict) -> list[list[str]]:
-    out = []
-    for split in result["splits"]:
-        for name, m in split["models"].items():
-            out.append([split["split"], name] + [_fmt(m.get(k), pct) for k, _, pct in COLUMNS])
-    return out
-
-
 def to_markdown(result: dict) -> str:
-    head = ["split", "model"] + [c[1] for c in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in rows_of(result)]
     lines += [
         "",
