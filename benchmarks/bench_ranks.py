@@ -33,19 +33,29 @@ OUT = HERE / "out"
 CLI = [sys.executable, "-m", "bottleneck_oracle"]
 
 
-def _generate(ranks: int) -> Path:
+def _synthetic(folder: Path, args: str) -> dict:
+    """The synthetic job's traces in ``folder`` (``synth_trace.generate(folder, <args>)``, run in its
+    own process; ``EVENTS_PER_STEP`` may be used in ``args``), written once: its summary."""
+    if not (folder / "DONE").exists():
+        code = (
+            f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate, EVENTS_PER_STEP; "
+            f"print(json.dumps(generate({str(folder)!r}, {args})))"
+        )
+        t = time.perf_counter()
+        info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        (folder / "DONE").write_text(json.dumps(info))
+        print(
+            f"generated {info['events']:,} events, {info['ranks']} ranks, {info['steps']} steps in {time.perf_counter() - t:.0f} s",
+            flush=True,
+        )
+    info: dict = json.loads((folder / "DONE").read_text())
+    return info
+
+
+def _generate(ranks: int) -> tuple[Path, dict]:
+    """``ranks`` ranks x 2 steps: the folder and its summary."""
     folder = OUT / f"ranks_{ranks}x2"
-    if (folder / "DONE").exists():
-        return folder
-    code = (
-        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate, EVENTS_PER_STEP; "
-        f"print(json.dumps(generate({str(folder)!r}, events={ranks} * 2 * EVENTS_PER_STEP, ranks={ranks})))"
-    )
-    t = time.perf_counter()
-    info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
-    (folder / "DONE").write_text(json.dumps(info))
-    print(f"generated {info['events']:,} events, {ranks} ranks, {info['steps']} steps in {time.perf_counter() - t:.0f} s", flush=True)
-    return folder
+    return folder, _synthetic(folder, f"events={ranks} * 2 * EVENTS_PER_STEP, ranks={ranks}")
 
 
 def _measure(args: list[str]) -> dict:
@@ -97,30 +107,18 @@ def _measure(args: list[str]) -> dict:
 EVENTS_PER_GIB = 6_920_000  # events of the synthetic job's one-rank trace per GiB of JSON (measured: 7,000,604 in 1.01 GiB)
 
 
-def _one_file(gib: float) -> Path:
-    """One rank's trace of about ``gib`` GiB of JSON (the same generator, one rank, many steps)."""
+def _one_file(gib: float) -> tuple[Path, dict]:
+    """One rank's trace of about ``gib`` GiB of JSON (the same generator, one rank, many steps):
+    the file and its summary."""
     folder = OUT / f"one_file_{gib:g}gib"
-    if not (folder / "DONE").exists():
-        code = (
-            f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate; "
-            f"print(json.dumps(generate({str(folder)!r}, events={int(gib * EVENTS_PER_GIB)}, ranks=1)))"
-        )
-        info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
-        (folder / "DONE").write_text(json.dumps(info))
-    return folder / "rank-0.json"
+    return folder / "rank-0.json", _synthetic(folder, f"events={int(gib * EVENTS_PER_GIB)}, ranks=1")
 
 
-def _long_run(steps: int) -> Path:
-    """Two ranks of the synthetic job, ``steps`` steps of 2 layers (205 events a rank and step)."""
+def _long_run(steps: int) -> tuple[Path, dict]:
+    """Two ranks of the synthetic job, ``steps`` steps of 2 layers (205 events a rank and step):
+    the folder and its summary."""
     folder = OUT / f"steps_{steps}"
-    if not (folder / "DONE").exists():
-        code = (
-            f"import json, sys; sys.path.insert(0, {str(HERE)!r}); from synth_trace import generate, EVENTS_PER_STEP; "
-            f"print(json.dumps(generate({str(folder)!r}, events={steps} * 2 * EVENTS_PER_STEP, ranks=2, layers=2)))"
-        )
-        info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
-        (folder / "DONE").write_text(json.dumps(info))
-    return folder
+    return folder, _synthetic(folder, f"events={steps} * 2 * EVENTS_PER_STEP, ranks=2, layers=2")
 
 
 REAL = HERE.parent / "tests/data/public-gpu/diff_control_rank3of8.json.gz"
@@ -142,31 +140,13 @@ def _json_size() -> dict:
 def _growth() -> None:
     """`analyze --json` (local engine) against the number of events: one rank of 1, 4 and 16 M
     events, and 1,024 and 4,096 ranks x 2 steps; cost per event beside each."""
+    runs = [("one rank", _one_file(round(events / EVENTS_PER_GIB, 3))) for events in (1_000_000, 4_000_000, 16_000_000)]
+    runs += [("ranks x 2 steps", _generate(ranks)) for ranks in (1024, 4096)]
     rows = []
-    for events in (1_000_000, 4_000_000, 16_000_000):
-        trace = _one_file(round(events / EVENTS_PER_GIB, 3))
-        info = json.loads((trace.parent / "DONE").read_text())
-        rows.append(
-            {
-                "shape": "one rank",
-                "ranks": 1,
-                "events": info["events"],
-                "steps": info["steps"],
-                **_measure([*CLI, "analyze", str(trace), "--json"]),
-            }
-        )
-    for ranks in (1024, 4096):
-        folder = _generate(ranks)
-        info = json.loads((folder / "DONE").read_text())
-        rows.append(
-            {
-                "shape": "ranks x 2 steps",
-                "ranks": ranks,
-                "events": info["events"],
-                "steps": info["steps"],
-                **_measure([*CLI, "analyze", str(folder), "--json"]),
-            }
-        )
+    for shape, (path, info) in runs:
+        m = _measure([*CLI, "analyze", str(path), "--json"])
+        m.pop("steps")  # (each step's answer: not what this curve is about)
+        rows.append({"shape": shape, "ranks": info["ranks"], "events": info["events"], "steps": info["steps"], **m})
     for r in rows:
         r["us_per_event"] = 1e6 * r["wall_s"] / r["events"]
         print(
@@ -206,9 +186,8 @@ def main() -> None:
             flush=True,
         )
     if a.blame_steps:
-        folder = _long_run(a.blame_steps)
+        folder, info = _long_run(a.blame_steps)
         r = _measure([*CLI, "blame", str(folder)])
-        info = json.loads((folder / "DONE").read_text())
         r.update(ranks=2, events=info["events"], steps=info["steps"], command="blame")
         extra_figures["blame"] = r
         print(
@@ -216,8 +195,7 @@ def main() -> None:
             flush=True,
         )
     if a.one_file_gib:
-        trace = _one_file(a.one_file_gib)
-        info = json.loads((trace.parent / "DONE").read_text())
+        trace, info = _one_file(a.one_file_gib)
         for extra in ([], ["--perfetto", str(OUT / "overlay.json.gz")]):
             r = _measure([*CLI, "analyze", str(trace), "--json", *extra])
             r.update(ranks=1, events=info["events"], json_gib=trace.stat().st_size / 2**30, executor="local", options=extra[:1])
@@ -228,9 +206,8 @@ def main() -> None:
                 flush=True,
             )
     for n in a.ranks:
-        folder = _generate(n)
+        folder, info = _generate(n)
         size = sum(f.stat().st_size for f in folder.glob("*.json")) / 2**30
-        info = json.loads((folder / "DONE").read_text())
         for ex in a.executors:
             subprocess.run(["sync"], check=False)
             r = _measure([*CLI, "analyze", str(folder), "--json", "--executor", ex])
