@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from tests.analysis.test_unseen import DEVICE_CATS, raw_events
+from tests.analysis.test_unseen import raw_periods
 
 from bottleneck_oracle import api
 from bottleneck_oracle.analysis.change import RunShape, compare, kernel_family, shape_of, step_time
@@ -32,30 +32,6 @@ def _compare(base, cand, **kw):
         shapes=(shape_of(cached_load(base), list(cached_analyses(base))), shape_of(cached_load(cand), list(cached_analyses(cand)))),
         **kw,
     )
-
-
-def raw_periods(path) -> dict[int, float]:
-    """Per ProfilerStep: its period from the raw events, from the end of the device work launched
-    before it (or its start, if later) to the end of the device work it launched (or its end)."""
-    (doc,) = raw_events(path)
-    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    steps = sorted(
-        (e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1]))
-        for e in ev
-        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
-    )
-    dev_end: dict[int, float] = {}
-    for e in ev:
-        t = launch.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_CATS else None
-        for lo, hi, n in steps if t is not None else ():
-            if lo <= t < hi:
-                dev_end[n] = max(dev_end.get(n, 0.0), e["ts"] + e["dur"])
-    out = {}
-    for lo, hi, n in steps:
-        if n - 1 in dev_end:
-            out[n] = max(hi, dev_end.get(n, hi)) - max(lo, dev_end[n - 1])
-    return out
 
 
 def test_diff_control_to_diff_test_is_slower_by_half_from_the_periods_with_a_warning_on_gpu_and_world_size():
