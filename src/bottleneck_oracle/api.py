@@ -47,7 +47,9 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 if TYPE_CHECKING:
     import numpy as np
 
+    from bottleneck_oracle.analysis.blame import KeyMemo
     from bottleneck_oracle.analysis.change import Comparison
+    from bottleneck_oracle.analysis.cpm import CPMResult
     from bottleneck_oracle.analysis.runs import RunSummary
     from bottleneck_oracle.llm.client import ChatClient
     from bottleneck_oracle.models.corrections import Corrections, GraphCorrections
@@ -589,8 +591,7 @@ def blame(
         its saving (µs) and share, the measured step time (µs) and where the typical durations
         came from.
     """
-    from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
-    from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.blame import KeyMemo
     from bottleneck_oracle.analysis.cpm import run_cpm
 
     table: EventTable | None
@@ -616,12 +617,9 @@ def blame(
     out: list[StepBlame] = []
     memo = KeyMemo()
     for g in gs:
-        refs, row_refs = _references(g, pool, baseline is not None)
         base = run_cpm(g)
-        b = blame_graph(g, refs, top, base, memo)
-        if table is not None:
-            name_gaps(b, g, table)
-        row = StepBlame(b, max(g.measured.values()), row_refs)
+        row = _blame_step(g, _references(g, pool, baseline is not None), top, base, memo, table)
+        b = row.blame
         if predictor is not None and b.nodes:
             from bottleneck_oracle.analysis.phases import node_phases
             from bottleneck_oracle.models.predict import sample_for
@@ -677,8 +675,7 @@ def _blame_in_chunks(table: EventTable, config: Config | None, top: int) -> list
 
 
 def _blame_chunk(shared: tuple[EventTable, BuildOptions, list[int], int], span: tuple[int, int]) -> list[StepBlame]:
-    from bottleneck_oracle.analysis.blame import KeyMemo, name_gaps
-    from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.blame import KeyMemo
     from bottleneck_oracle.analysis.cpm import run_cpm
     from bottleneck_oracle.graph_pipeline.builder import build_graph
 
@@ -688,13 +685,27 @@ def _blame_chunk(shared: tuple[EventTable, BuildOptions, list[int], int], span: 
     graphs = [build_graph(table, numbers[i], options) for i in range(a, b)]
     index = _PoolIndex(graphs, numbers[a:b], True, numbers[0], len(numbers))
     memo = KeyMemo()
-    rows = []
-    for g in graphs[lo - a : hi - a]:
-        refs, row_refs = _references(g, graphs, False, index)
-        b_ = blame_graph(g, refs, top, run_cpm(g), memo)
-        name_gaps(b_, g, table)
-        rows.append(StepBlame(b_, max(g.measured.values()), row_refs))
-    return rows
+    return [_blame_step(g, _references(g, graphs, False, index), top, run_cpm(g), memo, table) for g in graphs[lo - a : hi - a]]
+
+
+def _blame_step(
+    g: ExecutionGraph,
+    references: tuple[list[ExecutionGraph], str],
+    top: int,
+    base: CPMResult,
+    memo: KeyMemo,
+    table: EventTable | None,
+) -> StepBlame:
+    """One step's blame against its reference steps (and where they came from), gaps named from
+    the trace's events."""
+    from bottleneck_oracle.analysis.blame import blame as blame_graph
+    from bottleneck_oracle.analysis.blame import name_gaps
+
+    refs, row_refs = references
+    b = blame_graph(g, refs, top, base, memo)
+    if table is not None:
+        name_gaps(b, g, table)
+    return StepBlame(b, max(g.measured.values()), row_refs)
 
 
 def advise(
