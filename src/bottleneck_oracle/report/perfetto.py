@@ -106,24 +106,21 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
             before_end = ends[np.maximum(change - 1, 0)].tolist()  # the end of the event before it
             after_start = starts[np.minimum(change + 1, n - 1)].tolist()  # the start of the event after it
             c_mark, c_slack, c_ep = mark[change].tolist(), slack_v[change].tolist(), endpoint[change].tolist()
-            mapped = isinstance(raw, MappedTrace)
             whole = raw.map if isinstance(raw, MappedTrace) else raw
             pieces: list[bytes | bytearray] = []  # this rank's pieces, handed to fh in batches
             at, at_start, ep = 0, int(starts[0]) if n else 0, 0  # next event not yet written, where it starts; endpoints seen
-            given_back = [0]  # a mapped trace's pages given back up to here
+            give_back = _GiveBack(raw)
             for j, i in enumerate(change.tolist()):
                 if i > at:  # the unchanged events before it, bytes as they are (separators included)
                     if not first:
                         pieces.append(b",")
                     if before_end[j] - at_start < _BLOCK:
                         pieces.append(whole[at_start : before_end[j]])
-                        if mapped and before_end[j] - given_back[0] >= _BLOCK:
-                            raw.release(before_end[j])  # type: ignore[union-attr]
-                            given_back[0] = before_end[j]
+                        give_back.upto(before_end[j])
                     else:
                         fh.write(b"".join(pieces))
                         pieces = []
-                        _copy(fh, raw, at_start, before_end[j], given_back)
+                        _copy(fh, raw, at_start, before_end[j], give_back)
                     first = False
                 e = _decode(path, whole[c_start[j] : c_end[j]])
                 if isinstance(e, dict):
@@ -150,7 +147,7 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
             fh.write(b"".join(pieces))
             if at < n:
                 fh.write(b"" if first else b",")
-                _copy(fh, raw, int(starts[at]), int(ends[-1]), given_back)
+                _copy(fh, raw, int(starts[at]), int(ends[-1]), give_back)
                 first = False
             del raw, data, buf, starts, ends, mark, slack_v, endpoint
 
@@ -212,15 +209,27 @@ class _Chunks:
             self.parts, self.size = [], 0
 
 
-def _copy(fh: _Chunks, raw: TraceBytes, a: int, b: int, given_back: list[int]) -> None:
-    """Write bytes [a, b) of a trace a block at a time; a mapped trace gives its pages back a
-    block at a time (``given_back``: how far it has, kept across calls)."""
+class _GiveBack:
+    """A mapped trace's pages given back behind the writer, a block at a time (a call per event
+    would cost more than the copy)."""
+
+    def __init__(self, raw: TraceBytes) -> None:
+        self.raw = raw if isinstance(raw, MappedTrace) else None
+        self.done = 0  # given back up to here
+
+    def upto(self, end: int) -> None:
+        """Bytes before ``end`` are written: give their pages back once a block has gathered."""
+        if self.raw is not None and end - self.done >= _BLOCK:
+            self.raw.release(end)
+            self.done = end
+
+
+def _copy(fh: _Chunks, raw: TraceBytes, a: int, b: int, give_back: _GiveBack) -> None:
+    """Write bytes [a, b) of a trace a block at a time, its pages given back behind."""
     for x in range(a, b, _BLOCK):
         y = min(b, x + _BLOCK)
         fh.write(raw[x:y])
-        if isinstance(raw, MappedTrace) and y - given_back[0] >= _BLOCK:
-            raw.release(y)
-            given_back[0] = y
+        give_back.upto(y)
 
 
 # a high surrogate escape not followed by a low one, or a low one not preceded by a high one
