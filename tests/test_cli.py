@@ -309,7 +309,11 @@ def test_whatif_microbatches_on_a_pipeline_step(generated_grid, capsys):
     (row,) = json.loads(out)["steps"]
     mb = row["microbatches"]
     assert mb["from"] == 2 and mb["to"] == 8 and mb["stages"] == 2
-    assert mb["formula_delta_us"] < 0  # same batch in more, smaller micro-batches: a smaller bubble
+    assert row["replay"]["step_us"] == mb["step_us"] == pytest.approx(row["measured_us"] + mb["formula_delta_us"])
+    code, out, _ = run(["whatif", str(pp), "--step", "4", "--set", "microbatches=2:2", "--json"], capsys)
+    assert code == 0 and json.loads(out)["steps"][0]["microbatches"]["formula_delta_us"] == 0.0  # the same split changes nothing
+    code, _, err = run(["whatif", str(pp), "--set", "microbatches=4:8"], capsys)
+    assert code == 2 and "has 2 micro-batches, not 4" in err
     code, _, err = run(["whatif", str(SAMPLE), "--microbatches", "8", "--no-model"], capsys)
     assert code == 2 and "not a pipeline-parallel step" in err
 

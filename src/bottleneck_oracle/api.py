@@ -339,8 +339,10 @@ def whatif(
     use_model: bool = False,
     microbatches: int | None = None,
     batch: float | None = None,
+    knobs: list[str] | None = None,
 ) -> list[StepWhatIf]:
-    """The step time after changing op durations: exact replay, corrected replay and graph network.
+    """The step time after changing op durations or the job's configuration: exact replay,
+    corrected replay and graph network.
 
     Args:
         path: a Kineto trace file or a folder of per-rank traces.
@@ -352,9 +354,12 @@ def whatif(
         use_model: True: also the corrected replay and the graph network's prediction. Off by default:
             on 112 held-out slowdowns the corrected replay did not beat the replay times a
             constant (benchmarks/model_earned.py).
-        microbatches: a pipeline step re-split into this many micro-batches, predicted by the
-            1F1B formula (the replay cannot restructure the graph).
+        microbatches: a pipeline step re-split into this many micro-batches at the same global
+            batch (the same as the knob ``microbatches=N``).
         batch: the batch scaled by this ratio, the step bracketed by two replays (``BatchScale``).
+        knobs: configuration changes in the ``whatif --set`` syntax (``analysis.knobs.Knob.parse``),
+            e.g. ``"batch=4:8"``, ``"bucket_mb=25:1"``, ``"checkpoint=on"``, ``"microbatches=8"``;
+            applied after the edits, in order.
 
     Returns:
         One StepWhatIf per step: the measured step, the replay's edited step time and change
@@ -368,13 +373,20 @@ def whatif(
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
+    from bottleneck_oracle.analysis.knobs import Knob, knob_times, microbatch_parts, pieces
     from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.analysis.whatif import MAX_SCALE, Edit, apply_edits, own_time_edits, selects_anything, why_nothing
     from bottleneck_oracle.errors import OracleError
 
     parsed = [Edit.parse(e) for e in edits]
-    if not parsed and microbatches is None and batch is None:
-        raise OracleError("whatif needs an --edit, --microbatches or --batch")
+    settings = [Knob.parse(k) for k in knobs or []]
+    if microbatches is not None:
+        settings.append(Knob("microbatches", float(microbatches)))
+    resplits = [k for k in settings if k.name == "microbatches"]
+    if len(resplits) > 1:
+        raise OracleError("whatif: one micro-batch count at a time")
+    if not parsed and not settings and batch is None:
+        raise OracleError("whatif needs an --edit, a --set or --batch")
     if batch is not None and not 0 < batch <= MAX_SCALE:
         raise OracleError(f"--batch must be a ratio > 0 and at most {MAX_SCALE:g} (found {batch})")
     table, gs = build(path, steps, config)
@@ -394,9 +406,15 @@ def whatif(
         predictor = _predictor(checkpoint)
         corrections = _corrections()
     out: list[StepWhatIf] = []
+    if settings and any(pm is None for pm in phase_mbs):
+        raise OracleError(f"{path}: --set needs the trace's forward/backward ranges (a training step's phases), and this input has none")
     for g, phase_mb, phases in zip(gs, phase_mbs, phase_of):
         times = apply_edits(g, parsed, phases, table)
         owned, own_eids = own_time_edits(g, parsed, phases, table)
+        split = pieces(g, *phase_mb) if settings and phase_mb is not None else None
+        for k in settings:
+            if k.name != "microbatches" and split is not None:
+                times = knob_times(g, split, k, times)
         base = run_cpm(g)
         measured = max(g.measured.values())
         delta = times.delta()
@@ -420,20 +438,25 @@ def whatif(
                 trained_on=corrections.trained_on,
             )
         resplit = None
-        if microbatches is not None:
-            from bottleneck_oracle.analysis.phases import formula_parts, is_pipeline, pipeline_step
+        if resplits:
+            from bottleneck_oracle.analysis.phases import is_pipeline
 
-            if phase_mb is None or not is_pipeline(g, table):
+            if split is None or not is_pipeline(g, table):
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
-            parts = formula_parts(g, times.dur, *phase_mb)
-            now, then = pipeline_step(parts), pipeline_step(parts, microbatches)
+            parts = microbatch_parts(g, split, times.dur)
+            want = resplits[0]
+            if want.old is not None and int(want.old) != parts.microbatches:
+                raise OracleError(f"{path}: step {g.step} has {parts.microbatches} micro-batches, not {want.old:g}")
+            new = int(want.new)
+            now, then = parts.step(parts.microbatches), parts.step(new)
             resplit = Resplit(
-                old=int(parts["m"]),
-                new=microbatches,
-                stages=int(parts["p"]),
+                old=parts.microbatches,
+                new=new,
+                stages=parts.stages,
                 formula_delta_us=then - now,
                 step_us=measured + replay.delta_us + then - now,
             )
+            replay = Replay(step_us=resplit.step_us, delta_us=replay.delta_us + then - now)
         scaled = None
         if batch is not None:
             scaled = _batch_scale(times, table, phases, batch, measured - base.makespan, path)
@@ -457,6 +480,7 @@ def whatif(
                 microbatches=resplit,
                 corrected=corrected,
                 batch=scaled,
+                knobs=[k.describe() for k in settings],
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
         )

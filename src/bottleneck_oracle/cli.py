@@ -1008,8 +1008,20 @@ def whatif(
         'E.g. "name~=all_reduce,rank=1,scale=0.5"; every edit must select something (see docs/commands/whatif.md).',
     ),
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
+    knob: list[str] = typer.Option(
+        None,
+        "--set",
+        metavar="KNOB=VALUE",
+        help="A configuration change, repeatable: batch=OLD:NEW or batch=xRATIO (sequences per rank or per micro-batch), seq=OLD:NEW "
+        "(sequence length), accum=N (gradient accumulation), checkpoint=on|off (activation checkpointing), bucket_mb=OLD:NEW "
+        "(DDP's gradient bucket), microbatches=N (a pipeline's, same global batch). The step's graph is edited to match and "
+        "replayed (see docs/commands/whatif.md).",
+    ),
     microbatches: int = typer.Option(
-        None, "--microbatches", min=1, help="Pipeline steps: re-split the batch into this many micro-batches (1F1B formula)."
+        None,
+        "--microbatches",
+        min=1,
+        help="Pipeline steps: re-split the batch into this many micro-batches (the same as --set microbatches=N).",
     ),
     batch: float = typer.Option(
         None,
@@ -1029,22 +1041,33 @@ def whatif(
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    """Predict the step time after changing op durations: exact replay and the HeteroGAT side by side."""
+    """Predict the step time after changing op durations or the job's configuration: the exact replay of the edited graph."""
     edit = edit or []
+    knob = knob or []
     with _progress(f"replaying {trace}"):
         rows = api.whatif(
-            trace, edit, step or None, _config(config, ranks_per_host), checkpoint, use_model or checkpoint is not None, microbatches, batch
+            trace,
+            edit,
+            step or None,
+            _config(config, ranks_per_host),
+            checkpoint,
+            use_model or checkpoint is not None,
+            microbatches,
+            batch,
+            knobs=knob,
         )
     if as_json:
-        _print_json({"trace": str(trace), "edits": edit, "steps": to_json(rows)})
+        _print_json({"trace": str(trace), "edits": edit, "set": knob, "steps": to_json(rows)})
         return
     from bottleneck_oracle.report.tables import Column, TableModel
     from bottleneck_oracle.report.terminal import print_table
 
     variants = list(rows[0].model.step_us) if rows and rows[0].model is not None else []
     corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
+    described = rows[0].knobs if rows else []
+    title = "; ".join(edit + described) or (f"{microbatches} micro-batches" if microbatches else f"batch x{batch:g}")
     t = TableModel(
-        f"What-if: {'; '.join(edit) or (f'{microbatches} micro-batches' if microbatches else f'batch x{batch:g}')}",
+        f"What-if: {title}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
         + [Column(f"{v}", "text") for v in variants]
@@ -1081,10 +1104,10 @@ def whatif(
         if r.model is not None and r.model.out_of_domain:
             out.print(Text(f"{where(r)}: graph network {r.model.out_of_domain}; the replay is the answer"))
             break
-    if any(r.microbatches is not None for r in rows):
+    if knob or microbatches:
         out.print(
-            "the 1F1B formula is bubble arithmetic: it scales each micro-batch's compute with its size, so it misses per-op "
-            "costs a finer split multiplies (on pinned CPU re-runs it had the wrong sign on 4 of 4 re-splits: docs/eval-reruns.md)",
+            "configuration changes: each op's fixed part stays and its work scales with the shapes it processes; "
+            "how close that came on recorded re-runs, per knob: docs/eval-knobs.md",
             highlight=False,
         )
     if any(r.batch is not None for r in rows):
@@ -1105,7 +1128,7 @@ def whatif(
             mbx = r.microbatches
             out.print(
                 f"{where(r)}: {mbx.old} -> {mbx.new} micro-batches over {mbx.stages} stages: "
-                f"{mbx.formula_delta_us / 1000:+.3f} ms by the 1F1B formula -> {_ms(mbx.step_us)} ms",
+                f"{mbx.formula_delta_us / 1000:+.3f} ms by the 1F1B schedule (included in the replay) -> {_ms(mbx.step_us)} ms",
                 highlight=False,
             )
         cp = r.critical_path

@@ -112,6 +112,8 @@ class StepWhatIf:
     corrected: Corrected | None = field(default=None, metadata=json_meta(omit_none=True))
     microbatches: Resplit | None = field(default=None, metadata=json_meta(omit_none=True))
     batch: BatchScale | None = field(default=None, metadata=json_meta(omit_none=True))
+    knobs: list[str] = field(default_factory=list)
+    """The configuration changes replayed (``whatif --set``), in words."""
     critical_path: PathChange
 
 

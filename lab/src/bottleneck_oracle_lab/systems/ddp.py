@@ -19,7 +19,7 @@ import torch
 
 from bottleneck_oracle_lab.systems.inject import Injection, Injector
 from bottleneck_oracle_lab.systems.launch import idle_gloo_loops, process_group, profiled_steps, spawn, train_step
-from bottleneck_oracle_lab.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle_lab.systems.model import GPT, SIZES, sized, synthetic_batch
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,6 +42,13 @@ class DDPRun:
     seed: int = 0
     size: str | None = None
     """A GPT size from model.SIZES instead of the MLP (hidden is then unused)."""
+    seq: int | None = None
+    """The GPT's sequence length (None: its size's)."""
+    accum: int = 1
+    """Gradient accumulation: forward and backward passes per optimizer step (the gradients
+    all-reduced in the last, ``no_sync`` in the others)."""
+    checkpoint: bool = False
+    """Activation checkpointing of the GPT's blocks (recomputed in the backward pass)."""
     injections: tuple[Injection, ...] = ()
     """Delays to inject, each on one rank at one step (= its ProfilerStep number)."""
     pin: bool = False
@@ -66,6 +73,10 @@ class DDPRun:
             raise ValueError(f"world must be >= 1 (found {self.world})")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1 (found {self.steps})")
+        if self.accum < 1:
+            raise ValueError(f"accum must be >= 1 (found {self.accum})")
+        if (self.seq is not None or self.checkpoint) and self.size is None:
+            raise ValueError("seq and checkpoint are settings of the GPT: give a size")
         if self.straggler >= self.world:
             raise ValueError(f"straggler must be < world (found {self.straggler} for world {self.world})")
         if self.device not in ("cpu", "cuda"):
@@ -107,8 +118,9 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
             def forward(m):
                 return m(x).pow(2).mean()
         else:
-            cfg = SIZES[run.size]
+            cfg = sized(run.size, run.seq)
             model = GPT(cfg)
+            model.checkpointed = run.checkpoint
             tokens, targets = (t.to(dev) for t in synthetic_batch(cfg, run.batch, gen))
 
             def forward(m):
@@ -129,7 +141,7 @@ def _worker(rank: int, run: DDPRun, port: int) -> None:
             return forward(ddp)
 
         for _ in profiled_steps(run, injector):
-            loss = train_step(injector, loss_of, opt)
+            loss = train_step(injector, loss_of, opt, accum=run.accum, no_sync=ddp.no_sync)
             if gpu:
                 loss.item()
 

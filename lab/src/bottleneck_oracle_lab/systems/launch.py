@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -149,12 +149,21 @@ def profiled_steps(run, injector: Injector) -> Iterator[int]:
     injector.write_manifest()
 
 
-def train_step(injector: Injector, loss_of: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> torch.Tensor:
-    """forward / backward / optimizer, each a profiler phase that phase injections can slow; the loss."""
-    with injector.phase("forward"):
-        loss = loss_of()
-    with injector.phase("backward"):
-        loss.backward()
+def train_step(
+    injector: Injector,
+    loss_of: Callable[[], torch.Tensor],
+    opt: torch.optim.Optimizer,
+    accum: int = 1,
+    no_sync: Callable[[], AbstractContextManager] | None = None,
+) -> torch.Tensor:
+    """forward / backward (``accum`` times, the gradients summed; all but the last under
+    ``no_sync``) / optimizer, each a profiler phase that phase injections can slow; the last loss."""
+    for i in range(accum):
+        with no_sync() if no_sync is not None and i < accum - 1 else nullcontext():
+            with injector.phase("forward"):
+                loss = loss_of()
+            with injector.phase("backward"):
+                (loss / accum if accum > 1 else loss).backward()
     with injector.phase("optimizer"):
         opt.step()
         opt.zero_grad()

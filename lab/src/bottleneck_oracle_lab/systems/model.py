@@ -8,11 +8,13 @@ takes a few seconds at most on 2 CPU cores.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,15 +83,34 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln = nn.LayerNorm(cfg.width)
         self.head = nn.Linear(cfg.width, cfg.vocab, bias=False)
+        self.checkpointed = False
+        """Activation checkpointing: each block's activations are recomputed in the backward pass."""
         nn.init.normal_(self.pos, std=1 / math.sqrt(cfg.width))
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Shapes: tokens, targets (batch, seq) int64 -> scalar cross-entropy loss."""
         x = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
         for layer in self.layers:
-            x = layer(x)
+            x = run_block(layer, x, self.checkpointed)
         logits = self.head(self.ln(x))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def run_block(block: nn.Module, x: torch.Tensor, checkpointed: bool) -> torch.Tensor:
+    """``block(x)``; with ``checkpointed`` (while training) its activations are not kept but recomputed in the backward pass."""
+    if checkpointed and torch.is_grad_enabled():
+        return cast(torch.Tensor, checkpoint(block, x, use_reentrant=False))
+    return block(x)
+
+
+def sized(size: str, seq: int | None = None) -> GPTConfig:
+    """The configuration of a size from ``SIZES``, its sequence length replaced by ``seq`` when given."""
+    cfg = SIZES[size]
+    if seq is not None:
+        if seq < 1:
+            raise ValueError(f"seq must be >= 1 (found {seq})")
+        cfg = replace(cfg, seq=seq)
+    return cfg
 
 
 def synthetic_batch(cfg: GPTConfig, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

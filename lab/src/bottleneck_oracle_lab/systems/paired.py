@@ -63,6 +63,7 @@ from bottleneck_oracle_lab.systems.ddp import DDPRun
 from bottleneck_oracle_lab.systems.ddp import record as record_ddp
 from bottleneck_oracle_lab.systems.generate import stage_layers, step_times, world_of
 from bottleneck_oracle_lab.systems.inject import Injection
+from bottleneck_oracle_lab.systems.model import SIZES
 from bottleneck_oracle_lab.systems.pipeline import PipelineRun
 from bottleneck_oracle_lab.systems.pipeline import record as record_pipeline
 
@@ -76,7 +77,7 @@ T = TypeVar("T")
 Item = TypeVar("Item", bound=_Launched)
 
 KINDS = ("stall", "compute", "collective", "rank")
-KNOBS = ("batch", "bucket_mb", "microbatches")
+KNOBS = ("batch", "bucket_mb", "microbatches", "seq", "accum", "checkpoint")
 CONDITIONS = "conditions.jsonl"
 PAIRED = "paired.jsonl"
 KNOB_ROWS = "knob.json"
@@ -230,6 +231,9 @@ def _record_job(
     injections: tuple[Injection, ...] = (),
     window: int | None = None,
     device: str = "cpu",
+    seq: int | None = None,
+    accum: int = 1,
+    checkpoint: bool = False,
 ) -> None:
     """One pinned launch of the DDP job or the pipeline (``batch``: per rank, or per micro-batch)."""
     if layout.startswith("dp"):
@@ -246,9 +250,14 @@ def _record_job(
                 pin=True,
                 window=window,
                 device=device,
+                seq=seq,
+                accum=accum,
+                checkpoint=checkpoint,
             )
         )
     else:
+        if accum != 1:
+            raise ValueError("accum is a DP setting (a pipeline accumulates over its micro-batches)")
         record_pipeline(
             PipelineRun(
                 out=str(folder),
@@ -262,6 +271,8 @@ def _record_job(
                 injections=injections,
                 pin=True,
                 window=window,
+                seq=seq,
+                checkpoint=checkpoint,
             )
         )
 
@@ -440,7 +451,9 @@ class KnobChange:
     size: str
     knob: str
     """batch (sequences per rank, or per micro-batch in a pipeline) | bucket_mb (DDP's gradient
-    bucket, MB; DP layouts) | microbatches (pipeline layouts, same global batch)."""
+    bucket, MB; DP layouts) | microbatches (pipeline layouts, same global batch) | seq (sequence
+    length) | accum (gradient accumulation: passes per optimizer step; DP layouts) | checkpoint
+    (activation checkpointing, 0 off / 1 on)."""
     base: float
     changed: float
     pairs: int = 3
@@ -459,7 +472,12 @@ class KnobChange:
             raise ValueError("bucket_mb is a DP knob")
         if self.knob == "microbatches" and not self.layout.startswith("pp"):
             raise ValueError("microbatches is a pipeline knob")
-        if not (self.base > 0 and self.changed > 0 and self.base != self.changed):
+        if self.knob == "accum" and not self.layout.startswith("dp"):
+            raise ValueError("accum is a DP knob")
+        if self.knob == "checkpoint":
+            if {self.base, self.changed} != {0, 1}:
+                raise ValueError(f"checkpoint goes from 0 (off) to 1 (on) or back (found {self.base}, {self.changed})")
+        elif not (self.base > 0 and self.changed > 0 and self.base != self.changed):
             raise ValueError(f"base and changed must be different values > 0 (found {self.base}, {self.changed})")
 
     @property
@@ -470,14 +488,23 @@ class KnobChange:
         """batch, microbatches and bucket_mb of a launch with the knob at ``value`` (a pipeline's
         micro-batch count changes at the same global batch: sequences per micro-batch follow)."""
         pp = self.layout.startswith("pp")
-        out = {"batch": max(1, self.batch // 2) if pp else self.batch, "microbatches": self.microbatches, "bucket_mb": self.bucket_mb}
+        out: dict = {
+            "batch": max(1, self.batch // 2) if pp else self.batch,
+            "microbatches": self.microbatches,
+            "bucket_mb": self.bucket_mb,
+            "seq": None,
+            "accum": 1,
+            "checkpoint": False,
+        }
         if self.knob == "microbatches":
             total = out["batch"] * self.microbatches
             out.update(microbatches=int(value), batch=max(1, total // int(value)))
-        elif self.knob == "batch":
-            out["batch"] = int(value)
-        else:
+        elif self.knob == "bucket_mb":
             out["bucket_mb"] = float(value)
+        elif self.knob == "checkpoint":
+            out["checkpoint"] = bool(value)
+        else:  # batch, seq, accum
+            out[self.knob] = int(value)
         return out
 
     def order(self) -> list[tuple[str, float]]:
@@ -486,16 +513,42 @@ class KnobChange:
 
 
 def default_knobs(sizes: Sequence[str], layouts: Sequence[str], batch: int = 4, seed: int = 0) -> list[KnobChange]:
-    """Per size: DP batch halved and doubled, DP buckets from one (25 MB) to many (0.05 MB);
-    pipeline micro-batches 4 -> 2 and 4 -> 8 at the same global batch, sequences per micro-batch doubled."""
+    """Ten changes per size and layout. DP: batch doubled, halved and x1.5; sequence length
+    doubled and halved; buckets from one (25 MB) to many (0.05 MB) and to 1 MB; gradient
+    accumulation 1 -> 2 and 1 -> 4; activation checkpointing on. Pipeline: micro-batches 4 -> 2,
+    8 and 1 at the same global batch; sequences per micro-batch doubled and x1.5, halved;
+    sequence length doubled, halved and x1.5; activation checkpointing on."""
     out: list[KnobChange] = []
     for size in sizes:
+        seq = SIZES[size].seq
         for layout in layouts:
             if layout.startswith("dp"):
-                changes = [("batch", batch, 2 * batch), ("batch", batch, max(1, batch // 2)), ("bucket_mb", 25.0, 0.05)]
+                changes = [
+                    ("batch", batch, 2 * batch),
+                    ("batch", batch, max(1, batch // 2)),
+                    ("batch", batch, batch + max(1, batch // 2)),
+                    ("seq", seq, 2 * seq),
+                    ("seq", seq, seq // 2),
+                    ("bucket_mb", 25.0, 0.05),
+                    ("bucket_mb", 25.0, 1.0),
+                    ("accum", 1, 2),
+                    ("accum", 1, 4),
+                    ("checkpoint", 0, 1),
+                ]
             else:
                 half = max(1, batch // 2)
-                changes = [("microbatches", 4, 2), ("microbatches", 4, 8), ("batch", half, 2 * half)]
+                changes = [
+                    ("microbatches", 4, 2),
+                    ("microbatches", 4, 8),
+                    ("microbatches", 4, 1),
+                    ("batch", half, 2 * half),
+                    ("batch", half, half + max(1, half // 2)),
+                    ("batch", half, max(1, half // 2)),
+                    ("seq", seq, 2 * seq),
+                    ("seq", seq, seq // 2),
+                    ("seq", seq, seq + seq // 2),
+                    ("checkpoint", 0, 1),
+                ]
             for knob, a, b in changes:
                 out.append(
                     KnobChange(
@@ -514,7 +567,19 @@ def default_knobs(sizes: Sequence[str], layouts: Sequence[str], batch: int = 4, 
 
 def _record_knob(change: KnobChange, value: float, folder: Path) -> None:
     st = change.settings(value)
-    _record_job(folder, change.layout, change.size, change.steps, change.seed, st["batch"], st["microbatches"], st["bucket_mb"])
+    _record_job(
+        folder,
+        change.layout,
+        change.size,
+        change.steps,
+        change.seed,
+        st["batch"],
+        st["microbatches"],
+        st["bucket_mb"],
+        seq=st["seq"],
+        accum=st["accum"],
+        checkpoint=st["checkpoint"],
+    )
 
 
 def measure_knob(change: KnobChange, times: dict[str, dict[int, float]]) -> dict:

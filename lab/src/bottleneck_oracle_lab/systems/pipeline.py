@@ -23,7 +23,7 @@ from torch import nn
 
 from bottleneck_oracle_lab.systems.inject import Injection, Injector
 from bottleneck_oracle_lab.systems.launch import process_group, profiled_steps, spawn
-from bottleneck_oracle_lab.systems.model import GPT, SIZES, synthetic_batch
+from bottleneck_oracle_lab.systems.model import GPT, SIZES, run_block, sized, synthetic_batch
 from bottleneck_oracle_lab.systems.profiler import phase
 
 SCHEDULES = ("afab", "1f1b")
@@ -44,6 +44,10 @@ class PipelineRun:
     microbatches: int = 4
     batch: int = 2
     """Sequences per micro-batch."""
+    seq: int | None = None
+    """The GPT's sequence length (None: its size's)."""
+    checkpoint: bool = False
+    """Activation checkpointing of the stage's blocks (recomputed in the backward pass)."""
     steps: int = 3
     seed: int = 0
     injections: tuple[Injection, ...] = ()
@@ -69,8 +73,9 @@ class PipelineRun:
 class Stage(nn.Module):
     """The layers of one pipeline stage; the first embeds tokens, the last returns the loss."""
 
-    def __init__(self, model: GPT, rank: int, world: int) -> None:
+    def __init__(self, model: GPT, rank: int, world: int, checkpointed: bool = False) -> None:
         super().__init__()
+        self.checkpointed = checkpointed
         n = len(model.layers)
         lo, hi = rank * n // world, (rank + 1) * n // world
         self.first, self.last = rank == 0, rank == world - 1
@@ -86,7 +91,7 @@ class Stage(nn.Module):
         if self.embed is not None and self.pos is not None:  # the first stage
             x = self.embed(x) + self.pos[:, : x.shape[1]]
         for layer in self.layers.values():
-            x = layer(x)
+            x = run_block(layer, x, self.checkpointed)
         if self.head is not None and self.ln is not None:  # the last stage
             if targets is None:
                 raise ValueError("the last pipeline stage needs the targets")
@@ -155,8 +160,8 @@ def _worker(rank: int, run: PipelineRun, port: int) -> None:
         # one gradient all-reduce group per stage, over its replicas (every rank creates every group)
         groups = [dist.new_group([r * run.world + s for r in range(run.dp)]) for s in range(run.world)] if run.dp > 1 else None
         torch.manual_seed(run.seed)  # every rank builds the same model, then keeps its stage
-        cfg = SIZES[run.size]
-        stage = Stage(GPT(cfg), stage_rank, run.world)
+        cfg = sized(run.size, run.seq)
+        stage = Stage(GPT(cfg), stage_rank, run.world, checkpointed=run.checkpoint)
         gen = torch.Generator().manual_seed(run.seed + replica)
         data = [synthetic_batch(cfg, run.batch, gen) for _ in range(run.microbatches)]
         shape = (run.batch, cfg.seq, cfg.width)

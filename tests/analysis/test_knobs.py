@@ -1,0 +1,141 @@
+"""Configuration what-if (``whatif --set``): each knob's edit of the graph, checked against a
+trace built event by event whose answer is known from the construction, and the syntax."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bottleneck_oracle import api
+from bottleneck_oracle.analysis.knobs import Knob
+from bottleneck_oracle.errors import OracleError
+
+GAP = 2.0  # untraced time before every op but a step's first
+FORWARD = [("aten::view", 1.0), ("aten::mm", 101.0), ("aten::view", 1.0)]
+BACKWARD = [("aten::mm", 201.0), ("aten::view", 1.0)]
+OPTIMIZER = [("aten::add_", 50.0)]
+
+
+def _x(name: str, cat: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": {}}
+
+
+def _trace(path, steps: int = 3) -> None:
+    """One CPU rank, one thread: per step a forward, backward and optimizer range of leaf ops,
+    ``GAP`` µs of untraced time before each op but the first."""
+    events, t = [], 0.0
+    for s in range(steps):
+        start = t
+        for phase, ops in (("forward", FORWARD), ("backward", BACKWARD), ("optimizer", OPTIMIZER)):
+            p0 = t
+            for i, (name, dur) in enumerate(ops):
+                if i or phase != "forward":
+                    t += GAP
+                events.append(_x(name, "cpu_op", t, dur))
+                t += dur
+            events.append(_x(phase, "user_annotation", p0, t - p0))
+        events.append(_x(f"ProfilerStep#{s}", "user_annotation", start, t - start))
+        t += 50.0
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    p = tmp_path_factory.mktemp("knobs") / "rank-0.json"
+    _trace(p)
+    return p
+
+
+def _deltas(trace, knob: str) -> list[float]:
+    return [r.replay.delta_us for r in api.whatif(trace, [], knobs=[knob])]
+
+
+def test_batch_and_seq_scale_the_work_of_the_passes_above_the_fixed_part(trace):
+    # fixed part: the median view (1 µs); each mm's work (100, 200 µs) doubles; views, gaps, optimizer stay
+    work = sum(d - 1.0 for n, d in FORWARD + BACKWARD if n == "aten::mm")
+    assert _deltas(trace, "batch=4:8") == pytest.approx([work] * 3, abs=0.01)
+    assert _deltas(trace, "seq=x0.5") == pytest.approx([-work / 2] * 3, abs=0.01)
+
+
+def test_accumulation_repeats_the_passes_with_their_untraced_time(trace):
+    passes = sum(d for _, d in FORWARD + BACKWARD) + GAP * (len(FORWARD) - 1 + len(BACKWARD))
+    assert _deltas(trace, "accum=3") == pytest.approx([2 * passes] * 3, abs=0.01)
+
+
+def test_checkpointing_re_runs_the_forward_in_the_backward(trace):
+    forward = sum(d for _, d in FORWARD) + GAP * (len(FORWARD) - 1)
+    assert _deltas(trace, "checkpoint=on") == pytest.approx([forward] * 3, abs=0.01)
+
+
+def test_a_knob_the_step_cannot_take_is_an_error_naming_it(trace):
+    with pytest.raises(OracleError, match="no gradient all-reduce"):
+        api.whatif(trace, [], knobs=["bucket_mb=25:1"])
+    with pytest.raises(OracleError, match="not a pipeline-parallel step"):
+        api.whatif(trace, [], knobs=["microbatches=8"])
+
+
+@pytest.mark.parametrize(
+    "text, name, old, new",
+    [
+        ("batch=4:8", "batch", 4, 8),
+        ("batch=x2", "batch", 1, 2),
+        ("seq=512:1024", "seq", 512, 1024),
+        ("accum=4", "accum", None, 4),
+        ("microbatches=4:8", "microbatches", 4, 8),
+        ("checkpoint=on", "checkpoint", 0, 1),
+        ("checkpoint=off", "checkpoint", 1, 0),
+        ("bucket_mb=25:0.5", "bucket_mb", 25, 0.5),
+    ],
+)
+def test_knob_syntax(text, name, old, new):
+    k = Knob.parse(text)
+    assert (k.name, k.old, k.new) == (name, old, new)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("speed=2", "unknown knob 'speed'"),
+        ("batch=8", "give batch as old:new"),
+        ("batch", "not knob=value"),
+        ("batch=4:-8", "numbers > 0"),
+        ("accum=2.5", "whole number"),
+        ("checkpoint=maybe", "checkpoint"),
+        ("seq=1:1e9", "at most 100000x"),
+        ("batch=four:8", "--set 'batch=four:8'"),
+    ],
+)
+def test_a_bad_knob_is_one_clear_error(text, message):
+    with pytest.raises(OracleError, match=message):
+        Knob.parse(text)
+
+
+DDP = __import__("pathlib").Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"
+
+
+def _raw_allreduces(folder) -> list[tuple[float, float]]:
+    """(duration µs, bytes) of rank 0's gradient all-reduces inside ProfilerStep#1, read from the raw JSON."""
+    import gzip
+
+    path = sorted(folder.glob("rank-0.json*"))[0]
+    data = json.loads((gzip.open(path) if path.suffix == ".gz" else open(path)).read())
+    ev = data["traceEvents"]
+    step = next(e for e in ev if e.get("name") == "ProfilerStep#1")
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    out = []
+    for e in ev:
+        if e.get("name") == "gloo:all_reduce" and e.get("ph") == "X" and lo <= e["ts"] < hi:
+            dims = e["args"]["Input Dims"]  # gloo ops give their tensors' shapes, float32 here
+            out.append((float(e["dur"]), 4.0 * sum(__import__("math").prod(d) for d in dims if d)))
+    return out
+
+
+def test_bucket_changes_add_or_remove_one_latency_per_bucket():
+    ar = _raw_allreduces(DDP)
+    mib = sum(b for _, b in ar) / 2**20
+    assert len(ar) == 3 and 1.9 < mib < 2.1
+    steps = api.whatif(DDP, [], knobs=[f"bucket_mb=0.5:{mib / 2.5:.3f}"], steps=[1])  # ceil(2.5) = 3 buckets, as now: nothing moves
+    assert steps[0].replay.delta_us == 0.0
+    (one,) = api.whatif(DDP, [], knobs=["bucket_mb=0.5:100"], steps=[1])  # all in one bucket: two latencies fewer per rank
+    assert -2 * 50.0 - 4 * 5.0 <= one.replay.delta_us < 0  # the gloo latency prior at most, and the issuing calls' fixed parts
