@@ -419,55 +419,61 @@ def noise_sources(root: Path) -> str:
 
 
 def knobs(root: Path) -> str:
-    rows, errs, signs, inside = [], {"replay": [], "proportional": []}, {"replay": [], "proportional": []}, []
-    data = _load(root, "benchmarks/knobs_idle_results.json")
-    for r in data:  # as benchmarks/knobs.py scores them
-        m, p = r["measured_change_us"], r["predicted"]
-        cells = []
-        for k in ("replay", "proportional"):
-            if p[k] is None:
-                cells.append("no edit expresses it")
-                continue
-            errs[k].append(abs(p[k] - m) / abs(m))
-            signs[k].append(bool(np.sign(p[k]) == np.sign(m)))
-            cells.append(f"{p[k] / 1000:+.2f}")
-        br = p["bracket_step_us"]
-        if br:
-            inside.append(br[0] <= r["changed_us"] <= br[1])
+    d = _load(root, "benchmarks/knobs_results.json")
+    rows = []
+    for r in d["rows"]:  # as benchmarks/knobs.py scores them
+        p = r["predicted"]
         rows.append(
             [
                 r["size"],
                 r["layout"],
                 r["knob"],
                 f"{r['base']:g} → {r['changed']:g}",
-                f"{r['base_us'] / 1000:.2f}",
-                f"{m / 1000:+.2f}",
+                f"{p['base_trace_us'] / 1000:.2f}",
+                f"{r['changed_us'] / 1000:.2f}",
                 _pct(r["clean_vs_clean"]),
-                *cells,
-                f"{br[0] / 1000:.1f}–{br[1] / 1000:.1f}" if br else "—",
+                f"{p['set'] / 1000:.2f}",
+                f"{100 * (p['set'] - r['changed_us']) / r['changed_us']:+.1f}%",
+                f"{p['proportional'] / 1000:.2f}",
             ]
         )
-    head = [
-        "size",
-        "layout",
-        "knob",
-        "from → to",
-        "base ms",
-        "measured Δ ms",
-        "clean vs clean",
-        "replay / 1F1B formula Δ ms",
-        "proportional Δ ms",
-        "`--batch` range ms",
-    ]
+    head = ["size", "layout", "knob", "from → to", "base ms", "measured ms", "clean vs clean", "`--set` ms", "error", "proportional ms"]
+    kinds = []
+    for k, s in list(d["by_kind"].items()) + [("**all**", d["scores"])]:
+        st = s["set"]
+        kinds.append(
+            [
+                k,
+                str(st["n"]),
+                _pct(st["mape"]),
+                _pct(st["sign"], 0),
+                f"{st['kendall_tau']:.2f}",
+                _pct(s["unchanged"]["mape"]),
+                _pct(s["proportional"]["mape"]),
+            ]
+        )
+    p, q = d["paired_wilcoxon_p"], d["quiet"]
     lines = [
-        f"- {k}: MAPE {_pct(float(np.mean(e)), 0)}, sign {_pct(float(np.mean(signs[k])), 0)} over {len(e)} changes" for k, e in errs.items()
+        f"- paired Wilcoxon test (one-sided: `--set`'s absolute error smaller): against unchanged p = {p['unchanged']:.2g}, "
+        f"against proportional p = {p['proportional']:.2g}",
+        "- by size: " + ", ".join(f"{k} {_pct(v['mape'])} (n = {v['n']})" for k, v in d["by_size"].items()),
+        "- by layout: " + ", ".join(f"{k} {_pct(v['mape'])} (n = {v['n']})" for k, v in d["by_layout"].items()),
+        f"- noise floor: the base launches' clean-vs-clean difference, median {_pct(d['noise']['median_clean_vs_clean'])}; "
+        f"{d['noise']['above_bound']} changes still above the 5% bound after a re-recording",
     ]
-    resplits = [r for r in data if r["knob"] == "microbatches"]
-    flipped = sum(np.sign(r["predicted"]["replay"]) != np.sign(r["measured_change_us"]) for r in resplits)
-    lines.append(f"- the 1F1B formula (micro-batch changes) has the wrong sign on {flipped} of {len(resplits)}")
-    lines.append(f"- `whatif --batch`'s range holds the changed launches' median step on {sum(inside)} of {len(inside)} batch changes")
-    lines.append(f"- the base launches' clean-vs-clean difference: median {_pct(float(np.median([r['clean_vs_clean'] for r in data])))}")
-    return _table(head, rows) + "\n\n" + "\n".join(lines) + "\n"
+    if q:
+        lines.append(
+            f"- the {q['n']} changes within the bound: `--set` MAPE {_pct(q['set']['mape'])}, sign {_pct(q['set']['sign'], 0)}, "
+            f"Kendall τ {q['set']['kendall_tau']:.2f}"
+        )
+    return (
+        _table(head, rows)
+        + "\n\n"
+        + _table(["knob", "changes", "`--set` MAPE", "sign", "Kendall τ", "unchanged MAPE", "proportional MAPE"], kinds)
+        + "\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def culprits(root: Path) -> str:
@@ -768,6 +774,8 @@ def headline(root: Path) -> str:
     blame, clean = cul["methods"]["blame (counterfactual replay)"], cul["methods"]["blame, clean baseline (unperturbed steps)"]
     g = _load(root, "benchmarks/gpu_reruns_results.json")["summary"]["all"]
     me = _load(root, "benchmarks/model_earned_results.json")
+    kn = _load(root, "benchmarks/knobs_results.json")
+    ks = kn["scores"]
     return (
         f"- **Step time**: the critical path's step time equals the step's period read from the raw events within 1% on "
         f"{len(within)} of {len(acc)} bundled traces; on {len(span)} of them the host's `ProfilerStep` span is more than 5% off "
@@ -776,6 +784,10 @@ def headline(root: Path) -> str:
         f"{_pct(fin['clean_vs_clean_median'], 2)}), the replay's predicted saving has a MAPE of {_pct(fin['replay']['mape'])} "
         f"(Kendall τ {fin['replay']['kendall_tau']:.2f}); the measurement against itself: {_pct(fin['remeasured']['mape'])}. "
         f"On {g['n']} GPU conditions (one H200): {_pct(g['mape_measured_1ms_up'])} where the saving is at least 1 ms.\n"
+        f"- **Configuration changes** (`whatif --set`): on {ks['set']['n']} re-runs at a changed setting ({len(kn['by_kind'])} knobs, "
+        f"{len(kn['by_size'])} model sizes, DDP and a pipeline; CPU), the predicted step time has a MAPE of {_pct(ks['set']['mape'])}, "
+        f"the sign of the change right in {_pct(ks['set']['sign'], 0)} (Kendall τ {ks['set']['kendall_tau']:.2f}); "
+        f"assuming no change: {_pct(ks['unchanged']['mape'])}, scaling the whole step: {_pct(ks['proportional']['mape'])}.\n"
         f"- **The graph network** is off by default: its corrected replay ({_pct(fin['corrected']['mape'])}) beats the replay, "
         f"but not the replay times a constant fitted on other launches ({_pct(me['scores']['replay x constant (other launches)']['mape'])}, "
         f"paired test p = {me['paired_tests']['replay x constant (other launches)']['p_corrected_better']:.2f}); `--model` shows it.\n"

@@ -20,7 +20,7 @@ launches' median (MAPE); the sign of the predicted change against the measured o
 tau between predicted and measured relative changes; per knob kind; a paired Wilcoxon test of
 ``set``'s absolute errors against each baseline's.
 
-    python benchmarks/knobs.py data/knobs [--json benchmarks/knobs_results.json] [--markdown docs/figures/knobs.md]
+    python benchmarks/knobs.py data/knobs --json benchmarks/knobs_results.json   # then: make figures
 """
 
 from __future__ import annotations
@@ -87,11 +87,45 @@ def score(rows: list[dict], who: str) -> dict:
     }
 
 
+def _quantiles(ratios: np.ndarray) -> tuple[float, float]:
+    """The 5th and 95th percentiles of measured / predicted."""
+    return float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))
+
+
+def loo_interval(rows: list[dict]) -> dict:
+    """A 90% interval for ``--set``'s step time: predicted x [q05, q95] of measured / predicted over
+    the other changes (leave one change out), its coverage, and the coverage of an interval of the
+    same widths around the base step (the "unchanged" baseline)."""
+    ratio = np.array([r["changed_us"] / r["predicted"]["set"] for r in rows])
+    inside, base_inside = [], []
+    for i, r in enumerate(rows):
+        lo, hi = _quantiles(np.delete(ratio, i))
+        p, base, m = r["predicted"]["set"], r["predicted"]["base_trace_us"], r["changed_us"]
+        inside.append(p * lo <= m <= p * hi)
+        base_inside.append(base - p * (1 - lo) <= m <= base + p * (hi - 1))
+    lo, hi = _quantiles(ratio)
+    return {
+        "coverage": float(np.mean(inside)),
+        "baseline_coverage": float(np.mean(base_inside)),
+        "shipped": {
+            "what": "90% interval of whatif --set: the predicted step time times [low, high], the 5th and 95th percentiles "
+            "of measured / predicted over recorded knob changes (benchmarks/knobs.py)",
+            "low": lo,
+            "high": hi,
+            "changes": len(rows),
+        },
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("knobs", help="folder written by benchmarks/record_knobs.py (with knobs.jsonl)")
     ap.add_argument("--json", default=None, help="write the rows, their predictions and the scores here")
-    ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument(
+        "--write-interval",
+        default=None,
+        help="write the interval's quantiles (all changes) here: src/bottleneck_oracle/analysis/knob_errors.json is what whatif --set reads",
+    )
     a = ap.parse_args()
     folder = Path(a.knobs)
     manifest = folder / "knobs.jsonl"
@@ -111,6 +145,7 @@ def main() -> int:
     err = {w: np.array([abs(r["predicted"][w] - r["changed_us"]) / r["changed_us"] for r in rows]) for w in PREDICTORS}
     paired = {w: float(stats.wilcoxon(err["set"], err[w], alternative="less").pvalue) for w in PREDICTORS if w != "set"}
     quiet = [r for r in rows if r["clean_vs_clean"] <= r["bound"]]
+    interval = loo_interval(rows)
     result = {
         "rows": rows,
         "scores": scores,
@@ -119,62 +154,28 @@ def main() -> int:
         "by_layout": by_layout,
         "paired_wilcoxon_p": paired,
         "quiet": {"n": len(quiet), **{w: score(quiet, w) for w in PREDICTORS}} if len(quiet) > 2 else None,
+        "interval": interval,
         "noise": {
             "median_clean_vs_clean": float(np.median([r["clean_vs_clean"] for r in rows])),
             "above_bound": len(rows) - len(quiet),
         },
     }
-    lines = table(result)
-    print("\n".join(lines))
-    if a.markdown:
-        Path(a.markdown).write_text("\n".join(lines) + "\n")
+    for k, sc in list(by_kind.items()) + [("all", scores)]:
+        st = sc["set"]
+        print(
+            f"{k:13s} n={st['n']:2d}  --set MAPE {100 * st['mape']:5.1f}%  sign {100 * st['sign']:3.0f}%  tau {st['kendall_tau']:5.2f}  "
+            f"| unchanged {100 * sc['unchanged']['mape']:5.1f}%  proportional {100 * sc['proportional']['mape']:5.1f}%"
+        )
+    print(f"paired Wilcoxon p: {paired}; noise: {result['noise']}")
+    print(
+        f"90% interval, leave one change out: covers {100 * interval['coverage']:.0f}%; the same widths around the base step: "
+        f"{100 * interval['baseline_coverage']:.0f}%"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+    if a.write_interval:
+        Path(a.write_interval).write_text(json.dumps(interval["shipped"], indent=1) + "\n")
     return 0
-
-
-def table(result: dict) -> list[str]:
-    """The markdown: every change, then the scores per knob and over all."""
-    rows = result["rows"]
-    out = [
-        "| size | layout | knob | from → to | base ms | measured ms | clean vs clean | `--set` ms | error | proportional ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        p = r["predicted"]
-        out.append(
-            f"| {r['size']} | {r['layout']} | {r['knob']} | {r['base']:g} → {r['changed']:g} | {p['base_trace_us'] / 1000:.2f} | "
-            f"{r['changed_us'] / 1000:.2f} | {100 * r['clean_vs_clean']:.1f}% | {p['set'] / 1000:.2f} | "
-            f"{100 * (p['set'] - r['changed_us']) / r['changed_us']:+.1f}% | {p['proportional'] / 1000:.2f} |"
-        )
-    out += [
-        "",
-        "| knob | changes | `--set` MAPE | sign | Kendall τ | unchanged MAPE | proportional MAPE |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for k, s in list(result["by_kind"].items()) + [("all", result["scores"])]:
-        st = s["set"] if k != "all" else s["set"]
-        out.append(
-            f"| {k} | {st['n']} | {100 * st['mape']:.1f}% | {100 * st['sign']:.0f}% | {st['kendall_tau']:.2f} | "
-            f"{100 * s['unchanged']['mape']:.1f}% | {100 * s['proportional']['mape']:.1f}% |"
-        )
-    p = result["paired_wilcoxon_p"]
-    q = result["quiet"]
-    out += [
-        "",
-        f"- paired Wilcoxon (one-sided, `--set`'s absolute error smaller): against unchanged p = {p['unchanged']:.2g}, "
-        f"against proportional p = {p['proportional']:.2g}",
-        "- by size: " + ", ".join(f"{k} MAPE {100 * v['mape']:.1f}% (n={v['n']})" for k, v in result["by_size"].items()),
-        "- by layout: " + ", ".join(f"{k} MAPE {100 * v['mape']:.1f}% (n={v['n']})" for k, v in result["by_layout"].items()),
-        f"- noise floor: the base launches' clean-vs-clean difference, median {100 * result['noise']['median_clean_vs_clean']:.1f}%; "
-        f"{result['noise']['above_bound']} changes above the 5% bound after a re-recording",
-    ]
-    if q:
-        out.append(
-            f"- the {q['n']} changes within the bound: `--set` MAPE {100 * q['set']['mape']:.1f}%, sign {100 * q['set']['sign']:.0f}%, "
-            f"Kendall τ {q['set']['kendall_tau']:.2f}"
-        )
-    return out
 
 
 if __name__ == "__main__":

@@ -374,6 +374,7 @@ def whatif(
 
     from bottleneck_oracle.analysis.cpm import run_cpm
     from bottleneck_oracle.analysis.knobs import Knob, knob_times, microbatch_parts, pieces
+    from bottleneck_oracle.analysis.knobs import interval as knob_interval
     from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.analysis.whatif import MAX_SCALE, Edit, apply_edits, own_time_edits, selects_anything, why_nothing
     from bottleneck_oracle.errors import OracleError
@@ -445,9 +446,9 @@ def whatif(
                 raise OracleError(f"{path}: step {g.step} is not a pipeline-parallel step (no per-micro-batch phases and send/recv)")
             parts = microbatch_parts(g, split, times.dur)
             want = resplits[0]
-            if want.old is not None and int(want.old) != parts.microbatches:
+            if want.old is not None and not want.relative and int(want.old) != parts.microbatches:
                 raise OracleError(f"{path}: step {g.step} has {parts.microbatches} micro-batches, not {want.old:g}")
-            new = int(want.new)
+            new = max(1, round(parts.microbatches * want.new)) if want.relative else int(want.new)
             now, then = parts.step(parts.microbatches), parts.step(new)
             resplit = Resplit(
                 old=parts.microbatches,
@@ -481,6 +482,7 @@ def whatif(
                 corrected=corrected,
                 batch=scaled,
                 knobs=[k.describe() for k in settings],
+                knobs_interval_us=knob_interval(replay.step_us) if settings else None,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
         )

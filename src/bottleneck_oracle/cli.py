@@ -695,7 +695,7 @@ def analyze(
             out.print(
                 Text(
                     f"Step {step_no} advice: {sug.title} — replay saves {_ms(sug.replay_saving_us)} ms if we "
-                    f"{'; '.join(sug.edits_in_words or sug.edits)} ({'; '.join(sug.edits)})"
+                    f"{'; '.join(sug.edits_in_words or sug.changes)} ({'; '.join(sug.changes)})"
                 )
             )
     for label, target in (("HTML report", html), ("Perfetto trace", perfetto)):
@@ -772,7 +772,7 @@ def generate(
     knobs: bool = typer.Option(
         True,
         "--knobs/--no-knobs",
-        help="--paired: also record knob changes (batch size, DDP bucket size, micro-batches) as alternating launches (knobs.jsonl).",
+        help="--paired: also record knob changes (batch, sequence length, DDP bucket size, accumulation, checkpointing, micro-batches) as alternating launches (knobs.jsonl).",
     ),
     device: str = typer.Option(
         "cpu",
@@ -788,8 +788,8 @@ def generate(
     rank and delay of the grid), each in short blocks of steps interleaved with clean blocks of
     the same launch, ranks pinned to cores; paired.jsonl gets each condition's measured saving and the noise
     floor of its launch. A condition whose clean blocks differ by more than --bound is recorded
-    again alone, and that recording replaces it (run again on a finished folder to apply a new bound). Then knob changes (batch size, DDP bucket size, micro-batches at the same
-    global batch), each as launches alternating with its base setting; knobs.jsonl gets each
+    again alone, and that recording replaces it (run again on a finished folder to apply a new bound). Then knob changes (batch, sequence length, DDP bucket size,
+    gradient accumulation, activation checkpointing, micro-batches at the same global batch), each as launches alternating with its base setting; knobs.jsonl gets each
     change's measured step-time change and noise floor."""
     with _needs_lab():
         from bottleneck_oracle_lab.systems.generate import generate as run_grid
@@ -1064,15 +1064,18 @@ def whatif(
 
     variants = list(rows[0].model.step_us) if rows and rows[0].model is not None else []
     corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
+    spread = any(r.knobs_interval_us is not None for r in rows)
     described = rows[0].knobs if rows else []
     title = "; ".join(edit + described) or (f"{microbatches} micro-batches" if microbatches else f"batch x{batch:g}")
     t = TableModel(
         f"What-if: {title}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
+        + ([Column("90% interval", "text")] if spread else [])
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
         + [Column(f"{v}", "text") for v in variants]
         + [Column(f"Δ {v}", "text") for v in variants],
         caption="step times in ms; Δ: the edited replay against the unedited one"
+        + ("; 90% interval: of the step time after the configuration change, from recorded re-runs" if spread else "")
         + ("; corrected: the replay with per-node duration corrections learned from paired re-runs" if corrected else "")
         + ("; the model's: its edited against its unedited prediction" if variants else ""),
     )
@@ -1094,7 +1097,9 @@ def whatif(
                 fixes = [_model_ms(c.delta_us, signed=True), f"{c.interval_us[0] / 1000:+.3f} .. {c.interval_us[1] / 1000:+.3f}"]
             else:
                 fixes = [_model_ms(None), "—"]
-        t.rows.append([label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *fixes, *predicted, *effects])
+        iv = r.knobs_interval_us
+        bounds = ([f"{iv[0] / 1000:.3f} .. {iv[1] / 1000:.3f}" if iv else "—"]) if spread else []
+        t.rows.append([label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *bounds, *fixes, *predicted, *effects])
     print_table(out, t)
     for r in rows:
         if r.corrected is not None and r.corrected.out_of_domain:
@@ -1147,6 +1152,7 @@ def _edited(r: StepWhatIf) -> str:
         f"{r.edited_own} ops' own time" if r.edited_own else "",
         f"{r.edited_gaps} gaps" if r.edited_gaps else "",
         f"{r.detached_edges} deps removed" if r.detached_edges else "",
+        f"{r.microbatches.old} -> {r.microbatches.new} micro-batches" if r.microbatches is not None else "",
     ]
     return ", ".join(p for p in parts if p) or "nothing"
 
@@ -1319,8 +1325,8 @@ def advise(
             out.print(Text(f"   {UNVERIFIED if s.explanation_by == 'llm' else ''}{s.explanation}"))
             if s.remedy:
                 out.print(Text(f"   Remedy: {s.remedy}"))
-            words = "; ".join(s.edits_in_words or s.edits)
-            out.print(Text(f"   What-if: {words} ({'; '.join(s.edits)}, {s.edited_nodes} nodes)"))
+            words = "; ".join(s.edits_in_words or s.changes)
+            out.print(Text(f"   What-if: {words} ({'; '.join(s.changes)}, {s.edited_nodes} nodes)"))
         if a.rejected:
             out.print(f"  {len(a.rejected)} suggestion(s) rejected (see --json)", highlight=False)
 

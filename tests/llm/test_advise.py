@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import cached_load, json_headers, loopback_server
 
 from bottleneck_oracle.analysis.blame import blame
+from bottleneck_oracle.analysis.knobs import Knob
 from bottleneck_oracle.analysis.phases import node_phases
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit
@@ -35,7 +36,7 @@ def step():
     return StepAnalysis.of(g), blame(g, [gs[2]]), node_phases(table, g)[0], table
 
 
-def test_the_knowledge_base_holds_at_least_25_recipes_whose_edits_parse():
+def test_the_knowledge_base_holds_at_least_25_recipes_whose_edits_and_knobs_parse():
     recipes = load_recipes()
     assert len(recipes) >= 25 and len({r.id for r in recipes}) == len(recipes)
     ctx = {
@@ -47,9 +48,12 @@ def test_the_knowledge_base_holds_at_least_25_recipes_whose_edits_parse():
         "top_op": "aten::mm",
     }
     for r in recipes:
-        assert r.edits and r.remedy and r.when, r.id
+        assert (r.edits or r.knobs) and r.remedy and r.when, r.id
         for e in r.edits:
             Edit.parse(instantiate(e, ctx))  # raises on a bad template
+        for k in r.knobs:
+            Knob.parse(instantiate(k, ctx))
+    assert any(r.knobs for r in recipes)
 
 
 @pytest.mark.parametrize(
@@ -260,3 +264,20 @@ def test_a_5xx_is_retried_once_and_deep_json_is_refused():
     suggestions, problems = parse_llm_output(content, {})
     assert suggestions == [] and "deeper than" in problems[0]
     deep.httpd.shutdown()
+
+
+def test_a_configuration_change_is_replayed_like_an_edit(step):
+    """A recipe's knob (``bucket_mb=x4``: the 3 buckets of this step in 1) is replayed with the
+    knob what-if: two all-reduce latencies fewer per rank at most, under the 1% bar, so rejected
+    with the replay's figure; a knob the step cannot take is rejected with why."""
+    from bottleneck_oracle.analysis.results import Suggestion
+    from bottleneck_oracle.llm.graphrag import validate
+
+    a, _, phases, table = step
+    mb = node_phases(table, a.graph)[1]
+    s = Suggestion(source="dp-bucket-size", title="t", explanation="e", edits=[], knobs=["bucket_mb=x4"])
+    why = validate(s, a.graph, a.cpm, phases, None, table, mb)
+    assert 0 < s.replay_saving_us <= 2 * 50.0 + 4 * 5.0 and s.edited_nodes > 0
+    assert why is not None and "--set bucket_mb=x4" in why and "under 1%" in why
+    bad = Suggestion(source="x", title="t", explanation="e", edits=[], knobs=["microbatches=x2"])
+    assert "microbatches" in (validate(bad, a.graph, a.cpm, phases, None, table, mb) or "")

@@ -20,7 +20,7 @@ it is unless a knob repeats the code that runs it. What scales, per knob:
   its forward pass (its ops, their own time and its untraced time), so it is stretched by the
   forward's time over its own; ``checkpoint=off`` shortens it by the forward's time (to half
   of it at most).
-- ``bucket_mb`` (DDP's gradient bucket) old -> new: the gradients' bytes (the all-reduces'
+- ``bucket_mb`` (DDP's gradient bucket) old -> new, or xR (R times as large, R times fewer): the gradients' bytes (the all-reduces'
   message sizes summed) regrouped into new-sized buckets (at most one per parameter); the time
   to move the bytes stays, and each bucket added or removed adds or removes one all-reduce
   latency (a prior for the backend, capped by the fastest all-reduce in the step) and the
@@ -93,6 +93,8 @@ class Knob:
     name: str
     new: float
     old: float | None = None
+    relative: bool = False
+    """Given as a ratio (``batch=x2``): ``old`` is 1 and ``new`` the ratio."""
 
     def __post_init__(self) -> None:
         if self.name not in KNOBS:
@@ -125,7 +127,7 @@ class Knob:
                     raise ValueError(value)
                 return cls(name, on[value.lower()], 1.0 - on[value.lower()])
             if value.lower().startswith("x"):
-                return cls(name, float(value[1:]), 1.0)
+                return cls(name, float(value[1:]), 1.0, relative=True)
             if ":" in value:
                 a, b = value.split(":", 1)
                 return cls(name, float(b), float(a))
@@ -147,7 +149,7 @@ class Knob:
             "bucket_mb": "DDP bucket (MB)",
             "microbatches": "micro-batches",
         }[self.name]
-        if self.old is not None and self.old == 1.0 and self.name in ("batch", "seq", "bucket_mb"):
+        if self.relative:
             return f"{what} x{self.new:g}"
         return f"{what} {self.old:g} -> {self.new:g}" if self.old is not None else f"{what} -> {self.new:g}"
 
@@ -333,7 +335,10 @@ def buckets(g: ExecutionGraph, p: Pieces, knob: Knob, base_dur: np.ndarray) -> B
     total = float(n["msg_bytes"][mine].sum()) / MIB
     names = {g.names[int(i)].lower() for i in n["name"][mine]}
     prior = GLOO_LATENCY_US if any("gloo" in s for s in names) else DEVICE_LATENCY_US
-    after = max(1, int(np.ceil(total / knob.new - 1e-9)))
+    if knob.relative:  # buckets r times as large: r times fewer of them
+        after = max(1, int(np.ceil(len(mine) / knob.new - 1e-9)))
+    else:
+        after = max(1, int(np.ceil(total / knob.new - 1e-9)))
     params = _accumulate_grads(g, big)  # a bucket holds whole gradients: at most one per parameter
     if params:
         after = min(after, params)
@@ -408,3 +413,17 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
         if fixed + work > sum(best):
             best = (fixed, work)
     return MicrobatchParts(stages=len(g.ranks), microbatches=m, fixed_us=best[0] / m, work_us=best[1] / m)
+
+
+def interval(step_us: float) -> tuple[float, float] | None:
+    """The 90% interval of a ``--set`` prediction: ``step_us`` times the 5th and 95th percentiles of
+    measured / predicted over the recorded knob changes (``knob_errors.json``, written by
+    ``benchmarks/knobs.py --write-interval``); None if the package has none."""
+    import json
+    from importlib import resources
+
+    try:
+        q = json.loads((resources.files("bottleneck_oracle.analysis") / "knob_errors.json").read_text())
+        return step_us * float(q["low"]), step_us * float(q["high"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -114,6 +114,9 @@ class StepWhatIf:
     batch: BatchScale | None = field(default=None, metadata=json_meta(omit_none=True))
     knobs: list[str] = field(default_factory=list)
     """The configuration changes replayed (``whatif --set``), in words."""
+    knobs_interval_us: tuple[float, float] | None = field(default=None, metadata=json_meta(omit_none=True))
+    """With ``--set``: the 90% interval of the step time, from how far recorded re-runs fell from
+    the prediction (``analysis.knobs.interval``)."""
     critical_path: PathChange
 
 
@@ -156,6 +159,8 @@ class Suggestion:
     explanation: str
     remedy: str = ""
     edits: list[str]
+    knobs: list[str] = field(default_factory=list)
+    """Configuration changes the remedy makes (``whatif --set`` syntax), replayed after the edits."""
     edited_nodes: int = 0
     replay_saving_us: float = 0.0
     model_saving_us: dict[str, float | None] = field(default_factory=dict)
@@ -168,7 +173,22 @@ class Suggestion:
 
     @property
     def edits_in_words(self) -> list[str]:
-        return [_in_words(e) for e in self.edits]
+        """Each edit, then each configuration change, in words."""
+        return [_in_words(e) for e in self.edits] + [_knob_in_words(k) for k in self.knobs]
+
+    @property
+    def changes(self) -> list[str]:
+        """The edits and the configuration changes as a user would type them (``--set KNOB=VALUE``)."""
+        return list(self.edits) + [f"--set {k}" for k in self.knobs]
+
+
+def _knob_in_words(knob: str) -> str:
+    from bottleneck_oracle.analysis.knobs import Knob
+
+    try:
+        return Knob.parse(knob).describe()
+    except OracleError:
+        return knob
 
 
 def _in_words(edit: str) -> str:

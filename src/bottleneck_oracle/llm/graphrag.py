@@ -96,7 +96,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
-    top = a.top_ops(1)
+    top = [t for t in a.top_ops(20) if t.kind in ("op", "device")][:1]  # an op an edit can name, not untraced time or a wait
     m["top_op_share"] = float(top[0].share) if top else 0.0
     ctx["top_op"] = top[0].name if top else ""
     ctx["top_op_pct"] = f"{100 * m['top_op_share']:.0f}"
@@ -247,6 +247,7 @@ def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str
                     explanation=instantiate(recipe.explanation, ctx),
                     remedy=instantiate(recipe.remedy, ctx),
                     edits=[instantiate(e, ctx) for e in recipe.edits],
+                    knobs=[instantiate(k, ctx) for k in recipe.knobs],
                     references=list(recipe.references),
                 )
             )
@@ -339,10 +340,18 @@ def validate(
     try:
         edits = [Edit.parse(x) for x in s.edits]
         times = apply_edits(g, edits, phases, table)
+        if s.knobs:
+            from bottleneck_oracle.analysis.knobs import Knob, knob_times, pieces
+
+            if phases is None or mb is None:
+                return f"the configuration changes {s.knobs} need the step's forward/backward ranges"
+            split = pieces(g, phases, mb)
+            for k in s.knobs:
+                times = knob_times(g, split, Knob.parse(k), times)
     except OracleError as exc:
         return str(exc)
     if not len(times.nodes) and not len(times.edges):
-        return f"the edits {s.edits} select no node of step {g.step}"
+        return f"the edits {s.changes} select no node of step {g.step}"
     s.edited_nodes = int(len(times.nodes) + len(times.edges))
     s.replay_saving_us = float(base.makespan - times.cpm().makespan)
     if predictor is not None:
@@ -355,7 +364,7 @@ def validate(
         s.model_out_of_domain = answer.out_of_domain
     if s.replay_saving_us < MIN_SAVING_SHARE * base.makespan:
         return (
-            f"the replay predicts {s.replay_saving_us:.0f} µs for {s.edits}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
+            f"the replay predicts {s.replay_saving_us:.0f} µs for {s.changes}, under {100 * MIN_SAVING_SHARE:.0f}% of the "
             f"{base.makespan / 1000:.1f} ms step"
         )
     return None
@@ -427,7 +436,7 @@ def advise(
         seen = {tuple(s.edits) for s in good}
         good += [s for s in good2 if tuple(s.edits) not in seen]
         bad = bad2
-    rejected += [Rejected(source=s.source, edits=s.edits, reason=why) for s, why in bad]
+    rejected += [Rejected(source=s.source, edits=s.changes, reason=why) for s, why in bad]
     good.sort(key=lambda s: -s.replay_saving_us)
     return Advice(
         step=a.graph.step,
@@ -459,7 +468,7 @@ def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
     for adv in advices:
         seen = set()
         for sug in adv.suggestions:
-            key = sug.source or "; ".join(sug.edits)
+            key = sug.source or "; ".join(sug.changes)
             if key in seen:
                 continue
             seen.add(key)
@@ -472,7 +481,7 @@ def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
                 source=key,
                 title=first.title,
                 remedy=first.remedy,
-                edits=list(first.edits),
+                edits=first.changes,
                 steps=len(rows),
                 of=len(advices),
                 saving=estimate([s.replay_saving_us for s, _ in rows]),

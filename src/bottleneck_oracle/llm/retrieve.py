@@ -13,7 +13,7 @@ from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.files import read_yaml
 
 _TOKEN = re.compile(r"[a-z0-9]+")
-FIELDS = ("id", "title", "when", "keywords", "explanation", "remedy", "assumes", "edits", "references")
+FIELDS = ("id", "title", "when", "keywords", "explanation", "remedy", "assumes", "edits", "knobs", "references")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,8 @@ class Recipe:
     assumes: str
     edits: tuple[str, ...]
     references: tuple[str, ...]
+    knobs: tuple[str, ...] = ()
+    """Configuration changes (``whatif --set`` syntax) the remedy makes, replayed after the edits."""
 
     @property
     def text(self) -> str:
@@ -50,8 +52,13 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
     for i, r in enumerate(raw):
         if not isinstance(r, dict) or set(r) - set(FIELDS) or not {"id", "title", "when", "edits", "remedy"} <= set(r):
             raise OracleError(f"{p}: recipe {i + 1} must have id, title, when, edits, remedy (and only {', '.join(FIELDS)})")
-        if not isinstance(r["when"], dict) or not isinstance(r["edits"], list) or not isinstance(r.get("references", []), list):
-            raise OracleError(f"{p}: recipe {i + 1}: when must be a mapping, edits and references lists")
+        if (
+            not isinstance(r["when"], dict)
+            or not isinstance(r["edits"], list)
+            or not isinstance(r.get("references", []), list)
+            or not isinstance(r.get("knobs", []), list)
+        ):
+            raise OracleError(f"{p}: recipe {i + 1}: when must be a mapping, edits, knobs and references lists")
         try:
             when = {str(k): float(v) for k, v in r["when"].items()}
         except (TypeError, ValueError):
@@ -67,6 +74,7 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
                 assumes=str(r.get("assumes", "")),
                 edits=tuple(str(e) for e in r["edits"]),
                 references=tuple(str(x) for x in r.get("references", [])),
+                knobs=tuple(str(k) for k in r.get("knobs", [])),
             )
         )
     return out

@@ -250,7 +250,7 @@ def _extras(x: StepAdvice) -> list[str]:
             if sug.model_out_of_domain
             else ", ".join(f"{v} {t_ / 1000:.3f}" for v, t_ in sug.model_saving_us.items() if t_ is not None)
         )
-        words = "; ".join(f"{w} ({e})" for w, e in zip(sug.edits_in_words or sug.edits, sug.edits))
+        words = "; ".join(f"{w} ({e})" for w, e in zip(sug.edits_in_words or sug.changes, sug.changes))
         why = (
             f"[LLM text, not verified: only the what-if edit was replayed] {sug.explanation}"
             if sug.explanation_by == "llm"

@@ -119,16 +119,24 @@ def test_knob_changes_alternate_with_their_base_and_keep_the_global_batch():
     mb = KnobChange(launch_id="k", layout="pp2-1f1b", size="tiny", knob="microbatches", base=4, changed=8, pairs=2)
     assert [n for n, _ in mb.order()] == ["base-0", "changed-0", "base-1", "changed-1"]
     # 4 micro-batches of 2 sequences -> 8 of 1: the same 8 sequences per step
-    assert mb.settings(4) == {"batch": 2, "microbatches": 4, "bucket_mb": 25.0} and mb.settings(8)["batch"] * 8 == 8
+    same = {"seq": None, "accum": 1, "checkpoint": False}
+    assert mb.settings(4) == {"batch": 2, "microbatches": 4, "bucket_mb": 25.0, **same} and mb.settings(8)["batch"] * 8 == 8
     bucket = KnobChange(launch_id="b", layout="dp2", size="tiny", knob="bucket_mb", base=25, changed=0.05)
-    assert bucket.settings(0.05) == {"batch": 4, "microbatches": 4, "bucket_mb": 0.05}
+    assert bucket.settings(0.05) == {"batch": 4, "microbatches": 4, "bucket_mb": 0.05, **same}
+    ckpt = KnobChange(launch_id="c", layout="pp2-1f1b", size="tiny", knob="checkpoint", base=0, changed=1)
+    assert ckpt.settings(1)["checkpoint"] is True and ckpt.settings(0)["checkpoint"] is False
+    assert KnobChange(launch_id="s", layout="dp2", size="tiny", knob="seq", base=64, changed=32).settings(32)["seq"] == 32
+    with pytest.raises(ValueError, match="DP knob"):
+        KnobChange(launch_id="x", layout="pp2-1f1b", size="tiny", knob="accum", base=1, changed=2)
+    with pytest.raises(ValueError, match="0 \\(off\\) to 1"):
+        KnobChange(launch_id="x", layout="dp2", size="tiny", knob="checkpoint", base=1, changed=2)
     with pytest.raises(ValueError, match="pipeline knob"):
         KnobChange(launch_id="x", layout="dp2", size="tiny", knob="microbatches", base=4, changed=2)
     with pytest.raises(ValueError, match="DP knob"):
         KnobChange(launch_id="x", layout="pp2-1f1b", size="tiny", knob="bucket_mb", base=25, changed=1)
     knobs = default_knobs(["tiny", "small"], ["dp2", "pp2-1f1b"])
-    assert len(knobs) == 12 and {k.knob for k in knobs} == {"batch", "bucket_mb", "microbatches"}
-    assert len({k.launch_id for k in knobs}) == 12
+    assert len(knobs) == 40 and {k.knob for k in knobs} == {"batch", "bucket_mb", "microbatches", "seq", "accum", "checkpoint"}
+    assert len({k.launch_id for k in knobs}) == 40
 
 
 def test_measure_knob_takes_medians_without_each_launch_warm_up():
@@ -265,3 +273,48 @@ def test_a_drifting_condition_is_really_recorded_again(tmp_path):
     assert summary["rerecorded_conditions"] == 1 and summary["noisy_conditions"] == (row["clean_vs_clean"] > 0)
     assert len((tmp_path / "l" / CONDITIONS).read_text().splitlines()) == 1  # the launch keeps its first recording
     assert len(row["tried_clean_vs_clean"]) == row["attempts"] and row["tried_clean_vs_clean"][-1] == row["clean_vs_clean"]
+
+
+def test_checkpointing_recomputes_each_block_forward_in_the_backward_and_seq_resizes():
+    """The knobs the recorder turns: with ``checkpointed`` every block's attention runs again in
+    the backward pass (counted in the profiler's events); ``sized`` changes the sequence length."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bottleneck_oracle_lab.systems.model import sized
+
+    cfg = sized("tiny", seq=32)
+    assert cfg.seq == 32 and cfg.width == SIZES["tiny"].width
+    counts = {}
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        model.checkpointed = on
+        tokens, targets = synthetic_batch(cfg, 2, torch.Generator().manual_seed(0))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(tokens, targets).backward()
+        counts[on] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product") and "backward" not in e.key)
+    assert counts == {False: cfg.layers, True: 2 * cfg.layers}
+
+
+def test_accumulation_runs_the_passes_with_gradients_synced_in_the_last():
+    from contextlib import contextmanager
+
+    from bottleneck_oracle_lab.systems.launch import train_step
+
+    calls, synced = [], []
+
+    @contextmanager
+    def no_sync():
+        synced.append(False)
+        yield
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.0)
+
+    def loss_of():
+        calls.append(1)
+        return (w * 2).sum()
+
+    injector = Injector([], 0, "unused")
+    train_step(injector, loss_of, opt, accum=3, no_sync=no_sync)
+    assert len(calls) == 3 and synced == [False, False]  # the last pass outside no_sync: its backward all-reduces
