@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bottleneck_oracle import api
-from bottleneck_oracle.analysis.knobs import Knob
+from bottleneck_oracle.analysis.knobs import FIXED_FACTOR, Knob
 from bottleneck_oracle.errors import OracleError
 
 GAP = 2.0  # untraced time before every op but a step's first
@@ -52,8 +52,11 @@ def _deltas(trace, knob: str) -> list[float]:
 
 
 def test_batch_and_seq_scale_the_work_of_the_passes_above_the_fixed_part(trace):
-    # fixed part: the median view (1 µs); each mm's work (100, 200 µs) doubles; views, gaps, optimizer stay
-    work = sum(d - 1.0 for n, d in FORWARD + BACKWARD if n == "aten::mm")
+    # fixed part: FIXED_FACTOR x the median view (1 µs); each mm's work above it doubles; views
+    # (shorter than the fixed part), gaps and the optimizer stay
+    fixed = FIXED_FACTOR * 1.0
+    assert fixed < 101.0
+    work = sum(d - fixed for n, d in FORWARD + BACKWARD if n == "aten::mm")
     assert _deltas(trace, "batch=4:8") == pytest.approx([work] * 3, abs=0.01)
     assert _deltas(trace, "seq=x0.5") == pytest.approx([-work / 2] * 3, abs=0.01)
 

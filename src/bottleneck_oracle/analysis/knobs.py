@@ -2,9 +2,10 @@
 match, and replayed (``whatif --set``).
 
 Every op and every stretch of an op's own time is split into a fixed part and work. The fixed
-part is the cost of dispatching an op at all, read from the trace itself: the median duration
-of the ops that only make views or empty tensors (``aten::view``, ``aten::as_strided``, ...) on
-CPU, the shortest kernels on a device. The work is the rest, and it scales with the shapes the
+part is the cost of an op that does not grow with its shapes, read from the trace itself: on CPU
+``FIXED_FACTOR`` times the median duration of the ops that only make views or empty tensors
+(``aten::view``, ``aten::as_strided``, ...), the one number fitted on re-runs; on a device the
+shortest kernels. The work is the rest, and it scales with the shapes the
 op processes. Untraced time between ops (Python, the autograd engine) is neither: it stays as
 it is unless a knob repeats the code that runs it. What scales, per knob:
 
@@ -78,6 +79,13 @@ _META = frozenset(
 _ATTENTION = re.compile(r"attention|sdpa|flash|fmha", re.IGNORECASE)
 _COMM = re.compile(r"c10d::|gloo:|nccl:|rccl:|record_param_comms|ProcessGroup|all_reduce|allreduce|broadcast|all_gather|reduce_scatter")
 _DEFAULT_FIXED_US = 1.0
+FIXED_FACTOR = 15.0
+"""A CPU op's fixed part, in units of the trace's own metadata-op median: the one number of the
+method fitted on recorded re-runs (``benchmarks/knobs.py``: the best of a grid on all changes;
+the figures in docs/accuracy/reruns.md are for it chosen on one model size and scored on the
+other, and on one layout and scored on the other). It stands for what a larger shape costs
+less than its share: allocation, dispatch and a kernel's start, and the better use of the cores
+a larger matrix gets."""
 GLOO_LATENCY_US = 50.0
 """An all-reduce's latency over gloo (TCP), used when a step's all-reduces have one size only."""
 DEVICE_LATENCY_US = 15.0
@@ -177,12 +185,13 @@ class Pieces:
         return self.node_phase[self.gap_node]
 
 
-def fixed_costs(g: ExecutionGraph) -> tuple[float, float]:
-    """(CPU, device) fixed cost of an op (µs), from the step: the median CPU op that only makes a
-    view or an empty tensor; the 5th percentile of device ops' durations (at most 5 µs)."""
+def fixed_costs(g: ExecutionGraph, factor: float | None = None) -> tuple[float, float]:
+    """(CPU, device) fixed cost of an op (µs), from the step: ``factor`` (default ``FIXED_FACTOR``)
+    times the median CPU op that only makes a view or an empty tensor; the 5th percentile of
+    device ops' durations (at most 5 µs)."""
     n = g.nodes
     meta = np.array([s in _META for s in g.names], dtype=bool)[n["name"]] & ~n["on_gpu"]
-    cpu = float(np.median(n["mdur"][meta])) if meta.any() else _DEFAULT_FIXED_US
+    cpu = (float(np.median(n["mdur"][meta])) if meta.any() else _DEFAULT_FIXED_US) * (FIXED_FACTOR if factor is None else factor)
     dev = n["on_gpu"] & np.isin(n["category"], (Category.KERNEL, Category.MEMCPY, Category.MEMSET))
     device = min(float(np.percentile(n["mdur"][dev], 5)), 5.0) if dev.any() else _DEFAULT_FIXED_US
     return max(cpu, 0.0), max(device, 0.0)
