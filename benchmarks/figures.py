@@ -460,7 +460,9 @@ def knobs(root: Path) -> str:
     }
     kinds = []
     for k, sc in list(d["by_kind"].items()) + [("**all**", d["scores"])]:
-        kinds.append([k, str(sc["set"]["n"]), *(_pct(sc[w]["mape"]) for w in names), _pct(sc[held]["sign"], 0), f"{sc[held]['kendall_tau']:.2f}"])
+        kinds.append(
+            [k, str(sc["set"]["n"]), *(_pct(sc[w]["mape"]) for w in names), _pct(sc[held]["sign"], 0), f"{sc[held]['kendall_tau']:.2f}"]
+        )
     p, f, iv = d["paired_wilcoxon_p"], d["factor"], d["interval"]
     lines = [
         f"- the fixed part's factor: {f['shipped']:g} as shipped (the grid's best on all {len(d['rows'])}); chosen on the other "

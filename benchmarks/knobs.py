@@ -40,7 +40,14 @@ from bottleneck_oracle import api
 from bottleneck_oracle.analysis import knobs as knob_model
 from bottleneck_oracle.errors import OracleWarning
 
-PREDICTORS = ("set", "set, factor from the other size", "set, factor from the other layout", "set, no fit (factor 1)", "unchanged", "proportional")
+PREDICTORS = (
+    "set",
+    "set, factor from the other size",
+    "set, factor from the other layout",
+    "set, no fit (factor 1)",
+    "unchanged",
+    "proportional",
+)
 FACTORS = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0)
 """The grid the fixed-part factor (``analysis.knobs.FIXED_FACTOR``) is chosen from."""
 
@@ -201,7 +208,13 @@ def main() -> int:
         "by_kind": by_kind,
         "by_size": per_size,
         "by_layout": per_layout,
-        "factor": {"shipped": shipped, "best_on_all": best, "chosen_on_other_size": by_size, "chosen_on_other_layout": by_layout, "grid": FACTORS},
+        "factor": {
+            "shipped": shipped,
+            "best_on_all": best,
+            "chosen_on_other_size": by_size,
+            "chosen_on_other_layout": by_layout,
+            "grid": FACTORS,
+        },
         "paired_wilcoxon_p": paired,
         "quiet": {"n": len(quiet), **{w: score(quiet, w) for w in PREDICTORS}} if len(quiet) > 2 else None,
         "interval": interval,
@@ -212,9 +225,14 @@ def main() -> int:
         },
     }
     for k, sc in list(by_kind.items()) + [("all", scores)]:
-        print(f"{k:13s} n={sc['set']['n']:2d}  " + "  ".join(f"{w}: {100 * sc[w]['mape']:5.1f}% tau {sc[w]['kendall_tau']:.2f}" for w in PREDICTORS))
+        print(
+            f"{k:13s} n={sc['set']['n']:2d}  "
+            + "  ".join(f"{w}: {100 * sc[w]['mape']:5.1f}% tau {sc[w]['kendall_tau']:.2f}" for w in PREDICTORS)
+        )
     print(f"paired Wilcoxon p: {paired}; noise: {result['noise']}; tau ceiling from the noise: {result['kendall_tau_noise_ceiling']:.2f}")
-    print(f"fixed-part factor: shipped {shipped:g}, best on all {best:g}, chosen on the other size {by_size}, on the other layout {by_layout}")
+    print(
+        f"fixed-part factor: shipped {shipped:g}, best on all {best:g}, chosen on the other size {by_size}, on the other layout {by_layout}"
+    )
     if best != shipped:
         print(f"note: the grid's best factor ({best:g}) is not the shipped one ({shipped:g}): set FIXED_FACTOR in analysis/knobs.py")
     print(

@@ -1111,8 +1111,13 @@ def whatif(
             break
     if knob or microbatches:
         out.print(
-            "configuration changes: each op's fixed part stays and its work scales with the shapes it processes; "
-            "how close that came on recorded re-runs, per knob: docs/eval-knobs.md",
+            "configuration changes: each op's fixed part stays and its work scales with the shapes it processes; how close that "
+            "came on recorded CPU re-runs, per knob: docs/accuracy/reruns.md#knob-changes"
+            + (
+                "; micro-batch re-splits did no better there than assuming no change"
+                if microbatches or any(r.microbatches for r in rows)
+                else ""
+            ),
             highlight=False,
         )
     if any(r.batch is not None for r in rows):
