@@ -182,7 +182,9 @@ class Pieces:
 
     @property
     def gap_phase(self) -> np.ndarray:
-        return self.node_phase[self.gap_node]
+        """The phase of each stretch: its node's."""
+        out: np.ndarray = self.node_phase[self.gap_node]
+        return out
 
 
 def fixed_costs(g: ExecutionGraph, factor: float | None = None) -> tuple[float, float]:
@@ -234,7 +236,8 @@ def pieces(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> Pieces:
 def _scaled(d: np.ndarray, fixed: np.ndarray | float, s: np.ndarray | float) -> np.ndarray:
     """Durations whose work (above the fixed part) is scaled by ``s``."""
     f = np.minimum(d, fixed)
-    return f + (d - f) * s
+    out: np.ndarray = f + (d - f) * s
+    return out
 
 
 def _times(g: ExecutionGraph, p: Pieces, dur: np.ndarray, gap_new: np.ndarray) -> EditedTimes:
