@@ -476,6 +476,16 @@ def knobs(root: Path) -> str:
         f"- noise floor: the base launches' clean-vs-clean difference, median {_pct(d['noise']['median_clean_vs_clean'])}; "
         f"{d['noise']['above_bound']} changes still above the 5% bound after two re-recordings",
     ]
+    af = _load(root, "benchmarks/knobs_afab_results.json")
+    a = af["scores"]
+    lines.append(
+        f"- **A layout nobody looked at**: {a['set']['n']} changes of the AFAB pipeline schedule (tiny and small), recorded after the "
+        f"rules and the factor were fixed and scored as shipped: MAPE {_pct(a['set']['mape'])}, sign {_pct(a['set']['sign'], 0)}, "
+        f"Kendall τ {a['set']['kendall_tau']:.2f} (the noise's ceiling there {af['kendall_tau_noise_ceiling']:.2f}); unfitted "
+        f"{_pct(a['set, no fit (factor 1)']['mape'])}; unchanged {_pct(a['unchanged']['mape'])}, proportional {_pct(a['proportional']['mape'])} "
+        f"(per knob: " + ", ".join(f"{k} {_pct(v['set']['mape'])}" for k, v in af["by_kind"].items()) + f"; the factor best there: "
+        f"{af['factor']['best_on_all']:g})"
+    )
     return (
         _table(head, rows)
         + "\n\nMAPE of the step time after the change, per knob; sign and τ (of the relative change) for the factor from the other size:\n\n"
