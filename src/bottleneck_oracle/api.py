@@ -373,7 +373,7 @@ def whatif(
     import numpy as np
 
     from bottleneck_oracle.analysis.cpm import run_cpm
-    from bottleneck_oracle.analysis.knobs import Knob, knob_times, microbatch_parts, pieces
+    from bottleneck_oracle.analysis.knobs import Knob, has_passes, knob_times, microbatch_parts, pieces
     from bottleneck_oracle.analysis.knobs import interval as knob_interval
     from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.analysis.whatif import MAX_SCALE, Edit, apply_edits, own_time_edits, selects_anything, why_nothing
@@ -407,12 +407,15 @@ def whatif(
         predictor = _predictor(checkpoint)
         corrections = _corrections()
     out: list[StepWhatIf] = []
+    no_passes: list[int | None] = []
     if settings and any(pm is None for pm in phase_mbs):
         raise OracleError(f"{path}: --set needs the trace's forward/backward ranges (a training step's phases), and this input has none")
     for g, phase_mb, phases in zip(gs, phase_mbs, phase_of):
         times = apply_edits(g, parsed, phases, table)
         owned, own_eids = own_time_edits(g, parsed, phases, table)
         split = pieces(g, *phase_mb) if settings and phase_mb is not None else None
+        if split is not None and not has_passes(split.node_phase) and g.step not in no_passes:
+            no_passes.append(g.step)
         for k in settings:
             if k.name != "microbatches" and split is not None:
                 times = knob_times(g, split, k, times)
@@ -482,9 +485,16 @@ def whatif(
                 corrected=corrected,
                 batch=scaled,
                 knobs=[k.describe() for k in settings],
-                knobs_interval_us=knob_interval(replay.step_us) if settings else None,
+                knobs_interval_us=knob_interval(replay.step_us) if settings and not g.nodes["on_gpu"].any() else None,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
+        )
+    if no_passes:
+        shown = ", ".join(str(s) for s in no_passes[:10]) + (", ..." if len(no_passes) > 10 else "")
+        warnings.warn(
+            f"{path}: step(s) {shown} have no forward/backward ranges: --set scaled all of their work outside an optimizer range",
+            OracleWarning,
+            stacklevel=2,
         )
     return out
 

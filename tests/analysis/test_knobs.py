@@ -142,3 +142,22 @@ def test_bucket_changes_add_or_remove_one_latency_per_bucket():
     assert steps[0].replay.delta_us == 0.0
     (one,) = api.whatif(DDP, [], knobs=["bucket_mb=0.5:100"], steps=[1])  # all in one bucket: two latencies fewer per rank
     assert -2 * 50.0 - 4 * 5.0 <= one.replay.delta_us < 0  # the gloo latency prior at most, and the issuing calls' fixed parts
+
+
+GPU = __import__("pathlib").Path(__file__).parent.parent / "data" / "public-gpu" / "train_1rank_5steps.json.gz"
+
+
+def test_a_batch_change_on_a_gpu_bound_step_scales_its_kernels():
+    """Kernels run outside the CPU's phase ranges: they take the phase of the call that launched
+    them, so doubling the batch of this GPU-bound step (the device ~99% busy) adds about its
+    kernel time, read from the raw events; no CPU-calibrated interval is shown on a GPU step."""
+    import gzip
+
+    ev = json.loads(gzip.open(GPU).read())["traceEvents"]
+    step = next(e for e in ev if e.get("name") == "ProfilerStep#103")
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    kernels = sum(e["dur"] for e in ev if e.get("cat") == "kernel" and e.get("ph") == "X" and lo <= e["ts"] < hi)
+    assert kernels > 0.9 * step["dur"]
+    (r,) = api.whatif(GPU, [], knobs=["batch=x2"], steps=[103])
+    assert 0.8 * kernels <= r.replay.delta_us <= 1.2 * kernels, (r.replay.delta_us, kernels)
+    assert r.knobs_interval_us is None

@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bottleneck_oracle.analysis.phases import BACKWARD, FORWARD, NONE
+from bottleneck_oracle.analysis.phases import BACKWARD, DP_SYNC, FORWARD, NONE, OPTIMIZER
 from bottleneck_oracle.analysis.whatif import EditedTimes, _program_order_into
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 
 KNOBS = ("batch", "seq", "accum", "checkpoint", "bucket_mb", "microbatches")
 MAX_RATIO = 1e5
@@ -199,7 +199,27 @@ def fixed_costs(g: ExecutionGraph, factor: float | None = None) -> tuple[float, 
     return max(cpu, 0.0), max(device, 0.0)
 
 
+def launched_phases(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The phase and micro-batch of every node, a device op taking its launching call's (phase
+    ranges are CPU ranges: a kernel runs on a stream, outside them)."""
+    e = g.edges
+    phase, mb = phase.copy(), mb.copy()
+    launch = np.flatnonzero((e["kind"] == EdgeKind.LAUNCH) & g.nodes["on_gpu"][e["dst"]])
+    src, dst = e["src"][launch], e["dst"][launch]
+    take = phase[dst] == NONE
+    phase[dst[take]] = phase[src[take]]
+    mb[dst[take]] = mb[src[take]]
+    return phase, mb
+
+
+def has_passes(phase: np.ndarray) -> bool:
+    """Does the step have forward or backward ranges?"""
+    return bool(np.isin(phase, (FORWARD, BACKWARD)).any())
+
+
 def pieces(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> Pieces:
+    """The step split for scaling (``phase``, ``mb``: ``node_phases``; device ops take their launch's)."""
+    phase, mb = launched_phases(g, phase, mb)
     n, gp = g.nodes, g.gaps
     comm_name = np.array([bool(_COMM.search(s)) for s in g.names], dtype=bool)
     attention = np.array([bool(_ATTENTION.search(s)) for s in g.names], dtype=bool)
@@ -273,6 +293,13 @@ def knob_times(g: ExecutionGraph, p: Pieces, knob: Knob, times: EditedTimes | No
     gap = p.gap_len.copy()
     passes = np.isin(p.node_phase, (FORWARD, BACKWARD))
     gpass = np.isin(p.gap_phase, (FORWARD, BACKWARD))
+    if not passes.any():  # no forward/backward ranges: the step's work outside an optimizer range is the passes'
+        if knob.name in ("accum", "checkpoint"):
+            raise OracleError(
+                f"{knob.name}: the step has no forward and backward ranges to repeat or re-run (record with them, see docs/profiling.md)"
+            )
+        passes = ~np.isin(p.node_phase, (OPTIMIZER, DP_SYNC))
+        gpass = ~np.isin(p.gap_phase, (OPTIMIZER, DP_SYNC))
     fixed = _fixed_of(g, p)
     if knob.name in ("batch", "seq"):
         r = knob.new / (knob.old or 1.0)

@@ -115,8 +115,8 @@ class StepWhatIf:
     knobs: list[str] = field(default_factory=list)
     """The configuration changes replayed (``whatif --set``), in words."""
     knobs_interval_us: tuple[float, float] | None = field(default=None, metadata=json_meta(omit_none=True))
-    """With ``--set``: the 90% interval of the step time, from how far recorded re-runs fell from
-    the prediction (``analysis.knobs.interval``)."""
+    """With ``--set`` on a CPU step: the 90% interval of the step time, from how far recorded CPU
+    re-runs fell from the prediction (``analysis.knobs.interval``); None on a step with device work."""
     critical_path: PathChange
 
 
