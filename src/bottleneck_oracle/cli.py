@@ -1324,7 +1324,13 @@ def advise(
             pct = 100 * s.replay_saving_us / max(a.makespan_us, 1.0)
             out.print(
                 Text(
-                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay" + (f"; model: {said} ms" if said else "")
+                    f"{k}. {s.title} — saves {_ms(s.replay_saving_us)} ms ({pct:.1f}%) by replay"
+                    + (
+                        f" (90% {_ms(s.saving_interval_us[0])} to {_ms(s.saving_interval_us[1])} ms, from re-runs)"
+                        if s.saving_interval_us
+                        else ""
+                    )
+                    + (f"; model: {said} ms" if said else "")
                 )
             )
             out.print(Text(f"   {UNVERIFIED if s.explanation_by == 'llm' else ''}{s.explanation}"))

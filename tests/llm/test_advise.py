@@ -281,3 +281,17 @@ def test_a_configuration_change_is_replayed_like_an_edit(step):
     assert why is not None and "--set bucket_mb=x4" in why and "under 1%" in why
     bad = Suggestion(source="x", title="t", explanation="e", edits=[], knobs=["microbatches=x2"])
     assert "microbatches" in (validate(bad, a.graph, a.cpm, phases, None, table, mb) or "")
+
+
+def test_a_configuration_change_on_a_cpu_step_carries_its_re_run_interval(step):
+    from bottleneck_oracle.analysis.knobs import interval
+    from bottleneck_oracle.analysis.results import Suggestion
+    from bottleneck_oracle.llm.graphrag import validate
+
+    a, _, phases, table = step
+    mb = node_phases(table, a.graph)[1]
+    s = Suggestion(source="x", title="t", explanation="e", edits=[], knobs=["batch=x0.5"])
+    assert validate(s, a.graph, a.cpm, phases, None, table, mb) is None and s.replay_saving_us > 0
+    lo, hi = interval(a.cpm.makespan - s.replay_saving_us) or (0.0, 0.0)  # the step after the change, as the interval reads it
+    assert s.saving_interval_us == pytest.approx((a.cpm.makespan - hi, a.cpm.makespan - lo))
+    assert s.saving_interval_us[0] < s.replay_saving_us < s.saving_interval_us[1]

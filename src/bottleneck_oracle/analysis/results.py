@@ -163,6 +163,8 @@ class Suggestion:
     """Configuration changes the remedy makes (``whatif --set`` syntax), replayed after the edits."""
     edited_nodes: int = 0
     replay_saving_us: float = 0.0
+    saving_interval_us: tuple[float, float] | None = field(default=None, metadata=json_meta(omit_none=True))
+    """A configuration change's saving on a CPU step: its 90% interval from recorded re-runs (``analysis.knobs.interval``)."""
     model_saving_us: dict[str, float | None] = field(default_factory=dict)
     model_out_of_domain: str | None = None  # why the graph network gave no answer (Predictor.refusal)
     references: list[str] = field(default_factory=list)

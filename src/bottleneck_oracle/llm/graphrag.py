@@ -353,7 +353,13 @@ def validate(
     if not len(times.nodes) and not len(times.edges):
         return f"the edits {s.changes} select no node of step {g.step}"
     s.edited_nodes = int(len(times.nodes) + len(times.edges))
-    s.replay_saving_us = float(base.makespan - times.cpm().makespan)
+    after = times.cpm().makespan
+    s.replay_saving_us = float(base.makespan - after)
+    if s.knobs and not g.nodes["on_gpu"].any():
+        from bottleneck_oracle.analysis.knobs import interval
+
+        iv = interval(after)
+        s.saving_interval_us = None if iv is None else (float(base.makespan - iv[1]), float(base.makespan - iv[0]))
     if predictor is not None:
         from bottleneck_oracle.models.predict import sample_for
 
