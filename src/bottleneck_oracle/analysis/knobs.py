@@ -87,9 +87,9 @@ other, and on one layout and scored on the other). It stands for what a larger s
 less than its share: allocation, dispatch and a kernel's start, and the better use of the cores
 a larger matrix gets."""
 GLOO_LATENCY_US = 50.0
-"""An all-reduce's latency over gloo (TCP), used when a step's all-reduces have one size only."""
+"""The latency a bucket added or removed costs or saves over gloo (TCP): a prior, capped by the step's fastest all-reduce."""
 DEVICE_LATENCY_US = 15.0
-"""An all-reduce's latency on NCCL/RCCL within a host, likewise."""
+"""The same on NCCL/RCCL within a host."""
 MIB = 1024.0 * 1024.0
 
 
