@@ -295,3 +295,19 @@ def test_a_configuration_change_on_a_cpu_step_carries_its_re_run_interval(step):
     lo, hi = interval(a.cpm.makespan - s.replay_saving_us) or (0.0, 0.0)  # the step after the change, as the interval reads it
     assert s.saving_interval_us == pytest.approx((a.cpm.makespan - hi, a.cpm.makespan - lo))
     assert s.saving_interval_us[0] < s.replay_saving_us < s.saving_interval_us[1]
+
+
+def test_the_html_report_shows_a_configuration_changes_re_run_interval(step):
+    from bottleneck_oracle.analysis.results import StepAdvice, Suggestion
+    from bottleneck_oracle.llm.graphrag import validate
+    from bottleneck_oracle.report.html import _extras
+
+    a, b, phases, table = step
+    adv = advise(a, b, phases, table)
+    s = Suggestion(source="x", title="Halve the batch", explanation="e", edits=[], knobs=["batch=x0.5"])
+    assert validate(s, a.graph, a.cpm, phases, None, table, node_phases(table, a.graph)[1]) is None
+    adv.suggestions.append(s)
+    page = "".join(_extras(StepAdvice(advice=adv, blame=b, references="the trace")))
+    assert s.saving_interval_us is not None
+    lo, hi = s.saving_interval_us
+    assert "--set batch=x0.5" in page and f"90% from re-runs: {lo / 1000:.3f} to {hi / 1000:.3f} ms" in page

@@ -256,6 +256,9 @@ def _extras(x: StepAdvice) -> list[str]:
             if sug.explanation_by == "llm"
             else sug.explanation
         )
+        if sug.saving_interval_us is not None:  # a configuration change: how far re-runs fell from the replay
+            lo, hi = sug.saving_interval_us
+            words += f" — 90% from re-runs: {lo / 1000:.3f} to {hi / 1000:.3f} ms"
         t.rows.append([sug.title, why, sug.remedy, words, sug.replay_saving_us, model])
     if t.rows:
         parts.append(_table(t))
