@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from bottleneck_oracle.analysis.checks import run_warnings
 from bottleneck_oracle.analysis.results import (
-    BatchScale,
     BlameModel,
     Corrected,
     ModelAnswer,
@@ -356,7 +355,7 @@ def whatif(
             constant (benchmarks/model_earned.py).
         microbatches: a pipeline step re-split into this many micro-batches at the same global
             batch (the same as the knob ``microbatches=N``).
-        batch: the batch scaled by this ratio, the step bracketed by two replays (``BatchScale``).
+        batch: the batch scaled by this ratio (the same as the knob ``batch=xR``).
         knobs: configuration changes in the ``whatif --set`` syntax (``analysis.knobs.Knob.parse``),
             e.g. ``"batch=4:8"``, ``"bucket_mb=25:1"``, ``"checkpoint=on"``, ``"microbatches=8"``;
             applied after the edits, in order.
@@ -381,15 +380,17 @@ def whatif(
 
     parsed = [Edit.parse(e) for e in edits]
     settings = [Knob.parse(k) for k in knobs or []]
+    if batch is not None:
+        if not 0 < batch <= MAX_SCALE:
+            raise OracleError(f"--batch must be a ratio > 0 and at most {MAX_SCALE:g} (found {batch})")
+        settings.append(Knob("batch", float(batch), 1.0, relative=True))
     if microbatches is not None:
         settings.append(Knob("microbatches", float(microbatches)))
     resplits = [k for k in settings if k.name == "microbatches"]
     if len(resplits) > 1:
         raise OracleError("whatif: one micro-batch count at a time")
-    if not parsed and not settings and batch is None:
-        raise OracleError("whatif needs an --edit, a --set or --batch")
-    if batch is not None and not 0 < batch <= MAX_SCALE:
-        raise OracleError(f"--batch must be a ratio > 0 and at most {MAX_SCALE:g} (found {batch})")
+    if not parsed and not settings:
+        raise OracleError("whatif needs an --edit or a --set")
     table, gs = build(path, steps, config)
     phase_mbs = [node_phases(table, g) if table is not None else None for g in gs]
     phase_of = [pm[0] if pm is not None else None for pm in phase_mbs]
@@ -461,9 +462,6 @@ def whatif(
                 step_us=measured + replay.delta_us + then - now,
             )
             replay = Replay(step_us=resplit.step_us, delta_us=replay.delta_us + then - now)
-        scaled = None
-        if batch is not None:
-            scaled = _batch_scale(times, table, phases, batch, measured - base.makespan, path)
         before, after = set(base.path.tolist()), set(edited.path.tolist())
 
         def names(s: set[int], g: ExecutionGraph = g, d: np.ndarray = times.dur) -> list[NodeRef]:
@@ -483,7 +481,6 @@ def whatif(
                 model=model,
                 microbatches=resplit,
                 corrected=corrected,
-                batch=scaled,
                 knobs=[k.describe() for k in settings],
                 knobs_interval_us=knob_interval(replay.step_us) if settings and not g.nodes["on_gpu"].any() else None,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
@@ -558,42 +555,6 @@ class _PoolIndex:
         index = cls(pool, numbered if complete else [], ordered, min(numbered) if complete and numbered else None, len(pool))
         cls._last[:] = [index]
         return index
-
-
-def _batch_scale(
-    times: EditedTimes, table: EventTable | None, phases: np.ndarray | None, ratio: float, offset: float, path: str | Path
-) -> BatchScale:
-    """The step with the batch scaled by ``ratio`` (on top of the edits, ``times``): the forward and
-    backward passes' CPU ops scaled alone, and with their regions' own time."""
-    from bottleneck_oracle.analysis.cpm import run_cpm
-    from bottleneck_oracle.analysis.whatif import Edit, edited_weights
-    from bottleneck_oracle.errors import OracleError
-    from bottleneck_oracle.graph_pipeline.schema import Category
-
-    g, d, w, rel = times.graph, times.dur, times.weight, times.release
-    if (g.nodes["category"] == Category.KERNEL).any():
-        raise OracleError(
-            f"{path}: step {g.step}: --batch is built and checked on CPU (gloo) runs only; on a GPU the "
-            "kernels scale with the batch, which it does not model"
-        )
-    edits = [Edit(phase=p, category="cpu_op", scale=ratio) for p in ("forward", "backward")]
-    ids = [e.select(g, phases, table) for e in edits] if phases is not None else []
-    if not ids or not sum(len(i) for i in ids):
-        raise OracleError(
-            f"{path}: step {g.step}: --batch needs the forward and backward ranges (the profiler's '## forward ##' "
-            "or a phase hook); this step has no CPU op inside one"
-        )
-    dd = d.copy()
-    for i in ids:
-        dd[i] = d[i] * ratio
-    _, eids = edited_weights(g, edits, phases, table)
-    ww = w.copy()
-    ww[eids] = w[eids] * ratio
-    return BatchScale(
-        ratio=ratio,
-        ops_alone_step_us=offset + run_cpm(g, dd, w, rel).makespan,
-        with_own_time_step_us=offset + run_cpm(g, dd, ww, rel).makespan,
-    )
 
 
 def blame(

@@ -1027,8 +1027,7 @@ def whatif(
         None,
         "--batch",
         metavar="RATIO",
-        help="Scale the batch by this ratio (e.g. 2): the step between two replays, the forward and backward ops scaled alone "
-        "and with their own time (needs forward/backward ranges).",
+        help="Scale the batch by this ratio (e.g. 2): the same as --set batch=xRATIO.",
     ),
     checkpoint: Path = typer.Option(
         None,
@@ -1066,7 +1065,7 @@ def whatif(
     corrected = any(r.corrected is not None and r.corrected.delta_us is not None for r in rows)
     spread = any(r.knobs_interval_us is not None for r in rows)
     described = rows[0].knobs if rows else []
-    title = "; ".join(edit + described) or (f"{microbatches} micro-batches" if microbatches else f"batch x{batch:g}")
+    title = "; ".join(edit + described)
     t = TableModel(
         f"What-if: {title}",
         [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
@@ -1109,7 +1108,7 @@ def whatif(
         if r.model is not None and r.model.out_of_domain:
             out.print(Text(f"{where(r)}: graph network {r.model.out_of_domain}; the replay is the answer"))
             break
-    if knob or microbatches:
+    if knob or microbatches or batch:
         out.print(
             "configuration changes: each op's fixed part stays and its work scales with the shapes it processes; how close that "
             "came on recorded CPU re-runs, per knob: docs/accuracy/reruns.md#knob-changes"
@@ -1120,20 +1119,7 @@ def whatif(
             ),
             highlight=False,
         )
-    if any(r.batch is not None for r in rows):
-        out.print(
-            "batch: the step between two replays, the forward and backward ops scaled alone and with their own time between them "
-            "(on paired CPU re-runs the measured step fell in this range on 5 of 6 batch changes: docs/eval-reruns.md)",
-            highlight=False,
-        )
     for r in rows:
-        if r.batch is not None:
-            bs = r.batch
-            out.print(
-                f"{where(r)}: batch x{bs.ratio:g}: {_ms(bs.ops_alone_step_us)} to {_ms(bs.with_own_time_step_us)} ms "
-                f"(measured {_ms(r.measured_us)})",
-                highlight=False,
-            )
         if r.microbatches is not None:
             mbx = r.microbatches
             out.print(

@@ -83,19 +83,6 @@ class Resplit:
     step_us: float
 
 
-@dataclass(frozen=True, slots=True)
-class BatchScale:
-    """The batch scaled by ``ratio``: the step between two replays, the forward and backward
-    passes' CPU ops scaled alone (``ops_alone_step_us``) and with their regions' own time between
-    them (``with_own_time_step_us``). Ops have a fixed per-call part a trace cannot separate from
-    the part that scales: on paired CPU re-runs the measured step fell between the two on most
-    batch changes (the manual's accuracy pages, docs/accuracy/reruns.md, "Knob changes")."""
-
-    ratio: float
-    ops_alone_step_us: float
-    with_own_time_step_us: float
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepWhatIf:
     """One step under the edits (api.whatif)."""
@@ -111,7 +98,6 @@ class StepWhatIf:
     replay: Replay
     corrected: Corrected | None = field(default=None, metadata=json_meta(omit_none=True))
     microbatches: Resplit | None = field(default=None, metadata=json_meta(omit_none=True))
-    batch: BatchScale | None = field(default=None, metadata=json_meta(omit_none=True))
     knobs: list[str] = field(default_factory=list)
     """The configuration changes replayed (``whatif --set``), in words."""
     knobs_interval_us: tuple[float, float] | None = field(default=None, metadata=json_meta(omit_none=True))
