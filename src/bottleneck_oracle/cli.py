@@ -1111,12 +1111,7 @@ def whatif(
     if knob or microbatches or batch:
         out.print(
             "configuration changes: each op's fixed part stays and its work scales with the shapes it processes; how close that "
-            "came on recorded CPU re-runs, per knob: docs/accuracy/reruns.md#knob-changes"
-            + (
-                "; micro-batch re-splits did no better there than assuming no change"
-                if microbatches or any(r.microbatches for r in rows)
-                else ""
-            ),
+            "came on recorded CPU re-runs, per knob: docs/accuracy/reruns.md#knob-changes",
             highlight=False,
         )
     for r in rows:

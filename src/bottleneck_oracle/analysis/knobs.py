@@ -7,7 +7,8 @@ part is the cost of an op that does not grow with its shapes, read from the trac
 (``aten::view``, ``aten::as_strided``, ...), the one number fitted on re-runs; on a device the
 shortest kernels. The work is the rest, and it scales with the shapes the
 op processes. Untraced time between ops (Python, the autograd engine) is neither: it stays as
-it is unless a knob repeats the code that runs it. What scales, per knob:
+it is unless a knob repeats the code that runs it; untraced time right after a send, receive
+or collective call is waiting for the peer, and no knob repeats it. What scales, per knob:
 
 - ``batch`` (sequences per rank, or per micro-batch in a pipeline) old -> new: the work of the
   forward and backward passes scales by new/old; communication, the optimizer and the untraced
@@ -79,7 +80,7 @@ _META = frozenset(
 _ATTENTION = re.compile(r"attention|sdpa|flash|fmha", re.IGNORECASE)
 _COMM = re.compile(r"c10d::|gloo:|nccl:|rccl:|record_param_comms|ProcessGroup|all_reduce|allreduce|broadcast|all_gather|reduce_scatter")
 _DEFAULT_FIXED_US = 1.0
-FIXED_FACTOR = 15.0
+FIXED_FACTOR = 30.0
 """A CPU op's fixed part, in units of the trace's own metadata-op median: the one number of the
 method fitted on recorded re-runs (``benchmarks/knobs.py``: the best of a grid on all changes;
 the figures in docs/accuracy/reruns.md are for it chosen on one model size and scored on the
@@ -175,7 +176,8 @@ class Pieces:
     gap_len: np.ndarray
     gap_node: np.ndarray
     gap_work: np.ndarray  # bool: an op's own time (work); False: untraced
-    gap_comm: np.ndarray
+    gap_comm: np.ndarray  # bool: own time of a communication call
+    gap_wait: np.ndarray  # bool: untraced time right after a communication call on its thread: waiting for the peer
     gap_attention: np.ndarray
     fixed_cpu_us: float
     fixed_device_us: float
@@ -236,6 +238,12 @@ def pieces(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> Pieces:
     safe = np.where(owned, owner, 0)
     gcomm = owned & comm_name[safe]
     gwork = owned & ~gcomm & cpu_only[gnode]
+    # untraced time right after a send, receive or collective call on its thread is the wait for
+    # the peer (a blocking receive returns from its traced call, then waits): not the pass's work
+    e = g.edges
+    into = _program_order_into(g)
+    before = np.where(into[gnode] >= 0, e["src"][np.maximum(into[gnode], 0)], -1)
+    gwait = ~owned & (before >= 0) & comm[np.maximum(before, 0)]
     fixed_cpu, fixed_dev = fixed_costs(g)
     return Pieces(
         node_phase=phase,
@@ -247,6 +255,7 @@ def pieces(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> Pieces:
         gap_node=gnode,
         gap_work=gwork,
         gap_comm=gcomm,
+        gap_wait=gwait,
         gap_attention=owned & attention[safe],
         fixed_cpu_us=fixed_cpu,
         fixed_device_us=fixed_dev,
@@ -313,7 +322,7 @@ def knob_times(g: ExecutionGraph, p: Pieces, knob: Knob, times: EditedTimes | No
         k = knob.new / (knob.old or 1.0)
         sel = passes & ~p.node_comm
         dur[sel] = base_dur[sel] * k
-        gsel = gpass & ~p.gap_comm
+        gsel = gpass & ~p.gap_comm & ~p.gap_wait
         gap[gsel] = p.gap_len[gsel] * k
     elif knob.name == "checkpoint":
         on = 1.0 if knob.new else -1.0
@@ -322,10 +331,10 @@ def knob_times(g: ExecutionGraph, p: Pieces, knob: Knob, times: EditedTimes | No
             mine = rank == r
             gmine = rank[p.gap_node] == r
             fwd = float(base_dur[mine & (p.node_phase == FORWARD) & ~p.node_comm].sum()) + float(
-                p.gap_len[gmine & (p.gap_phase == FORWARD) & ~p.gap_comm].sum()
+                p.gap_len[gmine & (p.gap_phase == FORWARD) & ~p.gap_comm & ~p.gap_wait].sum()
             )
             bsel = mine & (p.node_phase == BACKWARD) & ~p.node_comm
-            gbsel = gmine & (p.gap_phase == BACKWARD) & ~p.gap_comm
+            gbsel = gmine & (p.gap_phase == BACKWARD) & ~p.gap_comm & ~p.gap_wait
             bwd = float(base_dur[bsel].sum()) + float(p.gap_len[gbsel].sum())
             if bwd <= 0:
                 continue
@@ -441,7 +450,13 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
     best: tuple[float, float] = (0.0, 0.0)
     for r in g.ranks:
         mine = (n["rank"] == r) & np.isin(p.node_phase, (FORWARD, BACKWARD)) & (p.node_mb >= 0) & ~p.node_comm
-        gm = (n["rank"][p.gap_node] == r) & np.isin(p.gap_phase, (FORWARD, BACKWARD)) & (p.node_mb[p.gap_node] >= 0) & ~p.gap_comm
+        gm = (
+            (n["rank"][p.gap_node] == r)
+            & np.isin(p.gap_phase, (FORWARD, BACKWARD))
+            & (p.node_mb[p.gap_node] >= 0)
+            & ~p.gap_comm
+            & ~p.gap_wait
+        )
         work_nodes = mine & p.node_work
         work = float((dur[work_nodes] - fixed_node[work_nodes]).sum())
         fixed = float(fixed_node[work_nodes].sum()) + float(dur[mine & ~p.node_work].sum())
