@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import replace
 
-from bottleneck_oracle_lab.systems.paired import KnobChange, default_knobs, generate_knobs
+from bottleneck_oracle_lab.systems.paired import default_knobs, generate_knobs
 
 
 def main() -> int:
@@ -34,27 +34,8 @@ def main() -> int:
         help="record this change (for every size and layout) instead of the default ten, e.g. microbatches:2:8; repeatable",
     )
     a = ap.parse_args()
-    if a.change:
-        changes = []
-        for size in a.sizes:
-            for layout in a.layouts:
-                for text in a.change:
-                    knob, base, changed = text.split(":")
-                    changes.append(
-                        KnobChange(
-                            launch_id=f"knob-{size}-{layout}-{knob}-{float(base):g}-{float(changed):g}",
-                            layout=layout,
-                            size=size,
-                            knob=knob,
-                            base=float(base),
-                            changed=float(changed),
-                            pairs=a.pairs,
-                            steps=a.steps,
-                            seed=len(changes),
-                        )
-                    )
-    else:
-        changes = [replace(k, pairs=a.pairs, steps=a.steps) for k in default_knobs(a.sizes, a.layouts)]
+    only = [(k, float(x), float(y)) for k, x, y in (c.split(":") for c in a.change)] if a.change else None
+    changes = [replace(k, pairs=a.pairs, steps=a.steps) for k in default_knobs(a.sizes, a.layouts, only=only)]
     if a.only:
         changes = [k for k in changes if k.launch_id in a.only]
     t0 = time.perf_counter()

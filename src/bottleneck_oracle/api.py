@@ -482,7 +482,7 @@ def whatif(
                 microbatches=resplit,
                 corrected=corrected,
                 knobs=[k.describe() for k in settings],
-                knobs_interval_us=knob_interval(replay.step_us) if settings and not g.nodes["on_gpu"].any() else None,
+                knobs_interval_us=knob_interval(g, replay.step_us) if settings else None,
                 critical_path=PathChange(len(before), len(after), names(after - before), names(before - after)),
             )
         )

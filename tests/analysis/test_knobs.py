@@ -3,7 +3,10 @@ trace built event by event whose answer is known from the construction, and the 
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
+from pathlib import Path
 
 import pytest
 
@@ -114,13 +117,11 @@ def test_a_bad_knob_is_one_clear_error(text, message):
         Knob.parse(text)
 
 
-DDP = __import__("pathlib").Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"
+DDP = Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"
 
 
 def _raw_allreduces(folder) -> list[tuple[float, float]]:
     """(duration µs, bytes) of rank 0's gradient all-reduces inside ProfilerStep#1, read from the raw JSON."""
-    import gzip
-
     path = sorted(folder.glob("rank-0.json*"))[0]
     data = json.loads((gzip.open(path) if path.suffix == ".gz" else open(path)).read())
     ev = data["traceEvents"]
@@ -130,7 +131,7 @@ def _raw_allreduces(folder) -> list[tuple[float, float]]:
     for e in ev:
         if e.get("name") == "gloo:all_reduce" and e.get("ph") == "X" and lo <= e["ts"] < hi:
             dims = e["args"]["Input Dims"]  # gloo ops give their tensors' shapes, float32 here
-            out.append((float(e["dur"]), 4.0 * sum(__import__("math").prod(d) for d in dims if d)))
+            out.append((float(e["dur"]), 4.0 * sum(math.prod(d) for d in dims if d)))
     return out
 
 
@@ -144,15 +145,13 @@ def test_bucket_changes_add_or_remove_one_latency_per_bucket():
     assert -2 * 50.0 - 4 * 5.0 <= one.replay.delta_us < 0  # the gloo latency prior at most, and the issuing calls' fixed parts
 
 
-GPU = __import__("pathlib").Path(__file__).parent.parent / "data" / "public-gpu" / "train_1rank_5steps.json.gz"
+GPU = Path(__file__).parent.parent / "data" / "public-gpu" / "train_1rank_5steps.json.gz"
 
 
 def test_a_batch_change_on_a_gpu_bound_step_scales_its_kernels():
     """Kernels run outside the CPU's phase ranges: they take the phase of the call that launched
     them, so doubling the batch of this GPU-bound step (the device ~99% busy) adds about its
     kernel time, read from the raw events; no CPU-calibrated interval is shown on a GPU step."""
-    import gzip
-
     ev = json.loads(gzip.open(GPU).read())["traceEvents"]
     step = next(e for e in ev if e.get("name") == "ProfilerStep#103")
     lo, hi = step["ts"], step["ts"] + step["dur"]

@@ -292,7 +292,7 @@ def test_a_configuration_change_on_a_cpu_step_carries_its_re_run_interval(step):
     mb = node_phases(table, a.graph)[1]
     s = Suggestion(source="x", title="t", explanation="e", edits=[], knobs=["batch=x0.5"])
     assert validate(s, a.graph, a.cpm, phases, None, table, mb) is None and s.replay_saving_us > 0
-    lo, hi = interval(a.cpm.makespan - s.replay_saving_us) or (0.0, 0.0)  # the step after the change, as the interval reads it
+    lo, hi = interval(a.graph, a.cpm.makespan - s.replay_saving_us) or (0.0, 0.0)  # the step after the change, as the interval reads it
     assert s.saving_interval_us == pytest.approx((a.cpm.makespan - hi, a.cpm.makespan - lo))
     assert s.saving_interval_us[0] < s.replay_saving_us < s.saving_interval_us[1]
 

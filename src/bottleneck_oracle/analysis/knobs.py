@@ -39,6 +39,7 @@ backward that hides the all-reduce, a rank that waits for its peer.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -179,6 +180,7 @@ class Pieces:
     gap_comm: np.ndarray  # bool: own time of a communication call
     gap_wait: np.ndarray  # bool: untraced time right after a communication call on its thread: waiting for the peer
     gap_attention: np.ndarray
+    into: np.ndarray  # int64 per node: the program-order edge into it (-1: its thread's first)
     fixed_cpu_us: float
     fixed_device_us: float
 
@@ -188,14 +190,20 @@ class Pieces:
         out: np.ndarray = self.node_phase[self.gap_node]
         return out
 
+    @property
+    def gap_pass(self) -> np.ndarray:
+        """The stretches that are the pass's own time: neither a communication call's nor waiting for a peer."""
+        out: np.ndarray = ~self.gap_comm & ~self.gap_wait
+        return out
 
-def fixed_costs(g: ExecutionGraph, factor: float | None = None) -> tuple[float, float]:
-    """(CPU, device) fixed cost of an op (µs), from the step: ``factor`` (default ``FIXED_FACTOR``)
-    times the median CPU op that only makes a view or an empty tensor; the 5th percentile of
-    device ops' durations (at most 5 µs)."""
+
+def fixed_costs(g: ExecutionGraph) -> tuple[float, float]:
+    """(CPU, device) fixed cost of an op (µs), from the step: ``FIXED_FACTOR`` times the median CPU
+    op that only makes a view or an empty tensor; the 5th percentile of device ops' durations (at
+    most 5 µs)."""
     n = g.nodes
     meta = np.array([s in _META for s in g.names], dtype=bool)[n["name"]] & ~n["on_gpu"]
-    cpu = (float(np.median(n["mdur"][meta])) if meta.any() else _DEFAULT_FIXED_US) * (FIXED_FACTOR if factor is None else factor)
+    cpu = (float(np.median(n["mdur"][meta])) if meta.any() else _DEFAULT_FIXED_US) * FIXED_FACTOR
     dev = n["on_gpu"] & np.isin(n["category"], (Category.KERNEL, Category.MEMCPY, Category.MEMSET))
     device = min(float(np.percentile(n["mdur"][dev], 5)), 5.0) if dev.any() else _DEFAULT_FIXED_US
     return max(cpu, 0.0), max(device, 0.0)
@@ -257,6 +265,7 @@ def pieces(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> Pieces:
         gap_comm=gcomm,
         gap_wait=gwait,
         gap_attention=owned & attention[safe],
+        into=into,
         fixed_cpu_us=fixed_cpu,
         fixed_device_us=fixed_dev,
     )
@@ -275,9 +284,8 @@ def _times(g: ExecutionGraph, p: Pieces, dur: np.ndarray, gap_new: np.ndarray) -
     weight = g.edges["weight"].astype(np.float64).copy()
     release = g.release.astype(np.float64).copy()
     change = np.bincount(p.gap_node, weights=gap_new - p.gap_len, minlength=g.n_nodes)
-    into = _program_order_into(g)
     has = np.flatnonzero(np.abs(change) > 1e-9)
-    edges = into[has]
+    edges = p.into[has]
     e_ok = edges >= 0
     np.add.at(weight, edges[e_ok], change[has[e_ok]])
     weight[edges[e_ok]] = np.maximum(weight[edges[e_ok]], 0.0)
@@ -322,7 +330,7 @@ def knob_times(g: ExecutionGraph, p: Pieces, knob: Knob, times: EditedTimes | No
         k = knob.new / (knob.old or 1.0)
         sel = passes & ~p.node_comm
         dur[sel] = base_dur[sel] * k
-        gsel = gpass & ~p.gap_comm & ~p.gap_wait
+        gsel = gpass & p.gap_pass
         gap[gsel] = p.gap_len[gsel] * k
     elif knob.name == "checkpoint":
         on = 1.0 if knob.new else -1.0
@@ -331,10 +339,10 @@ def knob_times(g: ExecutionGraph, p: Pieces, knob: Knob, times: EditedTimes | No
             mine = rank == r
             gmine = rank[p.gap_node] == r
             fwd = float(base_dur[mine & (p.node_phase == FORWARD) & ~p.node_comm].sum()) + float(
-                p.gap_len[gmine & (p.gap_phase == FORWARD) & ~p.gap_comm & ~p.gap_wait].sum()
+                p.gap_len[gmine & (p.gap_phase == FORWARD) & p.gap_pass].sum()
             )
             bsel = mine & (p.node_phase == BACKWARD) & ~p.node_comm
-            gbsel = gmine & (p.gap_phase == BACKWARD) & ~p.gap_comm & ~p.gap_wait
+            gbsel = gmine & (p.gap_phase == BACKWARD) & p.gap_pass
             bwd = float(base_dur[bsel].sum()) + float(p.gap_len[gbsel].sum())
             if bwd <= 0:
                 continue
@@ -368,13 +376,13 @@ def _allreduces(g: ExecutionGraph, p: Pieces) -> np.ndarray:
     )
 
 
-def buckets(g: ExecutionGraph, p: Pieces, knob: Knob, base_dur: np.ndarray) -> Buckets:
+def buckets(g: ExecutionGraph, knob: Knob, base_dur: np.ndarray, ar: np.ndarray) -> Buckets:
     """The same gradient bytes in buckets of the new size. An all-reduce's duration in a trace is
     mostly waiting for the last rank to arrive, so no bandwidth is fitted: the bytes, and the
     time to move them, stay; each bucket added or removed adds or removes one latency, the
-    backend's (``GLOO_LATENCY_US``, ``DEVICE_LATENCY_US``) or the fastest all-reduce's if that is shorter."""
+    backend's (``GLOO_LATENCY_US``, ``DEVICE_LATENCY_US``) or the fastest all-reduce's if that is
+    shorter. ``ar``: the step's gradient all-reduces (``_allreduces``)."""
     n = g.nodes
-    ar = _allreduces(g, p)
     if not len(ar):
         raise OracleError("bucket_mb: the step has no gradient all-reduce with a message size (is this a DDP job?)")
     rank = n["rank"][ar]
@@ -404,10 +412,10 @@ def _accumulate_grads(g: ExecutionGraph, rank: int) -> int:
 
 
 def _rebucket(g: ExecutionGraph, p: Pieces, knob: Knob, base_dur: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    b = buckets(g, p, knob, base_dur)
+    ar = _allreduces(g, p)
+    b = buckets(g, knob, base_dur, ar)
     n = g.nodes
     dur = base_dur.copy()
-    ar = _allreduces(g, p)
     added = b.after - b.before
     for r in g.ranks:
         mine = ar[n["rank"][ar] == r]
@@ -450,13 +458,7 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
     best: tuple[float, float] = (0.0, 0.0)
     for r in g.ranks:
         mine = (n["rank"] == r) & np.isin(p.node_phase, (FORWARD, BACKWARD)) & (p.node_mb >= 0) & ~p.node_comm
-        gm = (
-            (n["rank"][p.gap_node] == r)
-            & np.isin(p.gap_phase, (FORWARD, BACKWARD))
-            & (p.node_mb[p.gap_node] >= 0)
-            & ~p.gap_comm
-            & ~p.gap_wait
-        )
+        gm = (n["rank"][p.gap_node] == r) & np.isin(p.gap_phase, (FORWARD, BACKWARD)) & (p.node_mb[p.gap_node] >= 0) & p.gap_pass
         work_nodes = mine & p.node_work
         work = float((dur[work_nodes] - fixed_node[work_nodes]).sum())
         fixed = float(fixed_node[work_nodes].sum()) + float(dur[mine & ~p.node_work].sum())
@@ -469,15 +471,25 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
     return MicrobatchParts(stages=len(g.ranks), microbatches=m, fixed_us=best[0] / m, work_us=best[1] / m)
 
 
-def interval(step_us: float) -> tuple[float, float] | None:
-    """The 90% interval of a ``--set`` prediction: ``step_us`` times the 5th and 95th percentiles of
-    measured / predicted over the recorded knob changes (``knob_errors.json``, written by
-    ``benchmarks/knobs.py --write-interval``); None if the package has none."""
+def interval(g: ExecutionGraph, step_us: float) -> tuple[float, float] | None:
+    """The 90% interval of a ``--set`` prediction of step ``g``: ``step_us`` times the 5th and 95th
+    percentiles of measured / predicted over the recorded knob changes (``knob_errors.json``,
+    written by ``benchmarks/knobs.py --write-interval``). None on a step with device work (the
+    re-runs were CPU runs), or if the package has none."""
+    q = _spread()
+    if q is None or g.nodes["on_gpu"].any():
+        return None
+    return step_us * q[0], step_us * q[1]
+
+
+@functools.cache
+def _spread() -> tuple[float, float] | None:
+    """(low, high) of knob_errors.json, read once."""
     import json
     from importlib import resources
 
     try:
         q = json.loads((resources.files("bottleneck_oracle.analysis") / "knob_errors.json").read_text())
-        return step_us * float(q["low"]), step_us * float(q["high"])
+        return float(q["low"]), float(q["high"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -99,12 +99,10 @@ def formula_parts(g: ExecutionGraph, dur: np.ndarray, phase: np.ndarray, mb: np.
     return {"p": p, "m": m, "t_f": t_f, "t_b": t_b, "sync": sync, "optimizer": opt, "rest": rest}
 
 
-def pipeline_step(parts: dict[str, float], microbatches: int | None = None) -> float:
-    """(m + p - 1)(t_f + t_b) + sync + optimizer + rest; with ``microbatches`` m', the same batch
-    split into m' micro-batches: per-micro-batch times scale by m / m'."""
-    m = parts["m"]
-    m2 = microbatches or m
-    return (m2 + parts["p"] - 1) * (parts["t_f"] + parts["t_b"]) * m / m2 + parts["sync"] + parts["optimizer"] + parts["rest"]
+def pipeline_step(parts: dict[str, float]) -> float:
+    """(m + p - 1)(t_f + t_b) + sync + optimizer + rest (a re-split into other micro-batch counts is
+    ``whatif --set microbatches=``, analysis.knobs)."""
+    return (parts["m"] + parts["p"] - 1) * (parts["t_f"] + parts["t_b"]) + parts["sync"] + parts["optimizer"] + parts["rest"]
 
 
 def formula_step(g: ExecutionGraph, dur: np.ndarray, phase: np.ndarray, mb: np.ndarray, pipeline: bool) -> float:

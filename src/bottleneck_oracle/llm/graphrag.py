@@ -355,10 +355,10 @@ def validate(
     s.edited_nodes = int(len(times.nodes) + len(times.edges))
     after = times.cpm().makespan
     s.replay_saving_us = float(base.makespan - after)
-    if s.knobs and not g.nodes["on_gpu"].any():
+    if s.knobs:
         from bottleneck_oracle.analysis.knobs import interval
 
-        iv = interval(after)
+        iv = interval(g, after)
         s.saving_interval_us = None if iv is None else (float(base.makespan - iv[1]), float(base.makespan - iv[0]))
     if predictor is not None:
         from bottleneck_oracle.models.predict import sample_for

@@ -512,17 +512,26 @@ class KnobChange:
         return [(f"{w}-{i}", v) for i in range(self.pairs) for w, v in (("base", self.base), ("changed", self.changed))]
 
 
-def default_knobs(sizes: Sequence[str], layouts: Sequence[str], batch: int = 4, seed: int = 0) -> list[KnobChange]:
+def default_knobs(
+    sizes: Sequence[str],
+    layouts: Sequence[str],
+    batch: int = 4,
+    seed: int = 0,
+    only: Sequence[tuple[str, float, float]] | None = None,
+) -> list[KnobChange]:
     """Ten changes per size and layout. DP: batch doubled, halved and x1.5; sequence length
     doubled and halved; buckets from one (25 MB) to many (0.05 MB) and to 1 MB; gradient
     accumulation 1 -> 2 and 1 -> 4; activation checkpointing on. Pipeline: micro-batches 4 -> 2,
     8 and 1 at the same global batch; sequences per micro-batch doubled and x1.5, halved;
-    sequence length doubled, halved and x1.5; activation checkpointing on."""
+    sequence length doubled, halved and x1.5; activation checkpointing on. ``only``: these
+    (knob, base, changed) instead, for every size and layout."""
     out: list[KnobChange] = []
     for size in sizes:
         seq = SIZES[size].seq
         for layout in layouts:
-            if layout.startswith("dp"):
+            if only is not None:
+                changes = list(only)
+            elif layout.startswith("dp"):
                 changes = [
                     ("batch", batch, 2 * batch),
                     ("batch", batch, max(1, batch // 2)),
