@@ -160,3 +160,17 @@ def test_a_batch_change_on_a_gpu_bound_step_scales_its_kernels():
     (r,) = api.whatif(GPU, [], knobs=["batch=x2"], steps=[103])
     assert 0.8 * kernels <= r.replay.delta_us <= 1.2 * kernels, (r.replay.delta_us, kernels)
     assert r.knobs_interval_us is None
+
+
+def test_a_step_without_edges_takes_a_knob():
+    """cpu_only_rank34 keeps 15 of its rank's 7,479 events (sampled): its step's graph has ops and
+    no edges at all. Its ops are gloo all-reduces (read from the raw events): a batch change moves
+    none of them."""
+    path = Path(__file__).parent.parent / "data" / "public-gpu" / "cpu_only_rank34.json.gz"
+    ev = json.loads(gzip.open(path).read())["traceEvents"]
+    step = next(e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#"))
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    inside = {e["name"] for e in ev if e.get("ph") == "X" and e.get("cat") == "cpu_op" and lo <= e["ts"] < hi}
+    assert inside <= {"gloo:all_reduce", "aten::empty"}, inside
+    (r,) = api.whatif(path, [], knobs=["batch=x2"])
+    assert r.replay.delta_us == 0.0

@@ -248,10 +248,11 @@ def pieces(g: ExecutionGraph, phase: np.ndarray, mb: np.ndarray) -> Pieces:
     gwork = owned & ~gcomm & cpu_only[gnode]
     # untraced time right after a send, receive or collective call on its thread is the wait for
     # the peer (a blocking receive returns from its traced call, then waits): not the pass's work
-    e = g.edges
     into = _program_order_into(g)
-    before = np.where(into[gnode] >= 0, e["src"][np.maximum(into[gnode], 0)], -1)
-    gwait = ~owned & (before >= 0) & comm[np.maximum(before, 0)]
+    edge = into[gnode]
+    has = edge >= 0  # a stretch before its thread's first op has no op before it (and a step may have no edges at all)
+    gwait = np.zeros(len(gnode), dtype=bool)
+    gwait[has] = ~owned[has] & comm[g.edges["src"][edge[has]]]
     fixed_cpu, fixed_dev = fixed_costs(g)
     return Pieces(
         node_phase=phase,
