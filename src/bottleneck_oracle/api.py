@@ -419,7 +419,10 @@ def whatif(
             no_passes.append(g.step)
         for k in settings:
             if k.name != "microbatches" and split is not None:
-                times = knob_times(g, split, k, times)
+                try:
+                    times = knob_times(g, split, k, times)
+                except OracleError as exc:
+                    raise OracleError(f"{path}: step {g.step}: {exc}") from None
         base = run_cpm(g)
         measured = max(g.measured.values())
         delta = times.delta()

@@ -369,12 +369,12 @@ class Buckets:
 
 
 def _allreduces(g: ExecutionGraph, p: Pieces) -> np.ndarray:
-    """The gradient all-reduces of the step: collectives in the backward pass (or DP sync) with a message size."""
+    """The gradient all-reduces of the step: all-reduce collectives in the backward pass (or DP
+    sync); in a step without forward/backward ranges, every one outside an optimizer range."""
     n = g.nodes
     names = np.array(["reduce" in s.lower() for s in g.names], dtype=bool)[n["name"]]
-    return np.flatnonzero(
-        (n["category"] == Category.COLLECTIVE) & names & np.isfinite(n["msg_bytes"]) & (p.node_phase != NONE) & (p.node_phase != FORWARD)
-    )
+    where = ~np.isin(p.node_phase, (NONE, FORWARD)) if has_passes(p.node_phase) else p.node_phase != OPTIMIZER
+    return np.flatnonzero((n["category"] == Category.COLLECTIVE) & names & where)
 
 
 def buckets(g: ExecutionGraph, knob: Knob, base_dur: np.ndarray, ar: np.ndarray) -> Buckets:
@@ -385,15 +385,16 @@ def buckets(g: ExecutionGraph, knob: Knob, base_dur: np.ndarray, ar: np.ndarray)
     shorter. ``ar``: the step's gradient all-reduces (``_allreduces``)."""
     n = g.nodes
     if not len(ar):
-        raise OracleError("bucket_mb: the step has no gradient all-reduce with a message size (is this a DDP job?)")
+        raise OracleError("bucket_mb: the step has no gradient all-reduce (is this a DDP job?)")
     rank = n["rank"][ar]
-    big = max(g.ranks, key=lambda r: float(n["msg_bytes"][ar][rank == r].sum()))
+    big = max(g.ranks, key=lambda r: (int((rank == r).sum()), float(np.nansum(n["msg_bytes"][ar][rank == r]))))
     mine = ar[rank == big]
-    total = float(n["msg_bytes"][mine].sum()) / MIB
+    total = float(np.nansum(n["msg_bytes"][mine])) / MIB
     names = {g.names[int(i)].lower() for i in n["name"][mine]}
     prior = GLOO_LATENCY_US if any("gloo" in s for s in names) else DEVICE_LATENCY_US
-    if knob.relative:  # buckets r times as large: r times fewer of them
-        after = max(1, int(np.ceil(len(mine) / knob.new - 1e-9)))
+    if knob.relative or not np.isfinite(n["msg_bytes"][mine]).all():
+        # buckets new/old times as large, new/old times fewer of them (the only rule where the trace gives no sizes)
+        after = max(1, int(np.ceil(len(mine) * (knob.old or 1.0) / knob.new - 1e-9)))
     else:
         after = max(1, int(np.ceil(total / knob.new - 1e-9)))
     params = _accumulate_grads(g, big)  # a bucket holds whole gradients: at most one per parameter
