@@ -72,7 +72,7 @@ _UNTYPED = msgspec.json.Decoder()
 
 def _scanner(raw: bytes) -> int:
     buf = np.frombuffer(raw, dtype=np.uint8)
-    lo, hi, _, _, _, err, count = scan.count_events(buf)
+    lo, hi, _, _, _, err, count, _ = scan.count_events(buf)  # one thread, as the decoders beside it
     if err != scan.OK:
         raise ValueError(f"scanner error {err}")
     err, _, ev = scan.scan(buf, lo, hi, events=count)

@@ -392,3 +392,27 @@ def test_blame_shows_the_corrected_saving_of_its_top_rows(capsys):
     assert code == 0 and "corrected [90%]" in out
     code, out, _ = run(["blame", str(straggler), "--step", "4", "--json", "--no-model"], capsys)
     assert all("corrected_saving_us" not in x for x in json.loads(out)["steps"][0]["nodes"])
+
+
+def test_a_long_run_prints_its_slowest_steps_not_every_step(tmp_path, capsys, monkeypatch):
+    """Past MAX_STEP_ROWS steps the terminal's steps table holds the 20 slowest (by the graph's
+    step time, the --json figures), in step order; --detail prints every step."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_trace import generate
+
+    generate(tmp_path / "job", events=110_000, ranks=1)
+    monkeypatch.setenv("COLUMNS", "120")
+    code, out, _ = run(["analyze", str(tmp_path / "job"), "--json"], capsys)
+    times = {s["step"]: s["step_time_us"] for s in json.loads(out)["steps"]}
+    assert code == 0 and len(times) > 40
+    slowest = sorted(sorted(times, key=lambda s: -times[s])[:20])
+    code, out, _ = run(["analyze", str(tmp_path / "job")], capsys)
+    rows = [int(line.split("│")[1]) for line in out.splitlines() if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    assert code == 0 and f"the 20 slowest of {len(times)} steps (every step: --detail)" in out
+    assert rows == slowest
+    code, out, _ = run(["analyze", str(tmp_path / "job"), "--detail"], capsys)
+    assert code == 0 and "slowest of" not in out.split("\n\n")[0]
+    steps_table = out[out.index("Steps (ms)") : out.index("└")]
+    assert sorted(
+        int(line.split("│")[1]) for line in steps_table.splitlines() if line.startswith("│") and line.split("│")[1].strip().isdigit()
+    ) == sorted(times)

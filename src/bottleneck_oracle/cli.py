@@ -200,6 +200,7 @@ out = _PlainConsole(markup=False, file=stdout)  # type: ignore[arg-type]  # a fi
 err = _PlainConsole(stderr=True, markup=False)
 
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
+MAX_STEP_ROWS = 40  # steps table rows printed without --detail: a longer run shows its MAX_STEP_DETAILS slowest
 RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
 TWO_STEP_EVENTS = 1_000_000  # events a step: beyond, the run answer's saving is replayed in one step, not two
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
@@ -308,7 +309,12 @@ def _print_summary(
         for line in run.lines():
             out.print(Text(line), soft_wrap=False)
         _print_step_warnings(analyses if rows is None else analyses, n_steps or len(analyses))
-    print_table(out, tables.steps_table(analyses, rows))
+    table = tables.steps_table(analyses, rows)
+    if not detail and len(table.rows) > MAX_STEP_ROWS:  # a long run: its slowest steps, the run answer above says the rest
+        shown = _slowest([r[3] for r in table.rows])
+        table.rows = [table.rows[i] for i in shown]
+        table.title += f": the {len(shown)} slowest of {n_steps or len(analyses)} steps (every step: --detail)"
+    print_table(out, table)
     if not detail and (n_steps or len(analyses)) > 1:  # a one-step input: the run is that step, shown whole
         out.print(Text("Per-step detail (critical path, top ops, ranks, warnings): --detail"))
         return

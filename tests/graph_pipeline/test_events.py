@@ -78,6 +78,34 @@ def test_parents_follow_nesting():
     assert len(mm) and all(names[parent[i]] == "aten::matmul" for i in mm)
 
 
+@pytest.mark.parametrize("trace", ["diff_test_rank1of2.json.gz", "nccl_2rank_rank0.json.gz"])
+def test_every_parent_is_the_innermost_enclosing_op_of_its_thread(trace):
+    """cpu_parents (a compiled stack walk) against a search of each thread's events: an event's
+    parent is the shortest CPU event of its thread that encloses it (ties in start and length,
+    which either side may break its own way, are left out)."""
+    t = load_events(PUBLIC / trace)
+    c = t.cols
+    parent = cpu_parents(t)
+    cpu = np.flatnonzero((c["cls"] == EvClass.CPU) | (c["cls"] == EvClass.RUNTIME))
+    assert (parent[np.setdiff1d(np.arange(len(t)), cpu)] == -1).all()
+    checked = 0
+    for key in {(int(r), int(p), int(d)) for r, p, d in zip(c["rank"][cpu], c["pid"][cpu], c["tid"][cpu])}:
+        mine = cpu[(c["rank"][cpu] == key[0]) & (c["pid"][cpu] == key[1]) & (c["tid"][cpu] == key[2])]
+        ts, dur = c["ts"][mine], c["dur"][mine]
+        end = ts + dur
+        for i in range(len(mine)):
+            if dur[i] <= 0 or ((ts == ts[i]) & (dur == dur[i])).sum() > 1:
+                continue  # zero-length, or twins: which encloses which is a convention
+            open_at = (ts <= ts[i]) & (end > ts[i]) & (np.arange(len(mine)) != i)
+            around = open_at & (end + 1e-6 >= end[i])
+            if (open_at & ~around).any() or len(set(dur[around].tolist())) < around.sum():
+                continue  # an event overlapping it without enclosing it, or two enclosing ones alike
+            want = mine[around][np.argmin(dur[around])] if around.any() else -1
+            assert parent[mine[i]] == want, (key, i)
+            checked += 1
+    assert checked > 1000
+
+
 def _write(path, data: bytes):
     path.write_bytes(data)
     return path

@@ -137,3 +137,110 @@ def test_a_cold_scanner_cache_is_told_at_a_terminal(tmp_path, monkeypatch):
     monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)
     cli._first_run_notice(["analyze"])
     assert len(said) == 1
+
+
+def _cols_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("path", [PUBLIC / "diff_test_rank1of2.json.gz", PUBLIC / "nccl_2rank_rank0.json.gz"], ids=lambda p: p.name)
+def test_a_trace_scanned_in_parts_is_the_trace_scanned_in_one(path):
+    """count_events splits the events array at events (found by the walk that counts them); the
+    parts are scanned and walked in threads; every column and every event's bytes are those of
+    the one-thread scan, and each part starts where the walk said."""
+    raw = gzip.decompress(path.read_bytes())
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    lo, hi, _, _, _, err, count, none = scan.count_events(buf)
+    assert err == scan.OK and none == []
+    err, _, whole = scan.scan(buf, lo, hi, events=count)
+    err_b, _, starts, ends, _ = scan.object_bounds(buf, lo, hi)
+    assert err == err_b == scan.OK
+    for parts in (2, 3, 7):
+        *_, splits = scan.count_events(buf, parts)
+        assert 1 <= len(splits) <= parts - 1
+        for at, before in splits:  # an event starts there, after `before` events
+            assert raw[at : at + 1] == b"{" and starts[before] == at
+        err, _, cols = scan.scan(buf, lo, hi, events=count, splits=splits)
+        assert err == scan.OK and _cols_equal(cols, whole)
+        err, _, s2, e2, _ = scan.object_bounds(buf, lo, hi, count, splits)
+        assert err == scan.OK and np.array_equal(s2, starts) and np.array_equal(e2, ends)
+
+
+def test_a_split_that_is_not_an_event_start_falls_back_to_one_scan(tmp_path):
+    """A part that does not end cleanly where the next begins (a split inside a string here) is
+    scanned again in one thread: the same columns, and a bad trace's error as one scan names it."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op {i} }},{{ x", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(50)]
+    raw = json.dumps({"traceEvents": events}).encode()
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    lo, hi, _, _, _, _, count, splits = scan.count_events(buf, 2)
+    _, _, whole = scan.scan(buf, lo, hi, events=count)
+    inside = raw.index(b"},{ x", raw.index(b'"op 25 ')) + 2  # a '{' inside a name
+    bogus = [(inside, 25)]
+    err, _, cols = scan.scan(buf, lo, hi, events=count, splits=bogus)
+    assert err == scan.OK and _cols_equal(cols, whole)
+    err, _, starts, _, _ = scan.object_bounds(buf, lo, hi, count, bogus)
+    assert err == scan.OK and len(starts) == 50
+    cut = raw.index(b'"ts": 40')
+    bad = raw[:cut] + b'"ts": -x' + raw[cut + 8 :]  # a ts that is no number, in the second part
+    b2 = np.frombuffer(bad, dtype=np.uint8)
+    lo, hi, _, _, _, _, count, splits = scan.count_events(b2, 2)
+    assert splits and splits[0][1] < 40
+    one = scan.scan(b2, lo, hi, events=count)
+    parted = scan.scan(b2, lo, hi, events=count, splits=splits)
+    assert one[0] != scan.OK and (one[0], one[1]) == (parted[0], parted[1])
+
+
+def _strict_problem(text: bytes) -> int:
+    """The oracle: Python's own UTF-8 decoder, and a JSON string's escapes decoded by the json
+    module must encode back to UTF-8 (a lone surrogate cannot)."""
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        return scan.NOT_UTF8
+    try:
+        json.loads('"' + decoded + '"').encode("utf-8")
+    except UnicodeEncodeError:
+        return scan.LONE_SURROGATE
+    return scan.TEXT_OK
+
+
+def test_the_text_check_agrees_with_pythons_decoders():
+    rng = np.random.default_rng(7)
+    pieces = [
+        b"a",
+        b"Z",
+        b" ",
+        b"\\n",
+        b"\\\\",
+        b'\\"',
+        b"\\u00e9",
+        b"\\ud83d\\ude00",
+        b"\\ud800",
+        b"\\udc00",
+        b"\\uDBFF\\uDFFF",
+        "é".encode(),
+        "€".encode(),
+        "😀".encode(),
+        b"\xff",
+        b"\xc0\xaf",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xe2\x82",
+        b"\\\\ud800",
+    ]
+    seen = set()
+    for _ in range(3000):
+        text = b"".join(pieces[k] for k in rng.integers(0, len(pieces), size=int(rng.integers(0, 8))))
+        want = _strict_problem(text)
+        buf = np.frombuffer(text, dtype=np.uint8)
+        kind, at = scan.text_problem(buf, 0, len(text))
+        if want == scan.NOT_UTF8:  # (a text may hold both problems; its first is the one found)
+            assert kind != scan.TEXT_OK, text
+            if kind == scan.NOT_UTF8:
+                with pytest.raises(UnicodeDecodeError) as exc:
+                    text.decode("utf-8")
+                assert at == exc.value.start, text
+        else:
+            assert kind == want, text
+        seen.add(want)
+    assert seen == {scan.TEXT_OK, scan.NOT_UTF8, scan.LONE_SURROGATE}

@@ -5,6 +5,7 @@ JSON reader refuses is refused, not copied."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -108,3 +109,32 @@ def test_mapped_overlay_equals_the_decoded_one(tmp_path, monkeypatch):
         out = write_overlay(table, analyses, tmp_path / "m.json")
         assert json.loads(out.read_bytes()) == _reference(table, analyses)
         monkeypatch.undo()
+
+
+def test_the_writer_thread_hands_a_failed_write_to_the_caller():
+    """_Chunks compresses and writes in a thread of its own: a write that fails there (a full
+    disk) is raised in the caller's thread, and the thread is gone once the block is left."""
+    from bottleneck_oracle.report.perfetto import _CHUNK, _Chunks
+
+    class Full:
+        def __init__(self) -> None:
+            self.written = 0
+
+        def write(self, b: bytes) -> int:
+            if self.written:
+                raise OSError(28, "No space left on device")
+            self.written += len(b)
+            return len(b)
+
+    sink = Full()
+    with pytest.raises(OSError, match="No space left"), _Chunks(sink) as fh:
+        for _ in range(64):  # far more than the chunks queued
+            fh.write(b"x" * (_CHUNK // 4))
+        fh.flush()
+    assert sink.written == _CHUNK and not fh._thread.is_alive()
+    ok = io.BytesIO()
+    with _Chunks(ok) as fh:  # in order, whole
+        for i in range(3000):
+            fh.write(b"%d," % i)
+        fh.flush()
+    assert ok.getvalue() == b"".join(b"%d," % i for i in range(3000))

@@ -172,8 +172,10 @@ def overlap(g: ExecutionGraph) -> list[Overlap]:
     out = []
     by_rank = np.argsort(rank, kind="stable")  # each rank's ops in their order: one sort, not one scan per rank
     ranks = rank[by_rank]
-    for r in sorted({int(x) for x in rank[comm]}):
-        mine = by_rank[np.searchsorted(ranks, r, side="left") : np.searchsorted(ranks, r, side="right")]
+    with_comm = np.unique(rank[comm])
+    lo, hi = np.searchsorted(ranks, with_comm, side="left").tolist(), np.searchsorted(ranks, with_comm, side="right").tolist()
+    for r, a, b in zip(with_comm.tolist(), lo, hi):  # (searched at once: a search per rank costs a copy of the column each)
+        mine = by_rank[a:b]
         cm, cp = mine[comm[mine]], mine[compute[mine]]
         c = _union(start[cm], end[cm])
         busy = float((c[1] - c[0]).sum())

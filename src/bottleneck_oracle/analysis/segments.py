@@ -24,6 +24,7 @@ the earlier segment is cut where the later one starts.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -86,18 +87,20 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
 
 class _Pieces:
     """The gap pieces (graph.gaps) of each node, in time order (Python lists: the path walk reads
-    them one at a time)."""
+    them one at a time); with ``nodes`` (a mask over the nodes) only theirs, the rest read as none:
+    the walk needs those of the path's nodes, a small part of a large step's."""
 
-    def __init__(self, g: ExecutionGraph) -> None:
+    def __init__(self, g: ExecutionGraph, nodes: np.ndarray | None = None) -> None:
         gp = g.gaps
-        order = np.lexsort((gp["start"], gp["node"]))
+        rows = np.flatnonzero(nodes[gp["node"]]) if nodes is not None else np.arange(len(gp["node"]))
+        order = rows[np.lexsort((gp["start"][rows], gp["node"][rows]))]
         node = gp["node"][order]
         self.lo, self.hi = gp["start"][order].astype(float).tolist(), gp["end"][order].astype(float).tolist()
         self.owner, self.owner_op = gp["owner"][order].astype(int).tolist(), gp["owner_op"][order].astype(bool).tolist()
-        self._first = np.searchsorted(node, np.arange(g.n_nodes + 1), side="left").tolist()
+        self._node = node.tolist()
 
     def of(self, v: int) -> range:
-        return range(self._first[v], self._first[v + 1])
+        return range(bisect.bisect_left(self._node, v), bisect.bisect_right(self._node, v))
 
 
 def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_GAP_US) -> list[Segment]:
@@ -106,7 +109,6 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     klass = node_class(g)
     cpu_only = (~isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]]))).tolist()
     rank_of, tid_of, gpu_of = n["rank"].astype(int).tolist(), n["tid"].astype(int).tolist(), n["on_gpu"].astype(bool).tolist()
-    pieces = _Pieces(g)
     out: list[Segment] = []
 
     def add(kind: SegmentKind, k: int, v: int, name: str, lo: float, hi: float, cause: int = -1) -> None:
@@ -152,6 +154,10 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
 
     barrier = n["category"] == Category.BARRIER
     sync = isin_small(e["kind"], (EdgeKind.COLLECTIVE_SYNC, EdgeKind.SEND_RECV)) & barrier[e["src"]]
+    walked = np.zeros(g.n_nodes, dtype=bool)  # whose thread time the walk splits: the path's nodes and their barriers' members
+    walked[r.path] = True
+    walked[e["dst"][sync & walked[e["src"]]]] = True
+    pieces = _Pieces(g, walked)
 
     def member_on_thread(b: int, src: int) -> int:
         """The participant of barrier ``b`` on the thread of ``src`` (the barrier holds copies of

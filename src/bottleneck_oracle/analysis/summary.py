@@ -56,6 +56,7 @@ class StepAnalysis:
     untraced_gap_us: float = UNTRACED_GAP_US
     _segments: list[Segment] | None = None
     _checks: list[Check] | None = None
+    _queue: tuple[GpuQueue | None] | None = None  # gpu_queue(), computed once
 
     def __repr__(self) -> str:
         period = f", period {self.period / 1000:.3f} ms" if self.period is not None else ""
@@ -224,6 +225,11 @@ class StepAnalysis:
         call's start to its GPU op's start, how long after the step's CPU end the GPU finished the
         step's work, and whether the queue was deeper than the step (the GPU still ran earlier
         steps' work when this step's began). None without GPU ops."""
+        if self._queue is None:
+            self._queue = (self._gpu_queue(),)
+        return self._queue[0]
+
+    def _gpu_queue(self) -> GpuQueue | None:
         g = self.graph
         n, e = g.nodes, g.edges
         if not n["on_gpu"].any():

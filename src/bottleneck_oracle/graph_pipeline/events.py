@@ -26,6 +26,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
+import numba
 import numpy as np
 import orjson
 
@@ -46,6 +47,8 @@ MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds th
 MAX_GZIP_RATIO = 100  # trace JSON compresses 10-30x; a gzip stream inflating more than this is a bomb ...
 BOMB_FLOOR = 64 * 2**20  # ... once it has inflated past this many bytes (small, repetitive files stay readable)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
+SPLIT_BYTES = 64 * 2**20  # one trace file of this many JSON bytes is scanned in parts, one thread each
+MAX_SCAN_THREADS = 8  # (the scan reads memory at a few hundred MB/s a thread: more threads gain little)
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _DEVICE_PROCESS = re.compile(F.DEVICE_PROCESS_PATTERN, re.IGNORECASE)
 _RANK_FOLDER = re.compile(r"(?:rank[-_]?)?(\d+)", re.IGNORECASE)
@@ -347,9 +350,14 @@ class MappedTrace:
 
     def release(self, end: int) -> None:
         """Give back the resident pages of bytes [0, end) (they are read again if touched)."""
+        self.release_range(0, end)
+
+    def release_range(self, start: int, end: int) -> None:
+        """Give back the resident pages that lie wholly inside bytes [start, end)."""
+        start += -start % mmap.PAGESIZE
         end -= end % mmap.PAGESIZE
-        if end > 0 and hasattr(self.map, "madvise"):
-            self.map.madvise(mmap.MADV_DONTNEED, 0, end)
+        if end > start and hasattr(self.map, "madvise"):
+            self.map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 TraceBytes = bytes | bytearray | MappedTrace
@@ -1181,13 +1189,16 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
 def _parse_file(path: Path, single: bool) -> _Builder:
     raw = map_trace(path)
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
-    lo, hi, is_object, has_nodes, has_schema, err, count = scan.count_events(buf)
+    # one file alone is scanned in parts, one thread each; a folder's files are already parsed in parallel
+    parts = min(os.cpu_count() or 1, MAX_SCAN_THREADS) if single and len(buf) >= SPLIT_BYTES else 1
+    lo, hi, is_object, has_nodes, has_schema, err, count, splits = scan.count_events(buf, parts)
     if err == scan.OK and lo < 0:
         raise _not_a_trace(path, raw, is_object, has_nodes, has_schema)
     if isinstance(raw, MappedTrace):  # finding the events array read every page
         raw.release(len(raw))
     if err == scan.OK:  # a mapped trace gives back the pages it has scanned as it goes
-        err, pos, ev = scan.scan(buf, lo, hi, release=raw.release if isinstance(raw, MappedTrace) else None, events=count)
+        mapped = raw.release_range if isinstance(raw, MappedTrace) else None
+        err, pos, ev = scan.scan(buf, lo, hi, release=mapped, events=count, splits=splits)
     else:
         pos = 0
     _give_back(raw)
@@ -1314,22 +1325,27 @@ def cpu_parents(table: EventTable) -> np.ndarray:
     cpu = np.flatnonzero((c["cls"] == EvClass.CPU) | (c["cls"] == EvClass.RUNTIME))
     order = cpu[np.lexsort((-c["dur"][cpu], c["ts"][cpu], c["tid"][cpu], c["pid"][cpu], c["rank"][cpu]))]
     parent = np.full(len(table), -1, dtype=np.int64)
-    ts = c["ts"][order].tolist()
-    end = (c["ts"][order] + c["dur"][order]).tolist()
-    thread = list(zip(c["rank"][order].tolist(), c["pid"][order].tolist(), c["tid"][order].tolist()))
-    rows = order.tolist()
-    stack: list[int] = []  # positions into `order`
-    current = None
-    for p in range(len(rows)):
-        if thread[p] != current:
-            stack.clear()
-            current = thread[p]
-        while stack and end[stack[-1]] <= ts[p] and not (end[stack[-1]] == ts[p] == ts[stack[-1]]):
-            stack.pop()
-        if stack and end[p] <= end[stack[-1]] + 1e-6:
-            parent[rows[p]] = rows[stack[-1]]
-        stack.append(p)
+    ts = c["ts"][order].astype(np.float64)
+    end = ts + c["dur"][order]
+    _nest(order, ts, end, c["rank"][order].astype(np.int64), c["pid"][order].astype(np.int64), c["tid"][order].astype(np.int64), parent)
     return parent
+
+
+@numba.njit(cache=True, nogil=True)
+def _nest(rows, ts, end, rank, pid, tid, parent):
+    """``parent[rows[p]]``: the innermost event of the same thread open around event p, for events
+    sorted by thread, start and longest first (a stack per thread)."""
+    stack = np.empty(len(rows), dtype=np.int64)
+    top = 0
+    for p in range(len(rows)):
+        if p == 0 or rank[p] != rank[p - 1] or pid[p] != pid[p - 1] or tid[p] != tid[p - 1]:
+            top = 0
+        while top > 0 and end[stack[top - 1]] <= ts[p] and not (end[stack[top - 1]] == ts[p] and ts[p] == ts[stack[top - 1]]):
+            top -= 1
+        if top > 0 and end[p] <= end[stack[top - 1]] + 1e-6:
+            parent[rows[p]] = rows[stack[top - 1]]
+        stack[top] = p
+        top += 1
 
 
 def ancestors_of(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:

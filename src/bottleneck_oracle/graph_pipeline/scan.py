@@ -16,6 +16,8 @@ the byte offset, which the caller turns into a message naming the file.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numba
@@ -100,11 +102,14 @@ def _string_end(buf, i, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def _skip_container(buf, i, n):
+def _skip_container(buf, i, n, split_at=None, split_pos=None, split_count=None):
     """Skip the object or array at buf[i]: (index after it or -2 if truncated, how many objects it
-    holds directly: the events of an events array)."""
+    holds directly: the events of an events array). With ``split_at`` (ascending byte offsets):
+    ``split_pos[s]`` is the first of those objects to start at or after ``split_at[s]`` (-1: none)
+    and ``split_count[s]`` how many objects precede it (where a scan of that part starts)."""
     depth = 0
     objects = 0
+    s = 0
     while i < n:
         c = buf[i]
         if c == 34:
@@ -114,6 +119,11 @@ def _skip_container(buf, i, n):
             continue
         if c == 123 or c == 91:
             if c == 123 and depth == 1:
+                if split_at is not None:
+                    while s < len(split_at) and i >= split_at[s]:
+                        split_pos[s] = i
+                        split_count[s] = objects
+                        s += 1
                 objects += 1
             depth += 1
         elif c == 125 or c == 93:
@@ -225,13 +235,13 @@ def _lookup(hashes, h):
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_events(buf, h_events, h_nodes, h_schema):
+def _find_events(buf, h_events, h_nodes, h_schema, split_at, split_pos, split_count):
     n = len(buf)
     i = _ws(buf, 0, n)
     if i >= n:
         return -1, -1, False, False, False, TRUNCATED, 0
     if buf[i] == 91:
-        j, count = _skip_container(buf, i, n)
+        j, count = _skip_container(buf, i, n, split_at, split_pos, split_count)
         if j < 0:
             return -1, -1, False, False, False, TRUNCATED if j == -2 else BAD_JSON, 0
         return i, j, False, False, False, OK, count
@@ -256,7 +266,7 @@ def _find_events(buf, h_events, h_nodes, h_schema):
             return -1, -1, True, has_nodes, has_schema, err, 0
         events = h == h_events and buf[i] == 91
         if events:
-            j, objects = _skip_container(buf, i, n)
+            j, objects = _skip_container(buf, i, n, split_at, split_pos, split_count)
         else:
             j = _skip(buf, i, n)
         if j < 0:
@@ -278,15 +288,22 @@ def find_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int]:
     """Span [start, end) of the top-level traceEvents array (or of a top-level array), whether the
     top level is an object, whether it has the 'nodes' and 'schema' keys of an execution trace,
     and an error code."""
-    return count_events(buf)[:6]
+    lo, hi, is_object, nodes, schema, err, _, _ = count_events(buf)
+    return lo, hi, is_object, nodes, schema, err
 
 
-def count_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int, int]:
-    """``find_events`` and how many objects the events array holds (the rows ``scan`` needs)."""
+def count_events(buf: np.ndarray, parts: int = 1) -> tuple[int, int, bool, bool, bool, int, int, list[tuple[int, int]]]:
+    """``find_events``, how many objects the events array holds (the rows ``scan`` needs) and
+    where ``scan`` can split it into ``parts`` for as many threads: ``(byte offset of an event,
+    events before it)`` for each part after the first (splits the array does not reach are left
+    out: a small array is one part)."""
+    split_at = np.array([len(buf) * k // parts for k in range(1, parts)], dtype=np.int64)
+    split_pos, split_count = np.full(len(split_at), -1, dtype=np.int64), np.zeros(len(split_at), dtype=np.int64)
     lo, hi, is_object, nodes, schema, err, count = _find_events(
-        buf, np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema"))
+        buf, np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema")), split_at, split_pos, split_count
     )
-    return int(lo), int(hi), bool(is_object), bool(nodes), bool(schema), int(err), int(count)
+    splits = sorted({(int(p), int(c)) for p, c in zip(split_pos, split_count) if lo < p < hi and 0 < c < count})
+    return int(lo), int(hi), bool(is_object), bool(nodes), bool(schema), int(err), int(count), splits
 
 
 @numba.njit(cache=True, nogil=True)
@@ -543,32 +560,68 @@ def cache_is_cold(folder: Path | None = None) -> bool:
 SCAN_BLOCK = 1_000_000  # events scanned per call when the caller gives scanned bytes back as it goes
 
 
-def scan(buf: np.ndarray, lo: int, hi: int, release=None, events: int | None = None) -> tuple[int, int, dict[str, np.ndarray]]:
+def scan(
+    buf: np.ndarray,
+    lo: int,
+    hi: int,
+    release: Callable[[int, int], None] | None = None,
+    events: int | None = None,
+    splits: list[tuple[int, int]] | None = None,
+) -> tuple[int, int, dict[str, np.ndarray]]:
     """(error, error_pos, columns trimmed to the events found) of the events array buf[lo:hi].
 
-    With ``release`` (a callable taking a byte offset), the events are scanned SCAN_BLOCK at a time
-    and ``release(pos)`` is called with the start of the next unscanned event after each block:
-    the bytes before it are done with (a mapped trace gives their pages back). ``events``: how many
-    objects the array holds (count_events), else counted here."""
+    With ``release`` (a callable taking a byte range), the events are scanned SCAN_BLOCK at a time
+    and ``release(start, pos)`` is called after each block with the bytes from the part's start to
+    the next unscanned event: they are done with (a mapped trace gives their pages back).
+    ``events``: how many objects the array holds (count_events), else counted here. ``splits``
+    (count_events, with ``events``): the array is scanned in parts, one thread each (the scanner
+    runs without the GIL), into the rows each part's events take; the answer is the one-thread
+    scan's, and a part that meets anything but a clean end of its part is scanned again in one
+    thread, so that errors are named as one scan names them."""
     # no more events than objects in the array, or than '"ph"' keys (every event has one; an args
     # object with one only adds room), counted in C without a temporary array the size of the trace
     cap = (events if events is not None else _count(buf, lo, hi, b'"ph"')) + 1
-    cols = {k: np.full(cap, _FILL[k], dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
+    cols: dict[str, np.ndarray] = {k: np.empty(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}  # each part fills its rows
+    if release is not None:
+        release(0, hi)  # counting read every page: give them back, the blocks read them again one by one
+    if splits and events is not None:
+        bounds = [(lo, 0), *((p - 1, c) for p, c in splits), (hi, events)]  # each part scanned from one byte before its first event
+        parts = [(a, b[0] if j < len(splits) else hi, row, b[1]) for j, ((a, row), b) in enumerate(zip(bounds, bounds[1:]))]
+        with ThreadPoolExecutor(len(parts)) as pool:
+            done = list(pool.map(lambda part: _scan_part(buf, part[0], part[1], part[2], part[3], cols, release), parts))
+        last = len(parts) - 1
+        clean = all(
+            n == part[3] - part[2] and ((err, pos) == (TRUNCATED, part[1]) if j < last else err == OK)
+            for j, (part, (n, err, pos)) in enumerate(zip(parts, done))
+        )
+        if clean:
+            return OK, 0, {k: v[:events] for k, v in cols.items()}
+        cols = {k: np.empty(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
+    count, err, pos = _scan_part(buf, lo, hi, 0, cap, cols, release)
+    return err, pos, {k: v[:count] for k, v in cols.items()}
+
+
+def _scan_part(
+    buf: np.ndarray, lo: int, hi: int, row: int, end_row: int, cols: dict[str, np.ndarray], release: Callable[[int, int], None] | None
+) -> tuple[int, int, int]:
+    """Scan the events of buf[lo:hi] (lo: one byte before the first) into rows [row, end_row) of
+    ``cols``: (events scanned, error, error position). A part that ends before the array's ']'
+    ends with TRUNCATED at ``hi``. The rows are filled with the columns' defaults first."""
+    for k, v in cols.items():
+        v[row:end_row] = _FILL.get(k, 0)
     if release is None:
-        count, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *cols.values())
-        return err, pos, {k: v[:count] for k, v in cols.items()}
-    release(hi)  # counting read every page: give them back, the blocks read them again one by one
+        n, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *(v[row:end_row] for v in cols.values()))
+        return int(n), int(err), int(pos)
     count, start = 0, lo
     while True:
-        block = [v[count : min(count + SCAN_BLOCK, cap)] for v in cols.values()]
+        block = [v[row + count : min(row + count + SCAN_BLOCK, end_row)] for v in cols.values()]
         n, err, pos = scan_events(buf, start, hi, KEY_HASH, ARG_HASH, *block)
         count += n
-        if err == TOO_MANY and count < cap:  # the block is full: go on from the event that did not fit
-            release(pos)
+        if err == TOO_MANY and row + count < end_row:  # the block is full: go on from the event that did not fit
+            release(lo, pos)
             start = pos - 1  # the scanner starts one byte after ``lo`` (past the array's '[')
             continue
-        break
-    return err, pos, {k: v[:count] for k, v in cols.items()}
+        return count, int(err), int(pos)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -610,12 +663,124 @@ def _object_bounds(buf, lo, hi, starts, ends):
     return n, TRUNCATED, i
 
 
-def object_bounds(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """(error, error_pos, starts, ends) of the events of the array buf[lo:hi]: event i is
-    buf[starts[i]:ends[i]], numbered as ``scan`` numbers them. Two int64 per event: an overlay
-    can rewrite a few events and copy the rest as they are, without decoding the trace."""
-    cap = _count(buf, lo, hi, b'"ph"') + 1
+def object_bounds(
+    buf: np.ndarray, lo: int, hi: int, events: int | None = None, splits: list[tuple[int, int]] | None = None, text: bool = False
+) -> tuple[int, int, np.ndarray, np.ndarray, tuple[int, int]]:
+    """(error, error_pos, starts, ends, text problem) of the events of the array buf[lo:hi]: event i
+    is buf[starts[i]:ends[i]], numbered as ``scan`` numbers them. Two int64 per event: an overlay
+    can rewrite a few events and copy the rest as they are, without decoding the trace.
+    ``events``/``splits`` as for ``scan`` (count_events): the parts are walked in threads. With
+    ``text``, the array's bytes are also checked the way a strict JSON reader takes them
+    (``text_problem``); else the text problem is (TEXT_OK, 0)."""
+    cap = (events if events is not None else _count(buf, lo, hi, b'"ph"')) + 1
     starts = np.empty(cap, dtype=np.int64)
     ends = np.empty(cap, dtype=np.int64)
-    n, err, pos = _object_bounds(buf, lo, hi, starts, ends)
-    return err, pos, starts[:n].copy(), ends[:n].copy()
+    cuts = [lo, *(p - 1 for p, _ in splits or [])] if events is not None else [lo]
+    rows = [0, *(c for _, c in splits or [])] if events is not None else [0]
+    tops = [*(p for p, _ in splits or []), hi] if events is not None else [hi]
+
+    def part(j: int) -> tuple[int, int, int, tuple[int, int]]:
+        end_row = rows[j + 1] if j + 1 < len(rows) else cap
+        n, err, pos = _object_bounds(buf, cuts[j], tops[j], starts[rows[j] : end_row], ends[rows[j] : end_row])
+        problem = _text_problem(buf, cuts[j], tops[j]) if text else (TEXT_OK, 0)
+        return int(n), int(err), int(pos), (int(problem[0]), int(problem[1]))
+
+    if len(cuts) > 1:
+        with ThreadPoolExecutor(len(cuts)) as pool:
+            done = list(pool.map(part, range(len(cuts))))
+    else:
+        done = [part(0)]
+    if len(done) > 1:
+        last = len(done) - 1
+        clean = all(
+            n == (rows[j + 1] if j < last else events or 0) - rows[j] and ((err, pos) == (TRUNCATED, tops[j]) if j < last else err == OK)
+            for j, (n, err, pos, _) in enumerate(done)
+        )
+        if not clean:  # walked again in one thread: the error as one walk names it
+            return object_bounds(buf, lo, hi, events, None, text)
+    problem = next((p for *_, p in done if p[0] != TEXT_OK), (TEXT_OK, 0))
+    n, err, pos = (sum(d[0] for d in done), OK, 0) if len(done) > 1 else done[0][:3]
+    return err, pos, starts[:n].copy(), ends[:n].copy(), problem
+
+
+TEXT_OK, NOT_UTF8, LONE_SURROGATE = 0, 1, 2
+
+
+def text_problem(buf: np.ndarray, lo: int, hi: int) -> tuple[int, int]:
+    """Whether bytes [lo, hi) of a JSON text are what a strict reader takes: (TEXT_OK, 0), or
+    (NOT_UTF8, where the bad sequence starts) or (LONE_SURROGATE, where its escape starts): a
+    \\uD800-\\uDBFF escape not followed by a \\uDC00-\\uDFFF one, or the latter alone."""
+    kind, pos = _text_problem(buf, lo, hi)
+    return int(kind), int(pos)
+
+
+@numba.njit(cache=True, nogil=True)
+def _hex4(buf, i, n):
+    """The value of the four hex digits at buf[i:i+4], or -1."""
+    if i + 4 > n:
+        return -1
+    v = 0
+    for k in range(4):
+        c = buf[i + k]
+        if 48 <= c <= 57:
+            d = c - 48
+        elif 97 <= c <= 102:
+            d = c - 87
+        elif 65 <= c <= 70:
+            d = c - 55
+        else:
+            return -1
+        v = v * 16 + d
+    return v
+
+
+@numba.njit(cache=True, nogil=True)
+def _text_problem(buf, lo, hi):
+    """(TEXT_OK | NOT_UTF8 | LONE_SURROGATE, position) of bytes [lo, hi) (text_problem). A
+    backslash only occurs inside strings in valid JSON, so escapes are read without tracking them."""
+    i = lo
+    while i < hi:
+        c = buf[i]
+        if c < 128:
+            if c == 92 and i + 1 < hi:  # an escape
+                if buf[i + 1] == 117:  # \uXXXX
+                    v = _hex4(buf, i + 2, hi)
+                    if 0xD800 <= v <= 0xDBFF:
+                        if i + 7 < hi and buf[i + 6] == 92 and buf[i + 7] == 117 and 0xDC00 <= _hex4(buf, i + 8, hi) <= 0xDFFF:
+                            i += 12
+                            continue
+                        return LONE_SURROGATE, i
+                    if 0xDC00 <= v <= 0xDFFF:
+                        return LONE_SURROGATE, i
+                    i += 6 if v >= 0 else 2
+                    continue
+                i += 2
+                continue
+            i += 1
+            continue
+        # a multi-byte sequence (Unicode table 3-7: no overlong forms, surrogates or beyond U+10FFFF)
+        if 0xC2 <= c <= 0xDF:
+            need, a, b = 1, 0x80, 0xBF
+        elif c == 0xE0:
+            need, a, b = 2, 0xA0, 0xBF
+        elif 0xE1 <= c <= 0xEC or c == 0xEE or c == 0xEF:
+            need, a, b = 2, 0x80, 0xBF
+        elif c == 0xED:
+            need, a, b = 2, 0x80, 0x9F
+        elif c == 0xF0:
+            need, a, b = 3, 0x90, 0xBF
+        elif 0xF1 <= c <= 0xF3:
+            need, a, b = 3, 0x80, 0xBF
+        elif c == 0xF4:
+            need, a, b = 3, 0x80, 0x8F
+        else:
+            return NOT_UTF8, i
+        if i + need >= hi:  # the sequence runs past the end
+            return NOT_UTF8, i
+        if not a <= buf[i + 1] <= b:
+            return NOT_UTF8, i
+        for k in range(2, need + 1):
+            if not 0x80 <= buf[i + k] <= 0xBF:
+                return NOT_UTF8, i
+        i += need + 1
+    return TEXT_OK, 0

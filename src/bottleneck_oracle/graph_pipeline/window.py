@@ -63,14 +63,13 @@ def select_window(table: EventTable, step: int | None, span: int = 1) -> tuple[n
 def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
     """The window's columns plus one zero-duration marker per rank at its step's end, on the
     thread of the ProfilerStep span: the framework time after the last op is part of the step."""
-    c = {k: v[rows] for k, v in table.cols.items()}
     if not steps:
-        return c, rows, table.names
+        return {k: v[rows] for k, v in table.cols.items()}, rows, table.names
     names = [*table.names, f"{F.STEP_PREFIX}{steps[0].number} end"]
     k = len(steps)
-    extra = {key: np.full(k, F.ARG_SPECS[key].default if key in F.ARG_SPECS else -1, dtype=v.dtype) for key, v in c.items()}
+    extra = {key: np.full(k, F.ARG_SPECS[key].default if key in F.ARG_SPECS else -1, dtype=v.dtype) for key, v in table.cols.items()}
     extra.update(
-        rank=np.array([s.rank for s in steps], dtype=c["rank"].dtype),
+        rank=np.array([s.rank for s in steps], dtype=table.cols["rank"].dtype),
         pid=np.array([s.pid for s in steps], dtype=np.int64),
         tid=np.array([s.tid for s in steps], dtype=np.int64),
         ts=np.array([s.end for s in steps], dtype=np.float64),
@@ -80,7 +79,15 @@ def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> t
         name=np.full(k, len(names) - 1, dtype=np.int32),
         is_range=np.zeros(k, dtype=bool),
     )
-    c = {key: np.concatenate([v, extra[key]]) for key, v in c.items()}
+    c = {}
+    for key, v in table.cols.items():  # gathered straight into columns with room for the markers: one copy
+        col = np.empty(len(rows) + k, dtype=np.result_type(v.dtype, extra[key].dtype))
+        if col.dtype == v.dtype:
+            np.take(v, rows, out=col[: len(rows)])
+        else:  # (a float32 column beside its float64 markers)
+            col[: len(rows)] = v[rows]
+        col[len(rows) :] = extra[key]
+        c[key] = col
     return c, np.concatenate([rows, np.full(k, -1, dtype=np.int64)]), names
 
 
