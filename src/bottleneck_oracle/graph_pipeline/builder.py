@@ -241,11 +241,11 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     opt = options or BuildOptions()
     facts = step_facts(table, step)
     origins = {f.rank: f.origin for f in facts.ranks} if step is not None else None
-    w, E, pieces = _window_edges(table, step, opt, frozenset(), origins, span)
-    away = _bystanders(w, E)
+    built = list(_window_edges(table, step, opt, frozenset(), origins, span))
+    away = _bystanders(built[0], built[1])
     if away:
-        w, E, pieces = _window_edges(table, step, opt, frozenset(away), origins, span)
-    return _finish(table, step, opt, w, E, pieces, facts, away)
+        built = list(_window_edges(table, step, opt, frozenset(away), origins, span))
+    return _finish(table, step, opt, built, facts, away)  # (it empties ``built``: the window is freed before finalize)
 
 
 def _window_edges(
@@ -321,12 +321,14 @@ def _finish(
     table: EventTable,
     step: int | None,
     opt: BuildOptions,
-    w: Window,
-    E: rules.EdgeSet,
-    pieces,
+    built: list,
     facts: StepFacts,
     away: dict[tuple[int, int, int], dict],
 ) -> ExecutionGraph:
+    """The graph of the window, its edges and gap pieces (``built``, emptied here: no reference to
+    the window is left in the caller when it is let go)."""
+    w, E, pieces = built
+    built.clear()
     c, rows = w.c, w.node_rows
     start = w.ts[rows]
     pairs = rules.backends(w, E)

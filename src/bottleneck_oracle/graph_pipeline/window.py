@@ -10,6 +10,7 @@ ops are mapped onto their first leaf (edges into them) or last leaf (edges out o
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,11 +61,46 @@ def select_window(table: EventTable, step: int | None, span: int = 1) -> tuple[n
     return rows, min(s.start for s in first), {s.rank: s.span for s in first}, steps
 
 
-def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
+class Columns(Mapping[str, np.ndarray]):
+    """A window's columns (the table's, at the window's rows, then its step-end markers), each
+    gathered from the table when first read: a large step's window is gigabytes, and the columns
+    no rule reads are never copied (nor the table's pages of them touched)."""
+
+    def __init__(self, cols: dict[str, np.ndarray], rows: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> None:
+        self._cols, self._rows, self._extra = cols, rows, extra
+        self._got: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        got = self._got.get(key)
+        if got is None:
+            got = self._got[key] = self._gather(key)
+        return got
+
+    def _gather(self, key: str) -> np.ndarray:
+        v, rows = self._cols[key], self._rows
+        if self._extra is None:
+            return v[rows]
+        extra = self._extra[key]
+        col = np.empty(len(rows) + len(extra), dtype=np.result_type(v.dtype, extra.dtype))  # one copy, room for the markers
+        if col.dtype == v.dtype:
+            np.take(v, rows, out=col[: len(rows)])
+        else:  # (a float32 column beside its float64 markers)
+            col[: len(rows)] = v[rows]
+        col[len(rows) :] = extra
+        return col
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cols)
+
+    def __len__(self) -> int:
+        return len(self._cols)
+
+
+def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> tuple[Columns, np.ndarray, list[str]]:
     """The window's columns plus one zero-duration marker per rank at its step's end, on the
     thread of the ProfilerStep span: the framework time after the last op is part of the step."""
     if not steps:
-        return {k: v[rows] for k, v in table.cols.items()}, rows, table.names
+        return Columns(table.cols, rows), rows, table.names
     names = [*table.names, f"{F.STEP_PREFIX}{steps[0].number} end"]
     k = len(steps)
     extra = {key: np.full(k, F.ARG_SPECS[key].default if key in F.ARG_SPECS else -1, dtype=v.dtype) for key, v in table.cols.items()}
@@ -79,16 +115,7 @@ def _with_step_ends(table: EventTable, rows: np.ndarray, steps: list[Step]) -> t
         name=np.full(k, len(names) - 1, dtype=np.int32),
         is_range=np.zeros(k, dtype=bool),
     )
-    c = {}
-    for key, v in table.cols.items():  # gathered straight into columns with room for the markers: one copy
-        col = np.empty(len(rows) + k, dtype=np.result_type(v.dtype, extra[key].dtype))
-        if col.dtype == v.dtype:
-            np.take(v, rows, out=col[: len(rows)])
-        else:  # (a float32 column beside its float64 markers)
-            col[: len(rows)] = v[rows]
-        col[len(rows) :] = extra[key]
-        c[key] = col
-    return c, np.concatenate([rows, np.full(k, -1, dtype=np.int64)]), names
+    return Columns(table.cols, rows, extra), np.concatenate([rows, np.full(k, -1, dtype=np.int64)]), names
 
 
 def dense_ids(*cols: np.ndarray) -> np.ndarray:
@@ -116,7 +143,7 @@ class Window:
     measured: dict[int, float]
     steps: list[Step]
     rows: np.ndarray  # EventTable row of each window event (-1 for step-end markers)
-    c: dict[str, np.ndarray]
+    c: Columns
     names: list[str]
     ts: np.ndarray
     end: np.ndarray
@@ -269,7 +296,7 @@ def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.nda
 
 
 def _stage_exchanges(
-    c: dict[str, np.ndarray],
+    c: Mapping[str, np.ndarray],
     ts: np.ndarray,
     end: np.ndarray,
     back: np.ndarray,
@@ -326,7 +353,7 @@ def _stage_exchanges(
     return prev, nxt
 
 
-def _leaves(cpu_rows: np.ndarray, c: dict[str, np.ndarray], ts: np.ndarray, end: np.ndarray):
+def _leaves(cpu_rows: np.ndarray, c: Mapping[str, np.ndarray], ts: np.ndarray, end: np.ndarray):
     """CPU events sorted by (thread, ts, -dur), their dense thread ids, and which are leaves (the
     next event on the thread starts at or after its end: leaves of a thread never overlap)."""
     thread = dense_ids(c["rank"][cpu_rows], c["pid"][cpu_rows], c["tid"][cpu_rows])
@@ -340,7 +367,9 @@ def _leaves(cpu_rows: np.ndarray, c: dict[str, np.ndarray], ts: np.ndarray, end:
     return thread, srt, th, leaf
 
 
-def _polling_loops(c: dict[str, np.ndarray], is_query: np.ndarray, srt: np.ndarray, th: np.ndarray, leaf: np.ndarray) -> list[np.ndarray]:
+def _polling_loops(
+    c: Mapping[str, np.ndarray], is_query: np.ndarray, srt: np.ndarray, th: np.ndarray, leaf: np.ndarray
+) -> list[np.ndarray]:
     """Runs of at least POLL_MIN_CALLS consecutive leaves of a thread that are all event or stream
     queries (``while not event.query(): pass``; ``is_query`` per name code): each run's events,
     in time order."""
@@ -365,7 +394,7 @@ def _polling_loops(c: dict[str, np.ndarray], is_query: np.ndarray, srt: np.ndarr
     return runs
 
 
-def _blocking_copies(c: dict[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarray, end: np.ndarray, tol: float) -> np.ndarray:
+def _blocking_copies(c: Mapping[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarray, end: np.ndarray, tol: float) -> np.ndarray:
     """Per event, the device op of a copy or set call that returned only after that op ended
     (a copy to pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``: what ``.item()``,
     ``.cpu()`` and ``.tolist()`` do), -1 otherwise (``is_copy`` per name code: COPY_NAME). Joined
