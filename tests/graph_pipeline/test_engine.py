@@ -8,6 +8,7 @@ import operator
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from bottleneck_oracle import api
@@ -102,3 +103,31 @@ def test_steps_are_built_as_they_are_consumed(monkeypatch):
     assert [a.graph.step for a in stream] == [2, 3] and built == [1, 2, 3]
     with pytest.raises(Exception, match="no ProfilerStep#9"):  # a bad selection fails before any step is built
         api.analyze_stream(SAMPLE, [9])
+
+
+def test_shared_data_written_for_local_workers_comes_back_whole_and_writable(tmp_path):
+    """A LocalCluster's workers map the shared data (the event table) from one file instead of
+    each being sent it: every array comes back equal, of its dtype, writable without touching the
+    file, and the objects around them as they were."""
+    from bottleneck_oracle.graph_pipeline.engine import dump_shared, load_shared
+
+    rng = np.random.default_rng(3)
+    obj = {
+        "ts": rng.random(100_003),
+        "rank": rng.integers(0, 4096, 5_001).astype(np.int32),
+        "flag": rng.random(7) > 0.5,
+        "every_other": np.arange(20, dtype=np.int64)[::2],  # not contiguous: pickled in band
+        "names": ["aten::mm", "ncclKernel"],
+        "empty": np.zeros(0, dtype=np.float32),
+        "nested": ({"x": np.arange(3, dtype=np.int8)}, 2.5, None),
+    }
+    path = tmp_path / "shared.bin"
+    dump_shared(obj, str(path))
+    back = load_shared(str(path))
+    assert back.keys() == obj.keys() and back["names"] == obj["names"] and back["nested"][1:] == (2.5, None)
+    for k in ("ts", "rank", "flag", "every_other", "empty"):
+        assert back[k].dtype == obj[k].dtype and np.array_equal(back[k], obj[k]), k
+    assert np.array_equal(back["nested"][0]["x"], [0, 1, 2])
+    before = path.read_bytes()
+    back["ts"][:10] = -1.0  # a worker's change stays its own
+    assert path.read_bytes() == before and load_shared(str(path))["ts"][0] == obj["ts"][0]

@@ -21,10 +21,13 @@ a task that kills every worker it runs on, or a scheduler that goes away, is one
 from __future__ import annotations
 
 import logging
+import mmap
 import multiprocessing
 import os
+import pickle
 import socket
 import struct
+import tempfile
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, Executor, ProcessPoolExecutor
@@ -114,6 +117,7 @@ class DaskEngine(Engine):
                 logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         self._own = client is None
         self._cluster = None
+        self._folder: tempfile.TemporaryDirectory[str] | None = None  # shared data for a LocalCluster's workers
         if client is not None:
             self.client = client
         elif address:
@@ -141,8 +145,14 @@ class DaskEngine(Engine):
         i = 0
         try:
             while i < len(items):
+                # fetched GATHER at a time: one round trip per result made thousands of small tasks
+                # (a folder of rank files) wait on the network more than on their work
+                batch = futures[i : i + GATHER]
                 try:
-                    result = futures[i].result()
+                    try:
+                        results = self.client.gather(batch)
+                    except Exception:  # noqa: BLE001 - one of them failed: each in input order, so that the first is the one raised
+                        results = [futures[i].result()]
                 except OracleError:  # the task's own answer: a bad file on that worker
                     raise
                 except Exception as exc:  # noqa: BLE001 - the cluster's failures, whatever Dask raises for them
@@ -154,15 +164,21 @@ class DaskEngine(Engine):
                     except OracleError:
                         raise self._failed(exc) from None
                     continue
-                futures[i] = None
-                yield result
-                i += 1
+                for result in results:
+                    futures[i] = None
+                    yield result
+                    i += 1
         finally:
             del futures
 
     def _submit(self, fn: Callable[[Any, Any], Any], items: list[Any], shared: Any) -> list[Any]:
-        """Futures of ``fn(shared, item)`` per item, ``shared`` scattered to every worker once."""
+        """Futures of ``fn(shared, item)`` per item, ``shared`` scattered to every worker once; on
+        this engine's own LocalCluster, written once to a file the workers map instead (the event
+        table of thousands of ranks is gigabytes: sent to each worker, it cost more than the work)."""
         try:
+            if self._cluster is not None and shared is not None and not isinstance(shared, (bool, int, str)):
+                path = self._shared_file(shared)
+                return list(self.client.map(_call_with_file, [fn] * len(items), [path] * len(items), items, pure=False))
             ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
             futures: list[Any] = self.client.map(fn, [ref] * len(items), items, pure=False)
             return futures
@@ -195,13 +211,74 @@ class DaskEngine(Engine):
         # module missing), whose traceback says nothing here
         return OracleError(f"Dask: a task failed on a worker of {where} ({type(exc).__name__}: {first_line(exc)})")
 
+    def _shared_file(self, shared: Any) -> str:
+        """``shared`` written to a file of this engine's private folder (dump_shared); its path."""
+        if self._folder is None:
+            self._folder = tempfile.TemporaryDirectory(prefix="bottleneck-oracle-dask-")
+        path = os.path.join(self._folder.name, f"shared-{len(os.listdir(self._folder.name))}.bin")
+        dump_shared(shared, path)
+        return path
+
     def close(self) -> None:
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
         if self._own:
             self.client.close()
             if self._cluster is not None:
                 self._cluster.close()
 
 
+def dump_shared(obj: Any, path: str) -> None:
+    """Write ``obj`` for ``load_shared``: its pickle with the numpy arrays' bytes out of band, each
+    aligned in the file, so that a worker maps them instead of reading them (this engine's own
+    data between its own processes, in a folder only this user can read; never a user's file)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<QQ", len(head), len(buffers)))
+        fh.write(head)
+        for b in buffers:
+            raw = b.raw()
+            fh.write(b"\0" * (-fh.tell() % _ALIGN))
+            fh.write(struct.pack("<Q", raw.nbytes))
+            fh.write(b"\0" * (-fh.tell() % _ALIGN))
+            fh.write(raw)
+
+
+def load_shared(path: str) -> Any:
+    """What ``dump_shared`` wrote, its arrays over a private (copy-on-write) mapping of the file:
+    the pages are the page cache's until a worker writes to them."""
+    with open(path, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(m)
+    n_head, n_buf = struct.unpack_from("<QQ", m, 0)
+    at = 16
+    head = view[at : at + n_head]
+    at += n_head
+    buffers = []
+    for _ in range(n_buf):
+        at += -at % _ALIGN
+        (size,) = struct.unpack_from("<Q", m, at)
+        at += 8
+        at += -at % _ALIGN
+        buffers.append(view[at : at + size])
+        at += size
+    return pickle.loads(head, buffers=buffers)
+
+
+_ALIGN = 64
+_LOADED: dict[str, Any] = {}  # per Dask worker process: the shared data of the latest file it was given
+
+
+def _call_with_file(fn: Callable[[Any, Any], Any], path: str, item: Any) -> Any:
+    if path not in _LOADED:
+        _LOADED.clear()  # an earlier command's data is done with
+        _LOADED[path] = load_shared(path)
+    return fn(_LOADED[path], item)
+
+
+GATHER = 32  # results fetched from a Dask cluster at once (in input order; memory: this many results)
 PROBE_S = 5.0  # seconds a scheduler gets to greet a new connection (it does at once)
 MAX_GREETING = 1 << 20  # bytes: a scheduler's greeting (its handshake) is a few hundred
 

@@ -47,6 +47,7 @@ MAX_TRACE_BYTES = 16 * 2**30  # refuse traces whose decompressed JSON exceeds th
 MAX_GZIP_RATIO = 100  # trace JSON compresses 10-30x; a gzip stream inflating more than this is a bomb ...
 BOMB_FLOOR = 64 * 2**20  # ... once it has inflated past this many bytes (small, repetitive files stay readable)
 PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes on disk
+FILES_PER_TASK = 16  # rank files parsed by one task of a Dask cluster (each task costs the scheduler a round trip)
 SPLIT_BYTES = 64 * 2**20  # one trace file of this many JSON bytes is scanned in parts, one thread each
 MAX_SCAN_THREADS = 8  # (the scan reads memory at a few hundred MB/s a thread: more threads gain little)
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -1229,6 +1230,11 @@ def _parse_task(single: bool, path: Path) -> _Builder | NotATrace:
     return _parse_file(path, single) if single else _parse_in_folder(path, single)
 
 
+def _parse_files(single: bool, paths: list[Path]) -> list[_Builder | NotATrace]:
+    """``_parse_task`` of each file (one task of an engine that is not this machine's processes)."""
+    return [_parse_task(single, p) for p in paths]
+
+
 def load_events(path: str | Path, workers: int | None = None, engine: Engine | None = None) -> EventTable:
     """Load one trace file or a folder of per-rank trace files into one EventTable.
 
@@ -1245,8 +1251,13 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
     merger = _Merger(sum(map(_size, files)))
     skipped: list[NotATrace] = []
     seen: dict[int, list[tuple[float, float, set[int], str]]] = {}  # per rank and file: first and last µs (absolute), steps, path
-    tasks = files if isinstance(engine, LocalEngine) else [f.absolute() for f in files]  # (a worker's folder is not ours)
-    for b in engine.imap(_parse_task, tasks, shared=single):  # in file order, merged as they arrive
+    if isinstance(engine, LocalEngine):
+        parsed: Iterator[_Builder | NotATrace] = engine.imap(_parse_task, files, shared=single)
+    else:  # another engine's tasks cost a round trip each: a few files to a task (a worker's folder is not ours)
+        per = max(1, min(FILES_PER_TASK, len(files) // (4 * max(getattr(engine, "workers", 1) or 1, 1))))
+        chunks = [[f.absolute() for f in files[i : i + per]] for i in range(0, len(files), per)]
+        parsed = (b for bs in engine.imap(_parse_files, chunks, shared=single) for b in bs)
+    for b in parsed:  # in file order, merged as they arrive
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue
