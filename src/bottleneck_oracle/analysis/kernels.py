@@ -42,8 +42,10 @@ _RULES = [(f, re.compile(p)) for f, p in FAMILIES]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # kernel names repeat in every step: classify each once
+@functools.lru_cache(maxsize=1 << 16)
 def family(name: str) -> str:
-    """The family of a kernel or op name (first matching rule of FAMILIES, else "other")."""
+    """The family of a kernel or op name (first matching rule of FAMILIES, else "other"); a run
+    asks for the same names in every step, so the answers are kept."""
     low = name.lower()
     for f, rule in _RULES:
         if rule.search(low):
@@ -134,10 +136,11 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
     """Length of the intersection of two disjoint sorted interval sets."""
-    (sa, ea), (sb, eb) = a, b
+    sa, ea = (x.astype(float).tolist() for x in a)  # Python floats: the walk reads them one at a time
+    sb, eb = (x.astype(float).tolist() for x in b)
     total, i, j = 0.0, 0, 0
     while i < len(sa) and j < len(sb):
-        lo, hi = max(float(sa[i]), float(sb[j])), min(float(ea[i]), float(eb[j]))
+        lo, hi = max(sa[i], sb[j]), min(ea[i], eb[j])
         if hi > lo:
             total += hi - lo
         if ea[i] < eb[j]:

@@ -172,6 +172,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     est_of, eft_of = r.est.tolist(), r.eft.tolist()
     edge_kind, edge_src = e["kind"].tolist(), e["src"].tolist()
     is_barrier, klass_of = barrier.tolist(), klass.tolist()
+    names, code_of = g.names, n["name"].tolist()
     blocking = (n["category"] == Category.BLOCKING).tolist()
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
     # when each device op's launch call ended (-inf: not launched in the window)
@@ -223,11 +224,12 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             # a call still blocked this long after what it waited for (or with nothing traced to wait
             # for) waits on device work the trace does not show; a short remainder is its return
             if blocking[v] and d > untraced_gap_us:
-                add("untraced", UNTRACED, v, f"untraced wait on the device in {g.node_name(v)}", est, est + d)
+                add("untraced", UNTRACED, v, f"untraced wait on the device in {names[code_of[v]]}", est, est + d)
             else:
-                add("op", klass_of[v], v, g.node_name(v), est, est + d)
-        cursor = max(cursor, est + d)
-    return [s for s in _clip(out, r.path_origin) if s.dur > 1e-9]
+                add("op", klass_of[v], v, names[code_of[v]], est, est + d)
+        if est + d > cursor:
+            cursor = est + d
+    return _clip(out, r.path_origin)
 
 
 def _lead_in(
@@ -260,15 +262,18 @@ def _cut(out: list[Segment], t: float) -> None:
 
 
 def _clip(out: list[Segment], origin: float) -> list[Segment]:
-    """Drop what lies before the path's origin (a path can start on a rank that began earlier)."""
+    """Drop what lies before the path's origin (a path can start on a rank that began earlier),
+    and what is left of no length."""
     kept = []
     for s in out:
-        if s.end <= origin:
-            continue
-        if s.start < origin:
-            s.dur -= origin - s.start
+        start = s.start
+        if start < origin:
+            if start + s.dur <= origin:
+                continue
+            s.dur -= origin - start
             s.start = origin
-        kept.append(s)
+        if s.dur > 1e-9:
+            kept.append(s)
     return kept
 
 

@@ -57,6 +57,7 @@ class StepAnalysis:
     _segments: list[Segment] | None = None
     _checks: list[Check] | None = None
     _queue: tuple[GpuQueue | None] | None = None  # gpu_queue(), computed once
+    _breakdown: dict[str, float] | None = None  # breakdown(), computed once
 
     def __repr__(self) -> str:
         period = f", period {self.period / 1000:.3f} ms" if self.period is not None else ""
@@ -122,7 +123,9 @@ class StepAnalysis:
     def breakdown(self) -> dict[str, float]:
         """Critical path time by class (µs): compute, communication, cpu_overhead, idle (waiting
         with a traced cause) and untraced; every part >= 0, together the makespan."""
-        return breakdown(self.segments())
+        if self._breakdown is None:
+            self._breakdown = breakdown(self.segments())
+        return dict(self._breakdown)
 
     @property
     def untraced_us(self) -> float:
@@ -149,7 +152,7 @@ class StepAnalysis:
         count: dict[str, int] = {}
         kind: dict[str, SegmentKind] = {}
         for s in self.segments():
-            key = label(s)
+            key = label(s) if s.kind == "framework" or s.kind == "untraced" else s.name  # (label: the name of the rest)
             total[key] = total.get(key, 0.0) + s.dur
             count[key] = count.get(key, 0) + 1
             kind.setdefault(key, s.kind)
