@@ -218,8 +218,8 @@ def test_the_self_check_catches_a_bystander_that_carries_the_path():
     step = table.steps[0].number
     facts = step_facts(table, step)
     opt = builder.BuildOptions()
-    w, E, pieces = builder._window_edges(table, step, opt, frozenset(), {f.rank: f.origin for f in facts.ranks})
-    old = StepAnalysis.of(builder._finish(table, step, opt, w, E, pieces, facts, {}))
+    built = list(builder._window_edges(table, step, opt, frozenset(), {f.rank: f.origin for f in facts.ranks}))
+    old = StepAnalysis.of(builder._finish(table, step, opt, built, facts, {}))
     failed = [c for c in old.checks() if not c.ok]
     assert [c.name for c in failed] == ["asleep"], to_json(old.checks())
     assert any("self-check 'asleep'" in x for x in old.warnings())
