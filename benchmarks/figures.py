@@ -615,6 +615,12 @@ def scale(root: Path) -> str:
     return "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines).strip() + "\n"
 
 
+def _walls(r: dict) -> str:
+    """A timing: the median of its runs, every run beside it when there were several."""
+    walls = r.get("walls_s") or [r["wall_s"]]
+    return f"{r['wall_s']:.1f}" + (f" ({', '.join(f'{w:.1f}' for w in walls)})" if len(walls) > 1 else "")
+
+
 def huge_traces(root: Path) -> str:
     """Issue 32's figures: benchmarks/ranks_results.json (bench_ranks.py) and scanner_results.json (bench_scanner.py)."""
     d = _load(root, "benchmarks/ranks_results.json")
@@ -625,21 +631,19 @@ def huge_traces(root: Path) -> str:
             if r["ranks"] == 1
             else f"{r['ranks']:,} ranks x 2 steps, {r['json_gib']:.2f} GiB, `analyze --json --executor {r['executor']}`"
         )
-        rows.append([what, f"{r['events']:,}", f"{r['wall_s']:.1f}", f"{r['peak_main_mb']:,.0f}", f"{r['peak_worker_mb']:,.0f}"])
+        rows.append([what, f"{r['events']:,}", _walls(r), f"{r['peak_main_mb']:,.0f}", f"{r['peak_worker_mb']:,.0f}"])
     if "blame" in d:
         b = d["blame"]
-        rows.append(
-            [f"2 ranks x {b['steps']:,} steps, `blame`", f"{b['events']:,}", f"{b['wall_s']:.1f}", f"{b['peak_main_mb']:,.0f}", "—"]
-        )
+        rows.append([f"2 ranks x {b['steps']:,} steps, `blame`", f"{b['events']:,}", _walls(b), f"{b['peak_main_mb']:,.0f}", "—"])
     text = f"`{d['command']}` on {d['date']}, {d['cores']} cores:\n\n" + _table(
-        ["run", "events", "seconds", "peak RSS, main (MB)", "largest worker (MB)"], rows
+        ["run", "events", "seconds (median; each run)", "peak RSS, main (MB)", "largest worker (MB)"], rows
     )
     dask = [r for r in d["runs"] if r.get("executor") == "dask"]
     local = {r["ranks"]: r for r in d["runs"] if r.get("executor") == "local" and r["ranks"] > 1}
     for r in dask:
         if r["ranks"] in local:
             same = "the same" if r["answer_sha"] == local[r["ranks"]]["answer_sha"] else "**different**"
-            text += f"\n\nDask LocalCluster (2 workers) at {r['ranks']:,} ranks: {r['wall_s'] / local[r['ranks']]['wall_s']:.2f}x the local engine's time; {same} step answers."
+            text += f"\n\nDask LocalCluster (2 workers) at {r['ranks']:,} ranks: {r['wall_s'] / local[r['ranks']]['wall_s']:.2f}x the local engine's time (medians); {same} step answers."
     if "json_size" in d:
         j = d["json_size"]
         text += (

@@ -246,7 +246,7 @@ def dump_shared(obj: Any, path: str) -> None:
             fh.write(raw)
 
 
-def load_shared(path: str) -> Any:
+def load_shared(path: str) -> object:
     """What ``dump_shared`` wrote, its arrays over a private (copy-on-write) mapping of the file:
     the pages are the page cache's until a worker writes to them."""
     with open(path, "rb") as fh:

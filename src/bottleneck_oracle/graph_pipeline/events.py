@@ -1343,7 +1343,9 @@ def cpu_parents(table: EventTable) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _nest(rows, ts, end, rank, pid, tid, parent):
+def _nest(
+    rows: np.ndarray, ts: np.ndarray, end: np.ndarray, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray, parent: np.ndarray
+) -> None:
     """``parent[rows[p]]``: the innermost event of the same thread open around event p, for events
     sorted by thread, start and longest first (a stack per thread)."""
     stack = np.empty(len(rows), dtype=np.int64)
