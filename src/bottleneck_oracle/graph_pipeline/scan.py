@@ -581,7 +581,7 @@ def scan(
     # no more events than objects in the array, or than '"ph"' keys (every event has one; an args
     # object with one only adds room), counted in C without a temporary array the size of the trace
     cap = (events if events is not None else _count(buf, lo, hi, b'"ph"')) + 1
-    cols: dict[str, np.ndarray] = {k: np.empty(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}  # each part fills its rows
+    cols = _columns(cap)
     if release is not None:
         release(0, hi)  # counting read every page: give them back, the blocks read them again one by one
     if splits and events is not None:
@@ -596,9 +596,15 @@ def scan(
         )
         if clean:
             return OK, 0, {k: v[:events] for k, v in cols.items()}
-        cols = {k: np.empty(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
+        cols = _columns(cap)
     count, err, pos = _scan_part(buf, lo, hi, 0, cap, cols, release)
     return err, pos, {k: v[:count] for k, v in cols.items()}
+
+
+def _columns(cap: int) -> dict[str, np.ndarray]:
+    """The scanner's columns for ``cap`` events: zeros where 0 is the default (pages the scan
+    never writes, of fields most traces lack, are never touched), else left for the parts to fill."""
+    return {k: np.empty(cap, dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
 
 
 def _scan_part(
@@ -606,9 +612,10 @@ def _scan_part(
 ) -> tuple[int, int, int]:
     """Scan the events of buf[lo:hi] (lo: one byte before the first) into rows [row, end_row) of
     ``cols``: (events scanned, error, error position). A part that ends before the array's ']'
-    ends with TRUNCATED at ``hi``. The rows are filled with the columns' defaults first."""
-    for k, v in cols.items():
-        v[row:end_row] = _FILL.get(k, 0)
+    ends with TRUNCATED at ``hi``. The rows of the columns whose default is not 0 are filled
+    with it first (here: in the part's thread)."""
+    for k, fill in _FILL.items():
+        cols[k][row:end_row] = fill
     if release is None:
         n, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *(v[row:end_row] for v in cols.values()))
         return int(n), int(err), int(pos)
