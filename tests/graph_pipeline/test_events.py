@@ -177,3 +177,17 @@ def test_parallel_parse_reports_the_bad_file(tmp_path):
     (tmp_path / "rank-1.json").write_bytes(b'{"traceEvents": [')
     with pytest.raises(TraceError, match="rank-1.json"):
         load_events(tmp_path, workers=2)
+
+
+def test_the_window_index_sorts_as_lexsort_does():
+    """The table's (rank, anchor) order, sorted rank by rank: the same permutation as one
+    np.lexsort, ties (equal anchors of a rank) kept in table order; ranks in blocks or not."""
+    from bottleneck_oracle.graph_pipeline.events import _by_group_then
+
+    rng = np.random.default_rng(11)
+    for n, ranks, shuffled in ((0, 1, 0), (1, 1, 0), (5_000, 1, 0), (40_000, 64, 0), (40_000, 64, 15_000), (3_000, 3_000, 3_000)):
+        group = np.repeat(np.arange(ranks, dtype=np.int32), -(-n // ranks))[:n]
+        rng.shuffle(group[:shuffled])
+        value = rng.integers(0, 50, n).astype(np.float64)  # many ties
+        value[rng.random(n) < 0.01] = -np.inf  # anchors of orphaned device ops
+        assert np.array_equal(_by_group_then(group, value), np.lexsort((value, group)))

@@ -69,9 +69,19 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
     anchor = table.anchors()[rows]
     rank = c["rank"][rows].astype(np.int64)
     step = np.full(len(rows), -1, dtype=np.int64)
-    for s in table.steps:  # which ProfilerStep each op belongs to (-1: outside every step)
-        inside = (rank == s.rank) & (anchor >= s.start) & (anchor < s.end)
-        step[inside] = s.number
+    # which ProfilerStep each op belongs to (-1: outside every step; of several, the last listed),
+    # rank by rank: a scan of every op per step was quadratic in the ranks
+    by_rank: dict[int, list] = {}
+    for s in table.steps:
+        by_rank.setdefault(s.rank, []).append(s)
+    order = np.argsort(rank, kind="stable")
+    ranks_sorted = rank[order]
+    cuts = [0, *(np.flatnonzero(ranks_sorted[1:] != ranks_sorted[:-1]) + 1).tolist(), len(order)]
+    for a, b in zip(cuts, cuts[1:]):
+        mine = order[a:b]
+        for s in by_rank.get(int(ranks_sorted[a]), []) if b > a else []:
+            inside = (anchor[mine] >= s.start) & (anchor[mine] < s.end)
+            step[mine[inside]] = s.number
     pg = c["pg"][rows].astype(np.int64)
     group = np.unique(np.stack([step, pg]), axis=1, return_inverse=True)[1].reshape(-1)
     ckind = kind_of[code[rows]]

@@ -247,12 +247,74 @@ def _find_events(buf, h_events, h_nodes, h_schema, split_at, split_pos, split_co
         return i, j, False, False, False, OK, count
     if buf[i] != 123:
         return -1, -1, False, False, False, BAD_JSON, 0
-    start = -1
-    end = -1
-    count = 0
-    has_nodes = False
-    has_schema = False
-    i += 1
+    return _members(buf, i + 1, n, h_events, h_nodes, h_schema, split_at, split_pos, split_count, False, False, False, False, -1, -1, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_start(buf, h_events, h_nodes, h_schema):
+    """_find_events up to the events array's '[' (not walked): (its index or -1, -1, is_object,
+    has_nodes, has_schema so far, error, 0)."""
+    n = len(buf)
+    i = _ws(buf, 0, n)
+    if i >= n:
+        return -1, -1, False, False, False, TRUNCATED, 0
+    if buf[i] == 91:
+        return i, -1, False, False, False, OK, 0
+    if buf[i] != 123:
+        return -1, -1, False, False, False, BAD_JSON, 0
+    return _members(buf, i + 1, n, h_events, h_nodes, h_schema, None, None, None, True, False, False, False, -1, -1, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _rest(buf, hi, h_events, h_nodes, h_schema, has_nodes, has_schema):
+    """The top-level object's members after its events array (which ends at ``hi``), stopping at
+    a second events array (its '[': the caller takes the two-pass road)."""
+    return _members(buf, hi, len(buf), h_events, h_nodes, h_schema, None, None, None, True, True, has_nodes, has_schema, -1, -1, 0)
+
+
+_H_EVENTS, _H_NODES, _H_SCHEMA = np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema"))
+ONE_PASS_BYTES_PER_EVENT = 24  # room for an event per this many bytes: one-pass scans of real traces never run out
+
+
+def scan_once(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int, int, dict[str, np.ndarray]] | None:
+    """``count_events`` and ``scan`` in one pass over the bytes (no counting pass first: a folder
+    of thousands of small rank files spent a sixth of its parsing counting): (lo, hi, is_object,
+    has_nodes, has_schema, error, error position, columns). None where the one pass cannot answer
+    as the two would (more events than it made room for, a second traceEvents array): the caller
+    takes the two-pass road."""
+    lo, _, is_object, nodes, schema, err, _ = _find_start(buf, _H_EVENTS, _H_NODES, _H_SCHEMA)
+    if err != OK or lo < 0:
+        return int(lo), -1, bool(is_object), bool(nodes), bool(schema), int(err), 0, {}
+    cap = (len(buf) - lo) // ONE_PASS_BYTES_PER_EVENT + 16
+    cols = _columns(cap)
+    count, err, pos = scan_events(buf, lo, len(buf), KEY_HASH, ARG_HASH, *cols.values())
+    if err == TOO_MANY:
+        return None
+    if err != OK:
+        return int(lo), -1, bool(is_object), bool(nodes), bool(schema), int(err), int(pos), {}
+    hi = int(pos)
+    if is_object:
+        again, _, _, nodes, schema, err, _ = _rest(buf, hi, _H_EVENTS, _H_NODES, _H_SCHEMA, nodes, schema)
+        if err == OK and again >= 0:
+            return None
+        if err != OK:
+            return int(lo), -1, True, bool(nodes), bool(schema), int(err), 0, {}
+    return int(lo), hi, bool(is_object), bool(nodes), bool(schema), OK, 0, {k: v[:count] for k, v in cols.items()}
+
+
+@numba.njit(cache=True, nogil=True)
+def _members(
+    buf, i, n, h_events, h_nodes, h_schema, split_at, split_pos, split_count, stop, after_value, has_nodes, has_schema, start, end, count
+):
+    """The top-level object's members from ``i`` (just past its '{', or with ``after_value`` just
+    past a member's value); the events array's span and object count as _find_events gives them.
+    With ``stop``, returns at the events array's '[' instead of walking it: (its position, -1, ...)."""
+    if after_value:
+        i = _ws(buf, i, n)
+        if i < n and buf[i] == 44:
+            i += 1
+        elif i < n and buf[i] != 125:
+            return -1, -1, True, has_nodes, has_schema, BAD_JSON, 0
     while True:
         i = _ws(buf, i, n)
         if i >= n:
@@ -265,6 +327,8 @@ def _find_events(buf, h_events, h_nodes, h_schema, split_at, split_pos, split_co
         if err != OK:
             return -1, -1, True, has_nodes, has_schema, err, 0
         events = h == h_events and buf[i] == 91
+        if events and stop:
+            return i, -1, True, has_nodes, has_schema, OK, 0
         if events:
             j, objects = _skip_container(buf, i, n, split_at, split_pos, split_count)
         else:
@@ -338,12 +402,13 @@ def scan_events(
     obj_hi,
 ):
     """Scan the events array buf[lo:hi] ('[' ... ']') into the given columns, one row per
-    event, allocated by the caller (scan). Returns (count, error, error_pos)."""
+    event, allocated by the caller (scan; the columns whose default is 0 zeroed, the others are
+    written here). Returns (count, error, error position; on OK the index after the ']')."""
     cap = len(ph)
     count = 0
     i = _ws(buf, lo + 1, hi)
     if i < hi and buf[i] == 93:
-        return count, OK, 0
+        return count, OK, i + 1
     while i < hi:
         if buf[i] != 123:
             return count, NOT_OBJECT, i
@@ -352,6 +417,15 @@ def scan_events(
                 return count, TOO_MANY, i
             k = count
             obj_lo[k] = i
+            # the fields an event may lack start at their defaults (_FILL): no pass fills the columns first
+            name_lo[k] = -1
+            name_hi[k] = -1
+            fid[k] = -1
+            corr[k] = -1
+            ext[k] = -1
+            stream[k] = -1
+            rfid[k] = -1
+            evidx[k] = -1
             i += 1
             while True:
                 i = _ws(buf, i, hi)
@@ -467,7 +541,7 @@ def scan_events(
         if i < hi and buf[i] == 44:
             i = _ws(buf, i + 1, hi)
         elif i < hi and buf[i] == 93:
-            return count, OK, 0
+            return count, OK, i + 1
         elif i < hi:
             return count, BAD_JSON, i
     return count, TRUNCATED, i
@@ -603,7 +677,7 @@ def scan(
 
 def _columns(cap: int) -> dict[str, np.ndarray]:
     """The scanner's columns for ``cap`` events: zeros where 0 is the default (pages the scan
-    never writes, of fields most traces lack, are never touched), else left for the parts to fill."""
+    never writes, of fields most traces lack, are never touched); the others the scanner writes."""
     return {k: np.empty(cap, dtype=np.int64) if k in _FILL else np.zeros(cap, dtype=_DTYPES.get(k, np.int64)) for k in COLUMNS}
 
 
@@ -612,10 +686,7 @@ def _scan_part(
 ) -> tuple[int, int, int]:
     """Scan the events of buf[lo:hi] (lo: one byte before the first) into rows [row, end_row) of
     ``cols``: (events scanned, error, error position). A part that ends before the array's ']'
-    ends with TRUNCATED at ``hi``. The rows of the columns whose default is not 0 are filled
-    with it first (here: in the part's thread)."""
-    for k, fill in _FILL.items():
-        cols[k][row:end_row] = fill
+    ends with TRUNCATED at ``hi``."""
     if release is None:
         n, err, pos = scan_events(buf, lo, hi, KEY_HASH, ARG_HASH, *(v[row:end_row] for v in cols.values()))
         return int(n), int(err), int(pos)
