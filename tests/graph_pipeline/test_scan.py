@@ -244,3 +244,24 @@ def test_the_text_check_agrees_with_pythons_decoders():
             assert kind == want, text
         seen.add(want)
     assert seen == {scan.TEXT_OK, scan.NOT_UTF8, scan.LONE_SURROGATE}
+
+
+def test_counting_in_parts_agrees_with_one_walk_even_where_strings_look_like_events():
+    """count_events in parts guesses each part's start from the bytes ('}', ',' then '{'); names
+    full of such bytes put guesses inside strings: the count, the array's span and every split
+    are still those of one walk, and each split is an event's start."""
+    names = [f'op {i} }}, {{"ph": "X"}}, {{ }},{{' * (i % 7) for i in range(3000)]
+    events = [{"ph": "X", "cat": "cpu_op", "name": nm, "pid": 1, "tid": 1, "ts": i, "dur": 1} for i, nm in enumerate(names)]
+    for text in (json.dumps({"traceEvents": events, "after": {"a": [1, 2]}}), json.dumps(events, indent=1)):
+        raw = text.encode()
+        buf = np.frombuffer(raw, dtype=np.uint8)
+        lo, hi, obj, _, _, err, count, _ = scan.count_events(buf)
+        _, _, starts, _, _ = scan.object_bounds(buf, lo, hi)
+        assert err == scan.OK and count == 3000
+        for parts in (2, 3, 5, 8, 13):
+            p_lo, p_hi, p_obj, _, _, p_err, p_count, splits = scan.count_events(buf, parts)
+            assert (p_lo, p_hi, p_obj, p_err, p_count) == (lo, hi, obj, err, count)
+            assert all(starts[before] == at for at, before in splits)
+    bad = json.dumps({"traceEvents": events[:50]}).encode()[:-30]  # truncated inside the array
+    b = np.frombuffer(bad, dtype=np.uint8)
+    assert scan.count_events(b, 4)[5] == scan.count_events(b)[5] != scan.OK

@@ -360,14 +360,109 @@ def count_events(buf: np.ndarray, parts: int = 1) -> tuple[int, int, bool, bool,
     """``find_events``, how many objects the events array holds (the rows ``scan`` needs) and
     where ``scan`` can split it into ``parts`` for as many threads: ``(byte offset of an event,
     events before it)`` for each part after the first (splits the array does not reach are left
-    out: a small array is one part)."""
+    out: a small array is one part). With ``parts`` > 1 the counting itself runs in parts, one
+    thread each (``_count_parts``), and in one walk where a part's start turns out not to be an
+    event's."""
+    if parts > 1:
+        counted = _count_parts(buf, parts)
+        if counted is not None:
+            return counted
     split_at = np.array([len(buf) * k // parts for k in range(1, parts)], dtype=np.int64)
     split_pos, split_count = np.full(len(split_at), -1, dtype=np.int64), np.zeros(len(split_at), dtype=np.int64)
-    lo, hi, is_object, nodes, schema, err, count = _find_events(
-        buf, np.uint64(fnv1a(b"traceEvents")), np.uint64(fnv1a(b"nodes")), np.uint64(fnv1a(b"schema")), split_at, split_pos, split_count
-    )
+    lo, hi, is_object, nodes, schema, err, count = _find_events(buf, _H_EVENTS, _H_NODES, _H_SCHEMA, split_at, split_pos, split_count)
     splits = sorted({(int(p), int(c)) for p, c in zip(split_pos, split_count) if lo < p < hi and 0 < c < count})
     return int(lo), int(hi), bool(is_object), bool(nodes), bool(schema), int(err), int(count), splits
+
+
+def _count_parts(buf: np.ndarray, parts: int) -> tuple[int, int, bool, bool, bool, int, int, list[tuple[int, int]]] | None:
+    """count_events with the events array walked in ``parts`` threads: each part after the first
+    starts at the first '{' after its byte boundary that follows '}' and ',' (an event's start, or
+    bytes inside a string that look like one); a part is taken only when the walk of the part
+    before it, which knows where strings are, ends exactly there between two events. None when
+    any does not (the caller walks the array in one thread) or when the document is not a plain
+    trace (no events array, a second one, malformed JSON: the one walk names it)."""
+    lo, _, is_object, nodes, schema, err, _ = _find_start(buf, _H_EVENTS, _H_NODES, _H_SCHEMA)
+    if err != OK or lo < 0:
+        return None
+    n = len(buf)
+    starts = [lo]
+    for k in range(1, parts):
+        p = int(_next_event_start(buf, lo + (n - lo) * k // parts, n))
+        if p > starts[-1]:
+            starts.append(p)
+    if len(starts) == 1:
+        return None
+    stops = [*starts[1:], -1]
+    with ThreadPoolExecutor(len(starts)) as pool:
+        done = list(pool.map(lambda j: _count_span(buf, starts[j], stops[j], 0 if j == 0 else 1), range(len(starts))))
+    for j, (_, end, depth, crossed) in enumerate(done):
+        if j < len(starts) - 1 and (end != stops[j] or depth != 1 or crossed):
+            return None  # not an event's start: one walk instead
+    hi = int(done[-1][1])
+    if hi < 0 or done[-1][2] != 0:
+        return None
+    before = np.cumsum([0] + [int(d[0]) for d in done]).tolist()
+    count = before[-1]
+    if is_object:
+        again, _, _, nodes, schema, err, _ = _rest(buf, hi, _H_EVENTS, _H_NODES, _H_SCHEMA, nodes, schema)
+        if err != OK or again >= 0:
+            return None
+    splits = [(p, c) for p, c in zip(starts[1:], before[1:-1]) if 0 < c < count]
+    return int(lo), hi, bool(is_object), bool(nodes), bool(schema), OK, int(count), splits
+
+
+@numba.njit(cache=True, nogil=True)
+def _next_event_start(buf, i, n):
+    """The first '{' at or after ``i`` whose previous non-blank bytes are ',' and '}' (-1: none
+    within SPLIT_SEARCH bytes)."""
+    end = min(n, i + SPLIT_SEARCH)
+    while i < end:
+        if buf[i] == 123:
+            k = i - 1
+            while k > 0 and (buf[k] == 32 or buf[k] == 10 or buf[k] == 13 or buf[k] == 9):
+                k -= 1
+            if k > 0 and buf[k] == 44:
+                k -= 1
+                while k > 0 and (buf[k] == 32 or buf[k] == 10 or buf[k] == 13 or buf[k] == 9):
+                    k -= 1
+                if buf[k] == 125:
+                    return i
+        i += 1
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_span(buf, i, stop, depth):
+    """Walk from ``i`` at nesting ``depth`` (0 at the events array's '[', 1 at an event's '{')
+    counting the objects directly inside the array, until ``stop`` (-1: none) or the array's ']':
+    (objects, where it ended: ``stop``, the index after the ']' or -2 if the bytes ran out,
+    depth there, whether a string ran past ``stop``)."""
+    n = len(buf)
+    objects = 0
+    while i < n:
+        if i == stop:
+            return objects, i, depth, False
+        c = buf[i]
+        if c == 34:
+            i = _string_end(buf, i, n)
+            if i < 0:
+                return objects, -2, depth, False
+            if 0 <= stop < i:
+                return objects, i, depth, True
+            continue
+        if c == 123 or c == 91:
+            if c == 123 and depth == 1:
+                objects += 1
+            depth += 1
+        elif c == 125 or c == 93:
+            depth -= 1
+            if depth == 0:
+                return objects, i + 1, 0, False
+        i += 1
+    return objects, -2, depth, False
+
+
+SPLIT_SEARCH = 1 << 20  # bytes searched after a part's boundary for an event's start
 
 
 @numba.njit(cache=True, nogil=True)
