@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
-from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.events import EventTable, Step
 from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
 
 SUSPECT_US = 1000.0
@@ -71,7 +71,7 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
     step = np.full(len(rows), -1, dtype=np.int64)
     # which ProfilerStep each op belongs to (-1: outside every step; of several, the last listed),
     # rank by rank: a scan of every op per step was quadratic in the ranks
-    by_rank: dict[int, list] = {}
+    by_rank: dict[int, list[Step]] = {}
     for s in table.steps:
         by_rank.setdefault(s.rank, []).append(s)
     order = np.argsort(rank, kind="stable")
