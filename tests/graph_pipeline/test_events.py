@@ -191,3 +191,14 @@ def test_the_window_index_sorts_as_lexsort_does():
         value = rng.integers(0, 50, n).astype(np.float64)  # many ties
         value[rng.random(n) < 0.01] = -np.inf  # anchors of orphaned device ops
         assert np.array_equal(_by_group_then(group, value), np.lexsort((value, group)))
+
+
+def test_a_category_hash_maps_to_its_class_and_an_unknown_one_to_none():
+    from bottleneck_oracle.graph_pipeline import scan
+    from bottleneck_oracle.graph_pipeline.events import _CAT_BY_HASH, _CAT_CLASS
+
+    cats = [*_CAT_CLASS, "not a category", ""]
+    hashes = np.array([scan.fnv1a(c.encode()) for c in cats] * 3, dtype=np.uint64)
+    want = [int(_CAT_CLASS[c]) if c in _CAT_CLASS else -1 for c in cats] * 3
+    assert _CAT_BY_HASH.lookup(hashes).tolist() == want
+    assert _CAT_BY_HASH.lookup(np.zeros(0, dtype=np.uint64)).tolist() == []
