@@ -77,6 +77,25 @@ def test_cli_executor_dask(capsys):
     assert json.dumps(json.loads(out)["steps"], sort_keys=True) == json.dumps(json.loads(_cli_local(capsys))["steps"], sort_keys=True)
 
 
+def test_a_full_temporary_folder_sends_the_table_to_each_worker_instead(capsys, monkeypatch):
+    """The LocalCluster's workers map the event table from a temporary file; where it cannot be
+    written (a full disk), the table is sent to them as before and the answers are the same."""
+    from bottleneck_oracle.graph_pipeline import engine as engine_module
+
+    written: list[str] = []
+
+    def full(obj, path):
+        written.append(path)
+        with open(path, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(engine_module, "dump_shared", full)
+    code, out, _ = run_cli(["analyze", str(SAMPLE), "--executor", "dask", "--json"], capsys, seconds=120)
+    assert code == 0 and written and not any(os.path.exists(p) for p in written)
+    assert json.dumps(json.loads(out)["steps"], sort_keys=True) == json.dumps(json.loads(_cli_local(capsys))["steps"], sort_keys=True)
+
+
 def _cli_local(capsys) -> str:
     code, out, _ = run_cli(["analyze", str(SAMPLE), "--json"], capsys)
     assert code == 0

@@ -20,6 +20,7 @@ a task that kills every worker it runs on, or a scheduler that goes away, is one
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import multiprocessing
@@ -177,8 +178,12 @@ class DaskEngine(Engine):
         table of thousands of ranks is gigabytes: sent to each worker, it cost more than the work)."""
         try:
             if self._cluster is not None and shared is not None and not isinstance(shared, (bool, int, str)):
-                path = self._shared_file(shared)
-                return list(self.client.map(_call_with_file, [fn] * len(items), [path] * len(items), items, pure=False))
+                try:
+                    path = self._shared_file(shared)
+                except OSError:  # no room for it in the temporary folder: sent to each worker instead
+                    path = None
+                if path is not None:
+                    return list(self.client.map(_call_with_file, [fn] * len(items), [path] * len(items), items, pure=False))
             ref = self.client.scatter(shared, broadcast=True, hash=False) if shared is not None else None
             futures: list[Any] = self.client.map(fn, [ref] * len(items), items, pure=False)
             return futures
@@ -212,11 +217,17 @@ class DaskEngine(Engine):
         return OracleError(f"Dask: a task failed on a worker of {where} ({type(exc).__name__}: {first_line(exc)})")
 
     def _shared_file(self, shared: Any) -> str:
-        """``shared`` written to a file of this engine's private folder (dump_shared); its path."""
+        """``shared`` written to a file of this engine's private folder (dump_shared); its path.
+        A file that could not be written whole is removed (OSError raised)."""
         if self._folder is None:
             self._folder = tempfile.TemporaryDirectory(prefix="bottleneck-oracle-dask-")
         path = os.path.join(self._folder.name, f"shared-{len(os.listdir(self._folder.name))}.bin")
-        dump_shared(shared, path)
+        try:
+            dump_shared(shared, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
         return path
 
     def close(self) -> None:
