@@ -42,10 +42,8 @@ _RULES = [(f, re.compile(p)) for f, p in FAMILIES]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # kernel names repeat in every step: classify each once
-@functools.lru_cache(maxsize=1 << 16)
 def family(name: str) -> str:
-    """The family of a kernel or op name (first matching rule of FAMILIES, else "other"); a run
-    asks for the same names in every step, so the answers are kept."""
+    """The family of a kernel or op name (first matching rule of FAMILIES, else "other")."""
     low = name.lower()
     for f, rule in _RULES:
         if rule.search(low):
