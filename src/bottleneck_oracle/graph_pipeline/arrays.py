@@ -24,3 +24,12 @@ def isin_sorted(values: np.ndarray, members_sorted: np.ndarray) -> np.ndarray:
     pos = np.minimum(np.searchsorted(members_sorted, values), len(members_sorted) - 1)
     found: np.ndarray = members_sorted[pos] == values
     return found
+
+
+def groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Each distinct key (ascending) and the positions holding it, in input order within a key
+    (one stable sort: keys that come in blocks, a rank's events, sort in one pass)."""
+    by = np.argsort(keys, kind="stable")
+    k = keys[by]
+    cuts = [0, *(np.flatnonzero(k[1:] != k[:-1]) + 1).tolist(), len(k)]
+    return [(int(k[a]), by[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]

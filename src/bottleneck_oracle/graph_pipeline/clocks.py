@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline.arrays import groups
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
 from bottleneck_oracle.graph_pipeline.events import EventTable, Step
 from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
@@ -74,12 +75,8 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
     by_rank: dict[int, list[Step]] = {}
     for s in table.steps:
         by_rank.setdefault(s.rank, []).append(s)
-    order = np.argsort(rank, kind="stable")
-    ranks_sorted = rank[order]
-    cuts = [0, *(np.flatnonzero(ranks_sorted[1:] != ranks_sorted[:-1]) + 1).tolist(), len(order)]
-    for a, b in zip(cuts, cuts[1:]):
-        mine = order[a:b]
-        for s in by_rank.get(int(ranks_sorted[a]), []) if b > a else []:
+    for r, mine in groups(rank):
+        for s in by_rank.get(r, []):
             inside = (anchor[mine] >= s.start) & (anchor[mine] < s.end)
             step[mine[inside]] = s.number
     pg = c["pg"][rows].astype(np.int64)

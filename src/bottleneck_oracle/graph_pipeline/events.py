@@ -33,6 +33,7 @@ import orjson
 from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
+from bottleneck_oracle.graph_pipeline.arrays import groups
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 if TYPE_CHECKING:
@@ -1197,7 +1198,7 @@ def _parse_file(path: Path, single: bool) -> _Builder:
     raw = map_trace(path)
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
     # one file alone is scanned in parts, one thread each; a folder's files are already parsed in parallel
-    parts = min(os.cpu_count() or 1, MAX_SCAN_THREADS) if single and len(buf) >= SPLIT_BYTES else 1
+    parts = scan_threads(len(buf)) if single else 1
     # a file in memory is found and scanned in one pass; a mapped or split one is counted first
     once = scan.scan_once(buf) if parts == 1 and not isinstance(raw, MappedTrace) else None
     if once is not None:
@@ -1343,19 +1344,18 @@ def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
     return sorted(best.values(), key=lambda s: s[2])
 
 
+def scan_threads(nbytes: int) -> int:
+    """Threads one trace file of ``nbytes`` JSON bytes is counted and scanned in (scan.py)."""
+    return min(os.cpu_count() or 1, MAX_SCAN_THREADS) if nbytes >= SPLIT_BYTES else 1
+
+
 def _by_group_then(group: np.ndarray, value: np.ndarray) -> np.ndarray:
     """``np.lexsort((value, group))`` (stable: ties keep the table's order), sorting each group's
     values on their own: thousands of ranks of a few thousand events each sort far faster than
     one sort of all their events, and a table's ranks come in blocks (a file each)."""
     if not len(group) or group.min() == group.max():
         return np.argsort(value, kind="stable")
-    by = np.argsort(group, kind="stable")  # ranks in blocks: a run each, found in one pass
-    g = group[by]
-    cuts = [0, *(np.flatnonzero(g[1:] != g[:-1]) + 1).tolist(), len(g)]
-    for a, b in zip(cuts, cuts[1:]):
-        part = by[a:b]
-        by[a:b] = part[np.argsort(value[part], kind="stable")]
-    return by
+    return np.concatenate([part[np.argsort(value[part], kind="stable")] for _, part in groups(group)])
 
 
 def cpu_parents(table: EventTable) -> np.ndarray:

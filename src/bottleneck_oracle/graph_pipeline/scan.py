@@ -754,20 +754,33 @@ def scan(
     if release is not None:
         release(0, hi)  # counting read every page: give them back, the blocks read them again one by one
     if splits and events is not None:
-        bounds = [(lo, 0), *((p - 1, c) for p, c in splits), (hi, events)]  # each part scanned from one byte before its first event
-        parts = [(a, b[0] if j < len(splits) else hi, row, b[1]) for j, ((a, row), b) in enumerate(zip(bounds, bounds[1:]))]
+        parts = _parts(lo, hi, events, splits)
         with ThreadPoolExecutor(len(parts)) as pool:
             done = list(pool.map(lambda part: _scan_part(buf, part[0], part[1], part[2], part[3], cols, release), parts))
-        last = len(parts) - 1
-        clean = all(
-            n == part[3] - part[2] and ((err, pos) == (TRUNCATED, part[1]) if j < last else err == OK)
-            for j, (part, (n, err, pos)) in enumerate(zip(parts, done))
-        )
-        if clean:
+        if _clean(parts, done):
             return OK, 0, {k: v[:events] for k, v in cols.items()}
         cols = _columns(cap)
     count, err, pos = _scan_part(buf, lo, hi, 0, cap, cols, release)
     return err, pos, {k: v[:count] for k, v in cols.items()}
+
+
+def _parts(lo: int, hi: int, events: int, splits: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """The parts of the events array buf[lo:hi] at ``splits`` (count_events): per part (the byte
+    before its first event, where it ends: the byte before the next part's first event or ``hi``,
+    its first row, the next part's first row or ``events``)."""
+    firsts = [lo, *(p - 1 for p, _ in splits)]
+    rows = [0, *(c for _, c in splits), events]
+    return [(a, firsts[j + 1] if j + 1 < len(firsts) else hi, rows[j], rows[j + 1]) for j, a in enumerate(firsts)]
+
+
+def _clean(parts: list[tuple[int, int, int, int]], done: list[tuple[int, int, int]]) -> bool:
+    """Whether each part's walk, (objects, error, position), ended where the next part begins
+    (TRUNCATED there; the last at the array's ']') with as many objects as its rows."""
+    last = len(parts) - 1
+    return all(
+        n == end_row - row and ((err, pos) == (TRUNCATED, end) if j < last else err == OK)
+        for j, ((_, end, row, end_row), (n, err, pos)) in enumerate(zip(parts, done))
+    )
 
 
 def _columns(cap: int) -> dict[str, np.ndarray]:
@@ -848,31 +861,24 @@ def object_bounds(
     cap = (events if events is not None else _count(buf, lo, hi, b'"ph"')) + 1
     starts = np.empty(cap, dtype=np.int64)
     ends = np.empty(cap, dtype=np.int64)
-    cuts = [lo, *(p - 1 for p, _ in splits or [])] if events is not None else [lo]
-    rows = [0, *(c for _, c in splits or [])] if events is not None else [0]
-    tops = [*(p for p, _ in splits or []), hi] if events is not None else [hi]
+    parts = _parts(lo, hi, events, splits) if splits and events is not None else [(lo, hi, 0, cap)]
 
-    def part(j: int) -> tuple[int, int, int, tuple[int, int]]:
-        end_row = rows[j + 1] if j + 1 < len(rows) else cap
-        n, err, pos = _object_bounds(buf, cuts[j], tops[j], starts[rows[j] : end_row], ends[rows[j] : end_row])
-        problem = _text_problem(buf, cuts[j], tops[j]) if text else (TEXT_OK, 0)
-        return int(n), int(err), int(pos), (int(problem[0]), int(problem[1]))
+    def walk(part: tuple[int, int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int]]:
+        a, end, row, end_row = part
+        n, err, pos = _object_bounds(buf, a, end, starts[row:end_row], ends[row:end_row])
+        problem = _text_problem(buf, a, end) if text else (TEXT_OK, 0)
+        return (int(n), int(err), int(pos)), (int(problem[0]), int(problem[1]))
 
-    if len(cuts) > 1:
-        with ThreadPoolExecutor(len(cuts)) as pool:
-            done = list(pool.map(part, range(len(cuts))))
-    else:
-        done = [part(0)]
-    if len(done) > 1:
-        last = len(done) - 1
-        clean = all(
-            n == (rows[j + 1] if j < last else events or 0) - rows[j] and ((err, pos) == (TRUNCATED, tops[j]) if j < last else err == OK)
-            for j, (n, err, pos, _) in enumerate(done)
-        )
-        if not clean:  # walked again in one thread: the error as one walk names it
+    if len(parts) > 1:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            done = list(pool.map(walk, parts))
+        if not _clean(parts, [d for d, _ in done]):  # walked again in one thread: the error as one walk names it
             return object_bounds(buf, lo, hi, events, None, text)
-    problem = next((p for *_, p in done if p[0] != TEXT_OK), (TEXT_OK, 0))
-    n, err, pos = (sum(d[0] for d in done), OK, 0) if len(done) > 1 else done[0][:3]
+        n, err, pos = sum(d[0] for d, _ in done), OK, 0
+    else:
+        done = [walk(parts[0])]
+        n, err, pos = done[0][0]
+    problem = next((p for _, p in done if p[0] != TEXT_OK), (TEXT_OK, 0))
     return err, pos, starts[:n].copy(), ends[:n].copy(), problem
 
 

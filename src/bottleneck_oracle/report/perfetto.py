@@ -9,7 +9,6 @@ into one trace, each rank's processes renamed ``rank N: ...``.
 from __future__ import annotations
 
 import gzip
-import os
 import queue
 import threading
 from pathlib import Path
@@ -23,8 +22,6 @@ from bottleneck_oracle.atomic import atomic_path
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.events import (
-    MAX_SCAN_THREADS,
-    SPLIT_BYTES,
     EventTable,
     MappedTrace,
     TraceBytes,
@@ -32,6 +29,7 @@ from bottleneck_oracle.graph_pipeline.events import (
     ancestors_of,
     cpu_parents,
     map_trace,
+    scan_threads,
 )
 
 
@@ -85,8 +83,7 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
             data = raw.map if isinstance(raw, MappedTrace) else raw
             buf = np.frombuffer(data, dtype=np.uint8)
             # a large file is walked in parts, one thread each (as the loader scans it)
-            parts = min(os.cpu_count() or 1, MAX_SCAN_THREADS) if len(buf) >= SPLIT_BYTES else 1
-            lo, hi, _, _, _, err, count, splits = scan.count_events(buf, parts)
+            lo, hi, _, _, _, err, count, splits = scan.count_events(buf, scan_threads(len(buf)))
             if err == scan.OK and lo >= 0:
                 err, pos, starts, ends, (problem, at) = scan.object_bounds(buf, lo, hi, count, splits, text=not multi)
             if err != scan.OK or lo < 0:
@@ -182,30 +179,10 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
         for k, (ea, eb) in enumerate(zip(where(flow_a), where(flow_b))):
             if ea is None or eb is None or not isinstance(ea[2], (int, float)) or not isinstance(eb[2], (int, float)):
                 continue
+            common = {"cat": "critical_path", "name": "critical_path", "id": 900_000_000 + k}
             dur = ea[3] if isinstance(ea[3], (int, float)) else 0
-            flows.append(
-                {
-                    "cat": "critical_path",
-                    "name": "critical_path",
-                    "id": 900_000_000 + k,
-                    "ph": "s",
-                    "pid": ea[0],
-                    "tid": ea[1],
-                    "ts": ea[2] + dur,
-                }
-            )
-            flows.append(
-                {
-                    "cat": "critical_path",
-                    "name": "critical_path",
-                    "id": 900_000_000 + k,
-                    "ph": "f",
-                    "bp": "e",
-                    "pid": eb[0],
-                    "tid": eb[1],
-                    "ts": eb[2],
-                }
-            )
+            flows.append({**common, "ph": "s", "pid": ea[0], "tid": ea[1], "ts": ea[2] + dur})
+            flows.append({**common, "ph": "f", "bp": "e", "pid": eb[0], "tid": eb[1], "ts": eb[2]})
             if len(flows) >= 8192:
                 first = _write_batch(fh, flows, first)
         first = _write_batch(fh, flows, first)
