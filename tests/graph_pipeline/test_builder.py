@@ -214,3 +214,55 @@ def test_a_send_pair_ends_when_its_transfer_did_unless_the_send_was_buffered():
     inst = np.array([0, 0, 1, 1, -1])
     out = modelled_ends(start, end, ckind, inst)
     assert out.tolist() == [12.0, 12.0, 25.0, 45.0, 200.0]
+
+
+def test_edge_set_arrays_keep_each_pair_once_with_its_lowest_kind_and_let_the_lists_go():
+    from bottleneck_oracle.graph_pipeline.edges import EdgeSet
+
+    rng = np.random.default_rng(7)
+    E = EdgeSet()
+    added = []
+    for i in range(12):  # rules add overlapping edges, some waits, some self loops and -1s (dropped)
+        n = int(rng.integers(0, 400))
+        src, dst = rng.integers(-1, 60, n), rng.integers(-1, 60, n)
+        kind, wait = EdgeKind(int(rng.integers(0, 6))), bool(i % 3 == 0)
+        E.add(src, dst, kind, wait=wait)
+        added += [(int(s), int(d), int(kind), wait) for s, d in zip(src, dst) if s >= 0 and d >= 0 and s != d]
+    best: dict[tuple[int, int], int] = {}
+    waits = {(s, d) for s, d, _, w in added if w}
+    for s, d, k, _ in added:  # the oracle: a dict of pairs, the lowest kind kept
+        best[(s, d)] = min(k, best.get((s, d), k))
+    src, dst, kind, is_wait = E.arrays(release=True)
+    assert list(zip(src.tolist(), dst.tolist())) == sorted(best)
+    assert kind.tolist() == [best[p] for p in sorted(best)]
+    assert is_wait.tolist() == [p in waits for p in sorted(best)]
+    assert not E.src and not E.dst and not E.kind and not E.waits
+    assert all(len(a) == 0 for a in E.arrays())
+
+
+def test_edge_set_lanes_joined_are_the_pairs_of_lanes_its_edges_cross():
+    from bottleneck_oracle.graph_pipeline.edges import EdgeSet
+
+    rng = np.random.default_rng(3)
+    lane = rng.integers(0, 9, 200)
+    E = EdgeSet()
+    for _ in range(5):
+        E.add(rng.integers(0, 200, 300), rng.integers(0, 200, 300), EdgeKind.PROGRAM_ORDER)
+    expected = sorted({(int(lane[s]), int(lane[d])) for a, b in zip(E.src, E.dst) for s, d in zip(a, b) if lane[s] != lane[d]})
+    got = E.lanes_joined(lane)
+    n = int(lane.max()) + 1
+    assert [(int(x // n), int(x % n)) for x in got] == expected
+
+
+def test_a_window_let_go_keeps_what_the_graph_copies_and_drops_the_rules_look_ups():
+    from bottleneck_oracle.graph_pipeline.window import make_window
+
+    table = cached_load(SAMPLE)
+    w = make_window(table, table.steps[0].number if table.steps else None)
+    rank, cls, nodes = w.c["rank"].copy(), w.c["cls"].copy(), w.node_rows.copy()
+    category, n_bytes = w.node_category(), w.msg_bytes()
+    w.let_go()
+    assert len(w.ev2node) == len(w.leaf_rows) == len(w.ts) == 0  # the rules' look-ups are gone
+    assert np.array_equal(w.node_rows, nodes) and np.array_equal(w.c["rank"], rank) and np.array_equal(w.c["cls"], cls)
+    assert np.array_equal(w.node_category(), category) and np.array_equal(w.msg_bytes(), n_bytes, equal_nan=True)
+    assert "ts" not in w.c._got and np.array_equal(w.c["ts"][: len(w.rows)][w.rows >= 0], table.cols["ts"][w.rows[w.rows >= 0]])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -106,9 +106,22 @@ class _Pieces:
 def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_GAP_US) -> list[Segment]:
     """The segments of the critical path of ``g`` (CPM result ``r``), in time order."""
     n, e = g.nodes, g.edges
-    klass = node_class(g)
-    cpu_only = (~isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]]))).tolist()
-    rank_of, tid_of, gpu_of = n["rank"].astype(int).tolist(), n["tid"].astype(int).tolist(), n["on_gpu"].astype(bool).tolist()
+    barrier = n["category"] == Category.BARRIER
+    sync = isin_small(e["kind"], (EdgeKind.COLLECTIVE_SYNC, EdgeKind.SEND_RECV)) & barrier[e["src"]]
+    walked = np.zeros(g.n_nodes, dtype=bool)  # whose thread time the walk splits: the path's nodes and their barriers' members
+    walked[r.path] = True
+    walked[e["dst"][sync & walked[e["src"]]]] = True
+    pieces = _Pieces(g, walked)
+    # what the walk reads of a node, as plain ints and floats of the walked nodes only (the path of a
+    # long step has thousands of nodes, read one at a time; a large step's graph has millions)
+    on = np.flatnonzero(walked)
+    on_list = on.tolist()
+
+    def of(a: np.ndarray) -> dict[int, Any]:
+        return dict(zip(on_list, a[on].tolist()))
+
+    cpu_only = of(~isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]])))
+    rank_of, tid_of, gpu_of = of(n["rank"].astype(int)), of(n["tid"].astype(int)), of(n["on_gpu"].astype(bool))
     out: list[Segment] = []
 
     def add(kind: SegmentKind, k: int, v: int, name: str, lo: float, hi: float, cause: int = -1) -> None:
@@ -152,13 +165,6 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             else:
                 add("wait", IDLE, v, wait_name, cursor, hi, cause)
 
-    barrier = n["category"] == Category.BARRIER
-    sync = isin_small(e["kind"], (EdgeKind.COLLECTIVE_SYNC, EdgeKind.SEND_RECV)) & barrier[e["src"]]
-    walked = np.zeros(g.n_nodes, dtype=bool)  # whose thread time the walk splits: the path's nodes and their barriers' members
-    walked[r.path] = True
-    walked[e["dst"][sync & walked[e["src"]]]] = True
-    pieces = _Pieces(g, walked)
-
     def member_on_thread(b: int, src: int) -> int:
         """The participant of barrier ``b`` on the thread of ``src`` (the barrier holds copies of
         its participants' in-edges: the time before it is that participant's), else ``b``."""
@@ -167,19 +173,18 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         thread = rank[n["tid"][rank] == n["tid"][src]]
         return int(thread[0]) if len(thread) else int(rank[0]) if len(rank) else b
 
-    # plain lists and ints: the path of a long step has thousands of nodes, read one at a time
-    path, pedges = r.path.tolist(), r.path_edges.tolist()
-    est_of, eft_of = r.est.tolist(), r.eft.tolist()
-    edge_kind, edge_src = e["kind"].tolist(), e["src"].tolist()
-    is_barrier, klass_of = barrier.tolist(), klass.tolist()
-    names, code_of = g.names, n["name"].tolist()
-    blocking = (n["category"] == Category.BLOCKING).tolist()
+    path = r.path.tolist()
+    edge_kind, edge_src = e["kind"][r.path_edges].tolist(), e["src"][r.path_edges].tolist()  # of each path edge, in path order
+    est_of, eft_of = of(r.est), of(r.eft)
+    is_barrier, klass_of = of(barrier), of(node_class(g))
+    names, code_of = g.names, of(n["name"])
+    blocking = of(n["category"] == Category.BLOCKING)
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
     # when each device op's launch call ended (-inf: not launched in the window)
     is_launch = e["kind"] == EdgeKind.LAUNCH
     launched_at = np.full(g.n_nodes, -np.inf)
     np.maximum.at(launched_at, e["dst"][is_launch], (n["start"] + n["dur"])[e["src"][is_launch]])
-    launched_by = launched_at.tolist()
+    launched_by = of(launched_at)
     wait_label = {int(k): v for k, v in _WAIT_LABEL.items()}
     cursor = r.path_origin
     for j, v in enumerate(path):
@@ -190,8 +195,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         if j == 0:
             _lead_in(g, r, v, cursor, est, add, thread_time)
         elif est > cursor:
-            edge = pedges[j - 1]
-            kind, src = edge_kind[edge], edge_src[edge]
+            kind, src = edge_kind[j - 1], edge_src[j - 1]
             at = member_on_thread(v, src) if is_barrier[v] else v  # whose time the gap before v is
             gpu_v = gpu_of[at]
             if kind == program_order and not gpu_v:

@@ -296,11 +296,8 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
             x = parent[x]
         return x
 
-    src, dst, _, _ = E.arrays()
-    a, b = lane[src], lane[dst]
-    cross = a != b
     lanes = int(lane.max()) + 1
-    pairs = np.unique(a[cross].astype(np.int64) * lanes + b[cross])  # each joined pair of lanes once
+    pairs = E.lanes_joined(lane)  # each joined pair of lanes once
     for x, y in zip((pairs // lanes).tolist(), (pairs % lanes).tolist()):
         rx, ry = find(x), find(y)
         if rx != ry:
@@ -329,6 +326,7 @@ def _finish(
     the window is left in the caller when it is let go)."""
     w, E, pieces = built
     built.clear()
+    regions = window_regions(w)  # (first: its look-ups are the largest passing allocation, made before the graph's columns exist)
     c, rows = w.c, w.node_rows
     start = w.ts[rows]
     pairs = rules.backends(w, E)
@@ -339,8 +337,11 @@ def _finish(
     inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq)
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
-    src, dst, kind, is_wait = E.arrays()
-    src, dst, kind, is_wait, dropped = _causal(src, dst, kind, is_wait, start, w.end[rows], opt.clock_tolerance_us)
+    rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]
+    w.let_go()  # the rules are done: their per-event look-ups go before the graph's columns are made
+    src, dst, kind, is_wait = E.arrays(release=True)
+    src, dst, kind, is_wait, dropped = _causal(src, dst, kind, is_wait, start, w_end, opt.clock_tolerance_us)
+    del w_end
     nodes = {
         "rank": c["rank"][rows],
         "tid": c["tid"][rows],
@@ -369,7 +370,7 @@ def _finish(
         measured=w.measured,
         meta={
             "files": {str(k): v for k, v in table.files.items()},
-            "rank_start_us": _rank_starts(w, table),
+            "rank_start_us": rank_starts,
             "fields_version": F.FIELDS_VERSION,
             "dropped_edges": dropped,
             "collectives": match_report(w.ckind, inst, seq),
@@ -381,12 +382,12 @@ def _finish(
                 {"rank": r, "pid": p, "tid": t, "thread": table.thread_names.get((r, p, t), f"thread {t}"), **info}
                 for (r, p, t), info in sorted(away.items())
             ],
-            "polling_loops": int((w.polls > 0).sum()),
+            "polling_loops": polling_loops,
             **_thread_names(table, nodes),
         },
         carry=w.carry,
         gaps=pieces,
-        regions=window_regions(w),
+        regions=regions,
     )
     del w, c, E  # the window's columns are the largest thing held: gone before finalize allocates
     return finalize(raw)

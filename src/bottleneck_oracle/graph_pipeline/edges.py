@@ -17,6 +17,9 @@ from bottleneck_oracle.graph_pipeline.window import Window
 CONTEXT_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT_EVENT = range(len(SYNC_KINDS))
 
 
+_NONE = np.zeros(0, np.int64)  # an emptied list entry (EdgeSet.arrays with release)
+
+
 @dataclass(slots=True)
 class EdgeSet:
     src: list[np.ndarray] = field(default_factory=list)
@@ -35,23 +38,56 @@ class EdgeSet:
         if wait:
             self.waits.append((src, dst))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(src, dst, kind, is_wait), one edge per (src, dst): the first rule that produced it."""
+    def clear(self) -> None:
+        """Forget the edges (their ``arrays`` taken: the lists are as large again)."""
+        self.src, self.dst, self.kind, self.waits = [], [], [], []
+
+    def lanes_joined(self, lane: np.ndarray) -> np.ndarray:
+        """The distinct pairs of different lanes (``lane[node]``) some edge joins, each as
+        ``a * n_lanes + b`` for an edge from lane a to lane b; without the sorted copy of every edge
+        that ``arrays`` makes."""
+        n = int(lane.max()) + 1 if len(lane) else 1
+        found = []
+        for s, d in zip(self.src, self.dst):
+            a, b = lane[s], lane[d]
+            cross = a != b
+            found.append(np.unique(a[cross].astype(np.int64) * n + b[cross]))
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+    def arrays(self, release: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(src, dst, kind, is_wait), one edge per (src, dst), sorted by (src, dst): the rule of the
+        lowest kind that produced it. ``release``: the lists are emptied as they are read (a large
+        step's edges are hundreds of MB; the sort needs one key per edge, not the lists beside it)."""
         if not self.src:
             e = np.zeros(0, np.int64)
             return e, e, np.zeros(0, np.int8), np.zeros(0, bool)
-        src, dst, kind = np.concatenate(self.src), np.concatenate(self.dst), np.concatenate(self.kind)
-        order = np.lexsort((kind, dst, src))
-        src, dst, kind = src[order], dst[order], kind[order]
-        first = np.ones(len(src), dtype=bool)
-        first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-        src, dst, kind = src[first], dst[first], kind[first]
-        is_wait = np.zeros(len(src), dtype=bool)
-        if self.waits and len(src):
-            n = int(max(src.max(), dst.max())) + 1
-            ws = np.concatenate([a for a, _ in self.waits])
-            wd = np.concatenate([b for _, b in self.waits])
-            is_wait = np.isin(src * n + dst, ws * n + wd)
+        n = max(int(a.max()) for a in (*self.src, *self.dst) if len(a)) + 1 if any(len(a) for a in self.src) else 1
+        total = sum(len(a) for a in self.src)
+        key = np.empty(total, dtype=np.int64)  # src * n + dst: one sort key per edge
+        kind = np.empty(total, dtype=np.int8)
+        at = 0
+        for i in range(len(self.src)):
+            s, d, k = self.src[i], self.dst[i], self.kind[i]
+            np.multiply(s, n, out=key[at : at + len(s)])
+            key[at : at + len(s)] += d
+            kind[at : at + len(s)] = k
+            at += len(s)
+            if release:
+                self.src[i] = self.dst[i] = self.kind[i] = _NONE
+        order = np.lexsort((kind, key))
+        key, kind = key[order], kind[order]
+        del order
+        first = np.ones(len(key), dtype=bool)
+        first[1:] = key[1:] != key[:-1]
+        key, kind = key[first], kind[first]
+        del first
+        is_wait = np.zeros(len(key), dtype=bool)
+        wk = np.unique(np.concatenate([a * n + b for a, b in self.waits])) if self.waits else _NONE
+        if len(wk) and len(key):
+            is_wait = wk[np.minimum(np.searchsorted(wk, key), len(wk) - 1)] == key
+        src, dst = np.divmod(key, n)
+        if release:
+            self.clear()
         return src, dst, kind, is_wait
 
 

@@ -89,6 +89,10 @@ class Columns(Mapping[str, np.ndarray]):
         col[len(rows) :] = extra
         return col
 
+    def forget(self, keep: tuple[str, ...]) -> None:
+        """Let the gathered columns not in ``keep`` go (gathered again if read again)."""
+        self._got = {k: v for k, v in self._got.items() if k in keep}
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._cols)
 
@@ -179,6 +183,16 @@ class Window:
     origins: dict[int, float]  # µs per rank: where its step's period starts (facts.py), from the window start
     codes: tuple[dict[str, list[int]], int] | None = None  # the table's name -> codes, for names[:n] (None: none)
 
+    def let_go(self) -> None:
+        """Drop what only the edge rules read (per-event look-ups, the thread and stream orders, the
+        columns the graph does not carry): a large step's window is gigabytes, and the graph's
+        columns are made after the rules. The window keeps its nodes, their classes and the
+        columns the graph copies; reading anything else afterwards is an error."""
+        gone = np.zeros(0, dtype=np.int64)
+        for name in _RULES_ONLY:
+            setattr(self, name, gone)
+        self.c.forget(_GRAPH_COLUMNS)
+
     def codes_of(self, wanted: tuple[str, ...]) -> list[int]:
         """The codes of the names in ``wanted``, ascending: from the table's index of its names,
         and a scan of the window's own names after them (the step-end marker)."""
@@ -238,6 +252,29 @@ class Window:
         elem = self.c["elem_bytes"][self.node_rows]
         elem = np.where(np.isnan(elem), 4.0, elem)  # fp32 when the trace does not say
         return np.where(self.is_net, self.c["msg_nelems"][self.node_rows] * elem, np.nan)
+
+
+_RULES_ONLY = (
+    "ts",
+    "cpu_rows",
+    "cpu_sorted",
+    "ev_thread",
+    "leaf_rows",
+    "leaf_thread",
+    "gpu_rows",
+    "gpu_stream",
+    "backend_rows",
+    "backend_lane",
+    "staged_prev",
+    "staged_next",
+    "ev2node",
+    "lead_from",
+    "copy_op",
+    "polls",
+)
+"""The Window's arrays that ``let_go`` drops."""
+_GRAPH_COLUMNS = ("rank", "tid", "cls", "name", "dur", "elem_bytes", "msg_nelems", "group_size")
+"""The columns the graph's nodes copy (builder._finish), kept by ``let_go``."""
 
 
 def _name_lookups(table: EventTable, names: list[str]) -> dict[str, np.ndarray]:
