@@ -202,3 +202,53 @@ def test_a_category_hash_maps_to_its_class_and_an_unknown_one_to_none():
     want = [int(_CAT_CLASS[c]) if c in _CAT_CLASS else -1 for c in cats] * 3
     assert _CAT_BY_HASH.lookup(hashes).tolist() == want
     assert _CAT_BY_HASH.lookup(np.zeros(0, dtype=np.uint64)).tolist() == []
+
+
+def _as_begin_end(events: list[dict]) -> list[dict]:
+    """The complete events of the host threads rewritten as begin/end pairs, in an order that
+    nests them (at one time: ends before begins, inner ends first, outer begins first)."""
+    out, marks = [], []
+    for i, e in enumerate(events):
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime"):
+            b = {k: v for k, v in e.items() if k != "dur"} | {"ph": "B"}
+            end = {"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": e["ts"] + e["dur"]}
+            marks.append((e["ts"], 1, -e["dur"], i, b))
+            marks.append((e["ts"] + e["dur"], 0, -e["ts"], i, end))
+        else:
+            out.append(e)
+    return out + [m[-1] for m in sorted(marks, key=lambda m: m[:4])]
+
+
+def test_begin_end_pairs_read_as_the_complete_events_they_stand_for(tmp_path):
+    src = sorted(SAMPLE.iterdir())[0]
+    doc = json.loads(gzip.open(src).read() if src.suffix == ".gz" else src.read_text())
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    paired = dict(doc, traceEvents=_as_begin_end(doc["traceEvents"]))
+    assert sum(e.get("ph") == "B" for e in paired["traceEvents"]) > 100
+    (tmp_path / "be.json").write_text(json.dumps(paired))
+    a, b = load_events(tmp_path / "x.json"), load_events(tmp_path / "be.json")
+
+    def ops(t):
+        c = t.cols
+        key = np.lexsort((c["dur"], c["ts"], c["tid"], c["cls"]))
+        return [(int(c["cls"][i]), int(c["tid"][i]), round(float(c["ts"][i] + t.t0), 3), t.names[c["name"][i]]) for i in key], c["dur"][key]
+
+    (oa, da), (ob, db) = ops(a), ops(b)
+    assert oa == ob and np.allclose(da, db, atol=1e-3)
+    assert [s.number for s in a.steps] == [s.number for s in b.steps]
+    assert np.allclose([s.span for s in a.steps], [s.span for s in b.steps], atol=1e-3)
+
+
+def test_a_begin_without_its_end_is_dropped_and_said(tmp_path):
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
+        {"ph": "B", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10},
+        {"ph": "B", "cat": "cpu_op", "name": "aten::bmm", "pid": 1, "tid": 2, "ts": 10},
+        {"ph": "E", "pid": 1, "tid": 2, "ts": 30},
+        {"ph": "E", "pid": 1, "tid": 3, "ts": 40},
+    ]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": ev}))
+    with pytest.warns(UserWarning, match="2 begin/end events"):
+        t = load_events(tmp_path / "t.json")
+    got = sorted((t.names[n], d) for n, d in zip(t.cols["name"], t.cols["dur"]))
+    assert got == [("aten::add", 5.0), ("aten::bmm", 20.0)]

@@ -668,6 +668,38 @@ def _duplicates(
     return out
 
 
+def _pair_begin_end(ev: dict[str, np.ndarray]) -> int:
+    """Duration events written as a begin/end pair (``ph`` 'B' then 'E' on one thread, nested; the
+    trace format allows them beside complete 'X' events) made complete events in place: the begin
+    event becomes an 'X' lasting until its end, the end event is left out. Returns how many of
+    them had no other half (a thread still inside an op when the trace ended, a stray end)."""
+    ph = ev["ph"]
+    be = np.flatnonzero(((ph == ord("B")) | (ph == ord("E"))) & ev["has_ts"])
+    if not len(be):
+        return 0
+    ts_i, ts_f = ev["ts_i"], ev["ts_f"]
+    order = be[np.lexsort((be, ts_f[be], ts_i[be], ev["tid"][be], ev["tid_str"][be], ev["pid"][be], ev["pid_str"][be]))]
+    stacks: dict[tuple[int, int, int, int], list[int]] = {}
+    unmatched = 0
+    for i, p, ps, t, tstr in zip(
+        order.tolist(), ev["pid"][order].tolist(), ev["pid_str"][order].tolist(), ev["tid"][order].tolist(), ev["tid_str"][order].tolist()
+    ):
+        stack = stacks.setdefault((p, ps, t, tstr), [])
+        if ph[i] == ord("B"):
+            stack.append(i)
+            continue
+        if not stack:
+            unmatched += 1
+            continue
+        b = stack.pop()
+        d_i, d_f = int(ts_i[i]) - int(ts_i[b]), float(ts_f[i]) - float(ts_f[b])
+        if d_f < 0:
+            d_i, d_f = d_i - 1, d_f + 1.0
+        ph[b] = ord("X")
+        ev["dur_i"][b], ev["dur_f"][b], ev["has_dur"][b] = d_i, d_f, True
+    return unmatched + sum(len(st) for st in stacks.values())
+
+
 def _name(b: bytes | bytearray) -> str:
     """An event name from its raw JSON string bytes: escapes decoded; bytes that are not UTF-8
     become U+FFFD and lone UTF-16 surrogates (``\\ud800``) "?", so every later consumer (the HTML
@@ -711,6 +743,9 @@ class _Builder:
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
         rank = self.rank
+        unmatched = _pair_begin_end(ev)
+        if unmatched:
+            self.notes.append(f"{path}: {unmatched} begin/end events (ph 'B'/'E') without their other half on their thread dropped")
         cls = _CAT_BY_HASH.lookup(ev["cat"])
         ph = ev["ph"]
         self._process_names(path, raw, ev)
@@ -1236,7 +1271,7 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         sorted({str(d["name"]) for d in props if isinstance(d, dict) and isinstance(d.get("name"), str)}) if isinstance(props, list) else []
     )
     if b.add_scanned(path, raw, ev) == 0:
-        raise TraceError(path, "no CPU or GPU op events (ph='X') in the trace")
+        raise TraceError(path, "no CPU or GPU op events (ph 'X', or 'B'/'E' pairs) in the trace")
     return b
 
 
