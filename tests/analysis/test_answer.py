@@ -95,3 +95,53 @@ def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
     mm = [x for x in a.extra_ops if x.rank == 1 and x.name == "aten::mm"]
     assert mm and mm[0].count == 40 and mm[0].dur.median_us == pytest.approx(40 * 50, rel=0.01)
     assert not [x for x in a.extra_ops if x.rank == 0]
+
+
+@pytest.fixture(scope="module")
+def loader_trace(tmp_path_factory):
+    """A real CPU profile of a training loop whose DataLoader (one process) sleeps in __getitem__."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 1000
+
+        def __getitem__(self, i: int):
+            time.sleep(0.002)  # 8 items a batch: ~16 ms of loading a step
+            return torch.randn(64), torch.randn(1)
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = iter(torch.utils.data.DataLoader(Slow(), batch_size=8, num_workers=0))
+    path = tmp_path_factory.mktemp("loader") / "trace.json"
+    plan = schedule(wait=0, warmup=1, active=6, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=plan, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(7):
+            x, y = next(loader)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+    return path
+
+
+def test_the_time_in_the_data_loader_is_named_as_the_input_pipeline(loader_trace):
+    events = json.loads(loader_trace.read_text())["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+    loads = [e for e in events if e.get("ph") == "X" and e["name"].startswith("enumerate(DataLoader)#")]
+    per_step = [sum(e["dur"] for e in loads if lo <= e["ts"] < hi) for lo, hi in steps[1:]]  # the steady steps (the first is warm-up)
+    assert min(per_step) > 10_000  # the raw events: ~16 ms of loading in each step
+    answer = run_answer(list(analyze(loader_trace)[1]))
+    # one thread does everything: all of its loading lies on the critical path
+    assert answer.input_pipeline is not None
+    assert answer.input_pipeline.median_us == pytest.approx(float(np.median(per_step)), rel=0.02)
+    assert any(line.startswith("Data loading (DataLoader):") for line in answer.lines())
+
+
+def test_a_run_without_a_data_loader_names_no_input_pipeline():
+    answer = run_answer(cached_analyses(DATA / "gloo_ddp_8steps_clean"))
+    assert answer.input_pipeline is None and not any(line.startswith("Data loading") for line in answer.lines())

@@ -29,6 +29,7 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
 BOOTSTRAP = 2000
+INPUT_SHARE = 0.05  # the input pipeline is named when at least this share of the critical path is in the DataLoader
 PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
 
 Bound = Literal["device compute", "CPU compute", "communication", "host CPU overhead", "waiting", "untraced time"]
@@ -104,6 +105,7 @@ class RunAnswer:
     region: RegionAnswer | None
     extra_ops: list[ExtraOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    input_pipeline: Estimate | None = None  # the critical path's time in the DataLoader's __next__, per step; None: under INPUT_SHARE
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -129,6 +131,12 @@ class RunAnswer:
         shares = sorted(((e.median_us / total, k) for k, e in b.items()), reverse=True)
         rest = ", ".join(f"{_CLASS_WORDS[k]} {100 * s:.0f}%" for s, k in shares[1:3] if s >= 0.005)
         out.append(f"Bound by: {self.bound} ({100 * shares[0][0]:.0f}% of the critical path)" + (f"; then {rest}" if rest else ""))
+        if self.input_pipeline is not None:
+            e = self.input_pipeline
+            out.append(
+                f"Data loading (DataLoader): {100 * e.median_us / (total or 1.0):.0f}% of the critical path, "
+                f"{ms(e.median_us)} ms a step{_interval(e)}"
+            )
         if self.straggler:
             s = self.straggler
             out.append(
@@ -183,6 +191,7 @@ class StepFigures:
     measured: float
     breakdown: dict[str, float]
     straggler: tuple[int, float] | None  # rank, the longest wait it imposed (µs)
+    input_us: float = 0.0  # the critical path's time inside the DataLoader's __next__ (µs)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -195,6 +204,7 @@ class StepFigures:
             a.measured,
             a.breakdown(),
             (s.rank, s.imposed_wait_us) if s else None,
+            a.input_pipeline_us(),
         )
 
 
@@ -265,6 +275,9 @@ def answer_from(
         straggler=_straggler(st),
         region=None,
     )
+    fed = estimate([f.input_us for f in st])
+    if fed.median_us >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
+        answer.input_pipeline = fed
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     if len(ranks) > 1:

@@ -289,6 +289,44 @@ def breakdown(segments: list[Segment]) -> dict[str, float]:
     return dict(zip(BREAKDOWN_KEYS, parts))
 
 
+DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
+"""The range PyTorch's DataLoader iterator records around each ``__next__``
+(``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``, ``..._MultiProcessingDataLoaderIter...``)."""
+
+
+def input_pipeline(g: ExecutionGraph, segments: list[Segment]) -> float:
+    """Critical-path time (µs) on host threads inside the DataLoader's ``__next__`` ranges: the
+    training loop getting its next batch, loading it on its own thread (one-process loader) or
+    waiting for the loader's workers. Each segment counts for the part of it that lies inside
+    such a range on its own rank and thread (ranges a region of the graph or an op node)."""
+    if not any(name.startswith(DATA_LOADER_PREFIX) for name in g.names):
+        return 0.0
+    is_loader = np.array([name.startswith(DATA_LOADER_PREFIX) for name in g.names], dtype=bool)
+    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    r, n = g.regions, g.nodes
+    for i in np.flatnonzero(is_loader[r["name"]]).tolist():
+        spans.setdefault((int(r["rank"][i]), int(r["tid"][i])), []).append((float(r["start"][i]), float(r["end"][i])))
+    for i in np.flatnonzero(is_loader[n["name"]] & ~n["on_gpu"]).tolist():
+        spans.setdefault((int(n["rank"][i]), int(n["tid"][i])), []).append((float(n["start"][i]), float(n["start"][i] + n["dur"][i])))
+    merged: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for key, iv in spans.items():  # nested or repeated ranges counted once
+        out: list[tuple[float, float]] = []
+        for lo, hi in sorted(iv):
+            if out and lo <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], hi))
+            else:
+                out.append((lo, hi))
+        merged[key] = out
+    total = 0.0
+    for seg in segments:
+        iv = merged.get((seg.rank, seg.tid))
+        if seg.on_gpu or not iv:
+            continue
+        for lo, hi in iv:
+            total += max(0.0, min(hi, seg.end) - max(lo, seg.start))
+    return total
+
+
 def label(s: Segment) -> str:
     """What a segment's time is credited to in the top-ops table: the op (its own time included),
     the range whose framework time it is, or what kind of waiting or untraced time it is."""

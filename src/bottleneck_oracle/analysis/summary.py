@@ -21,7 +21,17 @@ from bottleneck_oracle.analysis.rows import (
     StepStraggler,
     TopOp,
 )
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, UNTRACED_GAP_US, Segment, SegmentKind, breakdown, explain, label, node_class
+from bottleneck_oracle.analysis.segments import (
+    BREAKDOWN_KEYS,
+    UNTRACED_GAP_US,
+    Segment,
+    SegmentKind,
+    breakdown,
+    explain,
+    input_pipeline,
+    label,
+    node_class,
+)
 from bottleneck_oracle.graph_pipeline.graph import Bystander, ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 from bottleneck_oracle.serial import JSONObject, to_json_object
@@ -126,6 +136,10 @@ class StepAnalysis:
         if self._breakdown is None:
             self._breakdown = breakdown(self.segments())
         return dict(self._breakdown)
+
+    def input_pipeline_us(self) -> float:
+        """The critical path's time inside the DataLoader's ``__next__`` (µs; analysis.segments.input_pipeline)."""
+        return input_pipeline(self.graph, self.segments())
 
     @property
     def untraced_us(self) -> float:
