@@ -319,10 +319,10 @@ def input_pipeline(g: ExecutionGraph, segments: list[Segment]) -> float:
         merged[key] = out
     total = 0.0
     for seg in segments:
-        iv = merged.get((seg.rank, seg.tid))
-        if seg.on_gpu or not iv:
+        inside = merged.get((seg.rank, seg.tid))
+        if seg.on_gpu or not inside:
             continue
-        for lo, hi in iv:
+        for lo, hi in inside:
             total += max(0.0, min(hi, seg.end) - max(lo, seg.start))
     return total
 
