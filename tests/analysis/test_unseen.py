@@ -309,6 +309,53 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
         got = {f["rank"]: f["measured_us"] for f in facts["ranks"]}
         assert got == pytest.approx(spans, abs=0.01)
         assert sum(f["device_ops"] for f in facts["ranks"]) == _device_ops_launched([d for _, d in docs], a.graph.step)
+        launched, early = _launches([d for _, d in docs], a.graph.step)
+        assert (sum(f["launched"] for f in facts["ranks"]), sum(f["early_launches"] for f in facts["ranks"])) == (launched, early)
+
+
+def _launches(docs: list, step: int) -> tuple[int, int]:
+    """Device events whose launching runtime call (same correlation id, same file) starts inside
+    the file's ProfilerStep#step, and how many of them start more than 5 µs before that call."""
+    launched = early = 0
+    for d in docs:
+        ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+        span = [
+            (e["ts"], e["ts"] + e["dur"])
+            for e in ev
+            if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")
+        ]
+        if not span:
+            continue
+        lo, hi = max(span, key=lambda s: s[1] - s[0])
+        rt = {}
+        for e in ev:
+            if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime", "Driver") and "correlation" in e.get("args", {}):
+                rt.setdefault(e["args"]["correlation"], e["ts"])
+        for e in ev:
+            t = rt.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_CATS else None
+            if t is not None and lo <= t < hi:
+                launched += 1
+                early += e["ts"] < t - 5.0
+    return launched, early
+
+
+def test_the_self_check_says_when_device_ops_start_before_their_launch(tmp_path):
+    """The device's clock moved 100 µs ahead of the host's: every kernel starts before the call
+    that launched it. The graph cannot keep those launches, and the self-check says why."""
+    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
+    for e in doc["traceEvents"]:
+        if e.get("cat") in DEVICE_CATS | {"gpu_user_annotation"} and "ts" in e:
+            e["ts"] -= 100.0
+    (tmp_path / "skewed.json").write_text(json.dumps(doc))
+    from bottleneck_oracle.api import analyze
+
+    _, steps = analyze(tmp_path / "skewed.json")
+    (a,) = list(steps)
+    failed = {c.name: c.detail for c in a.checks() if not c.ok}
+    assert "launches" in failed and "start before their launch call" in failed["launches"]
+    assert any("self-check 'launches'" in w for w in a.warnings())
+    (clean,) = cached_analyses(PUBLIC / "cuda_event_sync_1gpu.json.gz")
+    assert [c.ok for c in clean.checks() if c.name == "launches"] == [True]
 
 
 def _device_ops_launched(docs: list, step: int) -> int:

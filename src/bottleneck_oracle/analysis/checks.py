@@ -19,6 +19,9 @@ Invariants (thresholds stated with each):
 - ``asleep``: a host thread that slept through the step (one op covering 90% of it) carries at
   most 10% of the critical path.
 - ``device_ops``: every device event the facts count for the step is a device node of the graph.
+- ``launches``: the graph keeps the launch of every device op the trace ties to the call that
+  launched it (at least 99% of them): a device op that starts before its launch call is a clock
+  the trace's host and device disagree on, and its launch cannot be a dependency.
 - ``compute``: the path's device-op time is at most the device busy time of the ranks it runs on
   (plus 1%): no breakdown class exceeds what the device did.
 """
@@ -31,11 +34,12 @@ from typing import TYPE_CHECKING, Literal
 
 from bottleneck_oracle.analysis.segments import CPU, Segment
 from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, RunFacts
+from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 
 if TYPE_CHECKING:
     from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
-CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "compute"]
+CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "launches", "compute"]
 
 PERIOD_TOLERANCE = 0.05
 DEVICE_BUSY = 0.95
@@ -43,6 +47,7 @@ DEVICE_PATH_SHARE = 0.80
 BLOCKING_AS_CPU = 0.25
 ASLEEP_PATH_SHARE = 0.10
 COMPUTE_SLACK = 0.01
+LAUNCHES_KEPT = 0.99
 _BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery", re.IGNORECASE)
 
 
@@ -128,6 +133,23 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                 "device_ops",
                 nodes >= device_ops,
                 f"{device_ops} device events launched in the step in the trace; {nodes} device ops in the graph",
+            )
+        )
+    launched = sum(f.launched for f in facts.ranks)
+    if launched:
+        early = sum(f.early_launches for f in facts.ranks)
+        kept = int((g.edges["kind"] == EdgeKind.LAUNCH).sum())
+        out.append(
+            Check(
+                "launches",
+                kept >= LAUNCHES_KEPT * launched,
+                f"{launched} device ops launched in the step by a call the trace names; {kept} launch dependencies in the graph"
+                + (
+                    f"; {early} of the ops start before their launch call began: the trace's device clock runs ahead of its "
+                    "host clock (or its times are inconsistent), so the host/device split of this step is unreliable"
+                    if early
+                    else ""
+                ),
             )
         )
     busy = sum(f.device_busy_us for f in facts.ranks if f.rank in on_device)

@@ -32,6 +32,7 @@ DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # memory). The graph decides call by call from the timing; the facts go by name
 BLOCKING_NAME = re.compile(r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventquery|streamquery", re.IGNORECASE)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
+LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (builder's default)
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
 ASLEEP_MAX_OPS = 200
 _COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
@@ -53,6 +54,8 @@ class RankFacts:
     lead_us: float | None  # median launch-call start to device-op start over the step's ops
     blocking_us: float  # host time in calls named as blocking (synchronize, copies, queries) of >= 1 ms
     asleep: list[dict] = field(default_factory=list)  # host threads that slept through the step
+    launched: int = 0  # of device_ops, those tied to the runtime call that launched them (correlation)
+    early_launches: int = 0  # of those, the ones starting more than LAUNCH_TOLERANCE_US before their call began
 
     @property
     def measured(self) -> float:
@@ -179,7 +182,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         busy = _union(starts[a:b], ends[a:b], origin, step_end)
     launcher = table.launchers()
     launched = own[launcher[own] >= 0]
-    lead = float(np.median(c["ts"][launched] - c["ts"][launcher[launched]])) if len(launched) else None
+    lag = c["ts"][launched] - c["ts"][launcher[launched]]
+    lead = float(np.median(lag)) if len(launched) else None
     rt = rows[(cls[rows] == EvClass.RUNTIME) & (c["dur"][rows] >= BLOCKING_FACT_US)]
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     return RankFacts(
@@ -195,6 +199,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         lead_us=lead,
         blocking_us=blocking,
         asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
+        launched=int(len(launched)),
+        early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
     )
 
 

@@ -66,6 +66,8 @@ class RankFactsRecord:
     period_us: float  # the rank's period: end of the device work queued before the step to the end of the step's
     blocking_us: float  # host time in calls that block on the device (each >= 1 ms)
     asleep: tuple[AsleepThread, ...]  # host threads that slept through the step
+    launched: int = 0  # of device_ops, those the trace ties to the runtime call that launched them
+    early_launches: int = 0  # of those, the ones that start before their call began (beyond the clock tolerance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,8 @@ class GraphInfo:
                 period_us=float(f["period_us"]),
                 blocking_us=float(f["blocking_us"]),
                 asleep=tuple(AsleepThread(tid=int(t["tid"]), thread=str(t["thread"]), op=str(t["op"])) for t in f.get("asleep", [])),
+                launched=int(f.get("launched", 0)),
+                early_launches=int(f.get("early_launches", 0)),
             )
             for f in facts["ranks"]
         )
