@@ -309,14 +309,16 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
         got = {f["rank"]: f["measured_us"] for f in facts["ranks"]}
         assert got == pytest.approx(spans, abs=0.01)
         assert sum(f["device_ops"] for f in facts["ranks"]) == _device_ops_launched([d for _, d in docs], a.graph.step)
-        launched, early = _launches([d for _, d in docs], a.graph.step)
-        assert (sum(f["launched"] for f in facts["ranks"]), sum(f["early_launches"] for f in facts["ranks"])) == (launched, early)
+        launched, early, calls = _launches([d for _, d in docs], a.graph.step)
+        got = (sum(f["launched"] for f in facts["ranks"]), sum(f["early_launches"] for f in facts["ranks"]))
+        assert got + (sum(f["runtime_calls"] for f in facts["ranks"]),) == (launched, early, calls)
 
 
-def _launches(docs: list, step: int) -> tuple[int, int]:
+def _launches(docs: list, step: int) -> tuple[int, int, int]:
     """Device events whose launching runtime call (same correlation id, same file) starts inside
-    the file's ProfilerStep#step, and how many of them start more than 5 µs before that call."""
-    launched = early = 0
+    the file's ProfilerStep#step, how many of them start more than 5 µs before that call, and the
+    runtime calls that start inside it."""
+    launched = early = calls = 0
     for d in docs:
         ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
         span = [
@@ -329,14 +331,35 @@ def _launches(docs: list, step: int) -> tuple[int, int]:
         lo, hi = max(span, key=lambda s: s[1] - s[0])
         rt = {}
         for e in ev:
-            if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime", "Driver") and "correlation" in e.get("args", {}):
-                rt.setdefault(e["args"]["correlation"], e["ts"])
+            if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime", "Driver"):
+                calls += lo <= e["ts"] < hi
+                if "correlation" in e.get("args", {}):
+                    rt.setdefault(e["args"]["correlation"], e["ts"])
         for e in ev:
             t = rt.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_CATS else None
             if t is not None and lo <= t < hi:
                 launched += 1
                 early += e["ts"] < t - 5.0
-    return launched, early
+    return launched, early, calls
+
+
+def test_the_self_check_says_when_device_ops_are_tied_to_no_launch(tmp_path):
+    """The device events' correlation ids removed: the trace no longer says which call launched
+    which op, the graph has no launch dependency, and the self-check says so."""
+    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
+    for e in doc["traceEvents"]:
+        if e.get("cat") in DEVICE_CATS:
+            e.get("args", {}).pop("correlation", None)
+    (tmp_path / "unlinked.json").write_text(json.dumps(doc))
+    from bottleneck_oracle.api import analyze
+
+    _, steps = analyze(tmp_path / "unlinked.json")
+    (a,) = list(steps)
+    failed = {c.name: c.detail for c in a.checks() if not c.ok}
+    assert "linked" in failed and ": 0 of its" in failed["linked"]
+    assert int((a.graph.edges["kind"] == EdgeKind.LAUNCH).sum()) == 0
+    (clean,) = cached_analyses(PUBLIC / "cuda_event_sync_1gpu.json.gz")
+    assert [c.ok for c in clean.checks() if c.name == "linked"] == [True]
 
 
 def test_the_self_check_says_when_device_ops_start_before_their_launch(tmp_path):

@@ -22,6 +22,10 @@ Invariants (thresholds stated with each):
 - ``launches``: the graph keeps the launch of every device op the trace ties to the call that
   launched it (at least 99% of them): a device op that starts before its launch call is a clock
   the trace's host and device disagree on, and its launch cannot be a dependency.
+- ``linked``: on a rank whose host makes runtime calls in the step, at least half of the step's
+  device ops are tied to the call that launched them (a correlation id the trace gives both):
+  without those ties the device's dependencies on the host are unknown, and the path treats the
+  device as running free of its host.
 - ``compute``: the path's device-op time is at most the device busy time of the ranks it runs on
   (plus 1%): no breakdown class exceeds what the device did.
 """
@@ -39,7 +43,7 @@ from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 if TYPE_CHECKING:
     from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
-CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "launches", "compute"]
+CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "launches", "linked", "compute"]
 
 PERIOD_TOLERANCE = 0.05
 DEVICE_BUSY = 0.95
@@ -48,6 +52,7 @@ BLOCKING_AS_CPU = 0.25
 ASLEEP_PATH_SHARE = 0.10
 COMPUTE_SLACK = 0.01
 LAUNCHES_KEPT = 0.99
+LINKED_SHARE = 0.5
 _BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery", re.IGNORECASE)
 
 
@@ -152,6 +157,21 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                 ),
             )
         )
+    for f in facts.ranks:
+        if f.device_ops and f.runtime_calls:
+            out.append(
+                Check(
+                    "linked",
+                    f.launched >= LINKED_SHARE * f.device_ops,
+                    f"rank {f.rank}: {f.launched} of its {f.device_ops} device ops in the step are tied to the runtime call that "
+                    f"launched them ({f.runtime_calls} runtime calls on its host)"
+                    + (
+                        ""
+                        if f.launched >= LINKED_SHARE * f.device_ops
+                        else "; the rest have no correlation id a call shares: the path treats the device as running free of its host"
+                    ),
+                )
+            )
     busy = sum(f.device_busy_us for f in facts.ranks if f.rank in on_device)
     dev_ops = sum(s.dur for s in segs if s.on_gpu and s.kind == "op")
     if dev_ops > 0:

@@ -56,6 +56,7 @@ class RankFacts:
     asleep: list[dict] = field(default_factory=list)  # host threads that slept through the step
     launched: int = 0  # of device_ops, those tied to the runtime call that launched them (correlation)
     early_launches: int = 0  # of those, the ones starting more than LAUNCH_TOLERANCE_US before their call began
+    runtime_calls: int = 0  # runtime calls (launches, copies, syncs) of the rank's host in the step
 
     @property
     def measured(self) -> float:
@@ -200,6 +201,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         blocking_us=blocking,
         asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
         launched=int(len(launched)),
+        runtime_calls=int((cls[rows] == EvClass.RUNTIME).sum()),
         early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
     )
 

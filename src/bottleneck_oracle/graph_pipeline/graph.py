@@ -68,6 +68,7 @@ class RankFactsRecord:
     asleep: tuple[AsleepThread, ...]  # host threads that slept through the step
     launched: int = 0  # of device_ops, those the trace ties to the runtime call that launched them
     early_launches: int = 0  # of those, the ones that start before their call began (beyond the clock tolerance)
+    runtime_calls: int = 0  # runtime calls of the rank's host in the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,7 @@ class GraphInfo:
                 asleep=tuple(AsleepThread(tid=int(t["tid"]), thread=str(t["thread"]), op=str(t["op"])) for t in f.get("asleep", [])),
                 launched=int(f.get("launched", 0)),
                 early_launches=int(f.get("early_launches", 0)),
+                runtime_calls=int(f.get("runtime_calls", 0)),
             )
             for f in facts["ranks"]
         )
