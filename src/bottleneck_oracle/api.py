@@ -46,6 +46,7 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 if TYPE_CHECKING:
     import numpy as np
 
+    from bottleneck_oracle.analysis.answer import StepWindows
     from bottleneck_oracle.analysis.blame import KeyMemo
     from bottleneck_oracle.analysis.change import Comparison
     from bottleneck_oracle.analysis.cpm import CPMResult
@@ -129,9 +130,10 @@ def graphs(
         return build_graphs(table, steps, _options(config), eng)
 
 
-def two_step_graphs(table: EventTable | None, config: Config | None = None) -> Callable[[int | None], ExecutionGraph | None] | None:
-    """For the run answer's steady-state saving: step number -> the graph of that step and the next
-    one (``build_graph(..., span=2)``), None where there is no next step; None for Chakra input."""
+def two_step_graphs(table: EventTable | None, config: Config | None = None) -> StepWindows | None:
+    """For the run answer's steady-state figures: (step number, span: 2 by default) -> the graph of
+    that step and the ``span - 1`` after it (``build_graph(..., span)``), None where the trace has
+    not those steps; None for Chakra input."""
     if table is None:
         return None
     from bottleneck_oracle.graph_pipeline.builder import build_graph
@@ -139,8 +141,10 @@ def two_step_graphs(table: EventTable | None, config: Config | None = None) -> C
     present = {s.number for s in table.steps}
     opt = _options(config)
 
-    def two(step: int | None) -> ExecutionGraph | None:
-        return build_graph(table, step, opt, span=2) if step is not None and step + 1 in present else None
+    def two(step: int | None, span: int = 2) -> ExecutionGraph | None:
+        if step is None or any(step + k not in present for k in range(span)):
+            return None
+        return build_graph(table, step, opt, span=span)
 
     return two
 

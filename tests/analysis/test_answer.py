@@ -13,7 +13,7 @@ from bottleneck_oracle.analysis.answer import estimate, run_answer
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import analyze, two_step_graphs
 from bottleneck_oracle.graph_pipeline.builder import build_graph
-from conftest import DATA, PUBLIC, cached_analyses, cached_load
+from conftest import DATA, PUBLIC, REAL, cached_analyses, cached_load
 
 STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms in its forward pass in every step
 CLEAN = DATA / "gloo_ddp_8steps_clean"
@@ -145,3 +145,58 @@ def test_the_time_in_the_data_loader_is_named_as_the_input_pipeline(loader_trace
 def test_a_run_without_a_data_loader_names_no_input_pipeline():
     answer = run_answer(cached_analyses(DATA / "gloo_ddp_8steps_clean"))
     assert answer.input_pipeline is None and not any(line.startswith("Data loading") for line in answer.lines())
+
+
+def _device_idle_and_host_blocked(path) -> tuple[float, float]:
+    """From the raw events, over the steady steps: the median share of each step's span in which
+    no device op runs, and of it the host spends in calls that block on the device (>= 1 ms)."""
+    events = json.loads(gzip.open(path).read())["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"))
+    device = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
+    )
+    blocking = [
+        (e["ts"], e["dur"])
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cuda_runtime", "Runtime")
+        and e["dur"] >= 1000
+        and any(k in e["name"].lower() for k in ("synchronize", "memcpy", "query"))
+    ]
+    idle, blocked = [], []
+    for lo, hi in steps[1:]:
+        busy, end = 0.0, lo
+        for a, b in device:  # the union of the device ops inside the span
+            a, b = max(a, end), min(b, hi)
+            if b > a:
+                busy, end = busy + b - a, b
+        idle.append(1 - busy / (hi - lo))
+        blocked.append(sum(d for t, d in blocking if lo <= t < hi) / (hi - lo))
+    return float(np.median(idle)), float(np.median(blocked))
+
+
+def test_a_host_bound_loop_is_named_where_its_windows_end_with_device_time():
+    """resnet50_legacy: each step's GPU work ends after its host's step, so the step windows end
+    with ~70 ms of device compute; the raw events show the device idle for a fifth of each step
+    and the host never waiting on it: halving the device's compute, replayed over two steps,
+    saves almost nothing a step in steady state."""
+    path = REAL / "resnet50_legacy_2021_1gpu.pt.trace.json.gz"
+    idle, blocked = _device_idle_and_host_blocked(path)
+    assert idle > 0.15 and blocked < 0.05  # the raw facts: a host-bound loop
+    table = cached_load(path)
+    analyses = list(cached_analyses(path))
+    answer = run_answer(analyses, two_steps=two_step_graphs(table))
+    assert answer.breakdown["compute"].median_us > 0.3 * answer.step_time.median_us  # the windows end with device time
+    assert answer.device is not None
+    assert answer.device.steady.median_us < 0.05 * answer.device.one_step.median_us
+    assert any(line.startswith("Host-bound loop:") for line in answer.lines())
+
+
+def test_a_device_bound_loop_is_not_called_host_bound():
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    idle, _ = _device_idle_and_host_blocked(path)
+    assert idle < 0.05  # the raw facts: the device never waits
+    answer = run_answer(list(cached_analyses(path)), two_steps=two_step_graphs(cached_load(path)))
+    assert answer.device is None and not any(line.startswith("Host-bound") for line in answer.lines())

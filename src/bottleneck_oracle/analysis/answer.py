@@ -9,6 +9,14 @@ region replay finds slowest against the peer ranks, its excess per step and the 
 restoring it to its peers' time saves (replayed), each a median with its interval, and ops that
 rank runs which its peers do not ("extra ops").
 
+On a run whose device compute is a fifth of the path or more, the answer also replays what
+halving every device compute op would save a step in steady state: over a window of two steps
+less the next step's own one-step saving (what the first step passes on), beside what it saves in
+one step's window. A loop bound by its host saves almost nothing in steady state however much
+device time its step windows end with (the device's last work of a step overlaps the next step's
+host work): where the replay says so and the raw facts agree (the device idles, the host does not
+wait for it), the answer says the host bounds the loop.
+
 Intervals: a percentile bootstrap of the median (2,000 resamples of the steps, seeded), none with
 fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenly over the run
 (it replays the step per candidate: the answer for a 2,000-step run stays seconds).
@@ -17,9 +25,8 @@ fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenl
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -29,6 +36,10 @@ from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
 BOOTSTRAP = 2000
+DEVICE_SHARE = 0.2  # device compute at least this share of the path: the run answer replays its steady-state weight
+HOST_BOUND = 0.25  # a steady-state saving under this share of the one-step window's: the host bounds the loop ...
+HOST_DEVICE_BUSY = 0.9  # ... where the device is busy under this share of the period (it idles, waiting for the host) ...
+HOST_BLOCKING = 0.1  # ... and the host's blocking calls take under this share of it (it does not wait for the device)
 INPUT_SHARE = 0.05  # the input pipeline is named when at least this share of the critical path is in the DataLoader
 PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
 
@@ -91,6 +102,22 @@ class ExtraOp:
     dur: Estimate  # its time per step
 
 
+class StepWindows(Protocol):
+    """Step number -> the graph of ``span`` consecutive steps from it (``build_graph(..., span)``),
+    None where the trace has not that many from it (api.two_step_graphs)."""
+
+    def __call__(self, step: int | None, span: int = 2) -> ExecutionGraph | None: ...
+
+
+@dataclass(slots=True)
+class DeviceWeight:
+    """What halving every device compute op saves a step (µs, replayed): in one step's window, and
+    in steady state (two steps' window less the next step's one-step saving)."""
+
+    one_step: Estimate
+    steady: Estimate
+
+
 @dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
@@ -106,6 +133,7 @@ class RunAnswer:
     extra_ops: list[ExtraOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     input_pipeline: Estimate | None = None  # the critical path's time in the DataLoader's __next__, per step; None: under INPUT_SHARE
+    device: DeviceWeight | None = None  # a host-bound loop whose windows end with device time (_device_weight); None: not one
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -136,6 +164,12 @@ class RunAnswer:
             out.append(
                 f"Data loading (DataLoader): {100 * e.median_us / (total or 1.0):.0f}% of the critical path, "
                 f"{ms(e.median_us)} ms a step{_interval(e)}"
+            )
+        if self.device is not None:
+            one, steady = self.device.one_step, self.device.steady
+            out.append(
+                f"Host-bound loop: halving device compute saves {ms(steady.median_us)} ms a step in steady state"
+                f"{_interval(steady)} ({ms(one.median_us)} ms in one step's window)"
             )
         if self.straggler:
             s = self.straggler
@@ -225,7 +259,7 @@ def run_answer(
     analyses: list[StepAnalysis],
     source: str = "",
     references: list[ExecutionGraph] | None = None,
-    two_steps: Callable[[int | None], ExecutionGraph | None] | None = None,
+    two_steps: StepWindows | None = None,
 ) -> RunAnswer:
     """The run-level answer of ``analyses`` (every analysed step, in step order); ``references``:
     graphs of a baseline run of the same job (the typical times where ranks have no peers);
@@ -241,7 +275,7 @@ def answer_from(
     blamed: list[StepAnalysis],
     source: str = "",
     references: list[ExecutionGraph] | None = None,
-    two_steps: Callable[[int | None], ExecutionGraph | None] | None = None,
+    two_steps: StepWindows | None = None,
 ) -> RunAnswer:
     """The run-level answer from every step's figures (in step order) and the analyses of the
     steps ``blame_sample`` picked (the region and the extra ops are found on those), against the
@@ -280,6 +314,9 @@ def answer_from(
         answer.input_pipeline = fed
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
+    compute = breakdown["compute"].median_us
+    if gpu and two_steps is not None and compute >= DEVICE_SHARE * sum(e.median_us for e in breakdown.values()):
+        answer.device = _device_weight(blamed, two_steps)
     if len(ranks) > 1:
         _where(answer, blamed, list(references or []))
         if answer.region is not None and two_steps is not None:
@@ -457,7 +494,7 @@ def _restored_makespan(g: ExecutionGraph, rank: int, name: str, factor: float) -
     return makespan_of(g), makespan_of(g, dd, ww, rr)
 
 
-def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Callable[[int | None], ExecutionGraph | None] | None) -> None:
+def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: StepWindows | None) -> None:
     """The region's saving in steady state: on each picked step that has a next one, the region at
     its typical time in both steps, replayed over the two; the saving of the second step."""
     r = answer.region
@@ -472,3 +509,42 @@ def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Cal
         savings.append((two[0] - two[1]) - (one[0] - one[1]))
     if savings:
         r.one_step, r.saving = r.saving, estimate(savings)
+
+
+def _halving_device(g: ExecutionGraph) -> float:
+    """The makespan ``g`` saves with every device compute op (not a collective) at half its time."""
+    from bottleneck_oracle.analysis.cpm import makespan_of
+    from bottleneck_oracle.graph_pipeline.schema import NodeType
+
+    n = g.nodes
+    dur = n["mdur"].astype(np.float64).copy()
+    dur[n["on_gpu"] & (n["node_type"] != NodeType.NETWORK)] *= 0.5
+    return makespan_of(g) - makespan_of(g, dur)
+
+
+def _device_weight(picked: list[StepAnalysis], windows: StepWindows) -> DeviceWeight | None:
+    """A loop bound by its host although its step windows end with device time: halving the
+    device's compute on each picked step that has a next one, in the one-step window and in steady
+    state (the two steps' window's saving less the next step's own), where the steady-state saving
+    is under HOST_BOUND of the one-step one, and the raw facts agree: the device idles (busy under
+    HOST_DEVICE_BUSY of the period on every rank) and the host does not wait for it (its blocking
+    calls under HOST_BLOCKING of the period), in the median step. None otherwise."""
+    ones, steady, busy, blocked = [], [], [], []
+    for a in picked:
+        step = a.graph.step
+        facts = a.graph.info.facts
+        two = windows(step, 2) if step is not None and facts is not None else None
+        after = windows(step + 1, 1) if two is not None and step is not None else None
+        if two is None or after is None or facts is None or facts.period_us <= 0:
+            continue
+        ones.append(_halving_device(a.graph))
+        steady.append(_halving_device(two) - _halving_device(after))
+        busy.append(max(f.device_busy for f in facts.ranks))
+        blocked.append(max(f.blocking_us for f in facts.ranks) / facts.period_us)
+    if not ones:
+        return None
+    weight = DeviceWeight(estimate(ones), estimate(steady))
+    host = weight.steady.median_us < HOST_BOUND * weight.one_step.median_us
+    if host and float(np.median(busy)) < HOST_DEVICE_BUSY and float(np.median(blocked)) < HOST_BLOCKING:
+        return weight
+    return None
