@@ -296,6 +296,7 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
     docs = [(rank_of[f.resolve()], d) for f, d in raw_files(path) if f.resolve() in rank_of]
     for a in cached_analyses(path):
         facts = a.graph.meta["facts"]
+        assert a.graph.meta["run_facts"]["step_offsets"] == {}  # every bundled job numbers its ranks' steps alike
         bad = [to_json(c) for c in a.checks() if not c.ok]
         assert not bad, (a.graph.step, bad)
         if a.graph.step is None:
@@ -434,3 +435,36 @@ def test_a_device_event_count_is_not_a_graph_property():
     assert all(c.ok for c in step_checks(StepAnalysis.of(g)))
     lost = StepAnalysis.of(replace(g, nodes={**g.nodes, "on_gpu": np.zeros_like(g.nodes["on_gpu"])}))
     assert any(c.name == "device_ops" and not c.ok for c in step_checks(lost))
+
+
+@pytest.mark.parametrize("shift", [1, -2])
+def test_ranks_whose_step_numbers_run_apart_are_said_and_not_taken_for_clocks(tmp_path, shift):
+    """Rank 1 of a real 2-rank job renumbered: its ProfilerStep#N becomes #N+shift (its profiler
+    counted steps from elsewhere). The run facts find the offset from the steps' times, the warning
+    says so up front, and the collectives matched across iterations are not called a clock offset."""
+    import re
+    import warnings
+
+    from bottleneck_oracle.analysis.checks import run_warnings
+    from bottleneck_oracle.api import load
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+    from conftest import DATA
+
+    for f in sorted((DATA / "gloo_ddp_8steps_clean").glob("rank-*.json.gz")):
+        doc = json.loads(gzip.open(f).read())
+        if doc["distributedInfo"]["rank"] == 1:
+            for e in doc["traceEvents"]:
+                m = re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))
+                if m:
+                    e["name"] = f"ProfilerStep#{int(m.group(1)) + shift}"
+        (tmp_path / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = load(tmp_path)
+    facts = run_facts(table)
+    assert facts.step_offsets == {1: shift}
+    lines = run_warnings(facts)
+    assert any(line.startswith(f"rank 1 numbers its steps {abs(shift)} {'ahead of' if shift > 0 else 'behind'} rank 0") for line in lines)
+    said = [str(w.message) for w in caught]
+    assert any("numbers its steps" in m for m in said) and not any("clocks of different hosts" in m for m in said)
+    assert run_facts(cached_load(DATA / "gloo_ddp_8steps_clean")).step_offsets == {}

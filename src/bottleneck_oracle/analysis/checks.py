@@ -198,6 +198,12 @@ def run_warnings(run: RunFacts | None) -> list[str]:
             f"{present} of {world} ranks are in the input: a collective's time includes waiting for ranks that are not here, "
             "and a straggler among them cannot be named"
         )
+    for rank, k in sorted(run.step_offsets.items()):
+        out.append(
+            f"rank {rank} numbers its steps {abs(k)} {'ahead of' if k > 0 else 'behind'} rank {min(run.ranks)} (its ProfilerStep#N runs "
+            f"beside rank {min(run.ranks)}'s #N{-k:+d}): their profilers counted steps differently, and steps are matched by number, "
+            "so each step pairs different iterations of the ranks"
+        )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]
         out.append(

@@ -289,6 +289,7 @@ class RunFacts:
     world_size: int | None  # from distributedInfo (the largest any rank states)
     numbered: dict[int, dict]  # rank -> events held / numbered by the exporter (Ev Idx), summed over its files
     unknown_device_events: int
+    step_offsets: dict[int, int] = field(default_factory=dict)  # rank -> how far its step numbers run from the first rank's (step_offsets)
 
     @property
     def missing_ranks(self) -> int:
@@ -306,6 +307,7 @@ class RunFacts:
             "numbered": {str(r): n for r, n in self.numbered.items()},
             "sampled": {str(r): v for r, v in self.sampled().items()},
             "unknown_device_events": self.unknown_device_events,
+            "step_offsets": {str(r): k for r, k in self.step_offsets.items()},
         }
 
 
@@ -318,4 +320,51 @@ def run_facts(table: EventTable) -> RunFacts:
         if files:
             numbered[r] = {"held": sum(f["events"] for f in files), "numbered": sum(f["last"] - f["first"] + 1 for f in files)}
     unknown = sum(int(info.get("unknown_device_events", 0)) for info in table.inputs.values())
-    return RunFacts(ranks=table.ranks, world_size=max(sizes_ok) if sizes_ok else None, numbered=numbered, unknown_device_events=unknown)
+    return RunFacts(
+        ranks=table.ranks,
+        world_size=max(sizes_ok) if sizes_ok else None,
+        numbered=numbered,
+        unknown_device_events=unknown,
+        step_offsets=step_offsets(table),
+    )
+
+
+STEP_OFFSET_SHARE = 0.8  # a rank whose steps run beside another number of the first rank's in this share of them (two at least)
+
+
+def step_offsets(table: EventTable) -> dict[int, int]:
+    """Ranks whose ProfilerStep numbers run apart from the first rank's: rank -> k where its step
+    N overlaps the first rank's step N - k in time (most of the shorter one) in at least
+    STEP_OFFSET_SHARE of its steps that overlap one (their profilers counted steps differently:
+    steps are matched by number, so each step would pair different iterations). Computed once
+    per table."""
+    cached = table.lookups.get("step_offsets")
+    if cached is not None:
+        return dict(cached)
+    by_rank: dict[int, list[Step]] = {}
+    for st in table.steps:
+        by_rank.setdefault(st.rank, []).append(st)
+    out: dict[int, int] = {}
+    if len(by_rank) > 1:
+        first = sorted(by_rank)[0]
+        ref = sorted(by_rank[first], key=lambda st: st.start)
+        starts = np.array([st.start for st in ref])
+        for rank, mine in by_rank.items():
+            if rank == first:
+                continue
+            ks = []
+            for st in mine:
+                i = int(np.searchsorted(starts, st.start, side="right"))
+                best, k = 0.0, None
+                for c in ref[max(i - 2, 0) : i + 2]:  # the first rank's steps around its start
+                    overlap = min(c.end, st.end) - max(c.start, st.start)
+                    if overlap > best and overlap > 0.5 * min(c.end - c.start, st.end - st.start):
+                        best, k = overlap, st.number - c.number
+                if k is not None:
+                    ks.append(k)
+            if len(ks) >= 2:
+                k, n = max(((k, ks.count(k)) for k in set(ks)), key=lambda kn: kn[1])
+                if k != 0 and n >= STEP_OFFSET_SHARE * len(ks):
+                    out[rank] = k
+    table.lookups["step_offsets"] = out
+    return dict(out)
