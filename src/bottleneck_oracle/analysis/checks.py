@@ -202,7 +202,8 @@ def run_warnings(run: RunFacts | None) -> list[str]:
         out.append(
             f"rank {rank} numbers its steps {abs(k)} {'ahead of' if k > 0 else 'behind'} rank {min(run.ranks)} (its ProfilerStep#N runs "
             f"beside rank {min(run.ranks)}'s #N{-k:+d}): their profilers counted steps differently, and steps are matched by number, "
-            "so each step pairs different iterations of the ranks"
+            "so each step pairs different iterations of the ranks (or, if they ran on different hosts, their clocks are more than "
+            "half a step apart: then pass --ranks-per-host N)"
         )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]
