@@ -309,9 +309,9 @@ def answer_from(
         straggler=_straggler(st),
         region=None,
     )
-    fed = estimate([f.input_us for f in st])
-    if fed.median_us >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
-        answer.input_pipeline = fed
+    fed = [f.input_us for f in st]
+    if fed and float(np.median(fed)) > 0 and float(np.median(fed)) >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
+        answer.input_pipeline = estimate(fed)
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     compute = breakdown["compute"].median_us
