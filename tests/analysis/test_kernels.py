@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bottleneck_oracle.analysis.kernels import _intersection, _union, family
+from bottleneck_oracle.analysis.kernels import family, interval_union, overlap_length
 from conftest import PUBLIC, REAL, SAMPLE, cached_analyses
 
 
@@ -49,12 +49,12 @@ def test_interval_union_and_intersection_agree_with_a_brute_force_count():
         a = rng.uniform(0, 990, 12), rng.uniform(1, 60, 12)
         b = rng.uniform(0, 990, 9), rng.uniform(1, 60, 9)
         sa, sb = np.floor(a[0]), np.floor(b[0])
-        ua, ub = _union(sa, sa + np.floor(a[1])), _union(sb, sb + np.floor(b[1]))
+        ua, ub = interval_union(sa, sa + np.floor(a[1])), interval_union(sb, sb + np.floor(b[1]))
         cov_a = ((grid[:, None] > sa) & (grid[:, None] < sa + np.floor(a[1]))).any(1)
         cov_b = ((grid[:, None] > sb) & (grid[:, None] < sb + np.floor(b[1]))).any(1)
         assert float((ua[1] - ua[0]).sum()) == pytest.approx(cov_a.sum())
         assert np.all(ua[0][1:] > ua[1][:-1])  # disjoint and sorted
-        assert _intersection(ua, ub) == pytest.approx((cov_a & cov_b).sum())
+        assert overlap_length(ua, ub) == pytest.approx((cov_a & cov_b).sum())
 
 
 def test_the_resnet_trace_spends_its_gpu_time_in_convolutions():

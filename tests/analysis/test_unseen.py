@@ -315,27 +315,40 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
         assert got + (sum(f["runtime_calls"] for f in facts["ranks"]),) == (launched, early, calls)
 
 
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
+
+
+def _step_and_calls(doc: dict, step: int) -> tuple[list[dict], float, float, dict] | None:
+    """From one raw file: its complete events, the span of its ProfilerStep#step (the longest, if
+    several), and each runtime call's start by correlation id (the first call of an id); None
+    where the file has no such step."""
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    span = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in ev
+        if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")
+    ]
+    if not span:
+        return None
+    lo, hi = max(span, key=lambda s: s[1] - s[0])
+    rt: dict = {}
+    for e in ev:
+        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
+            rt.setdefault(e["args"]["correlation"], e["ts"])
+    return ev, lo, hi, rt
+
+
 def _launches(docs: list, step: int) -> tuple[int, int, int]:
     """Device events whose launching runtime call (same correlation id, same file) starts inside
     the file's ProfilerStep#step, how many of them start more than 5 µs before that call, and the
     runtime calls that start inside it."""
     launched = early = calls = 0
     for d in docs:
-        ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
-        span = [
-            (e["ts"], e["ts"] + e["dur"])
-            for e in ev
-            if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")
-        ]
-        if not span:
+        found = _step_and_calls(d, step)
+        if found is None:
             continue
-        lo, hi = max(span, key=lambda s: s[1] - s[0])
-        rt = {}
-        for e in ev:
-            if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime", "Driver"):
-                calls += lo <= e["ts"] < hi
-                if "correlation" in e.get("args", {}):
-                    rt.setdefault(e["args"]["correlation"], e["ts"])
+        ev, lo, hi, rt = found
+        calls += sum(lo <= e["ts"] < hi for e in ev if e.get("cat") in RUNTIME_CATS)
         for e in ev:
             t = rt.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_CATS else None
             if t is not None and lo <= t < hi:
@@ -344,19 +357,29 @@ def _launches(docs: list, step: int) -> tuple[int, int, int]:
     return launched, early, calls
 
 
+def _edited_sync_trace(tmp_path: Path, edit) -> tuple[StepAnalysis, dict[str, str]]:
+    """``cuda_event_sync_1gpu`` with ``edit`` applied to each of its events: its one analysed step
+    and the self-check's failed invariants (name -> detail)."""
+    from bottleneck_oracle.api import analyze
+
+    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
+    for e in doc["traceEvents"]:
+        edit(e)
+    (tmp_path / "edited.json").write_text(json.dumps(doc))
+    _, steps = analyze(tmp_path / "edited.json")
+    (a,) = list(steps)
+    return a, {c.name: c.detail for c in a.checks() if not c.ok}
+
+
 def test_the_self_check_says_when_device_ops_are_tied_to_no_launch(tmp_path):
     """The device events' correlation ids removed: the trace no longer says which call launched
     which op, the graph has no launch dependency, and the self-check says so."""
-    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
-    for e in doc["traceEvents"]:
+
+    def unlink(e: dict) -> None:
         if e.get("cat") in DEVICE_CATS:
             e.get("args", {}).pop("correlation", None)
-    (tmp_path / "unlinked.json").write_text(json.dumps(doc))
-    from bottleneck_oracle.api import analyze
 
-    _, steps = analyze(tmp_path / "unlinked.json")
-    (a,) = list(steps)
-    failed = {c.name: c.detail for c in a.checks() if not c.ok}
+    a, failed = _edited_sync_trace(tmp_path, unlink)
     assert "linked" in failed and ": 0 of its" in failed["linked"]
     assert int((a.graph.edges["kind"] == EdgeKind.LAUNCH).sum()) == 0
     (clean,) = cached_analyses(PUBLIC / "cuda_event_sync_1gpu.json.gz")
@@ -366,16 +389,12 @@ def test_the_self_check_says_when_device_ops_are_tied_to_no_launch(tmp_path):
 def test_the_self_check_says_when_device_ops_start_before_their_launch(tmp_path):
     """The device's clock moved 100 µs ahead of the host's: every kernel starts before the call
     that launched it. The graph cannot keep those launches, and the self-check says why."""
-    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
-    for e in doc["traceEvents"]:
+
+    def skew(e: dict) -> None:
         if e.get("cat") in DEVICE_CATS | {"gpu_user_annotation"} and "ts" in e:
             e["ts"] -= 100.0
-    (tmp_path / "skewed.json").write_text(json.dumps(doc))
-    from bottleneck_oracle.api import analyze
 
-    _, steps = analyze(tmp_path / "skewed.json")
-    (a,) = list(steps)
-    failed = {c.name: c.detail for c in a.checks() if not c.ok}
+    a, failed = _edited_sync_trace(tmp_path, skew)
     assert "launches" in failed and "start before their launch call" in failed["launches"]
     assert any("self-check 'launches'" in w for w in a.warnings())
     (clean,) = cached_analyses(PUBLIC / "cuda_event_sync_1gpu.json.gz")
@@ -387,19 +406,10 @@ def _device_ops_launched(docs: list, step: int) -> int:
     the file's ProfilerStep#step, or that start in it with no launch in the file, from the raw JSON."""
     total = 0
     for d in docs:
-        ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
-        span = [
-            (e["ts"], e["ts"] + e["dur"])
-            for e in ev
-            if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")
-        ]
-        if not span:
+        found = _step_and_calls(d, step)
+        if found is None:
             continue
-        lo, hi = max(span, key=lambda s: s[1] - s[0])
-        rt = {}
-        for e in ev:
-            if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime", "Driver") and "correlation" in e.get("args", {}):
-                rt.setdefault(e["args"]["correlation"], e["ts"])
+        ev, lo, hi, rt = found
         device = [e for e in ev if e.get("cat") in DEVICE_CATS]
         launched = [e["ts"] for e in device if e.get("args", {}).get("correlation") in rt]
         first = min(launched, default=float("inf"))

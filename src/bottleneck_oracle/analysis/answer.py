@@ -30,9 +30,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from bottleneck_oracle.analysis.cpm import makespan_of
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.schema import NodeType
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
 BOOTSTRAP = 2000
@@ -485,7 +487,6 @@ def _matching_regions(g: ExecutionGraph, rank: int, name: str) -> list[int]:
 
 def _restored_makespan(g: ExecutionGraph, rank: int, name: str, factor: float) -> tuple[float, float] | None:
     from bottleneck_oracle.analysis.blame import region_time, restored_regions
-    from bottleneck_oracle.analysis.cpm import makespan_of
 
     members = _matching_regions(g, rank, name)
     if not members:
@@ -513,9 +514,6 @@ def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Ste
 
 def _halving_device(g: ExecutionGraph) -> float:
     """The makespan ``g`` saves with every device compute op (not a collective) at half its time."""
-    from bottleneck_oracle.analysis.cpm import makespan_of
-    from bottleneck_oracle.graph_pipeline.schema import NodeType
-
     n = g.nodes
     dur = n["mdur"].astype(np.float64).copy()
     dur[n["on_gpu"] & (n["node_type"] != NodeType.NETWORK)] *= 0.5

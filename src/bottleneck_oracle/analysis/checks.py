@@ -159,15 +159,16 @@ def step_checks(a: StepAnalysis) -> list[Check]:
         )
     for f in facts.ranks:
         if f.device_ops and f.runtime_calls:
+            tied = f.launched >= LINKED_SHARE * f.device_ops
             out.append(
                 Check(
                     "linked",
-                    f.launched >= LINKED_SHARE * f.device_ops,
+                    tied,
                     f"rank {f.rank}: {f.launched} of its {f.device_ops} device ops in the step are tied to the runtime call that "
                     f"launched them ({f.runtime_calls} runtime calls on its host)"
                     + (
                         ""
-                        if f.launched >= LINKED_SHARE * f.device_ops
+                        if tied
                         else "; the rest have no correlation id a call shares: the path treats the device as running free of its host"
                     ),
                 )

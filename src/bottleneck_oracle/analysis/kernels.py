@@ -119,7 +119,7 @@ def _families_of(g: ExecutionGraph, ids: np.ndarray) -> np.ndarray:
     return fam
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def interval_union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint, sorted intervals covering the union of [starts, ends)."""
     if not len(starts):
         return starts, ends
@@ -132,7 +132,7 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return s[first], reach[last]
 
 
-def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+def overlap_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
     """Length of the intersection of two disjoint sorted interval sets."""
     sa, ea = (x.astype(float).tolist() for x in a)  # Python floats: the walk reads them one at a time
     sb, eb = (x.astype(float).tolist() for x in b)
@@ -178,8 +178,8 @@ def overlap(g: ExecutionGraph) -> list[Overlap]:
     for r, a, b in zip(with_comm.tolist(), lo, hi):  # (searched at once: a search per rank costs a copy of the column each)
         mine = by_rank[a:b]
         cm, cp = mine[comm[mine]], mine[compute[mine]]
-        c = _union(start[cm], end[cm])
+        c = interval_union(start[cm], end[cm])
         busy = float((c[1] - c[0]).sum())
-        hidden = _intersection(c, _union(start[cp], end[cp]))
+        hidden = overlap_length(c, interval_union(start[cp], end[cp]))
         out.append(Overlap(r, busy, float(hidden), float(busy - hidden)))
     return out

@@ -32,6 +32,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult
+from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
@@ -299,31 +300,26 @@ def input_pipeline(g: ExecutionGraph, segments: list[Segment]) -> float:
     training loop getting its next batch, loading it on its own thread (one-process loader) or
     waiting for the loader's workers. Each segment counts for the part of it that lies inside
     such a range on its own rank and thread (ranges a region of the graph or an op node)."""
-    if not any(name.startswith(DATA_LOADER_PREFIX) for name in g.names):
-        return 0.0
     is_loader = np.array([name.startswith(DATA_LOADER_PREFIX) for name in g.names], dtype=bool)
-    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    if not is_loader.any():
+        return 0.0
     r, n = g.regions, g.nodes
-    for i in np.flatnonzero(is_loader[r["name"]]).tolist():
-        spans.setdefault((int(r["rank"][i]), int(r["tid"][i])), []).append((float(r["start"][i]), float(r["end"][i])))
-    for i in np.flatnonzero(is_loader[n["name"]] & ~n["on_gpu"]).tolist():
-        spans.setdefault((int(n["rank"][i]), int(n["tid"][i])), []).append((float(n["start"][i]), float(n["start"][i] + n["dur"][i])))
-    merged: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for key, iv in spans.items():  # nested or repeated ranges counted once
-        out: list[tuple[float, float]] = []
-        for lo, hi in sorted(iv):
-            if out and lo <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], hi))
-            else:
-                out.append((lo, hi))
-        merged[key] = out
-    total = 0.0
+    ranges = np.flatnonzero(is_loader[r["name"]])
+    ops = np.flatnonzero(is_loader[n["name"]] & ~n["on_gpu"])
+    rank, tid = np.r_[r["rank"][ranges], n["rank"][ops]], np.r_[r["tid"][ranges], n["tid"][ops]]
+    lo, hi = np.r_[r["start"][ranges], n["start"][ops]], np.r_[r["end"][ranges], n["start"][ops] + n["dur"][ops]]
+    path: dict[tuple[int, int], list[Segment]] = {}
     for seg in segments:
-        inside = merged.get((seg.rank, seg.tid))
-        if seg.on_gpu or not inside:
+        if not seg.on_gpu:
+            path.setdefault((seg.rank, seg.tid), []).append(seg)
+    total = 0.0
+    for key in sorted(set(zip(rank.tolist(), tid.tolist()))):
+        segs = path.get(key)
+        if not segs:
             continue
-        for lo, hi in inside:
-            total += max(0.0, min(hi, seg.end) - max(lo, seg.start))
+        mine = (rank == key[0]) & (tid == key[1])  # nested or repeated ranges counted once (their union)
+        seen = interval_union(np.array([s_.start for s_ in segs]), np.array([s_.end for s_ in segs]))  # (disjoint already)
+        total += overlap_length(interval_union(lo[mine], hi[mine]), seen)
     return total
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from bottleneck_oracle.graph_pipeline.arrays import groups
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
 from bottleneck_oracle.graph_pipeline.events import EventTable, Step
+from bottleneck_oracle.graph_pipeline.facts import step_offsets
 from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
 
 SUSPECT_US = 1000.0
@@ -152,8 +153,6 @@ def align(table: EventTable, host_of: dict[int, int] | None = None) -> ClockRepo
         per_rank = _offsets(rank, end, inst, {r: r for r in ranks}, ranks[0])
         odd = [(r, o) for r, (o, n, spread) in per_rank.items() if n >= 3 and abs(o) > SUSPECT_US and spread < abs(o) / 4]
         if odd:  # (not a rank whose step numbers run apart from the first's: its collectives were matched across iterations)
-            from bottleneck_oracle.graph_pipeline.facts import step_offsets
-
             apart = step_offsets(table)
             odd = [(r, o) for r, o in odd if r not in apart]
         if odd:

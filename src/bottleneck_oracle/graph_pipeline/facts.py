@@ -20,6 +20,7 @@ compares the two ends.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -185,7 +186,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     launched = own[launcher[own] >= 0]
     lag = c["ts"][launched] - c["ts"][launcher[launched]]
     lead = float(np.median(lag)) if len(launched) else None
-    rt = rows[(cls[rows] == EvClass.RUNTIME) & (c["dur"][rows] >= BLOCKING_FACT_US)]
+    runtime = cls[rows] == EvClass.RUNTIME
+    rt = rows[runtime & (c["dur"][rows] >= BLOCKING_FACT_US)]
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     return RankFacts(
         rank=rank,
@@ -201,7 +203,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         blocking_us=blocking,
         asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
         launched=int(len(launched)),
-        runtime_calls=int((cls[rows] == EvClass.RUNTIME).sum()),
+        runtime_calls=int(runtime.sum()),
         early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
     )
 
@@ -363,7 +365,7 @@ def step_offsets(table: EventTable) -> dict[int, int]:
                 if k is not None:
                     ks.append(k)
             if len(ks) >= 2:
-                k, n = max(((k, ks.count(k)) for k in set(ks)), key=lambda kn: kn[1])
+                ((k, n),) = Counter(ks).most_common(1)
                 if k != 0 and n >= STEP_OFFSET_SHARE * len(ks):
                     out[rank] = k
     table.lookups["step_offsets"] = out
