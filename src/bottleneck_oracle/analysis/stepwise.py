@@ -80,6 +80,8 @@ def _forked(
     workers: int | None,
 ) -> Iterator[tuple[Any, StepAnalysis | None]]:
     # forked workers hand whole graphs back as files: a pickled graph would be held twice on each side
+    if len(table.files) > 1:  # each step's rows spread over every rank's block of the table: laid out step by step
+        table.share()
     with tempfile.TemporaryDirectory(prefix="bottleneck-oracle-") as folder:
         for out, whole in LocalEngine(workers).imap(_task, numbers, shared=(table, options, gap, fn, keep, folder)):
             if isinstance(whole, str):

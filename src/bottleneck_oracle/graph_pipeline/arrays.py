@@ -4,7 +4,8 @@ has thousands of steps)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -33,3 +34,76 @@ def groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
     k = keys[by]
     cuts = [0, *(np.flatnonzero(k[1:] != k[:-1]) + 1).tolist(), len(k)]
     return [(int(k[a]), by[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+SHARED_MIN_BYTES = 1 << 16  # smaller arrays stay where they are: a page or two of each is not worth a move
+
+
+class SharedArena:
+    """Memory shared with the processes this one forks (one anonymous shared mapping, filled
+    array by array). Fork copies the page tables of a process's private memory, so a forked child
+    counts every page of its parent's arrays in its resident size from its first instant; a shared
+    mapping's pages are counted only once the child reads them."""
+
+    def __init__(self, nbytes: int) -> None:
+        import mmap
+
+        self._buf = mmap.mmap(-1, max(nbytes, 1))
+        self._at = 0
+
+    @staticmethod
+    def size_of(tree: object) -> int:
+        """At least the bytes ``move`` or ``take`` will need for the arrays in ``tree`` (dicts, lists
+        and tuples of them; an array of any size counts)."""
+        return sum(_aligned(a.nbytes) for a in _arrays(tree))
+
+    def move(self, tree: Any) -> Any:
+        """``tree`` with each of its arrays of SHARED_MIN_BYTES or more replaced by a copy in the
+        arena (dicts changed in place, one array at a time: the original can go as soon as it is
+        copied; lists and tuples rebuilt)."""
+        if isinstance(tree, np.ndarray):
+            if tree.nbytes < SHARED_MIN_BYTES or tree.dtype.hasobject or self._holds(tree):
+                return tree
+            n = _aligned(tree.nbytes)
+            out = np.frombuffer(self._buf, dtype=tree.dtype, count=tree.size, offset=self._at).reshape(tree.shape)
+            self._at += n
+            out[...] = tree
+            return out
+        if isinstance(tree, dict):
+            for k in list(tree):
+                tree[k] = self.move(tree[k])
+            return tree
+        if isinstance(tree, (list, tuple)):
+            return type(tree)(self.move(x) for x in tree)
+        return tree
+
+    def _holds(self, a: np.ndarray) -> bool:
+        """Whether ``a`` is already in the arena (an array met twice is moved once)."""
+        base: object = a
+        while isinstance(base, np.ndarray):
+            base = base.base
+        return isinstance(base, memoryview) and base.obj is self._buf
+
+    def take(self, a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``a[rows]``, made in the arena (``rows`` a permutation of a's rows, or any index)."""
+        n = _aligned(len(rows) * a.dtype.itemsize)
+        out = np.frombuffer(self._buf, dtype=a.dtype, count=len(rows), offset=self._at)
+        self._at += n
+        np.take(a, rows, out=out)
+        return out
+
+
+def _aligned(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+def _arrays(tree: object) -> Iterator[np.ndarray]:
+    if isinstance(tree, np.ndarray):
+        if not tree.dtype.hasobject:
+            yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from _arrays(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _arrays(v)

@@ -240,8 +240,9 @@ def data_dependencies(table: EventTable, w: Window, E: EdgeSet) -> None:
     if not len(deps):
         return
     real = w.rows >= 0
-    rows = w.rows[real]  # sorted table rows of the window's events
-    idx = np.flatnonzero(real)
+    by_row = np.argsort(w.rows[real], kind="stable")  # (in table order: sorted unless share() moved the rows)
+    rows = w.rows[real][by_row]
+    idx = np.flatnonzero(real)[by_row]
     pos = np.searchsorted(rows, deps).clip(0, max(len(rows) - 1, 0))
     inside = (rows[pos] == deps).all(axis=1) if len(rows) else np.zeros(len(deps), bool)
     a, b = idx[pos[inside, 0]], idx[pos[inside, 1]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import itertools
 import json
 import math
 import mmap
@@ -33,7 +34,7 @@ import orjson
 from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
-from bottleneck_oracle.graph_pipeline.arrays import groups
+from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 if TYPE_CHECKING:
@@ -122,6 +123,14 @@ class Step:
         return self.end - self.start
 
 
+def _renumbered(arena: SharedArena, rows_of: np.ndarray, perm: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """A per-row column of rows (-1: none) in a new layout: row i of it is ``new[rows_of[perm[i]]]``."""
+    before = rows_of[perm]
+    out = arena.take(new, np.maximum(before, 0))
+    out[before < 0] = -1
+    return out
+
+
 @dataclass(slots=True)
 class EventTable:
     """Columnar events of one or more rank files. Every column has one row per event."""
@@ -151,18 +160,107 @@ class EventTable:
     """Cached (rows sorted by rank then anchor, their rank, their anchor) for window look-ups."""
     launcher: np.ndarray | None = None
     """Cached row of the runtime call that launched each GPU op (-1: none, or not a GPU op)."""
-    streams: tuple[np.ndarray, np.ndarray] | None = None
-    """Cached (GPU op rows sorted by stream and start, position of each row in that order or -1)."""
+    streams: np.ndarray | None = None
+    """Cached per row: the row of the GPU op before it on its stream (-1: none, or not a GPU op)."""
     facts_cache: dict[str, Any] | None = None
     """Cached per-rank indexes of facts.py (device ops by launch and by start; long host ops)."""
     lookups: dict[str, Any] = field(default_factory=dict)
     """Cached look-ups that every step's graph reads (window.py, edges.py): flags of every name,
     the steps by number, the flows by rank and time; each says what it was computed from."""
+    layout: np.ndarray | None = None
+    """Where ``share`` moved the rows: per row, the row it had as read (None: as read). Every
+    result is the same either way: windows list their events in the order read, and ties between
+    rows are broken by that order."""
 
     def drop_caches(self) -> None:
         """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
         self.by_rank_ts = self.launcher = self.streams = self.facts_cache = None
         self.lookups = {}
+
+    def share(self) -> None:
+        """Move the columns and every look-up the steps' graphs read into memory shared with the
+        processes this one forks next (arrays.SharedArena), the rows laid out step by step: a
+        forked step worker then counts in its resident size the pages of its own steps' rows, not
+        every page of the table. (Fork copies the page tables of private memory, so a child starts
+        out resident in all of it; a shared mapping's pages count once read, and the kernel maps
+        them 16 at a time: a step's rows spread across every rank's block would still be read
+        whole.) The look-ups are computed first and renumbered, not recomputed; the values, and
+        every answer, stay the same."""
+        from bottleneck_oracle.graph_pipeline.edges import flow_index
+        from bottleneck_oracle.graph_pipeline.facts import index_facts
+        from bottleneck_oracle.graph_pipeline.window import table_lookups
+
+        self.index()
+        self.launchers()
+        self.stream_predecessors(np.zeros(0, dtype=np.int64))
+        table_lookups(self)
+        index_facts(self)
+        self.lookups.pop("flows", None)  # (made again below on the moved flows, which it is keyed on)
+        assert self.by_rank_ts is not None and self.launcher is not None and self.streams is not None and self.facts_cache is not None
+        arena = SharedArena(
+            2 * SharedArena.size_of((self.cols, self.flows, self.by_rank_ts, self.launcher, self.streams, self.facts_cache))
+        )
+        if self.layout is not None:  # (shared before: the look-ups made since)
+            arena.move(self.cols)
+        else:
+            perm = self._step_major()
+            new = np.empty_like(perm)
+            new[perm] = np.arange(len(perm))
+            for k in list(self.cols):  # one column at a time (each original let go once copied)
+                self.cols[k] = arena.take(self.cols[k], perm)
+            order, rank_s, anchor_s = self.by_rank_ts
+            self.by_rank_ts = (arena.take(new, order), rank_s, anchor_s)
+            del order, rank_s, anchor_s
+            self.launcher = _renumbered(arena, self.launcher, perm, new)
+            self.streams = _renumbered(arena, self.streams, perm, new)
+            self.facts_cache["long_host"] = {r: (new[rows], d) for r, (rows, d) in self.facts_cache["long_host"].items()}
+            self.data_deps = new[self.data_deps]
+            del new
+            self.layout = arena.move(perm)
+        self.by_rank_ts = arena.move(self.by_rank_ts)
+        self.launcher, self.streams = arena.move(self.launcher), arena.move(self.streams)
+        arena.move(self.facts_cache)
+        arena.move(self.flows)
+        flow_index(self)
+        self._step_spans()
+        arena.move(self.lookups)
+
+    def _step_spans(self) -> None:
+        """Where each rank's step is in the index (``rows_between`` of a step's span then reads
+        only its own part of the index: a step worker's pages, not every rank's)."""
+        order, rank_s, ts_s = self.index()
+        spans: dict[tuple[int, float, float], tuple[int, int]] = {}
+        for r, group in itertools.groupby(sorted(self.steps, key=lambda s: s.rank), key=lambda s: s.rank):
+            key = rank_s.dtype.type(r)
+            lo, hi = int(np.searchsorted(rank_s, key, side="left")), int(np.searchsorted(rank_s, key, side="right"))
+            mine = list(group)
+            a = lo + np.searchsorted(ts_s[lo:hi], [s.start for s in mine], side="left")
+            b = lo + np.searchsorted(ts_s[lo:hi], [s.end for s in mine], side="left")
+            spans.update({(r, s.start, s.end): (int(x), int(y)) for s, x, y in zip(mine, a.tolist(), b.tolist())})
+        self.lookups["spans"] = (order, spans)
+
+    def _step_major(self) -> np.ndarray:
+        """The rows in step order (every rank's rows of the first step, then of the next, ...,
+        then the rows in no step), each step's in table order: per new row, its row now."""
+        numbers = {n: i for i, n in enumerate(sorted({s.number for s in self.steps}))}
+        block = np.full(len(self), len(numbers), dtype=np.int32)
+        for s in self.steps:
+            rows = self.rows_between(s.rank, s.start, s.end)
+            block[rows] = np.minimum(block[rows], numbers[s.number])  # (a row in two steps' spans: the first)
+        perm: np.ndarray = np.argsort(block, kind="stable")
+        return perm
+
+    def in_table_order(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (distinct) in the order their events were read: a window's events keep that
+        order whatever the layout (``share``)."""
+        rows = np.sort(rows)
+        if self.layout is None or len(rows) < 2:
+            return rows
+        read = self.layout[rows]
+        if bool((read[1:] > read[:-1]).all()):  # (one step's rows: already in that order)
+            return rows
+        out: np.ndarray = rows[np.argsort(read, kind="stable")]
+        return out
 
     def steps_of(self, number: int) -> list[Step]:
         """The ProfilerStep spans numbered ``number`` (every rank's), in table order: one look-up
@@ -186,6 +284,8 @@ class EventTable:
             gpu = np.flatnonzero(np.isin(cls, GPU_SIDE) & (corr >= 0))
             rt = np.flatnonzero((cls == EvClass.RUNTIME) & (corr >= 0))
             if len(gpu) and len(rt):
+                if self.layout is not None:  # (ties in the order read, whatever the layout)
+                    rt = rt[np.argsort(self.layout[rt], kind="stable")]
                 key = c["rank"][rt].astype(np.int64) * (1 << 40) + corr[rt]
                 order = np.argsort(key, kind="stable")  # the first call of a duplicated id wins
                 rt, key = rt[order], key[order]
@@ -222,16 +322,16 @@ class EventTable:
         if self.streams is None:
             c = self.cols
             gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+            if self.layout is not None:  # (ties in the order read, whatever the layout)
+                gpu = gpu[np.argsort(self.layout[gpu], kind="stable")]
             order = gpu[np.lexsort((c["ts"][gpu], c["tid"][gpu], c["pid"][gpu], c["rank"][gpu]))]
-            pos = np.full(len(self), -1, dtype=np.int64)
-            pos[order] = np.arange(len(order))
-            self.streams = (order, pos)
-        order, pos = self.streams
-        p = pos[rows]
-        prev = np.where(p > 0, order[np.maximum(p - 1, 0)], -1)
-        c = self.cols
-        same = (p > 0) & (c["rank"][prev] == c["rank"][rows]) & (c["pid"][prev] == c["pid"][rows]) & (c["tid"][prev] == c["tid"][rows])
-        return np.where(same, prev, -1)
+            same = (c["rank"][order[1:]] == c["rank"][order[:-1]]) & (c["pid"][order[1:]] == c["pid"][order[:-1]])
+            same &= c["tid"][order[1:]] == c["tid"][order[:-1]]
+            prev = np.full(len(self), -1, dtype=np.int64)
+            prev[order[1:][same]] = order[:-1][same]
+            self.streams = prev
+        out: np.ndarray = self.streams[rows]
+        return out
 
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows sorted by rank then anchor, their rank, their anchor), computed once."""
@@ -243,8 +343,12 @@ class EventTable:
 
     def rows_between(self, rank: int, start: float, end: float) -> np.ndarray:
         """Rows of the events of ``rank`` whose anchor (see ``anchors``) is in [start, end), in
-        table order: CPU events that start there and the GPU ops they launched."""
+        anchor order (ties in table order): CPU events that start there and the GPU ops they launched."""
         order, rank_s, ts_s = self.index()
+        known: tuple[np.ndarray, dict[tuple[int, float, float], tuple[int, int]]] | None = self.lookups.get("spans")
+        if known is not None and known[0] is order and (rank, start, end) in known[1]:  # a step's span (share)
+            a, b = known[1][rank, start, end]
+            return order[a:b]
         key = rank_s.dtype.type(rank)  # of the array's type: a Python int would convert the whole array per call
         lo, hi = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
         a = lo + np.searchsorted(ts_s[lo:hi], start, side="left")

@@ -51,13 +51,14 @@ def select_window(table: EventTable, step: int | None, span: int = 1) -> tuple[n
         for r in table.ranks:
             m = c["rank"] == r
             measured[r] = float(end[m].max() - ts[m].min())
-        return np.arange(len(table)), float(ts.min()), measured, []
+        every = np.arange(len(table)) if table.layout is None else np.argsort(table.layout)
+        return every, float(ts.min()), measured, []
     steps = [s for k in range(step, step + span) for s in table.steps_of(k)]
     first = [s for s in steps if s.number == step]
     if not first:
         raise GraphError(f"no ProfilerStep#{step} in the trace")
     steps.sort(key=lambda s: (s.number, s.rank))
-    rows = np.sort(np.concatenate([table.rows_between(s.rank, s.start, s.end) for s in steps]))
+    rows = table.in_table_order(np.concatenate([table.rows_between(s.rank, s.start, s.end) for s in steps]))
     return rows, min(s.start for s in first), {s.rank: s.span for s in first}, steps
 
 
