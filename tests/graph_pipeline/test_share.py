@@ -124,3 +124,26 @@ def test_a_forked_worker_of_a_shared_table_reads_only_its_steps_pages(tmp_path):
     # device work queued before the step), 64 kB each time
     assert own["rank"] < 0.45 and own["tid"] < 0.45, own
     assert own["ts"] < 0.75, own
+
+
+def test_the_arena_copies_values_once_each_in_places_of_their_own():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bottleneck_oracle.graph_pipeline.arrays import SharedArena
+
+    rng = np.random.default_rng(0)
+    cols = {k: rng.random(50_000) for k in "abcdefgh"}
+    expect = {k: v.copy() for k, v in cols.items()}
+    perm = rng.permutation(50_000)
+    arena = SharedArena(2 * SharedArena.size_of(cols))
+    with ThreadPoolExecutor(4) as pool:  # takes from several threads: each gets a place of its own
+        taken = dict(zip(cols, pool.map(lambda k: arena.take(cols[k], perm), list(cols))))
+    for k, v in taken.items():
+        assert np.array_equal(v, expect[k][perm])
+    tree = {"x": (cols["a"], np.arange(10)), "y": [taken["b"]]}
+    moved = arena.move(tree)
+    assert moved is tree and np.array_equal(tree["x"][0], expect["a"])
+    assert tree["y"][0] is taken["b"]  # already in the arena: not copied again
+    assert tree["x"][1].base is None  # too small to be worth a move: left where it was
+    tree["x"][0][0] = -1.0  # a copy: the original is untouched
+    assert cols["a"][0] == expect["a"][0]

@@ -4,6 +4,7 @@ has thousands of steps)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -50,6 +51,13 @@ class SharedArena:
 
         self._buf = mmap.mmap(-1, max(nbytes, 1))
         self._at = 0
+        self._lock = threading.Lock()  # (take is called from several threads at once)
+
+    def _reserve(self, nbytes: int) -> int:
+        with self._lock:
+            at = self._at
+            self._at += _aligned(nbytes)
+        return at
 
     @staticmethod
     def size_of(tree: object) -> int:
@@ -64,9 +72,7 @@ class SharedArena:
         if isinstance(tree, np.ndarray):
             if tree.nbytes < SHARED_MIN_BYTES or tree.dtype.hasobject or self._holds(tree):
                 return tree
-            n = _aligned(tree.nbytes)
-            out = np.frombuffer(self._buf, dtype=tree.dtype, count=tree.size, offset=self._at).reshape(tree.shape)
-            self._at += n
+            out = np.frombuffer(self._buf, dtype=tree.dtype, count=tree.size, offset=self._reserve(tree.nbytes)).reshape(tree.shape)
             out[...] = tree
             return out
         if isinstance(tree, dict):
@@ -86,9 +92,7 @@ class SharedArena:
 
     def take(self, a: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``a[rows]``, made in the arena (``rows`` a permutation of a's rows, or any index)."""
-        n = _aligned(len(rows) * a.dtype.itemsize)
-        out = np.frombuffer(self._buf, dtype=a.dtype, count=len(rows), offset=self._at)
-        self._at += n
+        out = np.frombuffer(self._buf, dtype=a.dtype, count=len(rows), offset=self._reserve(len(rows) * a.dtype.itemsize))
         np.take(a, rows, out=out)
         return out
 

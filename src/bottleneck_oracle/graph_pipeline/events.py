@@ -21,6 +21,7 @@ import tempfile
 import warnings
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -206,8 +207,11 @@ class EventTable:
             perm = self._step_major()
             new = np.empty_like(perm)
             new[perm] = np.arange(len(perm))
-            for k in list(self.cols):  # one column at a time (each original let go once copied)
-                self.cols[k] = arena.take(self.cols[k], perm)
+            with ThreadPoolExecutor(
+                2
+            ) as pool:  # two columns at a time (each original let go once copied): filling new shared pages is most of the cost
+                for k, v in zip(list(self.cols), pool.map(lambda k: arena.take(self.cols[k], perm), list(self.cols))):
+                    self.cols[k] = v
             order, rank_s, anchor_s = self.by_rank_ts
             self.by_rank_ts = (arena.take(new, order), rank_s, anchor_s)
             del order, rank_s, anchor_s
