@@ -300,10 +300,12 @@ def input_pipeline(g: ExecutionGraph, segments: list[Segment]) -> float:
     training loop getting its next batch, loading it on its own thread (one-process loader) or
     waiting for the loader's workers. Each segment counts for the part of it that lies inside
     such a range on its own rank and thread (ranges a region of the graph or an op node)."""
-    is_loader = np.array([name.startswith(DATA_LOADER_PREFIX) for name in g.names], dtype=bool)
+    r, n = g.regions, g.nodes
+    used = np.unique(np.concatenate([r["name"], n["name"]])).tolist()  # (the names a step uses: a few hundred of the trace's thousands)
+    is_loader = np.zeros(len(g.names), dtype=bool)
+    is_loader[[k for k in used if g.names[k].startswith(DATA_LOADER_PREFIX)]] = True
     if not is_loader.any():
         return 0.0
-    r, n = g.regions, g.nodes
     ranges = np.flatnonzero(is_loader[r["name"]])
     ops = np.flatnonzero(is_loader[n["name"]] & ~n["on_gpu"])
     rank, tid = np.r_[r["rank"][ranges], n["rank"][ops]], np.r_[r["tid"][ranges], n["tid"][ops]]
