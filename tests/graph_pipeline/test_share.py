@@ -44,6 +44,11 @@ def test_a_shared_table_builds_the_same_graphs_and_facts(path):
     assert steps and shared.layout is not None
     assert sorted(shared.layout.tolist()) == list(range(len(plain)))  # a permutation of the rows
     assert not np.array_equal(shared.layout, np.arange(len(plain)))  # (the rows did move: the test tests something)
+    if len(plain.flows["ts"]):  # the flow endpoints laid out step by step too, the order read kept
+        layout = shared.lookups["flow_layout"]
+        assert sorted(layout.tolist()) == list(range(len(plain.flows["ts"])))
+        for k, v in plain.flows.items():
+            assert np.array_equal(shared.flows[k], v[layout])
     for n in steps:
         rows = select_window(shared, n)[0]
         assert rows.max() - rows.min() + 1 == len(rows)  # one step's rows: one run of the table
@@ -56,6 +61,16 @@ def test_a_shared_table_builds_the_same_graphs_and_facts(path):
     shared.drop_caches()  # look-ups made again on the new layout break ties in the order read, as before
     for n in steps[:2]:
         _same_graph(build_graph(plain, n), build_graph(shared, n), shared.layout)
+
+
+def test_the_comparison_above_reaches_forward_backward_edges():
+    """(The graphs compared above have fwdbwd edges: the flows' layout is exercised.)"""
+    from bottleneck_oracle.graph_pipeline.schema import EdgeKind
+
+    table = load(TRACES[0])
+    table.share()
+    g = build_graph(table, checked_steps(table, None)[1])
+    assert int((g.edges["kind"] == EdgeKind.FWD_BWD).sum()) > 10
 
 
 def test_forked_workers_over_a_shared_table_answer_as_one_process(monkeypatch, capsys):

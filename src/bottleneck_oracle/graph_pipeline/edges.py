@@ -159,7 +159,8 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     if not len(fl["ts"]) or not w.n_leaf:
         return
     c = w.c
-    f = _flows_near(table, w) if w.steps else np.arange(len(fl["ts"]))
+    layout = table.lookups.get("flow_layout")
+    f = _flows_near(table, w) if w.steps else (np.arange(len(fl["ts"])) if layout is None else np.argsort(layout))
     fts = fl["ts"][f] - w.w0
     keep = (fts >= 0) & (fts <= w.end.max())
     if w.steps:  # (a window over several steps: from the first one's start to the last one's end)
@@ -205,22 +206,53 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
 
 
 def _flows_near(table: EventTable, w: Window) -> np.ndarray:
-    """The flow endpoints of the window's ranks within 1 µs of their steps' spans, ascending: a
-    superset of those forward_backward keeps, found in the flows sorted by (rank, ts) once per
-    table instead of a pass over every flow of the trace per step."""
+    """The flow endpoints of the window's ranks within 1 µs of their steps' spans, in table order
+    (ascending, or the order read where ``share`` laid them out step by step): a superset of those
+    forward_backward keeps, found in the flows sorted by (rank, ts) once per table instead of a
+    pass over every flow of the trace per step."""
     order, rank_s, ts_s = flow_index(table)
     spans: dict[int, tuple[float, float]] = {}
     for s in w.steps:
         lo, hi = spans.get(s.rank, (np.inf, -np.inf))
         spans[s.rank] = (min(lo, s.start), max(hi, s.end))
+    known = table.lookups.get("flow_spans")
     parts = []
     for rank, (start, end) in spans.items():
+        if known is not None and known[0] is order and (rank, start, end) in known[1]:  # one step's span (share)
+            a, b = known[1][rank, start, end]
+            parts.append(known[2][a:b])
+            continue
         key = rank_s.dtype.type(rank)
         a, b = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
         lo = a + np.searchsorted(ts_s[a:b], start - 1.0, side="left")
         hi = a + np.searchsorted(ts_s[a:b], end + 1.0, side="right")
         parts.append(order[lo:hi])
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)  # (ranks apart: no duplicates)
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    f = np.sort(np.concatenate(parts))  # (ranks apart: no duplicates)
+    layout = table.lookups.get("flow_layout")
+    if layout is None:
+        return f
+    out: np.ndarray = f[np.argsort(layout[f], kind="stable")]
+    return out
+
+
+def flow_spans(table: EventTable) -> None:
+    """Each rank's step span's flow endpoints (``_flows_near`` of a one-step window), one after
+    another step by step: a step worker reads its own part (``share``)."""
+    order, rank_s, ts_s = flow_index(table)
+    spans: dict[tuple[int, float, float], tuple[int, int]] = {}
+    parts: list[np.ndarray] = []
+    at = 0
+    for s in sorted(table.steps, key=lambda s: (s.number, s.rank)):
+        key = rank_s.dtype.type(s.rank)
+        a, b = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
+        lo = a + int(np.searchsorted(ts_s[a:b], s.start - 1.0, side="left"))
+        hi = a + int(np.searchsorted(ts_s[a:b], s.end + 1.0, side="right"))
+        parts.append(order[lo:hi])
+        spans[s.rank, s.start, s.end] = (at, at + hi - lo)
+        at += hi - lo
+    table.lookups["flow_spans"] = (order, spans, np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
 
 
 def flow_index(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -187,7 +187,7 @@ class EventTable:
         them 16 at a time: a step's rows spread across every rank's block would still be read
         whole.) The look-ups are computed first and renumbered, not recomputed; the values, and
         every answer, stay the same."""
-        from bottleneck_oracle.graph_pipeline.edges import flow_index
+        from bottleneck_oracle.graph_pipeline.edges import flow_index, flow_spans
         from bottleneck_oracle.graph_pipeline.facts import index_facts
         from bottleneck_oracle.graph_pipeline.window import table_lookups
 
@@ -221,12 +221,15 @@ class EventTable:
             self.data_deps = new[self.data_deps]
             del new
             self.layout = arena.move(perm)
+            self._flows_step_major()
         self.by_rank_ts = arena.move(self.by_rank_ts)
         self.launcher, self.streams = arena.move(self.launcher), arena.move(self.streams)
         arena.move(self.facts_cache)
         arena.move(self.flows)
         flow_index(self)
         self._step_spans()
+        arena.move(self.lookups)
+        flow_spans(self)  # (after the move: it is keyed on the moved flow index)
         arena.move(self.lookups)
 
     def _step_spans(self) -> None:
@@ -242,6 +245,28 @@ class EventTable:
             b = lo + np.searchsorted(ts_s[lo:hi], [s.end for s in mine], side="left")
             spans.update({(r, s.start, s.end): (int(x), int(y)) for s, x, y in zip(mine, a.tolist(), b.tolist())})
         self.lookups["spans"] = (order, spans)
+
+    def _flows_step_major(self) -> None:
+        """The flow endpoints laid out step by step too (by the spans ``edges._flows_near`` looks
+        in, 1 µs either side; an endpoint near two steps goes with the first), the order they had
+        kept in ``lookups["flow_layout"]``: a step's forward-backward rule then reads its own."""
+        fl = self.flows
+        if not len(fl["ts"]) or not self.steps:
+            return
+        numbers = {n: i for i, n in enumerate(sorted({s.number for s in self.steps}))}
+        block = np.full(len(fl["ts"]), len(numbers), dtype=np.int32)
+        order = np.lexsort((fl["ts"], fl["rank"]))
+        rank_s, ts_s = fl["rank"][order], fl["ts"][order]
+        for r, group in itertools.groupby(sorted(self.steps, key=lambda s: s.rank), key=lambda s: s.rank):
+            key = rank_s.dtype.type(r)
+            lo, hi = int(np.searchsorted(rank_s, key, side="left")), int(np.searchsorted(rank_s, key, side="right"))
+            for s in group:
+                a = lo + int(np.searchsorted(ts_s[lo:hi], s.start - 1.0, side="left"))
+                b = lo + int(np.searchsorted(ts_s[lo:hi], s.end + 1.0, side="right"))
+                block[order[a:b]] = np.minimum(block[order[a:b]], numbers[s.number])
+        perm = np.argsort(block, kind="stable")
+        self.flows = {k: v[perm] for k, v in fl.items()}
+        self.lookups["flow_layout"] = perm
 
     def _step_major(self) -> np.ndarray:
         """The rows in step order (every rank's rows of the first step, then of the next, ...,
