@@ -73,9 +73,9 @@ def test_the_comparison_above_reaches_forward_backward_edges():
     assert int((g.edges["kind"] == EdgeKind.FWD_BWD).sum()) > 10
 
 
-def test_forked_workers_over_a_shared_table_answer_as_one_process(monkeypatch, capsys):
+def test_forked_workers_over_a_shared_table_answer_as_one_process(monkeypatch, capsys, tmp_path):
     path = str(DATA / "gloo_ddp_10steps_injected")
-    code, alone, _ = run_cli(["analyze", path, "--json"], capsys)
+    code, alone, _ = run_cli(["analyze", path, "--json", "--perfetto", str(tmp_path / "alone.json")], capsys)
     assert code == 0
     shared = []
     original = stepwise.EventTable.share
@@ -87,9 +87,11 @@ def test_forked_workers_over_a_shared_table_answer_as_one_process(monkeypatch, c
     monkeypatch.setattr(stepwise, "PARALLEL_EVENTS", 0)  # fork the steps' workers even for a small table
     monkeypatch.setattr(stepwise.EventTable, "share", share)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    code, forked, _ = run_cli(["analyze", path, "--json"], capsys)
+    code, forked, _ = run_cli(["analyze", path, "--json", "--perfetto", str(tmp_path / "forked.json")], capsys)
     assert code == 0 and shared  # (it did go through share)
-    assert forked == alone
+    assert forked.replace("forked.json", "alone.json") == alone
+    # the critical path marked in the trace: the shared table's rows map back to the events read
+    assert (tmp_path / "forked.json").read_bytes() == (tmp_path / "alone.json").read_bytes()
 
 
 def _present_share(a: np.ndarray) -> float:
