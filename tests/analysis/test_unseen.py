@@ -264,6 +264,47 @@ def test_the_warning_counts_the_device_events_of_an_unknown_category(recwarn):
     assert any("1313 events on an accelerator" in str(w.message) and "mtia_ccp_events" in str(w.message) for w in recwarn)
 
 
+def _xla_style_trace(path: Path, device_process: str) -> list[dict]:
+    """A trace as XLA's profiler writes one (JAX, torch_xla): no categories; the device's process
+    named like a device path ("/device:TPU:0"), the host's "/host:CPU"; its device ops."""
+    ops = [{"ph": "X", "pid": 1, "tid": 2, "name": f"fusion.{i % 7}", "ts": 1000.0 + 85.0 * i, "dur": 80.0 + (i % 3)} for i in range(50)]
+    events = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": device_process}},
+        {"ph": "M", "pid": 701, "name": "process_name", "args": {"name": "/host:CPU"}},
+        *ops,
+        {"ph": "X", "pid": 701, "tid": 3, "name": "PjitFunction(train_step)", "ts": 990.0, "dur": 200.0},
+    ]
+    path.write_text(json.dumps({"displayTimeUnit": "ns", "traceEvents": events}))
+    return ops
+
+
+@pytest.mark.parametrize("process", ["/device:TPU:0", "/device:GPU:0"])
+def test_a_device_named_like_a_device_path_is_read_as_a_device(tmp_path, recwarn, process):
+    """XLA names its devices' processes "/device:TPU:0": their ops (no category) are device ops,
+    the whole trace's span theirs (from the raw events), and the host's uncategorised event is
+    said to be left out."""
+    from bottleneck_oracle.api import analyze
+
+    ops = _xla_style_trace(tmp_path / "trace.json", process)
+    _, (a,) = analyze(tmp_path / "trace.json")
+    assert int(a.graph.nodes["on_gpu"].sum()) == len(ops)
+    span = max(o["ts"] + o["dur"] for o in ops) - min(o["ts"] for o in ops)
+    assert a.cpm.makespan == pytest.approx(span, abs=1e-6)
+    said = [str(w.message) for w in recwarn]
+    assert any(f"{len(ops)} events on an accelerator" in m for m in said)
+    assert any("1 events on host threads" in m and "left out" in m for m in said)
+
+
+def test_a_trace_of_only_uncategorised_host_events_says_what_it_left_out(tmp_path, capsys):
+    from conftest import run_cli
+
+    events = [{"ph": "X", "pid": 701, "tid": 3, "name": f"op{i}", "ts": 100.0 * i, "dur": 50.0} for i in range(3)]
+    (tmp_path / "host.json").write_text(json.dumps({"traceEvents": events}))
+    code, _, err = run_cli(["analyze", str(tmp_path / "host.json")], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and "3 events in categories this tool does not read ((no category): 3)" in err
+
+
 # ---- 5. partial and sampled jobs
 
 

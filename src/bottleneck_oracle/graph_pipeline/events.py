@@ -871,6 +871,7 @@ class _Builder:
         self.process_names: dict[int, list[str]] = {}  # pid -> its "process_name" and "process_labels"
         self.numbered: dict[str, int] = {}  # Ev Idx: events numbered by the exporter that the file holds, first, last
         self.unknown_device_events = 0  # device ops read from categories the field map does not list
+        self.skipped = ""  # what complete events were left out for their category, said when nothing else is read
         self.devices: list[str] = []  # the names in the file's deviceProperties (GPU models)
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
@@ -1078,6 +1079,7 @@ class _Builder:
             )
         if skipped:
             shown = ", ".join(f"{c}: {n}" for c, n in sorted(skipped.items(), key=lambda kv: -kv[1]))
+            self.skipped = f"{sum(skipped.values())} events in categories this tool does not read ({shown})"
             self.notes.append(
                 f"{path}: {sum(skipped.values())} events on host threads in categories this tool does not read ({shown}) left out"
             )
@@ -1404,7 +1406,8 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         sorted({str(d["name"]) for d in props if isinstance(d, dict) and isinstance(d.get("name"), str)}) if isinstance(props, list) else []
     )
     if b.add_scanned(path, raw, ev) == 0:
-        raise TraceError(path, "no CPU or GPU op events (ph 'X', or 'B'/'E' pairs) in the trace")
+        also = f": {b.skipped}, on no process named as an accelerator's" if b.skipped else ""
+        raise TraceError(path, f"no CPU or GPU op events (ph 'X', or 'B'/'E' pairs) in the trace{also}")
     return b
 
 
