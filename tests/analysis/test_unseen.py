@@ -305,6 +305,26 @@ def test_a_trace_of_only_uncategorised_host_events_says_what_it_left_out(tmp_pat
     assert err.count("\n") == 1 and "3 events in categories this tool does not read ((no category): 3)" in err
 
 
+def test_several_ranks_merged_into_one_file_are_said_to_be(tmp_path, recwarn):
+    """Two ranks' traces written into one file (their processes' pids, read from the raw files):
+    the steps of both and the correlation ids of both cannot be told apart; a warning says so."""
+    from conftest import DATA
+
+    from bottleneck_oracle.graph_pipeline.events import load_events
+
+    docs = [json.loads(gzip.open(DATA / "gloo_ddp_10steps_injected" / f"rank-{r}.json.gz").read()) for r in (0, 1)]
+    pids = sorted({e["pid"] for d in docs for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
+    merged = {k: v for k, v in docs[0].items() if k != "distributedInfo"}
+    merged["traceEvents"] = docs[0]["traceEvents"] + docs[1]["traceEvents"]
+    (tmp_path / "merged.json").write_text(json.dumps(merged))
+    load_events(tmp_path / "merged.json")
+    said = [str(w.message) for w in recwarn if "merged into one file" in str(w.message)]
+    assert len(pids) == 2 and len(said) == 1 and f"pids {pids[0]}, {pids[1]}" in said[0]
+    recwarn.clear()
+    load_events(DATA / "gloo_ddp_10steps_injected" / "rank-0.json.gz")  # one rank's own file: nothing said
+    assert not [w for w in recwarn if "merged into one file" in str(w.message)]
+
+
 # ---- 5. partial and sampled jobs
 
 

@@ -1507,11 +1507,17 @@ def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
             best[s[1]] = s
     if len(best) < len(b.steps):
         numbers = sorted({s[1] for s in b.steps if sum(t[1] == s[1] for t in b.steps) > 1})
-        warnings.warn(
-            f"{b.path}: ProfilerStep#{numbers[0]} appears more than once (nested or repeated); the longest span is used",
-            OracleWarning,
-            stacklevel=3,
-        )
+        pids = sorted({s[4] for s in b.steps if s[1] == numbers[0]})
+        if len(pids) > 1:  # one process counts its steps once: several processes' steps in one file
+            shown = ", ".join(str(p) for p in pids[:4]) + (", ..." if len(pids) > 4 else "")
+            said = (
+                f"ProfilerStep#{numbers[0]} appears in {len(pids)} processes (pids {shown}): this looks like several ranks' "
+                "traces merged into one file, read here as one rank (their steps overlap, and device ops are matched to "
+                "launches by correlation ids that each process counts on its own); give each rank its own file"
+            )
+        else:
+            said = f"ProfilerStep#{numbers[0]} appears more than once (nested or repeated); the longest span is used"
+        warnings.warn(f"{b.path}: {said}", OracleWarning, stacklevel=3)
     return sorted(best.values(), key=lambda s: s[2])
 
 
