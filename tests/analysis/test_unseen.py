@@ -308,9 +308,8 @@ def test_a_trace_of_only_uncategorised_host_events_says_what_it_left_out(tmp_pat
 def test_several_ranks_merged_into_one_file_are_said_to_be(tmp_path, recwarn):
     """Two ranks' traces written into one file (their processes' pids, read from the raw files):
     the steps of both and the correlation ids of both cannot be told apart; a warning says so."""
-    from conftest import DATA
-
     from bottleneck_oracle.graph_pipeline.events import load_events
+    from conftest import DATA
 
     docs = [json.loads(gzip.open(DATA / "gloo_ddp_10steps_injected" / f"rank-{r}.json.gz").read()) for r in (0, 1)]
     pids = sorted({e["pid"] for d in docs for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
