@@ -44,8 +44,11 @@ def test_a_shared_table_builds_the_same_graphs_and_facts(path):
     assert steps and shared.layout is not None
     assert sorted(shared.layout.tolist()) == list(range(len(plain)))  # a permutation of the rows
     assert not np.array_equal(shared.layout, np.arange(len(plain)))  # (the rows did move: the test tests something)
+    shared.drop_caches()
+    shared.share()  # a second time (another command over the same table): the look-ups made again move, the rows stay
     if len(plain.flows["ts"]):  # the flow endpoints laid out step by step too, the order read kept
-        layout = shared.lookups["flow_layout"]
+        layout = shared.flow_layout
+        assert layout is not None
         assert sorted(layout.tolist()) == list(range(len(plain.flows["ts"])))
         for k, v in plain.flows.items():
             assert np.array_equal(shared.flows[k], v[layout])

@@ -159,7 +159,7 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     if not len(fl["ts"]) or not w.n_leaf:
         return
     c = w.c
-    layout = table.lookups.get("flow_layout")
+    layout = table.flow_layout
     f = _flows_near(table, w) if w.steps else (np.arange(len(fl["ts"])) if layout is None else np.argsort(layout))
     fts = fl["ts"][f] - w.w0
     keep = (fts >= 0) & (fts <= w.end.max())
@@ -230,7 +230,7 @@ def _flows_near(table: EventTable, w: Window) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=np.int64)
     f = np.sort(np.concatenate(parts))  # (ranks apart: no duplicates)
-    layout = table.lookups.get("flow_layout")
+    layout = table.flow_layout
     if layout is None:
         return f
     out: np.ndarray = f[np.argsort(layout[f], kind="stable")]

@@ -172,6 +172,8 @@ class EventTable:
     """Where ``share`` moved the rows: per row, the row it had as read (None: as read). Every
     result is the same either way: windows list their events in the order read, and ties between
     rows are broken by that order."""
+    flow_layout: np.ndarray | None = None
+    """The same for the flow endpoints (``flows``): per endpoint, its place as read."""
 
     def drop_caches(self) -> None:
         """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
@@ -201,15 +203,12 @@ class EventTable:
         arena = SharedArena(
             2 * SharedArena.size_of((self.cols, self.flows, self.by_rank_ts, self.launcher, self.streams, self.facts_cache))
         )
-        if self.layout is not None:  # (shared before: the look-ups made since)
-            arena.move(self.cols)
-        else:
+        if self.layout is None:  # (shared before: its columns are there still; the look-ups made since move)
             perm = self._step_major()
             new = np.empty_like(perm)
             new[perm] = np.arange(len(perm))
-            with ThreadPoolExecutor(
-                2
-            ) as pool:  # two columns at a time (each original let go once copied): filling new shared pages is most of the cost
+            # two columns at a time, each original let go once copied: filling new shared pages is most of the cost
+            with ThreadPoolExecutor(2) as pool:
                 for k, v in zip(list(self.cols), pool.map(lambda k: arena.take(self.cols[k], perm), list(self.cols))):
                     self.cols[k] = v
             order, rank_s, anchor_s = self.by_rank_ts
@@ -226,6 +225,7 @@ class EventTable:
         self.launcher, self.streams = arena.move(self.launcher), arena.move(self.streams)
         arena.move(self.facts_cache)
         arena.move(self.flows)
+        self.flow_layout = arena.move(self.flow_layout)
         flow_index(self)
         self._step_spans()
         arena.move(self.lookups)
@@ -249,7 +249,7 @@ class EventTable:
     def _flows_step_major(self) -> None:
         """The flow endpoints laid out step by step too (by the spans ``edges._flows_near`` looks
         in, 1 µs either side; an endpoint near two steps goes with the first), the order they had
-        kept in ``lookups["flow_layout"]``: a step's forward-backward rule then reads its own."""
+        kept in ``flow_layout``: a step's forward-backward rule then reads its own."""
         fl = self.flows
         if not len(fl["ts"]) or not self.steps:
             return
@@ -266,7 +266,7 @@ class EventTable:
                 block[order[a:b]] = np.minimum(block[order[a:b]], numbers[s.number])
         perm = np.argsort(block, kind="stable")
         self.flows = {k: v[perm] for k, v in fl.items()}
-        self.lookups["flow_layout"] = perm
+        self.flow_layout = perm
 
     def _step_major(self) -> np.ndarray:
         """The rows in step order (every rank's rows of the first step, then of the next, ...,
