@@ -167,3 +167,22 @@ def test_the_arena_copies_values_once_each_in_places_of_their_own():
     assert tree["x"][1].base is None  # too small to be worth a move: left where it was
     tree["x"][0][0] = -1.0  # a copy: the original is untouched
     assert cols["a"][0] == expect["a"][0]
+
+
+def test_span_positions_and_read_order_against_plain_loops():
+    from bottleneck_oracle.graph_pipeline.arrays import in_read_order, span_positions
+
+    rng = np.random.default_rng(1)
+    group = rng.integers(0, 5, 3000).astype(np.int32)
+    value = np.round(rng.random(3000) * 100, 1)  # (ties, and values on the spans' edges)
+    order = np.lexsort((value, group))
+    g_s, v_s = group[order], value[order]
+    spans = [(int(rng.integers(0, 6)), float(lo), float(lo + rng.integers(0, 30))) for lo in np.round(rng.random(200) * 90, 1)]
+    for side in ("left", "right"):
+        for (g, lo, hi), (a, b) in zip(spans, span_positions(g_s, v_s, spans, end_side=side)):
+            inside = (g_s == g) & (v_s >= lo) & ((v_s < hi) if side == "left" else (v_s <= hi))
+            assert set(range(a, b)) == set(np.flatnonzero(inside).tolist())
+    layout = rng.permutation(3000)
+    idx = rng.choice(3000, 400, replace=False)
+    assert in_read_order(idx, None).tolist() == sorted(idx.tolist())
+    assert in_read_order(idx, layout).tolist() == sorted(idx.tolist(), key=lambda i: layout[i])

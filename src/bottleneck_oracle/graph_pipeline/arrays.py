@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -35,6 +35,40 @@ def groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
     k = keys[by]
     cuts = [0, *(np.flatnonzero(k[1:] != k[:-1]) + 1).tolist(), len(k)]
     return [(int(k[a]), by[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def span_positions(
+    group_s: np.ndarray, value_s: np.ndarray, spans: list[tuple[int, float, float]], end_side: Literal["left", "right"] = "left"
+) -> list[tuple[int, int]]:
+    """For each ``(group, lo, hi)`` of ``spans``: the positions [a, b) of the entries of that group
+    with ``lo <= value < hi`` (``<= hi`` with ``end_side`` "right") in arrays sorted by group, then
+    value (``group_s``, ``value_s``). One search of each group's range for all of its spans."""
+    out = [(0, 0)] * len(spans)
+    by: dict[int, list[int]] = {}
+    for i, (g, _, _) in enumerate(spans):
+        by.setdefault(g, []).append(i)
+    for g, idx in by.items():
+        key = group_s.dtype.type(g)  # of the array's type: a Python int would convert the whole array
+        lo, hi = int(np.searchsorted(group_s, key, side="left")), int(np.searchsorted(group_s, key, side="right"))
+        values = value_s[lo:hi]
+        a = lo + np.searchsorted(values, [spans[i][1] for i in idx], side="left")
+        b = lo + np.searchsorted(values, [spans[i][2] for i in idx], side=end_side)
+        for i, x, y in zip(idx, a.tolist(), b.tolist()):
+            out[i] = (x, y)
+    return out
+
+
+def in_read_order(idx: np.ndarray, layout: np.ndarray | None) -> np.ndarray:
+    """``idx`` (distinct positions) in the order they were read, where ``layout`` gives each
+    position's place as read (None: as they are, ascending)."""
+    idx = np.sort(idx)
+    if layout is None or len(idx) < 2:
+        return idx
+    read = layout[idx]
+    if bool((read[1:] > read[:-1]).all()):  # (one step's rows: already in that order)
+        return idx
+    out: np.ndarray = idx[np.argsort(read, kind="stable")]
+    return out
 
 
 SHARED_MIN_BYTES = 1 << 16  # smaller arrays stay where they are: a page or two of each is not worth a move

@@ -34,7 +34,7 @@ from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
-from bottleneck_oracle.graph_pipeline.facts import StepFacts, index_facts, run_facts, step_facts
+from bottleneck_oracle.graph_pipeline.facts import LAUNCH_TOLERANCE_US, StepFacts, index_facts, run_facts, step_facts
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
@@ -58,7 +58,7 @@ class BuildOptions:
     stream_wait_us: float = 50.0
     """µs: a GPU op starting this much later than its launch and its stream allow waited for another
     stream; an op there that ended at most this long before released it (traces without cuda_sync)."""
-    clock_tolerance_us: float = 5.0
+    clock_tolerance_us: float = LAUNCH_TOLERANCE_US
     """µs: CPU and GPU clocks of one rank disagree by up to this much (causality checks allow it)."""
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
+from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 from bottleneck_oracle.graph_pipeline.window import Window
@@ -159,8 +159,7 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     if not len(fl["ts"]) or not w.n_leaf:
         return
     c = w.c
-    layout = table.flow_layout
-    f = _flows_near(table, w) if w.steps else (np.arange(len(fl["ts"])) if layout is None else np.argsort(layout))
+    f = _flows_near(table, w) if w.steps else in_read_order(np.arange(len(fl["ts"])), table.flow_layout)
     fts = fl["ts"][f] - w.w0
     keep = (fts >= 0) & (fts <= w.end.max())
     if w.steps:  # (a window over several steps: from the first one's start to the last one's end)
@@ -205,54 +204,66 @@ def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
     E.add(w.out_node(a[forward]), w.in_node(b[forward]), EdgeKind.FWD_BWD)
 
 
+FLOW_SLACK_US = 1.0  # µs either side of a step's span in which its flow endpoints are looked for (the rule then keeps those inside)
+
+
+def _flow_spans_of(rank_s: np.ndarray, ts_s: np.ndarray, spans: list[tuple[int, float, float]]) -> list[tuple[int, int]]:
+    """Positions in the flows sorted by (rank, ts) of each (rank, start, end) span's endpoints,
+    FLOW_SLACK_US either side."""
+    wide = [(r, start - FLOW_SLACK_US, end + FLOW_SLACK_US) for r, start, end in spans]
+    return span_positions(rank_s, ts_s, wide, end_side="right")
+
+
 def _flows_near(table: EventTable, w: Window) -> np.ndarray:
-    """The flow endpoints of the window's ranks within 1 µs of their steps' spans, in table order
-    (ascending, or the order read where ``share`` laid them out step by step): a superset of those
+    """The flow endpoints of the window's ranks near their steps' spans (_flow_spans_of), in the
+    order read (ascending, unless ``share`` laid them out step by step): a superset of those
     forward_backward keeps, found in the flows sorted by (rank, ts) once per table instead of a
     pass over every flow of the trace per step."""
     order, rank_s, ts_s = flow_index(table)
-    spans: dict[int, tuple[float, float]] = {}
+    merged: dict[int, tuple[float, float]] = {}
     for s in w.steps:
-        lo, hi = spans.get(s.rank, (np.inf, -np.inf))
-        spans[s.rank] = (min(lo, s.start), max(hi, s.end))
+        lo, hi = merged.get(s.rank, (np.inf, -np.inf))
+        merged[s.rank] = (min(lo, s.start), max(hi, s.end))
+    spans = [(r, lo, hi) for r, (lo, hi) in merged.items()]
     known = table.lookups.get("flow_spans")
-    parts = []
-    for rank, (start, end) in spans.items():
-        if known is not None and known[0] is order and (rank, start, end) in known[1]:  # one step's span (share)
-            a, b = known[1][rank, start, end]
-            parts.append(known[2][a:b])
-            continue
-        key = rank_s.dtype.type(rank)
-        a, b = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
-        lo = a + np.searchsorted(ts_s[a:b], start - 1.0, side="left")
-        hi = a + np.searchsorted(ts_s[a:b], end + 1.0, side="right")
-        parts.append(order[lo:hi])
+    if known is not None and known[0] is order and all(x in known[1] for x in spans):  # one step's spans (share)
+        parts = [known[2][a:b] for a, b in (known[1][x] for x in spans)]
+    else:
+        parts = [order[a:b] for a, b in _flow_spans_of(rank_s, ts_s, spans)]
     if not parts:
         return np.zeros(0, dtype=np.int64)
-    f = np.sort(np.concatenate(parts))  # (ranks apart: no duplicates)
-    layout = table.flow_layout
-    if layout is None:
-        return f
-    out: np.ndarray = f[np.argsort(layout[f], kind="stable")]
-    return out
+    return in_read_order(np.concatenate(parts), table.flow_layout)  # (ranks apart: no duplicates)
+
+
+def lay_out_flows(table: EventTable) -> None:
+    """The flow endpoints laid out step by step (by the spans ``_flows_near`` looks in; an
+    endpoint near two steps goes with the first), their places as read kept in
+    ``table.flow_layout``: a step's rule then reads its own part of them (``EventTable.share``)."""
+    fl = table.flows
+    if not len(fl["ts"]) or not table.steps:
+        return
+    numbers = {n: i for i, n in enumerate(sorted({s.number for s in table.steps}))}
+    block = np.full(len(fl["ts"]), len(numbers), dtype=np.int32)
+    order = np.lexsort((fl["ts"], fl["rank"]))
+    found = _flow_spans_of(fl["rank"][order], fl["ts"][order], [(s.rank, s.start, s.end) for s in table.steps])
+    for s, (a, b) in zip(table.steps, found):
+        block[order[a:b]] = np.minimum(block[order[a:b]], numbers[s.number])
+    perm = np.argsort(block, kind="stable")
+    table.flows = {k: v[perm] for k, v in fl.items()}
+    table.flow_layout = perm
 
 
 def flow_spans(table: EventTable) -> None:
     """Each rank's step span's flow endpoints (``_flows_near`` of a one-step window), one after
-    another step by step: a step worker reads its own part (``share``)."""
+    another step by step: a step worker reads its own part (``EventTable.share``)."""
     order, rank_s, ts_s = flow_index(table)
-    spans: dict[tuple[int, float, float], tuple[int, int]] = {}
-    parts: list[np.ndarray] = []
-    at = 0
-    for s in sorted(table.steps, key=lambda s: (s.number, s.rank)):
-        key = rank_s.dtype.type(s.rank)
-        a, b = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
-        lo = a + int(np.searchsorted(ts_s[a:b], s.start - 1.0, side="left"))
-        hi = a + int(np.searchsorted(ts_s[a:b], s.end + 1.0, side="right"))
-        parts.append(order[lo:hi])
-        spans[s.rank, s.start, s.end] = (at, at + hi - lo)
-        at += hi - lo
-    table.lookups["flow_spans"] = (order, spans, np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    steps = sorted(table.steps, key=lambda s: (s.number, s.rank))
+    spans = [(s.rank, s.start, s.end) for s in steps]
+    found = _flow_spans_of(rank_s, ts_s, spans)
+    ends = np.cumsum([b - a for a, b in found], dtype=np.int64).tolist()
+    at = dict(zip(spans, zip([0, *ends[:-1]], ends)))
+    near = np.concatenate([order[a:b] for a, b in found]) if found else np.zeros(0, dtype=np.int64)
+    table.lookups["flow_spans"] = (order, at, near)
 
 
 def flow_index(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

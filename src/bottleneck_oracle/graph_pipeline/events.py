@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import itertools
 import json
 import math
 import mmap
@@ -35,7 +34,7 @@ import orjson
 from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
-from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups
+from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups, span_positions
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 if TYPE_CHECKING:
@@ -189,7 +188,7 @@ class EventTable:
         them 16 at a time: a step's rows spread across every rank's block would still be read
         whole.) The look-ups are computed first and renumbered, not recomputed; the values, and
         every answer, stay the same."""
-        from bottleneck_oracle.graph_pipeline.edges import flow_index, flow_spans
+        from bottleneck_oracle.graph_pipeline.edges import flow_index, flow_spans, lay_out_flows
         from bottleneck_oracle.graph_pipeline.facts import index_facts
         from bottleneck_oracle.graph_pipeline.window import table_lookups
 
@@ -220,7 +219,7 @@ class EventTable:
             self.data_deps = new[self.data_deps]
             del new
             self.layout = arena.move(perm)
-            self._flows_step_major()
+            lay_out_flows(self)
         self.by_rank_ts = arena.move(self.by_rank_ts)
         self.launcher, self.streams = arena.move(self.launcher), arena.move(self.streams)
         arena.move(self.facts_cache)
@@ -236,37 +235,8 @@ class EventTable:
         """Where each rank's step is in the index (``rows_between`` of a step's span then reads
         only its own part of the index: a step worker's pages, not every rank's)."""
         order, rank_s, ts_s = self.index()
-        spans: dict[tuple[int, float, float], tuple[int, int]] = {}
-        for r, group in itertools.groupby(sorted(self.steps, key=lambda s: s.rank), key=lambda s: s.rank):
-            key = rank_s.dtype.type(r)
-            lo, hi = int(np.searchsorted(rank_s, key, side="left")), int(np.searchsorted(rank_s, key, side="right"))
-            mine = list(group)
-            a = lo + np.searchsorted(ts_s[lo:hi], [s.start for s in mine], side="left")
-            b = lo + np.searchsorted(ts_s[lo:hi], [s.end for s in mine], side="left")
-            spans.update({(r, s.start, s.end): (int(x), int(y)) for s, x, y in zip(mine, a.tolist(), b.tolist())})
-        self.lookups["spans"] = (order, spans)
-
-    def _flows_step_major(self) -> None:
-        """The flow endpoints laid out step by step too (by the spans ``edges._flows_near`` looks
-        in, 1 µs either side; an endpoint near two steps goes with the first), the order they had
-        kept in ``flow_layout``: a step's forward-backward rule then reads its own."""
-        fl = self.flows
-        if not len(fl["ts"]) or not self.steps:
-            return
-        numbers = {n: i for i, n in enumerate(sorted({s.number for s in self.steps}))}
-        block = np.full(len(fl["ts"]), len(numbers), dtype=np.int32)
-        order = np.lexsort((fl["ts"], fl["rank"]))
-        rank_s, ts_s = fl["rank"][order], fl["ts"][order]
-        for r, group in itertools.groupby(sorted(self.steps, key=lambda s: s.rank), key=lambda s: s.rank):
-            key = rank_s.dtype.type(r)
-            lo, hi = int(np.searchsorted(rank_s, key, side="left")), int(np.searchsorted(rank_s, key, side="right"))
-            for s in group:
-                a = lo + int(np.searchsorted(ts_s[lo:hi], s.start - 1.0, side="left"))
-                b = lo + int(np.searchsorted(ts_s[lo:hi], s.end + 1.0, side="right"))
-                block[order[a:b]] = np.minimum(block[order[a:b]], numbers[s.number])
-        perm = np.argsort(block, kind="stable")
-        self.flows = {k: v[perm] for k, v in fl.items()}
-        self.flow_layout = perm
+        spans = [(s.rank, s.start, s.end) for s in self.steps]
+        self.lookups["spans"] = (order, dict(zip(spans, span_positions(rank_s, ts_s, spans))))
 
     def _step_major(self) -> np.ndarray:
         """The rows in step order (every rank's rows of the first step, then of the next, ...,
@@ -278,18 +248,6 @@ class EventTable:
             block[rows] = np.minimum(block[rows], numbers[s.number])  # (a row in two steps' spans: the first)
         perm: np.ndarray = np.argsort(block, kind="stable")
         return perm
-
-    def in_table_order(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` (distinct) in the order their events were read: a window's events keep that
-        order whatever the layout (``share``)."""
-        rows = np.sort(rows)
-        if self.layout is None or len(rows) < 2:
-            return rows
-        read = self.layout[rows]
-        if bool((read[1:] > read[:-1]).all()):  # (one step's rows: already in that order)
-            return rows
-        out: np.ndarray = rows[np.argsort(read, kind="stable")]
-        return out
 
     def steps_of(self, number: int) -> list[Step]:
         """The ProfilerStep spans numbered ``number`` (every rank's), in table order: one look-up
@@ -378,10 +336,7 @@ class EventTable:
         if known is not None and known[0] is order and (rank, start, end) in known[1]:  # a step's span (share)
             a, b = known[1][rank, start, end]
             return order[a:b]
-        key = rank_s.dtype.type(rank)  # of the array's type: a Python int would convert the whole array per call
-        lo, hi = np.searchsorted(rank_s, key, side="left"), np.searchsorted(rank_s, key, side="right")
-        a = lo + np.searchsorted(ts_s[lo:hi], start, side="left")
-        b = lo + np.searchsorted(ts_s[lo:hi], end, side="left")
+        ((a, b),) = span_positions(rank_s, ts_s, [(rank, start, end)])
         return order[a:b]
 
     def window_rows(self, rank: int, g: ExecutionGraph) -> np.ndarray:

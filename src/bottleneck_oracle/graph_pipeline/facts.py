@@ -33,7 +33,7 @@ DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # memory). The graph decides call by call from the timing; the facts go by name
 BLOCKING_NAME = re.compile(r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventquery|streamquery", re.IGNORECASE)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
-LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (builder's default)
+LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
 ASLEEP_MAX_OPS = 200
 _COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")

@@ -17,7 +17,7 @@ import numpy as np
 
 from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline import fields as F
-from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
+from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
@@ -51,14 +51,13 @@ def select_window(table: EventTable, step: int | None, span: int = 1) -> tuple[n
         for r in table.ranks:
             m = c["rank"] == r
             measured[r] = float(end[m].max() - ts[m].min())
-        every = np.arange(len(table)) if table.layout is None else np.argsort(table.layout)
-        return every, float(ts.min()), measured, []
+        return in_read_order(np.arange(len(table)), table.layout), float(ts.min()), measured, []
     steps = [s for k in range(step, step + span) for s in table.steps_of(k)]
     first = [s for s in steps if s.number == step]
     if not first:
         raise GraphError(f"no ProfilerStep#{step} in the trace")
     steps.sort(key=lambda s: (s.number, s.rank))
-    rows = table.in_table_order(np.concatenate([table.rows_between(s.rank, s.start, s.end) for s in steps]))
+    rows = in_read_order(np.concatenate([table.rows_between(s.rank, s.start, s.end) for s in steps]), table.layout)
     return rows, min(s.start for s in first), {s.rank: s.span for s in first}, steps
 
 
