@@ -295,10 +295,14 @@ def test_a_device_named_like_a_device_path_is_read_as_a_device(tmp_path, recwarn
     assert any("1 events on host threads" in m and "left out" in m for m in said)
 
 
-def test_a_trace_of_only_uncategorised_host_events_says_what_it_left_out(tmp_path, capsys):
+@pytest.mark.parametrize("process", [None, "/device:CPU:0", "/host:CPU"])
+def test_a_trace_of_only_uncategorised_host_events_says_what_it_left_out(tmp_path, capsys, process):
+    """(XLA's host is a "device" too, "/device:CPU:0": not an accelerator.)"""
     from conftest import run_cli
 
     events = [{"ph": "X", "pid": 701, "tid": 3, "name": f"op{i}", "ts": 100.0 * i, "dur": 50.0} for i in range(3)]
+    if process:
+        events.insert(0, {"ph": "M", "pid": 701, "name": "process_name", "args": {"name": process}})
     (tmp_path / "host.json").write_text(json.dumps({"traceEvents": events}))
     code, _, err = run_cli(["analyze", str(tmp_path / "host.json")], capsys)
     assert code == 2

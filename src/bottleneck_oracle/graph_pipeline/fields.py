@@ -71,8 +71,8 @@ IGNORED_CATS = frozenset({"Trace", "overhead", "Overhead", "gpu_user_annotation"
 # are runtime calls like CUDA's
 RUNTIME_CAT_SUFFIXES = ("_runtime", "_driver", "runtime", "driver")
 # a process the profiler names like this is an accelerator, whatever its events' categories
-# ("GPU 0", "MTIA 17", "HPU 3", "XPU 1", "NeuronCore 2")
-DEVICE_PROCESS_PATTERN = r"^\s*/?(gpu|mtia|hpu|xpu|npu|tpu|ipu|neuron\w*|device|accelerator|gaudi|cuda|rocm|hip)\b"
+# ("GPU 0", "MTIA 17", "HPU 3", "XPU 1", "NeuronCore 2", XLA's "/device:TPU:0"; not XLA's host "/device:CPU:0")
+DEVICE_PROCESS_PATTERN = r"^\s*/?(gpu|mtia|hpu|xpu|npu|tpu|ipu|neuron\w*|device(?!\W*cpu\b)|accelerator|gaudi|cuda|rocm|hip)\b"
 FLOW_CATS = frozenset({"fwdbwd"})
 
 STEP_PREFIX = "ProfilerStep#"
