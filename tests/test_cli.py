@@ -216,6 +216,25 @@ def test_html_report_is_self_contained_and_escapes_trace_strings(tmp_path, capsy
     assert "thread 948300 (python3.10)" in text  # lanes are named as the trace names its threads
 
 
+def test_html_report_shortens_long_names_and_keeps_them_whole_as_tooltips(tmp_path, capsys):
+    """A kernel's C++ signature runs past 1,000 characters (diff_test's embedding kernels, read
+    from the raw events): its cell shows at most 100, the whole name (escaped) is its tooltip."""
+    import html as html_mod
+
+    doc = json.loads(gzip.open(PUBLIC / "diff_test_rank1of2.json.gz").read())
+    long_names = {e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel" and len(e.get("name", "")) > 1000}
+    out = tmp_path / "r.html"
+    code, _, err = run(["analyze", str(PUBLIC / "diff_test_rank1of2.json.gz"), "--step", "1010", "--html", str(out)], capsys)
+    assert code == 0, err
+    text = out.read_text()
+    cells = re.findall(r"<td title='([^']*)'>([^<]*)</td>", text)
+    shown = {html_mod.unescape(full) for full, _ in cells}
+    assert long_names & shown  # the long kernels on the path are there, whole, as tooltips
+    assert all(len(html_mod.unescape(short)) <= 100 for _, short in cells)
+    for name in long_names & shown:
+        assert f">{html_mod.escape(name)}<" not in text  # never a cell of its own
+
+
 def test_perfetto_overlay_marks_the_critical_path(tmp_path, capsys):
     out = tmp_path / "cp.json.gz"
     code, _, _ = run(["analyze", str(SAMPLE), "--perfetto", str(out), "--step", "1"], capsys)  # its critical path crosses ranks

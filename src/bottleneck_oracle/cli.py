@@ -249,7 +249,7 @@ def _print_json_spooled(head: dict, spool, tail: dict) -> None:
     """``_print_json`` of ``{**head, "steps": [...], **tail}`` where the steps' JSON is in the
     file ``spool`` (comma-separated): copied to stdout a block at a time, never held whole."""
     write = stdout.write_bytes
-    write(_dumps(head)[:-2] + b',\n  "steps": [\n')
+    write(_dumps(_with_warnings(head))[:-2] + b',\n  "steps": [\n')
     spool.seek(0)
     while block := spool.read(16 * 2**20):
         write(block)
@@ -263,7 +263,7 @@ def _print_json_spooled(head: dict, spool, tail: dict) -> None:
 def _print_json(doc: object) -> None:
     """``--json`` output: orjson (fast on the long critical paths of big steps), indented, one
     trailing newline; a value JSON cannot hold (NaN, infinity) is an error, never invalid JSON."""
-    data = _dumps(doc)
+    data = _dumps(_with_warnings(doc) if isinstance(doc, dict) else doc)
     stdout.write_bytes(data)
     stdout.write_bytes(b"\n")
     stdout.flush()
@@ -665,7 +665,7 @@ def analyze(
             if html_tmp is not None:
                 from bottleneck_oracle.report.html import write_report
 
-                write_report(analyses, str(path), html_tmp, k, extras, run)
+                write_report(analyses, str(path), html_tmp, k, extras, run, warnings=list(_SAID))
             if perfetto_tmp is not None and table is not None:
                 from bottleneck_oracle.report.perfetto import write_overlay
 
@@ -1499,8 +1499,25 @@ def _options(
     """Critical path, slack and bottlenecks of (distributed) PyTorch training steps, from profiler traces."""
 
 
+_SAID: list[str] = []
+"""Every OracleWarning this command printed, once each, in order: also the ``warnings`` of its
+``--json`` and of its HTML report (a warning about the input must reach every output, not only
+the terminal)."""
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    err.print(Text("warning: ", style="bold yellow") + Text(str(message)), soft_wrap=True)
+    text = str(message)
+    if isinstance(category, type) and issubclass(category, OracleWarning) and text not in _SAID:
+        _SAID.append(text)
+    err.print(Text("warning: ", style="bold yellow") + Text(text), soft_wrap=True)
+
+
+def _with_warnings(doc: dict) -> dict:
+    """``doc`` with the command's warnings (``_SAID``) under ``warnings``, after any it already
+    lists (compare's)."""
+    have = doc.get("warnings")
+    said = list(have) if isinstance(have, list) else []
+    return {**doc, "warnings": said + [w for w in _SAID if w not in said]}
 
 
 def _interrupted_by(exc: BaseException) -> int:
@@ -1533,6 +1550,7 @@ def main() -> None:
     removes its temporary files and exits 128 + the signal's number."""
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", OracleWarning)
+    _SAID.clear()
     _first_run_notice(sys.argv[1:2])
     with unwinding_signals():
         _run()

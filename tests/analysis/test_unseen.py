@@ -542,3 +542,60 @@ def test_ranks_whose_step_numbers_run_apart_are_said_and_not_taken_for_clocks(tm
     said = [str(w.message) for w in caught]
     assert any("numbers its steps" in m for m in said) and not any("clocks of different hosts" in m for m in said)
     assert run_facts(cached_load(DATA / "gloo_ddp_8steps_clean")).step_offsets == {}
+
+
+# ---- 7. what the terminal warns about reaches every output
+
+
+def _warned(err: str) -> list[str]:
+    """The lines the terminal printed as warnings (rich may wrap a long one: joined again)."""
+    out: list[str] = []
+    for line in err.splitlines():
+        if line.startswith("warning: "):
+            out.append(line[len("warning: ") :])
+        elif out and line and not line.startswith(("error: ", "BottleneckOracle")):
+            out[-1] += " " + line.strip()
+    return out
+
+
+def test_the_input_s_warnings_are_in_the_json_and_the_html_report(tmp_path, capsys):
+    """A trace of an unknown accelerator with no step markers, in a file whose name holds HTML:
+    each warning the terminal gives (read from stderr) is in ``--json``'s ``warnings`` (both
+    ways analyze writes it: step by step, and with --html), and in the report, escaped."""
+    import html
+
+    from conftest import run_cli
+
+    trace = tmp_path / "<script>mtia.json.gz"
+    trace.write_bytes((MORE / "mtia_inference_rank0.json.gz").read_bytes())
+    code, out, err = run_cli(["analyze", str(trace), "--json"], capsys)
+    assert code == 0, err
+    said = json.loads(out)["warnings"]
+    assert len(said) == 2 and any("1313 events on an accelerator" in w for w in said) and any("no ProfilerStep" in w for w in said)
+    assert [" ".join(w.split()) for w in said] == [" ".join(w.split()) for w in _warned(err)]
+    report = tmp_path / "report.html"
+    code, out, err = run_cli(["analyze", str(trace), "--json", "--html", str(report)], capsys)
+    assert code == 0, err
+    assert json.loads(out)["warnings"] == said
+    page = report.read_text()
+    for w in said:
+        assert f"<p class='warn'>warning: {html.escape(w)}</p>" in page
+    assert "<script>mtia" not in page
+
+
+def test_a_partial_job_is_said_in_the_html_report_and_every_command_s_json(tmp_path, capsys):
+    """diff_test is rank 1 of a world of 2 (distributedInfo): analyze's report says so, and so do
+    blame's and summary's --json (a reader of either alone learns the job is partial)."""
+    from conftest import run_cli
+
+    trace = PUBLIC / "diff_test_rank1of2.json.gz"
+    world = raw_events(trace)[0]["distributedInfo"]["world_size"]
+    line = f"1 of {world} ranks are in the input"
+    report = tmp_path / "r.html"
+    code, _, err = run_cli(["analyze", str(trace), "--step", "1010", "--html", str(report)], capsys)
+    assert code == 0 and line in err
+    assert line in report.read_text()
+    for cmd in (["blame", str(trace), "--step", "1010"], ["summary", str(trace)]):
+        code, out, err = run_cli([*cmd, "--json"], capsys)
+        assert code == 0, err
+        assert sum(line in w for w in json.loads(out)["warnings"]) == 1

@@ -25,6 +25,7 @@ from bottleneck_oracle.report import tables
 from bottleneck_oracle.report.tables import TableModel, fmt
 
 MAX_STEP_SECTIONS = 20  # per-step sections (timeline, tables) for at most this many steps: the slowest
+NAME_WIDTH = 100  # characters of an op's name in a table cell; the whole name is the cell's tooltip
 MAX_TIMELINE_BARS = 20_000  # ops off the critical path beyond this are left out (the longest are kept)
 _COLORS = {"compute": "#4c78a8", "communication": "#f58518", "cpu_overhead": "#72b7b2", "idle": "#bab0ac", "untraced": "#222222"}
 _SEGMENT_COLORS = {"wait": "#ff9f1c", "framework": "#f4a6a6", "launch": "#f4a6a6", "untraced": "#222222"}
@@ -44,16 +45,18 @@ def _figure(fig) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG)
 
 
+def _cell(value: object, c: tables.Column) -> str:
+    """One cell; a name longer than NAME_WIDTH (a kernel's C++ signature runs to 1,500
+    characters) shortened as the terminal does, the whole name its tooltip."""
+    text = fmt(value, c.kind)
+    if c.kind in ("name", "key") and len(text) > NAME_WIDTH:
+        return f"<td title='{html_text(text)}'>{html_text(tables.shorten(text, NAME_WIDTH))}</td>"
+    return f"<td class='{'num' if c.kind in tables.NUMERIC else ''}'>{html_text(text)}</td>"
+
+
 def _table(t: TableModel) -> str:
     head = "".join(f"<th>{html_text(c.header)}</th>" for c in t.columns)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f"<td class='{'num' if c.kind in tables.NUMERIC else ''}'>{html_text(fmt(v, c.kind))}</td>" for v, c in zip(row, t.columns)
-        )
-        + "</tr>"
-        for row in t.rows
-    )
+    body = "".join("<tr>" + "".join(_cell(v, c) for v, c in zip(row, t.columns)) + "</tr>" for row in t.rows)
     caption = f"<caption>{html_text(t.caption)}</caption>" if t.caption else ""
     return f"<h3>{html_text(t.title)}</h3><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -274,10 +277,16 @@ _STYLE = (
 
 
 def render(
-    analyses: list[StepAnalysis], source: str, top: int = 20, extras: Mapping[int | None, StepAdvice] | None = None, run=None
+    analyses: list[StepAnalysis],
+    source: str,
+    top: int = 20,
+    extras: Mapping[int | None, StepAdvice] | None = None,
+    run=None,
+    warnings: list[str] | None = None,
 ) -> str:
-    """The self-contained report: the run answer (``run``, analysis.answer) at the top, then the
-    steps and the sections of the slowest steps."""
+    """The self-contained report: the run answer (``run``, analysis.answer) at the top, with the
+    ``warnings`` the command gave about its input (ranks missing, events sampled or in categories
+    not known, no step markers, ...), then the steps and the sections of the slowest steps."""
     _, offline = _plotly()
     if run is None:
         from bottleneck_oracle.analysis.answer import run_answer
@@ -290,6 +299,7 @@ def render(
         f"<script type='text/javascript'>{offline.get_plotlyjs()}</script></head><body>",
         f"<h1>BottleneckOracle report</h1><p>Input: <code>{html_text(source)}</code> · version {__version__}</p>",
         "<h2>The run</h2><ul class='run'>" + "".join(f"<li>{html_text(line.strip())}</li>" for line in run.lines()) + "</ul>",
+        "".join(f"<p class='warn'>warning: {html_text(w)}</p>" for w in warnings or []),
         "<h2>Steps</h2>",
         _table(tables.steps_table(analyses)),
         breakdown_plot(analyses),
@@ -332,9 +342,10 @@ def write_report(
     top: int = 20,
     extras: Mapping[int | None, StepAdvice] | None = None,
     run=None,
+    warnings: list[str] | None = None,
 ) -> Path:
     out = Path(out)
-    text = render(analyses, source, top, extras, run)
+    text = render(analyses, source, top, extras, run, warnings)
     with atomic_path(out) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return out

@@ -1,6 +1,7 @@
 """The tables a user reads, built once and rendered twice: in the terminal (report.terminal) and
 in the HTML report (report.html). A table holds raw values and a kind per column; renderers
-format them (µs shown as ms, shares as %), and only the terminal shortens names to fit.
+format them (µs shown as ms, shares as %), and shorten names to fit (the terminal to its width,
+the HTML report to 100 characters, the whole name its tooltip).
 """
 
 from __future__ import annotations
