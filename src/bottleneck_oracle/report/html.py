@@ -144,13 +144,22 @@ def timeline(a: StepAnalysis) -> str:
         )
     step = g.step if g.step is not None else "(whole trace)"
     fig.update_layout(
-        title=plotly_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"),
+        # the title at the top of the figure, the legend right above the lanes: apart at any height
+        title={
+            "text": plotly_text(f"step {step}: timeline and critical path (drag to zoom, double-click to reset)"),
+            "x": 0,
+            "xanchor": "left",
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"t": 12},
+        },
         barmode="overlay",
         xaxis_title="time from step start (ms)",
-        height=160 + 34 * len(lanes),
-        margin={"l": 10, "r": 10, "t": 90, "b": 40},
+        height=170 + 34 * len(lanes),
+        margin={"l": 10, "r": 10, "t": 100, "b": 40},
         yaxis={"categoryorder": "array", "categoryarray": [label[k] for k in reversed(lanes)], "automargin": True},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1, "yref": "paper", "x": 0},
         hoverlabel={"namelength": -1},
     )
     return _figure(fig)
