@@ -238,7 +238,8 @@ def test_a_sync_never_waits_for_an_op_that_ended_after_it_returned(tmp_path):
 def test_a_thread_hand_over_becomes_an_edge_only_when_the_other_thread_went_idle(tmp_path):
     """Thread 1 runs a, then waits 5 ms; thread 2 starts b 90 µs after a ended (thread 1 went idle:
     a hand-over) and ends it 100 µs before thread 1 resumes with c. If thread 2 goes idle after b,
-    it handed back (b -> c); if it keeps running (d), nothing ties c to it."""
+    it handed back (b -> c); if it keeps running (d), nothing ties c to it, and thread 2, which the
+    step's thread only leads to, is a bystander: it cannot hold the step up (left out of the graph)."""
 
     def trace(keeps_running: bool):
         events = [
@@ -259,9 +260,30 @@ def test_a_thread_hand_over_becomes_an_edge_only_when_the_other_thread_went_idle
         ("aten::b", "aten::c"),
     ]
     g = trace(True)
-    e = g.edges
-    thread = np.flatnonzero(e["kind"] == EdgeKind.THREAD)
-    assert [(g.node_name(int(e["src"][i])), g.node_name(int(e["dst"][i]))) for i in thread] == [("aten::a", "aten::b")]
+    assert not (g.edges["kind"] == EdgeKind.THREAD).any()
+    assert [(b["tid"], b["ops"]) for b in g.meta["bystanders"]] == [(2, 2)]
+    assert not {"aten::b", "aten::d"} & {g.node_name(i) for i in range(g.n_nodes)}
+
+
+def test_a_thread_that_only_polls_hands_nothing_over_and_carries_nothing(tmp_path):
+    """A monitor thread (NCCL's watchdog: cudaEventQuery, cudaPointerGetAttributes every few ms,
+    no launch) polls right before the step's thread resumes from a wait, then sleeps 40 ms past the
+    step's end. Its poll is not a hand-over (no THREAD edge), and with no dependency into the step
+    it is a bystander: the step ends with its own work (the kernel), whatever the watchdog does."""
+    events = [
+        _x("ProfilerStep#1", "user_annotation", 0, 10_000, 1),
+        _x("cudaLaunchKernel", "cuda_runtime", 10, 20, 1, correlation=7),
+        _x("kernel_A", "kernel", 40, 6000, 7, pid=0, correlation=7, stream=7, device=0),
+        _x("aten::idle_wait_then_c", "cpu_op", 5000, 100, 1),
+        _x("cudaEventQuery", "cuda_runtime", 4800, 5, 3, correlation=8),
+        _x("cudaPointerGetAttributes", "cuda_runtime", 4810, 5, 3, correlation=9),
+        _x("cudaEventQuery", "cuda_runtime", 50_000, 5, 3, correlation=10),
+    ]
+    g = build_graph(load(_write_trace(tmp_path / "w.json.gz", events)), 1)
+    assert not (g.edges["kind"] == EdgeKind.THREAD).any()
+    assert [b["tid"] for b in g.meta["bystanders"]] == [3]
+    _, (a,) = analyze(tmp_path / "w.json.gz")
+    assert not [s for s in a.segments() if s.tid == 3]  # none of the path on the watchdog
 
 
 def test_the_straggler_sleep_of_the_bundled_run_is_untraced_time_on_rank_1():
@@ -269,3 +291,23 @@ def test_the_straggler_sleep_of_the_bundled_run_is_untraced_time_on_rank_1():
         untraced = [s for s in a.segments() if s.kind == "untraced"]
         assert sum(s.dur for s in untraced if s.rank == 1) >= 18_000  # rank 1 sleeps 20 ms in its forward
         assert a.straggler().rank == 1
+
+
+def test_a_thread_that_synchronizes_may_still_hand_over(tmp_path):
+    """A completion thread (only runtime calls, but a synchronize among them) waits for the device
+    and then wakes the step's thread, which resumes 60 µs after its synchronize returned: that is
+    a hand-over, polling or not (the MTIA runtime's submission queues synchronize so)."""
+    events = [
+        _x("ProfilerStep#1", "user_annotation", 0, 10_000, 1),
+        _x("cudaLaunchKernel", "cuda_runtime", 10, 20, 1, correlation=7),
+        _x("kernel_A", "kernel", 40, 4000, 7, pid=0, correlation=7, stream=7, device=0),
+        _x("cudaStreamSynchronize", "cuda_runtime", 100, 3950, 3, correlation=8),
+        _x("aten::after_the_wait", "cpu_op", 4110, 100, 1),
+    ]
+    g = build_graph(load(_write_trace(tmp_path / "s.json.gz", events)), 1)
+    e = g.edges
+    thread = np.flatnonzero(e["kind"] == EdgeKind.THREAD)
+    assert ("cudaStreamSynchronize", "aten::after_the_wait") in [
+        (g.node_name(int(e["src"][i])), g.node_name(int(e["dst"][i]))) for i in thread
+    ]
+    assert not g.meta["bystanders"]

@@ -262,15 +262,17 @@ def _window_edges(
     rules.cuda_syncs(w, E, opt.blocking_sync_calls, opt.clock_tolerance_us, opt.stream_wait_us)
     rules.blocking_copies(w, E)
     rules.stream_waits(w, E, launcher, opt.stream_wait_us, opt.clock_tolerance_us)
-    rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us)
+    rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us, launcher)
     return w, E, pieces
 
 
 def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]:
-    """Host threads with no dependency into the step's work: their lane (a thread, a device stream,
-    a backend thread) is joined to no lane of the step's own by any edge, the step's own being the
-    thread of the ProfilerStep span, every device stream and every backend thread (collectives).
-    Without a ProfilerStep and without device or backend work, no thread is a bystander.
+    """Host threads with no dependency into the step's work: no chain of edges leads from any of
+    their ops to a lane of the step's own (the thread of the ProfilerStep span, every device stream
+    and every backend thread: collectives). A thread the step's work only leads to (a monitor
+    that queries the device's events, a thread woken by the step that hands nothing back) cannot
+    hold the step up, so it cannot carry its path either. Without a ProfilerStep and without device
+    or backend work, no thread is a bystander.
     Returns (rank, pid, tid) -> what is reported of it: its name, ops and its longest op."""
     if not w.n_leaf:
         return {}
@@ -288,24 +290,22 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     anchors += list(range(n_thread, int(lane.max()) + 1))  # device streams and backend threads
     if len(anchors) == 0:
         return {}
-    parent = list(range(int(lane.max()) + 1))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
     lanes = int(lane.max()) + 1
-    pairs = E.lanes_joined(lane)  # each joined pair of lanes once
+    pairs = E.lanes_joined(lane)  # each pair of lanes an edge leads from, to, once
+    into: list[list[int]] = [[] for _ in range(lanes)]  # lane -> the lanes with an edge into it
     for x, y in zip((pairs // lanes).tolist(), (pairs % lanes).tolist()):
-        rx, ry = find(x), find(y)
-        if rx != ry:
-            parent[rx] = ry
-    kept = {find(t) for t in anchors}
+        into[y].append(x)
+    kept = np.zeros(lanes, dtype=bool)  # the lanes from which a chain of edges reaches the step's own
+    todo = list(anchors)
+    kept[todo] = True
+    while todo:
+        for x in into[todo.pop()]:
+            if not kept[x]:
+                kept[x] = True
+                todo.append(x)
     out = {}
     for t in range(n_thread):
-        if find(t) in kept:
+        if kept[t]:
             continue
         mine = np.flatnonzero(w.leaf_thread == t)
         ev = w.leaf_rows[mine]

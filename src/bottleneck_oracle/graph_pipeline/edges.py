@@ -547,10 +547,27 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
     E.add(src, dst, EdgeKind.SYNC)
 
 
-def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_us: float, resume_us: float) -> None:
+def pollers(w: Window, launcher: np.ndarray) -> np.ndarray:
+    """Per dense thread id: the thread only polls, every op of it in the window a runtime call
+    (event and stream queries and loops of them, pointer attributes), none launching device work
+    and none a synchronize: a monitor (NCCL's watchdog checks its collectives' events every few
+    ms; a heartbeat). It hands no work to another thread and waits for none of theirs. (A thread
+    that synchronizes may wake another when the device is done: it is not one.)"""
+    n_thread = int(w.leaf_thread.max()) + 1 if w.n_leaf else 0
+    other = np.zeros(n_thread, dtype=bool)
+    rows = w.leaf_rows
+    np.logical_or.at(other, w.leaf_thread, (w.c["cls"][rows] != EvClass.RUNTIME) | (w.blocking[rows] & (w.polls[rows] == 0)))
+    launched = launcher[launcher >= 0]
+    other[w.ev_thread[launched][w.ev_thread[launched] >= 0]] = True
+    return ~other
+
+
+def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_us: float, resume_us: float, launcher: np.ndarray) -> None:
     """A thread that resumes after an idle stretch waits for the thread of its process that handed
     over to it: the autograd engine's thread runs the backward pass while the thread that called
-    ``backward()`` waits, then hands back; the calling thread hands the backward to it first.
+    ``backward()`` waits, then hands back; the calling thread hands the backward to it first. A
+    thread that only polls (``pollers``) neither hands over nor is handed to: its calls end and its
+    next ones start on its own timer, beside the others' work.
 
     For a stretch of at least ``idle_us`` µs in which nothing opened or closed on a thread (a gap
     piece, see gaps.py), the releasing op is the latest-ending leaf of another thread of the same
@@ -562,7 +579,8 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
     if not len(pieces["node"]) or not w.n_leaf:
         return
     c = w.c
-    long = np.flatnonzero(pieces["end"] - pieces["start"] >= idle_us)
+    polling = pollers(w, launcher)
+    long = np.flatnonzero((pieces["end"] - pieces["start"] >= idle_us) & ~polling[w.leaf_thread[pieces["node"]]])
     if not len(long):
         return
     leaf_ev = w.leaf_rows
@@ -591,7 +609,7 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
                 if after > max(resume_us, (hi - lo) / 4) or before <= after:
                     break
                 th = w.leaf_thread[a]
-                if th != w.leaf_thread[b]:
+                if th != w.leaf_thread[b] and not polling[th]:
                     nxt = int(np.searchsorted(ev_key, th * span + t_a - 1e-6, side="right"))
                     while nxt < len(ev_key) and srt[nxt] == leaf_ev[a]:  # a zero-length op itself
                         nxt += 1
