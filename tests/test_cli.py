@@ -436,3 +436,21 @@ def test_a_long_run_prints_its_slowest_steps_not_every_step(tmp_path, capsys, mo
     assert sorted(
         int(line.split("│")[1]) for line in steps_table.splitlines() if line.startswith("│") and line.split("│")[1].strip().isdigit()
     ) == sorted(times)
+
+
+def test_analyze_advise_says_the_advice_once_for_the_run_and_no_culprit_that_saves_nothing(capsys):
+    """train_1rank_5steps: five steps, one rank, no baseline. The advice comes once, across the
+    steps, as `advise` gives it (its --json 'run'); each step's advice only with --detail; a blame
+    culprit whose saving rounds to 0.000 ms is not shown as one."""
+    trace = str(PUBLIC / "train_1rank_5steps.json.gz")
+    code, out, err = run(["advise", trace, "--json"], capsys)
+    assert code == 0, err
+    titles = [x["title"] for x in json.loads(out)["run"][:3]]
+    code, out, err = run(["analyze", trace, "--advise"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert text.count("Across 5 steps") == 1 and "advice:" not in text
+    assert [t for t in titles if f"- {t}: in " in text] == titles
+    assert not re.search(r"\(rank \d+\) 0\.000 ms", text)
+    code, out, _ = run(["analyze", trace, "--advise", "--detail"], capsys)
+    assert sum(f"Step {n} advice:" in out for n in range(101, 106)) == 5

@@ -202,6 +202,7 @@ err = _PlainConsole(stderr=True, markup=False)
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
 MAX_STEP_ROWS = 40  # steps table rows printed without --detail: a longer run shows its MAX_STEP_DETAILS slowest
 RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
+MIN_SHOWN_US = 0.5  # µs: a blame culprit saving less shows as 0.000 ms: not shown as a culprit
 TWO_STEP_EVENTS = 1_000_000  # events a step: beyond, the run answer's saving is replayed in one step, not two
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
 PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
@@ -681,8 +682,14 @@ def analyze(
         return
     _print_summary(analyses, str(path), k, run=run, detail=detail)
     _print_table_lines(table)
+    if len(extras) > 1:  # the advice once for the run; each step's only with --detail
+        from bottleneck_oracle.llm.graphrag import run_advice
+
+        overall = run_advice([x.advice for x in extras.values()])
+        if overall:
+            _print_run_advice(overall, len(extras))
     for step_no, x in extras.items():
-        top_b = x.blame.nodes[:3]
+        top_b = [n for n in x.blame.nodes[:3] if n.saving_us >= MIN_SHOWN_US]  # a culprit that saves nothing is none
         if top_b:
             out.print(
                 Text(f"Step {step_no} blame: " + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b))
@@ -697,7 +704,7 @@ def analyze(
                     )
                 )
             )
-        for sug in x.advice.suggestions[:3]:
+        for sug in x.advice.suggestions[:3] if detail or len(extras) == 1 else []:
             out.print(
                 Text(
                     f"Step {step_no} advice: {sug.title} — replay saves {_ms(sug.replay_saving_us)} ms if we "
@@ -1243,6 +1250,19 @@ def blame(
         out.print(Text(f"By op kind: {ops}"))
 
 
+def _print_run_advice(overall, n_steps: int) -> None:
+    """The suggestions across steps (llm.graphrag.run_advice), the first three."""
+    out.print(Text(f"Across {n_steps} steps", style="bold"))
+    for x in overall[:3]:
+        sv = x.saving
+        iv = f" [{_ms(sv.low_us)}, {_ms(sv.high_us)}]" if sv.low_us is not None and sv.high_us is not None else ""
+        out.print(
+            Text(f"- {x.title}: in {x.steps} of {x.of} steps, saves {_ms(sv.median_us)} ms{iv} a step ({100 * x.share:.0f}%) by replay")
+        )
+        if x.remedy:
+            out.print(Text(f"  Remedy: {x.remedy}"))
+
+
 @app.command(rich_help_panel=ANALYSIS)
 def advise(
     trace: Path = typer.Argument(..., metavar="PATH", help="A trace file (.json / .json.gz) or a folder of per-rank trace files."),
@@ -1291,15 +1311,7 @@ def advise(
         _print_json({"trace": str(trace), "run": to_json(overall), "steps": to_json(rows)})
         return
     if overall and len(rows) > 1:
-        out.print(Text(f"Across {len(rows)} steps", style="bold"))
-        for x in overall[:3]:
-            sv = x.saving
-            iv = f" [{_ms(sv.low_us)}, {_ms(sv.high_us)}]" if sv.low_us is not None and sv.high_us is not None else ""
-            out.print(
-                Text(f"- {x.title}: in {x.steps} of {x.of} steps, saves {_ms(sv.median_us)} ms{iv} a step ({100 * x.share:.0f}%) by replay")
-            )
-            if x.remedy:
-                out.print(Text(f"  Remedy: {x.remedy}"))
+        _print_run_advice(overall, len(rows))
         out.print()
     for r in rows:
         a = r.advice
