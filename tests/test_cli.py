@@ -454,3 +454,24 @@ def test_analyze_advise_says_the_advice_once_for_the_run_and_no_culprit_that_sav
     assert not re.search(r"\(rank \d+\) 0\.000 ms", text)
     code, out, _ = run(["analyze", trace, "--advise", "--detail"], capsys)
     assert sum(f"Step {n} advice:" in out for n in range(101, 106)) == 5
+
+
+def test_blame_shows_no_culprit_that_saves_less_than_the_step_s_noise(capsys):
+    """Step 103 of train_1rank_5steps is as fast as its neighbours (blame --json: no node saves 1%
+    of the step): the terminal says there is no culprit instead of a table of 0.000 ms rows; a
+    straggler step still gets its table, every row above the floor."""
+    trace = str(PUBLIC / "train_1rank_5steps.json.gz")
+    code, out, err = run(["blame", trace, "--step", "103", "--json"], capsys)
+    assert code == 0, err
+    (step,) = json.loads(out)["steps"]
+    floor = 0.01 * step["makespan_us"]
+    assert step["nodes"] and max(x["saving_us"] for x in step["nodes"]) < floor
+    code, out, _ = run(["blame", trace, "--step", "103"], capsys)
+    assert "No culprit op" in out and "Culprit ops" not in out
+    straggler = str(DATA / "gloo_ddp_8steps_straggler")
+    code, out, _ = run(["blame", straggler, "--step", "5", "--json"], capsys)
+    (step,) = json.loads(out)["steps"]
+    above = [x for x in step["nodes"] if x["saving_us"] >= 0.01 * step["makespan_us"]]
+    code, out, _ = run(["blame", straggler, "--step", "5"], capsys)
+    rows = re.findall(r"^│ (\d+) +│", out, re.M)
+    assert above and len(rows) == len(above)

@@ -202,7 +202,6 @@ err = _PlainConsole(stderr=True, markup=False)
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
 MAX_STEP_ROWS = 40  # steps table rows printed without --detail: a longer run shows its MAX_STEP_DETAILS slowest
 RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
-MIN_SHOWN_US = 0.5  # µs: a blame culprit saving less shows as 0.000 ms: not shown as a culprit
 TWO_STEP_EVENTS = 1_000_000  # events a step: beyond, the run answer's saving is replayed in one step, not two
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
 PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
@@ -689,7 +688,7 @@ def analyze(
         if overall:
             _print_run_advice(overall, len(extras))
     for step_no, x in extras.items():
-        top_b = [n for n in x.blame.nodes[:3] if n.saving_us >= MIN_SHOWN_US]  # a culprit that saves nothing is none
+        top_b = [n for n in x.blame.nodes[:3] if n.saving_us >= _blame_floor(x.blame.makespan)]  # below: noise, none
         if top_b:
             out.print(
                 Text(f"Step {step_no} blame: " + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b))
@@ -1223,7 +1222,9 @@ def blame(
             if with_corrected
             else "",
         )
-        for k, x in enumerate(b.nodes, 1):
+        floor = _blame_floor(b.makespan)
+        shown = [x for x in b.nodes if x.saving_us >= floor]
+        for k, x in enumerate(shown, 1):
             cells = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
             if with_corrected:
                 iv = x.corrected_interval_us
@@ -1236,7 +1237,14 @@ def blame(
                 )
                 cells.append(fix)
             t.rows.append([k, x.name, x.rank, x.saving_us, x.share, x.dur_us, x.typical_us, x.typical_from, *cells])
-        print_table(out, t)
+        if shown:
+            print_table(out, t)
+        else:
+            out.print(
+                f"No culprit op: none restored to its typical time saves {_ms(floor)} ms (1% of the "
+                "step, its run-to-run noise) or more (--json lists the candidates)",
+                highlight=False,
+            )
         slow = "; ".join(
             f"{shorten(x.name, 50)} (rank {x.rank}) +{_ms(x.dur_us - x.typical_us)} ms, saves {_ms(x.saving_us)}" for x in b.anomalies[:5]
         )
@@ -1248,6 +1256,14 @@ def blame(
         out.print(f"By rank: {ranks}", highlight=False)
         ops = "; ".join(f"{shorten(x.name, 50)} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ops[:5])
         out.print(Text(f"By op kind: {ops}"))
+
+
+def _blame_floor(makespan_us: float) -> float:
+    """The saving under which blame ranks a culprit as none (analysis.blame: the step's run-to-run
+    noise, 1% of it): such a culprit is not shown as one."""
+    from bottleneck_oracle.analysis.blame import MIN_EXCESS_US, MIN_SAVING_SHARE
+
+    return max(MIN_EXCESS_US, MIN_SAVING_SHARE * makespan_us)
 
 
 def _print_run_advice(overall, n_steps: int) -> None:
