@@ -475,3 +475,21 @@ def test_blame_shows_no_culprit_that_saves_less_than_the_step_s_noise(capsys):
     code, out, _ = run(["blame", straggler, "--step", "5"], capsys)
     rows = re.findall(r"^│ (\d+) +│", out, re.M)
     assert above and len(rows) == len(above)
+
+
+def test_compare_keeps_the_change_column_at_80_columns_and_it_adds_up(capsys):
+    """diff_control -> diff_test at 80 columns: the table that explains the change shows the
+    change column (the narrow terminal leaves out ranks and kind instead), and its rows add up to
+    compare --json's change of the medians."""
+    a, b = str(PUBLIC / "diff_control_rank3of8.json.gz"), str(PUBLIC / "diff_test_rank1of2.json.gz")
+    code, out, err = run(["compare", a, b, "--json"], capsys)
+    assert code == 0, err
+    delta_ms = json.loads(out)["delta_us"] / 1000
+    code, out, _ = run(["compare", a, b], capsys)
+    table = out[out.index("What moved") : out.index("By kind")]
+    header = next(line for line in table.splitlines() if "what" in line)
+    assert "change" in header and max(len(line) for line in table.splitlines()) <= 80
+    rows = [line for line in table.splitlines() if line.startswith("│") and "what" not in line]
+    changes = [float(line.split("│")[2]) for line in rows]
+    assert changes[-1] == pytest.approx(delta_ms, abs=0.001)  # the total row
+    assert sum(changes[:-1]) == pytest.approx(delta_ms, abs=0.002 * len(changes))

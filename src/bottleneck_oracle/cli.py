@@ -1472,22 +1472,22 @@ def compare(
         )
         t = TableModel(
             "What moved on the critical path (ms per typical step)",
-            [
+            [  # the change next to its row's name: a narrow terminal leaves out the rightmost columns first
                 Column("what", "name"),
-                Column("ranks"),
-                Column("kind"),
+                Column("change", "signed_ms"),
                 Column("baseline", "ms"),
                 Column("candidate", "ms"),
-                Column("change", "signed_ms"),
+                Column("ranks"),
+                Column("kind"),
             ],
             caption="typical steps: those in each run's interquartile range; the change column adds up to the change of the medians",
         )
-        t.rows = [[m.what, _rank_list(m.ranks), m.kind, m.baseline_us, m.candidate_us, m.delta_us] for m in c.moved]
+        t.rows = [[m.what, m.delta_us, m.baseline_us, m.candidate_us, _rank_list(m.ranks), m.kind] for m in c.moved]
         if abs(c.other_us) > 0.5:
-            t.rows.append(["everything else on the path", "", "", None, None, c.other_us])
+            t.rows.append(["everything else on the path", c.other_us, None, None, "", ""])
         if abs(c.residual_us) > 0.5:
-            t.rows.append(["typical steps against the medians", "", "", None, None, c.residual_us])
-        t.rows.append(["total: the change of the medians", "", "", c.baseline_median_us, c.candidate_median_us, c.delta_us])
+            t.rows.append(["typical steps against the medians", c.residual_us, None, None, "", ""])
+        t.rows.append(["total: the change of the medians", c.delta_us, c.baseline_median_us, c.candidate_median_us, "", ""])
         print_table(out, t)
         t = TableModel(
             "By kind (ms per typical step)",

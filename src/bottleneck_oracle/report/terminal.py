@@ -78,7 +78,7 @@ def print_table(console: Console, t: TableModel) -> None:
     caption = t.caption
     if left_out:
         gone = ", ".join(plain(t.columns[j].header) for j in sorted(left_out))
-        caption = f"{caption} " if caption else ""
+        caption = (caption if caption.endswith((".", ")", ":")) else f"{caption}.") + " " if caption else ""
         caption += f"Not shown at {width} columns: {gone} (--json, or a wider terminal, shows them)."
     room = width - sum(need[j] for j in cols if j not in names) - _BORDER * len(cols) - 1
     name_cols = [j for j in cols if j in names]
