@@ -1385,9 +1385,9 @@ def summary(
         "Steps against the run's median",
         [
             Column("step", "key"),
-            Column("measured ms", "ms"),
+            Column("step ms", "ms"),
             Column("vs median", "signed_pct"),
-            Column("CPM ms", "ms"),
+            Column("span ms", "ms"),
             Column("untraced ms", "ms"),
             Column("unusual"),
             Column("most time on the critical path", "name"),
@@ -1395,12 +1395,16 @@ def summary(
     )
     for x in s.steps:
         flag = "warm-up" if x.warmup else ("OUTLIER" if x.outlier else "")
-        t.rows.append([x.step if x.step is not None else "-", x.measured_us, x.vs_median, x.cpm_us, x.untraced_us, flag, x.top])
+        t.rows.append([x.step if x.step is not None else "-", x.cpm_us, x.vs_median, x.measured_us, x.untraced_us, flag, x.top])
     print_table(out, t)
     for x in s.steps:
         if x.outlier:
             cause = x.cause
-            why = f"{cause.name} on rank {cause.rank} (restoring it saves {_ms(cause.saving_us)} ms)" if cause else "no single culprit"
+            why = (
+                f"{cause.name} on rank {cause.rank} (restoring it saves {_ms(cause.saving_us)} ms)"
+                if cause
+                else "no single op (none restored to typical saves 1% of the step)"
+            )
             out.print(Text(f"step {x.step}: {100 * x.vs_median:+.1f}% vs median; top cause: {why}"))
     if not any(x.outlier for x in s.steps):
         out.print("no outlier steps", highlight=False)

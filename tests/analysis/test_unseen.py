@@ -599,3 +599,24 @@ def test_a_partial_job_is_said_in_the_html_report_and_every_command_s_json(tmp_p
         code, out, err = run_cli([*cmd, "--json"], capsys)
         assert code == 0, err
         assert sum(line in w for w in json.loads(out)["warnings"]) == 1
+
+
+def test_summary_judges_a_device_bound_run_by_its_periods_not_its_host_spans(capsys):
+    """diff_test_rank1of2: host spans 82-166 ms around a ~117 ms device period. summary's
+    steady-state step time is the median of the periods read from the raw events (not of the
+    spans, 122 ms with a ±60 ms spread), each step's time within 5% of its raw period, and the
+    same median analyze's run answer and compare give."""
+    from conftest import run_cli
+
+    path = PUBLIC / "diff_test_rank1of2.json.gz"
+    periods = raw_periods(path)
+    code, out, err = run_cli(["summary", str(path), "--json"], capsys)
+    assert code == 0, err
+    s = json.loads(out)
+    steady = [x for x in s["steps"] if not x["warmup"]]
+    assert s["median_us"] == pytest.approx(float(np.median([periods[x["step"]] for x in steady])), rel=0.02)
+    for x in steady:  # (the first step has no earlier device work in the trace: no raw period)
+        assert x["cpm_us"] == pytest.approx(periods[x["step"]], rel=0.05)
+    assert s["spread_us"] < 0.02 * s["median_us"]  # the spans' spread is ~60 ms
+    code, out, _ = run_cli(["analyze", str(path), "--json"], capsys)
+    assert json.loads(out)["run"]["step_time"]["median_us"] == pytest.approx(s["median_us"], abs=1.0)

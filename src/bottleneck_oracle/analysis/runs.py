@@ -1,9 +1,13 @@
 """Across the steps of a run: which steps are unusual and why (two runs: analysis.change).
 
-A run's step times are the measured ones (the slowest rank's ProfilerStep span). With three or
+A run's step times are the steps' times as ``analyze`` gives them: each step's period (from the
+end of the device work queued before it to the end of its own; the ProfilerStep span when nothing
+was queued ahead), so a device-bound run whose host runs ahead is judged by its device, not by host
+spans that swing around it. The span (``measured_us``) is kept beside it. With three or
 more steps the first one is warm-up and is left out of the statistics. A step is an outlier when
 it is further from the run's median than max(3 robust sigmas (1.4826 x MAD), 5% of the median);
-its cause is the top culprit of ``analysis.blame`` against the run's typical steps.
+its cause is the top culprit of ``analysis.blame`` against the run's typical steps, where it saves
+at least blame's noise floor (1% of the step): otherwise no single op is its cause.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ class Cause:
 @dataclass(slots=True)
 class StepRow:
     step: int | None
-    measured_us: float
-    cpm_us: float
-    vs_median: float  # measured / run median - 1
+    measured_us: float  # the slowest rank's ProfilerStep span
+    cpm_us: float  # the step's time: its period, as the graph replays it
+    vs_median: float  # step time / run median - 1
     outlier: bool
     warmup: bool
     untraced_us: float
@@ -58,15 +62,15 @@ class RunSummary:
 
 def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
     """Every step against the run's median; outliers with the top cause from blame."""
-    from bottleneck_oracle.analysis.blame import blame
+    from bottleneck_oracle.analysis.blame import MIN_EXCESS_US, MIN_SAVING_SHARE, blame
 
     kept = steady(analyses)
-    times = np.array([a.measured for a in kept])
+    times = np.array([a.step_time for a in kept])
     med = float(np.median(times)) if len(times) else 0.0
     spread = ROBUST * float(np.median(np.abs(times - med))) if len(times) else 0.0
     fence = max(OUTLIER_SIGMAS * spread, OUTLIER_SHARE * med)
     out = RunSummary(source=source, median_us=med, spread_us=spread)
-    typical = [a.graph for a in kept if abs(a.measured - med) <= fence]
+    typical = [a.graph for a in kept if abs(a.step_time - med) <= fence]
     for a in analyses:
         warm = a not in kept
         top = a.top_ops(1)
@@ -74,8 +78,8 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
             step=a.graph.step,
             measured_us=a.measured,
             cpm_us=a.step_time,
-            vs_median=a.measured / med - 1 if med else 0.0,
-            outlier=not warm and len(kept) >= 3 and abs(a.measured - med) > fence,
+            vs_median=a.step_time / med - 1 if med else 0.0,
+            outlier=not warm and len(kept) >= 3 and abs(a.step_time - med) > fence,
             warmup=warm,
             untraced_us=a.untraced_us,
             top=top[0].name if top else "",
@@ -83,7 +87,8 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
         if row.outlier:
             refs = [g for g in typical if g.step != a.graph.step]
             b = blame(a.graph, refs, 3, a.cpm)
-            if b.nodes:
+            floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)  # blame's noise floor: below it, no culprit
+            if b.nodes and b.nodes[0].saving_us >= floor:
                 x = b.nodes[0]
                 row.cause = Cause(x.name, x.kind, x.rank, x.saving_us)
         out.steps.append(row)
