@@ -429,6 +429,7 @@ def whatif(
                     raise OracleError(f"{path}: step {g.step}: {exc}") from None
         base = run_cpm(g)
         measured = max(g.measured.values())
+        step_us = base.makespan  # the step's time as analyze gives it (its period: the span of a CPU-bound step)
         delta = times.delta()
         model: ModelAnswer | None = None
         if predictor is not None:
@@ -438,12 +439,12 @@ def whatif(
             model = predictor.effect(g, sample_for(g, None, table, base, phase_mb)[0], data)
         else:
             edited = times.cpm()
-        replay = Replay(step_us=measured + edited.makespan - base.makespan, delta_us=edited.makespan - base.makespan)
+        replay = Replay(step_us=edited.makespan, delta_us=edited.makespan - base.makespan)
         corrected = None
         if corrections is not None:
             fixed = corrections.answer(times, base)
             corrected = Corrected(
-                step_us=None if fixed.saving_us is None else measured - fixed.saving_us,
+                step_us=None if fixed.saving_us is None else step_us - fixed.saving_us,
                 delta_us=None if fixed.saving_us is None else -fixed.saving_us,
                 interval_us=None if fixed.interval_us is None else (-fixed.interval_us[1], -fixed.interval_us[0]),
                 out_of_domain=fixed.out_of_domain,
@@ -466,7 +467,7 @@ def whatif(
                 new=new,
                 stages=parts.stages,
                 formula_delta_us=then - now,
-                step_us=measured + replay.delta_us + then - now,
+                step_us=step_us + replay.delta_us + then - now,
             )
             replay = Replay(step_us=resplit.step_us, delta_us=replay.delta_us + then - now)
         before, after = set(base.path.tolist()), set(edited.path.tolist())
@@ -479,6 +480,7 @@ def whatif(
             StepWhatIf(
                 step=g.step,
                 measured_us=measured,
+                step_us=step_us,
                 edited_nodes=len(times.nodes),
                 edited_gaps=int((~delta.detached)[np.setdiff1d(times.edges, own_eids)].sum()),
                 edited_own=owned,

@@ -1080,12 +1080,12 @@ def whatif(
     title = "; ".join(edit + described)
     t = TableModel(
         f"What-if: {title}",
-        [Column("step", "key"), Column("edited"), Column("measured", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
+        [Column("step", "key"), Column("edited"), Column("before", "ms"), Column("replay", "ms"), Column("Δ replay", "signed_ms")]
         + ([Column("90% interval", "text")] if spread else [])
         + ([Column("Δ corrected", "text"), Column("90% interval", "text")] if corrected else [])
         + [Column(f"{v}", "text") for v in variants]
         + [Column(f"Δ {v}", "text") for v in variants],
-        caption="step times in ms; Δ: the edited replay against the unedited one"
+        caption="step times in ms; before: the step's time as analyze gives it (its period); Δ: the edited replay against the unedited one"
         + ("; 90% interval: of the step time after the configuration change, from recorded re-runs" if spread else "")
         + ("; corrected: the replay with per-node duration corrections learned from paired re-runs" if corrected else "")
         + ("; the model's: its edited against its unedited prediction" if variants else ""),
@@ -1110,7 +1110,7 @@ def whatif(
                 fixes = [_model_ms(None), "—"]
         iv = r.knobs_interval_us
         bounds = ([f"{iv[0] / 1000:.3f} .. {iv[1] / 1000:.3f}" if iv else "—"]) if spread else []
-        t.rows.append([label(r), _edited(r), r.measured_us, r.replay.step_us, r.replay.delta_us, *bounds, *fixes, *predicted, *effects])
+        t.rows.append([label(r), _edited(r), r.step_us, r.replay.step_us, r.replay.delta_us, *bounds, *fixes, *predicted, *effects])
     print_table(out, t)
     for r in rows:
         if r.corrected is not None and r.corrected.out_of_domain:
@@ -1198,7 +1198,13 @@ def blame(
         out.print(
             Text(f"Step {r.step}", style="bold")
             + Text(
-                f": {_ms(r.measured_us)} ms measured; restoring every op to typical ({r.references}) "
+                f": {_ms(b.makespan)} ms"
+                + (
+                    f" (its period; the ProfilerStep span {_ms(r.measured_us)} ms)"
+                    if abs(b.makespan - r.measured_us) > 0.005 * r.measured_us
+                    else ""
+                )
+                + f"; restoring every op to typical ({r.references}) "
                 f"gives {_ms(b.restored_makespan)} ms: {_ms(b.excess)} ms to explain"
             )
         )

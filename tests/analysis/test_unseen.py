@@ -16,7 +16,7 @@ import pytest
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 from bottleneck_oracle.serial import to_json
-from conftest import ALL_FIXTURES, MORE, PUBLIC, REAL, cached_analyses, cached_load
+from conftest import ALL_FIXTURES, MORE, PUBLIC, REAL, SAMPLE, cached_analyses, cached_load
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 
@@ -620,3 +620,24 @@ def test_summary_judges_a_device_bound_run_by_its_periods_not_its_host_spans(cap
     assert s["spread_us"] < 0.02 * s["median_us"]  # the spans' spread is ~60 ms
     code, out, _ = run_cli(["analyze", str(path), "--json"], capsys)
     assert json.loads(out)["run"]["step_time"]["median_us"] == pytest.approx(s["median_us"], abs=1.0)
+
+
+def test_whatif_and_blame_start_from_the_step_s_period_on_a_device_bound_step(capsys):
+    """diff_test step 1011: its host span is 166.4 ms, its period (raw events) ~115 ms. whatif's
+    edited step time is the period plus the replay's change (it was the span plus the change:
+    151.7 ms for a step of 114.8), and blame's header names the period; on a CPU-bound step
+    (the bundled gloo job) the step's time is its span, as before."""
+    from conftest import run_cli
+
+    path = str(PUBLIC / "diff_test_rank1of2.json.gz")
+    period = raw_periods(PUBLIC / "diff_test_rank1of2.json.gz")[1011]
+    code, out, err = run_cli(["whatif", path, "-s", "1011", "-e", "name~=sgemm,scale=0.5", "--json"], capsys)
+    assert code == 0, err
+    (w,) = json.loads(out)["steps"]
+    assert w["step_us"] == pytest.approx(period, rel=0.05) and w["measured_us"] > 1.3 * period
+    assert w["replay"]["step_us"] == pytest.approx(w["step_us"] + w["replay"]["delta_us"], abs=0.01)
+    code, out, _ = run_cli(["blame", path, "-s", "1011"], capsys)
+    assert f"{w['step_us'] / 1000:.3f} ms (its period" in " ".join(out.split())
+    code, out, _ = run_cli(["whatif", str(SAMPLE), "-s", "2", "-e", "name~=mm,scale=0.5", "--json"], capsys)
+    (w,) = json.loads(out)["steps"]
+    assert w["step_us"] == pytest.approx(w["measured_us"], rel=0.002)

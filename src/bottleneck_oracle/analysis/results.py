@@ -42,7 +42,7 @@ class PathChange:
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """The exact replay's answer: the edited step time (measured + delta) and the delta, in µs."""
+    """The exact replay's answer: the edited step time (the step's time + delta) and the delta, in µs."""
 
     step_us: float
     delta_us: float
@@ -88,7 +88,8 @@ class StepWhatIf:
     """One step under the edits (api.whatif)."""
 
     step: int | None
-    measured_us: float
+    measured_us: float  # the slowest rank's ProfilerStep span
+    step_us: float  # the step's time before the edits, as analyze gives it (its period; the replayed base)
     edited_nodes: int
     edited_gaps: int
     edited_own: int  # enclosing op instances whose own time (between their children) the edits changed
