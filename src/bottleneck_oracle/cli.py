@@ -1393,15 +1393,15 @@ def summary(
             Column("step", "key"),
             Column("step ms", "ms"),
             Column("vs median", "signed_pct"),
+            Column("unusual"),  # before the spans: a narrow terminal leaves out the rightmost columns first
             Column("span ms", "ms"),
             Column("untraced ms", "ms"),
-            Column("unusual"),
             Column("most time on the critical path", "name"),
         ],
     )
     for x in s.steps:
         flag = "warm-up" if x.warmup else ("OUTLIER" if x.outlier else "")
-        t.rows.append([x.step if x.step is not None else "-", x.cpm_us, x.vs_median, x.measured_us, x.untraced_us, flag, x.top])
+        t.rows.append([x.step if x.step is not None else "-", x.cpm_us, x.vs_median, flag, x.measured_us, x.untraced_us, x.top])
     print_table(out, t)
     for x in s.steps:
         if x.outlier:

@@ -641,3 +641,18 @@ def test_whatif_and_blame_start_from_the_step_s_period_on_a_device_bound_step(ca
     code, out, _ = run_cli(["whatif", str(SAMPLE), "-s", "2", "-e", "name~=mm,scale=0.5", "--json"], capsys)
     (w,) = json.loads(out)["steps"]
     assert w["step_us"] == pytest.approx(w["measured_us"], rel=0.002)
+
+
+def test_summary_keeps_its_outlier_flag_and_a_whole_trace_window_says_what_its_span_is(capsys):
+    """At 80 columns summary's table keeps the column that flags outliers (diff_test's step 1012,
+    +5.5% against a ±0.8 ms spread); a trace without ProfilerStep markers (mtia) says its one
+    window is the whole trace, not a ProfilerStep."""
+    from conftest import run_cli
+
+    code, out, _ = run_cli(["summary", str(PUBLIC / "diff_test_rank1of2.json.gz")], capsys)
+    assert code == 0
+    header = " ".join(line for line in out.splitlines() if line.startswith("│") and "step" in line)
+    assert "unusual" in header and "OUTLIER" in out
+    code, out, _ = run_cli(["analyze", str(MORE / "mtia_inference_rank0.json.gz")], capsys)
+    text = " ".join(out.split())
+    assert "the whole trace (no ProfilerStep markers)" in text and "the slowest rank's ProfilerStep" not in text

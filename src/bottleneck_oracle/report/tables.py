@@ -103,6 +103,10 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
         "communication, CPU overhead, waiting (idle), untraced",
     )
     t.rows = rows if rows is not None else [step_row(a) for a in analyses]
+    if t.rows and all(r[0] == "-" for r in t.rows):  # no ProfilerStep markers: one window, the whole trace
+        t.caption = "step -: the whole trace (no ProfilerStep markers); span: from its first event to its last" + t.caption[
+            t.caption.index("; period") :
+        ].replace(" the step", " it")
     return t
 
 
