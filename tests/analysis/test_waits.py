@@ -261,7 +261,7 @@ def test_a_thread_hand_over_becomes_an_edge_only_when_the_other_thread_went_idle
     ]
     g = trace(True)
     assert not (g.edges["kind"] == EdgeKind.THREAD).any()
-    assert [(b["tid"], b["ops"]) for b in g.meta["bystanders"]] == [(2, 2)]
+    assert [(b["tid"], b["ops"], b["polls"]) for b in g.meta["bystanders"]] == [(2, 2, False)]
     assert not {"aten::b", "aten::d"} & {g.node_name(i) for i in range(g.n_nodes)}
 
 
@@ -281,7 +281,7 @@ def test_a_thread_that_only_polls_hands_nothing_over_and_carries_nothing(tmp_pat
     ]
     g = build_graph(load(_write_trace(tmp_path / "w.json.gz", events)), 1)
     assert not (g.edges["kind"] == EdgeKind.THREAD).any()
-    assert [b["tid"] for b in g.meta["bystanders"]] == [3]
+    assert [(b["tid"], b["polls"]) for b in g.meta["bystanders"]] == [(3, True)]
     _, (a,) = analyze(tmp_path / "w.json.gz")
     assert not [s for s in a.segments() if s.tid == 3]  # none of the path on the watchdog
 

@@ -440,7 +440,8 @@ class StepAnalysis:
         for b in self.bystanders():
             out.append(
                 f"step {step}: rank {b.rank} {b.thread} has no dependency into the step's work ({b.ops} ops, e.g. "
-                f"{b.longest_op[:60]}); left out of the critical path"
+                f"{b.longest_op[:60]}{'; it only polls the device: a monitor such as the NCCL watchdog' if b.polls else ''}); "
+                "left out of the critical path"
             )
         for c in self.checks():
             if not c.ok:

@@ -310,7 +310,14 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
         mine = np.flatnonzero(w.leaf_thread == t)
         ev = w.leaf_rows[mine]
         longest = ev[np.argmax(w.end[ev] - w.ts[ev])]
-        out[key_of[t]] = {"ops": int(len(mine)), "longest_op": w.names[c["name"][longest]][:120], "ends_us": float(w.end[ev].max())}
+        # (a bystander launches nothing: a launch would be an edge into a device stream)
+        polls = bool(((c["cls"][ev] == EvClass.RUNTIME) & ~(w.blocking[ev] & (w.polls[ev] == 0))).all())
+        out[key_of[t]] = {
+            "ops": int(len(mine)),
+            "longest_op": w.names[c["name"][longest]][:120],
+            "ends_us": float(w.end[ev].max()),
+            "polls": polls,
+        }
     return out
 
 

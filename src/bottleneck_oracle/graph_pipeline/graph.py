@@ -44,6 +44,7 @@ class Bystander:
     ops: int  # its ops in the step
     longest_op: str  # the name of its longest op (at most 120 characters)
     ends_us: float  # when its last op in the step ended
+    polls: bool = False  # every op of it a runtime query (no launch, no synchronize): a monitor, e.g. NCCL's watchdog
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +180,7 @@ class GraphInfo:
                 ops=int(b["ops"]),
                 longest_op=str(b["longest_op"]),
                 ends_us=float(b["ends_us"]),
+                polls=bool(b.get("polls", False)),
             )
             for b in self._meta.get("bystanders", [])
         ]
