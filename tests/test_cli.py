@@ -493,3 +493,21 @@ def test_compare_keeps_the_change_column_at_80_columns_and_it_adds_up(capsys):
     changes = [float(line.split("│")[2]) for line in rows]
     assert changes[-1] == pytest.approx(delta_ms, abs=0.001)  # the total row
     assert sum(changes[:-1]) == pytest.approx(delta_ms, abs=0.002 * len(changes))
+
+
+def test_advise_gives_a_run_s_advice_once_and_each_step_s_with_detail(capsys):
+    """train_1rank_5steps: `advise` prints the suggestions across the five steps, each with the
+    what-if edits of advise --json's run, and each step's section only with --detail (a single
+    step is shown whole)."""
+    trace = str(PUBLIC / "train_1rank_5steps.json.gz")
+    code, out, err = run(["advise", trace, "--json"], capsys)
+    assert code == 0, err
+    top = json.loads(out)["run"][:3]
+    code, out, _ = run(["advise", trace], capsys)
+    text = " ".join(out.split())
+    assert "Across 5 steps" in text and not re.search(r"Step 10\d:", text)
+    assert all(" ".join("; ".join(x["edits"]).split()) in text for x in top)
+    code, out, _ = run(["advise", trace, "--detail"], capsys)
+    assert len(re.findall(r"^Step 10\d:", out, re.M)) == 5
+    code, out, _ = run(["advise", trace, "-s", "103"], capsys)
+    assert re.findall(r"^Step 103:", out, re.M) and "Across" not in out

@@ -575,8 +575,10 @@ def test_llm_text_is_labelled_and_the_key_is_not_echoed(capsys, monkeypatch):
     monkeypatch.setenv("ORACLE_TEST_KEY", key)
     try:
         code, out, err = run_cli(
-            ["advise", str(SAMPLE), "--no-model", "--llm-base-url", f"{url}/v1", "--llm-key-env", "ORACLE_TEST_KEY"], capsys, seconds=60
-        )
+            ["advise", str(SAMPLE), "--no-model", "--detail", "--llm-base-url", f"{url}/v1", "--llm-key-env", "ORACLE_TEST_KEY"],
+            capsys,
+            seconds=60,
+        )  # (--detail: each step's suggestions with their explanations, where the reply's text is shown)
         assert code == 0, err
         said = re.findall(r"(\[LLM text, not verified[^\]]*\] )?Run `curl", " ".join(out.split()))
         assert said and all(said), out  # every time the reply is shown, the label is right before it

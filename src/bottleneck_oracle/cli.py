@@ -1272,8 +1272,9 @@ def _blame_floor(makespan_us: float) -> float:
     return max(MIN_EXCESS_US, MIN_SAVING_SHARE * makespan_us)
 
 
-def _print_run_advice(overall, n_steps: int) -> None:
-    """The suggestions across steps (llm.graphrag.run_advice), the first three."""
+def _print_run_advice(overall, n_steps: int, with_edits: bool = False) -> None:
+    """The suggestions across steps (llm.graphrag.run_advice), the first three (``with_edits``:
+    each with the what-if edits its saving was replayed with)."""
     out.print(Text(f"Across {n_steps} steps", style="bold"))
     for x in overall[:3]:
         sv = x.saving
@@ -1283,6 +1284,8 @@ def _print_run_advice(overall, n_steps: int) -> None:
         )
         if x.remedy:
             out.print(Text(f"  Remedy: {x.remedy}"))
+        if with_edits and x.edits:
+            out.print(Text(f"  What-if: {'; '.join(x.edits)}"))
 
 
 @app.command(rich_help_panel=ANALYSIS)
@@ -1315,6 +1318,9 @@ def advise(
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    detail: bool = typer.Option(
+        False, "--detail", help="Also print each step's suggestions (a run of several steps prints them once, across the steps)."
+    ),
 ) -> None:
     """What to change: optimisation suggestions retrieved for the step's symptoms, each checked by replay and the model."""
     llm = None
@@ -1333,8 +1339,11 @@ def advise(
         _print_json({"trace": str(trace), "run": to_json(overall), "steps": to_json(rows)})
         return
     if overall and len(rows) > 1:
-        _print_run_advice(overall, len(rows))
+        _print_run_advice(overall, len(rows), with_edits=True)
         out.print()
+        if not detail:
+            out.print("Each step's suggestions, explanations and rejected ones: --detail (or --json)", highlight=False)
+            return
     for r in rows:
         a = r.advice
         out.print(Text(f"Step {a.step}", style="bold") + Text(f": {_ms(a.makespan_us)} ms; suggestions by {a.generator}"))
