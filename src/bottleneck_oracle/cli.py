@@ -681,6 +681,8 @@ def analyze(
         return
     _print_summary(analyses, str(path), k, run=run, detail=detail)
     _print_table_lines(table)
+    from bottleneck_oracle.analysis.blame import noise_floor
+
     if len(extras) > 1:  # the advice once for the run; each step's only with --detail
         from bottleneck_oracle.llm.graphrag import run_advice
 
@@ -688,7 +690,7 @@ def analyze(
         if overall:
             _print_run_advice(overall, len(extras))
     for step_no, x in extras.items():
-        top_b = [n for n in x.blame.nodes[:3] if n.saving_us >= _blame_floor(x.blame.makespan)]  # below: noise, none
+        top_b = [n for n in x.blame.nodes[:3] if n.saving_us >= noise_floor(x.blame.makespan)]  # below: noise, none
         if top_b:
             out.print(
                 Text(f"Step {step_no} blame: " + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b))
@@ -1228,7 +1230,9 @@ def blame(
             if with_corrected
             else "",
         )
-        floor = _blame_floor(b.makespan)
+        from bottleneck_oracle.analysis.blame import noise_floor
+
+        floor = noise_floor(b.makespan)
         shown = [x for x in b.nodes if x.saving_us >= floor]
         for k, x in enumerate(shown, 1):
             cells = [_model_ms(x.model_saving_us) if x.model_predicted else "—"] if with_model else []
@@ -1262,14 +1266,6 @@ def blame(
         out.print(f"By rank: {ranks}", highlight=False)
         ops = "; ".join(f"{shorten(x.name, 50)} {_ms(x.saving_us)} ms ({100 * x.share:.0f}%)" for x in b.ops[:5])
         out.print(Text(f"By op kind: {ops}"))
-
-
-def _blame_floor(makespan_us: float) -> float:
-    """The saving under which blame ranks a culprit as none (analysis.blame: the step's run-to-run
-    noise, 1% of it): such a culprit is not shown as one."""
-    from bottleneck_oracle.analysis.blame import MIN_EXCESS_US, MIN_SAVING_SHARE
-
-    return max(MIN_EXCESS_US, MIN_SAVING_SHARE * makespan_us)
 
 
 def _print_run_advice(overall, n_steps: int, with_edits: bool = False) -> None:

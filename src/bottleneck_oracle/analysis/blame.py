@@ -63,6 +63,14 @@ from bottleneck_oracle.serial import Computed, json_meta
 
 MIN_EXCESS_US = 20.0  # slower than typical by less than this: noise, not a candidate
 MIN_SAVING_SHARE = 0.01  # a saving under this share of the step time is run-to-run noise: ranked as none
+
+
+def noise_floor(makespan_us: float) -> float:
+    """The saving (µs) under which a culprit of a step this long ranks as none: its run-to-run
+    noise (MIN_SAVING_SHARE of it), and at least MIN_EXCESS_US."""
+    return max(MIN_EXCESS_US, MIN_SAVING_SHARE * makespan_us)
+
+
 TUKEY_K = 1.5  # nor without passing the upper outlier fence of its counterparts: Q3 + K x IQR
 TypicalFrom = Literal["none", "peer ranks", "reference steps"]
 TYPICAL_FROM: tuple[TypicalFrom, ...] = (
@@ -548,7 +556,7 @@ def blame(
     items = [(float(saving[j]), float(excess[cand[j]]), "op", int(cand[j])) for j in range(len(cand))]
     items += [(float(lsaving[j]), float(lead_excess[lcand[j]]), "lead", int(lcand[j])) for j in range(len(lcand))]
     items += [(float(gsaving[j]), float(gap_excess[gcand[j]]), "gap", int(gcand[j])) for j in range(len(gcand))]
-    floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
+    floor = noise_floor(base.makespan)
     items.sort(key=lambda x: (-(x[0] if x[0] >= floor else 0.0), -x[1]))
     everything = makespan_of(g, restored, restored_w, restored_rel)
     out = Blame(step=g.step, makespan=base.makespan, restored_makespan=everything)
@@ -739,7 +747,7 @@ def region_blame(
     typical, source, noise = _typical(rt, keys, [(k, w) for (k, _), w in zip(ref_keys, ref_work)], groups, (ids, [i for _, i in ref_keys]))
     absent_on_peers(g, keys, groups, typical, source)
     excess = rt - typical
-    floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * base.makespan)
+    floor = noise_floor(base.makespan)
     step_marker = np.array([g.names[int(x)].startswith("ProfilerStep#") for x in rg["name"]], dtype=bool)
     cand = np.flatnonzero((excess > np.maximum(MIN_EXCESS_US, noise)) & (excess >= floor) & ~step_marker)
     cand = cand[np.argsort(-excess[cand], kind="stable")][:REGION_REPLAYS]

@@ -62,7 +62,7 @@ class RunSummary:
 
 def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
     """Every step against the run's median; outliers with the top cause from blame."""
-    from bottleneck_oracle.analysis.blame import MIN_EXCESS_US, MIN_SAVING_SHARE, blame
+    from bottleneck_oracle.analysis.blame import blame, noise_floor
 
     kept = steady(analyses)
     times = np.array([a.step_time for a in kept])
@@ -87,8 +87,7 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
         if row.outlier:
             refs = [g for g in typical if g.step != a.graph.step]
             b = blame(a.graph, refs, 3, a.cpm)
-            floor = max(MIN_EXCESS_US, MIN_SAVING_SHARE * b.makespan)  # blame's noise floor: below it, no culprit
-            if b.nodes and b.nodes[0].saving_us >= floor:
+            if b.nodes and b.nodes[0].saving_us >= noise_floor(b.makespan):  # below it, no culprit
                 x = b.nodes[0]
                 row.cause = Cause(x.name, x.kind, x.rank, x.saving_us)
         out.steps.append(row)

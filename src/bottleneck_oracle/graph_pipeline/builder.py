@@ -295,6 +295,7 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     into: list[list[int]] = [[] for _ in range(lanes)]  # lane -> the lanes with an edge into it
     for x, y in zip((pairs // lanes).tolist(), (pairs % lanes).tolist()):
         into[y].append(x)
+    polls = rules.queries_only(w)  # (a bystander launches nothing: a launch is an edge into a device stream)
     kept = np.zeros(lanes, dtype=bool)  # the lanes from which a chain of edges reaches the step's own
     todo = list(anchors)
     kept[todo] = True
@@ -310,13 +311,11 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
         mine = np.flatnonzero(w.leaf_thread == t)
         ev = w.leaf_rows[mine]
         longest = ev[np.argmax(w.end[ev] - w.ts[ev])]
-        # (a bystander launches nothing: a launch would be an edge into a device stream)
-        polls = bool(((c["cls"][ev] == EvClass.RUNTIME) & ~(w.blocking[ev] & (w.polls[ev] == 0))).all())
         out[key_of[t]] = {
             "ops": int(len(mine)),
             "longest_op": w.names[c["name"][longest]][:120],
             "ends_us": float(w.end[ev].max()),
-            "polls": polls,
+            "polls": bool(polls[t]),
         }
     return out
 

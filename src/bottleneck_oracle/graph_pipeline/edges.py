@@ -547,19 +547,26 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
     E.add(src, dst, EdgeKind.SYNC)
 
 
-def pollers(w: Window, launcher: np.ndarray) -> np.ndarray:
-    """Per dense thread id: the thread only polls, every op of it in the window a runtime call
-    (event and stream queries and loops of them, pointer attributes), none launching device work
-    and none a synchronize: a monitor (NCCL's watchdog checks its collectives' events every few
-    ms; a heartbeat). It hands no work to another thread and waits for none of theirs. (A thread
-    that synchronizes may wake another when the device is done: it is not one.)"""
+def queries_only(w: Window) -> np.ndarray:
+    """Per dense thread id: every op of the thread in the window is a runtime call that does not
+    synchronize (event and stream queries and loops of them, pointer attributes, launches). (A
+    thread that synchronizes may wake another when the device is done.)"""
     n_thread = int(w.leaf_thread.max()) + 1 if w.n_leaf else 0
     other = np.zeros(n_thread, dtype=bool)
     rows = w.leaf_rows
     np.logical_or.at(other, w.leaf_thread, (w.c["cls"][rows] != EvClass.RUNTIME) | (w.blocking[rows] & (w.polls[rows] == 0)))
-    launched = launcher[launcher >= 0]
-    other[w.ev_thread[launched][w.ev_thread[launched] >= 0]] = True
-    return ~other
+    out: np.ndarray = ~other
+    return out
+
+
+def pollers(w: Window, launcher: np.ndarray) -> np.ndarray:
+    """Per dense thread id: the thread only polls, ``queries_only`` and launching no device work: a
+    monitor (NCCL's watchdog checks its collectives' events every few ms; a heartbeat). It hands
+    no work to another thread and waits for none of theirs."""
+    out = queries_only(w)
+    launched = w.ev_thread[launcher[launcher >= 0]]
+    out[launched[launched >= 0]] = False
+    return out
 
 
 def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_us: float, resume_us: float, launcher: np.ndarray) -> None:

@@ -98,15 +98,19 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
         "Steps (ms)",
         [Column("step", "key"), Column("span", "ms1"), Column("period", "ms1"), Column("CPM", "ms1")]
         + [Column(h, "ms1") for h in ("comp.", "comm", "cpu", "idle", "untr.")],
-        caption="span: the slowest rank's ProfilerStep; period: from the end of the device work queued before the step to the end "
-        "of its own (the span when nothing was queued ahead); CPM: the graph's step time, then its critical path: compute, "
-        "communication, CPU overhead, waiting (idle), untraced",
     )
     t.rows = rows if rows is not None else [step_row(a) for a in analyses]
-    if t.rows and all(r[0] == "-" for r in t.rows):  # no ProfilerStep markers: one window, the whole trace
-        t.caption = "step -: the whole trace (no ProfilerStep markers); span: from its first event to its last" + t.caption[
-            t.caption.index("; period") :
-        ].replace(" the step", " it")
+    whole = bool(t.rows) and all(r[0] == "-" for r in t.rows)  # no ProfilerStep markers: one window, the whole trace
+    what = "it" if whole else "the step"
+    t.caption = (
+        (
+            "step -: the whole trace (no ProfilerStep markers); span: from its first event to its last"
+            if whole
+            else "span: the slowest rank's ProfilerStep"
+        )
+        + f"; period: from the end of the device work queued before {what} to the end of its own (the span when nothing was queued "
+        "ahead); CPM: the graph's step time, then its critical path: compute, communication, CPU overhead, waiting (idle), untraced"
+    )
     return t
 
 
