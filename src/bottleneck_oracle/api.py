@@ -27,6 +27,7 @@ from bottleneck_oracle.analysis.results import (
     PathChange,
     Replay,
     Resplit,
+    SteadyReplay,
     StepAdvice,
     StepBlame,
     StepWhatIf,
@@ -140,13 +141,26 @@ def two_step_graphs(table: EventTable | None, config: Config | None = None) -> S
 
     present = {s.number for s in table.steps}
     opt = _options(config)
+    kept: dict[tuple[int, int], ExecutionGraph] = {}  # the last few windows (a steady-state replay reads each several times)
 
     def two(step: int | None, span: int = 2) -> ExecutionGraph | None:
         if step is None or any(step + k not in present for k in range(span)):
             return None
-        return build_graph(table, step, opt, span=span)
+        if (step, span) not in kept:
+            if len(kept) >= 4:
+                del kept[next(iter(kept))]
+            kept[step, span] = build_graph(table, step, opt, span=span)
+        return kept[step, span]
 
     return two
+
+
+STEADY_MAX_EVENTS = 1_000_000  # events a step: beyond, a what-if is replayed in the step's own window (several steps' graphs are too large)
+
+
+def events_per_step(table: EventTable) -> float:
+    """The trace's events per step (all of them where it has no ProfilerStep markers)."""
+    return len(table) / max(1, len({s.number for s in table.steps}))
 
 
 def _options(config: Config | None) -> BuildOptions:
@@ -379,7 +393,16 @@ def whatif(
     from bottleneck_oracle.analysis.knobs import Knob, has_passes, knob_times, microbatch_parts, pieces
     from bottleneck_oracle.analysis.knobs import interval as knob_interval
     from bottleneck_oracle.analysis.phases import node_phases
-    from bottleneck_oracle.analysis.whatif import MAX_SCALE, Edit, apply_edits, own_time_edits, selects_anything, why_nothing
+    from bottleneck_oracle.analysis.whatif import (
+        MAX_SCALE,
+        Edit,
+        apply_edits,
+        own_time_edits,
+        queued_ahead,
+        selects_anything,
+        steady_replay,
+        why_nothing,
+    )
     from bottleneck_oracle.errors import OracleError
 
     parsed = [Edit.parse(e) for e in edits]
@@ -412,6 +435,7 @@ def whatif(
         predictor = _predictor(checkpoint)
         corrections = _corrections()
     out: list[StepWhatIf] = []
+    windows = two_step_graphs(table, config) if table is not None and events_per_step(table) <= STEADY_MAX_EVENTS else None
     no_passes: list[int | None] = []
     if settings and any(pm is None for pm in phase_mbs):
         raise OracleError(f"{path}: --set needs the trace's forward/backward ranges (a training step's phases), and this input has none")
@@ -440,6 +464,13 @@ def whatif(
         else:
             edited = times.cpm()
         replay = Replay(step_us=edited.makespan, delta_us=edited.makespan - base.makespan)
+        steady: SteadyReplay | None = None
+        if not settings and predictor is None and not any(e.ids for e in parsed) and queued_ahead(g):
+            found = steady_replay(windows, g.step, parsed, table)
+            if found is not None:
+                first, span, base_us, edited_us = found
+                steady = SteadyReplay(first=first, steps=span, one_step_us=replay.step_us)
+                replay = Replay(step_us=step_us + edited_us - base_us, delta_us=edited_us - base_us)
         corrected = None
         if corrections is not None:
             fixed = corrections.answer(times, base)
@@ -487,6 +518,7 @@ def whatif(
                 detached_edges=int(delta.detached.sum()),
                 added_us=delta.added_us,
                 replay=replay,
+                steady=steady,
                 model=model,
                 microbatches=resplit,
                 corrected=corrected,
@@ -745,7 +777,10 @@ def advise(
     table, gs = build(path, steps, config)
     pool = _reference_pool(path, baseline, steps, config, gs)
     gap = (config or Config()).analysis.untraced_gap_us
-    return advise_graphs(table, [StepAnalysis.of(g, gap) for g in gs], pool, baseline is not None, checkpoint, use_model, llm, recipes)
+    windows = two_step_graphs(table, config) if table is not None and events_per_step(table) <= STEADY_MAX_EVENTS else None
+    return advise_graphs(
+        table, [StepAnalysis.of(g, gap) for g in gs], pool, baseline is not None, checkpoint, use_model, llm, recipes, windows
+    )
 
 
 def advise_graphs(
@@ -757,6 +792,7 @@ def advise_graphs(
     use_model: bool = False,
     llm: ChatClient | None = None,
     recipes: str | Path | None = None,
+    windows: StepWindows | None = None,
 ) -> list[StepAdvice]:
     """``advise`` on steps already analysed.
 
@@ -769,6 +805,9 @@ def advise_graphs(
         use_model: True: also the graph network's predicted savings (off by default, see ``whatif``).
         llm: an OpenAI-compatible chat server; None: the offline recipe engine.
         recipes: another recipe file.
+        windows: graphs of consecutive steps (``two_step_graphs``): a suggestion for a step whose
+            device ran earlier steps' work is replayed in steady state (``steady_replay``); None:
+            in the step's own window.
 
     Returns:
         One StepAdvice per analysed step.
@@ -792,7 +831,7 @@ def advise_graphs(
         if table is not None:
             name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)
-        out.append(StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb), b, row_refs))
+        out.append(StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb, windows=windows), b, row_refs))
     return out
 
 

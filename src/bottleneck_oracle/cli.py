@@ -273,6 +273,13 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.3f}"
 
 
+def _step_list(steps: list[int | None]) -> str:
+    """ "step 7", "steps 7, 8, 9" (at most ten shown)."""
+    shown = [str(s) for s in steps if s is not None]
+    more = ", ..." if len(shown) > 10 else ""
+    return f"step {shown[0]}" if len(shown) == 1 else f"steps {', '.join(shown[:10])}{more}"
+
+
 def _model_ms(us: float | None, signed: bool = False) -> str:
     """A graph-network figure in ms, or "out of domain" where the model refused to answer."""
     if us is None:
@@ -658,7 +665,8 @@ def analyze(
     extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
-            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=use_model)
+            steady = api.two_step_graphs(table, cfg) if table is not None and api.events_per_step(table) <= api.STEADY_MAX_EVENTS else None
+            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=use_model, windows=steady)
         extras = {r.step: r for r in rows}
     if html or perfetto:  # both written, or neither: a failure leaves nothing behind
         with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):
@@ -1122,6 +1130,18 @@ def whatif(
         if r.model is not None and r.model.out_of_domain:
             out.print(Text(f"{where(r)}: graph network {r.model.out_of_domain}; the replay is the answer"))
             break
+    steady = [r for r in rows if r.steady is not None]
+    if steady:
+        alone = [r.steady.one_step_us for r in steady if r.steady is not None]
+        out.print(
+            Text(
+                f"{_step_list([r.step for r in steady])}: the device ran work queued by earlier steps, so the replay is of the "
+                f"steady state: the edits in the step and up to {max(r.steady.steps for r in steady if r.steady is not None) - 1} "
+                f"before it, replayed together (in the step's own window alone, where earlier steps' work keeps its recorded "
+                f"times: {_ms(min(alone))}{'' if max(alone) - min(alone) < 1 else f'-{_ms(max(alone))}'} ms; the critical "
+                "paths below are of that window)"
+            )
+        )
     if knob or microbatches or batch:
         out.print(
             "configuration changes: each op's fixed part stays and its work scales with the shapes it processes; how close that "

@@ -145,6 +145,75 @@ def test_a_copy_whose_stream_waits_on_an_untraced_event_is_an_untraced_wait():
     assert a.breakdown()["cpu_overhead"] < 0.05 * a.step_time
 
 
+def _raw_step_spans(path: Path) -> dict[int, float]:
+    """ProfilerStep number -> its host span (µs), from the raw events."""
+    (doc,) = raw_events(path)
+    return {
+        int(e["name"].split("#")[1]): float(e["dur"])
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    }
+
+
+def test_a_launch_into_a_full_device_queue_is_a_wait_on_the_device():
+    """train_1rank_5steps: the host runs so far ahead that its launches block until the device
+    frees a slot. Step 101, before the queue filled, is the host's own pace (its raw span, 35.1
+    ms); steps 103-105 take ~95.6 ms on the host, the rest spent in launches that wait. The
+    host's waits on the device (launches, copies and sets that wait for room, each released by the
+    device op that made room where it is in the window, and a few synchronize calls) add up to
+    within 15% of each steady step's span less that pace; a step of the bundled CPU job has none."""
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    spans = _raw_step_spans(path)
+    pace = spans[101]
+    for a in cached_analyses(path):
+        if a.graph.step not in (103, 104, 105):
+            continue
+        g, n = a.graph, a.graph.nodes
+        queued = (n["category"] == Category.BLOCKING) & ~n["on_gpu"]
+        launches = np.array([g.node_name(i) in ("cudaLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync") for i in range(g.n_nodes)])
+        assert (queued & ~launches).sum() <= 0.05 * queued.sum()  # (a few synchronize calls)
+        waited = float(n["dur"][queued].sum())
+        assert waited == pytest.approx(spans[a.graph.step] - pace, rel=0.15), (a.graph.step, waited)
+    # in a step's own window the op that made room was mostly launched by the step before, outside
+    # it; over three steps, where whatif replays such a step, most waits are tied to their op
+    from bottleneck_oracle.api import two_step_graphs
+
+    g = two_step_graphs(cached_load(path))(103, 3)
+    assert g is not None
+    n, e = g.nodes, g.edges
+    queued = (n["category"] == Category.BLOCKING) & ~n["on_gpu"]
+    released = np.unique(e["dst"][(e["kind"] == EdgeKind.SYNC) & queued[e["dst"]] & n["on_gpu"][e["src"]]])
+    assert len(released) >= 0.6 * queued.sum()
+    for a in cached_analyses(SAMPLE):
+        g = a.graph
+        assert not any("Launch" in g.node_name(i) for i in np.flatnonzero(g.nodes["category"] == Category.BLOCKING))
+
+
+def test_a_faster_device_in_a_host_paced_loop_is_replayed_in_steady_state(capsys):
+    """train_1rank_5steps with every kernel 5x faster: the device would run a step's work in ~20
+    ms, and the host, no longer held back by a full queue, at its own pace (step 101's raw span,
+    35.1 ms). whatif replays such steps in steady state: within 15% of that pace on steps
+    103-105 (in a step's own window alone the replay said 20.7 ms: the host's earlier launches
+    keep their recorded times there, so the host never binds). A CPU-bound step is replayed in its
+    own window, as before."""
+    from conftest import run_cli
+
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    pace = _raw_step_spans(path)[101]
+    code, out, err = run_cli(["whatif", str(path), "-e", "cat=kernel,scale=0.2", "--json"], capsys)
+    assert code == 0, err
+    rows = {w["step"]: w for w in json.loads(out)["steps"]}
+    for step in (103, 104, 105):
+        w = rows[step]
+        assert w["steady"]["steps"] == 3 and w["steady"]["first"] == step - 2
+        assert w["replay"]["step_us"] == pytest.approx(pace, rel=0.15), step
+        assert w["steady"]["one_step_us"] < 0.7 * pace
+    code, out, _ = run_cli(["whatif", str(SAMPLE), "-s", "2", "-e", "name~=mm,scale=0.5", "--json"], capsys)
+    assert "steady" not in json.loads(out)["steps"][0]
+    code, out, _ = run_cli(["whatif", str(path), "-s", "104", "-e", "cat=kernel,scale=0.2"], capsys)
+    assert "replay is of the steady state" in " ".join(out.split())
+
+
 def test_a_polling_loop_of_event_queries_is_one_wait(tmp_path):
     """``while not event.query(): pass``: 40 cudaEventQuery calls in a row until the kernel ends
     are one wait on that kernel (built here from a real trace's events, the loop added)."""
@@ -188,6 +257,36 @@ def test_a_polling_loop_of_event_queries_is_one_wait(tmp_path):
     waits = (g.edges["dst"] == loops[0]) & (g.edges["kind"] == EdgeKind.SYNC)
     assert waits.sum() == 1 and g.node_name(int(g.edges["src"][waits][0])) == kernel["name"]
     assert not [s for s in a.segments() if s.node == loops[0] and s.kind == "op" and s.dur > 0.5 * (t1 - t0)]
+
+
+def test_another_vendor_s_runtime_names_give_the_same_picture(tmp_path):
+    """alexnet_1gpu without its cuda_sync records, and its twin with Intel's runtime names (an
+    ``xpu_runtime`` category, ``urEnqueueKernelLaunch``, and ``urQueueFinish`` for each
+    synchronize): the same waits on the device, the same step time and breakdown. (The waits
+    were CPU work under the second names: compute 0 of the path instead of 59 ms.)"""
+    from bottleneck_oracle.api import analyze
+
+    (doc,) = raw_events(PUBLIC / "alexnet_1gpu.json.gz")
+    kept = [e for e in doc["traceEvents"] if e.get("cat") != "cuda_sync"]
+    names = {
+        "cudaLaunchKernel": "urEnqueueKernelLaunch",
+        "cudaDeviceSynchronize": "urQueueFinish",
+        "cudaStreamSynchronize": "urQueueFinish",
+    }
+    twin = []
+    for e in kept:
+        if e.get("cat") == "cuda_runtime":
+            e = {**e, "cat": "xpu_runtime", "name": names.get(e["name"], "ur" + e["name"].removeprefix("cuda"))}
+        twin.append(e)
+    pictures = []
+    for name, events in (("cuda.json", kept), ("xpu.json", twin)):
+        path = tmp_path / name
+        path.write_text(json.dumps({**doc, "traceEvents": events}))
+        _, (a,) = analyze(path)
+        blocking = int((a.graph.nodes["category"] == Category.BLOCKING).sum())
+        pictures.append((round(a.step_time, 3), {k: round(v, 3) for k, v in a.breakdown().items()}, blocking))
+    assert pictures[0] == pictures[1]
+    assert pictures[0][2] >= 20 and pictures[0][1]["compute"] > 0
 
 
 # ---- 3. bystander threads

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from bottleneck_oracle.analysis.segments import CPU, Segment
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, RunFacts
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 
@@ -53,7 +54,7 @@ ASLEEP_PATH_SHARE = 0.10
 COMPUTE_SLACK = 0.01
 LAUNCHES_KEPT = 0.99
 LINKED_SHARE = 0.5
-_BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery", re.IGNORECASE)
+_BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)

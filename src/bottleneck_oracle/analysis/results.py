@@ -49,6 +49,18 @@ class Replay:
 
 
 @dataclass(frozen=True, slots=True)
+class SteadyReplay:
+    """A step whose device ran work queued by earlier steps, replayed in steady state: the edits
+    applied to ``steps`` consecutive steps ending with it (from ``first``), the step's period the
+    last step's (api.whatif). ``one_step_us``: the edited step time in the step's window alone,
+    where the earlier steps' work, and the host it held back, keep their recorded times."""
+
+    first: int
+    steps: int
+    one_step_us: float
+
+
+@dataclass(frozen=True, slots=True)
 class ModelAnswer:
     """What the graph network says an edit does (models.predict.Predictor.effect): per variant the
     measured step plus the predicted effect and the effect (edited - unedited prediction), µs; or
@@ -97,6 +109,8 @@ class StepWhatIf:
     added_us: float  # the time the edits added to ops, gaps and thread starts (negative: removed)
     model: ModelAnswer | None = field(default=None, metadata=json_meta(omit_none=True))  # the graph network's answer
     replay: Replay
+    steady: SteadyReplay | None = field(default=None, metadata=json_meta(omit_none=True))
+    """Set where the replay is of the steady state over several steps (the device ran earlier steps' work)."""
     corrected: Corrected | None = field(default=None, metadata=json_meta(omit_none=True))
     microbatches: Resplit | None = field(default=None, metadata=json_meta(omit_none=True))
     knobs: list[str] = field(default_factory=list)

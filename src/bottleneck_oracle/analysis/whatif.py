@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -30,8 +30,12 @@ from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 
+if TYPE_CHECKING:
+    from bottleneck_oracle.analysis.answer import StepWindows
+
 MAX_DELAY_MS = 3_600_000.0  # an edit adds or takes at most an hour per op: beyond, it is a typo or a hostile reply
 MAX_SCALE = 1e6  # an edit makes an op at most a million times longer: beyond, float64 step times overflow
+STEADY_STEPS_BEFORE = 2  # a step whose device ran earlier steps' work is replayed with up to this many steps before it
 Phase = Literal["forward", "backward", "optimizer"]
 PHASES: tuple[Phase, ...] = get_args(Phase)  # codes 1, 2, 3 of analysis.phases.node_phases
 EditCategory = Literal["cpu_op", "runtime", "kernel", "memcpy", "memset", "collective", "p2p", "blocking"]
@@ -680,3 +684,37 @@ def thread_chain(g: ExecutionGraph, rank: int, tid: int) -> np.ndarray:
     n = g.nodes
     ids = np.flatnonzero((n["rank"] == rank) & (n["tid"] == tid) & ~n["on_gpu"] & (n["node_type"] == NodeType.COMPUTE))
     return ids[np.argsort(n["start"][ids], kind="stable")]
+
+
+def queued_ahead(g: ExecutionGraph) -> bool:
+    """Whether the device of some rank was still running work of earlier steps when ``g``'s step
+    began (its period starts after its step start): the step's time then depends on those steps."""
+    return any(g.rank_origin(r) > g.rank_start(r) + 1.0 for r in g.ranks)
+
+
+def steady_replay(
+    windows: StepWindows | None, step: int | None, edits: list[Edit], table: EventTable | None
+) -> tuple[int, int, float, float] | None:
+    """The period of ``step`` with ``edits`` applied in steady state: to it and up to
+    STEADY_STEPS_BEFORE steps before it, replayed together, so that a device that runs faster
+    drains the work earlier steps queued and a host that waited for room in its device's queue
+    (EventTable.queue_waits) waits less. The period is the difference between the window's makespan
+    with the step and without it (the same first step; later steps do not move earlier ones);
+    ``windows``: api.two_step_graphs. (first step, steps, period before, period after) in µs; None where the trace has not
+    the step before it."""
+    from bottleneck_oracle.analysis.phases import node_phases
+
+    if windows is None or step is None:
+        return None
+    for k in range(STEADY_STEPS_BEFORE, 0, -1):
+        with_it, without = windows(step - k, k + 1), windows(step - k, k)
+        if with_it is None or without is None:
+            continue
+        spans = []
+        for w in (with_it, without):
+            phases = node_phases(table, w)[0] if table is not None else None
+            t = apply_edits(w, edits, phases, table)
+            spans.append((makespan_of(w), t.cpm().makespan))
+        (base_a, edit_a), (base_b, edit_b) = spans
+        return step - k, k + 1, base_a - base_b, edit_a - edit_b
+    return None

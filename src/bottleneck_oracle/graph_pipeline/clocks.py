@@ -136,7 +136,7 @@ def shift(table: EventTable, offsets: dict[int, float]) -> None:
             s.start -= low
             s.end -= low
     table.steps.sort(key=lambda s: (s.number, s.rank))
-    table.by_rank_ts = table.streams = None  # caches ordered by time
+    table.by_rank_ts = table.streams = table.queued = None  # caches ordered by time
     table.lookups = {}
 
 

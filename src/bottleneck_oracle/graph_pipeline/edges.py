@@ -143,11 +143,15 @@ def launches(w: Window, E: EdgeSet) -> np.ndarray:
 def blocking_copies(w: Window, E: EdgeSet) -> None:
     """A copy or set call that returned only after its device op ended (window._blocking_copies:
     a copy into pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``) waited for that
-    op, and through it for everything queued before it on its stream: op -> call (a wait)."""
+    op, and through it for everything queued before it on its stream: op -> call (a wait). A
+    launch that waited for room in a full device queue (EventTable.queue_waits) waited for the op
+    whose end made room: op -> call (a wait), where that op is in the window."""
     calls = np.flatnonzero(w.copy_op >= 0)
-    if not len(calls):
-        return
-    E.add(w.ev2node[w.copy_op[calls]], w.ev2node[calls], EdgeKind.SYNC, wait=True)
+    if len(calls):
+        E.add(w.ev2node[w.copy_op[calls]], w.ev2node[calls], EdgeKind.SYNC, wait=True)
+    calls = np.flatnonzero(w.slot_op >= 0)
+    if len(calls):
+        E.add(w.ev2node[w.slot_op[calls]], w.ev2node[calls], EdgeKind.SYNC, wait=True)
 
 
 def forward_backward(table: EventTable, w: Window, E: EdgeSet) -> None:
@@ -399,7 +403,7 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     blocking_names = w.codes_of(blocking_calls)
     # the blocking calls no sync record describes: synchronize calls of ranks without cuda_sync
     # records, and polling loops of queries (no record describes a query) everywhere
-    named = (cls == EvClass.RUNTIME) & (isin_small(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0)))
+    named = (cls == EvClass.RUNTIME) & (isin_small(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0) & ~w.queued))
     calls = np.flatnonzero(((named & ~isin_sorted(rank, with_sync)) | (w.polls > 0)) & (w.ev2node >= 0))
     dev_by_end: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for call in calls.tolist():

@@ -52,6 +52,9 @@ PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes 
 FILES_PER_TASK = 16  # rank files parsed by one task of a Dask cluster (each task costs the scheduler a round trip)
 SPLIT_BYTES = 64 * 2**20  # one trace file of this many JSON bytes is scanned in parts, one thread each
 MAX_SCAN_THREADS = 8  # (the scan reads memory at a few hundred MB/s a thread: more threads gain little)
+QUEUE_WAIT_MIN_US = 50.0  # µs: a launch this long may have waited for room in a full device queue ...
+QUEUE_AHEAD_US = 1000.0  # ... if what it launched started this long after it returned (work was queued ahead) ...
+QUEUE_WAKE_US = 15.0  # ... and it returned within this of the end of a device op of its device (that op made room)
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _DEVICE_PROCESS = re.compile(F.DEVICE_PROCESS_PATTERN, re.IGNORECASE)
 _RANK_FOLDER = re.compile(r"(?:rank[-_]?)?(\d+)", re.IGNORECASE)
@@ -162,6 +165,8 @@ class EventTable:
     """Cached row of the runtime call that launched each GPU op (-1: none, or not a GPU op)."""
     streams: np.ndarray | None = None
     """Cached per row: the row of the GPU op before it on its stream (-1: none, or not a GPU op)."""
+    queued: np.ndarray | None = None
+    """Cached per row: for a launch that waited for room in a full device queue, the row of the op that made room (queue_waits)."""
     facts_cache: dict[str, Any] | None = None
     """Cached per-rank indexes of facts.py (device ops by launch and by start; long host ops)."""
     lookups: dict[str, Any] = field(default_factory=dict)
@@ -176,7 +181,7 @@ class EventTable:
 
     def drop_caches(self) -> None:
         """Forget the look-up caches (rebuilt when next asked for): memory back once graphs are built."""
-        self.by_rank_ts = self.launcher = self.streams = self.facts_cache = None
+        self.by_rank_ts = self.launcher = self.streams = self.queued = self.facts_cache = None
         self.lookups = {}
 
     def share(self) -> None:
@@ -195,12 +200,14 @@ class EventTable:
         self.index()
         self.launchers()
         self.stream_predecessors(np.zeros(0, dtype=np.int64))
+        self.queue_waits()
         table_lookups(self)
         index_facts(self)
         self.lookups.pop("flows", None)  # (made again below on the moved flows, which it is keyed on)
         assert self.by_rank_ts is not None and self.launcher is not None and self.streams is not None and self.facts_cache is not None
+        assert self.queued is not None
         arena = SharedArena(
-            2 * SharedArena.size_of((self.cols, self.flows, self.by_rank_ts, self.launcher, self.streams, self.facts_cache))
+            2 * SharedArena.size_of((self.cols, self.flows, self.by_rank_ts, self.launcher, self.streams, self.queued, self.facts_cache))
         )
         if self.layout is None:  # (shared before: its columns are there still; the look-ups made since move)
             perm = self._step_major()
@@ -215,13 +222,14 @@ class EventTable:
             del order, rank_s, anchor_s
             self.launcher = _renumbered(arena, self.launcher, perm, new)
             self.streams = _renumbered(arena, self.streams, perm, new)
+            self.queued = _renumbered(arena, self.queued, perm, new)
             self.facts_cache["long_host"] = {r: (new[rows], d) for r, (rows, d) in self.facts_cache["long_host"].items()}
             self.data_deps = new[self.data_deps]
             del new
             self.layout = arena.move(perm)
             lay_out_flows(self)
         self.by_rank_ts = arena.move(self.by_rank_ts)
-        self.launcher, self.streams = arena.move(self.launcher), arena.move(self.streams)
+        self.launcher, self.streams, self.queued = arena.move(self.launcher), arena.move(self.streams), arena.move(self.queued)
         arena.move(self.facts_cache)
         arena.move(self.flows)
         self.flow_layout = arena.move(self.flow_layout)
@@ -282,6 +290,46 @@ class EventTable:
                 out[gpu[hit]] = rt[pos[hit]]
             self.launcher = out
         return self.launcher
+
+    def queue_waits(self) -> np.ndarray:
+        """Per row, for a runtime call that waited for room in its device's full launch queue, the
+        row of the device op whose end made room; -1 otherwise. A device runs a bounded number of
+        launches ahead of its host (CUDA about a thousand): once a host is that far ahead, every
+        launch blocks until an op ends, so the host is paced by the device, not by its own work. A
+        launch is seen to have waited when it lasted QUEUE_WAIT_MIN_US or longer, what it launched
+        started QUEUE_AHEAD_US or more after it returned, and it returned within QUEUE_WAKE_US after
+        the end of an op of the same device (process); the first device op a call launched speaks
+        for it (a graph launch has many)."""
+        if self.queued is not None:
+            return self.queued
+        c = self.cols
+        out = np.full(len(self), -1, dtype=np.int64)
+        launcher = self.launchers()
+        ops = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+        launched = ops[launcher[ops] >= 0]
+        if len(launched):
+            ts, end = c["ts"], c["ts"] + c["dur"]
+            calls, first = np.unique(launcher[launched], return_inverse=True)
+            op_start = np.full(len(calls), np.inf)
+            np.minimum.at(op_start, first, ts[launched])
+            op_of = np.full(len(calls), -1, dtype=np.int64)
+            op_of[first[::-1]] = launched[::-1]  # (any op of the call names its device)
+            back = end[calls]
+            cand = (c["dur"][calls] >= QUEUE_WAIT_MIN_US) & (op_start >= back + QUEUE_AHEAD_US)
+            if cand.any():
+                calls, back, dev_op = calls[cand], back[cand], op_of[cand]
+                device = c["rank"].astype(np.int64) * (1 << 32) + (c["pid"].astype(np.int64) & 0xFFFFFFFF)
+                rel = np.full(len(calls), -1, dtype=np.int64)
+                for d, mine in groups(device[dev_op]):  # the last op of the call's device that ended by its return
+                    on = ops[device[ops] == d]
+                    on = on[np.lexsort((self.layout[on] if self.layout is not None else on, end[on]))]  # (ties: as read)
+                    pos = np.searchsorted(end[on], back[mine], side="right") - 1
+                    rel[mine] = np.where(pos >= 0, on[np.maximum(pos, 0)], -1)
+                ok = rel >= 0
+                ok &= back - end[np.maximum(rel, 0)] <= QUEUE_WAKE_US
+                out[calls[ok]] = rel[ok]
+        self.queued = out
+        return out
 
     def anchors(self) -> np.ndarray:
         """Per row, the time (µs) that decides which step an event belongs to: its start, or for a

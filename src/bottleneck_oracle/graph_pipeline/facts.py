@@ -25,13 +25,17 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
 
 DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # runtime calls that return only when device work has completed (or may: a copy to pageable host
 # memory). The graph decides call by call from the timing; the facts go by name
-BLOCKING_NAME = re.compile(r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventquery|streamquery", re.IGNORECASE)
+BLOCKING_NAME = re.compile(
+    r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventquery|streamquery|" + F.HOST_WAIT_PATTERN,
+    re.IGNORECASE,
+)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
 LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it

@@ -25,7 +25,10 @@ GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # runtime calls that block the host until device work completes: any synchronize (CUDA, HIP, the
 # driver's, other vendors' ``synchronizeStream``); copies and sets are decided from their timing,
 # polling loops of queries from their run length (see make_window)
-SYNC_NAME = re.compile(r"synchroni[sz]e", re.IGNORECASE)
+SYNC_NAME = re.compile(r"synchroni[sz]e|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
+"""A runtime call that blocks its host until device work is done: any vendor's synchronize
+(``cudaStreamSynchronize``, ``hipDeviceSynchronize``, ``zeEventHostSynchronize``) and the other
+vendors' waits (fields.HOST_WAIT_PATTERN: ``urQueueFinish``, ``clFinish``)."""
 COPY_NAME = re.compile(r"mem(cpy|set)", re.IGNORECASE)
 QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
@@ -180,6 +183,8 @@ class Window:
     blocking: np.ndarray  # per event: a runtime call that blocks until device work completes (sync, blocking copy, polling loop)
     copy_op: np.ndarray  # per event: for a blocking copy or set call, the window event of its device op (-1: none)
     polls: np.ndarray  # per event: how many query calls a merged polling loop holds (0: not one)
+    queued: np.ndarray  # per event: a launch that waited for room in a full device queue (EventTable.queue_waits)
+    slot_op: np.ndarray  # per event: for a launch that waited for room in a full device queue, the window event of the op that made room (-1: none, or outside the window)
     origins: dict[int, float]  # µs per rank: where its step's period starts (facts.py), from the window start
     codes: tuple[dict[str, list[int]], int] | None = None  # the table's name -> codes, for names[:n] (None: none)
 
@@ -271,6 +276,8 @@ _RULES_ONLY = (
     "lead_from",
     "copy_op",
     "polls",
+    "queued",
+    "slot_op",
 )
 """The Window's arrays that ``let_go`` drops."""
 _GRAPH_COLUMNS = ("rank", "tid", "cls", "name", "dur", "elem_bytes", "msg_nelems", "group_size")
@@ -454,6 +461,23 @@ def _blocking_copies(c: Mapping[str, np.ndarray], is_copy: np.ndarray, ts: np.nd
     return out
 
 
+def _queue_waits(table: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per window event (``rows``: its table rows, -1 for a marker): whether it is a launch that
+    waited for room in a full device queue (EventTable.queue_waits), and the window event of the
+    op whose end made room (-1: none, or an op of an earlier step outside the window)."""
+    queued = np.zeros(len(rows), dtype=bool)
+    slot_op = np.full(len(rows), -1, dtype=np.int64)
+    rel = np.where(rows >= 0, table.queue_waits()[np.maximum(rows, 0)], -1)
+    calls = np.flatnonzero(rel >= 0)
+    if len(calls):
+        queued[calls] = True
+        order = np.argsort(rows, kind="stable")
+        pos = np.minimum(np.searchsorted(rows[order], rel[calls]), len(rows) - 1)
+        hit = rows[order][pos] == rel[calls]
+        slot_op[calls[hit]] = order[pos[hit]]
+    return queued, slot_op
+
+
 def make_window(
     table: EventTable,
     step: int | None,
@@ -503,6 +527,8 @@ def make_window(
     blocking |= polls > 0
     copy_op = _blocking_copies(c, flags["copy"], ts, end, tol)
     blocking |= copy_op >= 0
+    queued, slot_op = _queue_waits(table, rows)
+    blocking |= queued
     ev_thread = np.full(len(ts), -1, dtype=np.int64)
     ev_thread[cpu_rows] = thread
 
@@ -572,6 +598,8 @@ def make_window(
         blocking=blocking,
         copy_op=copy_op,
         polls=polls,
+        queued=queued,
+        slot_op=slot_op,
         origins=origin_of,
         codes=_codes(table),
     )

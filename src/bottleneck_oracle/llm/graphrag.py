@@ -333,10 +333,19 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
 
 
 def validate(
-    s: Suggestion, g: ExecutionGraph, base: CPMResult, phases: np.ndarray | None, predictor=None, table=None, mb: np.ndarray | None = None
+    s: Suggestion,
+    g: ExecutionGraph,
+    base: CPMResult,
+    phases: np.ndarray | None,
+    predictor=None,
+    table=None,
+    mb: np.ndarray | None = None,
+    windows=None,
 ) -> str | None:
     """Replay (and predict) the suggestion; fills its savings. Returns why it is rejected, or None.
-    ``phases``, ``mb``: the two arrays of ``node_phases(table, g)``."""
+    ``phases``, ``mb``: the two arrays of ``node_phases(table, g)``. ``windows``
+    (api.two_step_graphs): a step whose device ran earlier steps' work has its op edits replayed
+    in steady state (api.steady_replay), as ``whatif`` does."""
     try:
         edits = [Edit.parse(x) for x in s.edits]
         times = apply_edits(g, edits, phases, table)
@@ -355,6 +364,12 @@ def validate(
     s.edited_nodes = int(len(times.nodes) + len(times.edges))
     after = times.cpm().makespan
     s.replay_saving_us = float(base.makespan - after)
+    if windows is not None and not s.knobs and not any(e.ids for e in edits):
+        from bottleneck_oracle.analysis.whatif import queued_ahead, steady_replay
+
+        steady = steady_replay(windows, g.step, edits, table) if queued_ahead(g) else None
+        if steady is not None:
+            s.replay_saving_us = float(steady[2] - steady[3])
     if s.knobs:
         from bottleneck_oracle.analysis.knobs import interval
 
@@ -410,8 +425,10 @@ def advise(
     k: int = 8,
     recipes: list[Recipe] | None = None,
     mb: np.ndarray | None = None,
+    windows=None,
 ) -> Advice:
-    """Suggestions for one analysed step, each validated by the replay (and the model)."""
+    """Suggestions for one analysed step, each validated by the replay (and the model); with
+    ``windows`` (api.two_step_graphs) in steady state where the step's device ran earlier steps' work."""
     recipes = recipes or load_recipes()
     metrics, ctx = symptoms(a, b, phases)
     sub = causal_subgraph(a, b)
@@ -428,7 +445,7 @@ def advise(
         suggestions, problems = parse_llm_output(llm.chat(messages), by_id)
         generator = f"LLM {llm.model} at {llm.base_url}"
         rejected += [Rejected(reason=p, round=1) for p in problems]
-    good, bad = _check(suggestions, a, phases, predictor, table, mb)
+    good, bad = _check(suggestions, a, phases, predictor, table, mb, windows)
     if llm is not None and (bad or (not good and rejected)):
         feedback = (
             "These suggestions were rejected; fix them or drop them, and reply with the full JSON again:\n"
@@ -438,7 +455,7 @@ def advise(
         messages = prompt(metrics, sub, candidates) + [{"role": "user", "content": fence(feedback)}]
         retry, problems = parse_llm_output(llm.chat(messages), by_id)
         rejected += [Rejected(reason=p, round=2) for p in problems]
-        good2, bad2 = _check(retry, a, phases, predictor, table, mb)
+        good2, bad2 = _check(retry, a, phases, predictor, table, mb, windows)
         seen = {tuple(s.edits) for s in good}
         good += [s for s in good2 if tuple(s.edits) not in seen]
         bad = bad2
@@ -455,10 +472,10 @@ def advise(
     )
 
 
-def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb):
+def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb, windows=None):
     good, bad = [], []
     for s in suggestions:
-        why = validate(s, a.graph, a.cpm, phases, predictor, table, mb)
+        why = validate(s, a.graph, a.cpm, phases, predictor, table, mb, windows)
         (bad.append((s, why)) if why else good.append(s))
     return good, bad
 
