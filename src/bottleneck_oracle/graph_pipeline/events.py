@@ -52,7 +52,9 @@ PARALLEL_BYTES = 32 * 2**20  # parse a folder in parallel above this many bytes 
 FILES_PER_TASK = 16  # rank files parsed by one task of a Dask cluster (each task costs the scheduler a round trip)
 SPLIT_BYTES = 64 * 2**20  # one trace file of this many JSON bytes is scanned in parts, one thread each
 MAX_SCAN_THREADS = 8  # (the scan reads memory at a few hundred MB/s a thread: more threads gain little)
-QUEUE_WAIT_MIN_US = 50.0  # µs: a launch this long may have waited for room in a full device queue ...
+QUEUE_MIN_DEPTH = 256  # launches a device held at most before its queue is taken to have a ceiling ...
+QUEUE_FULL = 0.9  # ... a launch made while the device held this share of that ceiling found the queue full ...
+QUEUE_WAIT_MIN_US = 50.0  # µs: ... and if this long, may have waited for room ...
 QUEUE_AHEAD_US = 1000.0  # ... if what it launched started this long after it returned (work was queued ahead) ...
 QUEUE_WAKE_US = 15.0  # ... and it returned within this of the end of a device op of its device (that op made room)
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -293,13 +295,17 @@ class EventTable:
 
     def queue_waits(self) -> np.ndarray:
         """Per row, for a runtime call that waited for room in its device's full launch queue, the
-        row of the device op whose end made room; -1 otherwise. A device runs a bounded number of
-        launches ahead of its host (CUDA about a thousand): once a host is that far ahead, every
-        launch blocks until an op ends, so the host is paced by the device, not by its own work. A
-        launch is seen to have waited when it lasted QUEUE_WAIT_MIN_US or longer, what it launched
-        started QUEUE_AHEAD_US or more after it returned, and it returned within QUEUE_WAKE_US after
-        the end of an op of the same device (process); the first device op a call launched speaks
-        for it (a graph launch has many)."""
+        row of the device op whose end made room; -1 otherwise. A device holds a bounded number of
+        launches not yet done (CUDA about a thousand): a host that far ahead blocks in every launch
+        until an op ends, so the host is paced by the device, not by its own work. A launch (a call
+        whose device work is in the trace; a graph launch is one) is seen to have waited when
+        - the launches of its device not yet done when it began were at least QUEUE_FULL of the most
+          the device ever held, and that most was QUEUE_MIN_DEPTH or more (a ceiling the trace shows);
+        - it lasted QUEUE_WAIT_MIN_US or longer, and what it launched started QUEUE_AHEAD_US or more
+          after it returned;
+        - it returned within QUEUE_WAKE_US after the end of an op of the same device (process).
+        (A launch slowed by something else that happens to end near an op's end, with the queue far
+        from full, is not one: resnet50_legacy's two 52-118 µs launches held 11 and 158 of 562.)"""
         if self.queued is not None:
             return self.queued
         c = self.cols
@@ -312,13 +318,21 @@ class EventTable:
             calls, first = np.unique(launcher[launched], return_inverse=True)
             op_start = np.full(len(calls), np.inf)
             np.minimum.at(op_start, first, ts[launched])
+            done = np.full(len(calls), -np.inf)  # when the last op of each launch ended
+            np.maximum.at(done, first, end[launched])
             op_of = np.full(len(calls), -1, dtype=np.int64)
             op_of[first[::-1]] = launched[::-1]  # (any op of the call names its device)
+            device = c["rank"].astype(np.int64) * (1 << 32) + (c["pid"].astype(np.int64) & 0xFFFFFFFF)
+            full = np.zeros(len(calls), dtype=bool)
+            for _, mine in groups(device[op_of]):  # launches not yet done, at each launch of a device
+                t_launch, t_done = np.sort(ts[calls[mine]]), np.sort(done[mine])
+                held = np.searchsorted(t_launch, ts[calls[mine]], side="left") - np.searchsorted(t_done, ts[calls[mine]], side="right")
+                most = int(held.max())
+                full[mine] = (most >= QUEUE_MIN_DEPTH) & (held >= QUEUE_FULL * most)
             back = end[calls]
-            cand = (c["dur"][calls] >= QUEUE_WAIT_MIN_US) & (op_start >= back + QUEUE_AHEAD_US)
+            cand = full & (c["dur"][calls] >= QUEUE_WAIT_MIN_US) & (op_start >= back + QUEUE_AHEAD_US)
             if cand.any():
                 calls, back, dev_op = calls[cand], back[cand], op_of[cand]
-                device = c["rank"].astype(np.int64) * (1 << 32) + (c["pid"].astype(np.int64) & 0xFFFFFFFF)
                 rel = np.full(len(calls), -1, dtype=np.int64)
                 for d, mine in groups(device[dev_op]):  # the last op of the call's device that ended by its return
                     on = ops[device[ops] == d]
