@@ -465,12 +465,13 @@ def whatif(
             edited = times.cpm()
         replay = Replay(step_us=edited.makespan, delta_us=edited.makespan - base.makespan)
         steady: SteadyReplay | None = None
+        path_of = (g, base, edited, times.dur)  # whose critical paths the answer compares
         if not settings and predictor is None and not any(e.ids for e in parsed) and queued_ahead(g):
             found = steady_replay(windows, g.step, parsed, table)
             if found is not None:
-                first, span, base_us, edited_us = found
-                steady = SteadyReplay(first=first, steps=span, one_step_us=replay.step_us)
-                replay = Replay(step_us=step_us + edited_us - base_us, delta_us=edited_us - base_us)
+                steady = SteadyReplay(first=found.first, steps=found.steps, one_step_us=replay.step_us)
+                replay = Replay(step_us=step_us + found.edited_us - found.period_us, delta_us=found.edited_us - found.period_us)
+                path_of = (found.graph, found.base, found.edited, found.dur)
         corrected = None
         if corrections is not None:
             fixed = corrections.answer(times, base)
@@ -501,9 +502,10 @@ def whatif(
                 step_us=step_us + replay.delta_us + then - now,
             )
             replay = Replay(step_us=resplit.step_us, delta_us=replay.delta_us + then - now)
-        before, after = set(base.path.tolist()), set(edited.path.tolist())
+        pg, pbase, pedited, pdur = path_of
+        before, after = set(pbase.path.tolist()), set(pedited.path.tolist())
 
-        def names(s: set[int], g: ExecutionGraph = g, d: np.ndarray = times.dur) -> list[NodeRef]:
+        def names(s: set[int], g: ExecutionGraph = pg, d: np.ndarray = pdur) -> list[NodeRef]:
             ranked = sorted(s, key=lambda i: -float(d[i]))[:10]
             return [NodeRef(int(i), g.node_name(i), int(g.nodes["rank"][i])) for i in ranked]
 

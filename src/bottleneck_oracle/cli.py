@@ -1138,8 +1138,8 @@ def whatif(
                 f"{_step_list([r.step for r in steady])}: the device ran work queued by earlier steps, so the replay is of the "
                 f"steady state: the edits in the step and up to {max(r.steady.steps for r in steady if r.steady is not None) - 1} "
                 f"before it, replayed together (in the step's own window alone, where earlier steps' work keeps its recorded "
-                f"times: {_ms(min(alone))}{'' if max(alone) - min(alone) < 1 else f'-{_ms(max(alone))}'} ms; the critical "
-                "paths below are of that window)"
+                f"times: {_ms(min(alone))}{'' if max(alone) - min(alone) < 1 else f'-{_ms(max(alone))}'} ms); the critical "
+                "paths below are of the steps replayed together"
             )
         )
     if knob or microbatches or batch:

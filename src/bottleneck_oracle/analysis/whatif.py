@@ -692,16 +692,29 @@ def queued_ahead(g: ExecutionGraph) -> bool:
     return any(g.rank_origin(r) > g.rank_start(r) + 1.0 for r in g.ranks)
 
 
-def steady_replay(
-    windows: StepWindows | None, step: int | None, edits: list[Edit], table: EventTable | None
-) -> tuple[int, int, float, float] | None:
+@dataclass(slots=True)
+class SteadyState:
+    """A step's what-if replayed in steady state (steady_replay): the window of ``steps`` consecutive
+    steps from ``first``, the step last; the step's period before and after the edits (µs); the
+    window's graph, its replay before and after, and its edited durations."""
+
+    first: int
+    steps: int
+    period_us: float
+    edited_us: float
+    graph: ExecutionGraph
+    base: CPMResult
+    edited: CPMResult
+    dur: np.ndarray
+
+
+def steady_replay(windows: StepWindows | None, step: int | None, edits: list[Edit], table: EventTable | None) -> SteadyState | None:
     """The period of ``step`` with ``edits`` applied in steady state: to it and up to
     STEADY_STEPS_BEFORE steps before it, replayed together, so that a device that runs faster
     drains the work earlier steps queued and a host that waited for room in its device's queue
     (EventTable.queue_waits) waits less. The period is the difference between the window's makespan
     with the step and without it (the same first step; later steps do not move earlier ones);
-    ``windows``: api.two_step_graphs. (first step, steps, period before, period after) in µs; None where the trace has not
-    the step before it."""
+    ``windows``: api.two_step_graphs. None where the trace has not the step before it."""
     from bottleneck_oracle.analysis.phases import node_phases
 
     if windows is None or step is None:
@@ -710,11 +723,20 @@ def steady_replay(
         with_it, without = windows(step - k, k + 1), windows(step - k, k)
         if with_it is None or without is None:
             continue
-        spans = []
+        runs = []
         for w in (with_it, without):
             phases = node_phases(table, w)[0] if table is not None else None
             t = apply_edits(w, edits, phases, table)
-            spans.append((makespan_of(w), t.cpm().makespan))
-        (base_a, edit_a), (base_b, edit_b) = spans
-        return step - k, k + 1, base_a - base_b, edit_a - edit_b
+            runs.append((run_cpm(w), t.cpm(), t.dur))
+        (base_a, edit_a, dur), (base_b, edit_b, _) = runs
+        return SteadyState(
+            first=step - k,
+            steps=k + 1,
+            period_us=base_a.makespan - base_b.makespan,
+            edited_us=edit_a.makespan - edit_b.makespan,
+            graph=with_it,
+            base=base_a,
+            edited=edit_a,
+            dur=dur,
+        )
     return None

@@ -64,12 +64,12 @@ KERNEL_CATS = frozenset({"kernel", "Kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
 MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
 GPU_SYNC_CATS = frozenset({"cuda_sync"})
-# categories that are understood and carry no work of their own: the profiler's span, its own
-# overhead, device-side copies of CPU ranges, instant events and flows
 HOST_WAIT_PATTERN = r"^(ur|pi|ze)(QueueFinish|EventWait|EventsWait)$|^cl(Finish|WaitForEvents)$"
 """Runtime calls other than a synchronize that block their host until device work is done: the
 waits of Intel's unified runtime (and its older plugin interface) and of OpenCL; not
 ``urEnqueueEventsWait``, which orders device work without blocking."""
+# categories that are understood and carry no work of their own: the profiler's span, its own
+# overhead, device-side copies of CPU ranges, instant events and flows
 IGNORED_CATS = frozenset({"Trace", "overhead", "Overhead", "gpu_user_annotation", "cpu_instant_event", "ac2g", "fwdbwd"})
 # a category of another vendor's runtime ("mtia_runtime", "xpu_runtime", "hpu_driver"): its calls
 # are runtime calls like CUDA's

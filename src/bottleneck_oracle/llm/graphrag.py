@@ -369,7 +369,7 @@ def validate(
 
         steady = steady_replay(windows, g.step, edits, table) if queued_ahead(g) else None
         if steady is not None:
-            s.replay_saving_us = float(steady[2] - steady[3])
+            s.replay_saving_us = float(steady.period_us - steady.edited_us)
     if s.knobs:
         from bottleneck_oracle.analysis.knobs import interval
 
