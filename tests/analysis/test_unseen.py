@@ -174,6 +174,8 @@ def test_a_launch_into_a_full_device_queue_is_a_wait_on_the_device():
         assert (queued & ~launches).sum() <= 0.05 * queued.sum()  # (a few synchronize calls)
         waited = float(n["dur"][queued].sum())
         assert waited == pytest.approx(spans[a.graph.step] - pace, rel=0.15), (a.graph.step, waited)
+        q = a.gpu_queue()  # what --json and the warning say of it: the launches' part
+        assert q is not None and q.ranks[0].host_queue_wait_us == pytest.approx(spans[a.graph.step] - pace, rel=0.15)
     # in a step's own window the op that made room was mostly launched by the step before, outside
     # it; over three steps, where whatif replays such a step, most waits are tied to their op
     from bottleneck_oracle.api import two_step_graphs

@@ -99,6 +99,7 @@ class RankQueue:
     lag_us: float  # median launch-call start to device-op start
     gpu_after_step_us: float  # how long after the step's CPU end the device finished the step's work
     deeper_than_step: bool  # the lag is longer than the step: the device ran earlier steps' work
+    host_queue_wait_us: float = 0.0  # the host's launches waited this long in the step for room in the device's full queue
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,7 +276,16 @@ class StepAnalysis:
             tail = float(gpu_end[i] - end_cpu) if end_cpu is not None else 0.0
             span = g.measured.get(rk, 0.0)
             lag = float(lag_of[i])
-            out.append(RankQueue(rank=rk, lag_us=lag, gpu_after_step_us=max(tail, 0.0), deeper_than_step=bool(span and lag > span)))
+            waited = float(g.info.queue_wait_us.get(str(rk), 0.0))
+            out.append(
+                RankQueue(
+                    rank=rk,
+                    lag_us=lag,
+                    gpu_after_step_us=max(tail, 0.0),
+                    deeper_than_step=bool(span and lag > span),
+                    host_queue_wait_us=waited,
+                )
+            )
         return GpuQueue(ranks=out, deeper_than_step=any(x.deeper_than_step for x in out)) if out else None
 
     def lowest_slack_comm(self, k: int = 10) -> list[CommSlack]:
@@ -426,10 +435,17 @@ class StepAnalysis:
             return None
         worst = max(q.ranks, key=lambda x: x.lag_us)
         step = self.graph.step if self.graph.step is not None else "(whole trace)"
+        waited = worst.host_queue_wait_us
         return (
             f"step {step}: the device of rank {worst.rank} runs {worst.lag_us / 1000:.1f} ms behind its host (median launch to "
             f"start), more than the {self.graph.measured.get(worst.rank, 0.0) / 1000:.1f} ms ProfilerStep: the step is device-bound; "
             f"its step time is its period on the device ({(self.period or self.step_time) / 1000:.1f} ms), not the host's span"
+            + (
+                f"; its host waited {waited / 1000:.1f} ms of the step for room in the device's full launch queue (paced by the "
+                "device, not by its own work)"
+                if waited >= 0.05 * self.step_time
+                else ""
+            )
         )
 
     def warnings(self) -> list[str]:

@@ -97,6 +97,12 @@ class GraphInfo:
         return value if isinstance(value, dict) else {}
 
     @property
+    def queue_wait_us(self) -> dict[str, float]:
+        """Per rank ("rank"), the time its host's launches in the step waited for room in the
+        device's full launch queue (EventTable.queue_waits), µs; ranks without such waits absent."""
+        return self._dict("queue_wait_us")
+
+    @property
     def thread_names(self) -> dict[str, str]:
         """The trace's names of the step's CPU threads, keyed "rank:tid"."""
         return self._dict("thread_names")
