@@ -398,7 +398,7 @@ def whatif(
         Edit,
         apply_edits,
         own_time_edits,
-        queued_ahead,
+        paced_by_device,
         selects_anything,
         steady_replay,
         why_nothing,
@@ -466,7 +466,7 @@ def whatif(
         replay = Replay(step_us=edited.makespan, delta_us=edited.makespan - base.makespan)
         steady: SteadyReplay | None = None
         path_of = (g, base, edited, times.dur)  # whose critical paths the answer compares
-        if not settings and predictor is None and not any(e.ids for e in parsed) and queued_ahead(g):
+        if not settings and predictor is None and not any(e.ids for e in parsed) and paced_by_device(g):
             found = steady_replay(windows, g.step, parsed, table)
             if found is not None:
                 steady = SteadyReplay(first=found.first, steps=found.steps, one_step_us=replay.step_us)
@@ -808,7 +808,7 @@ def advise_graphs(
         llm: an OpenAI-compatible chat server; None: the offline recipe engine.
         recipes: another recipe file.
         windows: graphs of consecutive steps (``two_step_graphs``): a suggestion for a step whose
-            device ran earlier steps' work is replayed in steady state (``steady_replay``); None:
+            host the device paced (whatif.paced_by_device) is replayed in steady state (``steady_replay``); None:
             in the step's own window.
 
     Returns:

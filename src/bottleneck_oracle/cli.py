@@ -1135,8 +1135,8 @@ def whatif(
         alone = [r.steady.one_step_us for r in steady if r.steady is not None]
         out.print(
             Text(
-                f"{_step_list([r.step for r in steady])}: the device ran work queued by earlier steps, so the replay is of the "
-                f"steady state: the edits in the step and up to {max(r.steady.steps for r in steady if r.steady is not None) - 1} "
+                f"{_step_list([r.step for r in steady])}: the host waited for room in the device's full launch queue, so the "
+                f"replay is of the steady state: the edits in the step and up to {max(r.steady.steps for r in steady if r.steady is not None) - 1} "
                 f"before it, replayed together (in the step's own window alone, where earlier steps' work keeps its recorded "
                 f"times: {_ms(min(alone))}{'' if max(alone) - min(alone) < 1 else f'-{_ms(max(alone))}'} ms); the critical "
                 "paths below are of the steps replayed together"

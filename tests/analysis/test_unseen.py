@@ -201,8 +201,8 @@ def test_a_faster_device_in_a_host_paced_loop_is_replayed_in_steady_state(capsys
     ms, and the host, no longer held back by a full queue, at its own pace (step 101's raw span,
     35.1 ms). whatif replays such steps in steady state: within 15% of that pace on steps
     103-105 (in a step's own window alone the replay said 20.7 ms: the host's earlier launches
-    keep their recorded times there, so the host never binds). A CPU-bound step is replayed in its
-    own window, as before."""
+    keep their recorded times there, so the host never binds). A CPU-bound step, and a
+    device-bound one whose host the queue did not pace, are replayed in their own window."""
     from conftest import run_cli
 
     path = PUBLIC / "train_1rank_5steps.json.gz"
@@ -216,6 +216,12 @@ def test_a_faster_device_in_a_host_paced_loop_is_replayed_in_steady_state(capsys
         assert w["replay"]["step_us"] == pytest.approx(pace, rel=0.15), step
         assert w["steady"]["one_step_us"] < 0.7 * pace
     code, out, _ = run_cli(["whatif", str(SAMPLE), "-s", "2", "-e", "name~=mm,scale=0.5", "--json"], capsys)
+    assert "steady" not in json.loads(out)["steps"][0]
+    # diff_test: device-bound too, but its host waits 0-7% of a step for the queue: its launch
+    # times are its own, and each step keeps its own window
+    code, out, _ = run_cli(
+        ["whatif", str(PUBLIC / "diff_test_rank1of2.json.gz"), "-s", "1011", "-e", "cat=kernel,scale=0.5", "--json"], capsys
+    )
     assert "steady" not in json.loads(out)["steps"][0]
     code, out, _ = run_cli(["whatif", str(path), "-s", "104", "-e", "cat=kernel,scale=0.2"], capsys)
     assert "replay is of the steady state" in " ".join(out.split())

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 MAX_DELAY_MS = 3_600_000.0  # an edit adds or takes at most an hour per op: beyond, it is a typo or a hostile reply
 MAX_SCALE = 1e6  # an edit makes an op at most a million times longer: beyond, float64 step times overflow
-STEADY_STEPS_BEFORE = 2  # a step whose device ran earlier steps' work is replayed with up to this many steps before it
+STEADY_STEPS_BEFORE = 2  # a step whose host the device paced is replayed with up to this many steps before it ...
+STEADY_QUEUE_SHARE = 0.2  # ... where its host waited this share of its step or more for room in the device's launch queue
 Phase = Literal["forward", "backward", "optimizer"]
 PHASES: tuple[Phase, ...] = get_args(Phase)  # codes 1, 2, 3 of analysis.phases.node_phases
 EditCategory = Literal["cpu_op", "runtime", "kernel", "memcpy", "memset", "collective", "p2p", "blocking"]
@@ -686,10 +687,19 @@ def thread_chain(g: ExecutionGraph, rank: int, tid: int) -> np.ndarray:
     return ids[np.argsort(n["start"][ids], kind="stable")]
 
 
-def queued_ahead(g: ExecutionGraph) -> bool:
-    """Whether the device of some rank was still running work of earlier steps when ``g``'s step
-    began (its period starts after its step start): the step's time then depends on those steps."""
-    return any(g.rank_origin(r) > g.rank_start(r) + 1.0 for r in g.ranks)
+def paced_by_device(g: ExecutionGraph) -> bool:
+    """Whether ``g``'s step is one a what-if must replay in steady state (steady_replay): on some
+    rank the device was still running earlier steps' work when the step began, and the host spent
+    at least STEADY_QUEUE_SHARE of its step waiting for room in the device's full launch queue
+    (EventTable.queue_waits). Its recorded launch times then follow the device: the step's own
+    window keeps them, so a faster device there never lets the host bind. Where the host is not
+    paced so, its launch times are its own and the step's window keeps them rightly; a window of
+    several steps would also pin each step's unexplained delays in it, so it is not used."""
+    waited = g.info.queue_wait_us
+    return any(
+        g.rank_origin(r) > g.rank_start(r) + 1.0 and float(waited.get(str(r), 0.0)) >= STEADY_QUEUE_SHARE * g.measured.get(r, 0.0)
+        for r in g.ranks
+    )
 
 
 @dataclass(slots=True)

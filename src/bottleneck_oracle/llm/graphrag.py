@@ -344,8 +344,8 @@ def validate(
 ) -> str | None:
     """Replay (and predict) the suggestion; fills its savings. Returns why it is rejected, or None.
     ``phases``, ``mb``: the two arrays of ``node_phases(table, g)``. ``windows``
-    (api.two_step_graphs): a step whose device ran earlier steps' work has its op edits replayed
-    in steady state (api.steady_replay), as ``whatif`` does."""
+    (api.two_step_graphs): a step whose host the device paced (whatif.paced_by_device) has its op edits replayed
+    in steady state (whatif.steady_replay), as ``whatif`` does."""
     try:
         edits = [Edit.parse(x) for x in s.edits]
         times = apply_edits(g, edits, phases, table)
@@ -365,9 +365,9 @@ def validate(
     after = times.cpm().makespan
     s.replay_saving_us = float(base.makespan - after)
     if windows is not None and not s.knobs and not any(e.ids for e in edits):
-        from bottleneck_oracle.analysis.whatif import queued_ahead, steady_replay
+        from bottleneck_oracle.analysis.whatif import paced_by_device, steady_replay
 
-        steady = steady_replay(windows, g.step, edits, table) if queued_ahead(g) else None
+        steady = steady_replay(windows, g.step, edits, table) if paced_by_device(g) else None
         if steady is not None:
             s.replay_saving_us = float(steady.period_us - steady.edited_us)
     if s.knobs:
@@ -428,7 +428,7 @@ def advise(
     windows=None,
 ) -> Advice:
     """Suggestions for one analysed step, each validated by the replay (and the model); with
-    ``windows`` (api.two_step_graphs) in steady state where the step's device ran earlier steps' work."""
+    ``windows`` (api.two_step_graphs) in steady state where the device paced the step's host."""
     recipes = recipes or load_recipes()
     metrics, ctx = symptoms(a, b, phases)
     sub = causal_subgraph(a, b)
