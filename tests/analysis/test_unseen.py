@@ -196,6 +196,26 @@ def test_a_launch_into_a_full_device_queue_is_a_wait_on_the_device():
     assert (table.queue_waits() < 0).all()
 
 
+def test_the_run_answer_says_how_much_faster_the_device_could_run_before_the_host_binds(capsys):
+    """train_1rank_5steps: the run answer says the host is paced by the device and its own work
+    is within 10% of step 101's raw span (35.1 ms, before the queue filled); a device-bound run
+    whose host is not so paced (diff_test) and a CPU job say nothing of it."""
+    from conftest import run_cli
+
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    pace = _raw_step_spans(path)[101]
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0, err
+    hp = json.loads(out)["run"]["host_paced"]
+    assert hp["own"]["median_us"] == pytest.approx(pace, rel=0.1)
+    assert hp["waited"]["median_us"] + hp["own"]["median_us"] == pytest.approx(95_600, rel=0.02)
+    for other in (PUBLIC / "diff_test_rank1of2.json.gz", SAMPLE):
+        code, out, _ = run_cli(["analyze", str(other), "--json"], capsys)
+        assert json.loads(out)["run"]["host_paced"] is None
+    code, out, _ = run_cli(["analyze", str(path)], capsys)
+    assert "Host paced by the device" in " ".join(out.split()[:80])
+
+
 def test_a_faster_device_in_a_host_paced_loop_is_replayed_in_steady_state(capsys):
     """train_1rank_5steps with every kernel 5x faster: the device would run a step's work in ~20
     ms, and the host, no longer held back by a full queue, at its own pace (step 101's raw span,

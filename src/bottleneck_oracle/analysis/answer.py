@@ -33,6 +33,7 @@ import numpy as np
 from bottleneck_oracle.analysis.cpm import makespan_of
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey
 from bottleneck_oracle.analysis.summary import StepAnalysis
+from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import NodeType
 
@@ -112,6 +113,15 @@ class StepWindows(Protocol):
 
 
 @dataclass(slots=True)
+class HostPace:
+    """A host paced by its device: per step, the time its launches waited for room in the device's
+    full launch queue (EventTable.queue_waits) and what is left of its span, its own work (µs)."""
+
+    waited: Estimate
+    own: Estimate
+
+
+@dataclass(slots=True)
 class DeviceWeight:
     """What halving every device compute op saves a step (µs, replayed): in one step's window, and
     in steady state (two steps' window less the next step's one-step saving)."""
@@ -136,6 +146,7 @@ class RunAnswer:
     notes: list[str] = field(default_factory=list)
     input_pipeline: Estimate | None = None  # the critical path's time in the DataLoader's __next__, per step; None: under INPUT_SHARE
     device: DeviceWeight | None = None  # a host-bound loop whose windows end with device time (_device_weight); None: not one
+    host_paced: HostPace | None = None  # a host that waits STEADY_QUEUE_SHARE of its step or more for the device's queue; None: not one
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -172,6 +183,13 @@ class RunAnswer:
             out.append(
                 f"Host-bound loop: halving device compute saves {ms(steady.median_us)} ms a step in steady state"
                 f"{_interval(steady)} ({ms(one.median_us)} ms in one step's window)"
+            )
+        if self.host_paced is not None:
+            hp = self.host_paced
+            out.append(
+                f"Host paced by the device: it waits {ms(hp.waited.median_us)} ms a step for room in the device's launch queue; "
+                f"its own work is {ms(hp.own.median_us)} ms{_interval(hp.own)}, so the device could run "
+                f"{st.median_us / max(hp.own.median_us, 1.0):.1f}x faster before the host bounds the loop"
             )
         if self.straggler:
             s = self.straggler
@@ -228,10 +246,14 @@ class StepFigures:
     breakdown: dict[str, float]
     straggler: tuple[int, float] | None  # rank, the longest wait it imposed (µs)
     input_us: float = 0.0  # the critical path's time inside the DataLoader's __next__ (µs)
+    queue_wait_us: float = 0.0  # the most any rank's host waited for room in its device's launch queue (µs)
+    queue_span_us: float = 0.0  # that rank's ProfilerStep span (µs)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
         s = a.straggler() if len(a.graph.ranks) > 1 else None
+        waited = {int(r): float(v) for r, v in a.graph.info.queue_wait_us.items()}
+        paced = max(waited, key=lambda r: waited[r]) if waited else None
         return cls(
             a.graph.step,
             tuple(a.graph.ranks),
@@ -241,6 +263,8 @@ class StepFigures:
             a.breakdown(),
             (s.rank, s.imposed_wait_us) if s else None,
             a.input_pipeline_us(),
+            waited[paced] if paced is not None else 0.0,
+            float(a.graph.measured.get(paced, 0.0)) if paced is not None else 0.0,
         )
 
 
@@ -316,6 +340,9 @@ def answer_from(
         answer.input_pipeline = estimate(fed)
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
+    waited = [f.queue_wait_us for f in st]
+    if gpu and float(np.median(waited)) >= STEADY_QUEUE_SHARE * float(np.median([f.queue_span_us or f.measured for f in st])):
+        answer.host_paced = HostPace(estimate(waited), estimate([max(f.queue_span_us - f.queue_wait_us, 0.0) for f in st]))
     compute = breakdown["compute"].median_us
     if gpu and two_steps is not None and compute >= DEVICE_SHARE * sum(e.median_us for e in breakdown.values()):
         answer.device = _device_weight(blamed, two_steps)
