@@ -390,7 +390,8 @@ def _print_step_warnings(analyses: list[StepAnalysis], n_steps: int) -> None:
             key = _NUMBER.sub("#", text)
             kinds.setdefault(key, (text, []))[1].append(a.graph.step)
     for text, steps in kinds.values():
-        where = f"step {steps[0]}" if len(steps) == 1 else f"{len(steps)} of {len(analyses)} steps; step {steps[0]}"
+        first = "the whole trace" if steps[0] is None else f"step {steps[0]}"
+        where = first if len(steps) == 1 else f"{len(steps)} of {len(analyses)} steps; {first}"
         out.print(Text(f"warning ({where}): {text}", style="yellow"))
 
 

@@ -778,7 +778,7 @@ def test_whatif_and_blame_start_from_the_step_s_period_on_a_device_bound_step(ca
 def test_summary_keeps_its_outlier_flag_and_a_whole_trace_window_says_what_its_span_is(capsys):
     """At 80 columns summary's table keeps the column that flags outliers (diff_test's step 1012,
     +5.5% against a ±0.8 ms spread); a trace without ProfilerStep markers (mtia) says its one
-    window is the whole trace, not a ProfilerStep."""
+    window is the whole trace, not a ProfilerStep, in its caption and its warnings."""
     from conftest import run_cli
 
     code, out, _ = run_cli(["summary", str(PUBLIC / "diff_test_rank1of2.json.gz")], capsys)
@@ -788,3 +788,4 @@ def test_summary_keeps_its_outlier_flag_and_a_whole_trace_window_says_what_its_s
     code, out, _ = run_cli(["analyze", str(MORE / "mtia_inference_rank0.json.gz")], capsys)
     text = " ".join(out.split())
     assert "the whole trace (no ProfilerStep markers)" in text and "the slowest rank's ProfilerStep" not in text
+    assert "warning (the whole trace)" in text and "None" not in text  # (its warnings said "step None")
