@@ -1063,7 +1063,8 @@ def whatif(
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    """Predict the step time after changing op durations or the job's configuration: the exact replay of the edited graph."""
+    """Predict the step time after changing op durations or the job's configuration: the exact replay of the edited graph
+    (in steady state, over the steps before it too, where the device's full launch queue paced the host)."""
     edit = edit or []
     knob = knob or []
     with _progress(f"replaying {trace}"):
