@@ -36,37 +36,39 @@ import numpy as np
 import torch
 
 LOOPS = ("gpu_bound", "item", "event_query", "tqdm")
+WAIT_STEPS = 6  # unprofiled steps first
 
 
 def _model(device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
     torch.manual_seed(0)
-    width = 2048 if device != "cpu" else 256
+    width = 4096 if device != "cpu" else 256  # on a GPU: ~0.1-0.2 s of device work a step, a few ms of host work
     layers = []
     for _ in range(12):  # many mid-sized kernels a step: the host can run a queue's length ahead
         layers += [torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.LayerNorm(width)]
     model = torch.nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(4096 if device != "cpu" else 64, width, device=device)
+    x = torch.randn(8192 if device != "cpu" else 64, width, device=device)
     return model, opt, x
 
 
 def _record(loop: str, out: Path, steps: int, device: str) -> Path:
     model, opt, x = _model(device)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device != "cpu" else [])
-    schedule = torch.profiler.schedule(wait=1, warmup=2, active=steps)
+    # the steps before the profiled ones let a free-running host get a launch queue ahead
+    schedule = torch.profiler.schedule(wait=WAIT_STEPS, warmup=1, active=steps)
     path = out / f"{loop}.json"
     bar = None
     if loop == "tqdm":
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=3 + steps, mininterval=0.0)
+            bar = tqdm(total=WAIT_STEPS + 1 + steps, mininterval=0.0)
             bar.monitor_interval = 1  # (its monitor thread wakes every second: in the trace, asleep through steps)
         except ImportError:  # the same: a thread that sleeps on an event through the steps
             stop = threading.Event()
             threading.Thread(target=lambda: [stop.wait(1.0) for _ in range(60) if not stop.is_set()], daemon=True).start()
     with torch.profiler.profile(activities=acts, schedule=schedule, with_stack=(loop == "tqdm")) as prof:
-        for _ in range(3 + steps):
+        for _ in range(WAIT_STEPS + 1 + steps):
             loss = model(x).square().mean()
             loss.backward()
             opt.step()
