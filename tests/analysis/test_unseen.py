@@ -196,6 +196,53 @@ def test_a_launch_into_a_full_device_queue_is_a_wait_on_the_device():
     assert (table.queue_waits() < 0).all()
 
 
+def test_a_device_op_is_in_the_phase_its_launch_was_in(capsys):
+    """train_1rank_5steps step 104: the device runs ~80 ms behind the host, so a kernel's start
+    says nothing of the phase it belongs to. ``phase=backward,cat=kernel`` selects exactly the
+    kernels whose launching call lies in a host '## backward ##' range (562 of the step's 870, read
+    from the raw events; it selected 31 by their start times), and halving them is replayed in
+    steady state with the same selection in every step of the window (it replayed to no change:
+    the window's later steps had no phases)."""
+    from conftest import run_cli
+
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    (doc,) = raw_events(path)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    step = next(e for e in ev if e.get("name") == "ProfilerStep#104")
+    backward = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == "## backward ##" and e.get("cat") != "gpu_user_annotation"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    at = [launch.get(k.get("args", {}).get("correlation")) for k in ev if k.get("cat") == "kernel"]
+    mine = [t for t in at if t is not None and step["ts"] <= t < step["ts"] + step["dur"]]
+    expected = sum(any(a <= t < b for a, b in backward) for t in mine)
+    code, out, err = run_cli(["whatif", str(path), "-s", "104", "-e", "phase=backward,cat=kernel,scale=0.5", "--json"], capsys)
+    assert code == 0, err
+    (w,) = json.loads(out)["steps"]
+    assert w["edited_nodes"] == expected and expected > 0.5 * len(mine)
+    assert w["steady"] is not None and w["replay"]["delta_us"] < -0.2 * w["step_us"]
+    assert w["replay"]["step_us"] == pytest.approx(w["steady"]["one_step_us"], rel=0.05)  # (the device still bounds it)
+
+
+def test_a_window_of_several_steps_starts_where_its_first_step_starts(capsys):
+    """A graph of steps 103-105 of train_1rank_5steps: each rank's start is the first step's (it
+    was the last one's, 191 ms in, so an edit of the untraced time before a thread's first op
+    moved that op later: ``cat=kernel,scale=0.5,gap=1`` replayed step 104 to 191 ms, twice its
+    time), its end the last step's (the raw spans added up)."""
+    from bottleneck_oracle.api import two_step_graphs
+    from conftest import run_cli
+
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    spans = _raw_step_spans(path)
+    g = two_step_graphs(cached_load(path))(103, 3)
+    assert g is not None and g.rank_start(0) == 0.0
+    (doc,) = raw_events(path)
+    starts = {int(e["name"].split("#")[1]): e["ts"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert float(g.info.step_end_us["0"]) == pytest.approx(starts[105] + spans[105] - starts[103], abs=1.0)
+    code, out, err = run_cli(["whatif", str(path), "-s", "104", "-e", "cat=kernel,scale=0.5,gap=1", "--json"], capsys)
+    assert code == 0, err
+    (w,) = json.loads(out)["steps"]
+    assert w["replay"]["delta_us"] < 0
+
+
 def test_the_run_answer_says_how_much_faster_the_device_could_run_before_the_host_binds(capsys):
     """train_1rank_5steps: the run answer says the host is paced by the device and its own work
     is within 10% of step 101's raw span (35.1 ms, before the queue filled); a device-bound run

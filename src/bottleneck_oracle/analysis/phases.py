@@ -19,7 +19,7 @@ import numpy as np
 from bottleneck_oracle.analysis.whatif import main_thread
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 
 
 def is_pipeline(g: ExecutionGraph, table: EventTable | None) -> bool:
@@ -47,7 +47,10 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
     (``profiler.phase``, or the profiler's ``## forward ##`` / ``## backward ##``) on the node's
     rank and thread that contains its start. The autograd engine runs the backward pass on
     threads of its own: a node in no range of its thread that starts while a backward range is
-    open on another thread of its rank is in the backward phase."""
+    open on another thread of its rank is in the backward phase. A device op is in the phase of
+    the call that launched it (a device can run a step behind its host: what runs on it during
+    the host's backward was launched earlier); one whose launch is not in the window keeps the
+    phase its start falls in."""
     phase = np.zeros(g.n_nodes, dtype=np.int8)
     mb = np.full(g.n_nodes, -1, dtype=np.int16)
     n, c = g.nodes, table.cols
@@ -71,6 +74,12 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
             other = ~np.isinf(best) | (n["tid"][mine] == c["tid"][r])
             inside = ~other & (start >= lo - 0.5) & (start < hi)
             phase[mine[inside]] = BACKWARD
+    e = g.edges
+    launch = e["kind"] == EdgeKind.LAUNCH
+    src, dst = e["src"][launch], e["dst"][launch]
+    on_device = n["on_gpu"][dst]
+    phase[dst[on_device]] = phase[src[on_device]]
+    mb[dst[on_device]] = mb[src[on_device]]
     return phase, mb
 
 

@@ -448,9 +448,14 @@ def _causal(src, dst, kind, is_wait, start, end, tol: float):
 
 
 def _rank_starts(w, table: EventTable) -> dict[str, float]:
-    """Each rank's step start, µs from the window start (ranks start a step at different times)."""
+    """Each rank's step start, µs from the window start (ranks start a step at different times);
+    in a window of several steps, its first step's start (the window's; ``step_end_us`` is its last
+    step's end)."""
     if w.steps:
-        return {str(s.rank): s.start - w.w0 for s in w.steps}
+        starts: dict[str, float] = {}
+        for s in w.steps:  # (in step order)
+            starts.setdefault(str(s.rank), s.start - w.w0)
+        return starts
     return {str(r): float(w.ts[w.c["rank"] == r].min()) for r in table.ranks}
 
 

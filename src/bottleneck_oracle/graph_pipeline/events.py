@@ -403,9 +403,10 @@ class EventTable:
 
     def window_rows(self, rank: int, g: ExecutionGraph) -> np.ndarray:
         """Rows of the events of ``rank`` that start in the window of ``g`` (an ExecutionGraph:
-        from its start to its longest measured span, 1 µs either side), in table order."""
+        from its start to its longest measured span, or to its last step's end where it holds
+        several steps, 1 µs either side), in table order."""
         offset = g.window_start - self.t0
-        span = max(g.measured.values()) if g.measured else 0.0
+        span = max([*g.measured.values(), *(float(v) for v in g.info.step_end_us.values())], default=0.0)
         return self.rows_between(rank, offset - 1.0, offset + span + 1.0)
 
     def __len__(self) -> int:
