@@ -52,8 +52,9 @@ class Replay:
 class SteadyReplay:
     """A step whose host the device paced (analysis.whatif.paced_by_device), replayed in steady
     state: the edits applied to ``steps`` consecutive steps ending with it (from ``first``), the
-    step's period the last step's (api.whatif). ``one_step_us``: the edited step time in the step's window alone,
-    where the earlier steps' work, and the host it held back, keep their recorded times."""
+    step's period the last step's (api.whatif). ``one_step_us``: the edited step time in the
+    step's window alone, where the earlier steps' work, and the host it held back, keep their
+    recorded times."""
 
     first: int
     steps: int

@@ -23,12 +23,11 @@ from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, No
 
 GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # runtime calls that block the host until device work completes: any synchronize (CUDA, HIP, the
-# driver's, other vendors' ``synchronizeStream``); copies and sets are decided from their timing,
-# polling loops of queries from their run length (see make_window)
+# driver's, other vendors' ``synchronizeStream``, ``zeEventHostSynchronize``) and the other
+# vendors' waits (fields.HOST_WAIT_PATTERN: ``urQueueFinish``, ``clFinish``); copies and sets are
+# decided from their timing, polling loops of queries from their run length, launches into a full
+# queue from the queue (see make_window)
 SYNC_NAME = re.compile(r"synchroni[sz]e|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
-"""A runtime call that blocks its host until device work is done: any vendor's synchronize
-(``cudaStreamSynchronize``, ``hipDeviceSynchronize``, ``zeEventHostSynchronize``) and the other
-vendors' waits (fields.HOST_WAIT_PATTERN: ``urQueueFinish``, ``clFinish``)."""
 COPY_NAME = re.compile(r"mem(cpy|set)", re.IGNORECASE)
 QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
