@@ -36,7 +36,7 @@ ERRORS = {
     NOT_NUMBER: "an event has a non-numeric ts, dur, pid, tid or id",
     TOO_MANY: "more events than the scanner allotted",
     NOT_OBJECT: "traceEvents holds an element that is not an object",
-    OUT_OF_RANGE: "an event has a pid, tid or id beyond the 64-bit integer range",
+    OUT_OF_RANGE: "an event has a pid, tid or id beyond the signed 64-bit integer range (-2^63 to 2^63-1)",
 }
 INT_LIMIT = 9.2e18  # a number whose magnitude reaches this is no 64-bit integer id
 
