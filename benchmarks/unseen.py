@@ -1,7 +1,11 @@
 """The pictures of the traces that were read wrong before (issue 27), as figures: per step the step
 time against its period and the host's span, the share of the path that is compute and
 communication, what the blocking copies and bystander threads became, and the device busy time
-read from the raw events (json, not our scanner) beside the breakdown's compute.
+read from the raw events (json, not our scanner) beside the breakdown's compute; and a host its
+device's full launch queue paced (``launch_queue``): the launches in flight from the raw events,
+the host's wait, the run answer's line, and ``whatif`` in steady state against the host's own pace
+(the span of the step before the queue filled), with why a host the queue did not pace keeps its
+step's own window (``diff_test``: its edit replayed in windows of one, two and three steps).
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -19,6 +23,15 @@ from bottleneck_oracle import api
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _plain(x: object) -> object:
+    """JSON for what json does not know: numpy numbers as floats, dataclasses as dicts."""
+    from dataclasses import asdict, is_dataclass
+
+    if is_dataclass(x) and not isinstance(x, type):
+        return asdict(x)
+    return float(x)  # type: ignore[arg-type]
 
 
 def _union(iv: list[tuple[float, float]]) -> float:
@@ -62,6 +75,95 @@ def raw_device_busy(path: Path) -> dict[int, dict[str, float]]:
             "busy_us": busy(lambda k: True),
             "busy_non_nccl_us": busy(lambda k: "nccl" not in k["name"].lower()),
         }
+    return out
+
+
+def raw_launch_queue(path: Path) -> dict:
+    """From the raw JSON: per ProfilerStep its host span; the most launches (runtime calls whose
+    device work is in the trace) the device held not yet done at any launch; and, for every launch
+    of 50 µs or more that returned within 15 µs after a device op ended while its own work started
+    1 ms or more later, how many launches the device held when it began."""
+    ev = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
+    spans = {int(e["name"].split("#")[1]): e["dur"] for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")}
+    runtime, device = ("cuda_runtime", "Runtime"), (*DEVICE_CATS, "Kernel", "Memcpy", "Memset")  # (and the 2021 profiler's names)
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") in runtime and "correlation" in e.get("args", {})}
+    dev = [e for e in ev if e.get("cat") in device]
+    first: dict = {}
+    done: dict = {}
+    for k in dev:
+        c = k.get("args", {}).get("correlation")
+        if c in calls:
+            first[c] = min(first.get(c, float("inf")), k["ts"])
+            done[c] = max(done.get(c, 0.0), k["ts"] + k["dur"])
+    launched = sorted(calls[c]["ts"] for c in first)
+    finished = sorted(done.values())
+
+    def held(t: float) -> int:
+        return bisect.bisect_left(launched, t) - bisect.bisect_right(finished, t)
+
+    most = max((held(t) for t in launched), default=0)
+    ends = sorted(k["ts"] + k["dur"] for k in dev)
+    slow = []
+    for c, t0 in first.items():
+        e = calls[c]
+        back = e["ts"] + e["dur"]
+        i = bisect.bisect_right(ends, back) - 1
+        if e["dur"] >= 50 and t0 >= back + 1000 and i >= 0 and back - ends[i] <= 15 and ends[i] >= e["ts"]:
+            slow.append(held(e["ts"]))
+    return {"span_us": spans, "most_in_flight": most, "in_flight_at_slow_launches": sorted(slow)}
+
+
+def host_paced(path: Path, edit: str) -> dict:
+    """What the tool says of a host its device's launch queue paced: per step the host's wait,
+    the run answer's line, and ``whatif`` with ``edit`` (the replayed step, in steady state where
+    it is one, and in the step's own window)."""
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    table, analyses = api.analyze(path)
+    run = run_answer(analyses, str(path), None, api.two_step_graphs(table))
+    hp = run.host_paced
+    rows = []
+    for a, w in zip(analyses, api.whatif(path, [edit])):
+        q = a.gpu_queue()
+        rows.append(
+            {
+                "step": a.graph.step,
+                "step_time_us": a.step_time,
+                "host_queue_wait_us": max((r.host_queue_wait_us for r in q.ranks), default=0.0) if q else 0.0,
+                "whatif_us": w.replay.step_us,
+                "whatif_steady": None if w.steady is None else {"first": w.steady.first, "steps": w.steady.steps},
+                "whatif_one_window_us": w.steady.one_step_us if w.steady is not None else w.replay.step_us,
+            }
+        )
+    return {
+        "edit": edit,
+        "run_host_paced": None if hp is None else {"waited": hp.waited, "own": hp.own},
+        "steps": rows,
+    }
+
+
+def windows_of_several_steps(path: Path, edit: str) -> list[dict]:
+    """Per step, ``edit`` replayed in the step's own window and in windows of two and three steps
+    ending with it (the step's period the window's makespan with it less without it): why a
+    device-bound step whose host the queue did not pace keeps its own window."""
+    from bottleneck_oracle.analysis.cpm import makespan_of
+    from bottleneck_oracle.analysis.whatif import Edit, apply_edits
+
+    table = api.load(path)
+    windows = api.two_step_graphs(table)
+    e = [Edit.parse(edit)]
+    out = []
+    for n in sorted({s.number for s in table.steps}):
+        row: dict = {"step": n}
+        for k in (0, 1, 2):
+            with_it, without = windows(n - k, k + 1), (windows(n - k, k) if k else None)
+            if with_it is None or (k and without is None):
+                continue
+            delta = apply_edits(with_it, e).cpm().makespan - makespan_of(with_it)
+            if without is not None:
+                delta -= apply_edits(without, e).cpm().makespan - makespan_of(without)
+            row[f"delta_us_{k + 1}_steps"] = delta
+        out.append(row)
     return out
 
 
@@ -120,9 +222,23 @@ def main() -> None:
     doc["sglang"] = {"longest_untraced_us": max((s.dur for s in sg.segments() if s.kind == "untraced"), default=0.0)}
     (mt,) = api.analyze(more / "mtia_inference_rank0.json.gz")[1]
     doc["mtia"] = {"device_nodes": int(mt.graph.nodes["on_gpu"].sum())}
-    a.json.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    doc["launch_queue"] = {
+        "train_1rank_5steps": {
+            "raw": raw_launch_queue(DATA / "public-gpu/train_1rank_5steps.json.gz"),
+            "tool": host_paced(DATA / "public-gpu/train_1rank_5steps.json.gz", "cat=kernel,scale=0.2"),
+        },
+        "resnet50_legacy": {
+            "raw": raw_launch_queue(DATA / "real-gpu/resnet50_legacy_2021_1gpu.pt.trace.json.gz"),
+            "queue_waits": int((api.load(DATA / "real-gpu/resnet50_legacy_2021_1gpu.pt.trace.json.gz").queue_waits() >= 0).sum()),
+        },
+        "diff_test_rank1of2": {
+            "tool": host_paced(DATA / "public-gpu/diff_test_rank1of2.json.gz", "cat=kernel,scale=0.5"),
+            "windows_of_several_steps": windows_of_several_steps(DATA / "public-gpu/diff_test_rank1of2.json.gz", "cat=kernel,scale=0.5"),
+        },
+    }
+    a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
-        print(k, json.dumps(v, default=float)[:400])
+        print(k, json.dumps(v, default=_plain)[:400])
 
 
 if __name__ == "__main__":

@@ -305,7 +305,7 @@ class EventTable:
           after it returned;
         - it returned within QUEUE_WAKE_US after the end of an op of the same device (process).
         (A launch slowed by something else that happens to end near an op's end, with the queue far
-        from full, is not one: resnet50_legacy's two 52-118 µs launches held 11 and 158 of 562.)"""
+        from full, is not one: resnet50_legacy's two 52-118 µs launches held 11 and 158 of 569.)"""
         if self.queued is not None:
             return self.queued
         c = self.cols
