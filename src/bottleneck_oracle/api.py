@@ -41,7 +41,7 @@ from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs,
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
-from bottleneck_oracle.graph_pipeline.facts import run_facts
+from bottleneck_oracle.graph_pipeline.facts import LAUNCH_TOLERANCE_US, run_facts
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0
     report = clocks.align(table, hosts)
     table.clocks = report if hosts is not None or report.warnings else None
     for line in report.warnings:
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in clocks.device_behind(table, LAUNCH_TOLERANCE_US):  # (before any look-up ordered by time is made)
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in run_warnings(run_facts(table)):  # a partial job, sampled events: said once, up front
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)

@@ -27,7 +27,7 @@ import numpy as np
 
 from bottleneck_oracle.graph_pipeline.arrays import groups
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
-from bottleneck_oracle.graph_pipeline.events import EventTable, Step
+from bottleneck_oracle.graph_pipeline.events import GPU_SIDE, EventTable, Step
 from bottleneck_oracle.graph_pipeline.facts import step_offsets
 from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
 
@@ -185,3 +185,58 @@ def _ranks_text(ranks: list[int]) -> str:
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(map(str, ranks))
+
+
+DEVICE_EARLY_MIN = 10
+"""Device ops of one device that start before the call that launched them (beyond the clock
+tolerance) for its clock to be taken to run behind its host's (device_behind)."""
+DEVICE_SHIFT_QUANTILE = 0.001
+"""The share of a device's launched ops left starting before their call after the shift (outliers
+of a wrong correlation do not set it)."""
+MAX_DEVICE_SHIFT_US = 10_000.0
+"""A device clock further behind than this is not moved (something else is wrong: said, not fixed)."""
+
+
+def device_behind(table: EventTable, tolerance_us: float) -> list[str]:
+    """Move later, in place, the events of each device whose clock runs behind its host's, and say
+    so, one line per device. A device op cannot start before the runtime call that launched it;
+    where DEVICE_EARLY_MIN or more ops of one device (rank and process) start more than
+    ``tolerance_us`` before their call — a device clock converted to the host's with a stale offset,
+    as ROCm's tracer did — every event on that device is moved later by the amount that puts all
+    but DEVICE_SHIFT_QUANTILE of its launched ops at or after their call's start. The least launch
+    latency is not known, so the device may stay a few µs behind; ops queued behind earlier work
+    start long after their calls whatever the clock, and set nothing. A shift over
+    MAX_DEVICE_SHIFT_US is not made (only said)."""
+    c = table.cols
+    launcher = table.launchers()
+    ops = np.flatnonzero(np.isin(c["cls"], GPU_SIDE) & (launcher >= 0))
+    if not len(ops):
+        return []
+    lag = c["ts"][ops] - c["ts"][launcher[ops]]
+    device = c["rank"][ops].astype(np.int64) * (1 << 32) + (c["pid"][ops].astype(np.int64) & 0xFFFFFFFF)
+    said: list[str] = []
+    moved = False
+    for _, mine in groups(device):
+        early = int((lag[mine] < -tolerance_us).sum())
+        if early < DEVICE_EARLY_MIN:
+            continue
+        by = -float(np.quantile(lag[mine], DEVICE_SHIFT_QUANTILE))
+        rank, pid = int(c["rank"][ops[mine[0]]]), int(c["pid"][ops[mine[0]]])
+        where = f"rank {rank}'s device (process {pid})"
+        if by > MAX_DEVICE_SHIFT_US:
+            said.append(
+                f"{where}: {early} of {len(mine)} device ops start before the call that launched them, by up to "
+                f"{-float(lag[mine].min()) / 1000:.1f} ms: more than a clock offset explains; times left as recorded"
+            )
+            continue
+        on = np.isin(c["cls"], GPU_SIDE) & (c["rank"] == rank) & (c["pid"] == pid)
+        c["ts"][on] += by
+        moved = True
+        said.append(
+            f"{where}: {early} of {len(mine)} device ops started before the call that launched them (its clock runs "
+            f"behind its host's); its events were moved {by:.1f} µs later"
+        )
+    if moved:
+        table.by_rank_ts = table.streams = table.queued = table.facts_cache = None  # caches ordered by time
+        table.lookups = {}
+    return said
