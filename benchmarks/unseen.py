@@ -5,7 +5,9 @@ read from the raw events (json, not our scanner) beside the breakdown's compute;
 device's full launch queue paced (``launch_queue``): the launches in flight from the raw events,
 the host's wait, the run answer's line, and ``whatif`` in steady state against the host's own pace
 (the span of the step before the queue filled), with why a host the queue did not pace keeps its
-step's own window (``diff_test``: its edit replayed in windows of one, two and three steps).
+step's own window (``diff_test``: its edit replayed in windows of one, two and three steps); and
+a device clock behind its host's (``device_clock_behind``: ddp_v100 with its device events 300 µs
+early, moved back).
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -167,6 +169,36 @@ def windows_of_several_steps(path: Path, edit: str) -> list[dict]:
     return out
 
 
+def device_clock_behind(path: Path, early_us: float) -> dict:
+    """``path`` with its device events moved ``early_us`` earlier (a device clock behind its
+    host's): how many launched ops then start before their call (raw JSON), what the tool moved
+    back and said, and each step's time and breakdown against the unmoved trace's."""
+    import tempfile
+
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    cats = (*DEVICE_CATS, "gpu_user_annotation")
+    for e in doc["traceEvents"]:
+        if e.get("cat") in cats and "ts" in e:
+            e["ts"] -= early_us
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    lags = [e["ts"] - launch[c] for e in ev if e.get("cat") in DEVICE_CATS and (c := e.get("args", {}).get("correlation")) in launch]
+    with tempfile.TemporaryDirectory() as tmp:
+        moved_path = Path(tmp) / path.name.replace(".gz", "")
+        moved_path.write_text(json.dumps(doc))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            moved = step_rows(moved_path)
+    return {
+        "early_us": early_us,
+        "launched_ops": len(lags),
+        "ops_before_their_call": sum(x < -5.0 for x in lags),
+        "said": [str(w.message).split(": ", 1)[1] for w in said if "were moved" in str(w.message)],
+        "moved": moved,
+        "as_recorded": step_rows(path),
+    }
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
     _, analyses = api.analyze(path, steps)
     rows = []
@@ -236,6 +268,7 @@ def main() -> None:
             "windows_of_several_steps": windows_of_several_steps(DATA / "public-gpu/diff_test_rank1of2.json.gz", "cat=kernel,scale=0.5"),
         },
     }
+    doc["device_clock_behind"] = device_clock_behind(DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz", 300.0)
     a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
         print(k, json.dumps(v, default=_plain)[:400])
