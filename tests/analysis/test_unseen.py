@@ -675,6 +675,25 @@ def test_a_device_clock_behind_its_host_is_moved_and_said(tmp_path, recwarn):
         assert a.graph.meta["dropped_edges"] == b.graph.meta["dropped_edges"]
 
 
+def test_device_ops_tied_to_the_wrong_calls_move_no_clock(tmp_path, recwarn):
+    """ddp_v100 with its device ops' correlation ids rotated (each op tied to a call 500 launches
+    away): thousands start before 'their' call, but their lags have no sharp lower edge, as one
+    clock offset would make: nothing moves, and the warning says why."""
+    from bottleneck_oracle.api import load
+
+    (doc,) = raw_events(REAL / "ddp_v100_rank1of2_5steps.json.gz")
+    wrong = json.loads(json.dumps(doc))
+    device = [e for e in wrong["traceEvents"] if e.get("cat") in DEVICE_CATS and "correlation" in e.get("args", {})]
+    ids = [e["args"]["correlation"] for e in device]
+    for e, c in zip(device, ids[500:] + ids[:500]):
+        e["args"]["correlation"] = c
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    load(tmp_path / "wrong.json")
+    said = [str(w.message) for w in recwarn]
+    assert not any("were moved" in w for w in said)
+    assert any("not as one clock offset would have them" in w for w in said)
+
+
 def _device_ops_launched(docs: list, step: int) -> int:
     """Device events whose launching runtime call (same correlation id, same file) starts inside
     the file's ProfilerStep#step, or that start in it with no launch in the file, from the raw JSON."""
