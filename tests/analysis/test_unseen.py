@@ -339,6 +339,67 @@ def test_a_polling_loop_of_event_queries_is_one_wait(tmp_path):
     assert not [s for s in a.segments() if s.node == loops[0] and s.kind == "op" and s.dur > 0.5 * (t1 - t0)]
 
 
+def _with_a_call_after_the_longest_kernel(tmp_path: Path, name: str, idle_first: bool) -> tuple:
+    """cuda_event_sync_1gpu with its longest kernel 1 ms longer and one ``name`` call on the
+    launching thread after that kernel's launch: returning 2 µs after the kernel ends (the host waited for it), or, with
+    ``idle_first``, starting after the kernel ended and lasting as long (the host's own work).
+    Its one analysed step, the call's node and the kernel's name."""
+    import copy
+
+    from bottleneck_oracle.api import analyze
+
+    (doc,) = copy.deepcopy(raw_events(PUBLIC / "cuda_event_sync_1gpu.json.gz"))
+    ev = doc["traceEvents"]
+    kernel = max((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["dur"])
+    launch = next(e for e in ev if e.get("cat") == "cuda_runtime" and e["args"].get("correlation") == kernel["args"]["correlation"])
+    thread = (launch["pid"], launch["tid"])
+    for e in ev:  # the kernel made 1 ms longer (36 µs as recorded), the device's later work after it
+        if e.get("cat") in DEVICE_CATS and e.get("ts", 0) > kernel["ts"]:
+            e["ts"] += 1000.0
+    kernel["dur"] += 1000.0
+    t0, t1 = launch["ts"] + launch["dur"] + 1, kernel["ts"] + kernel["dur"] + 2
+    if idle_first:
+        t0, t1 = t1 + 10, t1 + 10 + (t1 - t0)
+    shift = t1 + 5 - (launch["ts"] + launch["dur"] + 1)
+    for e in ev:
+        if (e.get("pid"), e.get("tid")) == thread and e.get("ts", 0) > launch["ts"] + launch["dur"] and e.get("ph") == "X":
+            e["ts"] += shift
+        if e.get("name", "").startswith("ProfilerStep#"):
+            e["dur"] += shift
+    ev.append(
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": name,
+            "pid": thread[0],
+            "tid": thread[1],
+            "ts": t0,
+            "dur": t1 - t0,
+            "args": {"correlation": 9_100_000},
+        }
+    )
+    path = tmp_path / f"{name}-{idle_first}.json"
+    path.write_text(json.dumps(doc))
+    _, (a,) = analyze(path)
+    (node,) = [i for i in range(a.graph.n_nodes) if a.graph.node_name(i) == name]
+    return a, node, kernel["name"]
+
+
+@pytest.mark.parametrize("name", ["cudaFree", "hipFree"])
+def test_a_free_that_returns_as_the_device_drains_is_a_wait(tmp_path, name):
+    """cudaFree (hipFree) synchronizes the device: one that began while a kernel ran and returned
+    2 µs after it ended waited for it (a wait edge from the kernel, none of it CPU work on the
+    path); the same call begun after the kernel ended, the device idle, is the host's own work."""
+    a, node, kernel = _with_a_call_after_the_longest_kernel(tmp_path, name, idle_first=False)
+    g = a.graph
+    assert g.nodes["category"][node] == Category.BLOCKING
+    waits = (g.edges["dst"] == node) & (g.edges["kind"] == EdgeKind.SYNC)
+    assert waits.sum() == 1 and g.node_name(int(g.edges["src"][waits][0])) == kernel
+    assert not [s for s in a.segments() if s.node == node and s.kind == "op" and s.dur > 0.5 * g.nodes["dur"][node]]
+    a, node, _ = _with_a_call_after_the_longest_kernel(tmp_path, name, idle_first=True)
+    assert a.graph.nodes["category"][node] != Category.BLOCKING
+
+
 def test_another_vendor_s_runtime_names_give_the_same_picture(tmp_path):
     """alexnet_1gpu without its cuda_sync records, and its twin with Intel's runtime names (an
     ``xpu_runtime`` category, ``urEnqueueKernelLaunch``, and ``urQueueFinish`` for each

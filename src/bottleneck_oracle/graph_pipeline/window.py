@@ -183,6 +183,7 @@ class Window:
     copy_op: np.ndarray  # per event: for a blocking copy or set call, the window event of its device op (-1: none)
     polls: np.ndarray  # per event: how many query calls a merged polling loop holds (0: not one)
     queued: np.ndarray  # per event: a launch that waited for room in a full device queue (EventTable.queue_waits)
+    implicit: np.ndarray  # per event: a call that waited for its device without saying so (_implicit_waits: a free as the device drained)
     slot_op: np.ndarray  # per event: for a launch that waited for room in a full device queue, the window event of the op that made room (-1: none, or outside the window)
     origins: dict[int, float]  # µs per rank: where its step's period starts (facts.py), from the window start
     codes: tuple[dict[str, list[int]], int] | None = None  # the table's name -> codes, for names[:n] (None: none)
@@ -276,6 +277,7 @@ _RULES_ONLY = (
     "copy_op",
     "polls",
     "queued",
+    "implicit",
     "slot_op",
 )
 """The Window's arrays that ``let_go`` drops."""
@@ -460,6 +462,42 @@ def _blocking_copies(c: Mapping[str, np.ndarray], is_copy: np.ndarray, ts: np.nd
     return out
 
 
+IMPLICIT_MIN_US = 100.0  # µs: a runtime call this long that returned as its device drained waited for it ...
+IMPLICIT_WAKE_US = 50.0  # ... if it returned within this after the device's last op ended
+
+
+def _implicit_waits(c: Mapping[str, np.ndarray], ts: np.ndarray, end: np.ndarray, blocking: np.ndarray, is_query: np.ndarray) -> np.ndarray:
+    """Per event, whether it is a runtime call that waited for its device without saying so: a
+    call that launched nothing (no device op shares its correlation id), not already a wait,
+    lasting IMPLICIT_MIN_US or more, that began while a device op of its rank ran and returned
+    within IMPLICIT_WAKE_US after the last op of its rank started before its return had ended —
+    it returned as the device drained. ``cudaFree`` and ``hipFree`` synchronize the device so (the
+    caching allocator frees memory under pressure, ``torch.cuda.empty_cache()``); so may an
+    allocation, a host-memory allocation or a module load. A slow call of the host's own that
+    does not end as the device drains is not one (no trace here has either: every long free in
+    them began with the device idle)."""
+    out = np.zeros(len(ts), dtype=bool)
+    cls, rank, corr = c["cls"], c["rank"], c["correlation"]
+    calls = np.flatnonzero((cls == EvClass.RUNTIME) & ~blocking & ~is_query[c["name"]] & (c["dur"] >= IMPLICIT_MIN_US))
+    dev = np.flatnonzero(isin_small(cls, GPU_CLASSES))
+    if not len(calls) or not len(dev):
+        return out
+    launched = np.unique(rank[dev].astype(np.int64) * (1 << 40) + corr[dev])
+    own = isin_sorted(rank[calls].astype(np.int64) * (1 << 40) + corr[calls], launched) & (corr[calls] >= 0)
+    calls = calls[~own]
+    for r in np.unique(rank[calls]).tolist():
+        mine = calls[rank[calls] == r]
+        ops = dev[rank[dev] == r]
+        ops = ops[np.argsort(ts[ops], kind="stable")]
+        reach = np.maximum.accumulate(end[ops])  # the latest end among the ops started so far
+        at_start = np.searchsorted(ts[ops], ts[mine], side="right") - 1
+        at_back = np.searchsorted(ts[ops], end[mine], side="left") - 1
+        busy = (at_start >= 0) & (reach[np.maximum(at_start, 0)] > ts[mine])
+        drained = end[mine] - reach[np.maximum(at_back, 0)]
+        out[mine[busy & (at_back >= 0) & (drained >= 0) & (drained <= IMPLICIT_WAKE_US)]] = True
+    return out
+
+
 def _queue_waits(table: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per window event (``rows``: its table rows, -1 for a marker): whether it is a launch that
     waited for room in a full device queue (EventTable.queue_waits), and the window event of the
@@ -528,6 +566,8 @@ def make_window(
     blocking |= copy_op >= 0
     queued, slot_op = _queue_waits(table, rows)
     blocking |= queued
+    implicit = _implicit_waits(c, ts, end, blocking, flags["query"])
+    blocking |= implicit
     ev_thread = np.full(len(ts), -1, dtype=np.int64)
     ev_thread[cpu_rows] = thread
 
@@ -598,6 +638,7 @@ def make_window(
         copy_op=copy_op,
         polls=polls,
         queued=queued,
+        implicit=implicit,
         slot_op=slot_op,
         origins=origin_of,
         codes=_codes(table),
