@@ -404,7 +404,9 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     # the blocking calls no sync record describes: synchronize calls of ranks without cuda_sync
     # records, and polling loops of queries and implicit waits (a free as the device drained: no
     # record describes either) everywhere
-    named = (cls == EvClass.RUNTIME) & (isin_small(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0) & ~w.queued & ~w.implicit))
+    named = (cls == EvClass.RUNTIME) & (
+        isin_small(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0) & ~w.queued & ~w.implicit)
+    )
     calls = np.flatnonzero(((named & ~isin_sorted(rank, with_sync)) | (w.polls > 0) | w.implicit) & (w.ev2node >= 0))
     dev_by_end: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for call in calls.tolist():
