@@ -157,12 +157,17 @@ def two_step_graphs(table: EventTable | None, config: Config | None = None) -> S
     return two
 
 
-STEADY_MAX_EVENTS = 1_000_000  # events a step: beyond, a what-if is replayed in the step's own window (several steps' graphs are too large)
+MULTI_STEP_EVENTS = 1_000_000
+"""Events a step: beyond, graphs of several steps are not built (too large to hold): the run
+answer's saving and a what-if are replayed in the step's own window."""
 
 
-def events_per_step(table: EventTable) -> float:
-    """The trace's events per step (all of them where it has no ProfilerStep markers)."""
-    return len(table) / max(1, len({s.number for s in table.steps}))
+def steady_windows(table: EventTable | None, config: Config | None = None) -> StepWindows | None:
+    """``two_step_graphs`` for a steady-state what-if (analysis.whatif.steady_replay), None where a
+    step has more than MULTI_STEP_EVENTS events (or for Chakra input)."""
+    if table is None or len(table) / max(1, len({s.number for s in table.steps})) > MULTI_STEP_EVENTS:
+        return None
+    return two_step_graphs(table, config)
 
 
 def _options(config: Config | None) -> BuildOptions:
@@ -400,7 +405,6 @@ def whatif(
         Edit,
         apply_edits,
         own_time_edits,
-        paced_by_device,
         selects_anything,
         steady_replay,
         why_nothing,
@@ -437,7 +441,7 @@ def whatif(
         predictor = _predictor(checkpoint)
         corrections = _corrections()
     out: list[StepWhatIf] = []
-    windows = two_step_graphs(table, config) if table is not None and events_per_step(table) <= STEADY_MAX_EVENTS else None
+    windows = steady_windows(table, config)
     no_passes: list[int | None] = []
     if settings and any(pm is None for pm in phase_mbs):
         raise OracleError(f"{path}: --set needs the trace's forward/backward ranges (a training step's phases), and this input has none")
@@ -468,12 +472,11 @@ def whatif(
         replay = Replay(step_us=edited.makespan, delta_us=edited.makespan - base.makespan)
         steady: SteadyReplay | None = None
         path_of = (g, base, edited, times.dur)  # whose critical paths the answer compares
-        if not settings and predictor is None and not any(e.ids for e in parsed) and paced_by_device(g):
-            found = steady_replay(windows, g.step, parsed, table)
-            if found is not None:
-                steady = SteadyReplay(first=found.first, steps=found.steps, one_step_us=replay.step_us)
-                replay = Replay(step_us=step_us + found.edited_us - found.period_us, delta_us=found.edited_us - found.period_us)
-                path_of = (found.graph, found.base, found.edited, found.dur)
+        found = steady_replay(windows, g, parsed, table) if not settings and predictor is None else None
+        if found is not None:
+            steady = SteadyReplay(first=found.first, steps=found.steps, one_step_us=replay.step_us)
+            replay = Replay(step_us=step_us + found.edited_us - found.period_us, delta_us=found.edited_us - found.period_us)
+            path_of = (found.graph, found.base, found.edited, found.dur)
         corrected = None
         if corrections is not None:
             fixed = corrections.answer(times, base)
@@ -781,7 +784,7 @@ def advise(
     table, gs = build(path, steps, config)
     pool = _reference_pool(path, baseline, steps, config, gs)
     gap = (config or Config()).analysis.untraced_gap_us
-    windows = two_step_graphs(table, config) if table is not None and events_per_step(table) <= STEADY_MAX_EVENTS else None
+    windows = steady_windows(table, config)
     return advise_graphs(
         table, [StepAnalysis.of(g, gap) for g in gs], pool, baseline is not None, checkpoint, use_model, llm, recipes, windows
     )

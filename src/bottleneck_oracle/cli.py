@@ -202,7 +202,6 @@ err = _PlainConsole(stderr=True, markup=False)
 MAX_STEP_DETAILS = 20  # per-step sections printed by analyze: the slowest steps
 MAX_STEP_ROWS = 40  # steps table rows printed without --detail: a longer run shows its MAX_STEP_DETAILS slowest
 RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
-TWO_STEP_EVENTS = 1_000_000  # events a step: beyond, the run answer's saving is replayed in one step, not two
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
 PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
 STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
@@ -546,7 +545,7 @@ def _analyze_stepwise(
             with _progress(f"writing {perfetto}"):
                 write_overlay_paths(table, paths, perfetto, gz=perfetto.name.endswith(".gz"))
         per_step = sel["per_step"]
-        two = api.two_step_graphs(table, cfg) if per_step <= TWO_STEP_EVENTS else None
+        two = api.two_step_graphs(table, cfg) if per_step <= api.MULTI_STEP_EVENTS else None
         run = answer_from(figures, blamed, str(path), references, two)
         if not sel["n_blamed"] and len(table.ranks if table is not None else []) > 1:
             run.notes.append(
@@ -666,8 +665,9 @@ def analyze(
     extras: dict[int | None, StepAdvice] = {}
     if with_advice:
         with err.status("blame and advice ...", spinner="dots") if not as_json and err.is_terminal else nullcontext():
-            steady = api.two_step_graphs(table, cfg) if table is not None and api.events_per_step(table) <= api.STEADY_MAX_EVENTS else None
-            rows = api.advise_graphs(table, analyses, [a.graph for a in analyses], use_model=use_model, windows=steady)
+            rows = api.advise_graphs(
+                table, analyses, [a.graph for a in analyses], use_model=use_model, windows=api.steady_windows(table, cfg)
+            )
         extras = {r.step: r for r in rows}
     if html or perfetto:  # both written, or neither: a failure leaves nothing behind
         with atomic_paths(html, perfetto) as (html_tmp, perfetto_tmp):

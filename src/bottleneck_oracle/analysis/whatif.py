@@ -718,16 +718,18 @@ class SteadyState:
     dur: np.ndarray
 
 
-def steady_replay(windows: StepWindows | None, step: int | None, edits: list[Edit], table: EventTable | None) -> SteadyState | None:
-    """The period of ``step`` with ``edits`` applied in steady state: to it and up to
+def steady_replay(windows: StepWindows | None, g: ExecutionGraph, edits: list[Edit], table: EventTable | None) -> SteadyState | None:
+    """The period of ``g``'s step with ``edits`` applied in steady state: to it and up to
     STEADY_STEPS_BEFORE steps before it, replayed together, so that a device that runs faster
     drains the work earlier steps queued and a host that waited for room in its device's queue
     (EventTable.queue_waits) waits less. The period is the difference between the window's makespan
     with the step and without it (the same first step; later steps do not move earlier ones);
-    ``windows``: api.two_step_graphs. None where the trace has not the step before it."""
+    ``windows``: api.two_step_graphs. None where the step is not one to replay so
+    (paced_by_device), an edit names nodes of ``g`` by id, or the trace has not the step before it."""
     from bottleneck_oracle.analysis.phases import node_phases
 
-    if windows is None or step is None:
+    step = g.step
+    if windows is None or step is None or any(e.ids for e in edits) or not paced_by_device(g):
         return None
     for k in range(STEADY_STEPS_BEFORE, 0, -1):
         with_it, without = windows(step - k, k + 1), windows(step - k, k)

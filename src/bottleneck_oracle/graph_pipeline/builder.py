@@ -344,10 +344,9 @@ def _finish(
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
     rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]
-    queued = w.queued[rows] if len(rows) else np.zeros(0, dtype=bool)  # launches that waited for room in the device's queue
-    queue_waits = {
-        str(r): float(c["dur"][rows][queued & (c["rank"][rows] == r)].sum()) for r in np.unique(c["rank"][rows][queued]).tolist()
-    }
+    queued = rows[w.queued[rows]]  # launches that waited for room in the device's queue
+    q_rank, q_dur = c["rank"][queued], c["dur"][queued]
+    queue_waits = {str(r): float(q_dur[q_rank == r].sum()) for r in np.unique(q_rank).tolist()}
     w.let_go()  # the rules are done: their per-event look-ups go before the graph's columns are made
     src, dst, kind, is_wait = E.arrays(release=True)
     src, dst, kind, is_wait, dropped = _causal(src, dst, kind, is_wait, start, w_end, opt.clock_tolerance_us)

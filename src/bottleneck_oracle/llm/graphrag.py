@@ -364,10 +364,10 @@ def validate(
     s.edited_nodes = int(len(times.nodes) + len(times.edges))
     after = times.cpm().makespan
     s.replay_saving_us = float(base.makespan - after)
-    if windows is not None and not s.knobs and not any(e.ids for e in edits):
-        from bottleneck_oracle.analysis.whatif import paced_by_device, steady_replay
+    if windows is not None and not s.knobs:
+        from bottleneck_oracle.analysis.whatif import steady_replay
 
-        steady = steady_replay(windows, g.step, edits, table) if paced_by_device(g) else None
+        steady = steady_replay(windows, g, edits, table)
         if steady is not None:
             s.replay_saving_us = float(steady.period_us - steady.edited_us)
     if s.knobs:
