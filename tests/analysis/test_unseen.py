@@ -16,7 +16,7 @@ import pytest
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 from bottleneck_oracle.serial import to_json
-from conftest import ALL_FIXTURES, MORE, PUBLIC, REAL, SAMPLE, cached_analyses, cached_load
+from conftest import ALL_FIXTURES, DATA, MORE, PUBLIC, REAL, SAMPLE, cached_analyses, cached_load
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 
@@ -566,6 +566,85 @@ def test_several_ranks_merged_into_one_file_are_said_to_be(tmp_path, recwarn):
     recwarn.clear()
     load_events(DATA / "gloo_ddp_10steps_injected" / "rank-0.json.gz")  # one rank's own file: nothing said
     assert not [w for w in recwarn if "merged into one file" in str(w.message)]
+
+
+# ---- one side of the job left out by the profiler's activities
+
+HOST_CATS = {"cpu_op", "user_annotation", "python_function", "Trace"}
+
+
+def _one_side(tmp_path: Path, src: Path, keep_host: bool, props: bool = True) -> Path:
+    """``src`` as its profiler would have written it with only the host's activity (the device's
+    events and the runtime calls that CUPTI records left out) or only the device's (no host op,
+    no runtime call, no flows)."""
+    (doc,) = raw_events(src)
+    ev = doc["traceEvents"]
+    if keep_host:
+        kept = [e for e in ev if e.get("cat") in HOST_CATS or (e.get("ph") == "M" and e.get("pid") != 0)]
+    else:
+        kept = [e for e in ev if e.get("cat") in DEVICE_CATS or (e.get("ph") == "M" and e.get("pid") == 0)]
+    out = {k: v for k, v in doc.items() if k != "traceEvents" and (props or k != "deviceProperties")}
+    out["traceEvents"] = kept
+    path = tmp_path / ("host_only.json" if keep_host else "device_only.json")
+    path.write_text(json.dumps(out))
+    return path
+
+
+def test_a_gpu_job_profiled_on_its_host_only_is_said_to_be(tmp_path, capsys):
+    """train_1rank_5steps with only the host's events kept (ProfilerActivity.CPU alone): its ops
+    name cuDNN and NCCL (counted here from the raw JSON), so the tool says the device activity was
+    off, that host time includes the waits on the device, in the warnings and in the run answer;
+    the same file without its device events nor any op naming a device library says nothing."""
+    from conftest import run_cli
+
+    path = _one_side(tmp_path, PUBLIC / "train_1rank_5steps.json.gz", keep_host=True)
+    doc = json.loads(path.read_text())
+    named = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and ("cudnn" in e["name"].lower() or e["name"].startswith("nccl:"))]
+    assert named and not [e for e in doc["traceEvents"] if e.get("cat") in DEVICE_CATS]
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    facts = res["run_facts"]["unprofiled"]["0"]
+    assert facts["missing"] == "device" and facts["ops"] >= len(named)
+    said = [w for w in _warned(err) if "holds no device event" in w]
+    assert len(said) == 1 and "recorded the host only" in said[0] and "Tesla V100" in said[0]
+    assert any("Host only (rank 0)" in line for line in res["run"]["notes"])
+    # a CPU job: no op names a device library, no device in deviceProperties: nothing said
+    code, out, err = run_cli(["analyze", str(DATA / "gloo_ddp_2rank"), "--json"], capsys)
+    assert code == 0 and json.loads(out)["run_facts"]["unprofiled"] == {}
+    assert not [w for w in _warned(err) if "no device event" in w or "device events only" in w]
+
+
+def test_a_cpu_job_on_a_machine_with_a_gpu_is_said_to_maybe_have_used_it(tmp_path, capsys):
+    """A GPU in deviceProperties and no op naming a device library: maybe a CPU job on a GPU
+    machine: the warning says "may", the run answer says nothing."""
+    from conftest import run_cli
+
+    (doc,) = raw_events(DATA / "gloo_ddp_2rank" / "rank-0.json.gz")
+    assert not doc.get("deviceProperties")
+    doc = {**doc, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]}
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0, err
+    said = [w for w in _warned(err) if "holds no device event" in w]
+    assert len(said) == 1 and "may have used one" in said[0] and "NVIDIA H100" in said[0]
+    assert not any("Host only" in line for line in json.loads(out)["run"]["notes"])
+
+
+def test_a_gpu_job_profiled_on_its_device_only_is_said_to_be(tmp_path, capsys):
+    """train_1rank_5steps with only its device events kept (ProfilerActivity.CUDA alone)."""
+    from conftest import run_cli
+
+    path = _one_side(tmp_path, PUBLIC / "train_1rank_5steps.json.gz", keep_host=False)
+    n = sum(e.get("cat") in DEVICE_CATS for e in json.loads(path.read_text())["traceEvents"])
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["run_facts"]["unprofiled"]["0"] == {"missing": "host", "device_events": n}
+    said = [w for w in _warned(err) if "device events only" in w]
+    assert len(said) == 1 and f"({n:,})" in said[0]
+    assert any("Device only (rank 0)" in line for line in res["run"]["notes"])
 
 
 # ---- 5. partial and sampled jobs

@@ -340,6 +340,18 @@ def answer_from(
         answer.input_pipeline = estimate(fed)
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
+    missing: dict[int, str] = {}
+    for a in blamed:
+        missing.update(a.graph.info.unprofiled)
+    for side in sorted(set(missing.values())):
+        who = ", ".join(str(r) for r in sorted(r for r, m in missing.items() if m == side))
+        answer.notes.append(
+            f"Host only (rank {who}): the trace has no device event of a job that ran on one, so the breakdown's compute is host "
+            "time, the host's waits on the device included; profile with the device activity on"
+            if side == "device"
+            else f"Device only (rank {who}): the trace has no host event, so the path is the device's alone and its gaps read as "
+            "waiting; profile with the CPU activity on"
+        )
     waited = [f.queue_wait_us for f in st]
     if gpu and float(np.median(waited)) >= STEADY_QUEUE_SHARE * float(np.median([f.queue_span_us or f.measured for f in st])):
         answer.host_paced = HostPace(estimate(waited), estimate([max(f.queue_span_us - f.queue_wait_us, 0.0) for f in st]))

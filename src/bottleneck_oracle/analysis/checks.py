@@ -189,7 +189,8 @@ def step_checks(a: StepAnalysis) -> list[Check]:
 
 def run_warnings(run: RunFacts | None) -> list[str]:
     """What the input says of the whole job that bears on every answer: ranks missing against the
-    world size, events left out of the trace (sampled or removed). (Device events in unknown
+    world size, events left out of the trace (sampled or removed), one side of a job on host and
+    device left out by the profiler's activities (facts.unprofiled). (Device events in unknown
     categories are counted when the files are read.)"""
     if not run:
         return []
@@ -206,6 +207,27 @@ def run_warnings(run: RunFacts | None) -> list[str]:
             f"beside rank {min(run.ranks)}'s #N{-k:+d}): their profilers counted steps differently, and steps are matched by number, "
             "so each step pairs different iterations of the ranks (or, if they ran on different hosts, their clocks are more than "
             "half a step apart: then pass --ranks-per-host N)"
+        )
+    for rank, u in sorted(run.unprofiled.items()):
+        if u["missing"] == "host":
+            out.append(
+                f"rank {rank}'s trace holds device events only ({u['device_events']:,}), no host op nor runtime call: its profiler "
+                "did not record the host (ProfilerActivity.CPU off), so the path is the device's alone, a gap on the device reads as "
+                "idle where its host may have been busy, and there are no ProfilerStep markers to cut steps at"
+            )
+            continue
+        named = ", ".join(u["examples"])
+        seen = f"its deviceProperties list {', '.join(u['devices'][:2])}" if u["devices"] else ""
+        why = (
+            f"{u['ops']:,} of its host ops run only with an accelerator ({named})" + (f", and {seen}" if seen else "")
+            if u["ops"]
+            else f"{seen}, so it may have used one"
+        )
+        out.append(
+            f"rank {rank}'s trace holds no device event, yet {why}: its profiler recorded the host only (the device activity, "
+            "e.g. ProfilerActivity.CUDA, off). Time the host spent waiting on the device (copies to the host, .item(), "
+            "synchronize) reads as host work here, and the device's own time cannot be seen: profile with the device activity "
+            "on for the step's real picture"
         )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]

@@ -296,6 +296,7 @@ class RunFacts:
     numbered: dict[int, dict]  # rank -> events held / numbered by the exporter (Ev Idx), summed over its files
     unknown_device_events: int
     step_offsets: dict[int, int] = field(default_factory=dict)  # rank -> how far its step numbers run from the first rank's (step_offsets)
+    unprofiled: dict[int, dict] = field(default_factory=dict)  # rank -> the side of the job its profiler did not record (unprofiled)
 
     @property
     def missing_ranks(self) -> int:
@@ -314,6 +315,7 @@ class RunFacts:
             "sampled": {str(r): v for r, v in self.sampled().items()},
             "unknown_device_events": self.unknown_device_events,
             "step_offsets": {str(r): k for r, k in self.step_offsets.items()},
+            "unprofiled": {str(r): v for r, v in self.unprofiled.items()},
         }
 
 
@@ -332,7 +334,56 @@ def run_facts(table: EventTable) -> RunFacts:
         numbered=numbered,
         unknown_device_events=unknown,
         step_offsets=step_offsets(table),
+        unprofiled=unprofiled(table),
     )
+
+
+DEVICE_LIBRARY = re.compile(
+    r"cudnn|miopen|^nccl:|rccl|cublas|hipblas|efficient_attention|flash_attention(?!.*cpu)|^triton_|record_stream|pin_memory",
+    re.IGNORECASE,
+)
+"""Host ops that run only where an accelerator does: its vendor's libraries (cuDNN, MIOpen, NCCL,
+RCCL, cuBLAS), attention kernels without a CPU version, Inductor's Triton kernels, a tensor
+recorded on a device stream or pinned for copies to a device. ``torch.cuda`` Python frames are
+not counted: a CPU job asks ``torch.cuda.is_available()`` too."""
+
+
+def unprofiled(table: EventTable) -> dict[int, dict]:
+    """Ranks whose profiler recorded one side of a job that ran on both (the activities it was
+    given left the other out): rank -> ``{"missing": "device", "ops": n, "examples": [...],
+    "devices": [...]}`` where the trace holds host events and no device event, yet ``n`` host ops
+    (not Python frames nor annotations) name a device library (DEVICE_LIBRARY) or the file's ``deviceProperties`` lists a device the
+    process saw (``n`` may be 0 then: a CPU job on a machine with a GPU reads the same); or
+    ``{"missing": "host"}`` where it holds device events and no host op nor runtime call. Either
+    way the trace cannot show what the other side did: time the host spent waiting on its device
+    reads as host work; the device's gaps read as idle."""
+    cached = table.lookups.get("unprofiled")
+    if cached is not None:
+        return dict(cached)
+    c = table.cols
+    cls, rank_col, name = c["cls"], c["rank"], c["name"]
+    out: dict[int, dict] = {}
+    library = None
+    for r in table.ranks:
+        mine = rank_col == r
+        k = cls[mine]
+        device = int(isin_small(k, (*DEVICE_CLASSES, EvClass.GPU_SYNC)).sum())
+        host_ops = k == EvClass.CPU
+        ops = host_ops & ~c["is_range"][mine]  # ops, not Python frames nor annotations (a CPU job reads cudnn.enabled too)
+        runtime = int((k == EvClass.RUNTIME).sum())
+        if device == 0 and host_ops.any():
+            if library is None:
+                library = np.array([bool(DEVICE_LIBRARY.search(n)) for n in table.names], dtype=bool)
+            codes = name[mine][ops]
+            hits = codes[library[codes]]
+            devices = [str(d) for d in (table.inputs.get(r, {}).get("devices") or [])]
+            if len(hits) or devices:
+                seen = sorted({table.names[i] for i in hits.tolist()}, key=lambda n: (len(n), n))  # the plainest names
+                out[r] = {"missing": "device", "ops": len(hits), "examples": seen[:3], "devices": devices}
+        elif device and not host_ops.any() and runtime == 0:
+            out[r] = {"missing": "host", "device_events": device}
+    table.lookups["unprofiled"] = out
+    return dict(out)
 
 
 STEP_OFFSET_SHARE = 0.8  # a rank whose steps run beside another number of the first rank's in this share of them (two at least)

@@ -175,6 +175,21 @@ class GraphInfo:
         return StepFactsRecord(period_us=float(facts["period_us"]), ranks=ranks)
 
     @property
+    def unprofiled(self) -> dict[int, str]:
+        """Ranks whose profiler left one side of the job out (facts.unprofiled): rank -> the side
+        missing, "host", or "device" where host ops name a device library (a GPU listed in the
+        file's deviceProperties alone may be one the job did not use: not here)."""
+        run = self._meta.get("run_facts")
+        got = run.get("unprofiled", {}) if isinstance(run, dict) else {}
+        if not isinstance(got, dict):
+            return {}
+        return {
+            int(r): str(v["missing"])
+            for r, v in got.items()
+            if isinstance(v, dict) and (v.get("missing") == "host" or (v.get("missing") == "device" and v.get("ops")))
+        }
+
+    @property
     def bystanders(self) -> list[Bystander]:
         """Host threads left out of the step (builder): no dependency into its work."""
         return [
