@@ -647,6 +647,106 @@ def test_a_gpu_job_profiled_on_its_device_only_is_said_to_be(tmp_path, capsys):
     assert any("Device only (rank 0)" in line for line in res["run"]["notes"])
 
 
+def _launch_loop(tmp_path: Path, blocking: bool) -> Path:
+    """Three steps of 60 host ops, each launching one 40-100 µs kernel on one stream. With
+    ``blocking`` each launch call returns 2 µs after its kernel ends (CUDA_LAUNCH_BLOCKING=1: the
+    host and the device in series); without, it returns after 6 µs and the kernels queue."""
+    host = 4242
+    ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": host, "tid": 0, "args": {"name": "python3"}}]
+    t, dev_free, corr = 1_000_000.0, 0.0, 1000
+    for s in range(3):
+        t0, items = t, []
+        for i in range(60):
+            corr += 1
+            k_ts = max(t + 12.0, dev_free)
+            dev_free = k_ts + 40.0 + (i % 7) * 10.0
+            call = dev_free + 2.0 - (t + 8.0) if blocking else 6.0
+            args = {"correlation": corr, "External id": corr}
+            items += [
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::mul",
+                    "pid": host,
+                    "tid": host,
+                    "ts": t,
+                    "dur": call + 14.0,
+                    "args": {"External id": corr},
+                },
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": host,
+                    "tid": host,
+                    "ts": t + 8.0,
+                    "dur": call,
+                    "args": args,
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"mul_kernel_{i % 7}",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": k_ts,
+                    "dur": dev_free - k_ts,
+                    "args": {**args, "stream": 7, "device": 0},
+                },
+            ]
+            t += call + 18.0
+        ev += [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{s + 1}",
+                "pid": host,
+                "tid": host,
+                "ts": t0,
+                "dur": t - t0 + 1.0,
+                "args": {},
+            },
+            *items,
+        ]
+        t += 2.0
+    path = tmp_path / ("blocking.json" if blocking else "async.json")
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    return path
+
+
+def test_launches_that_wait_for_their_own_work_are_waits_on_the_device(tmp_path, capsys):
+    """A loop recorded with CUDA_LAUNCH_BLOCKING=1 (every launch returns after its kernel, read
+    from the raw events): each launch is a wait on its kernel, so halving every kernel shortens
+    the step by half the kernels' time, host and device being in series (the old picture kept
+    each launch as a fixed host call and replayed no change); the path's compute is the kernels'
+    time; the warning and the run answer say the launches were synchronous. The same loop with
+    asynchronous launches says nothing of it."""
+    from bottleneck_oracle import api
+    from conftest import run_cli
+
+    path = _launch_loop(tmp_path, blocking=True)
+    ev = json.loads(path.read_text())["traceEvents"]
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime"}
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert all(k["ts"] + k["dur"] <= calls[k["args"]["correlation"]]["ts"] + calls[k["args"]["correlation"]]["dur"] for k in kernels)
+    (step2,) = [e for e in ev if e.get("name") == "ProfilerStep#2"]
+    in_step = sum(k["dur"] for k in kernels if step2["ts"] <= calls[k["args"]["correlation"]]["ts"] < step2["ts"] + step2["dur"])
+    (res,) = api.whatif(path, ["cat=kernel,scale=0.5"], steps=[2])
+    assert res.step_us - res.replay.step_us == pytest.approx(in_step / 2, rel=0.02)
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["run_facts"]["synchronous"] == {"0": {"launches": 180, "waited": 180}}
+    assert [w for w in _warned(err) if "launches returned only after the device work they launched had ended (180 of 180)" in w]
+    assert any(n.startswith("Synchronous launches (rank 0)") for n in got["run"]["notes"])
+    (s2,) = [s for s in got["steps"] if s["step"] == 2]
+    assert s2["breakdown_us"]["compute"] == pytest.approx(in_step, rel=0.01)
+    assert all(c["ok"] for s in got["steps"] for c in s["checks"]), [c for s in got["steps"] for c in s["checks"] if not c["ok"]]
+    code, out, err = run_cli(["analyze", str(_launch_loop(tmp_path, blocking=False)), "--json"], capsys)
+    assert code == 0 and json.loads(out)["run_facts"]["synchronous"] == {}
+    assert not [w for w in _warned(err) if "launches returned only after" in w]
+
+
 # ---- 5. partial and sampled jobs
 
 

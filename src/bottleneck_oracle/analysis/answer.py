@@ -341,8 +341,16 @@ def answer_from(
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     missing: dict[int, str] = {}
+    serial: set[int] = set()
     for a in blamed:
         missing.update(a.graph.info.unprofiled)
+        serial.update(a.graph.info.synchronous)
+    if serial:
+        answer.notes.append(
+            f"Synchronous launches (rank {', '.join(str(r) for r in sorted(serial))}): every launch waited for its own device "
+            "work (CUDA_LAUNCH_BLOCKING=1?), so host and device ran in series: this is the step in that mode, not as the job "
+            "runs with asynchronous launches"
+        )
     for side in sorted(set(missing.values())):
         who = ", ".join(str(r) for r in sorted(r for r, m in missing.items() if m == side))
         answer.notes.append(

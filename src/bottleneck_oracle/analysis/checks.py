@@ -144,7 +144,9 @@ def step_checks(a: StepAnalysis) -> list[Check]:
     launched = sum(f.launched for f in facts.ranks)
     if launched:
         early = sum(f.early_launches for f in facts.ranks)
-        kept = int((g.edges["kind"] == EdgeKind.LAUNCH).sum())
+        # (a device op its call waits for, a blocking copy's or a synchronous launch's, has that
+        # wait instead where no op of the call's thread precedes the call in the window)
+        kept = int((g.edges["kind"] == EdgeKind.LAUNCH).sum()) + g.info.launches_waited_at_start
         out.append(
             Check(
                 "launches",
@@ -228,6 +230,13 @@ def run_warnings(run: RunFacts | None) -> list[str]:
             "e.g. ProfilerActivity.CUDA, off). Time the host spent waiting on the device (copies to the host, .item(), "
             "synchronize) reads as host work here, and the device's own time cannot be seen: profile with the device activity "
             "on for the step's real picture"
+        )
+    for rank, v in sorted(run.synchronous.items()):
+        out.append(
+            f"rank {rank}'s launches returned only after the device work they launched had ended ({v['waited']:,} of "
+            f"{v['launches']:,}): its device ran in step with its host (CUDA_LAUNCH_BLOCKING=1, a sanitizer or a debugger), so "
+            "each launch waits for its own work and is read as a wait on the device; the step is host and device in series, "
+            "not the job as it runs with asynchronous launches"
         )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]

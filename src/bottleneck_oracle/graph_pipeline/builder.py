@@ -256,14 +256,14 @@ def _window_edges(
     pieces = gap_pieces(w, w.lead_from)
     E = rules.EdgeSet()
     rules.program_order(w, E)
-    launcher = rules.launches(w, E)
+    launcher, self_released = rules.launches(w, E)
     rules.forward_backward(table, w, E)
     rules.data_dependencies(table, w, E)
     rules.cuda_syncs(w, E, opt.blocking_sync_calls, opt.clock_tolerance_us, opt.stream_wait_us)
     rules.blocking_copies(w, E)
     rules.stream_waits(w, E, launcher, opt.stream_wait_us, opt.clock_tolerance_us)
     rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us, launcher)
-    return w, E, pieces
+    return w, E, pieces, self_released
 
 
 def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]:
@@ -330,7 +330,7 @@ def _finish(
 ) -> ExecutionGraph:
     """The graph of the window, its edges and gap pieces (``built``, emptied here: no reference to
     the window is left in the caller when it is let go)."""
-    w, E, pieces = built
+    w, E, pieces, self_released = built
     built.clear()
     regions = window_regions(w)  # (first: its look-ups are the largest passing allocation, made before the graph's columns exist)
     c, rows = w.c, w.node_rows
@@ -392,6 +392,7 @@ def _finish(
                 for (r, p, t), info in sorted(away.items())
             ],
             "polling_loops": polling_loops,
+            "launches_waited_at_start": self_released,
             "queue_wait_us": queue_waits,
             **_thread_names(table, nodes),
         },

@@ -111,15 +111,17 @@ def program_order(w: Window, E: EdgeSet) -> None:
     E.add(b + after, w.staged_next[after], EdgeKind.PROGRAM_ORDER)
 
 
-def launches(w: Window, E: EdgeSet) -> np.ndarray:
+def launches(w: Window, E: EdgeSet) -> tuple[np.ndarray, int]:
     """Runtime call -> the GPU op with its correlation id on the same rank (flows are incomplete).
-    Returns the launching event of each GPU op (index into gpu_rows order; -1: not launched in the window)."""
+    Returns the launching event of each GPU op (index into gpu_rows order; -1: not launched in the
+    window), and how many ops a blocking call launched as its thread's first op in the window
+    (released by nothing before it: no launch edge, their call's wait on them instead)."""
     c = w.c
     corr = c["correlation"]
     launcher = np.full(len(w.gpu_rows), -1, dtype=np.int64)
     rt = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (corr >= 0))
     if not len(rt) or not len(w.gpu_rows):
-        return launcher
+        return launcher, 0
     key = c["rank"][rt].astype(np.int64) * (1 << 40) + corr[rt]
     order = np.argsort(key, kind="stable")
     rt, key = rt[order], key[order]
@@ -137,7 +139,7 @@ def launches(w: Window, E: EdgeSet) -> np.ndarray:
         src = src.copy()
         src[waits_on_it] = np.where(leaf >= 0, prev, -1)
     E.add(src, w.n_leaf + np.flatnonzero(hit), EdgeKind.LAUNCH)
-    return launcher
+    return launcher, int((waits_on_it & (src < 0)).sum())
 
 
 def blocking_copies(w: Window, E: EdgeSet) -> None:

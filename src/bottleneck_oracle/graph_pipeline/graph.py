@@ -190,6 +190,20 @@ class GraphInfo:
         }
 
     @property
+    def launches_waited_at_start(self) -> int:
+        """Device ops launched by a call that waits for them (a blocking copy, a synchronous launch)
+        as its thread's first op in the window: released by nothing before it, so no launch edge."""
+        v = self._meta.get("launches_waited_at_start", 0)
+        return int(v) if isinstance(v, int) else 0
+
+    @property
+    def synchronous(self) -> list[int]:
+        """Ranks whose every launch waited for its own device work (facts.synchronous_launches)."""
+        run = self._meta.get("run_facts")
+        got = run.get("synchronous", {}) if isinstance(run, dict) else {}
+        return sorted(int(r) for r in got) if isinstance(got, dict) else []
+
+    @property
     def bystanders(self) -> list[Bystander]:
         """Host threads left out of the step (builder): no dependency into its work."""
         return [

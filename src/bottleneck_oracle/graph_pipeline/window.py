@@ -19,6 +19,7 @@ from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
+from bottleneck_oracle.graph_pipeline.facts import synchronous_launches
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
 GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
@@ -439,13 +440,17 @@ def _polling_loops(
     return runs
 
 
-def _blocking_copies(c: Mapping[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarray, end: np.ndarray, tol: float) -> np.ndarray:
+def _blocking_copies(
+    c: Mapping[str, np.ndarray], is_copy: np.ndarray, ts: np.ndarray, end: np.ndarray, tol: float, synchronous: np.ndarray
+) -> np.ndarray:
     """Per event, the device op of a copy or set call that returned only after that op ended
     (a copy to pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``: what ``.item()``,
-    ``.cpu()`` and ``.tolist()`` do), -1 otherwise (``is_copy`` per name code: COPY_NAME). Joined
-    on the correlation id."""
+    ``.cpu()`` and ``.tolist()`` do), -1 otherwise (``is_copy`` per name code: COPY_NAME); on the
+    ``synchronous`` ranks (facts.synchronous_launches: every launch waits for its work), of any
+    launch that did. Joined on the correlation id."""
     out = np.full(len(ts), -1, dtype=np.int64)
-    calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & is_copy[c["name"]] & (c["correlation"] >= 0))
+    kind = is_copy[c["name"]] | (isin_small(c["rank"], synchronous) if len(synchronous) else False)
+    calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & kind & (c["correlation"] >= 0))
     ops = np.flatnonzero(isin_small(c["cls"], GPU_CLASSES) & (c["correlation"] >= 0))
     if not len(calls) or not len(ops):
         return out
@@ -562,7 +567,7 @@ def make_window(
         cpu_rows = np.flatnonzero(cpu_mask)
         thread, srt, th, leaf = _leaves(cpu_rows, c, ts, end)
     blocking |= polls > 0
-    copy_op = _blocking_copies(c, flags["copy"], ts, end, tol)
+    copy_op = _blocking_copies(c, flags["copy"], ts, end, tol, np.array(sorted(synchronous_launches(table)), dtype=np.int64))
     blocking |= copy_op >= 0
     queued, slot_op = _queue_waits(table, rows)
     blocking |= queued
