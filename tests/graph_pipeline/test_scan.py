@@ -12,7 +12,7 @@ import pytest
 from bottleneck_oracle.errors import TraceError
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.events import load_events
-from conftest import KINETO_FIXTURES, PUBLIC
+from conftest import DATA, KINETO_FIXTURES, PUBLIC
 
 
 def _scan(raw: bytes):
@@ -265,3 +265,37 @@ def test_counting_in_parts_agrees_with_one_walk_even_where_strings_look_like_eve
     bad = json.dumps({"traceEvents": events[:50]}).encode()[:-30]  # truncated inside the array
     b = np.frombuffer(bad, dtype=np.uint8)
     assert scan.count_events(b, 4)[5] == scan.count_events(b)[5] != scan.OK
+
+
+@pytest.mark.parametrize("path", [DATA / "gloo_ddp_2rank" / "rank-0.json.gz", PUBLIC / "amd_mi250_minitoy.json.gz"], ids=lambda p: p.name)
+def test_ids_written_as_unsigned_64_bit_values_give_the_same_analysis(tmp_path, path):
+    """Every host pid and tid moved up by 2^63 and every flow id by 2^63 (as a profiler writing
+    them as uint64 would: a pointer, a hash), one tid made 2^64 - 1: the trace reads (it was
+    refused as beyond the signed range) and its analysis is the original's: the ids still tell
+    threads and flows apart (read from the raw JSON: the same counts of distinct threads and
+    flow ids)."""
+    from bottleneck_oracle import api
+
+    doc = json.loads(gzip.open(path).read())
+    host = {e["pid"] for e in doc["traceEvents"] if e.get("cat") == "cpu_op"}
+    first_tid = min(e["tid"] for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and isinstance(e.get("tid"), int))
+    for e in doc["traceEvents"]:
+        if e.get("pid") in host:
+            e["pid"] += 2**63
+            if isinstance(e.get("tid"), int):
+                e["tid"] = 2**64 - 1 if e["tid"] == first_tid else e["tid"] + 2**63
+        if isinstance(e.get("id"), int):
+            e["id"] += 2**63
+    assert max(e["pid"] for e in doc["traceEvents"] if isinstance(e.get("pid"), int)) >= 2**63
+    moved = tmp_path / path.name.replace(".gz", "")
+    moved.write_bytes(orjson.dumps(doc))
+    threads = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e.get("cat") in ("cpu_op", "user_annotation", "python_function")}
+    flows = {e["id"] for e in doc["traceEvents"] if e.get("cat") == "fwdbwd"}
+    table = load_events(moved)
+    c = table.cols
+    cpu = c["cls"] == 0
+    assert len({(p, t) for p, t in zip(c["pid"][cpu].tolist(), c["tid"][cpu].tolist())}) == len(threads)
+    assert len(set(table.flows["id"].tolist())) == len(flows) > 0
+    before = [(a.step_time, a.breakdown(), a.graph.n_edges) for a in api.analyze(path)[1]]
+    after = [(a.step_time, a.breakdown(), a.graph.n_edges) for a in api.analyze(moved)[1]]
+    assert after == before

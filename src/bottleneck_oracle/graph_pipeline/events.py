@@ -903,7 +903,13 @@ class _Builder:
         self._process_names(path, raw, ev)
         cls = self._other_categories(path, raw, ev, cls)
         is_x = (ph == ord("X")) & (cls >= 0)
-        flow = ((ph == ord("s")) | (ph == ord("f"))) & np.isin(ev["cat"], _FLOW_HASHES) & (ev["fid"] >= 0) & ev["has_ts"]
+        flow = (
+            ((ph == ord("s")) | (ph == ord("f")))
+            & np.isin(ev["cat"], _FLOW_HASHES)
+            & (ev["fid"] != scan.NO_ID)
+            & (ev["fid"] != -1)
+            & ev["has_ts"]
+        )
         x = np.flatnonzero(is_x)
         if not len(x):
             return 0

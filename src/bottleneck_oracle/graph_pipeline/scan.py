@@ -36,9 +36,13 @@ ERRORS = {
     NOT_NUMBER: "an event has a non-numeric ts, dur, pid, tid or id",
     TOO_MANY: "more events than the scanner allotted",
     NOT_OBJECT: "traceEvents holds an element that is not an object",
-    OUT_OF_RANGE: "an event has a pid, tid or id beyond the signed 64-bit integer range (-2^63 to 2^63-1)",
+    OUT_OF_RANGE: "an event has a pid, tid or id beyond the 64-bit integer range (-2^63 to 2^64-1)",
 }
 INT_LIMIT = 9.2e18  # a number whose magnitude reaches this is no 64-bit integer id
+NO_ID = np.int64(-(2**63))
+"""An event's flow id when it has none: -2^63, the bits of the unsigned 2^63. A flow id of -1 (or
+2^64 - 1, the unsigned -1) is none too; any other, of either sign or written as an unsigned
+64-bit value, is an id."""
 
 # event keys and hot args, by hash of their bytes (the field contract: fields.py)
 _KEYS = F.EVENT_KEYS
@@ -208,6 +212,34 @@ def _number(buf, i, n):
     if neg:
         return i, -ip, -frac, True
     return i, ip, frac, True
+
+
+_UINT64_MAX_DIGITS = np.frombuffer(b"18446744073709551615", dtype=np.uint8).copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _uint64_bits(buf, i, j):
+    """(the int64 holding the bits of the unsigned 64-bit integer written in ``buf[i:j]``, whether
+    it is one: digits only, at most 2^64 - 1). A pid, tid or flow id written as an unsigned 64-bit
+    value (a pointer, a hash) is read as the signed integer with its bits: distinct ids stay
+    distinct, and 2^64 - 1, the unsigned -1, is -1."""
+    n = j - i
+    if n <= 0 or n > 20:
+        return np.int64(0), False
+    for t in range(i, j):
+        if not 48 <= buf[t] <= 57:
+            return np.int64(0), False
+    if n == 20:
+        for t in range(20):
+            d, m = buf[i + t], _UINT64_MAX_DIGITS[t]
+            if d < m:
+                break
+            if d > m:
+                return np.int64(0), False
+    v = np.uint64(0)
+    for t in range(i, j):
+        v = v * np.uint64(10) + np.uint64(buf[t] - 48)
+    return np.int64(v), True
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -515,7 +547,7 @@ def scan_events(
             # the fields an event may lack start at their defaults (_FILL): no pass fills the columns first
             name_lo[k] = -1
             name_hi[k] = -1
-            fid[k] = -1
+            fid[k] = NO_ID
             corr[k] = -1
             ext[k] = -1
             stream[k] = -1
@@ -560,7 +592,15 @@ def scan_events(
                         else:
                             err = NOT_NUMBER
                     elif key != 5 and key != 6 and not -INT_LIMIT < fp < INT_LIMIT:
-                        err = OUT_OF_RANGE
+                        bits, fits = _uint64_bits(buf, i, j)
+                        if not fits:
+                            err = OUT_OF_RANGE
+                        elif key == 3:
+                            pid[k] = bits
+                        elif key == 4:
+                            tid[k] = bits
+                        else:
+                            fid[k] = bits
                     elif key == 3:
                         pid[k] = ip
                     elif key == 4:
@@ -680,7 +720,7 @@ _DTYPES = {
     "has_ts": np.bool_,
     "has_dur": np.bool_,
 }
-_FILL = {"name_lo": -1, "name_hi": -1, "fid": -1, "corr": -1, "ext": -1, "stream": -1, "rfid": -1, "evidx": -1}
+_FILL = {"name_lo": -1, "name_hi": -1, "fid": NO_ID, "corr": -1, "ext": -1, "stream": -1, "rfid": -1, "evidx": -1}
 
 
 @numba.njit(cache=True, nogil=True)
