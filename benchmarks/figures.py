@@ -476,6 +476,14 @@ def knobs(root: Path) -> str:
         f"- noise floor: the base launches' clean-vs-clean difference, median {_pct(d['noise']['median_clean_vs_clean'])}; "
         f"{d['noise']['above_bound']} changes still above the 5% bound after two re-recordings",
     ]
+    first = _load(root, "benchmarks/knobs_first_results.json")
+    fs = first["scores"][held]
+    lines.append(
+        f"- **The same {fs['n']} changes recorded before** (an earlier session, the machine busier: clean vs clean median "
+        f"{_pct(first['noise']['median_clean_vs_clean'])}; `benchmarks/knobs_first_results.json`, the same command on that "
+        f"recording): factor from the other size MAPE {_pct(fs['mape'])}, sign {_pct(fs['sign'], 0)}, Kendall τ "
+        f"{fs['kendall_tau']:.2f} (the noise's ceiling there {first['kendall_tau_noise_ceiling']:.2f})"
+    )
     af = _load(root, "benchmarks/knobs_afab_results.json")
     a = af["scores"]
     lines.append(
@@ -797,16 +805,47 @@ def persistent(root: Path) -> str:
     )
 
 
+PERSISTENT_RECORDINGS = (
+    ("benchmarks/persistent_first_results.json", "first (others' work on the machine)", "data/persistent"),
+    ("benchmarks/persistent_rerecorded_results.json", "again, nothing else of ours running", "data/persistent_quiet"),
+    ("benchmarks/persistent_again_results.json", "a later session, nothing else running", "data/persistent"),
+    ("benchmarks/persistent_results.json", "right after it (the table above)", "data/persistent2"),
+)
+
+
 def _persistent_again(root: Path) -> str:
-    """The same 32 conditions recorded again later (benchmarks/persistent_rerecorded_results.json)."""
-    sm = _load(root, "benchmarks/persistent_rerecorded_results.json")["summary"]
-    spread = ", ".join(f"{lay} {_pct(v, 0)}" for lay, v in sm["clean_spread"].items() if v is not None)
+    """Every recording of the same 32 conditions, one row each: the clean runs' spread beside the scores."""
+    rows = []
+    for path, what, out in PERSISTENT_RECORDINGS:
+        sm = _load(root, path)["summary"]
+        spread = ", ".join(f"{lay} {_pct(v, 0)}" for lay, v in sm["clean_spread"].items() if v is not None)
+        rows.append(
+            [
+                f"{what}: `python benchmarks/persistent.py --out {out} --json {path}`",
+                spread,
+                _pct(sm["rank_named"], 0),
+                _pct(sm["region_named"], 0),
+                _pct(sm["saving_within_25pct"], 0),
+                _pct(sm["saving_within_25pct_of_injected"], 0),
+            ]
+        )
     return (
-        f"\nRecorded again later with nothing else of ours running (`python benchmarks/persistent.py --out data/persistent_quiet "
-        f"--json benchmarks/persistent_rerecorded_results.json`): rank {_pct(sm['rank_named'], 0)}, region {_pct(sm['region_named'], 0)}, "
-        f"saving within 25% of the measured difference {_pct(sm['saving_within_25pct'], 0)}, of the injected time "
-        f"{_pct(sm['saving_within_25pct_of_injected'], 0)}; the clean recordings spread {spread}: the machine's own drift (a shared "
-        "2-core VM) decides the measured difference more than the slowdown does.\n"
+        "\nEvery recording of the 32 conditions:\n\n"
+        + _table(
+            [
+                "recording",
+                "clean runs' spread",
+                "rank named",
+                "region named",
+                "saving within 25% of the measured difference",
+                "of the injected time",
+            ],
+            rows,
+        )
+        + "\n\nThe measured difference holds the machine's drift between the clean and the slowed recordings (a shared 2-core VM) "
+        "as well as the slowdown: read the savings column beside the clean runs' spread. The injected time is a sleep's or a "
+        "count of matmuls': a matmul's time is the machine's, so a compute condition misses it where the machine runs the "
+        "matmuls slower than when they were sized.\n"
     )
 
 
@@ -822,6 +861,7 @@ def headline(root: Path) -> str:
     me = _load(root, "benchmarks/model_earned_results.json")
     kn = _load(root, "benchmarks/knobs_results.json")
     ks, held = kn["scores"], "set, factor from the other size"
+    kf = _load(root, "benchmarks/knobs_first_results.json")["scores"][held]
     return (
         f"- **Step time**: the critical path's step time equals the step's period read from the raw events within 1% on "
         f"{len(within)} of {len(acc)} bundled traces; on {len(span)} of them the host's `ProfilerStep` span is more than 5% off "
@@ -834,7 +874,8 @@ def headline(root: Path) -> str:
         f"{len(kn['by_size'])} model sizes, DDP and a pipeline; CPU), the predicted step time has a MAPE of {_pct(ks[held]['mape'])} "
         f"with its one fitted number chosen on the other model size, the sign of the change right in {_pct(ks[held]['sign'], 0)} "
         f"(Kendall τ {ks[held]['kendall_tau']:.2f}); assuming no change: {_pct(ks['unchanged']['mape'])}, scaling the whole step: "
-        f"{_pct(ks['proportional']['mape'])}.\n"
+        f"{_pct(ks['proportional']['mape'])}; an earlier recording of the same changes: {_pct(kf['mape'])}, sign "
+        f"{_pct(kf['sign'], 0)}, τ {kf['kendall_tau']:.2f}.\n"
         f"- **The graph network** is off by default: its corrected replay ({_pct(fin['corrected']['mape'])}) beats the replay, "
         f"but not the replay times a constant fitted on other launches ({_pct(me['scores']['replay x constant (other launches)']['mape'])}, "
         f"paired test p = {me['paired_tests']['replay x constant (other launches)']['p_corrected_better']:.2f}); `--model` shows it.\n"

@@ -7,7 +7,9 @@ the host's wait, the run answer's line, and ``whatif`` in steady state against t
 (the span of the step before the queue filled), with why a host the queue did not pace keeps its
 step's own window (``diff_test``: its edit replayed in windows of one, two and three steps); and
 a device clock behind its host's (``device_clock_behind``: ddp_v100 with its device events 300 µs
-early, moved back).
+early, moved back); a GPU trace cut to its host's or its device's events, as ``ProfilerActivity.CPU``
+or ``.CUDA`` alone writes it (``one_side_profiled``); a loop whose launches wait for their kernels,
+as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``).
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -199,6 +201,154 @@ def device_clock_behind(path: Path, early_us: float) -> dict:
     }
 
 
+HOST_CATS = ("cpu_op", "user_annotation", "python_function", "Trace")
+DEVICE_LIBRARY_RAW = ("cudnn", "miopen", "nccl:")  # (a few of the names the rule reads: counted here from the raw JSON)
+
+
+def one_side(path: Path, keep_host: bool, tmp: Path) -> Path:
+    """``path`` as its profiler would have written it with only the host's activity (no device
+    event, no runtime call) or only the device's (no host op, no runtime call, no flow)."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    ev = doc["traceEvents"]
+    if keep_host:
+        kept = [e for e in ev if e.get("cat") in HOST_CATS or (e.get("ph") == "M" and e.get("pid") != 0)]
+    else:
+        kept = [e for e in ev if e.get("cat") in DEVICE_CATS or (e.get("ph") == "M" and e.get("pid") == 0)]
+    out = tmp / (path.name.replace(".json.gz", "") + ("_host_only.json" if keep_host else "_device_only.json"))
+    out.write_text(json.dumps({**{k: v for k, v in doc.items() if k != "traceEvents"}, "traceEvents": kept}))
+    return out
+
+
+def one_side_profiled(path: Path) -> dict:
+    """A GPU trace cut to one side (ProfilerActivity.CPU or .CUDA alone): what the raw JSON holds,
+    what the tool says (warning, run_facts.unprofiled, the run answer's lines)."""
+    import tempfile
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for keep_host in (True, False):
+            cut = one_side(path, keep_host, Path(tmp))
+            ev = json.loads(cut.read_text())["traceEvents"]
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                table, analyses = api.analyze(cut)
+            from bottleneck_oracle.analysis.answer import run_answer
+            from bottleneck_oracle.graph_pipeline.facts import unprofiled
+
+            out["host_only" if keep_host else "device_only"] = {
+                "raw": {
+                    "device_events": sum(e.get("cat") in DEVICE_CATS for e in ev),
+                    "host_ops": sum(e.get("cat") == "cpu_op" for e in ev),
+                    "host_ops_naming_cudnn_miopen_nccl": sum(
+                        e.get("cat") == "cpu_op" and any(k in e["name"].lower() for k in DEVICE_LIBRARY_RAW) for e in ev
+                    ),
+                },
+                "unprofiled": unprofiled(table) if table is not None else None,
+                "said": [str(w.message).split(": ", 1)[1] for w in said if "device event" in str(w.message)],
+                "run_answer": run_answer(analyses, str(cut)).lines(),
+            }
+    return out
+
+
+def launch_loop(path: Path, blocking: bool) -> Path:
+    """Three steps of 60 host ops, each launching one 40-100 µs kernel on one stream. With
+    ``blocking`` each launch call returns 2 µs after its kernel ends (CUDA_LAUNCH_BLOCKING=1: host
+    and device in series); without, it returns after 6 µs and the kernels queue."""
+    host = 4242
+    ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": host, "tid": 0, "args": {"name": "python3"}}]
+    t, dev_free, corr = 1_000_000.0, 0.0, 1000
+    for s in range(3):
+        t0, items = t, []
+        for i in range(60):
+            corr += 1
+            k_ts = max(t + 12.0, dev_free)
+            dev_free = k_ts + 40.0 + (i % 7) * 10.0
+            call = dev_free + 2.0 - (t + 8.0) if blocking else 6.0
+            args = {"correlation": corr, "External id": corr}
+            items += [
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::mul",
+                    "pid": host,
+                    "tid": host,
+                    "ts": t,
+                    "dur": call + 14.0,
+                    "args": {"External id": corr},
+                },
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": host,
+                    "tid": host,
+                    "ts": t + 8.0,
+                    "dur": call,
+                    "args": args,
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"mul_kernel_{i % 7}",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": k_ts,
+                    "dur": dev_free - k_ts,
+                    "args": {**args, "stream": 7, "device": 0},
+                },
+            ]
+            t += call + 18.0
+        ev += [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{s + 1}",
+                "pid": host,
+                "tid": host,
+                "ts": t0,
+                "dur": t - t0 + 1.0,
+                "args": {},
+            },
+            *items,
+        ]
+        t += 2.0
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    return path
+
+
+def synchronous_launches() -> dict:
+    """The launch loop with synchronous launches: the kernels' time in step 2 (raw), every kernel
+    halved as the tool replays it, the path's compute, what it says; the asynchronous twin."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = launch_loop(Path(tmp) / "blocking.json", True)
+        ev = json.loads(path.read_text())["traceEvents"]
+        calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime"}
+        (st,) = [e for e in ev if e.get("name") == "ProfilerStep#2"]
+        kernels = [e for e in ev if e.get("cat") == "kernel"]
+        in_step = sum(k["dur"] for k in kernels if st["ts"] <= calls[k["args"]["correlation"]]["ts"] < st["ts"] + st["dur"])
+        (res,) = api.whatif(path, ["cat=kernel,scale=0.5"], steps=[2])
+        (row,) = step_rows(path, [2])
+        table = api.load(path)
+        from bottleneck_oracle.graph_pipeline.facts import synchronous_launches as sync
+
+        twin = api.load(launch_loop(Path(tmp) / "async.json", False))
+        return {
+            "raw": {
+                "launches": len(calls),
+                "returned_after_their_kernel": sum(
+                    k["ts"] + k["dur"] <= calls[k["args"]["correlation"]]["ts"] + calls[k["args"]["correlation"]]["dur"] for k in kernels
+                ),
+                "step2_kernel_us": in_step,
+            },
+            "synchronous": sync(table),
+            "step2": row,
+            "halving_every_kernel_saves_us": res.step_us - res.replay.step_us,
+            "asynchronous_twin_synchronous": sync(twin),
+        }
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
     _, analyses = api.analyze(path, steps)
     rows = []
@@ -269,6 +419,11 @@ def main() -> None:
         },
     }
     doc["device_clock_behind"] = device_clock_behind(DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz", 300.0)
+    doc["one_side_profiled"] = {
+        "train_1rank_5steps": one_side_profiled(DATA / "public-gpu/train_1rank_5steps.json.gz"),
+        "timesformer": one_side_profiled(more / "timesformer_h100_1step.json.gz"),
+    }
+    doc["synchronous_launches"] = synchronous_launches()
     a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
         print(k, json.dumps(v, default=_plain)[:400])

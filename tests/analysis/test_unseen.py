@@ -648,70 +648,13 @@ def test_a_gpu_job_profiled_on_its_device_only_is_said_to_be(tmp_path, capsys):
 
 
 def _launch_loop(tmp_path: Path, blocking: bool) -> Path:
-    """Three steps of 60 host ops, each launching one 40-100 µs kernel on one stream. With
-    ``blocking`` each launch call returns 2 µs after its kernel ends (CUDA_LAUNCH_BLOCKING=1: the
-    host and the device in series); without, it returns after 6 µs and the kernels queue."""
-    host = 4242
-    ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": host, "tid": 0, "args": {"name": "python3"}}]
-    t, dev_free, corr = 1_000_000.0, 0.0, 1000
-    for s in range(3):
-        t0, items = t, []
-        for i in range(60):
-            corr += 1
-            k_ts = max(t + 12.0, dev_free)
-            dev_free = k_ts + 40.0 + (i % 7) * 10.0
-            call = dev_free + 2.0 - (t + 8.0) if blocking else 6.0
-            args = {"correlation": corr, "External id": corr}
-            items += [
-                {
-                    "ph": "X",
-                    "cat": "cpu_op",
-                    "name": "aten::mul",
-                    "pid": host,
-                    "tid": host,
-                    "ts": t,
-                    "dur": call + 14.0,
-                    "args": {"External id": corr},
-                },
-                {
-                    "ph": "X",
-                    "cat": "cuda_runtime",
-                    "name": "cudaLaunchKernel",
-                    "pid": host,
-                    "tid": host,
-                    "ts": t + 8.0,
-                    "dur": call,
-                    "args": args,
-                },
-                {
-                    "ph": "X",
-                    "cat": "kernel",
-                    "name": f"mul_kernel_{i % 7}",
-                    "pid": 0,
-                    "tid": 7,
-                    "ts": k_ts,
-                    "dur": dev_free - k_ts,
-                    "args": {**args, "stream": 7, "device": 0},
-                },
-            ]
-            t += call + 18.0
-        ev += [
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": f"ProfilerStep#{s + 1}",
-                "pid": host,
-                "tid": host,
-                "ts": t0,
-                "dur": t - t0 + 1.0,
-                "args": {},
-            },
-            *items,
-        ]
-        t += 2.0
-    path = tmp_path / ("blocking.json" if blocking else "async.json")
-    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
-    return path
+    """benchmarks/unseen.py's loop of 180 launches of 40-100 µs kernels (synchronous or not)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from unseen import launch_loop
+
+    return launch_loop(tmp_path / ("blocking.json" if blocking else "async.json"), blocking)
 
 
 def test_launches_that_wait_for_their_own_work_are_waits_on_the_device(tmp_path, capsys):
