@@ -504,6 +504,29 @@ def test_the_warning_counts_the_device_events_of_an_unknown_category(recwarn):
     assert any("1313 events on an accelerator" in str(w.message) and "mtia_ccp_events" in str(w.message) for w in recwarn)
 
 
+def test_a_counter_reading_profiler_s_kernel_ranges_are_device_ops_whose_times_it_says_are_replays(tmp_path, recwarn):
+    """alexnet_1gpu with its kernels in the category the CUPTI range profiler writes
+    (``cuda_profiler_range``: torch.profiler's experimental profiler_metrics, which replays each
+    kernel to read counters): the same device nodes and the same analysis as the original, and a
+    warning that the device's times are the replays' (not the generic unknown-category one)."""
+    from bottleneck_oracle import api
+
+    (doc,) = raw_events(PUBLIC / "alexnet_1gpu.json.gz")
+    kernels = sum(e.get("cat") == "kernel" for e in doc["traceEvents"])
+    doc = json.loads(json.dumps(doc))
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["cat"] = "cuda_profiler_range"
+    path = tmp_path / "ranges.json"
+    path.write_text(json.dumps(doc))
+    (a,) = api.analyze(path)[1]
+    said = [str(w.message) for w in recwarn]
+    assert [w for w in said if f"{kernels} kernel ranges of a counter-reading profiler" in w and "replays" in w]
+    assert not [w for w in said if "categories this tool does not know" in w]
+    (b,) = api.analyze(PUBLIC / "alexnet_1gpu.json.gz")[1]
+    assert (a.step_time, a.breakdown(), int(a.graph.nodes["on_gpu"].sum())) == (b.step_time, b.breakdown(), int(b.graph.nodes["on_gpu"].sum()))
+
+
 def _xla_style_trace(path: Path, device_process: str) -> list[dict]:
     """A trace as XLA's profiler writes one (JAX, torch_xla): no categories; the device's process
     named like a device path ("/device:TPU:0"), the host's "/host:CPU"; its device ops."""

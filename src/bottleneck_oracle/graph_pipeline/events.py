@@ -1095,10 +1095,12 @@ class _Builder:
                 read_as_device[label] = int(len(dev))
             if len(dev) < len(mine):
                 skipped[label] = int(len(mine) - len(dev))
-        if read_as_device:
-            shown = ", ".join(f"{c}: {n}" for c, n in sorted(read_as_device.items(), key=lambda kv: -kv[1]))
+        ranges = sum(n for c, n in (*read_as_device.items(), *skipped.items()) if c.lower().endswith(F.COUNTER_RANGE_SUFFIX))
+        unknown = {c: n for c, n in read_as_device.items() if not c.lower().endswith(F.COUNTER_RANGE_SUFFIX)}
+        if unknown:
+            shown = ", ".join(f"{c}: {n}" for c, n in sorted(unknown.items(), key=lambda kv: -kv[1]))
             self.notes.append(
-                f"{path}: {sum(read_as_device.values())} events on an accelerator in categories this tool does not know "
+                f"{path}: {sum(unknown.values())} events on an accelerator in categories this tool does not know "
                 f"({shown}) are analysed as device ops"
             )
         if skipped:
@@ -1107,7 +1109,13 @@ class _Builder:
             self.notes.append(
                 f"{path}: {sum(skipped.values())} events on host threads in categories this tool does not read ({shown}) left out"
             )
-        self.unknown_device_events = int(sum(read_as_device.values()))
+        if ranges:
+            self.notes.append(
+                f"{path}: {ranges} kernel ranges of a counter-reading profiler (torch.profiler's experimental profiler_metrics, "
+                "the CUPTI range profiler): it replays each kernel to read its counters and runs them one at a time, so the "
+                "device's times here are the replays', not the job's; profile without profiler_metrics for the step's times"
+            )
+        self.unknown_device_events = int(sum(unknown.values()))
         return cls
 
     def _thread_names(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> None:

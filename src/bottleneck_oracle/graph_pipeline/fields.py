@@ -77,6 +77,10 @@ RUNTIME_CAT_SUFFIXES = ("_runtime", "_driver", "runtime", "driver")
 # a process the profiler names like this is an accelerator, whatever its events' categories
 # ("GPU 0", "MTIA 17", "HPU 3", "XPU 1", "NeuronCore 2", XLA's "/device:TPU:0"; not XLA's host "/device:CPU:0")
 DEVICE_PROCESS_PATTERN = r"^\s*/?(gpu|mtia|hpu|xpu|npu|tpu|ipu|neuron\w*|device(?!\W*cpu\b)|accelerator|gaudi|cuda|rocm|hip)\b"
+COUNTER_RANGE_SUFFIX = "profiler_range"
+"""The category of a counter-reading profiler's kernel ranges ("cuda_profiler_range": the CUPTI range
+profiler, torch.profiler's experimental ``profiler_metrics``; "mlu_profiler_range"): device ops
+whose times are those of replays made to read counters (events.py says so)."""
 FLOW_CATS = frozenset({"fwdbwd"})
 
 STEP_PREFIX = "ProfilerStep#"
