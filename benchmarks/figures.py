@@ -755,6 +755,26 @@ def compare_verdicts(root: Path) -> str:
         f"| slower, a separate recording slowed by {d['recordings'][sep[0]['recording'].split()[-1]]['delay_ms']:g} ms a step against clean | "
         + "; ".join(f"{r['n']} steps a side: {frac(r['called'], r['conditions'])}" for r in sep)
         + f"; of those, {alike_slowed} with that warning too |\n"
+        + _compare_verdicts_again(root)
+    )
+
+
+def _compare_verdicts_again(root: Path) -> str:
+    """The same design recorded again, later, on a quiet machine (benchmarks/compare_verdicts_again_results.json)."""
+    d = _load(root, "benchmarks/compare_verdicts_again_results.json")
+    acc = d["acceptance"]
+    loads = [v[k] for v in d["recordings"].values() for k in ("load_before", "load_after")]
+    ok, cc = acc["slower_when_at_least_2se_and_1pct"], acc["clean_called_different_interleaved"]
+    bins = "; ".join(
+        f"{b['true_in_se'][0]}–{b['true_in_se'][1] or '∞'} SE: {b['called_slower']} of {b['conditions']}"
+        for b in acc["slower_by_size_in_se"]
+        if b["conditions"]
+    )
+    return (
+        f"\nRecorded again in a later session with nothing else running (load average {min(loads):.1f} to {max(loads):.1f}; "
+        "`python benchmarks/compare_verdicts.py --out benchmarks/compare_verdicts_again_results.json`): slower where the "
+        f"slowdown is ≥ 2 standard errors and ≥ 1%: {ok['called_slower']} of {ok['conditions']} ({_pct(ok['fraction'], 0)}); by size: "
+        f"{bins}; clean against clean, interleaved, called different: {cc['called']} of {cc['conditions']}.\n"
     )
 
 

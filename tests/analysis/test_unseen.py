@@ -524,7 +524,11 @@ def test_a_counter_reading_profiler_s_kernel_ranges_are_device_ops_whose_times_i
     assert [w for w in said if f"{kernels} kernel ranges of a counter-reading profiler" in w and "replays" in w]
     assert not [w for w in said if "categories this tool does not know" in w]
     (b,) = api.analyze(PUBLIC / "alexnet_1gpu.json.gz")[1]
-    assert (a.step_time, a.breakdown(), int(a.graph.nodes["on_gpu"].sum())) == (b.step_time, b.breakdown(), int(b.graph.nodes["on_gpu"].sum()))
+    assert (a.step_time, a.breakdown(), int(a.graph.nodes["on_gpu"].sum())) == (
+        b.step_time,
+        b.breakdown(),
+        int(b.graph.nodes["on_gpu"].sum()),
+    )
 
 
 def _xla_style_trace(path: Path, device_process: str) -> list[dict]:

@@ -700,7 +700,10 @@ def rank_of(doc: dict[str, Any], path: Path, default: int | None) -> int:
         return _valid_rank(path, m.group(1), "the rank in the folder name")
     if default is not None:
         return default
-    raise TraceError(path, "cannot tell the rank: no distributedInfo.rank and no rank-N in the file name")
+    raise TraceError(
+        path,
+        "cannot tell the rank: no distributedInfo.rank and no rank-N in the file name (name each rank's file rank-N.json.gz, or analyse one file alone)",
+    )
 
 
 def _valid_rank(path: Path, value: int | str, what: str) -> int:
