@@ -343,7 +343,7 @@ def run_facts(table: EventTable) -> RunFacts:
 
 SYNC_LAUNCH_MIN = 50  # launches a rank makes, at least, for its launches to be judged synchronous ...
 SYNC_LAUNCH_SHARE = 0.9  # ... when this share of them returned only after their device work ended
-_COPY_CALL = re.compile(r"mem(cpy|set)", re.IGNORECASE)
+_COPY_CALL = re.compile(F.COPY_CALL_PATTERN, re.IGNORECASE)
 
 
 def synchronous_launches(table: EventTable) -> dict[int, dict]:
@@ -372,12 +372,11 @@ def synchronous_launches(table: EventTable) -> dict[int, dict]:
         )  # the op ran on after its call returned
         uniq, inv = np.unique(calls, return_inverse=True)
         ran_on = np.bincount(inv, weights=late, minlength=len(uniq)) > 0
-        ranks = c["rank"][uniq]
-        for r in np.unique(ranks).tolist():
-            mine = ranks == r
-            n, k = int(mine.sum()), int((mine & ~ran_on).sum())
-            if n >= SYNC_LAUNCH_MIN and k >= SYNC_LAUNCH_SHARE * n:
-                out[int(r)] = {"launches": n, "waited": k}
+        ranks, r_inv = np.unique(c["rank"][uniq], return_inverse=True)
+        n = np.bincount(r_inv, minlength=len(ranks))
+        k = np.bincount(r_inv, weights=~ran_on, minlength=len(ranks))
+        for i in np.flatnonzero((n >= SYNC_LAUNCH_MIN) & (k >= SYNC_LAUNCH_SHARE * n)).tolist():
+            out[int(ranks[i])] = {"launches": int(n[i]), "waited": int(k[i])}
     table.lookups["synchronous"] = out
     return dict(out)
 
@@ -405,27 +404,32 @@ def unprofiled(table: EventTable) -> dict[int, dict]:
     if cached is not None:
         return dict(cached)
     c = table.cols
-    cls, rank_col, name = c["cls"], c["rank"], c["name"]
+    cls, name = c["cls"], c["name"]
     out: dict[int, dict] = {}
-    library = None
-    for r in table.ranks:
-        mine = rank_col == r
-        k = cls[mine]
-        device = int(isin_small(k, (*DEVICE_CLASSES, EvClass.GPU_SYNC)).sum())
-        host_ops = k == EvClass.CPU
-        ops = host_ops & ~c["is_range"][mine]  # ops, not Python frames nor annotations (a CPU job reads cudnn.enabled too)
-        runtime = int((k == EvClass.RUNTIME).sum())
-        if device == 0 and host_ops.any():
-            if library is None:
-                library = np.array([bool(DEVICE_LIBRARY.search(n)) for n in table.names], dtype=bool)
-            codes = name[mine][ops]
-            hits = codes[library[codes]]
+    ranks, inv = np.unique(c["rank"], return_inverse=True)
+    inv = inv.reshape(-1)
+
+    def per_rank(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(inv[mask], minlength=len(ranks))
+
+    device = per_rank(isin_small(cls, (*DEVICE_CLASSES, EvClass.GPU_SYNC)))
+    host = per_rank(cls == EvClass.CPU)
+    runtime = per_rank(cls == EvClass.RUNTIME)
+    no_device = (device == 0) & (host > 0)
+    if no_device.any():
+        library = np.array([bool(DEVICE_LIBRARY.search(n)) for n in table.names], dtype=bool)
+        # ops, not Python frames nor annotations (a CPU job reads cudnn.enabled too)
+        named = np.flatnonzero((cls == EvClass.CPU) & ~c["is_range"] & library[name] & no_device[inv])
+        hits = np.bincount(inv[named], minlength=len(ranks))
+        for i in np.flatnonzero(no_device).tolist():
+            r = int(ranks[i])
             devices = [str(d) for d in (table.inputs.get(r, {}).get("devices") or [])]
-            if len(hits) or devices:
-                seen = sorted({table.names[i] for i in hits.tolist()}, key=lambda n: (len(n), n))  # the plainest names
-                out[r] = {"missing": "device", "ops": len(hits), "examples": seen[:3], "devices": devices}
-        elif device and not host_ops.any() and runtime == 0:
-            out[r] = {"missing": "host", "device_events": device}
+            if hits[i] or devices:
+                mine = np.unique(name[named[inv[named] == i]])
+                seen = sorted((table.names[j] for j in mine.tolist()), key=lambda n: (len(n), n))  # the plainest names
+                out[r] = {"missing": "device", "ops": int(hits[i]), "examples": seen[:3], "devices": devices}
+    for i in np.flatnonzero((device > 0) & (host == 0) & (runtime == 0)).tolist():
+        out[int(ranks[i])] = {"missing": "host", "device_events": int(device[i])}
     table.lookups["unprofiled"] = out
     return dict(out)
 

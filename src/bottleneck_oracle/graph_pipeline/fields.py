@@ -64,6 +64,8 @@ KERNEL_CATS = frozenset({"kernel", "Kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
 MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
 GPU_SYNC_CATS = frozenset({"cuda_sync"})
+COPY_CALL_PATTERN = r"mem(cpy|set)"
+"""A runtime call that copies or sets memory (``cudaMemcpyAsync``, ``hipMemsetAsync``, ``cuMemcpyDtoH``)."""
 HOST_WAIT_PATTERN = r"^(ur|pi|ze)(QueueFinish|EventWait|EventsWait)$|^cl(Finish|WaitForEvents)$"
 """Runtime calls other than a synchronize that block their host until device work is done: the
 waits of Intel's unified runtime (and its older plugin interface) and of OpenCL; not

@@ -29,7 +29,7 @@ GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # decided from their timing, polling loops of queries from their run length, launches into a full
 # queue from the queue (see make_window)
 SYNC_NAME = re.compile(r"synchroni[sz]e|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
-COPY_NAME = re.compile(r"mem(cpy|set)", re.IGNORECASE)
+COPY_NAME = re.compile(F.COPY_CALL_PATTERN, re.IGNORECASE)
 QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
 P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
