@@ -364,8 +364,8 @@ def synchronous_launches(table: EventTable) -> dict[int, dict]:
     ops = np.flatnonzero((launcher >= 0) & isin_small(c["cls"], DEVICE_CLASSES))
     if len(ops):
         calls = launcher[ops]
-        copy = np.array([bool(_COPY_CALL.search(n)) for n in table.names], dtype=bool)
-        keep = ~copy[c["name"][calls]]
+        codes, at = np.unique(c["name"][calls], return_inverse=True)  # (the calls' few names, not every name of the trace)
+        keep = ~np.array([bool(_COPY_CALL.search(table.names[i])) for i in codes.tolist()], dtype=bool)[at.reshape(-1)]
         ops, calls = ops[keep], calls[keep]
         late = (
             c["ts"][ops] + c["dur"][ops] > c["ts"][calls] + c["dur"][calls] + LAUNCH_TOLERANCE_US
@@ -417,9 +417,10 @@ def unprofiled(table: EventTable) -> dict[int, dict]:
     runtime = per_rank(cls == EvClass.RUNTIME)
     no_device = (device == 0) & (host > 0)
     if no_device.any():
-        library = np.array([bool(DEVICE_LIBRARY.search(n)) for n in table.names], dtype=bool)
-        # ops, not Python frames nor annotations (a CPU job reads cudnn.enabled too)
-        named = np.flatnonzero((cls == EvClass.CPU) & ~c["is_range"] & library[name] & no_device[inv])
+        # ops, not Python frames nor annotations (a CPU job reads cudnn.enabled too), of the ranks in question
+        cand = np.flatnonzero((cls == EvClass.CPU) & ~c["is_range"] & no_device[inv])
+        codes, at = np.unique(name[cand], return_inverse=True)
+        named = cand[np.array([bool(DEVICE_LIBRARY.search(table.names[i])) for i in codes.tolist()], dtype=bool)[at.reshape(-1)]]
         hits = np.bincount(inv[named], minlength=len(ranks))
         for i in np.flatnonzero(no_device).tolist():
             r = int(ranks[i])
