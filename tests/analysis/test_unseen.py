@@ -531,6 +531,36 @@ def test_a_counter_reading_profiler_s_kernel_ranges_are_device_ops_whose_times_i
     )
 
 
+def test_the_marks_of_recorded_cuda_events_are_no_work(tmp_path, recwarn):
+    """Kineto writes a 1 µs ``cuda_event`` mark on the stream for each cudaEventRecord (a default
+    activity since CUDA 12.8; before it, at time 0). cuda_event_sync_1gpu with a mark for each of
+    its records, where the stream reached it, and one at time 0: the original analysis, the same
+    device ops, nothing said of unknown categories or far-off events."""
+    from bottleneck_oracle import api
+
+    (doc,) = raw_events(PUBLIC / "cuda_event_sync_1gpu.json.gz")
+    doc = json.loads(json.dumps(doc))
+    ev = doc["traceEvents"]
+    records = [e for e in ev if e.get("cat") == "cuda_runtime" and e["name"] == "cudaEventRecord"]
+    kernels = sorted((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    assert records and kernels
+    for i, r in enumerate(records):
+        before = [k["ts"] + k["dur"] for k in kernels if k["ts"] <= r["ts"] + r["dur"]]
+        at = max([r["ts"] + r["dur"], *before]) if i else 0
+        args = {"event_id": i, "stream": 7, "correlation": r["args"]["correlation"], "device": 0, "context": 1}
+        ev.append({"ph": "X", "cat": "cuda_event", "name": "cudaEvent", "pid": 0, "tid": 7, "ts": at, "dur": 1, "args": args})
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(doc))
+    (a,) = api.analyze(path)[1]
+    assert not [str(w.message) for w in recwarn if "does not know" in str(w.message) or "from the rest" in str(w.message)]
+    (b,) = api.analyze(PUBLIC / "cuda_event_sync_1gpu.json.gz")[1]
+    assert (a.step_time, a.breakdown(), int(a.graph.nodes["on_gpu"].sum())) == (
+        b.step_time,
+        b.breakdown(),
+        int(b.graph.nodes["on_gpu"].sum()),
+    )
+
+
 def _xla_style_trace(path: Path, device_process: str) -> list[dict]:
     """A trace as XLA's profiler writes one (JAX, torch_xla): no categories; the device's process
     named like a device path ("/device:TPU:0"), the host's "/host:CPU"; its device ops."""

@@ -71,8 +71,10 @@ HOST_WAIT_PATTERN = r"^(ur|pi|ze)(QueueFinish|EventWait|EventsWait)$|^cl(Finish|
 waits of Intel's unified runtime (and its older plugin interface) and of OpenCL; not
 ``urEnqueueEventsWait``, which orders device work without blocking."""
 # categories that are understood and carry no work of their own: the profiler's span, its own
-# overhead, device-side copies of CPU ranges, instant events and flows
-IGNORED_CATS = frozenset({"Trace", "overhead", "Overhead", "gpu_user_annotation", "cpu_instant_event", "ac2g", "fwdbwd"})
+# overhead, device-side copies of CPU ranges, instant events and flows, and the device-side marks
+# of recorded CUDA events (``cuda_event``, one of Kineto's default activities since CUDA 12.8: a
+# 1 µs mark where the stream reached the event, tied to its cudaEventRecord; before 12.8 at time 0)
+IGNORED_CATS = frozenset({"Trace", "overhead", "Overhead", "gpu_user_annotation", "cpu_instant_event", "ac2g", "fwdbwd", "cuda_event"})
 # a category of another vendor's runtime ("mtia_runtime", "xpu_runtime", "hpu_driver"): its calls
 # are runtime calls like CUDA's
 RUNTIME_CAT_SUFFIXES = ("_runtime", "_driver", "runtime", "driver")
