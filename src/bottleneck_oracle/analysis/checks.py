@@ -233,7 +233,7 @@ def run_warnings(run: RunFacts | None) -> list[str]:
         )
     for rank, v in sorted(run.synchronous.items()):
         out.append(
-            f"rank {rank}'s launches returned only after the device work they launched had ended ({v['waited']:,} of "
+            f"rank {rank}'s launches of 50 µs of device work or more returned only after it had ended ({v['waited']:,} of "
             f"{v['launches']:,}): its device ran in step with its host (CUDA_LAUNCH_BLOCKING=1, a sanitizer or a debugger), so "
             "each launch waits for its own work and is read as a wait on the device; the step is host and device in series, "
             "not the job as it runs with asynchronous launches"

@@ -341,20 +341,24 @@ def run_facts(table: EventTable) -> RunFacts:
     )
 
 
-SYNC_LAUNCH_MIN = 50  # launches a rank makes, at least, for its launches to be judged synchronous ...
-SYNC_LAUNCH_SHARE = 0.9  # ... when this share of them returned only after their device work ended
+SYNC_LAUNCH_MIN = 20  # launches of long device work (SYNC_LAUNCH_OP_US) a rank makes, at least, to be judged ...
+SYNC_LAUNCH_SHARE = 0.9  # ... synchronous when this share of them returned only after their device work ended
+SYNC_LAUNCH_OP_US = 50.0  # µs: device work this long outlasts an asynchronous launch call (a short op on an idle device may not)
 _COPY_CALL = re.compile(F.COPY_CALL_PATTERN, re.IGNORECASE)
 
 
 def synchronous_launches(table: EventTable) -> dict[int, dict]:
     """Ranks whose launches return only after the device work they launched has ended: rank ->
-    ``{"launches": n, "waited": k}``, where k of its n launch calls (any runtime call the trace
-    ties to device ops, copies and sets aside: those may wait by themselves) returned at or after
-    the end of every op they launched (within LAUNCH_TOLERANCE_US), k at least SYNC_LAUNCH_SHARE of
-    n and n at least SYNC_LAUNCH_MIN. An asynchronous launch returns before its work is done but
-    for a short op on an idle device (0-1.4% of the launches of every trace here); with
-    ``CUDA_LAUNCH_BLOCKING=1``, a sanitizer or a debugger, every launch waits for its own work, and
-    each is a wait on the device (window: the call waits for its op, as a blocking copy does)."""
+    ``{"launches": n, "waited": k}``, where k of its n launch calls of device work lasting
+    SYNC_LAUNCH_OP_US or more (any runtime call the trace ties to device ops, copies and sets
+    aside: those may wait by themselves) returned at or after the end of every op they launched
+    (within LAUNCH_TOLERANCE_US), k at least SYNC_LAUNCH_SHARE of n and n at least SYNC_LAUNCH_MIN.
+    An asynchronous launch returns before its work is done but for a short op on an idle device:
+    of the launches of every trace here 0-1.4% do, of those of 50 µs of work or more 0-0.7% (short
+    kernels are no evidence: a launch call slowed by the profiler may outlast one). With
+    ``CUDA_LAUNCH_BLOCKING=1``, a sanitizer or a debugger, every launch waits for its own work,
+    and each is a wait on the device (window: the call waits for its op, as a blocking copy does,
+    short ones too)."""
     cached = table.lookups.get("synchronous")
     if cached is not None:
         return dict(cached)
@@ -372,6 +376,8 @@ def synchronous_launches(table: EventTable) -> dict[int, dict]:
         )  # the op ran on after its call returned
         uniq, inv = np.unique(calls, return_inverse=True)
         ran_on = np.bincount(inv, weights=late, minlength=len(uniq)) > 0
+        long = np.bincount(inv, weights=c["dur"][ops], minlength=len(uniq)) >= SYNC_LAUNCH_OP_US
+        uniq, ran_on = uniq[long], ran_on[long]
         ranks, r_inv = np.unique(c["rank"][uniq], return_inverse=True)
         n = np.bincount(r_inv, minlength=len(ranks))
         k = np.bincount(r_inv, weights=~ran_on, minlength=len(ranks))
