@@ -347,7 +347,7 @@ def answer_from(
         serial.update(a.graph.info.synchronous)
     if serial:
         answer.notes.append(
-            f"Synchronous launches (rank {', '.join(str(r) for r in sorted(serial))}): every launch waited for its own device "
+            f"Synchronous launches (rank {', '.join(str(r) for r in sorted(serial))}): its launches waited for their own device "
             "work (CUDA_LAUNCH_BLOCKING=1?), so host and device ran in series: this is the step in that mode, not as the job "
             "runs with asynchronous launches"
         )

@@ -198,7 +198,7 @@ class GraphInfo:
 
     @property
     def synchronous(self) -> list[int]:
-        """Ranks whose every launch waited for its own device work (facts.synchronous_launches)."""
+        """Ranks whose launches waited for their own device work (facts.synchronous_launches)."""
         run = self._meta.get("run_facts")
         got = run.get("synchronous", {}) if isinstance(run, dict) else {}
         return sorted(int(r) for r in got) if isinstance(got, dict) else []
