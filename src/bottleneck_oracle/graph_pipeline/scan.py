@@ -591,30 +591,27 @@ def scan_events(
                             j = _skip(buf, i, hi)
                         else:
                             err = NOT_NUMBER
-                    elif key != 5 and key != 6 and not -INT_LIMIT < fp < INT_LIMIT:
-                        bits, fits = _uint64_bits(buf, i, j)
-                        if not fits:
-                            err = OUT_OF_RANGE
-                        elif key == 3:
-                            pid[k] = bits
-                        elif key == 4:
-                            tid[k] = bits
-                        else:
-                            fid[k] = bits
-                    elif key == 3:
-                        pid[k] = ip
-                    elif key == 4:
-                        tid[k] = ip
-                    elif key == 5:
-                        ts_i[k] = ip
-                        ts_f[k] = fp
-                        has_ts[k] = True
-                    elif key == 6:
-                        dur_i[k] = ip
-                        dur_f[k] = fp
-                        has_dur[k] = True
                     else:
-                        fid[k] = ip
+                        if key != 5 and key != 6 and not -INT_LIMIT < fp < INT_LIMIT:
+                            ip, ok = _uint64_bits(buf, i, j)  # (a pid, tid or id written as an unsigned 64-bit value)
+                            if not ok:
+                                err = OUT_OF_RANGE
+                        if err != OK:
+                            pass
+                        elif key == 3:
+                            pid[k] = ip
+                        elif key == 4:
+                            tid[k] = ip
+                        elif key == 5:
+                            ts_i[k] = ip
+                            ts_f[k] = fp
+                            has_ts[k] = True
+                        elif key == 6:
+                            dur_i[k] = ip
+                            dur_f[k] = fp
+                            has_dur[k] = True
+                        else:
+                            fid[k] = ip
                 elif key == 8 and c == 123:  # args: the three ids every event may carry
                     i += 1
                     while True:

@@ -446,7 +446,7 @@ def _blocking_copies(
     """Per event, the device op of a copy or set call that returned only after that op ended
     (a copy to pageable host memory, ``cudaMemcpy``, ``hipMemcpyWithStream``: what ``.item()``,
     ``.cpu()`` and ``.tolist()`` do), -1 otherwise (``is_copy`` per name code: COPY_NAME); on the
-    ``synchronous`` ranks (facts.synchronous_launches: every launch waits for its work), of any
+    ``synchronous`` ranks (facts.synchronous_launches: their launches wait for their work), of any
     launch that did. Joined on the correlation id."""
     out = np.full(len(ts), -1, dtype=np.int64)
     kind = is_copy[c["name"]] | (isin_small(c["rank"], synchronous) if len(synchronous) else False)
