@@ -328,7 +328,7 @@ def test_whatif_microbatches_on_a_pipeline_step(generated_grid, capsys):
     assert code == 0
     (row,) = json.loads(out)["steps"]
     mb = row["microbatches"]
-    assert mb["from"] == 2 and mb["to"] == 8 and mb["stages"] == 2
+    assert mb["from"] == 2 and mb["to"] == 8 and mb["stages"] == 2 and mb["schedule"] == "1f1b"
     assert row["replay"]["step_us"] == mb["step_us"] == pytest.approx(row["measured_us"] + mb["formula_delta_us"])
     code, out, _ = run(["whatif", str(pp), "--step", "4", "--set", "microbatches=2:2", "--json"], capsys)
     assert code == 0 and json.loads(out)["steps"][0]["microbatches"]["formula_delta_us"] == 0.0  # the same split changes nothing

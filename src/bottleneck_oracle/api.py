@@ -503,6 +503,7 @@ def whatif(
                 old=parts.microbatches,
                 new=new,
                 stages=parts.stages,
+                schedule=parts.schedule,
                 formula_delta_us=then - now,
                 step_us=step_us + replay.delta_us + then - now,
             )

@@ -1155,7 +1155,7 @@ def whatif(
             mbx = r.microbatches
             out.print(
                 f"{where(r)}: {mbx.old} -> {mbx.new} micro-batches over {mbx.stages} stages: "
-                f"{mbx.formula_delta_us / 1000:+.3f} ms by the 1F1B schedule (included in the replay) -> {_ms(mbx.step_us)} ms",
+                f"{mbx.formula_delta_us / 1000:+.3f} ms by the {mbx.schedule.upper()} schedule (included in the replay) -> {_ms(mbx.step_us)} ms",
                 highlight=False,
             )
         cp = r.critical_path

@@ -174,3 +174,57 @@ def test_a_step_without_edges_takes_a_knob():
     assert inside <= {"gloo:all_reduce", "aten::empty"}, inside
     (r,) = api.whatif(path, [], knobs=["batch=x2"])
     assert r.replay.delta_us == 0.0
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_the_pipeline_replay_gives_the_textbook_makespans(m):
+    """``pipeline_makespan`` against the closed forms a pipeline schedule is known by: equal
+    stages, 1F1B or all-forward-all-backward, ``(m + p - 1)(f + b)``; one micro-batch, the sum of
+    the stages' times; 1F1B with the last stage the slowest, one micro-batch through the stages
+    before it plus ``m`` on it (``sum_{s<p-1} t_s + m t_{p-1}``, the others keep ahead of it); and
+    with two stages, the second's forward and backward no longer than the first's forward, ``m``
+    micro-batches on the first alone from two on (the second is done with each before the first
+    needs it). A formula of the slowest stage alone,
+    ``(m + p - 1) max t``, misses the unequal ones by up to half the step."""
+    from bottleneck_oracle.analysis.knobs import pipeline_makespan
+
+    for p in (2, 4):
+        for schedule in ("1f1b", "afab"):
+            assert pipeline_makespan([1.0] * p, [2.0] * p, m, schedule) == pytest.approx((m + p - 1) * 3.0)
+    fwd, bwd = [1.0, 2.0, 0.5, 3.0], [2.0, 4.0, 1.0, 6.0]
+    t = [f + b for f, b in zip(fwd, bwd, strict=True)]
+    assert pipeline_makespan(fwd, bwd, 1) == pytest.approx(sum(t))
+    assert pipeline_makespan([1.0, 1.0, 1.0, 2.0], [2.0, 2.0, 2.0, 4.0], m) == pytest.approx(9.0 + m * 6.0)
+    assert pipeline_makespan([3.0, 1.0], [6.0, 2.0], m) == pytest.approx(m * 9.0 if m >= 2 else 12.0)
+    assert pipeline_makespan([1.0, 3.0], [2.0, 6.0], m) == pytest.approx(3.0 + m * 9.0)
+
+
+@pytest.mark.parametrize(("world", "dp", "schedule", "size"), [(3, 1, "1f1b", "small"), (2, 2, "afab", "tiny")])
+def test_the_resplit_reads_the_schedule_and_the_stages_a_pipeline_ran(tmp_path, world, dp, schedule, size):
+    """A recorded pipeline (gloo send/recv; the lab's rank r * world + s is replica r's stage s)
+    re-split by ``--set microbatches``: the schedule is the one it ran, the stages are in the
+    order they ran (a later stage posts its receive before the first stage starts: that is not
+    its forward), and each data-parallel replica is a pipeline of its own."""
+    pytest.importorskip("bottleneck_oracle_lab", reason="recording is the lab's (pip install -e lab/)")
+    from bottleneck_oracle.analysis import knobs as knob_model
+    from bottleneck_oracle_lab.systems.pipeline import PipelineRun, record
+
+    run = PipelineRun(out=str(tmp_path), world=world, dp=dp, size=size, schedule=schedule, microbatches=2, steps=2)
+    seen = []
+    real = knob_model.microbatch_parts
+
+    def keep(*args):
+        seen.append(real(*args))
+        return seen[-1]
+
+    try:
+        knob_model.microbatch_parts = keep
+        rows = api.whatif(record(run), [], knobs=["microbatches=4"])
+    finally:
+        knob_model.microbatch_parts = real
+    assert rows and len(seen) == len(rows)
+    replicas = tuple(tuple(r * world + s for s in range(world)) for r in range(dp))
+    for parts, row in zip(seen, rows, strict=True):
+        assert parts.schedule == schedule and parts.stages == world
+        assert tuple(sorted(parts.pipelines)) == replicas
+        assert row.microbatches is not None and row.microbatches.schedule == schedule

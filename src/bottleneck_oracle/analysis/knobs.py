@@ -29,8 +29,9 @@ or collective call is waiting for the peer, and no knob repeats it. What scales,
   fixed part of the CPU call that issues it.
 - ``microbatches`` (a pipeline's micro-batch count at the same global batch) old -> new: each
   micro-batch's work scales by old/new, its fixed part and untraced time stay per
-  micro-batch, and the 1F1B step ``(m + p - 1)(t_f + t_b)`` is taken with the new count and
-  per-micro-batch times; the difference is added to the replayed step.
+  micro-batch, and the pipeline's schedule (1F1B or all forwards then all backwards, read from
+  the trace) is replayed op by op with each stage's new forward and backward times
+  (``pipeline_makespan``); the difference is added to the replayed step.
 
 Every edit but the micro-batch re-split is a change of durations and latencies in the graph,
 so the replay (the critical path method) decides how much of it reaches the step: a longer
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -436,19 +438,105 @@ def _rebucket(g: ExecutionGraph, p: Pieces, knob: Knob, base_dur: np.ndarray, ga
     return dur, gap
 
 
+def pipeline_makespan(fwd: Sequence[float], bwd: Sequence[float], m: int, schedule: str = "1f1b") -> float:
+    """The step of a pipeline of ``len(fwd)`` stages over ``m`` micro-batches, each stage's
+    forward and backward of one micro-batch taking ``fwd[s]`` and ``bwd[s]``, replayed op by op:
+    a forward waits for the previous stage's forward of its micro-batch, a backward for the next
+    stage's backward of it (the last stage's for its own forward), and each stage runs its ops in
+    the schedule's order. ``1f1b``: stage ``s`` runs ``p - s - 1`` warm-up forwards, then a
+    forward and a backward in turn, then the remaining backwards; ``afab``: every forward, then
+    every backward."""
+    p = len(fwd)
+    order: list[list[tuple[int, int]]] = []  # (0 forward | 1 backward, micro-batch) per stage
+    for st in range(p):
+        if schedule == "afab":
+            order.append([(0, i) for i in range(m)] + [(1, i) for i in range(m)])
+            continue
+        warm = min(p - st - 1, m)
+        ops = [(0, i) for i in range(warm)]
+        for i in range(m - warm):
+            ops += [(0, i + warm), (1, i)]
+        order.append(ops + [(1, i) for i in range(m - warm, m)])
+    done = np.full((2, p, m), np.nan)
+    free = [0.0] * p
+    pos = [0] * p
+    left = 2 * p * m
+    while left:
+        moved = False
+        for st in range(p):
+            while pos[st] < len(order[st]):
+                kind, i = order[st][pos[st]]
+                if kind == 0:
+                    dep = done[0, st - 1, i] if st else 0.0
+                else:
+                    dep = done[1, st + 1, i] if st < p - 1 else done[0, st, i]
+                if np.isnan(dep):
+                    break
+                free[st] = done[kind, st, i] = max(free[st], dep) + (bwd[st] if kind else fwd[st])
+                pos[st] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise ValueError("the schedule waits on itself")
+    return max(free)
+
+
 @dataclass(frozen=True, slots=True)
 class MicrobatchParts:
-    """The 1F1B formula's terms per micro-batch on the slowest stage (µs): fixed (dispatch and
-    untraced time, per micro-batch) and work (scales with the micro-batch's size)."""
+    """Each stage's forward and backward time per micro-batch, split into fixed (dispatch and
+    untraced time, per micro-batch) and work (scales with the micro-batch's size), in µs; per
+    pipeline (data-parallel replicas are pipelines of their own), its ranks in stage order."""
 
-    stages: int
     microbatches: int
-    fixed_us: float
-    work_us: float
+    schedule: str  # "1f1b" or "afab"
+    pipelines: tuple[tuple[int, ...], ...]  # ranks, stage order
+    fixed_fwd: dict[int, float]
+    work_fwd: dict[int, float]
+    fixed_bwd: dict[int, float]
+    work_bwd: dict[int, float]
+
+    @property
+    def stages(self) -> int:
+        return max(len(ranks) for ranks in self.pipelines)
 
     def step(self, m: int) -> float:
-        """(m + p - 1) x per-micro-batch time, the same global batch in ``m`` micro-batches."""
-        return (m + self.stages - 1) * (self.fixed_us + self.work_us * self.microbatches / m)
+        """The passes' time for the same global batch in ``m`` micro-batches: each pipeline's
+        schedule replayed with per-micro-batch times ``fixed + work x old / m``, the slowest."""
+        k = self.microbatches / m
+        return max(
+            pipeline_makespan(
+                [self.fixed_fwd[r] + self.work_fwd[r] * k for r in ranks],
+                [self.fixed_bwd[r] + self.work_bwd[r] * k for r in ranks],
+                m,
+                self.schedule,
+            )
+            for ranks in self.pipelines
+        )
+
+
+def _pipelines(g: ExecutionGraph, first_forward: dict[int, float]) -> tuple[tuple[int, ...], ...]:
+    """The ranks of each pipeline (joined by send/recv pairs), in stage order: the order of
+    ``first_forward``, when each rank ran the first micro-batch's forward."""
+    e = g.edges
+    parent = {r: r for r in g.ranks}
+
+    def root(r: int) -> int:
+        while parent[r] != r:
+            r = parent[r]
+        return r
+
+    pair = np.flatnonzero(e["kind"] == EdgeKind.SEND_RECV)
+    rank = g.nodes["rank"]
+    src, dst = e["src"][pair], rank[e["dst"][pair]]
+    for b in np.unique(src):
+        ranks = np.unique(dst[src == b])
+        for other in ranks[1:]:
+            parent[root(int(other))] = root(int(ranks[0]))
+    groups: dict[int, list[int]] = {}
+    for r in g.ranks:
+        if r in first_forward:
+            groups.setdefault(root(r), []).append(r)
+    return tuple(tuple(sorted(v, key=lambda r: first_forward[r])) for v in groups.values())
 
 
 def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> MicrobatchParts:
@@ -457,20 +545,41 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
     if m < 1:
         raise OracleError("microbatches: the step has no per-micro-batch phase ranges (forward.mb0, ...)")
     fixed_node = np.minimum(dur, _fixed_of(g, p))
-    best: tuple[float, float] = (0.0, 0.0)
+    parts: dict[str, dict[int, float]] = {"fixed_fwd": {}, "work_fwd": {}, "fixed_bwd": {}, "work_bwd": {}}
+    first_forward: dict[int, float] = {}
+    interleaved = False
+    gap_rank = n["rank"][p.gap_node]
     for r in g.ranks:
-        mine = (n["rank"] == r) & np.isin(p.node_phase, (FORWARD, BACKWARD)) & (p.node_mb >= 0) & ~p.node_comm
-        gm = (n["rank"][p.gap_node] == r) & np.isin(p.gap_phase, (FORWARD, BACKWARD)) & (p.node_mb[p.gap_node] >= 0) & p.gap_pass
-        work_nodes = mine & p.node_work
-        work = float((dur[work_nodes] - fixed_node[work_nodes]).sum())
-        fixed = float(fixed_node[work_nodes].sum()) + float(dur[mine & ~p.node_work].sum())
-        gw = gm & p.gap_work
-        gfix = np.minimum(p.gap_len[gw], p.fixed_cpu_us)
-        work += float((p.gap_len[gw] - gfix).sum())
-        fixed += float(gfix.sum()) + float(p.gap_len[gm & ~p.gap_work].sum())
-        if fixed + work > sum(best):
-            best = (fixed, work)
-    return MicrobatchParts(stages=len(g.ranks), microbatches=m, fixed_us=best[0] / m, work_us=best[1] / m)
+        in_mb = (n["rank"] == r) & (p.node_mb >= 0) & ~n["on_gpu"]
+        fwd_nodes = in_mb & (p.node_phase == FORWARD)
+        if not fwd_nodes.any():
+            continue
+        # stage order: a later stage's forward of the first micro-batch waits for the earlier's
+        # activations; the middle of its work (the buffer for them may be made before either starts)
+        work = fwd_nodes & (p.node_mb == 0) & p.node_work
+        first_forward[r] = float(np.median(n["start"][work if work.any() else fwd_nodes]))
+        last_forward = float(n["start"][fwd_nodes & (p.node_mb == m - 1)].min(initial=np.inf))
+        interleaved |= bool((n["start"][in_mb & (p.node_phase == BACKWARD)] < last_forward).any())
+        for code, tag in ((FORWARD, "fwd"), (BACKWARD, "bwd")):
+            mine = (n["rank"] == r) & (p.node_phase == code) & (p.node_mb >= 0) & ~p.node_comm
+            gm = (gap_rank == r) & (p.gap_phase == code) & (p.node_mb[p.gap_node] >= 0) & p.gap_pass
+            work_nodes = mine & p.node_work
+            work = float((dur[work_nodes] - fixed_node[work_nodes]).sum())
+            fixed = float(fixed_node[work_nodes].sum()) + float(dur[mine & ~p.node_work].sum())
+            gw = gm & p.gap_work
+            gfix = np.minimum(p.gap_len[gw], p.fixed_cpu_us)
+            work += float((p.gap_len[gw] - gfix).sum())
+            fixed += float(gfix.sum()) + float(p.gap_len[gm & ~p.gap_work].sum())
+            parts[f"fixed_{tag}"][r] = fixed / m
+            parts[f"work_{tag}"][r] = work / m
+    if not first_forward:
+        raise OracleError("microbatches: the step's micro-batch ranges hold no forward work")
+    return MicrobatchParts(
+        microbatches=m,
+        schedule="1f1b" if interleaved or m == 1 else "afab",
+        pipelines=_pipelines(g, first_forward),
+        **parts,
+    )
 
 
 def interval(g: ExecutionGraph, step_us: float) -> tuple[float, float] | None:

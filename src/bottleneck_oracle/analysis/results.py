@@ -87,11 +87,13 @@ class Corrected:
 
 @dataclass(frozen=True, slots=True)
 class Resplit:
-    """A pipeline step re-split from ``old`` to ``new`` micro-batches over ``stages`` stages, by the 1F1B formula."""
+    """A pipeline step re-split from ``old`` to ``new`` micro-batches over ``stages`` stages, its
+    ``schedule`` (``1f1b`` or ``afab``, read from the trace) replayed stage by stage."""
 
     old: int = field(metadata=json_meta(key="from"))
     new: int = field(metadata=json_meta(key="to"))
     stages: int
+    schedule: str
     formula_delta_us: float
     step_us: float
 
