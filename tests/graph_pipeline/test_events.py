@@ -115,7 +115,7 @@ def _write(path, data: bytes):
     "name,data,problem",
     [
         ("empty.json", b"", "file is empty"),
-        ("garbage.json", b"this is not json", "not valid JSON"),
+        ("garbage.json", b"this is not json", "not a JSON trace: text that starts with 'this is not '"),
         ("truncated.json", b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1', "JSON"),
         ("list.json", b'{"foo": 1}', "not a profiler trace"),
         ("noevents.json", b'{"traceEvents": []}', "no events"),
@@ -252,3 +252,59 @@ def test_a_begin_without_its_end_is_dropped_and_said(tmp_path):
         t = load_events(tmp_path / "t.json")
     got = sorted((t.names[n], d) for n, d in zip(t.cols["name"], t.cols["dur"]))
     assert got == [("aten::add", 5.0), ("aten::bmm", 20.0)]
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """A trace re-saved by an editor that writes UTF-8's byte order mark (JSON readers may skip
+    it): the same events, plain or gzip, object or bare array, as the file without it."""
+    raw = gzip.decompress((SAMPLE / "rank-0.json.gz").read_bytes())
+    events = json.loads(raw)["traceEvents"]
+    bom = b"\xef\xbb\xbf"
+    variants = {
+        "object.json": bom + raw,
+        "array.json": bom + json.dumps(events).encode(),
+        "object.json.gz": gzip.compress(bom + raw),
+    }
+    want = load_events(SAMPLE / "rank-0.json.gz")
+    for name, data in variants.items():
+        (tmp_path / name).write_bytes(data)
+        got = load_events(tmp_path / name)
+        assert len(got.cols["ts"]) == len(want.cols["ts"]), name
+        assert [(s.number, s.span) for s in got.steps] == [(s.number, s.span) for s in want.steps], name
+
+
+def test_a_file_of_another_format_is_named(tmp_path):
+    """Files a user may be handed instead of a trace-event JSON are refused with what they look
+    like, written here by the libraries that make them (a pickle is written, never read)."""
+    import bz2
+    import lzma
+    import pickle
+    import sqlite3
+    import zipfile
+
+    db = tmp_path / "report.sqlite"
+    with sqlite3.connect(db) as con:
+        con.execute("create table CUPTI_ACTIVITY_KIND_KERNEL (start int, end int)")
+    con.close()
+    with zipfile.ZipFile(tmp_path / "traces.zip", "w") as z:
+        z.writestr("rank-0.json", "{}")
+    trace = gzip.decompress((SAMPLE / "rank-0.json.gz").read_bytes())
+    (tmp_path / "t.json.bz2").write_bytes(bz2.compress(trace))
+    (tmp_path / "t.json.xz").write_bytes(lzma.compress(trace))
+    (tmp_path / "t.pkl").write_bytes(pickle.dumps({"traceEvents": []}))
+    (tmp_path / "t16.json").write_bytes(trace.decode().encode("utf-16"))  # what PowerShell's > writes
+    (tmp_path / "t.pb").write_bytes(bytes([0x0A, 0x84, 0x01, 0x12, 0x00, 0xFF, 0x00]) * 40)  # length-delimited fields, NULs
+    expect = {
+        "report.sqlite": "SQLite",
+        "traces.zip": "zip archive",
+        "t.json.bz2": "bzip2",
+        "t.json.xz": "xz",
+        "t.pkl": "pickle",
+        "t16.json": "UTF-16",
+        "t.pb": "binary file",
+    }
+    for name, what in expect.items():
+        with pytest.raises(TraceError) as exc:
+            load_events(tmp_path / name)
+        assert str(exc.value).startswith(str(tmp_path / name)) and what in str(exc.value) and "trace-event JSON" in str(exc.value), name
+    assert db.read_bytes().startswith(b"SQLite format 3\x00")  # nothing was written to the input

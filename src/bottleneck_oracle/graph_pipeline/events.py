@@ -483,6 +483,37 @@ def read_bytes(path: Path) -> bytes | bytearray:
     return raw
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+_FOREIGN = (
+    (b"SQLite format 3\x00", "an SQLite database (Nsight Systems' SQLite export?)"),
+    (b"PK\x03\x04", "a zip archive (a torch.save file, or traces zipped together: unpack the trace)"),
+    (b"\x28\xb5\x2f\xfd", "compressed with zstd (decompress it; gzip is read as it is)"),
+    (b"BZh", "compressed with bzip2 (decompress it; gzip is read as it is)"),
+    (b"\xfd7zXZ\x00", "compressed with xz (decompress it; gzip is read as it is)"),
+    (b"\x80", "a Python pickle (never unpickled here)"),
+    (b"\xff\xfe", "UTF-16 text (PowerShell's > writes it; save the trace as UTF-8)"),
+    (b"\xfe\xff", "UTF-16 text (save the trace as UTF-8)"),
+)
+
+
+def _starts_as_json(path: Path, head: bytes) -> None:
+    """Refuse a file whose first bytes cannot open a JSON trace, naming what it looks like: a
+    format a user may have been handed instead of a trace-event JSON (an Nsight Systems export,
+    a Perfetto or XPlane protobuf, another compression)."""
+    first = head.removeprefix(UTF8_BOM).lstrip()[:1]
+    if first in (b"{", b"["):
+        return
+    what = next((name for magic, name in _FOREIGN if head.startswith(magic)), None)
+    if what is None:
+        text = sum(32 <= b < 127 or b in (9, 10, 13) for b in head) >= 0.9 * len(head)
+        what = (
+            f"text that starts with {head.lstrip()[:12].decode('ascii', 'replace')!r}"
+            if text
+            else "a binary file (a Perfetto or XPlane protobuf, an Nsight Systems report?)"
+        )
+    raise TraceError(path, f"not a JSON trace: {what}; this tool reads trace-event JSON (torch.profiler / Kineto), plain or gzip")
+
+
 MAP_BYTES = 256 * 2**20
 """Trace files at least this large (on disk) are read through a file mapping (map_trace)."""
 
@@ -550,9 +581,8 @@ def map_trace(path: Path) -> TraceBytes:
         gz = head[:2] == b"\x1f\x8b"
         if not gz and size > MAX_TRACE_BYTES:
             raise _too_large(path, inflated=False)
-        first = head.lstrip()[:1]
-        if not gz and first not in (b"{", b"["):  # before gigabytes are copied: zeros, a sparse file, binary junk
-            raise TraceError(path, f"not valid JSON: it starts with {first or head[:1]!r}, not {{ or [")
+        if not gz:  # before gigabytes are copied: zeros, a sparse file, binary junk
+            _starts_as_json(path, head[: 1 << 12])
         tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
         try:
             total = _copy_plain(path, src, tmp, size) if not gz else _copy_gunzipped(path, src, tmp)
@@ -652,7 +682,7 @@ def _gunzip(path: Path, fh: BinaryIO) -> bytearray:
 
 def _decode(path: Path, raw: bytes | bytearray) -> object:
     try:
-        return orjson.loads(raw)
+        return orjson.loads(raw[3:] if raw[:3] == UTF8_BOM else raw)
     except orjson.JSONDecodeError as exc:
         hint = "truncated JSON" if "unexpected end" in str(exc).lower() or "eof" in str(exc).lower() else "not valid JSON"
         raise TraceError(path, f"{hint} ({exc})") from None
@@ -677,7 +707,9 @@ def _decode_one(raw: bytes | bytearray) -> object | None:
 
 def read_json(path: Path) -> object:
     """Read and decode a .json or .json.gz file, raising TraceError with the problem named."""
-    return _decode(path, read_bytes(path))
+    raw = read_bytes(path)
+    _starts_as_json(path, bytes(raw[: 1 << 12]))
+    return _decode(path, raw)
 
 
 def rank_of(doc: dict[str, Any], path: Path, default: int | None) -> int:
@@ -1401,6 +1433,8 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
 
 def _parse_file(path: Path, single: bool) -> _Builder:
     raw = map_trace(path)
+    if not isinstance(raw, MappedTrace):  # (map_trace looked before it copied a large one)
+        _starts_as_json(path, bytes(raw[: 1 << 12]))
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
     # one file alone is scanned in parts, one thread each; a folder's files are already parsed in parallel
     parts = scan_threads(len(buf)) if single else 1
@@ -1430,7 +1464,7 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
     if not len(ev["ph"]):
         raise TraceError(path, "trace holds no events")
-    meta_doc = _decode_one(raw[:lo] + b"[]" + raw[hi:]) if is_object else {}
+    meta_doc = _decode_one(bytes(raw[:lo]).removeprefix(UTF8_BOM) + b"[]" + raw[hi:]) if is_object else {}
     if meta_doc is None:
         raise TraceError(path, "the trace's metadata around its events is not JSON this tool can read (nested too deep)")
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None

@@ -266,10 +266,17 @@ def _lookup(hashes, h):
     return -1
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bom(buf, n):
+    """3 if the text opens with UTF-8's byte order mark (an editor on Windows writes one; JSON
+    readers may skip it), else 0."""
+    return 3 if n >= 3 and buf[0] == 0xEF and buf[1] == 0xBB and buf[2] == 0xBF else 0
+
+
 @numba.njit(cache=True, nogil=True)
 def _find_events(buf, h_events, h_nodes, h_schema, split_at, split_pos, split_count):
     n = len(buf)
-    i = _ws(buf, 0, n)
+    i = _ws(buf, _bom(buf, n), n)
     if i >= n:
         return -1, -1, False, False, False, TRUNCATED, 0
     if buf[i] == 91:
@@ -287,7 +294,7 @@ def _find_start(buf, h_events, h_nodes, h_schema):
     """_find_events up to the events array's '[' (not walked): (its index or -1, -1, is_object,
     has_nodes, has_schema so far, error, 0)."""
     n = len(buf)
-    i = _ws(buf, 0, n)
+    i = _ws(buf, _bom(buf, n), n)
     if i >= n:
         return -1, -1, False, False, False, TRUNCATED, 0
     if buf[i] == 91:
