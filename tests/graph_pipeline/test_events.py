@@ -254,9 +254,13 @@ def test_a_begin_without_its_end_is_dropped_and_said(tmp_path):
     assert got == [("aten::add", 5.0), ("aten::bmm", 20.0)]
 
 
-def test_a_byte_order_mark_is_read_past(tmp_path):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_byte_order_mark_is_read_past(tmp_path, monkeypatch, mapped):
     """A trace re-saved by an editor that writes UTF-8's byte order mark (JSON readers may skip
-    it): the same events, plain or gzip, object or bare array, as the file without it."""
+    it): the same events, plain or gzip, object or bare array, read whole or through a mapping
+    (large files), as the file without it."""
+    from bottleneck_oracle.graph_pipeline import events
+
     raw = gzip.decompress((SAMPLE / "rank-0.json.gz").read_bytes())
     events = json.loads(raw)["traceEvents"]
     bom = b"\xef\xbb\xbf"
@@ -266,6 +270,8 @@ def test_a_byte_order_mark_is_read_past(tmp_path):
         "object.json.gz": gzip.compress(bom + raw),
     }
     want = load_events(SAMPLE / "rank-0.json.gz")
+    if mapped:
+        monkeypatch.setattr(events, "MAP_BYTES", 0)
     for name, data in variants.items():
         (tmp_path / name).write_bytes(data)
         got = load_events(tmp_path / name)
