@@ -262,11 +262,11 @@ def test_a_byte_order_mark_is_read_past(tmp_path, monkeypatch, mapped):
     from bottleneck_oracle.graph_pipeline import events
 
     raw = gzip.decompress((SAMPLE / "rank-0.json.gz").read_bytes())
-    events = json.loads(raw)["traceEvents"]
+    listed = json.loads(raw)["traceEvents"]
     bom = b"\xef\xbb\xbf"
     variants = {
         "object.json": bom + raw,
-        "array.json": bom + json.dumps(events).encode(),
+        "array.json": bom + json.dumps(listed).encode(),
         "object.json.gz": gzip.compress(bom + raw),
     }
     want = load_events(SAMPLE / "rank-0.json.gz")
