@@ -427,6 +427,18 @@ def _knob_score(rows: list[dict]) -> dict:
     return out
 
 
+def _covered(root: Path, again: dict) -> float:
+    """The share of the fresh recordings' changes inside the interval of the 40 (the leave-one-out
+    quantiles of ``knobs_results.json``: what shipped before the three were pooled)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from knobs import _quantiles
+
+    forty = _load(root, "benchmarks/knobs_results.json")["rows"]
+    lo, hi = _quantiles(np.array([r["changed_us"] / r["predicted"]["set"] for r in forty]))
+    ratio = np.array([r["changed_us"] / r["predicted"]["set"] for a in again.values() for r in a[1]["rows"]])
+    return float(np.mean((ratio >= lo) & (ratio <= hi)))
+
+
 def knobs(root: Path) -> str:
     d = _load(root, "benchmarks/knobs_results.json")
     held = "set, factor from the other size"
@@ -549,6 +561,20 @@ def knobs(root: Path) -> str:
         + before_after("afab", "the AFAB schedule's ten changes per size")
         + f". All {ps['n']} changes of the three recordings pooled: MAPE {_pct(pb['mape'])} → {_pct(ps['mape'])}, sign "
         f"{_pct(pb['sign'], 0)} → {_pct(ps['sign'], 0)}, τ {pb['kendall_tau']:.2f} → {ps['kendall_tau']:.2f}.",
+    )
+    pool = _load(root, "benchmarks/knobs_pooled_results.json")
+    piv, shipped_iv = pool["interval"], pool["interval"]["shipped"]
+    lines.insert(
+        1,
+        f"- **The interval `whatif --set` ships** is from all {shipped_iv['changes']} changes of the three recordings "
+        f"(`python benchmarks/knobs.py data/knobs data/knobs_mb data/knobs_afab --json benchmarks/knobs_pooled_results.json "
+        f"--write-interval src/bottleneck_oracle/analysis/knob_errors.json`): the prediction × [{shipped_iv['low']:.3f}, "
+        f"{shipped_iv['high']:.3f}]; leave one change out it covers {_pct(piv['coverage'], 0)} (the same widths around the base "
+        f"step {_pct(piv['baseline_coverage'], 0)}); each recording against the interval of the other two: "
+        + ", ".join(f"`{k}` {_pct(v['coverage'], 0)} of {v['n']}" for k, v in piv["held_out_by_recording"].items())
+        + f". The interval of the 40 alone, shipped before, covered {_pct(_covered(root, again), 0)} of the {sum(len(a[1]['rows']) for a in again.values())} "
+        "fresh pipeline changes. The fixed part's factor chosen on all "
+        f"{shipped_iv['changes']} is the shipped one ({pool['factor']['best_on_all']:g}).",
     )
     return (
         _table(head, rows)

@@ -23,6 +23,9 @@ tau between predicted and measured relative changes; per knob kind; a paired Wil
 the held-out ``set``'s (factor from the other size) absolute errors against each baseline's.
 
     python benchmarks/knobs.py data/knobs --json benchmarks/knobs_results.json   # then: make figures
+
+Several folders pool their changes (the interval ``whatif --set`` ships is written from all the
+recordings: ``--write-interval src/bottleneck_oracle/analysis/knob_errors.json``).
 """
 
 from __future__ import annotations
@@ -137,7 +140,8 @@ def tau_ceiling(rows: list[dict], draws: int = 2000, seed: int = 0) -> float:
 def loo_interval(rows: list[dict]) -> dict:
     """A 90% interval for ``--set``'s step time (the shipped factor): predicted x [q05, q95] of
     measured / predicted over the other changes (leave one change out), its coverage, and the
-    coverage of an interval of the same widths around the base step (the "unchanged" baseline)."""
+    coverage of an interval of the same widths around the base step (the "unchanged" baseline);
+    where several recordings are pooled, each one's coverage by the interval of the others."""
     ratio = np.array([r["changed_us"] / r["predicted"]["set"] for r in rows])
     inside, base_inside = [], []
     for i, r in enumerate(rows):
@@ -145,10 +149,18 @@ def loo_interval(rows: list[dict]) -> dict:
         p, base, m = r["predicted"]["set"], r["predicted"]["base_trace_us"], r["changed_us"]
         inside.append(p * lo <= m <= p * hi)
         base_inside.append(base - p * (1 - lo) <= m <= base + p * (hi - 1))
+    # held out by recording: each recording's changes against the interval of the others' (pooled recordings only)
+    recording = np.array([r.get("recording", "") for r in rows])
+    by_recording = {}
+    for rec in sorted(set(recording)) if len(set(recording)) > 1 else []:
+        lo, hi = _quantiles(ratio[recording != rec])
+        mine = ratio[recording == rec]
+        by_recording[rec] = {"n": len(mine), "low": lo, "high": hi, "coverage": float(np.mean((mine >= lo) & (mine <= hi)))}
     lo, hi = _quantiles(ratio)
     return {
         "coverage": float(np.mean(inside)),
         "baseline_coverage": float(np.mean(base_inside)),
+        "held_out_by_recording": by_recording,
         "shipped": {
             "what": "90% interval of whatif --set: the predicted step time times [low, high], the 5th and 95th percentiles "
             "of measured / predicted over recorded knob changes (benchmarks/knobs.py)",
@@ -161,7 +173,9 @@ def loo_interval(rows: list[dict]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("knobs", help="folder written by benchmarks/record_knobs.py (with knobs.jsonl)")
+    ap.add_argument(
+        "knobs", nargs="+", help="folder written by benchmarks/record_knobs.py (with knobs.jsonl); several: their changes pooled"
+    )
     ap.add_argument("--json", default=None, help="write the rows, their predictions and the scores here")
     ap.add_argument(
         "--write-interval",
@@ -169,18 +183,19 @@ def main() -> int:
         help="write the interval's quantiles (all changes) here: src/bottleneck_oracle/analysis/knob_errors.json is what whatif --set reads",
     )
     a = ap.parse_args()
-    folder = Path(a.knobs)
-    manifest = folder / "knobs.jsonl"
-    if not manifest.exists():
-        print(f"error: {manifest}: no knob changes recorded (benchmarks/record_knobs.py)", file=sys.stderr)
-        return 2
-    rows = [json.loads(x) for x in manifest.read_text().splitlines() if x.strip()]
+    rows = []
+    for folder in map(Path, a.knobs):
+        manifest = folder / "knobs.jsonl"
+        if not manifest.exists():
+            print(f"error: {manifest}: no knob changes recorded (benchmarks/record_knobs.py)", file=sys.stderr)
+            return 2
+        rows += [{**json.loads(x), "recording": str(folder)} for x in manifest.read_text().splitlines() if x.strip()]
     warnings.simplefilter("ignore", OracleWarning)
     shipped = knob_model.FIXED_FACTOR
     for i, r in enumerate(rows):
         r["by_factor"] = {}
         for f in FACTORS:
-            base, r["by_factor"][str(f)] = predict(r, folder, f)
+            base, r["by_factor"][str(f)] = predict(r, Path(r["recording"]), f)
         r["base_trace_us"] = base
         print(f"[{i + 1}/{len(rows)}] {r['launch_id']}", file=sys.stderr, flush=True)
     knob_model.FIXED_FACTOR = shipped
@@ -244,6 +259,8 @@ def main() -> int:
         f"90% interval, leave one change out: covers {100 * interval['coverage']:.0f}%; the same widths around the base step: "
         f"{100 * interval['baseline_coverage']:.0f}%"
     )
+    for rec, c in interval["held_out_by_recording"].items():
+        print(f"  {rec}: {c['n']} changes, the others' interval [{c['low']:.3f}, {c['high']:.3f}] covers {100 * c['coverage']:.0f}%")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
     if a.write_interval:
