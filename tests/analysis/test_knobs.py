@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bottleneck_oracle import api
@@ -204,7 +205,9 @@ def test_the_resplit_reads_the_schedule_and_the_stages_a_pipeline_ran(tmp_path, 
     """A recorded pipeline (gloo send/recv; the lab's rank r * world + s is replica r's stage s)
     re-split by ``--set microbatches``: the schedule is the one it ran, the stages are in the
     order they ran (a later stage posts its receive before the first stage starts: that is not
-    its forward), and each data-parallel replica is a pipeline of its own."""
+    its forward), and each data-parallel replica is a pipeline of its own. The calls that send
+    and receive a micro-batch repeat per micro-batch: a microsecond more on each of them is a
+    microsecond more of each stage's fixed part per call (the calls counted in the raw trace)."""
     pytest.importorskip("bottleneck_oracle_lab", reason="recording is the lab's (pip install -e lab/)")
     from bottleneck_oracle.analysis import knobs as knob_model
     from bottleneck_oracle_lab.systems.pipeline import PipelineRun, record
@@ -213,8 +216,12 @@ def test_the_resplit_reads_the_schedule_and_the_stages_a_pipeline_ran(tmp_path, 
     seen = []
     real = knob_model.microbatch_parts
 
-    def keep(*args):
-        seen.append(real(*args))
+    grown = []
+
+    def keep(g, p, dur):
+        seen.append(real(g, p, dur))
+        calls = np.array([s in ("c10d::send", "c10d::recv_") for s in g.names], dtype=bool)[g.nodes["name"]]
+        grown.append(real(g, p, dur + np.where(calls, 1.0, 0.0)))
         return seen[-1]
 
     try:
@@ -228,3 +235,26 @@ def test_the_resplit_reads_the_schedule_and_the_stages_a_pipeline_ran(tmp_path, 
         assert parts.schedule == schedule and parts.stages == world
         assert tuple(sorted(parts.pipelines)) == replicas
         assert row.microbatches is not None and row.microbatches.schedule == schedule
+    # per rank and step: its send and receive calls inside the micro-batch ranges of the raw trace
+    per_rank = {}
+    for rank in range(world * dp):
+        raw = json.loads(gzip.decompress((tmp_path / f"rank-{rank}.json.gz").read_bytes()))["traceEvents"]
+        ranges = [
+            e for e in raw if e.get("ph") == "X" and e.get("name", "").split(".mb")[0] in ("forward", "backward") and ".mb" in e["name"]
+        ]
+        steps = {
+            int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+            for e in raw
+            if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")
+        }
+        inside = [
+            e for e in raw
+            if e.get("ph") == "X" and e.get("name") in ("c10d::send", "c10d::recv_")
+            and any(r["ts"] <= e["ts"] < r["ts"] + r["dur"] and r["tid"] == e["tid"] for r in ranges)
+        ]  # fmt: skip
+        per_rank[rank] = {n: sum(a <= e["ts"] < b for e in inside) for n, (a, b) in steps.items()}
+    for row, parts, more in zip(rows, seen, grown, strict=True):
+        step = row.step
+        for rank, counts in per_rank.items():
+            added = (more.fixed_fwd[rank] + more.fixed_bwd[rank] - parts.fixed_fwd[rank] - parts.fixed_bwd[rank]) * parts.microbatches
+            assert added == pytest.approx(counts[step]), (rank, step)

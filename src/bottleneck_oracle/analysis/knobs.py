@@ -28,8 +28,8 @@ or collective call is waiting for the peer, and no knob repeats it. What scales,
   latency (a prior for the backend, capped by the fastest all-reduce in the step) and the
   fixed part of the CPU call that issues it.
 - ``microbatches`` (a pipeline's micro-batch count at the same global batch) old -> new: each
-  micro-batch's work scales by old/new, its fixed part and untraced time stay per
-  micro-batch, and the pipeline's schedule (1F1B or all forwards then all backwards, read from
+  micro-batch's work scales by old/new, its fixed part, untraced time and its send and receive
+  calls stay per micro-batch, and the pipeline's schedule (1F1B or all forwards then all backwards, read from
   the trace) is replayed op by op with each stage's new forward and backward times
   (``pipeline_makespan``); the difference is added to the replayed step.
 
@@ -549,6 +549,7 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
     first_forward: dict[int, float] = {}
     interleaved = False
     gap_rank = n["rank"][p.gap_node]
+    transfer = np.isin(n["category"], (Category.COLLECTIVE, Category.P2P))
     for r in g.ranks:
         in_mb = (n["rank"] == r) & (p.node_mb >= 0) & ~n["on_gpu"]
         fwd_nodes = in_mb & (p.node_phase == FORWARD)
@@ -570,6 +571,12 @@ def microbatch_parts(g: ExecutionGraph, p: Pieces, dur: np.ndarray) -> Microbatc
             gfix = np.minimum(p.gap_len[gw], p.fixed_cpu_us)
             work += float((p.gap_len[gw] - gfix).sum())
             fixed += float(gfix.sum()) + float(p.gap_len[gm & ~p.gap_work].sum())
+            # the calls that send and receive a micro-batch's activations and gradients repeat per
+            # micro-batch: their own time is fixed (the wait for the peer after them is not: the
+            # schedule's replay has it; nor is the transfer's backend op, which holds that wait)
+            calls = (n["rank"] == r) & (p.node_phase == code) & (p.node_mb >= 0) & p.node_comm & ~n["on_gpu"] & ~transfer
+            gc = (gap_rank == r) & (p.gap_phase == code) & (p.node_mb[p.gap_node] >= 0) & p.gap_comm
+            fixed += float(dur[calls].sum()) + float(p.gap_len[gc].sum())
             parts[f"fixed_{tag}"][r] = fixed / m
             parts[f"work_{tag}"][r] = work / m
     if not first_forward:
