@@ -1141,3 +1141,62 @@ def test_summary_keeps_its_outlier_flag_and_a_whole_trace_window_says_what_its_s
     text = " ".join(out.split())
     assert "the whole trace (no ProfilerStep markers)" in text and "the slowest rank's ProfilerStep" not in text
     assert "warning (the whole trace)" in text and "None" not in text  # (its warnings said "step None")
+
+
+def _raw_setup_us(path: Path) -> tuple[float, float]:
+    """(time in CUDA runtime calls of 1 ms or more that neither wait nor copy, run while no device
+    op ran; the trace's span), read straight from the JSON: the window of a trace with no steps."""
+    (doc,) = raw_events(path)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    device = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in DEVICE_CATS)
+    total = 0.0
+    for e in ev:
+        name = e["name"].lower()
+        if e.get("cat") != "cuda_runtime" or e["dur"] < 1000 or any(w in name for w in ("synchron", "memcpy", "memset", "query", "wait")):
+            continue
+        a, b = e["ts"], e["ts"] + e["dur"]
+        busy = sum(max(0.0, min(b, y) - max(a, x)) for x, y in device if x < b and y > a)  # (no two device ops overlap here)
+        if busy < 0.1 * e["dur"]:
+            total += e["dur"]
+    span = max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)
+    return total, span
+
+
+@pytest.mark.parametrize("name", ["alexnet_1gpu.json.gz", "simple_add_1gpu.json.gz"])
+def test_a_window_that_holds_the_runtime_setting_itself_up_says_so(name, capsys):
+    """A trace of a whole script, no steps: most of its window is the CUDA runtime creating its
+    context, loading kernels at their first launch and allocating, with the GPU idle. The tool
+    says how much (against the raw JSON), the run answer says it, and the advisor does not offer
+    to make one of those calls faster; a device-bound loop whose launches wait on a full queue is
+    not setup."""
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+    from conftest import run_cli
+
+    path = PUBLIC / name
+    want, span = _raw_setup_us(path)
+    assert want > 0.5 * span  # what the trace is: mostly setup
+    (setup,) = run_facts(cached_load(path)).setup.values()
+    assert setup["us"] == pytest.approx(want) and setup["window_us"] == pytest.approx(span, rel=1e-3)
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0 and "the runtime setting itself up" in err
+    run = json.loads(out)["run"]
+    assert any(n.startswith("Setup:") for n in run["notes"])
+    code, out, _ = run_cli(["advise", str(path), "--json"], capsys)
+    names = {t[0] for t in setup["top"]}
+    shown = json.dumps(json.loads(out).get("steps", json.loads(out)))
+    assert code == 0 and not any(f"name={n}," in shown for n in names)
+    assert not run_facts(cached_load(PUBLIC / "train_1rank_5steps.json.gz")).setup  # long launches into a full queue
+
+
+def test_a_first_launch_that_loads_its_kernel_inside_a_step_is_setup():
+    """amd_mi250_minitoy: one hipLaunchKernel of 6.5 ms, the device idle meanwhile (the code
+    object loaded at its first launch), inside its ProfilerSteps: said, with the steps as the window."""
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+
+    path = PUBLIC / "amd_mi250_minitoy.json.gz"
+    (doc,) = raw_events(path)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    steps = sum(e["dur"] for e in ev if e["name"].startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation")  # host spans
+    longest = max((e for e in ev if e["name"] == "hipLaunchKernel"), key=lambda e: e["dur"])
+    (setup,) = run_facts(cached_load(path)).setup.values()
+    assert setup["calls"] == 1 and setup["us"] == pytest.approx(longest["dur"]) and setup["window_us"] == pytest.approx(steps, rel=1e-6)

@@ -342,9 +342,17 @@ def answer_from(
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     missing: dict[int, str] = {}
     serial: set[int] = set()
+    setup: dict[int, float] = {}
     for a in blamed:
         missing.update(a.graph.info.unprofiled)
         serial.update(a.graph.info.synchronous)
+        setup.update(a.graph.info.setup)
+    if setup:
+        answer.notes.append(
+            f"Setup: {max(setup.values()) * 100:.0f}% of the window (rank {', '.join(str(r) for r in sorted(setup))}) is the runtime "
+            "setting itself up (its context, kernels loaded at their first launch, first allocations): the process's start, not "
+            "its loop; profile steps after a warm-up"
+        )
     if serial:
         answer.notes.append(
             f"Synchronous launches (rank {', '.join(str(r) for r in sorted(serial))}): its launches waited for their own device "

@@ -238,6 +238,14 @@ def run_warnings(run: RunFacts | None) -> list[str]:
             "each launch waits for its own work and is read as a wait on the device; the step is host and device in series, "
             "not the job as it runs with asynchronous launches"
         )
+    for rank, v in sorted(run.setup.items()):
+        names = ", ".join(f"{n} {us / 1000:,.1f} ms" for n, us in v["top"][:3])
+        out.append(
+            f"{v['us'] / 1000:,.1f} ms ({100 * v['us'] / v['window_us']:.0f}%) of rank {rank}'s analysed window is the runtime setting "
+            f"itself up ({v['calls']:,} call{'s' if v['calls'] != 1 else ''} of 1 ms or more with its device idle: {names}): creating its context, loading "
+            "kernels at their first launch, first allocations. That time is the process's start, not its loop: profile steps "
+            "after a warm-up (torch.profiler.schedule(wait=1, warmup=1, active=3)); the answer here includes it"
+        )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]
         out.append(

@@ -298,6 +298,7 @@ class RunFacts:
     step_offsets: dict[int, int] = field(default_factory=dict)  # rank -> how far its step numbers run from the first rank's (step_offsets)
     unprofiled: dict[int, dict] = field(default_factory=dict)  # rank -> the side of the job its profiler did not record (unprofiled)
     synchronous: dict[int, dict] = field(default_factory=dict)  # rank -> its launches that waited for their own work (synchronous_launches)
+    setup: dict[int, dict] = field(default_factory=dict)  # rank -> one-time runtime setup inside its analysed window (setup_calls)
 
     @property
     def missing_ranks(self) -> int:
@@ -318,6 +319,7 @@ class RunFacts:
             "step_offsets": {str(r): k for r, k in self.step_offsets.items()},
             "unprofiled": {str(r): v for r, v in self.unprofiled.items()},
             "synchronous": {str(r): v for r, v in self.synchronous.items()},
+            "setup": {str(r): v for r, v in self.setup.items()},
         }
 
 
@@ -338,7 +340,97 @@ def run_facts(table: EventTable) -> RunFacts:
         step_offsets=step_offsets(table),
         unprofiled=unprofiled(table),
         synchronous=synchronous_launches(table),
+        setup=setup_calls(table),
     )
+
+
+SETUP_CALL_US = 1000.0  # µs: a runtime call this long while its device is idle is setup, not a launch (those take µs)
+SETUP_IDLE_SHARE = 0.1  # ... idle: the device busy for less than this share of the call
+SETUP_SHARE = 0.05  # said where such calls hold this share of the window analysed, or more
+_WAIT_CALL = re.compile(r"synchron|mem(cpy|set)|query|wait|finish", re.IGNORECASE)
+_SETUP_RUNTIME = re.compile(r"^(cuda|cu[A-Z]|hip|hsa)")
+"""The runtimes whose calls are known to set themselves up lazily (CUDA's runtime and driver, HIP,
+HSA): another accelerator's runtime calls (an MTIA executor's ``predictor_executor::run``) may be
+its work running, whatever the device events show."""
+
+
+def setup_calls(table: EventTable) -> dict[int, dict]:
+    """Ranks whose analysed window (its ProfilerStep spans; the whole trace where it has none)
+    holds one-time runtime setup: rank -> ``{"us": t, "window_us": w, "calls": n, "top": [[name,
+    us], ...]}`` where ``n`` CUDA or HIP runtime calls (_SETUP_RUNTIME) that neither wait for the
+    device nor copy (by name),
+    each SETUP_CALL_US or longer, ran while the rank's device was idle (busy under
+    SETUP_IDLE_SHARE of the call) and hold ``t`` >= SETUP_SHARE of ``w``. Such calls are the
+    runtime setting itself up: creating its context (inside the first call that needs one,
+    whichever it is), loading a kernel's module at its first launch (lazy loading), the first
+    allocations, instantiating a graph. A launch that is long because the device's queue is full
+    runs while the device is busy: not counted. In a window that starts with the process, this
+    is the answer's largest part and none of the loop's."""
+    cached = table.lookups.get("setup")
+    if cached is not None:
+        return dict(cached)
+    c = table.cols
+    out: dict[int, dict] = {}
+    rt = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (c["dur"] >= SETUP_CALL_US))
+    if len(rt):
+        codes, at = np.unique(c["name"][rt], return_inverse=True)
+        known = [bool(_SETUP_RUNTIME.match(table.names[i])) and not _WAIT_CALL.search(table.names[i]) for i in codes.tolist()]
+        rt = rt[np.array(known, dtype=bool)[at.reshape(-1)]]
+    steps: dict[int, list[Step]] = {}
+    for st in table.steps:
+        steps.setdefault(st.rank, []).append(st)
+    for r in np.unique(c["rank"][rt]).tolist():
+        calls = rt[c["rank"][rt] == r]
+        mine = c["rank"] == r
+        dev = np.flatnonzero(mine & isin_small(c["cls"], DEVICE_CLASSES))
+        a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
+        busy = _busy_between(c["ts"][dev], c["ts"][dev] + c["dur"][dev], a, b)
+        if steps.get(r):
+            spans = sorted((st.start, st.end) for st in steps[r])
+            s0 = np.array([x for x, _ in spans])
+            k = np.searchsorted(s0, a, side="right") - 1
+            inside = (k >= 0) & (a < np.array([y for _, y in spans])[k.clip(0)])
+            window = float(sum(y - x for x, y in spans))
+        else:
+            inside = np.ones(len(calls), dtype=bool)
+            window = float((c["ts"][mine] + c["dur"][mine]).max() - c["ts"][mine].min())
+        pick = inside & (busy < SETUP_IDLE_SHARE * c["dur"][calls])
+        total = float(c["dur"][calls][pick].sum())
+        if window > 0 and total >= SETUP_SHARE * window:
+            by: dict[str, float] = {}
+            for i in calls[pick].tolist():
+                key = table.names[int(c["name"][i])]
+                by[key] = by.get(key, 0.0) + float(c["dur"][i])
+            out[int(r)] = {
+                "us": total,
+                "window_us": window,
+                "calls": int(pick.sum()),
+                "top": [[n, us] for n, us in sorted(by.items(), key=lambda kv: -kv[1])[:4]],
+            }
+    table.lookups["setup"] = out
+    return dict(out)
+
+
+def _busy_between(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The time some interval [start, end) covers inside each [a, b) (the union's, not the sum)."""
+    if not len(start):
+        return np.zeros(len(a))
+    order = np.argsort(start, kind="stable")
+    s, e = start[order].astype(np.float64), np.maximum.accumulate(end[order].astype(np.float64))
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > e[:-1]  # a merged interval starts where the previous ones ended before it
+    us, ue = s[new], np.maximum.reduceat(e, np.flatnonzero(new))
+    cum = np.concatenate([[0.0], np.cumsum(ue - us)])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(us, t, side="right") - 1
+        ok = i >= 0
+        j = i.clip(0)
+        out: np.ndarray = np.where(ok, cum[j] + np.clip(t - us[j], 0.0, ue[j] - us[j]), 0.0)
+        return out
+
+    got: np.ndarray = covered(b.astype(np.float64)) - covered(a.astype(np.float64))
+    return got
 
 
 SYNC_LAUNCH_MIN = 20  # launches of long device work (SYNC_LAUNCH_OP_US) a rank makes, at least, to be judged ...

@@ -197,6 +197,24 @@ class GraphInfo:
         return int(v) if isinstance(v, int) else 0
 
     @property
+    def setup(self) -> dict[int, float]:
+        """Ranks whose analysed window holds one-time runtime setup (facts.setup_calls): rank -> its share of the window."""
+        run = self._meta.get("run_facts")
+        got = run.get("setup", {}) if isinstance(run, dict) else {}
+        if not isinstance(got, dict):
+            return {}
+        return {int(r): float(v["us"]) / float(v["window_us"]) for r, v in got.items() if isinstance(v, dict) and v.get("window_us")}
+
+    @property
+    def setup_names(self) -> set[str]:
+        """The names of the setup calls those ranks made (their largest)."""
+        run = self._meta.get("run_facts")
+        got = run.get("setup", {}) if isinstance(run, dict) else {}
+        if not isinstance(got, dict):
+            return set()
+        return {str(t[0]) for v in got.values() if isinstance(v, dict) for t in v.get("top", []) if isinstance(t, list) and t}
+
+    @property
     def synchronous(self) -> list[int]:
         """Ranks whose launches waited for their own device work (facts.synchronous_launches)."""
         run = self._meta.get("run_facts")

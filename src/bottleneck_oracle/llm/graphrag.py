@@ -84,6 +84,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["allreduce_count"] = float(per_rank.max())
     m["p2p_present"] = float((n["category"] == Category.P2P).any())
     m["gpu_present"] = float(n["on_gpu"].any())
+    m["cpu_only"] = 1.0 - m["gpu_present"]
     m["tp_like"] = float(m["allreduce_count"] >= 4 and not m["p2p_present"] and _forward_allreduce(g, allreduce, phases))
     m["small_op_share"] = float(t[(n["mdur"] < 20) & (n["category"] != Category.BARRIER)].sum() / ms)
     kernel = n["category"] == Category.KERNEL
@@ -96,7 +97,10 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
-    top = [t for t in a.top_ops(20) if t.kind in ("op", "device")][:1]  # an op an edit can name, not untraced time or a wait
+    setup = g.info.setup_names  # one-time runtime setup (facts.setup_calls) is no op to make faster
+    top = [t for t in a.top_ops(20) if t.kind in ("op", "device") and t.name not in setup][
+        :1
+    ]  # an op an edit can name, not untraced time or a wait
     m["top_op_share"] = float(top[0].share) if top else 0.0
     ctx["top_op"] = top[0].name if top else ""
     ctx["top_op_pct"] = f"{100 * m['top_op_share']:.0f}"
