@@ -20,6 +20,7 @@ import argparse
 import bisect
 import gzip
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -349,6 +350,32 @@ def synchronous_launches() -> dict:
         }
 
 
+def runtime_setup() -> dict:
+    """Windows that hold the runtime setting itself up (facts.setup_calls), per bundled trace that
+    has any, beside what the same rule reads from the raw JSON: CUDA/HIP runtime calls of 1 ms or
+    more, neither a wait nor a copy, while no device op ran; and the advisor's first suggestion."""
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+
+    out: dict = {}
+    for name in ("alexnet_1gpu.json.gz", "simple_add_1gpu.json.gz", "amd_mi250_minitoy.json.gz", "train_1rank_5steps.json.gz"):
+        path = DATA / "public-gpu" / name
+        ev = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+        device = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        raw = 0.0
+        for e in ev:
+            if e.get("cat") not in ("cuda_runtime", "cuda_driver") or e["dur"] < 1000:
+                continue
+            if re.search(r"synchron|mem(cpy|set)|query|wait|finish", e["name"], re.IGNORECASE):
+                continue
+            a, b = e["ts"], e["ts"] + e["dur"]
+            if sum(max(0.0, min(b, y) - max(a, x)) for x, y in device) < 0.1 * e["dur"]:
+                raw += e["dur"]
+        advice = api.advise(path)
+        first = next((s.title for st in advice for s in st.advice.suggestions), None)
+        out[name] = {"tool": run_facts(api.load(path)).setup, "raw_setup_calls_us": raw, "advisor_first": first}
+    return out
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
     _, analyses = api.analyze(path, steps)
     rows = []
@@ -424,6 +451,7 @@ def main() -> None:
         "timesformer": one_side_profiled(more / "timesformer_h100_1step.json.gz"),
     }
     doc["synchronous_launches"] = synchronous_launches()
+    doc["runtime_setup"] = runtime_setup()
     a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
         print(k, json.dumps(v, default=_plain)[:400])
