@@ -351,15 +351,22 @@ def synchronous_launches() -> dict:
 
 
 def runtime_setup() -> dict:
-    """Windows that hold the runtime setting itself up (facts.setup_calls), per bundled trace that
-    has any, beside what the same rule reads from the raw JSON: CUDA/HIP runtime calls of 1 ms or
-    more, neither a wait nor a copy, while no device op ran; and the advisor's first suggestion."""
+    """Windows that hold one-time work (facts.setup_calls), per bundled trace that has any and our
+    own torch.compile'd loop, beside what the same rule reads from the raw JSON: CUDA/HIP runtime
+    calls of 1 ms or more, neither a wait nor a copy, while no device op ran, and the union of
+    torch.compile's dynamo_timed ranges; and the advisor's first suggestion."""
     from bottleneck_oracle.graph_pipeline.facts import run_facts
 
     out: dict = {}
-    for name in ("alexnet_1gpu.json.gz", "simple_add_1gpu.json.gz", "amd_mi250_minitoy.json.gz", "train_1rank_5steps.json.gz"):
-        path = DATA / "public-gpu" / name
+    names = ("alexnet_1gpu.json.gz", "simple_add_1gpu.json.gz", "amd_mi250_minitoy.json.gz", "train_1rank_5steps.json.gz")
+    own = ("compiled_mlp_whole_script.json.gz", "compiled_mlp_after_warmup.json.gz")
+    for path in [DATA / "public-gpu" / n for n in names] + [DATA / "own-cpu" / n for n in own]:
+        name = path.name
         ev = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+        compiling, end = 0.0, -float("inf")  # the union of torch.compile's timed ranges
+        for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"].endswith(" (dynamo_timed)")):
+            compiling += max(0.0, b - max(a, end))
+            end = max(end, b)
         device = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
         raw = 0.0
         for e in ev:
@@ -372,7 +379,12 @@ def runtime_setup() -> dict:
                 raw += e["dur"]
         advice = api.advise(path)
         first = next((s.title for st in advice for s in st.advice.suggestions), None)
-        out[name] = {"tool": run_facts(api.load(path)).setup, "raw_setup_calls_us": raw, "advisor_first": first}
+        out[name] = {
+            "tool": run_facts(api.load(path)).setup,
+            "raw_setup_calls_us": raw,
+            "raw_compiling_us": compiling,
+            "advisor_first": first,
+        }
     return out
 
 

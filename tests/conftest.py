@@ -29,7 +29,9 @@ MORE = DATA / "more-gpu"
 # inference scripts, graph capture and another accelerator, recorded by other people (more-gpu/README.md)
 MORE_FIXTURES = sorted(MORE.glob("*.json.gz"))
 # every trace input among the fixtures: public and real GPU traces, our own gloo run and GPU runs
-ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES
+# our own torch.compile'd loop on the CPU (tests/data/own-cpu/README.md)
+OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz"))
+ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 
 
 @pytest.fixture(scope="session")

@@ -1200,3 +1200,36 @@ def test_a_first_launch_that_loads_its_kernel_inside_a_step_is_setup():
     longest = max((e for e in ev if e["name"] == "hipLaunchKernel"), key=lambda e: e["dur"])
     (setup,) = run_facts(cached_load(path)).setup.values()
     assert setup["calls"] == 1 and setup["us"] == pytest.approx(longest["dur"]) and setup["window_us"] == pytest.approx(steps, rel=1e-6)
+
+
+OWN_CPU = DATA / "own-cpu"
+
+
+def test_torch_compile_compiling_inside_the_window_is_one_time_work(capsys):
+    """Our own torch.compile'd loop profiled whole: its first iteration compiles inside the window.
+    The tool counts the compiling as the union of its dynamo_timed ranges (against the raw JSON),
+    says it, and the advisor offers no compile range to make faster; the same loop profiled after
+    a warm-up holds none."""
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+    from conftest import run_cli
+
+    path = OWN_CPU / "compiled_mlp_whole_script.json.gz"
+    (doc,) = raw_events(path)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"].endswith(" (dynamo_timed)"))
+    union, end = 0.0, -float("inf")
+    for a, b in spans:
+        union += max(0.0, b - max(a, end))
+        end = max(end, b)
+    ops = [e for e in ev if e.get("cat") != "Trace"]  # (the profiler's own span is no event of the job)
+    window = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
+    assert union > 0.9 * window  # what the trace is
+    (setup,) = run_facts(cached_load(path)).setup.values()
+    assert setup["compile_us"] == pytest.approx(union) and setup["window_us"] == pytest.approx(window, rel=1e-6)
+    assert setup["calls"] == 0  # a CPU job: no runtime calls
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0 and "torch.compile compiling" in err
+    assert any(n.startswith("Setup:") for n in json.loads(out)["run"]["notes"])
+    code, out, _ = run_cli(["advise", str(path), "--json"], capsys)
+    assert code == 0 and "(dynamo_timed)," not in out
+    assert not run_facts(cached_load(OWN_CPU / "compiled_mlp_after_warmup.json.gz")).setup

@@ -349,9 +349,9 @@ def answer_from(
         setup.update(a.graph.info.setup)
     if setup:
         answer.notes.append(
-            f"Setup: {max(setup.values()) * 100:.0f}% of the window (rank {', '.join(str(r) for r in sorted(setup))}) is the runtime "
-            "setting itself up (its context, kernels loaded at their first launch, first allocations): the process's start, not "
-            "its loop; profile steps after a warm-up"
+            f"Setup: {max(setup.values()) * 100:.0f}% of the window (rank {', '.join(str(r) for r in sorted(setup))}) is one-time "
+            "work (torch.compile compiling, the runtime creating its context, kernels loaded at their first launch, first "
+            "allocations): the process's start, not its loop; profile steps after a warm-up"
         )
     if serial:
         answer.notes.append(

@@ -239,12 +239,20 @@ def run_warnings(run: RunFacts | None) -> list[str]:
             "not the job as it runs with asynchronous launches"
         )
     for rank, v in sorted(run.setup.items()):
-        names = ", ".join(f"{n} {us / 1000:,.1f} ms" for n, us in v["top"][:3])
+        parts = []
+        if v.get("compile_us"):
+            longest = ", ".join(f"{n.removesuffix(' (dynamo_timed)')} {us / 1000:,.1f} ms" for n, us in v.get("compile_top", [])[:2])
+            parts.append(f"torch.compile compiling for {v['compile_us'] / 1000:,.1f} ms ({longest})")
+        if v["calls"]:
+            names = ", ".join(f"{n} {us / 1000:,.1f} ms" for n, us in v["top"][:3])
+            parts.append(
+                f"the runtime setting itself up: {v['calls']:,} call{'s' if v['calls'] != 1 else ''} of 1 ms or more with its device "
+                f"idle ({names}): creating its context, loading kernels at their first launch, first allocations"
+            )
         out.append(
-            f"{v['us'] / 1000:,.1f} ms ({100 * v['us'] / v['window_us']:.0f}%) of rank {rank}'s analysed window is the runtime setting "
-            f"itself up ({v['calls']:,} call{'s' if v['calls'] != 1 else ''} of 1 ms or more with its device idle: {names}): creating its context, loading "
-            "kernels at their first launch, first allocations. That time is the process's start, not its loop: profile steps "
-            "after a warm-up (torch.profiler.schedule(wait=1, warmup=1, active=3)); the answer here includes it"
+            f"{v['us'] / 1000:,.1f} ms ({100 * v['us'] / v['window_us']:.0f}%) of rank {rank}'s analysed window is one-time work, "
+            f"{'; and '.join(parts)}. That time is the process's start, not its loop: profile steps after a warm-up "
+            "(torch.profiler.schedule(wait=1, warmup=1, active=3)); the answer here includes it"
         )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]

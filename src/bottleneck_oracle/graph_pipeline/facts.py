@@ -348,6 +348,9 @@ SETUP_CALL_US = 1000.0  # µs: a runtime call this long while its device is idle
 SETUP_IDLE_SHARE = 0.1  # ... idle: the device busy for less than this share of the call
 SETUP_SHARE = 0.05  # said where such calls hold this share of the window analysed, or more
 _WAIT_CALL = re.compile(r"synchron|mem(cpy|set)|query|wait|finish", re.IGNORECASE)
+COMPILE_SUFFIX = " (dynamo_timed)"
+"""The ranges torch.compile times its compiling with (``dynamo_timed``: tracing, graph passes,
+code generation, compiling and loading kernels), as the profiler records them."""
 _SETUP_RUNTIME = re.compile(r"^(cuda|cu[A-Z]|hip|hsa)")
 """The runtimes whose calls are known to set themselves up lazily (CUDA's runtime and driver, HIP,
 HSA): another accelerator's runtime calls (an MTIA executor's ``predictor_executor::run``) may be
@@ -364,8 +367,10 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
     runtime setting itself up: creating its context (inside the first call that needs one,
     whichever it is), loading a kernel's module at its first launch (lazy loading), the first
     allocations, instantiating a graph. A launch that is long because the device's queue is full
-    runs while the device is busy: not counted. In a window that starts with the process, this
-    is the answer's largest part and none of the loop's."""
+    runs while the device is busy: not counted. torch.compile compiling in the window (its
+    ``dynamo_timed`` ranges, COMPILE_SUFFIX: ``compile_us``, the longest in ``compile_top``) is
+    counted with them: one-time work too. In a window that starts with the process, this is the
+    answer's largest part and none of the loop's."""
     cached = table.lookups.get("setup")
     if cached is not None:
         return dict(cached)
@@ -376,10 +381,15 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
         codes, at = np.unique(c["name"][rt], return_inverse=True)
         known = [bool(_SETUP_RUNTIME.match(table.names[i])) and not _WAIT_CALL.search(table.names[i]) for i in codes.tolist()]
         rt = rt[np.array(known, dtype=bool)[at.reshape(-1)]]
+    compiling = np.zeros(0, dtype=np.int64)
+    host = np.flatnonzero(c["cls"] == EvClass.CPU)
+    if len(host):
+        codes, at = np.unique(c["name"][host], return_inverse=True)
+        compiling = host[np.array([table.names[i].endswith(COMPILE_SUFFIX) for i in codes.tolist()], dtype=bool)[at.reshape(-1)]]
     steps: dict[int, list[Step]] = {}
     for st in table.steps:
         steps.setdefault(st.rank, []).append(st)
-    for r in np.unique(c["rank"][rt]).tolist():
+    for r in np.union1d(np.unique(c["rank"][rt]), np.unique(c["rank"][compiling])).tolist():
         calls = rt[c["rank"][rt] == r]
         mine = c["rank"] == r
         dev = np.flatnonzero(mine & isin_small(c["cls"], DEVICE_CLASSES))
@@ -387,25 +397,33 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
         busy = _busy_between(c["ts"][dev], c["ts"][dev] + c["dur"][dev], a, b)
         if steps.get(r):
             spans = sorted((st.start, st.end) for st in steps[r])
-            s0 = np.array([x for x, _ in spans])
-            k = np.searchsorted(s0, a, side="right") - 1
-            inside = (k >= 0) & (a < np.array([y for _, y in spans])[k.clip(0)])
-            window = float(sum(y - x for x, y in spans))
         else:
-            inside = np.ones(len(calls), dtype=bool)
-            window = float((c["ts"][mine] + c["dur"][mine]).max() - c["ts"][mine].min())
+            spans = [(float(c["ts"][mine].min()), float((c["ts"][mine] + c["dur"][mine]).max()))]
+        s0, s1 = np.array([x for x, _ in spans]), np.array([y for _, y in spans])
+        k = np.searchsorted(s0, a, side="right") - 1
+        inside = (k >= 0) & (a < s1[k.clip(0)])
+        window = float((s1 - s0).sum())
         pick = inside & (busy < SETUP_IDLE_SHARE * c["dur"][calls])
-        total = float(c["dur"][calls][pick].sum())
-        if window > 0 and total >= SETUP_SHARE * window:
+        runtime = float(c["dur"][calls][pick].sum())
+        # torch.compile compiling: the union of its timed ranges, inside the window
+        comp = compiling[c["rank"][compiling] == r]
+        compiled = float(_busy_between(c["ts"][comp], c["ts"][comp] + c["dur"][comp], s0, s1).sum())
+        if window > 0 and runtime + compiled >= SETUP_SHARE * window:
             by: dict[str, float] = {}
             for i in calls[pick].tolist():
                 key = table.names[int(c["name"][i])]
                 by[key] = by.get(key, 0.0) + float(c["dur"][i])
+            longest: dict[str, float] = {}
+            for i in comp.tolist():
+                key = table.names[int(c["name"][i])]
+                longest[key] = max(longest.get(key, 0.0), float(c["dur"][i]))
             out[int(r)] = {
-                "us": total,
+                "us": runtime + compiled,
                 "window_us": window,
                 "calls": int(pick.sum()),
                 "top": [[n, us] for n, us in sorted(by.items(), key=lambda kv: -kv[1])[:4]],
+                "compile_us": compiled,
+                "compile_top": [[n, us] for n, us in sorted(longest.items(), key=lambda kv: -kv[1])[:3]],
             }
     table.lookups["setup"] = out
     return dict(out)

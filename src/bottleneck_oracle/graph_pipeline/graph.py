@@ -212,7 +212,13 @@ class GraphInfo:
         got = run.get("setup", {}) if isinstance(run, dict) else {}
         if not isinstance(got, dict):
             return set()
-        return {str(t[0]) for v in got.values() if isinstance(v, dict) for t in v.get("top", []) if isinstance(t, list) and t}
+        return {
+            str(t[0])
+            for v in got.values()
+            if isinstance(v, dict)
+            for t in [*v.get("top", []), *v.get("compile_top", [])]
+            if isinstance(t, list) and t
+        }
 
     @property
     def synchronous(self) -> list[int]:

@@ -27,6 +27,7 @@ from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline.facts import COMPILE_SUFFIX
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 from bottleneck_oracle.llm.client import loads_bounded
@@ -98,9 +99,9 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
     setup = g.info.setup_names  # one-time runtime setup (facts.setup_calls) is no op to make faster
-    top = [t for t in a.top_ops(20) if t.kind in ("op", "device") and t.name not in setup][
-        :1
-    ]  # an op an edit can name, not untraced time or a wait
+    top = [  # an op an edit can name, not untraced time or a wait, nor torch.compile's compiling
+        t for t in a.top_ops(20) if t.kind in ("op", "device") and t.name not in setup and not t.name.endswith(COMPILE_SUFFIX)
+    ][:1]
     m["top_op_share"] = float(top[0].share) if top else 0.0
     ctx["top_op"] = top[0].name if top else ""
     ctx["top_op_pct"] = f"{100 * m['top_op_share']:.0f}"

@@ -1,0 +1,52 @@
+"""Record a small MLP under torch.compile on the CPU, twice: the whole script profiled (its first
+step compiles inside the window), and steps after a warm-up (compiled before the window). The
+traces behind tests/data/own-cpu/ (tests/analysis/test_unseen.py: one-time work said).
+
+    python benchmarks/record_compiled.py tests/data/own-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+
+def _loop(whole: bool, out: Path) -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model)
+    x = torch.randn(64, 256)
+    plan = None if whole else schedule(wait=1, warmup=1, active=3)
+    with profile(activities=[ProfilerActivity.CPU], schedule=plan) as prof:
+        for _ in range(5):
+            compiled(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    _loop(True, a.out / "compiled_mlp_whole_script.json.gz")
+    torch._dynamo.reset()
+    _loop(False, a.out / "compiled_mlp_after_warmup.json.gz")
+
+
+if __name__ == "__main__":
+    main()
