@@ -1233,3 +1233,19 @@ def test_torch_compile_compiling_inside_the_window_is_one_time_work(capsys):
     code, out, _ = run_cli(["advise", str(path), "--json"], capsys)
     assert code == 0 and "(dynamo_timed)," not in out
     assert not run_facts(cached_load(OWN_CPU / "compiled_mlp_after_warmup.json.gz")).setup
+
+
+def test_a_cpu_job_is_not_told_to_use_cuda(capsys):
+    """Our compiled MLP on the CPU, matmul-bound: the advisor's matmul suggestion is the CPU's
+    (bf16 autocast on the CPU where it has bf16 instructions), and no remedy it shows names CUDA,
+    TF32 or cuDNN: the raw trace holds no device event at all."""
+    from conftest import run_cli
+
+    path = OWN_CPU / "compiled_mlp_after_warmup.json.gz"
+    (doc,) = raw_events(path)
+    assert not [e for e in doc["traceEvents"] if e.get("cat") in DEVICE_CATS or "cuda" in str(e.get("cat", ""))]
+    code, out, _ = run_cli(["advise", str(path), "--json"], capsys)
+    assert code == 0
+    shown = [s for st in json.loads(out)["steps"] for s in st["suggestions"]]
+    assert any(s["source"] == "cpu-matmul-bf16" for s in shown)
+    assert not any(w in s["remedy"].lower() for s in shown for w in ("cuda", "tf32", "cudnn"))
