@@ -389,15 +389,20 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
     steps: dict[int, list[Step]] = {}
     for st in table.steps:
         steps.setdefault(st.rank, []).append(st)
-    for r in np.union1d(np.unique(c["rank"][rt]), np.unique(c["rank"][compiling])).tolist():
+    wanted = np.union1d(np.unique(c["rank"][rt]), np.unique(c["rank"][compiling]))
+    if len(wanted):  # each wanted rank's device ops, grouped once (not a pass over the trace per rank)
+        dev_all = np.flatnonzero(isin_small(c["cls"], DEVICE_CLASSES))
+        dev_all = dev_all[np.argsort(c["rank"][dev_all], kind="stable")]
+        dev_rank = c["rank"][dev_all]
+    for r in wanted.tolist():
         calls = rt[c["rank"][rt] == r]
-        mine = c["rank"] == r
-        dev = np.flatnonzero(mine & isin_small(c["cls"], DEVICE_CLASSES))
+        dev = dev_all[np.searchsorted(dev_rank, r, side="left") : np.searchsorted(dev_rank, r, side="right")]
         a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
         busy = _busy_between(c["ts"][dev], c["ts"][dev] + c["dur"][dev], a, b)
         if steps.get(r):
             spans = sorted((st.start, st.end) for st in steps[r])
-        else:
+        else:  # a trace without steps: the rank's whole trace (a pass over it, for this rare case only)
+            mine = c["rank"] == r
             spans = [(float(c["ts"][mine].min()), float((c["ts"][mine] + c["dur"][mine]).max()))]
         s0, s1 = np.array([x for x, _ in spans]), np.array([y for _, y in spans])
         k = np.searchsorted(s0, a, side="right") - 1
