@@ -575,6 +575,26 @@ def knobs(root: Path) -> str:
         f"of the other {sum(len(a[1]['rows']) for a in again.values())} changes. The fixed part's factor chosen on all "
         f"{shipped_iv['changes']} is {pool['factor']['best_on_all']:g} (shipped: {pool['factor']['shipped']:g}).",
     )
+    fr = _load(root, "benchmarks/knobs_fresh_results.json")
+    fs = fr["scores"][held]
+    ff = _load(root, "benchmarks/knobs_fresh_formula_results.json")["scores"][held]
+    ratio = np.array([r["changed_us"] / r["predicted"]["set"] for r in fr["rows"]])
+    inside = float(np.mean((ratio >= shipped_iv["low"]) & (ratio <= shipped_iv["high"])))
+    lines.insert(
+        0,
+        f"- **Held out in time for this version's code**: the same {fs['n']} changes recorded again after this version's changes (the next lines) were written "
+        f"and the interval fixed (`python benchmarks/record_knobs.py data/knobs_fresh`; `python "
+        f"benchmarks/knobs.py data/knobs_fresh --json benchmarks/knobs_fresh_results.json`), nothing chosen on them: factor "
+        f"from the other size MAPE {_pct(fs['mape'])}, sign {_pct(fs['sign'], 0)}, Kendall τ {fs['kendall_tau']:.2f} (the "
+        f"noise's ceiling {fr['kendall_tau_noise_ceiling']:.2f}; clean vs clean median "
+        f"{_pct(fr['noise']['median_clean_vs_clean'])}, {fr['noise']['above_bound']} changes above the 5% bound); per knob "
+        + ", ".join(f"{k} {_pct(v[held]['mape'])}" for k, v in fr["by_kind"].items())
+        + f"; unchanged {_pct(fr['scores']['unchanged']['mape'])}, proportional {_pct(fr['scores']['proportional']['mape'])}; "
+        f"the shipped interval covers {_pct(inside, 0)} of them. The code before this version's changes on the same recording "
+        f"(`benchmarks/knobs_fresh_formula_results.json`, 941c6d0): MAPE {_pct(ff['mape'])}, sign {_pct(ff['sign'], 0)}, τ "
+        f"{ff['kendall_tau']:.2f}. They are the 40 condition definitions the changes were made with, recorded again: other "
+        "definitions are the recordings below.",
+    )
     return (
         _table(head, rows)
         + "\n\nMAPE of the step time after the change, per knob; sign and τ (of the relative change) for the factor from the other size:\n\n"
