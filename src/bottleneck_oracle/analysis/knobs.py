@@ -526,12 +526,14 @@ def _pipelines(g: ExecutionGraph, first_forward: dict[int, float]) -> tuple[tupl
         return r
 
     pair = np.flatnonzero(e["kind"] == EdgeKind.SEND_RECV)
-    rank = g.nodes["rank"]
-    src, dst = e["src"][pair], rank[e["dst"][pair]]
-    for b in np.unique(src):
-        ranks = np.unique(dst[src == b])
-        for other in ranks[1:]:
-            parent[root(int(other))] = root(int(ranks[0]))
+    if len(pair):  # each barrier's lowest and highest rank (a send/recv pair's two), joined; each rank pair once
+        src, dst = e["src"][pair], g.nodes["rank"][e["dst"][pair]].astype(np.int64)
+        order = np.lexsort((dst, src))
+        s, d = src[order], dst[order]
+        cut = s[1:] != s[:-1]
+        first, last = np.concatenate([[True], cut]), np.concatenate([cut, [True]])
+        for a, b in np.unique(np.stack([d[first], d[last]], axis=1), axis=0).tolist():
+            parent[root(int(b))] = root(int(a))
     groups: dict[int, list[int]] = {}
     for r in g.ranks:
         if r in first_forward:
