@@ -974,7 +974,8 @@ def headline(root: Path) -> str:
     me = _load(root, "benchmarks/model_earned_results.json")
     kn = _load(root, "benchmarks/knobs_results.json")
     ks, held = kn["scores"], "set, factor from the other size"
-    kf = _load(root, "benchmarks/knobs_first_results.json")["scores"][held]
+    kf = _load(root, "benchmarks/knobs_fresh_results.json")["scores"][held]
+    kp = _load(root, "benchmarks/knobs_pooled_results.json")["scores"]["set"]
     return (
         f"- **Step time**: the critical path's step time equals the step's period read from the raw events within 1% on "
         f"{len(within)} of {len(acc)} bundled traces; on {len(span)} of them the host's `ProfilerStep` span is more than 5% off "
@@ -987,8 +988,9 @@ def headline(root: Path) -> str:
         f"{len(kn['by_size'])} model sizes, DDP and a pipeline; CPU), the predicted step time has a MAPE of {_pct(ks[held]['mape'])} "
         f"with its one fitted number chosen on the other model size, the sign of the change right in {_pct(ks[held]['sign'], 0)} "
         f"(Kendall τ {ks[held]['kendall_tau']:.2f}); assuming no change: {_pct(ks['unchanged']['mape'])}, scaling the whole step: "
-        f"{_pct(ks['proportional']['mape'])}; an earlier recording of the same changes: {_pct(kf['mape'])}, sign "
-        f"{_pct(kf['sign'], 0)}, τ {kf['kendall_tau']:.2f}.\n"
+        f"{_pct(ks['proportional']['mape'])}; the same changes recorded again after this version's code: {_pct(kf['mape'])}, sign "
+        f"{_pct(kf['sign'], 0)}, τ {kf['kendall_tau']:.2f}; {kp['n']} changes of four recordings pooled (other micro-batch "
+        f"counts and the AFAB schedule among them): {_pct(kp['mape'])}, sign {_pct(kp['sign'], 0)}, τ {kp['kendall_tau']:.2f}.\n"
         f"- **The graph network** is off by default: its corrected replay ({_pct(fin['corrected']['mape'])}) beats the replay, "
         f"but not the replay times a constant fitted on other launches ({_pct(me['scores']['replay x constant (other launches)']['mape'])}, "
         f"paired test p = {me['paired_tests']['replay x constant (other launches)']['p_corrected_better']:.2f}); `--model` shows it.\n"
