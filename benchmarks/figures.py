@@ -418,23 +418,30 @@ def noise_sources(root: Path) -> str:
     )
 
 
+def _knobs_bench() -> Any:
+    """benchmarks/knobs.py, imported once (its scoring, not a copy of it)."""
+    import importlib.util
+
+    if "knobs_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("knobs_bench", Path(__file__).resolve().parent / "knobs.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["knobs_bench"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["knobs_bench"]
+
+
 def _knob_score(rows: list[dict]) -> dict:
     """MAPE, sign and Kendall τ of ``whatif --set`` as shipped over ``rows``: benchmarks/knobs.py's score."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from knobs import score
-
-    out: dict = score(rows, "set")
+    out: dict = _knobs_bench().score(rows, "set")
     return out
 
 
 def _covered(root: Path, again: dict) -> float:
     """The share of the other recordings' changes inside the interval of the 40 (the quantiles of
     ``knobs_results.json``: what shipped before the recordings were pooled)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from knobs import _quantiles
-
     forty = _load(root, "benchmarks/knobs_results.json")["rows"]
-    lo, hi = _quantiles(np.array([r["changed_us"] / r["predicted"]["set"] for r in forty]))
+    lo, hi = _knobs_bench()._quantiles(np.array([r["changed_us"] / r["predicted"]["set"] for r in forty]))
     ratio = np.array([r["changed_us"] / r["predicted"]["set"] for a in again.values() for r in a[1]["rows"]])
     return float(np.mean((ratio >= lo) & (ratio <= hi)))
 

@@ -382,23 +382,20 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
         known = [bool(_SETUP_RUNTIME.match(table.names[i])) and not _WAIT_CALL.search(table.names[i]) for i in codes.tolist()]
         rt = rt[np.array(known, dtype=bool)[at.reshape(-1)]]
     compiling = np.zeros(0, dtype=np.int64)
-    host = np.flatnonzero(c["cls"] == EvClass.CPU)
-    if len(host):
-        codes, at = np.unique(c["name"][host], return_inverse=True)
-        compiling = host[np.array([table.names[i].endswith(COMPILE_SUFFIX) for i in codes.tolist()], dtype=bool)[at.reshape(-1)]]
+    compile_names = [i for i, name in enumerate(table.names) if name.endswith(COMPILE_SUFFIX)]  # (names, not events: most traces have none)
+    if compile_names:
+        compiling = np.flatnonzero((c["cls"] == EvClass.CPU) & np.isin(c["name"], compile_names))
     steps: dict[int, list[Step]] = {}
     for st in table.steps:
         steps.setdefault(st.rank, []).append(st)
     wanted = np.union1d(np.unique(c["rank"][rt]), np.unique(c["rank"][compiling]))
-    if len(wanted):  # each wanted rank's device ops, grouped once (not a pass over the trace per rank)
-        dev_all = np.flatnonzero(isin_small(c["cls"], DEVICE_CLASSES))
-        dev_all = dev_all[np.argsort(c["rank"][dev_all], kind="stable")]
-        dev_rank = c["rank"][dev_all]
+    device = _device_index(table) if len(wanted) else {}  # each rank's device ops, sorted once per table
+    none = np.zeros(0)
     for r in wanted.tolist():
         calls = rt[c["rank"][rt] == r]
-        dev = dev_all[np.searchsorted(dev_rank, r, side="left") : np.searchsorted(dev_rank, r, side="right")]
+        _, _, dev_start, dev_end, _ = device.get(r, (none, none, none, none, 0.0))
         a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
-        busy = _busy_between(c["ts"][dev], c["ts"][dev] + c["dur"][dev], a, b)
+        busy = _busy_between(dev_start, dev_end, a, b)
         if steps.get(r):
             spans = sorted((st.start, st.end) for st in steps[r])
         else:  # a trace without steps: the rank's whole trace (a pass over it, for this rare case only)

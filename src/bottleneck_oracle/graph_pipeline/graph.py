@@ -179,10 +179,7 @@ class GraphInfo:
         """Ranks whose profiler left one side of the job out (facts.unprofiled): rank -> the side
         missing, "host", or "device" where host ops name a device library (a GPU listed in the
         file's deviceProperties alone may be one the job did not use: not here)."""
-        run = self._meta.get("run_facts")
-        got = run.get("unprofiled", {}) if isinstance(run, dict) else {}
-        if not isinstance(got, dict):
-            return {}
+        got = self._run_fact("unprofiled")
         return {
             int(r): str(v["missing"])
             for r, v in got.items()
@@ -196,25 +193,24 @@ class GraphInfo:
         v = self._meta.get("launches_waited_at_start", 0)
         return int(v) if isinstance(v, int) else 0
 
+    def _run_fact(self, key: str) -> dict[str, Any]:
+        """One per-rank entry of the run facts the builder stored (facts.RunFacts.to_dict), or {}."""
+        run = self._meta.get("run_facts")
+        got = run.get(key, {}) if isinstance(run, dict) else {}
+        return got if isinstance(got, dict) else {}
+
     @property
     def setup(self) -> dict[int, float]:
         """Ranks whose analysed window holds one-time runtime setup (facts.setup_calls): rank -> its share of the window."""
-        run = self._meta.get("run_facts")
-        got = run.get("setup", {}) if isinstance(run, dict) else {}
-        if not isinstance(got, dict):
-            return {}
+        got = self._run_fact("setup")
         return {int(r): float(v["us"]) / float(v["window_us"]) for r, v in got.items() if isinstance(v, dict) and v.get("window_us")}
 
     @property
     def setup_names(self) -> set[str]:
         """The names of the setup calls those ranks made (their largest)."""
-        run = self._meta.get("run_facts")
-        got = run.get("setup", {}) if isinstance(run, dict) else {}
-        if not isinstance(got, dict):
-            return set()
         return {
             str(t[0])
-            for v in got.values()
+            for v in self._run_fact("setup").values()
             if isinstance(v, dict)
             for t in [*v.get("top", []), *v.get("compile_top", [])]
             if isinstance(t, list) and t
@@ -223,9 +219,7 @@ class GraphInfo:
     @property
     def synchronous(self) -> list[int]:
         """Ranks whose launches waited for their own device work (facts.synchronous_launches)."""
-        run = self._meta.get("run_facts")
-        got = run.get("synchronous", {}) if isinstance(run, dict) else {}
-        return sorted(int(r) for r in got) if isinstance(got, dict) else []
+        return sorted(int(r) for r in self._run_fact("synchronous"))
 
     @property
     def bystanders(self) -> list[Bystander]:
