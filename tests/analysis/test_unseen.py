@@ -1249,3 +1249,87 @@ def test_a_cpu_job_is_not_told_to_use_cuda(capsys):
     shown = [s for st in json.loads(out)["steps"] for s in st["suggestions"]]
     assert any(s["source"] == "cpu-matmul-bf16" for s in shown)
     assert not any(w in s["remedy"].lower() for s in shown for w in ("cuda", "tf32", "cudnn"))
+
+
+HOST_WAITS = OWN_CPU / "host_waits_stack.json.gz"
+
+
+def _raw_step_waits(name_prefix: str) -> dict[int, float]:
+    """Per ProfilerStep number of the host-waits fixture: the time its step's thread spends, inside
+    the step, in raw events whose name starts with ``name_prefix`` (50 µs or longer)."""
+    doc = json.loads(gzip.open(HOST_WAITS).read())
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    out = {}
+    for s in ev:
+        if s["name"].startswith("ProfilerStep#"):
+            lo, hi = s["ts"], s["ts"] + s["dur"]
+            out[int(s["name"].split("#")[1])] = sum(
+                e["dur"] for e in ev if e["tid"] == s["tid"] and e["name"].startswith(name_prefix) and lo <= e["ts"] < hi and e["dur"] >= 50
+            )
+    return out
+
+
+def test_a_sleeping_step_thread_is_waiting_not_computing():
+    """``time.sleep`` on the step's thread, named by the Python tracer, is waiting (idle) on the
+    critical path, never an op's work; the facts count it from the raw events."""
+    slept = _raw_step_waits("<built-in function sleep>")
+    analyses = {a.graph.step: a for a in cached_analyses(HOST_WAITS)}
+    assert {s for s, t in slept.items() if t > 0} == {2, 4}
+    for step, t in slept.items():
+        a = analyses[step]
+        b = a.breakdown()
+        work = sum(s.dur for s in a.segments() if s.kind == "op" and "sleep" in s.name)
+        assert work == 0.0
+        assert b["idle"] >= 0.99 * t
+        assert b["compute"] + b["cpu_overhead"] <= a.measured - 0.99 * t
+        facts = a.graph.info.facts
+        assert facts is not None and sum(f.host_blocked_us for f in facts.ranks) >= 0.99 * t
+
+
+def test_the_self_check_says_when_a_blocked_thread_is_read_as_work(monkeypatch):
+    """With the sleep read as an op's work again (the rule that names it switched off), the
+    ``host_blocked`` invariant fails on the steps that sleep: the tool would say so."""
+    from bottleneck_oracle.analysis import segments
+    from bottleneck_oracle.api import analyze
+
+    monkeypatch.setattr(segments, "host_blocked_names", lambda g: np.zeros(len(g.names), dtype=bool))
+    _, steps = analyze(HOST_WAITS)
+    failed = {a.graph.step for a in steps for c in a.checks() if c.name == "host_blocked" and not c.ok}
+    assert failed == {2, 4}
+
+
+def test_a_step_that_waits_for_a_helper_thread_runs_through_the_helper():
+    """The step's thread waits in ``queue.get`` while a helper thread computes: the critical path
+    runs through the helper's work (as long as the wait, within the helper's wake-up) instead of
+    calling the wait the step's own time, and the helper's next wait, which runs past the step,
+    neither ends the step nor is read as a bystander."""
+    waited = _raw_step_waits("<built-in method acquire")
+    doc = json.loads(gzip.open(HOST_WAITS).read())
+    (tid,) = {e["tid"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    (helper,) = {e["tid"] for e in doc["traceEvents"] if "tanh" in e.get("name", "")}
+    (monitor,) = {e["tid"] for e in doc["traceEvents"] if e.get("name", "").startswith("tqdm/_monitor.py")}
+    analyses = {a.graph.step: a for a in cached_analyses(HOST_WAITS)}
+    assert {s for s, t in waited.items() if t > 0} == {3, 5}
+    for step, t in waited.items():
+        a = analyses[step]
+        assert a.step_time == pytest.approx(a.measured, rel=0.002)  # a CPU-bound step's time is its span
+        main = a.graph.meta["facts"]["ranks"][0]
+        if not t:
+            continue
+        on_helper = sum(s.dur for s in a.segments() if not s.on_gpu and s.tid != tid)
+        assert 0.8 * t <= on_helper <= t + 100.0, (step, on_helper, t)
+        assert not any("host blocked in acquire" in s.name and s.dur > 100.0 for s in a.segments() if s.tid == tid)
+        asleep = {t["tid"] for t in main["asleep"]}
+        assert helper not in asleep and monitor in asleep  # the helper worked in the step; tqdm's monitor slept through it
+
+
+def test_python_built_in_names_are_shortened_as_names_not_as_templates():
+    from bottleneck_oracle.report.tables import shorten
+
+    assert (
+        shorten("<built-in method acquire of _thread.lock object at 0x7f9f7dc27e00>", 60)
+        == "<built-in method acquire of _thread.lock object>"
+    )
+    got = shorten("<built-in method acquire of _thread.lock object at 0x7f9f7dc27e00>", 40)
+    assert got.startswith("<built-in method ac") and got.endswith("object>") and len(got) <= 40
+    assert shorten("void foo<float, at::native::bar<int>>(float*)", 20) == "foo<…>"

@@ -16,6 +16,9 @@ Invariants (thresholds stated with each):
 - ``blocking``: host time in calls that block on the device (synchronize, copies, queries; each
   >= 1 ms) is not reported as CPU overhead: at most 25% of it is (a copy from pageable memory
   stages its data on the host before the device copies it: that part is host work).
+- ``host_blocked``: time of the step's own thread in Python calls that block it without computing
+  (``time.sleep``, a lock's acquire, ``select``, a pipe's read; each >= 1 ms, seen with
+  ``with_stack=True``) is not reported as an op's work: at most 25% of it is.
 - ``asleep``: a host thread that slept through the step (one op covering 90% of it) carries at
   most 10% of the critical path.
 - ``device_ops``: every device event the facts count for the step is a device node of the graph.
@@ -44,7 +47,7 @@ from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 if TYPE_CHECKING:
     from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
-CheckName = Literal["period", "device_bound", "blocking", "asleep", "device_ops", "launches", "linked", "compute"]
+CheckName = Literal["period", "device_bound", "blocking", "host_blocked", "asleep", "device_ops", "launches", "linked", "compute"]
 
 PERIOD_TOLERANCE = 0.05
 DEVICE_BUSY = 0.95
@@ -54,6 +57,7 @@ ASLEEP_PATH_SHARE = 0.10
 COMPUTE_SLACK = 0.01
 LAUNCHES_KEPT = 0.99
 LINKED_SHARE = 0.5
+_HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
 _BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 
 
@@ -118,6 +122,21 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                 "blocking",
                 as_cpu <= BLOCKING_AS_CPU * blocking_us,
                 f"{_ms(blocking_us)} in calls that block on the device; {_ms(as_cpu)} of the path shown as CPU work in such calls",
+            )
+        )
+    host_blocked_us = sum(f.host_blocked_us for f in facts.ranks)
+    if host_blocked_us > 0:
+        as_work = sum(
+            s.dur
+            for s in segs
+            if s.kind == "op" and not s.on_gpu and _HOST_BLOCKED.search(s.name) and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
+        )  # the calls the facts count, read as an op's work
+        out.append(
+            Check(
+                "host_blocked",
+                as_work <= BLOCKING_AS_CPU * host_blocked_us,
+                f"{_ms(host_blocked_us)} of the step's thread in calls that block it (sleep, lock, select); "
+                f"{_ms(as_work)} of the path shown as work in such calls",
             )
         )
     for f in facts.ranks:

@@ -25,6 +25,7 @@ the earlier segment is cut where the later one starts.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -33,6 +34,7 @@ import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
@@ -42,6 +44,7 @@ SEGMENT_KINDS: tuple[SegmentKind, ...] = get_args(SegmentKind)
 BreakdownKey = Literal["compute", "communication", "cpu_overhead", "idle", "untraced"]
 BREAKDOWN_KEYS: tuple[BreakdownKey, ...] = get_args(BreakdownKey)
 COMPUTE, COMM, CPU, IDLE, UNTRACED = range(5)
+_HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
 UNTRACED_GAP_US = 1000.0  # µs: a stretch between ops with nothing open, or inside a range, longer than this is untraced
 
 _WAIT_LABEL = {
@@ -84,6 +87,18 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
     out[(cat == Category.CPU_OP) & ~cpu_is_overhead] = COMPUTE
     out[n["node_type"] == NodeType.NETWORK] = COMM
     return out
+
+
+def _builtin(name: str) -> str:
+    """``<built-in method acquire of _thread.lock object at 0x7f...>`` -> ``acquire of _thread.lock``."""
+    m = re.match(r"<built-in (?:function|method) (.*?)(?: object)?(?: at 0x[0-9a-fA-F]+)?>$", name)
+    return m.group(1) if m else name
+
+
+def host_blocked_names(g: ExecutionGraph) -> np.ndarray:
+    """Per name of the graph: is it a Python call that blocks its thread without computing
+    (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read)?"""
+    return np.array([bool(_HOST_BLOCKED.search(s)) for s in g.names], dtype=bool)
 
 
 class _Pieces:
@@ -180,6 +195,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     is_barrier, klass_of = of(barrier), of(node_class(g))
     names, code_of = g.names, of(n["name"])
     blocking = of(n["category"] == Category.BLOCKING)
+    host_blocked = of(host_blocked_names(g)[n["name"]] & ~n["on_gpu"] & (n["dur"] >= F.HOST_BLOCKED_MIN_US))
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
     # when each device op's launch call ended (-inf: not launched in the window)
     is_launch = e["kind"] == EdgeKind.LAUNCH
@@ -230,6 +246,8 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             # for) waits on device work the trace does not show; a short remainder is its return
             if blocking[v] and d > untraced_gap_us:
                 add("untraced", UNTRACED, v, f"untraced wait on the device in {names[code_of[v]]}", est, est + d)
+            elif host_blocked[v]:  # a sleep, a lock, a select: the thread waited, it did no work
+                add("wait", IDLE, v, f"host blocked in {_builtin(names[code_of[v]])}", est, est + d)
             else:
                 add("op", klass_of[v], v, names[code_of[v]], est, est + d)
         if est + d > cursor:

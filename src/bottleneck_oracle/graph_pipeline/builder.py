@@ -243,16 +243,24 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     origins = {f.rank: f.origin for f in facts.ranks} if step is not None else None
     built = list(_window_edges(table, step, opt, frozenset(), origins, span))
     away = _bystanders(built[0], built[1])
-    if away:
-        built = list(_window_edges(table, step, opt, frozenset(away), origins, span))
+    tails = _tails(built[0], built[1], away)
+    if away or tails:
+        built = list(_window_edges(table, step, opt, frozenset(away), origins, span, tails))
     return _finish(table, step, opt, built, facts, away)  # (it empties ``built``: the window is freed before finalize)
 
 
 def _window_edges(
-    table: EventTable, step: int | None, opt: BuildOptions, exclude: frozenset, origins: dict[int, float] | None, span: int = 1
+    table: EventTable,
+    step: int | None,
+    opt: BuildOptions,
+    exclude: frozenset,
+    origins: dict[int, float] | None,
+    span: int = 1,
+    tails: dict[tuple[int, int, int], float] | None = None,
 ):
-    """The window of ``step`` without the ``exclude`` threads, and the edges of every local rule."""
-    w = make_window(table, step, exclude, origins, opt.clock_tolerance_us, span)
+    """The window of ``step`` without the ``exclude`` threads (nor the ``tails`` of others), and
+    the edges of every local rule."""
+    w = make_window(table, step, exclude, origins, opt.clock_tolerance_us, span, tails)
     pieces = gap_pieces(w, w.lead_from)
     E = rules.EdgeSet()
     rules.program_order(w, E)
@@ -263,6 +271,7 @@ def _window_edges(
     rules.blocking_copies(w, E)
     rules.stream_waits(w, E, launcher, opt.stream_wait_us, opt.clock_tolerance_us)
     rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us, launcher)
+    rules.blocked_handoffs(w, E, opt.idle_gap_us, opt.feeds_resume_us)
     return w, E, pieces, self_released
 
 
@@ -318,6 +327,46 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
             "polls": bool(polls[t]),
         }
     return out
+
+
+def _tails(w: Window, E: rules.EdgeSet, away: dict[tuple[int, int, int], dict]) -> dict[tuple[int, int, int], float]:
+    """Of the host threads that are neither the step's own nor bystanders: where each one's last
+    dependency into the step's work ends, if it has ops starting after that (table-relative µs).
+    What such a thread does after its last op that another lane waits for (a helper that put its
+    result and blocked for the next job, a worker preparing the next batch) cannot hold this step
+    up, so it cannot carry its path or end it: ``make_window`` leaves it out, where it runs past
+    the end of its rank's step (else it could not end the step anyway). Empty without a
+    ProfilerStep."""
+    if not w.n_leaf or not w.steps:
+        return {}
+    c = w.c
+    n_thread = int(w.leaf_thread.max()) + 1
+    first_leaf = np.searchsorted(w.leaf_thread, np.arange(n_thread), side="left")
+    last_leaf = np.searchsorted(w.leaf_thread, np.arange(n_thread), side="right") - 1
+    leaf_ev = w.leaf_rows[np.minimum(first_leaf, w.n_leaf - 1)]
+    key_of = list(zip(c["rank"][leaf_ev].tolist(), c["pid"][leaf_ev].tolist(), c["tid"][leaf_ev].tolist()))
+    step_threads = {(s.rank, s.pid, s.tid) for s in w.steps}
+    helper = np.array([k not in step_threads and k not in away for k in key_of], dtype=bool)
+    if not helper.any():
+        return {}
+    lane = np.full(w.n_nodes, -1, dtype=np.int64)
+    lane[: w.n_leaf] = w.leaf_thread
+    last_out = np.full(n_thread, -1, dtype=np.int64)  # per thread: its last leaf with an edge to another lane
+    for src, dst in zip(E.src, E.dst):
+        leafy = src < w.n_leaf
+        s_, d_ = src[leafy], dst[leafy]
+        out = lane[s_] != lane[d_]
+        np.maximum.at(last_out, lane[s_[out]], s_[out])
+    step_end: dict[int, float] = {}
+    for st in w.steps:
+        step_end[st.rank] = max(step_end.get(st.rank, -np.inf), st.end)
+    out_tails = {}
+    for t in np.flatnonzero(helper & (last_out >= 0) & (last_out < last_leaf)).tolist():
+        # only a tail that runs past its rank's step could end the step: one inside it is harmless,
+        # and may be work the step waited for through a hand-over the rules did not see
+        if float(w.end[w.leaf_rows[last_leaf[t]]]) + w.w0 > step_end.get(key_of[t][0], np.inf):
+            out_tails[key_of[t]] = float(w.end[w.leaf_rows[last_out[t]]]) + w.w0
+    return out_tails
 
 
 def _finish(

@@ -5,10 +5,12 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
@@ -17,6 +19,8 @@ from bottleneck_oracle.graph_pipeline.window import Window
 CONTEXT_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT_EVENT = range(len(SYNC_KINDS))
 
 
+_HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
+_LOCK_WAIT = re.compile(F.LOCK_WAIT_PATTERN)
 _NONE = np.zeros(0, np.int64)  # an emptied list entry (EdgeSet.arrays with release)
 
 
@@ -588,7 +592,8 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
     For a stretch of at least ``idle_us`` µs in which nothing opened or closed on a thread (a gap
     piece, see gaps.py), the releasing op is the latest-ending leaf of another thread of the same
     rank and process that ended inside the stretch, after which its thread started nothing before
-    the stretch ended (it handed over and went idle), with the waiting thread resuming within
+    the stretch ended (it handed over and went idle) or its next leaf is a call that blocks it
+    (``_blocked_leaves``: it handed over and waits for its next job), with the waiting thread resuming within
     ``resume_us`` µs of it (or a quarter of its idle time, if longer: wake-ups on a loaded machine
     are late) and idle longer before the release than after it. Edge: that op -> the leaf the
     stretch precedes (the THREAD edge's latency covers the wake-up and what ran before that leaf)."""
@@ -600,6 +605,7 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
     if not len(long):
         return
     leaf_ev = w.leaf_rows
+    blocked = _blocked_leaves(w, idle_us)[0]  # (a thread that hands over and blocks for its next job went idle too)
     proc = c["rank"][leaf_ev].astype(np.int64) * (1 << 32) + c["pid"][leaf_ev]
     srt = w.cpu_sorted  # every CPU event by (thread, ts): when did a thread next start something?
     ev_th, ev_ts = w.ev_thread[srt], w.ts[srt]
@@ -629,9 +635,76 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
                     nxt = int(np.searchsorted(ev_key, th * span + t_a - 1e-6, side="right"))
                     while nxt < len(ev_key) and srt[nxt] == leaf_ev[a]:  # a zero-length op itself
                         nxt += 1
-                    if nxt >= len(ev_key) or ev_th[nxt] != th or ev_ts[nxt] >= hi:
+                    idle = nxt >= len(ev_key) or ev_th[nxt] != th or ev_ts[nxt] >= hi
+                    if idle or (a + 1 < w.n_leaf and w.leaf_thread[a + 1] == th and blocked[a + 1]):
                         src.append(a)
                         dst.append(b)
                         break
                 p -= 1
     E.add(src, dst, EdgeKind.THREAD)
+
+
+def _blocked_leaves(w: Window, idle_us: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per leaf: a Python call that blocks its thread (``fields.HOST_BLOCKED_PATTERN``) for at
+    least ``idle_us`` µs; of those, a lock's or a future's wait (``fields.LOCK_WAIT_PATTERN``)."""
+    codes = w.c["name"][w.leaf_rows]
+    used = np.unique(codes)
+    used_names = [w.names[k] for k in used.tolist()]
+    blocked_name = np.zeros(len(w.names), dtype=bool)
+    lock_name = np.zeros(len(w.names), dtype=bool)
+    blocked_name[used] = [s.startswith("<built-in") and bool(_HOST_BLOCKED.search(s)) for s in used_names]
+    lock_name[used] = [s.startswith("<built-in") and bool(_LOCK_WAIT.search(s)) for s in used_names]
+    long = w.end[w.leaf_rows] - w.ts[w.leaf_rows] >= idle_us
+    return blocked_name[codes] & long, lock_name[codes] & long
+
+
+def blocked_handoffs(w: Window, E: EdgeSet, idle_us: float, resume_us: float, max_walk: int = 10000) -> None:
+    """A thread blocked in a lock's acquire or a future's wait (``fields.LOCK_WAIT_PATTERN``, as the
+    Python tracer names them: ``with_stack=True``) for at least ``idle_us`` µs waits for the thread
+    of its process that released it: ``queue.get`` returns when another thread has put the item.
+    ``thread_handoffs`` finds such hand-overs where the waiting thread has nothing open; here the
+    wait is an op of its own. The releasing op is the latest-ending leaf of another thread of the
+    same rank and process that ended inside the wait, is not itself a blocked call, and after which
+    its thread's next leaf is a blocked call or starts after the wait ended, if it has one in the
+    window (it handed over and blocked waiting for its next job, or went idle; a step's end marker
+    is no op that hands over), with the wait ending within ``resume_us`` µs
+    of it (or a quarter of the wait, if longer) and more of the wait before the release than after.
+    Edge: that op -> the blocked call, which waits on it (its modelled start is the release)."""
+    if not w.n_leaf:
+        return
+    c = w.c
+    leaf_ev = w.leaf_rows
+    ts, end = w.ts[leaf_ev], w.end[leaf_ev]
+    blocked, waits = _blocked_leaves(w, idle_us)
+    waits = np.flatnonzero(waits)
+    if not len(waits):
+        return
+    thread = w.leaf_thread
+    marker = w.rows[leaf_ev] < 0  # a step's end marker is no op
+    proc = c["rank"][leaf_ev].astype(np.int64) * (1 << 32) + c["pid"][leaf_ev]
+    by_end = np.lexsort((end, proc))  # each process's leaves by end
+    key_proc, key_end = proc[by_end], end[by_end]
+    src, dst = [], []
+    for b in waits.tolist():
+        lo, hi, q = float(ts[b]), float(end[b]), int(proc[b])
+        first = int(np.searchsorted(key_proc, q, side="left"))
+        p = first + int(np.searchsorted(key_end[first : np.searchsorted(key_proc, q, side="right")], hi, side="right")) - 1
+        seen: set[int] = {int(thread[b])}
+        for _ in range(max_walk):
+            if p < first or key_end[p] < lo:
+                break
+            a = int(by_end[p])
+            p -= 1
+            after = hi - float(end[a])
+            if after > max(resume_us, (hi - lo) / 4) or float(end[a]) - lo <= after:
+                break
+            th = int(thread[a])
+            if th in seen or blocked[a] or marker[a]:
+                continue
+            seen.add(th)  # its earlier leaves are followed by this one: not where it went idle
+            nxt = a + 1  # leaves are sorted by (thread, ts)
+            if nxt >= w.n_leaf or thread[nxt] != th or ts[nxt] >= hi or blocked[nxt]:
+                src.append(a)
+                dst.append(b)
+                break
+    E.add(src, dst, EdgeKind.THREAD, wait=True)

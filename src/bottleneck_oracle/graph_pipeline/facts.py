@@ -36,6 +36,7 @@ BLOCKING_NAME = re.compile(
     r"synchroni[sz]e|memcpy(?!.*async)|memcpyasync|eventquery|streamquery|" + F.HOST_WAIT_PATTERN,
     re.IGNORECASE,
 )
+HOST_BLOCKED_NAME = re.compile(F.HOST_BLOCKED_PATTERN)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
 LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
@@ -62,6 +63,7 @@ class RankFacts:
     launched: int = 0  # of device_ops, those tied to the runtime call that launched them (correlation)
     early_launches: int = 0  # of those, the ones starting more than LAUNCH_TOLERANCE_US before their call began
     runtime_calls: int = 0  # runtime calls (launches, copies, syncs) of the rank's host in the step
+    host_blocked_us: float = 0.0  # time of the step's own thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
 
     @property
     def measured(self) -> float:
@@ -209,7 +211,24 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         launched=int(len(launched)),
         runtime_calls=int(runtime.sum()),
         early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
+        host_blocked_us=_host_blocked(table, rows, step),
     )
+
+
+def _host_blocked(table: EventTable, rows: np.ndarray, step: Step | None) -> float:
+    """Time of the step's own thread (every host thread without a step marker) in Python calls
+    that block it without computing (``fields.HOST_BLOCKED_PATTERN``), each ``BLOCKING_FACT_US``
+    or longer, their union."""
+    c = table.cols
+    long = rows[(c["cls"][rows] == EvClass.CPU) & (c["dur"][rows] >= BLOCKING_FACT_US)]
+    if step is not None:
+        tid = c["tid"][long].astype(np.int64) & 0xFFFFFFFF
+        long = long[(c["pid"][long] == step.pid) & (tid == (int(step.tid) & 0xFFFFFFFF))]
+    hit = [i for i in long.tolist() if HOST_BLOCKED_NAME.search(table.names[c["name"][i]])]
+    if not hit:
+        return 0.0
+    lo = c["ts"][hit].astype(np.float64)
+    return _union(lo, lo + c["dur"][hit], float(lo.min()), float((lo + c["dur"][hit]).max()))
 
 
 def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float, step: Step | None) -> list[dict]:
@@ -244,11 +263,11 @@ def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float
         if k == own or len(ops) > ASLEEP_MAX_OPS or (c["cls"][ops] == EvClass.RUNTIME).any():
             continue
         long = ops[(c["dur"][ops] >= 0.1 * (hi - lo)) & (c["ts"][ops] < hi) & (c["ts"][ops] + c["dur"][ops] > lo)]
-        covered = _union(c["ts"][long], c["ts"][long] + c["dur"][long], lo, hi) if len(long) else 0.0
+        covered, stretch = _quiet(c["ts"][long], c["ts"][long] + c["dur"][long], np.sort(c["ts"][ops]), lo, hi)
         comm = any(table.names[n].lower().startswith(_COMM_PREFIXES) for n in c["name"][long].tolist())
         if covered >= ASLEEP_SHARE * (hi - lo) and not comm:  # a backend thread waiting in a collective is working
             pid, tid = int(c["pid"][ops[0]]), int(c["tid"][ops[0]])
-            longest = long[np.argmax(c["dur"][long])]
+            longest = long[np.lexsort((c["dur"][long], -np.round(stretch, 3)))[0]]  # the innermost op of the longest quiet stretch
             out.append(
                 {
                     "pid": pid,
@@ -259,6 +278,27 @@ def _asleep(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float
                 }
             )
     return out
+
+
+def _quiet(lo_: np.ndarray, hi_: np.ndarray, starts: np.ndarray, lo: float, hi: float) -> tuple[float, np.ndarray]:
+    """How much of [lo, hi) the long ops [lo_, hi_) cover in stretches of at least a tenth of it
+    in which their thread started nothing (``starts``, sorted): a range inside which the thread
+    keeps starting events was running, not asleep (with the Python tracer every thread's outer
+    frames, ``threading.py: _bootstrap``, span it all; a wait's own frame holds its wake-up).
+    Also, per op, its longest such stretch."""
+    keep_lo, keep_hi = [], []
+    longest = np.zeros(len(lo_))
+    for i, (a, b) in enumerate(zip(np.maximum(lo_, lo).tolist(), np.minimum(hi_, hi).tolist())):
+        inner = starts[np.searchsorted(starts, a, side="right") : np.searchsorted(starts, b, side="left")]
+        cuts = np.concatenate([[a], inner, [b]])
+        gaps = np.diff(cuts)
+        long = gaps >= 0.1 * (hi - lo)
+        keep_lo.append(cuts[:-1][long])
+        keep_hi.append(cuts[1:][long])
+        longest[i] = float(gaps.max(initial=0.0))
+    if not keep_lo:
+        return 0.0, longest
+    return _union(np.concatenate(keep_lo), np.concatenate(keep_hi), lo, hi), longest
 
 
 @dataclass(slots=True)

@@ -70,6 +70,7 @@ class RankFactsRecord:
     launched: int = 0  # of device_ops, those the trace ties to the runtime call that launched them
     early_launches: int = 0  # of those, the ones that start before their call began (beyond the clock tolerance)
     runtime_calls: int = 0  # runtime calls of the rank's host in the step
+    host_blocked_us: float = 0.0  # time of the step's thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,7 @@ class GraphInfo:
                 launched=int(f.get("launched", 0)),
                 early_launches=int(f.get("early_launches", 0)),
                 runtime_calls=int(f.get("runtime_calls", 0)),
+                host_blocked_us=float(f.get("host_blocked_us", 0.0)),
             )
             for f in facts["ranks"]
         )

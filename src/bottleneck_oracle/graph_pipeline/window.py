@@ -527,12 +527,21 @@ def make_window(
     origins: dict[int, float] | None = None,
     tol: float = 5.0,
     span: int = 1,
+    tails: dict[tuple[int, int, int], float] | None = None,
 ) -> Window:
     """The window of ``step`` (None: the whole trace; ``span``: that many consecutive steps) without
     the host threads in ``exclude`` ((rank, pid, tid): bystanders, see builder), with each rank's
     period starting at ``origins`` (table-relative µs; default: its first step's start). ``tol``:
-    µs of CPU/GPU clock disagreement."""
+    µs of CPU/GPU clock disagreement. ``tails``: (rank, pid, tid) -> table-relative µs from
+    which that host thread's events are left out (builder._tails: after its last dependency into
+    the step's work)."""
     rows, w0, measured, steps = select_window(table, step, span)
+    if tails:
+        tc = table.cols
+        host = np.isin(tc["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))
+        triples = zip(tc["rank"][rows].tolist(), tc["pid"][rows].tolist(), tc["tid"][rows].tolist())
+        cut = np.array([tails.get(k, np.inf) for k in triples], dtype=np.float64)
+        rows = rows[~(host & (tc["ts"][rows] >= cut))]
     if exclude:
         tc = table.cols
         host = np.isin(tc["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))

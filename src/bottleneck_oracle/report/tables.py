@@ -50,12 +50,14 @@ def fmt(value: Any, kind: str) -> str:
 
 
 _PARAMS = re.compile(r"(?<=[\w>])\([^()]*\)\s*$")  # a C++ signature's parameter list, not "(after ...)"
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")  # the object's address in a Python tracer's name
 _QUALIFIER = re.compile(r" \([^()]*\)$")  # a trailing " (after ...)", " (from the step start to ...)"
 
 
 def shorten(name: str, width: int) -> str:
     """A name cut to ``width`` characters, keeping what tells it apart. The rule, in order, while it
-    is too long: drop a leading ``void ``; drop a trailing parameter list ``(...)``; collapse
+    is too long: drop a leading ``void ``; drop an object's address (`` at 0x7f...``, the Python
+    tracer's); drop a trailing parameter list ``(...)``; collapse
     template arguments to ``<…>`` (innermost first); drop a trailing qualifier `` (after ...)`` to
     `` (…)`` (the op it qualifies is what a user knows); then keep the start and the end and cut
     the middle at ``…`` (``ncclKernel_SendRecv_R…_Sum_int8_t``: the collective is near the start;
@@ -64,11 +66,12 @@ def shorten(name: str, width: int) -> str:
     if len(name) <= width:
         return name
     s = name[5:] if name.startswith("void ") else name
+    s = _ADDRESS.sub("", s)  # "<built-in method acquire of _thread.lock object at 0x7f9f...>": the address tells nothing apart
     if len(s) > width:
         s = _PARAMS.sub("", s) or s
     while len(s) > width:  # innermost template arguments first; a collapsed "<…>" counts as one token
         t = s.replace("<…>", "\x00")
-        m = re.search(r"<[^<>]*>", t)
+        m = re.search(r"<(?!built-in )[^<>]*>", t)  # (a Python built-in's name is not a template argument)
         if not m:
             break
         s = (t[: m.start()] + "\x00" + t[m.end() :]).replace("\x00", "<…>")
