@@ -9,7 +9,8 @@ step's own window (``diff_test``: its edit replayed in windows of one, two and t
 a device clock behind its host's (``device_clock_behind``: ddp_v100 with its device events 300 µs
 early, moved back); a GPU trace cut to its host's or its device's events, as ``ProfilerActivity.CPU``
 or ``.CUDA`` alone writes it (``one_side_profiled``); a loop whose launches wait for their kernels,
-as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``).
+as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``); a step thread that blocks in
+Python calls, a sleep and a wait for a helper thread (``host_waits``).
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -388,6 +389,35 @@ def runtime_setup() -> dict:
     return out
 
 
+def host_waits() -> dict:
+    """Our own loop whose step thread blocks in Python calls (with_stack=True): per step, the time
+    the raw JSON shows it in ``time.sleep`` and in a lock's ``acquire`` (50 µs or longer), beside
+    what the path makes of them: waiting (idle), the path's time on the helper thread the
+    acquire waited for, and the step time against the span."""
+    path = DATA / "own-cpu" / "host_waits_stack.json.gz"
+    ev = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    out = []
+    for a in api.analyze(path)[1]:
+        (s,) = [e for e in ev if e["name"] == f"ProfilerStep#{a.graph.step}"]
+        lo, hi = s["ts"], s["ts"] + s["dur"]
+        mine = [e for e in ev if e["tid"] == s["tid"] and lo <= e["ts"] < hi and e["dur"] >= 50]
+        b = a.breakdown()
+        out.append(
+            {
+                "step": a.graph.step,
+                "span_us": a.measured,
+                "step_time_us": a.step_time,
+                "raw_sleep_us": sum(e["dur"] for e in mine if e["name"] == "<built-in function sleep>"),
+                "raw_lock_wait_us": sum(e["dur"] for e in mine if e["name"].startswith("<built-in method acquire")),
+                "idle_us": b["idle"],
+                "compute_us": b["compute"],
+                "cpu_overhead_us": b["cpu_overhead"],
+                "path_on_other_threads_us": sum(x.dur for x in a.segments() if not x.on_gpu and x.tid != s["tid"]),
+            }
+        )
+    return {"steps": out}
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
     _, analyses = api.analyze(path, steps)
     rows = []
@@ -464,6 +494,7 @@ def main() -> None:
     }
     doc["synchronous_launches"] = synchronous_launches()
     doc["runtime_setup"] = runtime_setup()
+    doc["host_waits"] = host_waits()
     a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
         print(k, json.dumps(v, default=_plain)[:400])
