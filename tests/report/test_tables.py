@@ -63,3 +63,20 @@ def test_a_table_wider_than_the_terminal_stays_one_table_keys_kept_columns_said(
     assert text.count("Culprits") == 1 and "(1/" not in text  # one table
     assert "typical from" in text.split("Not shown at 80 columns:")[1]  # the caption names what is left out
     assert "figure 0" in text and all(x[:8] in text for x in names)  # the key and names kept
+
+
+def test_the_slack_histogram_of_a_step_whose_ops_are_all_critical_reads_in_microseconds():
+    """A one-thread CPU step: every op on the path, its slack 0 up to float noise (1e-13 µs).
+    The histogram's axis starts at 0 and spans at least log10(10 µs + 1): noise scaled it to femto
+    units ("50f", "100f") before."""
+    import json
+    import re
+
+    from bottleneck_oracle.report.html import slack_plot
+    from conftest import DATA, cached_analyses
+
+    a = cached_analyses(DATA / "own-cpu" / "host_waits_stack.json.gz")[0]
+    assert (a.cpm.slack[a.graph.nodes["event"] >= 0] < 1e-6).mean() > 0.9
+    text = slack_plot(a)
+    lo, hi = json.loads(re.search(r'"xaxis":\{"range":(\[[^\]]*\])', text).group(1))
+    assert lo == 0.0 and hi >= 1.0

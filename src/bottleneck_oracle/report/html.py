@@ -187,7 +187,11 @@ def breakdown_plot(analyses: list[StepAnalysis]) -> str:
 def slack_plot(a: StepAnalysis) -> str:
     go, _ = _plotly()
     s = a.cpm.slack[a.graph.nodes["event"] >= 0]
-    fig = go.Figure(go.Histogram(x=np.log10(s + 1.0), nbinsx=50, marker_color="#4c78a8"))
+    # slack to the nanosecond (a critical op's float noise, 1e-13 µs, made Plotly scale its axis to femto)
+    x = np.log10(np.maximum(np.round(s, 3), 0.0) + 1.0)
+    top = max(1.0, float(x.max(initial=0.0)))
+    fig = go.Figure(go.Histogram(x=x, xbins={"start": 0.0, "end": top, "size": top / 50}, marker_color="#4c78a8"))
+    fig.update_xaxes(range=[0.0, top * 1.02])
     fig.update_layout(
         xaxis_title="log10(slack µs + 1)",
         yaxis_title="ops",
