@@ -254,3 +254,40 @@ def device_behind(table: EventTable, tolerance_us: float) -> list[str]:
         table.by_rank_ts = table.streams = table.queued = table.facts_cache = None  # caches ordered by time
         table.lookups = {}
     return said
+
+
+def overflowing_device_ops(table: EventTable) -> list[str]:
+    """Cut, in place, each device op whose span runs past the end of the next op on its stream
+    (it covers that op whole) to where that op starts, and say so, one line per device. One stream
+    runs its ops one after another; an op that overlaps the start of the next is possible (a
+    dependent launch may start early), but one that outlasts it is a timestamp the profiler got
+    wrong (ROCm's tracer, after a stall, writes deferred completion times: a kernel of a few µs
+    recorded as lasting a second), and it would count the whole overrun as device work. Perfetto
+    draws such a slice cut at its next sibling's start; so does this."""
+    c = table.cols
+    gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+    if len(gpu) < 2:
+        return []
+    prev = table.stream_predecessors(gpu)
+    has = prev >= 0
+    op, before = gpu[has], prev[has]
+    end = c["ts"] + c["dur"]
+    over = end[before] > end[op] + 1e-3
+    if not over.any():
+        return []
+    cut, at = before[over], op[over]
+    excess = end[cut] - c["ts"][at]
+    c["dur"][cut] = np.maximum(c["ts"][at] - c["ts"][cut], 0.0)
+    table.drop_caches()  # (look-ups that read durations)
+    said = []
+    device = c["rank"][cut].astype(np.int64) * (1 << 32) + (c["pid"][cut].astype(np.int64) & 0xFFFFFFFF)
+    for _, mine in groups(device):
+        rank, pid = int(c["rank"][cut[mine[0]]]), int(c["pid"][cut[mine[0]]])
+        worst = int(np.argmax(excess[mine]))
+        said.append(
+            f"rank {rank}'s device (process {pid}): {len(mine)} device op{'s' if len(mine) > 1 else ''} run past the end of "
+            f"the next op on {'their' if len(mine) > 1 else 'its'} stream, by up to {float(excess[mine][worst]) / 1000:.1f} ms "
+            f"({table.names[c['name'][cut[mine[worst]]]][:60]}): a timestamp the profiler got wrong (one stream runs its ops "
+            "one after another); each is cut where the next op starts, as Perfetto draws it"
+        )
+    return said
