@@ -811,6 +811,29 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
         launched, early, calls = _launches([d for _, d in docs], a.graph.step)
         got = (sum(f["launched"] for f in facts["ranks"]), sum(f["early_launches"] for f in facts["ranks"]))
         assert got + (sum(f["runtime_calls"] for f in facts["ranks"]),) == (launched, early, calls)
+        got = (sum(f["launch_calls"] for f in facts["ranks"]), sum(f["lost_launches"] for f in facts["ranks"]))
+        assert got == _launch_calls([d for _, d in docs], a.graph.step)
+
+
+def _launch_calls(docs: list, step: int) -> tuple[int, int]:
+    """Runtime calls named as launches (``launch`` in the name, not ``cudaLaunchHostFunc``) inside
+    each file's ProfilerStep#step, in files that hold device events; and of those, the ones whose
+    correlation id no device event of the file carries."""
+    calls = lost = 0
+    for d in docs:
+        found = _step_and_calls(d, step)
+        if found is None:
+            continue
+        ev, lo, hi, _ = found
+        ids = {e.get("args", {}).get("correlation") for e in ev if e.get("cat") in DEVICE_CATS}
+        if not ids:
+            continue
+        for e in ev:
+            name = e["name"].lower()
+            if e.get("cat") in RUNTIME_CATS and lo <= e["ts"] < hi and "launch" in name and "launchhostfunc" not in name:
+                calls += 1
+                lost += e.get("args", {}).get("correlation") not in ids
+    return calls, lost
 
 
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
@@ -1363,3 +1386,31 @@ def test_a_device_op_that_outlasts_the_next_op_on_its_stream_is_cut_and_said(tmp
     busy = lambda steps: [sum(f["device_busy_us"] for f in a.graph.meta["facts"]["ranks"]) for a in steps]  # noqa: E731
     gap = nxt["ts"] - k["ts"]  # what the cut op may now hold beyond its true end: the idle time before the next op
     assert all(b <= a <= b + gap for a, b in zip(busy(edited), busy(clean)))
+
+
+def test_a_step_whose_device_events_were_lost_is_said(tmp_path):
+    """``train_1rank_5steps`` with the device events its step 104 launched removed (as a full
+    activity buffer loses them): the self-check says step 104's launches have no device ops, and
+    no other step's. With every device event removed (a job profiled on its host only, which
+    the run's facts say once) no step says its events were lost: none were asked for."""
+    from bottleneck_oracle.api import analyze
+
+    doc = json.loads(gzip.open(PUBLIC / "train_1rank_5steps.json.gz").read())
+    ev = doc["traceEvents"]
+    (s,) = [e for e in ev if e.get("name") == "ProfilerStep#104"]
+    ids = {
+        e["args"]["correlation"]
+        for e in ev
+        if e.get("cat") == "cuda_runtime" and s["ts"] <= e["ts"] < s["ts"] + s["dur"] and "correlation" in e.get("args", {})
+    }
+    part = dict(doc, traceEvents=[e for e in ev if not (e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in ids)])
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    _, steps = analyze(tmp_path / "part.json")
+    lost = {a.graph.step for a in steps for c in a.checks() if c.name == "launches_found" and not c.ok}
+    assert lost == {104}
+    (a,) = [a for a in steps if a.graph.step == 104]
+    assert any("lost the device's events" in w for w in a.warnings())
+    host = dict(doc, traceEvents=[e for e in ev if e.get("cat") not in DEVICE_CATS])
+    (tmp_path / "host.json").write_text(json.dumps(host))
+    _, steps = analyze(tmp_path / "host.json")
+    assert not [c for a in steps for c in a.checks() if c.name == "launches_found"]

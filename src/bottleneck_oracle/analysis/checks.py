@@ -29,6 +29,10 @@ Invariants (thresholds stated with each):
   device ops are tied to the call that launched them (a correlation id the trace gives both):
   without those ties the device's dependencies on the host are unknown, and the path treats the
   device as running free of its host.
+- ``launches_found``: on a rank with device events in the trace, at least half of the step's
+  launch calls (``cudaLaunchKernel``, ``hipLaunchKernel``, ``cudaGraphLaunch``, ...; 20 or more)
+  have their device ops in it: where they have not, the profiler lost the device's events of the
+  step, and the step is read from its host alone.
 - ``compute``: the path's device-op time is at most the device busy time of the ranks it runs on
   (plus 1%): no breakdown class exceeds what the device did.
 """
@@ -47,7 +51,9 @@ from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 if TYPE_CHECKING:
     from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
-CheckName = Literal["period", "device_bound", "blocking", "host_blocked", "asleep", "device_ops", "launches", "linked", "compute"]
+CheckName = Literal[
+    "period", "device_bound", "blocking", "host_blocked", "asleep", "device_ops", "launches", "linked", "launches_found", "compute"
+]
 
 PERIOD_TOLERANCE = 0.05
 DEVICE_BUSY = 0.95
@@ -57,6 +63,8 @@ ASLEEP_PATH_SHARE = 0.10
 COMPUTE_SLACK = 0.01
 LAUNCHES_KEPT = 0.99
 LINKED_SHARE = 0.5
+LOST_MIN_LAUNCHES = 20
+LOST_SHARE = 0.5
 _HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
 _BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 
@@ -192,6 +200,24 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                         ""
                         if tied
                         else "; the rest have no correlation id a call shares: the path treats the device as running free of its host"
+                    ),
+                )
+            )
+    for f in facts.ranks:
+        if f.launch_calls >= LOST_MIN_LAUNCHES:
+            found = f.lost_launches < LOST_SHARE * f.launch_calls
+            out.append(
+                Check(
+                    "launches_found",
+                    found,
+                    f"rank {f.rank}: {f.launch_calls - f.lost_launches} of its {f.launch_calls} launch calls in the step have their "
+                    "device ops in the trace"
+                    + (
+                        ""
+                        if found
+                        else f"; the other {f.lost_launches} have none: the profiler lost the device's events of this step (a "
+                        "full activity buffer, a trace cut short), so its device work is unknown and the step is read from "
+                        "its host alone"
                     ),
                 )
             )

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline import fields as F
-from bottleneck_oracle.graph_pipeline.arrays import isin_small
+from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
 
 DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
@@ -64,6 +64,8 @@ class RankFacts:
     early_launches: int = 0  # of those, the ones starting more than LAUNCH_TOLERANCE_US before their call began
     runtime_calls: int = 0  # runtime calls (launches, copies, syncs) of the rank's host in the step
     host_blocked_us: float = 0.0  # time of the step's own thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
+    launch_calls: int = 0  # calls of the rank's host in the step that launch device work (LAUNCH_NAME), on a rank with device events
+    lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
 
     @property
     def measured(self) -> float:
@@ -153,10 +155,37 @@ def _long_host_ops(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray]
     return cache["long_host"]
 
 
+LAUNCH_NAME = re.compile(r"launch(?!hostfunc)", re.IGNORECASE)
+"""A runtime call that launches device work: ``cudaLaunchKernel``, ``cuLaunchKernelEx``,
+``hipLaunchKernel``, ``hipExtLaunchKernel``, ``cudaGraphLaunch`` (not ``cudaLaunchHostFunc``,
+which runs a host function)."""
+
+
+def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of the launch calls of ranks that have device events, sorted; of those, the ones no
+    device op is tied to), computed once per table. A rank without any device event is a job
+    profiled on its host only (facts.unprofiled): its launches are not lost, they were not asked for."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if "launch" not in cache:
+        c = table.cols
+        rt = np.flatnonzero(c["cls"] == EvClass.RUNTIME)
+        codes = np.unique(c["name"][rt])
+        is_launch = np.zeros(len(table.names), dtype=bool)
+        is_launch[codes] = [bool(LAUNCH_NAME.search(table.names[k])) for k in codes.tolist()]
+        with_device = np.array(sorted(_device_index(table)), dtype=c["rank"].dtype)
+        calls = rt[is_launch[c["name"][rt]] & isin_small(c["rank"][rt], with_device)]
+        launcher = table.launchers()
+        tied = np.unique(launcher[launcher >= 0])
+        lost = calls[~np.isin(calls, tied)]
+        cache["launch"] = (calls, lost)
+    return cache["launch"]
+
+
 def index_facts(table: EventTable) -> None:
     """Compute the per-table indexes the facts read (before the table is shared with workers)."""
     _device_index(table)
     _long_host_ops(table)
+    _launch_rows(table)
 
 
 def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
@@ -212,6 +241,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         runtime_calls=int(runtime.sum()),
         early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
         host_blocked_us=_host_blocked(table, rows, step),
+        launch_calls=int(isin_sorted(rows, _launch_rows(table)[0]).sum()),
+        lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
     )
 
 

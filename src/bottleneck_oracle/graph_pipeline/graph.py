@@ -71,6 +71,8 @@ class RankFactsRecord:
     early_launches: int = 0  # of those, the ones that start before their call began (beyond the clock tolerance)
     runtime_calls: int = 0  # runtime calls of the rank's host in the step
     host_blocked_us: float = 0.0  # time of the step's thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
+    launch_calls: int = 0  # calls of the rank's host in the step that launch device work (on a rank with device events)
+    lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,8 @@ class GraphInfo:
                 early_launches=int(f.get("early_launches", 0)),
                 runtime_calls=int(f.get("runtime_calls", 0)),
                 host_blocked_us=float(f.get("host_blocked_us", 0.0)),
+                launch_calls=int(f.get("launch_calls", 0)),
+                lost_launches=int(f.get("lost_launches", 0)),
             )
             for f in facts["ranks"]
         )
