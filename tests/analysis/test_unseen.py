@@ -1414,3 +1414,16 @@ def test_a_step_whose_device_events_were_lost_is_said(tmp_path):
     (tmp_path / "host.json").write_text(json.dumps(host))
     _, steps = analyze(tmp_path / "host.json")
     assert not [c for a in steps for c in a.checks() if c.name == "launches_found"]
+
+
+def test_torch_compile_recording_cuda_graphs_is_said_as_such(recwarn):
+    """On xdit_flux the one dynamo_timed range is ``CUDAGraphNode.record`` (243 ms, read from the
+    raw JSON here): torch.compile recording CUDA graphs, said as that, not as compiling alone."""
+    from bottleneck_oracle.api import load
+
+    path = MORE / "xdit_flux_hipgraph_mi300.json.gz"
+    ev = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("name", "").endswith(" (dynamo_timed)")]
+    assert {e["name"] for e in ev} == {"CUDAGraphNode.record (dynamo_timed)"}
+    load(path)
+    said = [str(w.message) for w in recwarn if "one-time work" in str(w.message)]
+    assert len(said) == 1 and "torch.compile compiling and recording CUDA graphs for 243.3 ms" in said[0]

@@ -350,7 +350,7 @@ def answer_from(
     if setup:
         answer.notes.append(
             f"Setup: {max(setup.values()) * 100:.0f}% of the window (rank {', '.join(str(r) for r in sorted(setup))}) is one-time "
-            "work (torch.compile compiling, the runtime creating its context, kernels loaded at their first launch, first "
+            "work (torch.compile compiling or recording CUDA graphs, the runtime creating its context, kernels loaded at their first launch, first "
             "allocations): the process's start, not its loop; profile steps after a warm-up"
         )
     if serial:

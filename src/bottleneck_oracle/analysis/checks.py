@@ -66,6 +66,7 @@ LINKED_SHARE = 0.5
 LOST_MIN_LAUNCHES = 20
 LOST_SHARE = 0.5
 _HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
+_CUDA_GRAPH = re.compile(r"cudagraph", re.IGNORECASE)  # torch.compile's CUDA-graph trees recording (``CUDAGraphNode.record``)
 _BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 
 
@@ -287,7 +288,9 @@ def run_warnings(run: RunFacts | None) -> list[str]:
         parts = []
         if v.get("compile_us"):
             longest = ", ".join(f"{n.removesuffix(' (dynamo_timed)')} {us / 1000:,.1f} ms" for n, us in v.get("compile_top", [])[:2])
-            parts.append(f"torch.compile compiling for {v['compile_us'] / 1000:,.1f} ms ({longest})")
+            recording = any(_CUDA_GRAPH.search(n) for n, _ in v.get("compile_top", [])[:2])
+            what = "compiling and recording CUDA graphs" if recording else "compiling"
+            parts.append(f"torch.compile {what} for {v['compile_us'] / 1000:,.1f} ms ({longest})")
         if v["calls"]:
             names = ", ".join(f"{n} {us / 1000:,.1f} ms" for n, us in v["top"][:3])
             parts.append(
