@@ -1427,3 +1427,38 @@ def test_torch_compile_recording_cuda_graphs_is_said_as_such(recwarn):
     load(path)
     said = [str(w.message) for w in recwarn if "one-time work" in str(w.message)]
     assert len(said) == 1 and "torch.compile compiling and recording CUDA graphs for 243.3 ms" in said[0]
+
+
+def test_a_step_that_sets_the_runtime_up_is_warm_up_wherever_it_is(capsys):
+    """amd_mi250_minitoy has two steps; the first holds a 6.5 ms hipLaunchKernel made while the
+    device ran nothing (read here from the raw JSON): the runtime loading its kernel. That step is
+    left out of the run's figures even with fewer than three steps, and the answer says so."""
+    from bottleneck_oracle.analysis.answer import run_answer
+    from bottleneck_oracle.analysis.runs import steady
+
+    path = PUBLIC / "amd_mi250_minitoy.json.gz"
+    ev = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("ph") == "X"]
+    steps = {
+        int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+        for e in ev
+        if e["name"].startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"
+    }
+    device = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in DEVICE_CATS]
+    raw = {}
+    for n, (lo, hi) in steps.items():
+        raw[n] = sum(
+            e["dur"]
+            for e in ev
+            if e.get("cat") in RUNTIME_CATS
+            and lo <= e["ts"] < hi
+            and e["dur"] >= 1000
+            and not any(a < e["ts"] + e["dur"] and e["ts"] < b for a, b in device)
+        )
+    assert raw[1] > 6000 and raw[2] == 0
+    analyses = cached_analyses(path)
+    got = {a.graph.step: max(f.setup_us for f in a.graph.info.facts.ranks) for a in analyses}
+    assert got == pytest.approx(raw)
+    assert [a.graph.step for a in steady(analyses)] == [2]
+    answer = run_answer(analyses)
+    assert answer.steady == 1 and answer.step_time.median_us == pytest.approx(analyses[1].step_time)
+    assert any("step 1 left out of the run's figures" in n for n in answer.notes)

@@ -248,6 +248,7 @@ class StepFigures:
     input_us: float = 0.0  # the critical path's time inside the DataLoader's __next__ (µs)
     queue_wait_us: float = 0.0  # the most any rank's host waited for room in its device's launch queue (µs)
     queue_span_us: float = 0.0  # that rank's ProfilerStep span (µs)
+    setup: bool = False  # the step holds one-time work (StepAnalysis.holds_setup): warm-up, wherever it is
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -265,6 +266,7 @@ class StepFigures:
             a.input_pipeline_us(),
             waited[paced] if paced is not None else 0.0,
             float(a.graph.measured.get(paced, 0.0)) if paced is not None else 0.0,
+            a.holds_setup(),
         )
 
 
@@ -312,6 +314,7 @@ def answer_from(
     rank whose late end held the others' next start)."""
     keep = set(steady([f.step for f in figures]))
     st = [f for f in figures if f.step in keep] if len(keep) < len(figures) else figures
+    st = [f for f in st if not f.setup] or st  # (as runs.steady: a step of one-time work is warm-up, unless all are)
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
@@ -347,11 +350,19 @@ def answer_from(
         missing.update(a.graph.info.unprofiled)
         serial.update(a.graph.info.synchronous)
         setup.update(a.graph.info.setup)
+    left = [f.step for f in figures if f.setup and f not in st and f.step is not None]
     if setup:
         answer.notes.append(
             f"Setup: {max(setup.values()) * 100:.0f}% of the window (rank {', '.join(str(r) for r in sorted(setup))}) is one-time "
             "work (torch.compile compiling or recording CUDA graphs, the runtime creating its context, kernels loaded at their first launch, first "
             "allocations): the process's start, not its loop; profile steps after a warm-up"
+            + (f" (step{'s' if len(left) > 1 else ''} {', '.join(map(str, left[:8]))} left out of the run's figures)" if left else "")
+        )
+    elif left:
+        answer.notes.append(
+            f"Setup: step{'s' if len(left) > 1 else ''} {', '.join(map(str, left[:8]))} spent a fifth of {'their' if len(left) > 1 else 'its'} "
+            "time or more in one-time work (torch.compile compiling, the runtime setting itself up) and "
+            f"{'are' if len(left) > 1 else 'is'} left out of the run's figures"
         )
     if serial:
         answer.notes.append(

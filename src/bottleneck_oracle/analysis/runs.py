@@ -4,7 +4,9 @@ A run's step times are the steps' times as ``analyze`` gives them: each step's p
 end of the device work queued before it to the end of its own; the ProfilerStep span when nothing
 was queued ahead), so a device-bound run whose host runs ahead is judged by its device, not by host
 spans that swing around it. The span (``measured_us``) is kept beside it. With three or
-more steps the first one is warm-up and is left out of the statistics. A step is an outlier when
+more steps the first one is warm-up and is left out of the statistics; so is any step that spends
+a fifth of its time or more in one-time work (the runtime setting itself up, torch.compile
+compiling), whatever the number of steps, unless every step does. A step is an outlier when
 it is further from the run's median than max(3 robust sigmas (1.4826 x MAD), 5% of the median);
 its cause is the top culprit of ``analysis.blame`` against the run's typical steps, where it saves
 at least blame's noise floor (1% of the step): otherwise no single op is its cause.
@@ -25,8 +27,12 @@ ROBUST = 1.4826  # MAD -> sigma of a normal distribution
 
 
 def steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
-    """The steps the statistics use: all but the first (warm-up) when there are three or more."""
-    return analyses[1:] if len(analyses) >= 3 and analyses[0].graph.step is not None else analyses
+    """The steps the statistics use: all but the first (warm-up) when there are three or more; and
+    of those, not a step that holds one-time work (``StepAnalysis.holds_setup``), unless every
+    step does."""
+    kept = analyses[1:] if len(analyses) >= 3 and analyses[0].graph.step is not None else analyses
+    clean = [a for a in kept if not a.holds_setup()]
+    return clean if clean else kept
 
 
 @dataclass(slots=True)

@@ -36,6 +36,9 @@ from bottleneck_oracle.graph_pipeline.graph import Bystander, ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 from bottleneck_oracle.serial import JSONObject, to_json_object
 
+SETUP_STEP_SHARE = 0.2
+"""A step whose one-time work (facts ``setup_us``) is this share of its time or more is warm-up."""
+
 __all__ = ["BREAKDOWN_KEYS", "StepAnalysis"]
 
 
@@ -114,6 +117,15 @@ class StepAnalysis:
         last = np.full(len(ranks), -np.inf)
         np.maximum.at(last, pos[on], r.eft[on])
         return {rk: float(last[i] - g.rank_start(rk)) if np.isfinite(last[i]) else 0.0 for i, rk in enumerate(g.ranks)}
+
+    def holds_setup(self) -> bool:
+        """Does the step spend SETUP_STEP_SHARE of its time or more in one-time work (the runtime
+        setting itself up, torch.compile compiling: ``facts.setup_calls``' rules, per step and
+        rank)? Such a step is warm-up, whatever its place in the run."""
+        facts = self.graph.info.facts
+        if facts is None or self.graph.step is None:
+            return False
+        return max((f.setup_us for f in facts.ranks), default=0.0) >= SETUP_STEP_SHARE * max(self.step_time, 1e-9)
 
     @property
     def step_time(self) -> float:

@@ -226,6 +226,9 @@ class EventTable:
             self.streams = _renumbered(arena, self.streams, perm, new)
             self.queued = _renumbered(arena, self.queued, perm, new)
             self.facts_cache["long_host"] = {r: (new[rows], d) for r, (rows, d) in self.facts_cache["long_host"].items()}
+            self.facts_cache["launch"] = tuple(
+                np.sort(new[rows]) for rows in self.facts_cache["launch"]
+            )  # (sorted: isin_sorted reads them)
             self.data_deps = new[self.data_deps]
             del new
             self.layout = arena.move(perm)

@@ -64,6 +64,7 @@ class RankFacts:
     early_launches: int = 0  # of those, the ones starting more than LAUNCH_TOLERANCE_US before their call began
     runtime_calls: int = 0  # runtime calls (launches, copies, syncs) of the rank's host in the step
     host_blocked_us: float = 0.0  # time of the step's own thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
+    setup_us: float = 0.0  # one-time work in the step: runtime setup calls with the device idle, torch.compile compiling (setup_calls)
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (LAUNCH_NAME), on a rank with device events
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
 
@@ -186,6 +187,7 @@ def index_facts(table: EventTable) -> None:
     _device_index(table)
     _long_host_ops(table)
     _launch_rows(table)
+    _compile_codes(table)
 
 
 def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
@@ -241,6 +243,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         runtime_calls=int(runtime.sum()),
         early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
         host_blocked_us=_host_blocked(table, rows, step),
+        setup_us=_step_setup(table, rank, rows, cpu_start, step_end),
         launch_calls=int(isin_sorted(rows, _launch_rows(table)[0]).sum()),
         lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
     )
@@ -500,6 +503,41 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
             }
     table.lookups["setup"] = out
     return dict(out)
+
+
+def _step_setup(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: float) -> float:
+    """One-time work in one step of one rank (``rows``, between ``lo`` and ``hi``), by
+    ``setup_calls``'s rules: CUDA/HIP runtime calls of SETUP_CALL_US or more, neither waits nor
+    copies, made while the device was idle; and the union of torch.compile's timed ranges."""
+    c = table.cols
+    long = rows[(c["dur"][rows] >= SETUP_CALL_US) & (c["cls"][rows] == EvClass.RUNTIME)]
+    runtime = 0.0
+    if len(long):
+        ok = np.array(
+            [bool(_SETUP_RUNTIME.match(n)) and not _WAIT_CALL.search(n) for n in (table.names[k] for k in c["name"][long].tolist())]
+        )
+        long = long[ok] if len(ok) else long[:0]
+    if len(long):
+        none = np.zeros(0)
+        _, _, dev_start, dev_end, _ = _device_index(table).get(rank, (none, none, none, none, 0.0))
+        a, b = c["ts"][long], c["ts"][long] + c["dur"][long]
+        runtime = float(c["dur"][long][_busy_between(dev_start, dev_end, a, b) < SETUP_IDLE_SHARE * c["dur"][long]].sum())
+    codes = _compile_codes(table)
+    compiled = 0.0
+    if len(codes):
+        comp = rows[(c["cls"][rows] == EvClass.CPU) & isin_sorted(c["name"][rows], codes)]
+        if len(comp):
+            compiled = _union(c["ts"][comp], c["ts"][comp] + c["dur"][comp], lo, hi)
+    return runtime + compiled
+
+
+def _compile_codes(table: EventTable) -> np.ndarray:
+    """The name codes of torch.compile's timed ranges (COMPILE_SUFFIX), sorted; once per table."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if "compile" not in cache:
+        cache["compile"] = np.array([i for i, n in enumerate(table.names) if n.endswith(COMPILE_SUFFIX)], dtype=np.int64)
+    out: np.ndarray = cache["compile"]
+    return out
 
 
 def _busy_between(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:

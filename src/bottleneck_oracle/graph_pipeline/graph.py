@@ -71,6 +71,7 @@ class RankFactsRecord:
     early_launches: int = 0  # of those, the ones that start before their call began (beyond the clock tolerance)
     runtime_calls: int = 0  # runtime calls of the rank's host in the step
     host_blocked_us: float = 0.0  # time of the step's thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
+    setup_us: float = 0.0  # one-time work in the step: runtime setup with the device idle, torch.compile compiling
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (on a rank with device events)
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
 
@@ -173,6 +174,7 @@ class GraphInfo:
                 early_launches=int(f.get("early_launches", 0)),
                 runtime_calls=int(f.get("runtime_calls", 0)),
                 host_blocked_us=float(f.get("host_blocked_us", 0.0)),
+                setup_us=float(f.get("setup_us", 0.0)),
                 launch_calls=int(f.get("launch_calls", 0)),
                 lost_launches=int(f.get("lost_launches", 0)),
             )
