@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline.arrays import groups
+from bottleneck_oracle.graph_pipeline.arrays import groups, isin_small
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
 from bottleneck_oracle.graph_pipeline.events import GPU_SIDE, EventTable, Step
 from bottleneck_oracle.graph_pipeline.facts import step_offsets
@@ -265,18 +265,17 @@ def overflowing_device_ops(table: EventTable) -> list[str]:
     recorded as lasting a second), and it would count the whole overrun as device work. Perfetto
     draws such a slice cut at its next sibling's start; so does this."""
     c = table.cols
-    gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+    gpu = np.flatnonzero(isin_small(c["cls"], GPU_SIDE[:3]))
     if len(gpu) < 2:
         return []
     prev = table.stream_predecessors(gpu)
     has = prev >= 0
     op, before = gpu[has], prev[has]
-    end = c["ts"] + c["dur"]
-    over = end[before] > end[op] + 1e-3
+    over = c["ts"][before] + c["dur"][before] > c["ts"][op] + c["dur"][op] + 1e-3  # (device-sized arrays only)
     if not over.any():
         return []
     cut, at = before[over], op[over]
-    excess = end[cut] - c["ts"][at]
+    excess = c["ts"][cut] + c["dur"][cut] - c["ts"][at]
     c["dur"][cut] = np.maximum(c["ts"][at] - c["ts"][cut], 0.0)
     table.drop_caches()  # (look-ups that read durations)
     said = []
