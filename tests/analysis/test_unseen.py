@@ -1429,36 +1429,73 @@ def test_torch_compile_recording_cuda_graphs_is_said_as_such(recwarn):
     assert len(said) == 1 and "torch.compile compiling and recording CUDA graphs for 243.3 ms" in said[0]
 
 
-def test_a_step_that_sets_the_runtime_up_is_warm_up_wherever_it_is(capsys):
-    """amd_mi250_minitoy has two steps; the first holds a 6.5 ms hipLaunchKernel made while the
-    device ran nothing (read here from the raw JSON): the runtime loading its kernel. That step is
-    left out of the run's figures even with fewer than three steps, and the answer says so."""
+def test_an_empty_last_step_is_the_profiler_s_stop_and_a_setup_step_is_warm_up(capsys):
+    """amd_mi250_minitoy has two ProfilerStep spans: the second holds no event (49 µs up to the
+    profiler's stop: read here from the raw JSON); the first holds a 6.5 ms hipLaunchKernel made
+    while the device ran nothing (the runtime loading its kernel). The empty span is left out of
+    the run's figures and said; the first step, the only one with work, is the run's step (its
+    one-time work said), not 0.05 ms."""
     from bottleneck_oracle.analysis.answer import run_answer
     from bottleneck_oracle.analysis.runs import steady
 
     path = PUBLIC / "amd_mi250_minitoy.json.gz"
     ev = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("ph") == "X"]
-    steps = {
+    spans = {
         int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
         for e in ev
         if e["name"].startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"
     }
+    inside = {n: [e for e in ev if lo <= e["ts"] < hi and not e["name"].startswith("ProfilerStep#")] for n, (lo, hi) in spans.items()}
+    assert not inside[2] and inside[1]
     device = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in DEVICE_CATS]
-    raw = {}
-    for n, (lo, hi) in steps.items():
-        raw[n] = sum(
-            e["dur"]
-            for e in ev
-            if e.get("cat") in RUNTIME_CATS
-            and lo <= e["ts"] < hi
-            and e["dur"] >= 1000
-            and not any(a < e["ts"] + e["dur"] and e["ts"] < b for a, b in device)
-        )
-    assert raw[1] > 6000 and raw[2] == 0
+    raw = sum(
+        e["dur"]
+        for e in inside[1]
+        if e.get("cat") in RUNTIME_CATS and e["dur"] >= 1000 and not any(a < e["ts"] + e["dur"] and e["ts"] < b for a, b in device)
+    )
+    assert raw > 6000
     analyses = cached_analyses(path)
-    got = {a.graph.step: max(f.setup_us for f in a.graph.info.facts.ranks) for a in analyses}
-    assert got == pytest.approx(raw)
-    assert [a.graph.step for a in steady(analyses)] == [2]
+    assert max(f.setup_us for f in analyses[0].graph.info.facts.ranks) == pytest.approx(raw)
+    assert [a.graph.step for a in steady(analyses)] == [1]
     answer = run_answer(analyses)
-    assert answer.steady == 1 and answer.step_time.median_us == pytest.approx(analyses[1].step_time)
-    assert any("step 1 left out of the run's figures" in n for n in answer.notes)
+    assert answer.steady == 1 and answer.step_time.median_us == pytest.approx(analyses[0].step_time)
+    assert any(n.startswith("Step 2 holds no op") for n in answer.notes) and any(n.startswith("Setup:") for n in answer.notes)
+
+
+def test_a_step_that_compiles_is_warm_up_wherever_it_is(tmp_path):
+    """gloo_ddp_8steps_clean with a torch.compile range (``compile_file (dynamo_timed)``, on a
+    thread of its own, as a recompile in the middle of a run has) over 40% of step 5 of rank 0:
+    step 5 is left out of the run's figures and of the run summary, and the answer says which."""
+    from bottleneck_oracle.analysis.answer import run_answer
+    from bottleneck_oracle.analysis.runs import steady, summarize
+    from bottleneck_oracle.api import analyze
+
+    src = DATA / "gloo_ddp_8steps_clean"
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in sorted(src.glob("rank-*.json.gz")):
+        doc = json.loads(gzip.open(f).read())
+        if f.name == "rank-0.json.gz":
+            ev = doc["traceEvents"]
+            (s,) = [e for e in ev if e.get("name") == "ProfilerStep#5" and e.get("ph") == "X"]
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "compile_file (dynamo_timed)",
+                    "pid": s["pid"],
+                    "tid": 424242,
+                    "ts": s["ts"] + 0.1 * s["dur"],
+                    "dur": 0.4 * s["dur"],
+                    "args": {},
+                }
+            )
+        (out / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+    _, analyses = analyze(out)
+    assert 5 in [a.graph.step for a in analyses]
+    kept = [a.graph.step for a in steady(analyses)]
+    assert 5 not in kept and len(kept) == len(analyses) - 2  # warm-up and the compiling step
+    summary = summarize(analyses)
+    assert [r.step for r in summary.steps if r.warmup] == [analyses[0].graph.step, 5]
+    answer = run_answer(analyses)
+    assert answer.steady == len(kept) and any("step 5 left out" in n or "Setup: step 5 " in n for n in answer.notes)

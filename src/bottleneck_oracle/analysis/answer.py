@@ -249,6 +249,7 @@ class StepFigures:
     queue_wait_us: float = 0.0  # the most any rank's host waited for room in its device's launch queue (µs)
     queue_span_us: float = 0.0  # that rank's ProfilerStep span (µs)
     setup: bool = False  # the step holds one-time work (StepAnalysis.holds_setup): warm-up, wherever it is
+    empty: bool = False  # the step holds no op (StepAnalysis.is_empty): the profiler's stop, not a step
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -267,6 +268,7 @@ class StepFigures:
             waited[paced] if paced is not None else 0.0,
             float(a.graph.measured.get(paced, 0.0)) if paced is not None else 0.0,
             a.holds_setup(),
+            a.is_empty(),
         )
 
 
@@ -312,9 +314,10 @@ def answer_from(
     fixing the region is replayed in steady state: over two consecutive steps, the second step's
     saving, so that a step ending earlier starts the next one earlier (a pipeline's stages, a
     rank whose late end held the others' next start)."""
-    keep = set(steady([f.step for f in figures]))
-    st = [f for f in figures if f.step in keep] if len(keep) < len(figures) else figures
-    st = [f for f in st if not f.setup] or st  # (as runs.steady: a step of one-time work is warm-up, unless all are)
+    held = [f for f in figures if not f.empty] or figures  # (as runs.steady: an empty step is the profiler's stop)
+    keep = set(steady([f.step for f in held]))
+    st = [f for f in held if f.step in keep] if len(keep) < len(held) else held
+    st = [f for f in st if not f.setup] or st  # (a step of one-time work is warm-up, unless all are)
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
@@ -350,6 +353,12 @@ def answer_from(
         missing.update(a.graph.info.unprofiled)
         serial.update(a.graph.info.synchronous)
         setup.update(a.graph.info.setup)
+    empty = [f.step for f in figures if f.empty and f not in st and f.step is not None]
+    if empty:
+        answer.notes.append(
+            f"Step{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty[:8]))} hold{'' if len(empty) > 1 else 's'} no op: the "
+            "profiler's stop after the last prof.step(), not a step of the loop; left out of the run's figures"
+        )
     left = [f.step for f in figures if f.setup and f not in st and f.step is not None]
     if setup:
         answer.notes.append(

@@ -6,7 +6,8 @@ was queued ahead), so a device-bound run whose host runs ahead is judged by its 
 spans that swing around it. The span (``measured_us``) is kept beside it. With three or
 more steps the first one is warm-up and is left out of the statistics; so is any step that spends
 a fifth of its time or more in one-time work (the runtime setting itself up, torch.compile
-compiling), whatever the number of steps, unless every step does. A step is an outlier when
+compiling), whatever the number of steps, unless every step does; and a ProfilerStep span that
+holds no op (the profiler's stop after the last ``prof.step()``) is no step at all. A step is an outlier when
 it is further from the run's median than max(3 robust sigmas (1.4826 x MAD), 5% of the median);
 its cause is the top culprit of ``analysis.blame`` against the run's typical steps, where it saves
 at least blame's noise floor (1% of the step): otherwise no single op is its cause.
@@ -27,9 +28,12 @@ ROBUST = 1.4826  # MAD -> sigma of a normal distribution
 
 
 def steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
-    """The steps the statistics use: all but the first (warm-up) when there are three or more; and
+    """The steps the statistics use: of the steps that hold an op (``StepAnalysis.is_empty``: a
+    span after the last ``prof.step()`` holds none), all but the first (warm-up) when there are
+    three or more; and
     of those, not a step that holds one-time work (``StepAnalysis.holds_setup``), unless every
     step does."""
+    analyses = [a for a in analyses if not a.is_empty()] or analyses
     kept = analyses[1:] if len(analyses) >= 3 and analyses[0].graph.step is not None else analyses
     clean = [a for a in kept if not a.holds_setup()]
     return clean if clean else kept

@@ -118,6 +118,12 @@ class StepAnalysis:
         np.maximum.at(last, pos[on], r.eft[on])
         return {rk: float(last[i] - g.rank_start(rk)) if np.isfinite(last[i]) else 0.0 for i, rk in enumerate(g.ranks)}
 
+    def is_empty(self) -> bool:
+        """Does the step hold no op at all (its graph only its step-end markers)? Such a step is
+        the time between the last ``prof.step()`` and the profiler's stop (older PyTorch writes a
+        ProfilerStep span there), not a step of the loop."""
+        return self.graph.step is not None and not bool((self.graph.nodes["event"] >= 0).any())
+
     def holds_setup(self) -> bool:
         """Does the step spend SETUP_STEP_SHARE of its time or more in one-time work (the runtime
         setting itself up, torch.compile compiling: ``facts.setup_calls``' rules, per step and
