@@ -1411,7 +1411,11 @@ def summary(
     out.print(
         Text(
             f"{path}: steady-state step time {_ms(s.median_us)} ms (median of {len(steady)} steps, spread ±{_ms(s.spread_us)} ms)"
-            + ("; the first step is warm-up and left out" if len(steady) < len(s.steps) else "")
+            + (
+                "; left out: " + ", ".join(f"step {x.step} ({x.left_out})" for x in s.steps if x.warmup)
+                if len(steady) < len(s.steps)
+                else ""
+            )
         )
     )
     t = TableModel(
@@ -1427,7 +1431,7 @@ def summary(
         ],
     )
     for x in s.steps:
-        flag = "warm-up" if x.warmup else ("OUTLIER" if x.outlier else "")
+        flag = x.left_out if x.warmup else ("OUTLIER" if x.outlier else "")
         t.rows.append([x.step if x.step is not None else "-", x.cpm_us, x.vs_median, flag, x.measured_us, x.untraced_us, x.top])
     print_table(out, t)
     for x in s.steps:

@@ -1436,7 +1436,7 @@ def test_an_empty_last_step_is_the_profiler_s_stop_and_a_setup_step_is_warm_up(c
     the run's figures and said; the first step, the only one with work, is the run's step (its
     one-time work said), not 0.05 ms."""
     from bottleneck_oracle.analysis.answer import run_answer
-    from bottleneck_oracle.analysis.runs import steady
+    from bottleneck_oracle.analysis.runs import steady, summarize
 
     path = PUBLIC / "amd_mi250_minitoy.json.gz"
     ev = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("ph") == "X"]
@@ -1457,6 +1457,7 @@ def test_an_empty_last_step_is_the_profiler_s_stop_and_a_setup_step_is_warm_up(c
     analyses = cached_analyses(path)
     assert max(f.setup_us for f in analyses[0].graph.info.facts.ranks) == pytest.approx(raw)
     assert [a.graph.step for a in steady(analyses)] == [1]
+    assert [(r.step, r.left_out) for r in summarize(analyses).steps] == [(1, ""), (2, "no op")]
     answer = run_answer(analyses)
     assert answer.steady == 1 and answer.step_time.median_us == pytest.approx(analyses[0].step_time)
     assert any(n.startswith("Step 2 holds no op") for n in answer.notes) and any(n.startswith("Setup:") for n in answer.notes)
@@ -1496,6 +1497,6 @@ def test_a_step_that_compiles_is_warm_up_wherever_it_is(tmp_path):
     kept = [a.graph.step for a in steady(analyses)]
     assert 5 not in kept and len(kept) == len(analyses) - 2  # warm-up and the compiling step
     summary = summarize(analyses)
-    assert [r.step for r in summary.steps if r.warmup] == [analyses[0].graph.step, 5]
+    assert [(r.step, r.left_out) for r in summary.steps if r.warmup] == [(analyses[0].graph.step, "warm-up"), (5, "one-time work")]
     answer = run_answer(analyses)
     assert answer.steady == len(kept) and any("step 5 left out" in n or "Setup: step 5 " in n for n in answer.notes)

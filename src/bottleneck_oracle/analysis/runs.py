@@ -56,10 +56,11 @@ class StepRow:
     cpm_us: float  # the step's time: its period, as the graph replays it
     vs_median: float  # step time / run median - 1
     outlier: bool
-    warmup: bool
+    warmup: bool  # left out of the run's statistics (why: ``left_out``)
     untraced_us: float
     top: str  # what the critical path spent most time on (segments.label)
     cause: Cause | None = None  # outliers only
+    left_out: str = ""  # why a step is left out: "warm-up", "one-time work", "no op" (the profiler's stop); "" if kept
 
 
 @dataclass(slots=True)
@@ -91,6 +92,7 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
             vs_median=a.step_time / med - 1 if med else 0.0,
             outlier=not warm and len(kept) >= 3 and abs(a.step_time - med) > fence,
             warmup=warm,
+            left_out=("no op" if a.is_empty() else "one-time work" if a.holds_setup() else "warm-up") if warm else "",
             untraced_us=a.untraced_us,
             top=top[0].name if top else "",
         )
