@@ -1500,3 +1500,33 @@ def test_a_step_that_compiles_is_warm_up_wherever_it_is(tmp_path):
     assert [(r.step, r.left_out) for r in summary.steps if r.warmup] == [(analyses[0].graph.step, "warm-up"), (5, "one-time work")]
     answer = run_answer(analyses)
     assert answer.steady == len(kept) and any("step 5 left out" in n or "Setup: step 5 " in n for n in answer.notes)
+
+
+def test_a_thread_waiting_in_run_backward_waits_for_the_autograd_thread(tmp_path):
+    """As a GPU job's trace with the Python tracer has it: the step's thread calls
+    ``loss.backward()`` and waits in ``run_backward`` (a leaf: it runs none of the backward) while
+    the autograd engine's thread does the backward's work, ending 0.1 ms before the wait does.
+    The critical path runs through the engine thread's ops, and the waiting thread's call is
+    waiting, not 6 ms of its own work."""
+    from bottleneck_oracle.api import analyze
+
+    def x(name, cat, tid, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    events = [
+        x("ProfilerStep#1", "user_annotation", 10, 0.0, 10000.0),
+        x("aten::mm", "cpu_op", 10, 100.0, 2000.0),
+        x("<built-in method run_backward of torch._C._EngineBase object at 0x7f0012345678>", "python_function", 10, 2200.0, 6000.0),
+        x("aten::add_", "cpu_op", 10, 8300.0, 1500.0),
+        x("aten::mm", "cpu_op", 20, 2300.0, 2700.0),
+        x("aten::mm", "cpu_op", 20, 5050.0, 3050.0),
+    ]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    _, (a,) = analyze(tmp_path / "t.json")
+    segs = a.segments()
+    assert a.step_time == pytest.approx(10000.0)
+    on_engine = sum(s.dur for s in segs if s.tid == 20 and s.kind == "op")
+    assert on_engine == pytest.approx(2700.0 + 3050.0)
+    as_work = sum(s.dur for s in segs if s.kind == "op" and "run_backward" in s.name)
+    assert as_work == 0.0
+    assert sum(s.dur for s in segs if s.kind == "wait") <= 400.0  # the wake-ups and the call's return

@@ -252,13 +252,23 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
 def _host_blocked(table: EventTable, rows: np.ndarray, step: Step | None) -> float:
     """Time of the step's own thread (every host thread without a step marker) in Python calls
     that block it without computing (``fields.HOST_BLOCKED_PATTERN``), each ``BLOCKING_FACT_US``
-    or longer, their union."""
+    or longer and with no event of its thread starting inside it, their union."""
     c = table.cols
-    long = rows[(c["cls"][rows] == EvClass.CPU) & (c["dur"][rows] >= BLOCKING_FACT_US)]
+    host = rows[isin_small(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
     if step is not None:
-        tid = c["tid"][long].astype(np.int64) & 0xFFFFFFFF
-        long = long[(c["pid"][long] == step.pid) & (tid == (int(step.tid) & 0xFFFFFFFF))]
+        tid = c["tid"][host].astype(np.int64) & 0xFFFFFFFF
+        host = host[(c["pid"][host] == step.pid) & (tid == (int(step.tid) & 0xFFFFFFFF))]
+    long = host[c["dur"][host] >= BLOCKING_FACT_US]
     hit = [i for i in long.tolist() if HOST_BLOCKED_NAME.search(table.names[c["name"][i]])]
+    if hit:  # a call inside which its thread starts other events ran them (run_backward on a CPU job runs the backward)
+        key = (c["pid"][host].astype(np.int64) << 32) + (c["tid"][host].astype(np.int64) & 0xFFFFFFFF)
+        kept = []
+        for i in hit:  # (few: with_stack traces' blocked calls of 1 ms or more)
+            k = (int(c["pid"][i]) << 32) + (int(c["tid"][i]) & 0xFFFFFFFF)
+            starts = c["ts"][host[key == k]]
+            if not ((starts > c["ts"][i]) & (starts < c["ts"][i] + c["dur"][i])).any():
+                kept.append(i)
+        hit = kept
     if not hit:
         return 0.0
     lo = c["ts"][hit].astype(np.float64)

@@ -71,20 +71,24 @@ HOST_WAIT_PATTERN = r"^(ur|pi|ze)(QueueFinish|EventWait|EventsWait)$|^cl(Finish|
 waits of Intel's unified runtime (and its older plugin interface) and of OpenCL; not
 ``urEnqueueEventsWait``, which orders device work without blocking."""
 HOST_BLOCKED_PATTERN = (
-    r"^<built-in (function|method) (sleep|acquire|wait|select|poll|epoll_wait|recv|recv_into|recvfrom|accept|waitpid)\b"
+    r"^<built-in (function|method) (sleep|acquire|wait|select|poll|epoll_wait|recv|recv_into|recvfrom|accept|waitpid|run_backward)\b"
     r"|^<built-in function read>"
 )
 """Python calls (as the profiler's Python tracer names them, ``with_stack=True``) that block their
 thread without computing: ``time.sleep``, a lock's ``acquire`` (``queue.get``, ``Thread.join``,
 ``Event.wait``), ``Future.wait``, ``select``/``poll``, a socket's ``recv``, ``os.read`` of a pipe (a
-DataLoader worker's batch). Their time is the thread waiting (for another thread, a process, the
+DataLoader worker's batch), ``loss.backward()``'s ``run_backward`` where the thread runs none of
+the backward itself. Their time is the thread waiting (for another thread, a process, the
 network, a timer), not the work of an op."""
 HOST_BLOCKED_MIN_US = 50.0
 """µs: such a call this long or longer blocked; a shorter one (an uncontended lock's acquire, a
 poll that found data ready) is the call's own work."""
-LOCK_WAIT_PATTERN = r"^<built-in method (acquire|wait)\b"
+LOCK_WAIT_PATTERN = r"^<built-in method (acquire|wait|run_backward)\b"
 """Of those, the waits another thread of the process ends: a lock's acquire (``queue.get``,
-``Event.wait``, ``Thread.join``), a future's wait."""
+``Event.wait``, ``Thread.join``), a future's wait, and ``loss.backward()``'s call into the
+autograd engine where it runs nothing itself (a leaf: the engine's device threads run a GPU
+backward while the calling thread waits for them; on a CPU job it runs the backward itself, and
+its ops are its children)."""
 # categories that are understood and carry no work of their own: the profiler's span, its own
 # overhead, device-side copies of CPU ranges, instant events and flows, and the device-side marks
 # of recorded CUDA events (``cuda_event``, one of Kineto's default activities since CUDA 12.8: a
