@@ -1346,6 +1346,30 @@ def test_a_step_that_waits_for_a_helper_thread_runs_through_the_helper():
         assert helper not in asleep and monitor in asleep  # the helper worked in the step; tqdm's monitor slept through it
 
 
+def test_the_blocked_call_names_are_calls_that_block():
+    import re
+
+    from bottleneck_oracle.graph_pipeline import fields as F
+
+    blocked = re.compile(F.HOST_BLOCKED_PATTERN)
+    for name in (
+        "<built-in function sleep>",
+        "<built-in method acquire of _thread.lock object at 0x7f9f7dc27e00>",
+        "<built-in method poll of select.epoll object at 0x7f00>",
+        "<built-in function read>",
+        "<built-in method run_backward of torch._C._EngineBase object at 0x7f00>",
+    ):
+        assert blocked.search(name), name
+    for name in (
+        "<built-in method select of Tensor object at 0x7f00>",  # indexing
+        "<built-in function readlink>",
+        "<built-in method release of _thread.lock object at 0x7f00>",
+        "threading.py(331): wait",  # a Python frame: the built-in inside it is the call that blocks
+        "aten::select",
+    ):
+        assert not blocked.search(name), name
+
+
 def test_python_built_in_names_are_shortened_as_names_not_as_templates():
     from bottleneck_oracle.report.tables import shorten
 

@@ -72,6 +72,7 @@ waits of Intel's unified runtime (and its older plugin interface) and of OpenCL;
 ``urEnqueueEventsWait``, which orders device work without blocking."""
 HOST_BLOCKED_PATTERN = (
     r"^<built-in (function|method) (sleep|acquire|wait|select|poll|epoll_wait|recv|recv_into|recvfrom|accept|waitpid|run_backward)\b"
+    r"(?!.* of Tensor object)"  # (Tensor.select is indexing)
     r"|^<built-in function read>"
 )
 """Python calls (as the profiler's Python tracer names them, ``with_stack=True``) that block their
