@@ -1315,7 +1315,7 @@ def test_the_self_check_says_when_a_blocked_thread_is_read_as_work(monkeypatch):
     from bottleneck_oracle.analysis import segments
     from bottleneck_oracle.api import analyze
 
-    monkeypatch.setattr(segments, "host_blocked_names", lambda g: np.zeros(len(g.names), dtype=bool))
+    monkeypatch.setattr(segments, "host_blocked_names", lambda g, codes: np.zeros(len(codes), dtype=bool))
     _, steps = analyze(HOST_WAITS)
     failed = {a.graph.step for a in steps for c in a.checks() if c.name == "host_blocked" and not c.ok}
     assert failed == {2, 4}

@@ -95,10 +95,14 @@ def _builtin(name: str) -> str:
     return m.group(1) if m else name
 
 
-def host_blocked_names(g: ExecutionGraph) -> np.ndarray:
-    """Per name of the graph: is it a Python call that blocks its thread without computing
-    (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read)?"""
-    return np.array([bool(_HOST_BLOCKED.search(s)) for s in g.names], dtype=bool)
+def host_blocked_names(g: ExecutionGraph, codes: np.ndarray) -> np.ndarray:
+    """Per name code in ``codes``: is it a Python call that blocks its thread without computing
+    (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read)? (Read
+    for the codes asked for only: with the Python tracer a trace has a name per object address.)"""
+    used, at = np.unique(codes, return_inverse=True)
+    hit = np.array([g.names[k].startswith("<built-in") and bool(_HOST_BLOCKED.search(g.names[k])) for k in used.tolist()], dtype=bool)
+    out: np.ndarray = hit[at.reshape(-1)] if len(used) else np.zeros(len(codes), dtype=bool)
+    return out
 
 
 class _Pieces:
@@ -195,7 +199,9 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     is_barrier, klass_of = of(barrier), of(node_class(g))
     names, code_of = g.names, of(n["name"])
     blocking = of(n["category"] == Category.BLOCKING)
-    host_blocked = of(host_blocked_names(g)[n["name"]] & ~n["on_gpu"] & (n["dur"] >= F.HOST_BLOCKED_MIN_US))
+    blocked = np.zeros(g.n_nodes, dtype=bool)
+    blocked[on] = host_blocked_names(g, n["name"][on]) & ~n["on_gpu"][on] & (n["dur"][on] >= F.HOST_BLOCKED_MIN_US)
+    host_blocked = of(blocked)
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
     # when each device op's launch call ended (-inf: not launched in the window)
     is_launch = e["kind"] == EdgeKind.LAUNCH

@@ -5,12 +5,10 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
@@ -19,8 +17,6 @@ from bottleneck_oracle.graph_pipeline.window import Window
 CONTEXT_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT_EVENT = range(len(SYNC_KINDS))
 
 
-_HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
-_LOCK_WAIT = re.compile(F.LOCK_WAIT_PATTERN)
 _NONE = np.zeros(0, np.int64)  # an emptied list entry (EdgeSet.arrays with release)
 
 
@@ -648,14 +644,8 @@ def _blocked_leaves(w: Window, idle_us: float) -> tuple[np.ndarray, np.ndarray]:
     """Per leaf: a Python call that blocks its thread (``fields.HOST_BLOCKED_PATTERN``) for at
     least ``idle_us`` µs; of those, a lock's or a future's wait (``fields.LOCK_WAIT_PATTERN``)."""
     codes = w.c["name"][w.leaf_rows]
-    used = np.unique(codes)
-    used_names = [w.names[k] for k in used.tolist()]
-    blocked_name = np.zeros(len(w.names), dtype=bool)
-    lock_name = np.zeros(len(w.names), dtype=bool)
-    blocked_name[used] = [s.startswith("<built-in") and bool(_HOST_BLOCKED.search(s)) for s in used_names]
-    lock_name[used] = [s.startswith("<built-in") and bool(_LOCK_WAIT.search(s)) for s in used_names]
     long = w.end[w.leaf_rows] - w.ts[w.leaf_rows] >= idle_us
-    return blocked_name[codes] & long, lock_name[codes] & long
+    return w.name_blocked[codes] & long, w.name_lock[codes] & long
 
 
 def blocked_handoffs(w: Window, E: EdgeSet, idle_us: float, resume_us: float, max_walk: int = 10000) -> None:

@@ -31,6 +31,8 @@ GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 SYNC_NAME = re.compile(r"synchroni[sz]e|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 COPY_NAME = re.compile(F.COPY_CALL_PATTERN, re.IGNORECASE)
 QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
+HOST_BLOCKED_NAME = re.compile(F.HOST_BLOCKED_PATTERN)
+LOCK_WAIT_NAME = re.compile(F.LOCK_WAIT_PATTERN)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
 P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
 _CLASS_CATEGORY = np.array([Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET], dtype=np.int8)
@@ -159,6 +161,8 @@ class Window:
     name_gloo: np.ndarray  # gloo backend op
     name_nccl: np.ndarray  # NCCL kernel
     name_c10d: np.ndarray  # c10d collective call (not a wait)
+    name_blocked: np.ndarray  # a Python call that blocks its thread (fields.HOST_BLOCKED_PATTERN)
+    name_lock: np.ndarray  # of those, a wait another thread of the process ends (fields.LOCK_WAIT_PATTERN)
     # CPU threads
     cpu_rows: np.ndarray
     cpu_sorted: np.ndarray  # the CPU rows sorted by (thread, ts, -dur): outermost op first
@@ -320,6 +324,9 @@ def _flags_of(names: list[str]) -> dict[str, np.ndarray]:
         "sync": np.array([bool(SYNC_NAME.search(n)) for n in names], dtype=bool),
         "copy": np.array([bool(COPY_NAME.search(n)) for n in names], dtype=bool),
         "query": np.array([bool(QUERY_NAME.search(n)) for n in names], dtype=bool),
+        # Python calls that block their thread, and of those the waits another thread ends (fields.py)
+        "blocked": np.array([n.startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(n)) for n in names], dtype=bool),
+        "lock": np.array([n.startswith("<built-in") and bool(LOCK_WAIT_NAME.search(n)) for n in names], dtype=bool),
     }
 
 
@@ -631,6 +638,8 @@ def make_window(
         name_gloo=name_gloo,
         name_nccl=name_nccl,
         name_c10d=name_c10d,
+        name_blocked=flags["blocked"],
+        name_lock=flags["lock"],
         cpu_rows=cpu_rows,
         cpu_sorted=srt,
         ev_thread=ev_thread,
