@@ -1554,3 +1554,35 @@ def test_a_thread_waiting_in_run_backward_waits_for_the_autograd_thread(tmp_path
     as_work = sum(s.dur for s in segs if s.kind == "op" and "run_backward" in s.name)
     assert as_work == 0.0
     assert sum(s.dur for s in segs if s.kind == "wait") <= 400.0  # the wake-ups and the call's return
+
+
+def test_the_releaser_of_a_wait_is_found_behind_many_busy_threads(tmp_path):
+    """The step's thread waits 10 ms in a lock's acquire; 40 other threads of its process keep
+    working through it (each op followed by the next: none went idle), and a helper thread's last
+    op ends 2 ms before the wait does, after which it is idle: the helper released it, found
+    behind the 40 busy threads' later ops (more than the first one-by-one look takes in)."""
+    from bottleneck_oracle.api import graphs, load
+    from bottleneck_oracle.graph_pipeline import edges
+
+    def x(name, cat, tid, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    ev = [
+        x("ProfilerStep#1", "user_annotation", 1, 0.0, 20000.0),
+        x("aten::mm", "cpu_op", 1, 100.0, 500.0),
+        x("<built-in method acquire of _thread.lock object at 0x7f01>", "python_function", 1, 1000.0, 10000.0),
+        x("aten::add_", "cpu_op", 1, 11100.0, 500.0),
+        x("aten::mm", "cpu_op", 2, 1200.0, 7800.0),  # the helper: its last op ends at 9 ms, then nothing
+    ]
+    for th in range(10, 50):  # busy threads: back-to-back ops through the whole step
+        t = float(th)
+        while t < 19000.0:
+            ev.append(x("aten::add", "cpu_op", th, t, 90.0))
+            t += 100.0
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": ev}))
+    assert edges.WALK_FIRST < 40
+    (g,) = graphs(load(tmp_path / "t.json"))
+    e = g.edges
+    thread = np.flatnonzero(e["kind"] == EdgeKind.THREAD)
+    pairs = {(int(g.nodes["tid"][e["src"][i]]), g.node_name(int(e["dst"][i]))[:30]) for i in thread}
+    assert (2, "<built-in method acquire of _t") in pairs

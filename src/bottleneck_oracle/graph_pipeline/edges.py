@@ -640,6 +640,10 @@ def thread_handoffs(w: Window, E: EdgeSet, pieces: dict[str, np.ndarray], idle_u
     E.add(src, dst, EdgeKind.THREAD)
 
 
+WALK_FIRST = 32
+"""``blocked_handoffs`` looks at this many of the latest-ending leaves one by one before the rest in one pass."""
+
+
 def _blocked_leaves(w: Window, idle_us: float) -> tuple[np.ndarray, np.ndarray]:
     """Per leaf: a Python call that blocks its thread (``fields.HOST_BLOCKED_PATTERN``) for at
     least ``idle_us`` µs; of those, a lock's or a future's wait (``fields.LOCK_WAIT_PATTERN``)."""
@@ -648,16 +652,17 @@ def _blocked_leaves(w: Window, idle_us: float) -> tuple[np.ndarray, np.ndarray]:
     return w.name_blocked[codes] & long, w.name_lock[codes] & long
 
 
-def blocked_handoffs(w: Window, E: EdgeSet, idle_us: float, resume_us: float, max_walk: int = 10000) -> None:
+def blocked_handoffs(w: Window, E: EdgeSet, idle_us: float, resume_us: float) -> None:
     """A thread blocked in a lock's acquire or a future's wait (``fields.LOCK_WAIT_PATTERN``, as the
     Python tracer names them: ``with_stack=True``) for at least ``idle_us`` µs waits for the thread
     of its process that released it: ``queue.get`` returns when another thread has put the item.
     ``thread_handoffs`` finds such hand-overs where the waiting thread has nothing open; here the
     wait is an op of its own. The releasing op is the latest-ending leaf of another thread of the
     same rank and process that ended inside the wait, is not itself a blocked call, and after which
-    its thread's next leaf is a blocked call or starts after the wait ended, if it has one in the
-    window (it handed over and blocked waiting for its next job, or went idle; a step's end marker
-    is no op that hands over), with the wait ending within ``resume_us`` µs
+    its thread's next leaf is a blocked call, or starts after the wait ended and ``idle_us`` or more
+    after it, if it has one in the window (it handed over and blocked waiting for its next job, or
+    went idle; a busy thread's next op may start just after any moment; a step's end marker is no
+    op that hands over), with the wait ending within ``resume_us`` µs
     of it (or a quarter of the wait, if longer) and more of the wait before the release than after.
     Edge: that op -> the blocked call, which waits on it (its modelled start is the release)."""
     if not w.n_leaf:
@@ -673,27 +678,57 @@ def blocked_handoffs(w: Window, E: EdgeSet, idle_us: float, resume_us: float, ma
     marker = w.rows[leaf_ev] < 0  # a step's end marker is no op
     proc = c["rank"][leaf_ev].astype(np.int64) * (1 << 32) + c["pid"][leaf_ev]
     by_end = np.lexsort((end, proc))  # each process's leaves by end
-    key_proc, key_end = proc[by_end], end[by_end]
+    key_end = end[by_end]
+    # one sorted key over (process, end), so that every wait's bounds are found in one pass
+    dense = np.unique(proc, return_inverse=True)[1].reshape(-1)
+    width = float(end.max() - min(float(end.min()), float(ts.min()))) + 1.0
+    base = min(float(end.min()), float(ts.min()))
+    key = dense[by_end] * width + (key_end - base)
+    lo_w, hi_w = ts[waits], end[waits]
+    floor_w = np.maximum(hi_w - np.maximum(resume_us, (hi_w - lo_w) / 4), lo_w)  # the releaser ends after this ...
+    at_w = dense[waits] * width
+    first_w = np.searchsorted(key, at_w, side="left")
+    top_w = np.searchsorted(key, at_w + (hi_w - base), side="right") - 1  # the latest-ending leaf of its process ending by the wait's end
+    floor_at = np.searchsorted(key, at_w + (floor_w - base), side="left")
     src, dst = [], []
-    for b in waits.tolist():
-        lo, hi, q = float(ts[b]), float(end[b]), int(proc[b])
-        first = int(np.searchsorted(key_proc, q, side="left"))
-        p = first + int(np.searchsorted(key_end[first : np.searchsorted(key_proc, q, side="right")], hi, side="right")) - 1
+
+    def releases(a: int, hi: float) -> bool:
+        """After ``a`` its thread blocks, or stays idle past the wait's end and for idle_us at least
+        (a busy thread whose next op merely starts just after the wake-up handed nothing over)."""
+        nxt = a + 1  # leaves are sorted by (thread, ts)
+        if nxt >= w.n_leaf or thread[nxt] != thread[a]:
+            return True
+        return bool(blocked[nxt] or (ts[nxt] >= hi and ts[nxt] - end[a] >= idle_us))
+
+    for k, b in enumerate(waits.tolist()):
+        lo, hi = float(lo_w[k]), float(hi_w[k])
+        first, floor, p = int(first_w[k]), float(floor_w[k]), int(top_w[k])
+        mid = (lo + hi) / 2  # ... and after the middle of the wait
         seen: set[int] = {int(thread[b])}
-        for _ in range(max_walk):
-            if p < first or key_end[p] < lo:
+        found = False
+        for _ in range(WALK_FIRST):  # the leaves ending latest, one at a time: the releaser is most often among them
+            if p < first or key_end[p] < floor or key_end[p] <= mid:
+                found = True  # (nothing left to look at)
                 break
             a = int(by_end[p])
             p -= 1
-            after = hi - float(end[a])
-            if after > max(resume_us, (hi - lo) / 4) or float(end[a]) - lo <= after:
-                break
             th = int(thread[a])
             if th in seen or blocked[a] or marker[a]:
                 continue
             seen.add(th)  # its earlier leaves are followed by this one: not where it went idle
-            nxt = a + 1  # leaves are sorted by (thread, ts)
-            if nxt >= w.n_leaf or thread[nxt] != th or ts[nxt] >= hi or blocked[nxt]:
+            if releases(a, hi):
+                src.append(a)
+                dst.append(b)
+                found = True
+                break
+        if found:
+            continue
+        # the rest in one numpy pass (a server's trace may hold thousands of waits and of other threads' ops)
+        cand = by_end[int(floor_at[k]) : p + 1][::-1]
+        cand = cand[(end[cand] > mid) & ~np.isin(thread[cand], list(seen)) & ~blocked[cand] & ~marker[cand]]
+        _, at = np.unique(thread[cand], return_index=True)  # each thread's latest-ending one
+        for a in cand[np.sort(at)].tolist():
+            if releases(a, hi):
                 src.append(a)
                 dst.append(b)
                 break
