@@ -25,8 +25,9 @@ fewer than 3 steps. Blame runs on at most ``MAX_BLAME_STEPS`` steps spread evenl
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,6 +37,8 @@ from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import NodeType
+
+T = TypeVar("T")
 
 MAX_BLAME_STEPS = 12  # steps blame replays for the region and the extra ops, spread over the steady steps
 BOOTSTRAP = 2000
@@ -272,9 +275,21 @@ class StepFigures:
         )
 
 
+def steady_of(items: Sequence[T], step: Callable[[T], int | None], empty: Callable[[T], bool], setup: Callable[[T], bool]) -> list[T]:
+    """The steady ones of a run's steps (in order; ``step``, ``empty``, ``setup`` read each): of
+    those that hold an op (an empty ProfilerStep span is the profiler's stop, not a step), all but
+    the first, warm-up, when there are three or more; and of those, not a step of one-time work
+    (StepAnalysis.holds_setup), unless every one is. The one rule of the run answer, the run
+    summary and compare (runs.steady)."""
+    held = [x for x in items if not empty(x)] or list(items)
+    kept = held[1:] if len(held) >= 3 and step(held[0]) is not None else held
+    return [x for x in kept if not setup(x)] or kept
+
+
 def steady(steps: list[int | None]) -> list[int | None]:
-    """The steady steps among ``steps`` (in order): all but the first, warm-up, when there are three or more."""
-    return steps[1:] if len(steps) >= 3 and steps[0] is not None else steps
+    """The steady steps among ``steps`` (in order) by their numbers alone: all but the first,
+    warm-up, when there are three or more."""
+    return steady_of(steps, lambda n: n, lambda _: False, lambda _: False)
 
 
 def blame_sample(steps: list[int | None], k: int = MAX_BLAME_STEPS) -> set[int | None]:
@@ -314,10 +329,7 @@ def answer_from(
     fixing the region is replayed in steady state: over two consecutive steps, the second step's
     saving, so that a step ending earlier starts the next one earlier (a pipeline's stages, a
     rank whose late end held the others' next start)."""
-    held = [f for f in figures if not f.empty] or figures  # (as runs.steady: an empty step is the profiler's stop)
-    keep = set(steady([f.step for f in held]))
-    st = [f for f in held if f.step in keep] if len(keep) < len(held) else held
-    st = [f for f in st if not f.setup] or st  # (a step of one-time work is warm-up, unless all are)
+    st = steady_of(figures, lambda f: f.step, lambda f: f.empty, lambda f: f.setup)
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)

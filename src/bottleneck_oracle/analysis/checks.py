@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Literal
 
 from bottleneck_oracle.analysis.segments import CPU, Segment
 from bottleneck_oracle.graph_pipeline import fields as F
-from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, RunFacts
+from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, HOST_BLOCKED_NAME, RunFacts
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 
 if TYPE_CHECKING:
@@ -65,7 +65,6 @@ LAUNCHES_KEPT = 0.99
 LINKED_SHARE = 0.5
 LOST_MIN_LAUNCHES = 20
 LOST_SHARE = 0.5
-_HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
 _CUDA_GRAPH = re.compile(r"cudagraph", re.IGNORECASE)  # torch.compile's CUDA-graph trees recording (``CUDAGraphNode.record``)
 _BLOCKING = re.compile(r"synchroni[sz]e|memcpy|memset|eventquery|streamquery|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 
@@ -138,7 +137,7 @@ def step_checks(a: StepAnalysis) -> list[Check]:
         as_work = sum(
             s.dur
             for s in segs
-            if s.kind == "op" and not s.on_gpu and _HOST_BLOCKED.search(s.name) and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
+            if s.kind == "op" and not s.on_gpu and HOST_BLOCKED_NAME.search(s.name) and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
         )  # the calls the facts count, read as an op's work
         out.append(
             Check(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.analysis.answer import steady_of
 from bottleneck_oracle.analysis.blame import CulpritKind
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
@@ -28,15 +29,9 @@ ROBUST = 1.4826  # MAD -> sigma of a normal distribution
 
 
 def steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
-    """The steps the statistics use: of the steps that hold an op (``StepAnalysis.is_empty``: a
-    span after the last ``prof.step()`` holds none), all but the first (warm-up) when there are
-    three or more; and
-    of those, not a step that holds one-time work (``StepAnalysis.holds_setup``), unless every
-    step does."""
-    analyses = [a for a in analyses if not a.is_empty()] or analyses
-    kept = analyses[1:] if len(analyses) >= 3 and analyses[0].graph.step is not None else analyses
-    clean = [a for a in kept if not a.holds_setup()]
-    return clean if clean else kept
+    """The steps the statistics use (answer.steady_of: not an empty span, not the first of three
+    or more, not one of one-time work unless all are)."""
+    return steady_of(analyses, lambda a: a.graph.step, StepAnalysis.is_empty, StepAnalysis.holds_setup)
 
 
 @dataclass(slots=True)

@@ -36,6 +36,7 @@ from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
+from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
@@ -44,7 +45,7 @@ SEGMENT_KINDS: tuple[SegmentKind, ...] = get_args(SegmentKind)
 BreakdownKey = Literal["compute", "communication", "cpu_overhead", "idle", "untraced"]
 BREAKDOWN_KEYS: tuple[BreakdownKey, ...] = get_args(BreakdownKey)
 COMPUTE, COMM, CPU, IDLE, UNTRACED = range(5)
-_HOST_BLOCKED = re.compile(F.HOST_BLOCKED_PATTERN)
+
 UNTRACED_GAP_US = 1000.0  # µs: a stretch between ops with nothing open, or inside a range, longer than this is untraced
 
 _WAIT_LABEL = {
@@ -100,7 +101,7 @@ def host_blocked_names(g: ExecutionGraph, codes: np.ndarray) -> np.ndarray:
     (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read)? (Read
     for the codes asked for only: with the Python tracer a trace has a name per object address.)"""
     used, at = np.unique(codes, return_inverse=True)
-    hit = np.array([g.names[k].startswith("<built-in") and bool(_HOST_BLOCKED.search(g.names[k])) for k in used.tolist()], dtype=bool)
+    hit = np.array([g.names[k].startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(g.names[k])) for k in used.tolist()], dtype=bool)
     out: np.ndarray = hit[at.reshape(-1)] if len(used) else np.zeros(len(codes), dtype=bool)
     return out
 

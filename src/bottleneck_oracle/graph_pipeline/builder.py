@@ -292,9 +292,7 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
         [w.leaf_thread, n_thread + w.gpu_stream, n_thread + (int(w.gpu_stream.max()) + 1 if n_gpu else 0) + w.backend_lane]
     )
     step_threads = {(s.rank, s.pid, s.tid) for s in w.steps}
-    first_leaf = np.searchsorted(w.leaf_thread, np.arange(n_thread), side="left")
-    leaf_ev = w.leaf_rows[np.minimum(first_leaf, w.n_leaf - 1)]
-    key_of = list(zip(c["rank"][leaf_ev].tolist(), c["pid"][leaf_ev].tolist(), c["tid"][leaf_ev].tolist()))
+    key_of = _thread_keys(w)
     anchors = [t for t in range(n_thread) if key_of[t] in step_threads]
     anchors += list(range(n_thread, int(lane.max()) + 1))  # device streams and backend threads
     if len(anchors) == 0:
@@ -329,6 +327,14 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     return out
 
 
+def _thread_keys(w: Window) -> list[tuple[int, int, int]]:
+    """(rank, pid, tid) of each dense host thread of the window's leaves (w.leaf_thread)."""
+    c = w.c
+    first_leaf = np.searchsorted(w.leaf_thread, np.arange(int(w.leaf_thread.max()) + 1), side="left")
+    leaf_ev = w.leaf_rows[np.minimum(first_leaf, w.n_leaf - 1)]
+    return list(zip(c["rank"][leaf_ev].tolist(), c["pid"][leaf_ev].tolist(), c["tid"][leaf_ev].tolist()))
+
+
 def _tails(w: Window, E: rules.EdgeSet, away: dict[tuple[int, int, int], dict]) -> dict[tuple[int, int, int], float]:
     """Of the host threads that are neither the step's own nor bystanders: where each one's last
     dependency into the step's work ends, if it has ops starting after that (table-relative µs).
@@ -339,12 +345,9 @@ def _tails(w: Window, E: rules.EdgeSet, away: dict[tuple[int, int, int], dict]) 
     ProfilerStep."""
     if not w.n_leaf or not w.steps:
         return {}
-    c = w.c
     n_thread = int(w.leaf_thread.max()) + 1
-    first_leaf = np.searchsorted(w.leaf_thread, np.arange(n_thread), side="left")
     last_leaf = np.searchsorted(w.leaf_thread, np.arange(n_thread), side="right") - 1
-    leaf_ev = w.leaf_rows[np.minimum(first_leaf, w.n_leaf - 1)]
-    key_of = list(zip(c["rank"][leaf_ev].tolist(), c["pid"][leaf_ev].tolist(), c["tid"][leaf_ev].tolist()))
+    key_of = _thread_keys(w)
     step_threads = {(s.rank, s.pid, s.tid) for s in w.steps}
     helper = np.array([k not in step_threads and k not in away for k in key_of], dtype=bool)
     if not helper.any():

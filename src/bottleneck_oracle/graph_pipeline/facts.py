@@ -460,26 +460,18 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
         return dict(cached)
     c = table.cols
     out: dict[int, dict] = {}
-    rt = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (c["dur"] >= SETUP_CALL_US))
-    if len(rt):
-        codes, at = np.unique(c["name"][rt], return_inverse=True)
-        known = [bool(_SETUP_RUNTIME.match(table.names[i])) and not _WAIT_CALL.search(table.names[i]) for i in codes.tolist()]
-        rt = rt[np.array(known, dtype=bool)[at.reshape(-1)]]
+    rt = _setup_named(table, np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (c["dur"] >= SETUP_CALL_US)))
     compiling = np.zeros(0, dtype=np.int64)
-    compile_names = [i for i, name in enumerate(table.names) if name.endswith(COMPILE_SUFFIX)]  # (names, not events: most traces have none)
-    if compile_names:
-        compiling = np.flatnonzero((c["cls"] == EvClass.CPU) & np.isin(c["name"], compile_names))
+    compile_names = _compile_codes(table)  # (names, not events: most traces have none)
+    if len(compile_names):
+        compiling = np.flatnonzero((c["cls"] == EvClass.CPU) & isin_sorted(c["name"], compile_names))
     steps: dict[int, list[Step]] = {}
     for st in table.steps:
         steps.setdefault(st.rank, []).append(st)
     wanted = np.union1d(np.unique(c["rank"][rt]), np.unique(c["rank"][compiling]))
-    device = _device_index(table) if len(wanted) else {}  # each rank's device ops, sorted once per table
-    none = np.zeros(0)
     for r in wanted.tolist():
         calls = rt[c["rank"][rt] == r]
-        _, _, dev_start, dev_end, _ = device.get(r, (none, none, none, none, 0.0))
-        a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
-        busy = _busy_between(dev_start, dev_end, a, b)
+        a = c["ts"][calls]
         if steps.get(r):
             spans = sorted((st.start, st.end) for st in steps[r])
         else:  # a trace without steps: the rank's whole trace (a pass over it, for this rare case only)
@@ -489,7 +481,7 @@ def setup_calls(table: EventTable) -> dict[int, dict]:
         k = np.searchsorted(s0, a, side="right") - 1
         inside = (k >= 0) & (a < s1[k.clip(0)])
         window = float((s1 - s0).sum())
-        pick = inside & (busy < SETUP_IDLE_SHARE * c["dur"][calls])
+        pick = inside & _device_idle(table, r, calls)
         runtime = float(c["dur"][calls][pick].sum())
         # torch.compile compiling: the union of its timed ranges, inside the window
         comp = compiling[c["rank"][compiling] == r]
@@ -520,18 +512,8 @@ def _step_setup(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: f
     ``setup_calls``'s rules: CUDA/HIP runtime calls of SETUP_CALL_US or more, neither waits nor
     copies, made while the device was idle; and the union of torch.compile's timed ranges."""
     c = table.cols
-    long = rows[(c["dur"][rows] >= SETUP_CALL_US) & (c["cls"][rows] == EvClass.RUNTIME)]
-    runtime = 0.0
-    if len(long):
-        ok = np.array(
-            [bool(_SETUP_RUNTIME.match(n)) and not _WAIT_CALL.search(n) for n in (table.names[k] for k in c["name"][long].tolist())]
-        )
-        long = long[ok] if len(ok) else long[:0]
-    if len(long):
-        none = np.zeros(0)
-        _, _, dev_start, dev_end, _ = _device_index(table).get(rank, (none, none, none, none, 0.0))
-        a, b = c["ts"][long], c["ts"][long] + c["dur"][long]
-        runtime = float(c["dur"][long][_busy_between(dev_start, dev_end, a, b) < SETUP_IDLE_SHARE * c["dur"][long]].sum())
+    long = _setup_named(table, rows[(c["dur"][rows] >= SETUP_CALL_US) & (c["cls"][rows] == EvClass.RUNTIME)])
+    runtime = float(c["dur"][long][_device_idle(table, rank, long)].sum())
     codes = _compile_codes(table)
     compiled = 0.0
     if len(codes):
@@ -539,6 +521,27 @@ def _step_setup(table: EventTable, rank: int, rows: np.ndarray, lo: float, hi: f
         if len(comp):
             compiled = _union(c["ts"][comp], c["ts"][comp] + c["dur"][comp], lo, hi)
     return runtime + compiled
+
+
+def _setup_named(table: EventTable, calls: np.ndarray) -> np.ndarray:
+    """Of the runtime ``calls``, those of a runtime known to set itself up lazily (_SETUP_RUNTIME)
+    that neither wait nor copy, by name."""
+    if not len(calls):
+        return calls
+    codes, at = np.unique(table.cols["name"][calls], return_inverse=True)
+    known = [bool(_SETUP_RUNTIME.match(table.names[i])) and not _WAIT_CALL.search(table.names[i]) for i in codes.tolist()]
+    out: np.ndarray = calls[np.array(known, dtype=bool)[at.reshape(-1)]]
+    return out
+
+
+def _device_idle(table: EventTable, rank: int, calls: np.ndarray) -> np.ndarray:
+    """Per call of ``rank``: was its device busy for under SETUP_IDLE_SHARE of it?"""
+    c = table.cols
+    none = np.zeros(0)
+    _, _, dev_start, dev_end, _ = _device_index(table).get(rank, (none, none, none, none, 0.0))
+    a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
+    out: np.ndarray = _busy_between(dev_start, dev_end, a, b) < SETUP_IDLE_SHARE * c["dur"][calls]
+    return out
 
 
 def _compile_codes(table: EventTable) -> np.ndarray:
