@@ -31,6 +31,11 @@ def _loop(whole: bool, out: Path) -> None:
             opt.step()
             opt.zero_grad()
             prof.step()
+    export_gzipped(prof, out)
+
+
+def export_gzipped(prof: profile, out: Path) -> None:
+    """The profiler's Chrome trace, unchanged, gzipped to ``out``."""
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(raw))

@@ -12,10 +12,7 @@ helper computes. The trace behind tests/data/own-cpu/host_waits_stack.json.gz
 from __future__ import annotations
 
 import argparse
-import gzip
 import queue
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
+
+from record_compiled import export_gzipped  # (benchmarks/, beside this script)
 
 SLEEP_S = 0.005
 
@@ -65,11 +64,7 @@ def record(out: Path) -> None:
             if i == 5:
                 break
     jobs.put(None)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as src, gzip.open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+    export_gzipped(prof, out)
 
 
 def main() -> None:

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import functools
+import gzip
+import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,3 +154,14 @@ def json_headers(handler, data: bytes, status: int = 200, kind: str = "applicati
     handler.send_header("Content-Type", kind)
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
+
+
+def edited_run(src: Path, out: Path, change: Callable[[str, dict], None]) -> Path:
+    """A copy of the recorded run in ``src`` (its ``rank-*.json.gz``) in ``out``, as plain JSON,
+    each rank's document passed through ``change(file name, document)`` on the way."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.glob("rank-*.json.gz")):
+        doc = json.loads(gzip.open(f).read())
+        change(f.name, doc)
+        (out / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+    return out

@@ -13,7 +13,7 @@ from bottleneck_oracle.analysis.answer import estimate, run_answer
 from bottleneck_oracle.analysis.cpm import run_cpm
 from bottleneck_oracle.api import analyze, two_step_graphs
 from bottleneck_oracle.graph_pipeline.builder import build_graph
-from conftest import DATA, PUBLIC, REAL, cached_analyses, cached_load
+from conftest import DATA, PUBLIC, REAL, cached_analyses, cached_load, edited_run
 
 STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 sleeps 20 ms in its forward pass in every step
 CLEAN = DATA / "gloo_ddp_8steps_clean"
@@ -70,11 +70,9 @@ def test_a_window_over_two_steps_lasts_their_two_periods(path):
 def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
     """Forty aten::mm ops added to rank 1's forward pass in every step of the clean run (copies of
     one of its own, placed in an idle stretch) are reported as 40 extra aten::mm on rank 1."""
-    out = tmp_path / "job"
-    out.mkdir()
-    for f in sorted(CLEAN.glob("rank-*.json.gz")):
-        doc = json.loads(gzip.open(f).read())
-        if f.name == "rank-1.json.gz":
+
+    def forty_mm(name: str, doc: dict) -> None:
+        if name == "rank-1.json.gz":
             ev = doc["traceEvents"]
             steps = sorted((e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
             main = (steps[0]["pid"], steps[0]["tid"])
@@ -89,8 +87,8 @@ def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
                     for k in range(40)
                 ]
                 s["dur"] += gap
-        (out / f.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
-    _, steps = analyze(out)
+
+    _, steps = analyze(edited_run(CLEAN, tmp_path / "job", forty_mm))
     a = run_answer(steps)
     mm = [x for x in a.extra_ops if x.rank == 1 and x.name == "aten::mm"]
     assert mm and mm[0].count == 40 and mm[0].dur.median_us == pytest.approx(40 * 50, rel=0.01)

@@ -16,7 +16,8 @@ import pytest
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 from bottleneck_oracle.serial import to_json
-from conftest import ALL_FIXTURES, DATA, MORE, PUBLIC, REAL, SAMPLE, cached_analyses, cached_load
+from conftest import ALL_FIXTURES, DATA, MORE, PUBLIC, REAL, SAMPLE, cached_analyses, cached_load, edited_run
+from synthetic_ranks import _x
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 
@@ -1031,14 +1032,14 @@ def test_ranks_whose_step_numbers_run_apart_are_said_and_not_taken_for_clocks(tm
     from bottleneck_oracle.graph_pipeline.facts import run_facts
     from conftest import DATA
 
-    for f in sorted((DATA / "gloo_ddp_8steps_clean").glob("rank-*.json.gz")):
-        doc = json.loads(gzip.open(f).read())
+    def renumber(_: str, doc: dict) -> None:
         if doc["distributedInfo"]["rank"] == 1:
             for e in doc["traceEvents"]:
                 m = re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))
                 if m:
                     e["name"] = f"ProfilerStep#{int(m.group(1)) + shift}"
-        (tmp_path / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+
+    edited_run(DATA / "gloo_ddp_8steps_clean", tmp_path, renumber)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = load(tmp_path)
@@ -1495,27 +1496,13 @@ def test_a_step_that_compiles_is_warm_up_wherever_it_is(tmp_path):
     from bottleneck_oracle.analysis.runs import steady, summarize
     from bottleneck_oracle.api import analyze
 
-    src = DATA / "gloo_ddp_8steps_clean"
-    out = tmp_path / "run"
-    out.mkdir()
-    for f in sorted(src.glob("rank-*.json.gz")):
-        doc = json.loads(gzip.open(f).read())
-        if f.name == "rank-0.json.gz":
+    def compile_in_step_5(name: str, doc: dict) -> None:
+        if name == "rank-0.json.gz":
             ev = doc["traceEvents"]
             (s,) = [e for e in ev if e.get("name") == "ProfilerStep#5" and e.get("ph") == "X"]
-            ev.append(
-                {
-                    "ph": "X",
-                    "cat": "cpu_op",
-                    "name": "compile_file (dynamo_timed)",
-                    "pid": s["pid"],
-                    "tid": 424242,
-                    "ts": s["ts"] + 0.1 * s["dur"],
-                    "dur": 0.4 * s["dur"],
-                    "args": {},
-                }
-            )
-        (out / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+            ev.append(_x("compile_file (dynamo_timed)", "cpu_op", s["ts"] + 0.1 * s["dur"], 0.4 * s["dur"], 424242, s["pid"]))
+
+    out = edited_run(DATA / "gloo_ddp_8steps_clean", tmp_path / "run", compile_in_step_5)
     _, analyses = analyze(out)
     assert 5 in [a.graph.step for a in analyses]
     kept = [a.graph.step for a in steady(analyses)]
@@ -1534,16 +1521,13 @@ def test_a_thread_waiting_in_run_backward_waits_for_the_autograd_thread(tmp_path
     waiting, not 6 ms of its own work."""
     from bottleneck_oracle.api import analyze
 
-    def x(name, cat, tid, ts, dur):
-        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
-
     events = [
-        x("ProfilerStep#1", "user_annotation", 10, 0.0, 10000.0),
-        x("aten::mm", "cpu_op", 10, 100.0, 2000.0),
-        x("<built-in method run_backward of torch._C._EngineBase object at 0x7f0012345678>", "python_function", 10, 2200.0, 6000.0),
-        x("aten::add_", "cpu_op", 10, 8300.0, 1500.0),
-        x("aten::mm", "cpu_op", 20, 2300.0, 2700.0),
-        x("aten::mm", "cpu_op", 20, 5050.0, 3050.0),
+        _x("ProfilerStep#1", "user_annotation", 0.0, 10000.0, 10, 1),
+        _x("aten::mm", "cpu_op", 100.0, 2000.0, 10, 1),
+        _x("<built-in method run_backward of torch._C._EngineBase object at 0x7f0012345678>", "python_function", 2200.0, 6000.0, 10, 1),
+        _x("aten::add_", "cpu_op", 8300.0, 1500.0, 10, 1),
+        _x("aten::mm", "cpu_op", 2300.0, 2700.0, 20, 1),
+        _x("aten::mm", "cpu_op", 5050.0, 3050.0, 20, 1),
     ]
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
     _, (a,) = analyze(tmp_path / "t.json")
@@ -1564,20 +1548,17 @@ def test_the_releaser_of_a_wait_is_found_behind_many_busy_threads(tmp_path):
     from bottleneck_oracle.api import graphs, load
     from bottleneck_oracle.graph_pipeline import edges
 
-    def x(name, cat, tid, ts, dur):
-        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
-
     ev = [
-        x("ProfilerStep#1", "user_annotation", 1, 0.0, 20000.0),
-        x("aten::mm", "cpu_op", 1, 100.0, 500.0),
-        x("<built-in method acquire of _thread.lock object at 0x7f01>", "python_function", 1, 1000.0, 10000.0),
-        x("aten::add_", "cpu_op", 1, 11100.0, 500.0),
-        x("aten::mm", "cpu_op", 2, 1200.0, 7800.0),  # the helper: its last op ends at 9 ms, then nothing
+        _x("ProfilerStep#1", "user_annotation", 0.0, 20000.0, 1, 1),
+        _x("aten::mm", "cpu_op", 100.0, 500.0, 1, 1),
+        _x("<built-in method acquire of _thread.lock object at 0x7f01>", "python_function", 1000.0, 10000.0, 1, 1),
+        _x("aten::add_", "cpu_op", 11100.0, 500.0, 1, 1),
+        _x("aten::mm", "cpu_op", 1200.0, 7800.0, 2, 1),  # the helper: its last op ends at 9 ms, then nothing
     ]
     for th in range(10, 50):  # busy threads: back-to-back ops through the whole step
         t = float(th)
         while t < 19000.0:
-            ev.append(x("aten::add", "cpu_op", th, t, 90.0))
+            ev.append(_x("aten::add", "cpu_op", t, 90.0, th, 1))
             t += 100.0
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": ev}))
     assert edges.WALK_FIRST < 40
