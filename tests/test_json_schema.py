@@ -83,6 +83,8 @@ def test_analyze_with_advice_json_has_the_documented_keys(capsys):
     check("analyze", doc)
     for step in doc["steps"]:
         check("analyze step", step)
+        for f in step["facts"]["ranks"]:
+            check("analyze rank_facts", f)
         check("advise blame", step["blame"])
         advice = step["advice"]
         check("advise step", {**advice, "blame": step["blame"]})

@@ -268,6 +268,11 @@ def _print_json(doc: object) -> None:
     stdout.flush()
 
 
+def _step_title(step: int | None) -> str:
+    """ "Step N", or "Whole trace" for a trace analysed as one window (no ProfilerStep markers)."""
+    return "Whole trace" if step is None else f"Step {step}"
+
+
 def _ms(us: float) -> str:
     return f"{us / 1000:.3f}"
 
@@ -702,12 +707,15 @@ def analyze(
         top_b = [n for n in x.blame.nodes[:3] if n.saving_us >= noise_floor(x.blame.makespan)]  # below: noise, none
         if top_b:
             out.print(
-                Text(f"Step {step_no} blame: " + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b))
+                Text(
+                    f"{_step_title(step_no)} blame: "
+                    + "; ".join(f"{shorten(n.name, 70)} (rank {n.rank}) {_ms(n.saving_us)} ms" for n in top_b)
+                )
             )
         if x.blame.regions:
             out.print(
                 Text(
-                    f"Step {step_no} regions: "
+                    f"{_step_title(step_no)} regions: "
                     + "; ".join(
                         f"{shorten(label, 50)} (rank {r.rank}) {_ms(r.saving_us)} ms"
                         for r, label in zip(x.blame.regions[:3], region_labels(x.blame.regions[:3]))
@@ -717,7 +725,7 @@ def analyze(
         for sug in x.advice.suggestions[:3] if detail or len(extras) == 1 else []:
             out.print(
                 Text(
-                    f"Step {step_no} advice: {sug.title} — replay saves {_ms(sug.replay_saving_us)} ms if we "
+                    f"{_step_title(step_no)} advice: {sug.title} — replay saves {_ms(sug.replay_saving_us)} ms if we "
                     f"{'; '.join(sug.edits_in_words or sug.changes)} ({'; '.join(sug.changes)})"
                 )
             )
@@ -1220,7 +1228,7 @@ def blame(
     for r in rows:
         b = r.blame
         out.print(
-            Text(f"Step {r.step}", style="bold")
+            Text(_step_title(r.step), style="bold")
             + Text(
                 f": {_ms(b.makespan)} ms"
                 + (
@@ -1364,7 +1372,7 @@ def advise(
             return
     for r in rows:
         a = r.advice
-        out.print(Text(f"Step {a.step}", style="bold") + Text(f": {_ms(a.makespan_us)} ms; suggestions by {a.generator}"))
+        out.print(Text(_step_title(a.step), style="bold") + Text(f": {_ms(a.makespan_us)} ms; suggestions by {a.generator}"))
         if not a.suggestions:
             out.print("  no suggestion survived validation", highlight=False)
         for k, s in enumerate(a.suggestions, 1):

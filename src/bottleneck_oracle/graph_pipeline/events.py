@@ -791,6 +791,8 @@ def _arg(args: dict[str, Any], col: str) -> object:
 
 
 _COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
+_PRECISION_OP = re.compile(F.PRECISION_OP_PATTERN)
+_INPUT_TYPE = F.INPUT_TYPE_KEY.encode()
 _SPARSE = (
     "correlation",
     "ext_id",
@@ -1047,15 +1049,20 @@ class _Builder:
         sparse: dict[str, tuple[list[int], list[Any]]] = {k: ([], []) for k in _SPARSE if k not in part}
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
-        full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]])
+        typed = np.array([bool(_PRECISION_OP.match(nm)) for nm in names], dtype=bool)  # matmuls, convolutions, attention
+        typed_op = (part["cls"] == EvClass.CPU) & typed[part["name"]]
+        full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]] | typed_op)
         unread = 0
         for j, r in enumerate(full.tolist()):
             e = rows[r]
             if j % RELEASE_EVERY == RELEASE_EVERY - 1:  # in file order: the pages behind are done with
                 _give_back(raw, int(ev["obj_lo"][e]))
-            obj = _decode_one(raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])])
+            text = raw[int(ev["obj_lo"][e]) : int(ev["obj_hi"][e])]
+            if typed_op[r] and _INPUT_TYPE not in text:  # (no record_shapes: nothing to read)
+                continue
+            obj = _decode_one(text)
             args = obj.get("args") if isinstance(obj, dict) else None
-            if obj is None:
+            if obj is None and not typed_op[r]:  # (a matmul whose args are unread is one of unknown precision)
                 unread += 1
             if not isinstance(args, dict):
                 continue
@@ -1063,6 +1070,8 @@ class _Builder:
                 self._sync_args(sparse, r, names[part["name"][r]], args)
             if comm[part["name"][r]]:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
+            elif typed_op[r]:
+                self._precision_args(sparse, r, args)
         if unread:
             self.notes.append(f"{path}: the args of {unread} collective or sync events are nested too deep to read; read without them")
         for col, (at, values) in sparse.items():
@@ -1208,6 +1217,19 @@ class _Builder:
             if v != -1:
                 sparse[col][0].append(row)
                 sparse[col][1].append(v)
+
+    @staticmethod
+    def _precision_args(sparse: dict[str, tuple[list[int], list[Any]]], row: int, args: dict[str, Any]) -> None:
+        """The element size of a matmul's, convolution's or attention's first floating-point input
+        ("Input type", written with ``record_shapes=True``): the precision its kernels run in."""
+        types = args.get(F.INPUT_TYPE_KEY)
+        if not isinstance(types, list):
+            return
+        for t in types:
+            if isinstance(t, str) and t in F.FLOAT_DTYPES:
+                sparse["elem_bytes"][0].append(row)
+                sparse["elem_bytes"][1].append(float(F.DTYPE_BYTES[t]))
+                return
 
     def _comm_args(self, sparse: dict[str, tuple[list[int], list[Any]]], row: int, args: dict[str, Any], name: str) -> None:
         """Message size, group size, process group and element size of collective-ish ops, and

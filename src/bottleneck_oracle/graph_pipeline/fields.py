@@ -139,4 +139,33 @@ DTYPE_BYTES = {
     "Byte": 1,
     "Char": 1,
     "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1,
+    "Float8_e5m2fnuz": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
 }
+FLOAT_DTYPES = frozenset(k for k in DTYPE_BYTES if k.lower().removeprefix("c10::").startswith(("float", "double", "half", "bfloat16")))
+"""The floating-point dtype names among DTYPE_BYTES: an op's precision is that of its first
+floating-point input (an integer input is an index, a count, a mask)."""
+PRECISION_OP_PATTERN = (
+    r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|einsum|_scaled_mm|addmv|mv"
+    r"|conv\w*|_?convolution\w*|cudnn_convolution\w*|miopen_convolution\w*|mkldnn_convolution\w*"
+    r"|_?scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*)$"
+)
+"""CPU ops whose device work runs in the precision of their inputs (matmuls, convolutions,
+attention): their "Input type" (``record_shapes=True``) gives the precision of the kernels they
+launch (facts.kernel_precision)."""
+LOW_PRECISION_KERNEL_PATTERN = (
+    r"bf16|bfloat16|f16(?!\d)|fp16|half|fp8|f8(?!\d)|e4m3|e5m2|float8|h884|h1688|h16816|h16832|hgemm"
+    r"|_(?:HHS|HSS|BBS|BSS|HH|BB|F8\w*)_"
+)
+"""Kernel names that say the kernel works in 16 or 8 bits (cuBLAS/CUTLASS ``bf16``/``f16``/``h1688``,
+Itanium-mangled ``DF16b``, ROCm Tensile's ``_BBS_``/``_HHS_`` data-type field, ``e4m3``);
+case-insensitive. A kernel whose launching op has an input type is read from that instead."""
+FULL_PRECISION_KERNEL_PATTERN = r"sgemm|dgemm|fp32|f32|tf32|float|double|_(?:SB|SS|DB|DD)_"
+"""Kernel names that say fp32 or fp64 (and none of the 16/8-bit words above: a bf16 kernel's
+name often holds ``float``, its accumulator); case-insensitive."""

@@ -74,6 +74,8 @@ class RankFactsRecord:
     setup_us: float = 0.0  # one-time work in the step: runtime setup with the device idle, torch.compile compiling
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (on a rank with device events)
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
+    kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
+    low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +179,8 @@ class GraphInfo:
                 setup_us=float(f.get("setup_us", 0.0)),
                 launch_calls=int(f.get("launch_calls", 0)),
                 lost_launches=int(f.get("lost_launches", 0)),
+                kernel_us=float(f.get("kernel_us", 0.0)),
+                low_precision_us=float(f.get("low_precision_us", 0.0)),
             )
             for f in facts["ranks"]
         )

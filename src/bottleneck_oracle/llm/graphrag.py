@@ -90,6 +90,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["small_op_share"] = float(t[(n["mdur"] < 20) & (n["category"] != Category.BARRIER)].sum() / ms)
     kernel = n["category"] == Category.KERNEL
     m["gpu_compute_share"] = float(t[n["on_gpu"]].sum() / ms)
+    m["full_precision_share"] = full_precision_share(a)
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
@@ -124,6 +125,18 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             untraced[seg.rank] = untraced.get(seg.rank, 0.0) + seg.dur
     ctx["untraced_rank"] = str(max(untraced, key=lambda r: untraced[r])) if untraced else "0"
     return m, ctx
+
+
+def full_precision_share(a: StepAnalysis) -> float:
+    """Share of the step's compute kernel time (its ranks', collectives' kernels left out) not known
+    to run in 16 or 8 bits (graph_pipeline.facts.kernel_precision: the launching matmul's,
+    convolution's or attention's input type, else the kernel's name): a reduced-precision recipe
+    is for a step that is not there already. 1 where the trace has no kernel time (nothing known)."""
+    facts = a.graph.info.facts
+    kernel = sum(f.kernel_us for f in facts.ranks) if facts is not None else 0.0
+    if kernel <= 0 or facts is None:
+        return 1.0
+    return float(1.0 - sum(f.low_precision_us for f in facts.ranks) / kernel)
 
 
 EXTRA_OPS_SHARE = 0.3  # ops no peer runs holding this share of the straggler's op excess: a code path of its own
