@@ -16,6 +16,7 @@ from tests.synthetic_ranks import _x
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.api import graphs, load
 from bottleneck_oracle.llm.graphrag import advise, full_precision_share
+from bottleneck_oracle.llm.retrieve import load_recipes
 
 DATA = Path(__file__).parent.parent / "data"
 PRECISION_RECIPES = {"matmul-precision", "gpu-mixed-precision"}
@@ -99,3 +100,13 @@ def test_an_fp32_job_is_still_offered_reduced_precision():
     assert not re.search(r"BFloat16|Half|bf16|fp16", raw)  # nothing in the raw trace says 16 bits
     offered, full = _advice_ids(path)
     assert full == 1.0 and "gpu-mixed-precision" in offered
+
+
+def test_another_vendors_accelerator_gets_no_cuda_recipe():
+    path = DATA / "more-gpu" / "mtia_inference_rank0.json.gz"
+    with gzip.open(path, "rt") as f:
+        cats = {e.get("cat") for e in json.load(f)["traceEvents"] if e.get("ph") == "X"}
+    assert "mtia_runtime" in cats and not cats & {"cuda_runtime", "cuda_driver", "kernel"}  # the raw events: MTIA's runtime, no CUDA
+    offered, _ = _advice_ids(path)
+    cuda_only = {r.id for r in load_recipes() if "gpu_present" in r.when}
+    assert cuda_only and not offered & cuda_only  # was "GPU-bound step in full precision: torch.autocast('cuda')"

@@ -84,7 +84,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     per_rank = np.bincount(n["rank"][net_ar].clip(0), minlength=1) if net_ar.any() else np.zeros(1)
     m["allreduce_count"] = float(per_rank.max())
     m["p2p_present"] = float((n["category"] == Category.P2P).any())
-    m["gpu_present"] = float(n["on_gpu"].any())
+    m["gpu_present"] = float(n["on_gpu"].any() and _cuda_or_hip(g))
     m["cpu_only"] = 1.0 - m["gpu_present"]
     m["tp_like"] = float(m["allreduce_count"] >= 4 and not m["p2p_present"] and _forward_allreduce(g, allreduce, phases))
     m["small_op_share"] = float(t[(n["mdur"] < 20) & (n["category"] != Category.BARRIER)].sum() / ms)
@@ -125,6 +125,18 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             untraced[seg.rank] = untraced.get(seg.rank, 0.0) + seg.dur
     ctx["untraced_rank"] = str(max(untraced, key=lambda r: untraced[r])) if untraced else "0"
     return m, ctx
+
+
+_OTHER_RUNTIME = re.compile(r"^(cuda|hip|cu|hsa)[A-Z]")
+
+
+def _cuda_or_hip(g: ExecutionGraph) -> bool:
+    """Is the device a CUDA or ROCm GPU, whose recipes (``torch.autocast("cuda")``, TF32, cuDNN's
+    layouts, CUDA graphs) apply? Yes unless the step's runtime calls are all another vendor's (an
+    MTIA's ``synchronizeStream``, Intel's ``urEnqueueKernelLaunch``): a trace without runtime
+    calls keeps the GPU recipes."""
+    codes = np.unique(g.nodes["name"][np.isin(g.nodes["category"], (Category.RUNTIME, Category.BLOCKING))])
+    return not len(codes) or any(_OTHER_RUNTIME.match(g.names[int(k)]) for k in codes.tolist())
 
 
 def full_precision_share(a: StepAnalysis) -> float:
