@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bottleneck_oracle.analysis.segments import UNTRACED
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
 from bottleneck_oracle.serial import to_json
@@ -496,6 +497,40 @@ def test_an_unknown_accelerator_s_events_are_device_nodes():
     assert syncs and all(g.nodes["category"][i] == Category.BLOCKING for i in syncs)
     assert g.meta["run_facts"]["unknown_device_events"] == 1313
     assert any(c.name == "device_ops" and c.ok for c in a.checks())
+
+
+def test_an_accelerator_s_event_wait_is_a_wait_on_the_device_not_compute():
+    """mtia: its queues show waiting for an event as device ops of their own (``event_wait``, 48 of
+    them, 353 ms in the raw JSON, one per runtime ``enqueueCommand waitOnEvent``). On the path they
+    were compute (92 ms: "Bound by: device compute"); they are untraced waits on the device, and
+    the facts leave them out of the device's busy time (the other queues' work covers most of
+    their time: 421.7 ms busy without them, 424.2 ms with)."""
+    (doc,) = raw_events(MORE / "mtia_inference_rank0.json.gz")
+    x = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    waits = [e for e in x if e.get("cat") == "mtia_ccp_events" and e["name"] == "event_wait"]
+    assert len(waits) == 48 and any(e["name"] == "enqueueCommand waitOnEvent" for e in x)
+    (a,) = cached_analyses(MORE / "mtia_inference_rank0.json.gz")
+    on_path = [s for s in a.segments() if a.graph.node_name(s.node) == "event_wait"]
+    assert on_path and not [s for s in on_path if s.kind == "op"]  # none of its time is an op's work
+    waited = [s for s in on_path if s.klass == UNTRACED and s.name.endswith("in event_wait")]
+    assert sum(s.dur for s in waited) > 0.1 * a.step_time  # (92 ms of 451)
+    (f,) = a.graph.info.facts.ranks
+    work = [e for e in x if e.get("cat") == "mtia_ccp_events" and e["name"] != "event_wait"]
+    every = [e for e in x if e.get("cat") == "mtia_ccp_events"]
+    # one window, the whole trace: the device's busy time is the union of its work over all of it
+    assert f.device_busy_us == pytest.approx(_union_us(work), rel=1e-6) and f.device_busy_us < _union_us(every) - 1000.0
+    assert a.breakdown()["compute"] < 0.25 * a.step_time
+
+
+def _union_us(events: list[dict]) -> float:
+    """The length of the union of the events' [ts, ts + dur)."""
+    total, end = 0.0, -np.inf
+    for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in events):
+        a = max(a, end)
+        if b > a:
+            total += b - a
+            end = b
+    return total
 
 
 def test_the_warning_counts_the_device_events_of_an_unknown_category(recwarn):

@@ -36,7 +36,7 @@ from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
-from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME
+from bottleneck_oracle.graph_pipeline.facts import DEVICE_WAIT_NAME, HOST_BLOCKED_NAME
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
@@ -203,6 +203,11 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     blocked = np.zeros(g.n_nodes, dtype=bool)
     blocked[on] = host_blocked_names(g, n["name"][on]) & ~n["on_gpu"][on] & (n["dur"][on] >= F.HOST_BLOCKED_MIN_US)
     host_blocked = of(blocked)
+    waits = np.zeros(g.n_nodes, dtype=bool)
+    on_codes, code_at = np.unique(n["name"][on], return_inverse=True)  # (the path's names only)
+    waiting = np.array([bool(DEVICE_WAIT_NAME.match(g.names[k])) for k in on_codes.tolist()], dtype=bool)
+    waits[on] = (waiting[code_at.reshape(-1)] if len(on_codes) else False) & n["on_gpu"][on]
+    device_wait = of(waits)
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
     # when each device op's launch call ended (-inf: not launched in the window)
     is_launch = e["kind"] == EdgeKind.LAUNCH
@@ -255,6 +260,8 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
                 add("untraced", UNTRACED, v, f"untraced wait on the device in {names[code_of[v]]}", est, est + d)
             elif host_blocked[v]:  # a sleep, a lock, a select: the thread waited, it did no work
                 add("wait", IDLE, v, f"host blocked in {_builtin(names[code_of[v]])}", est, est + d)
+            elif device_wait[v]:  # the device's queue waiting for an event: what it waits for is not tied to it
+                add("untraced", UNTRACED, v, f"untraced wait on the device in {names[code_of[v]]}", est, est + d)
             else:
                 add("op", klass_of[v], v, names[code_of[v]], est, est + d)
         if est + d > cursor:

@@ -120,6 +120,7 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
     order, rank_s, anchor_s = table.index()
     out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = {}
     dev_sorted = np.isin(c["cls"][order], DEVICE_CLASSES)
+    busy_sorted = dev_sorted & ~_device_waits(table)[c["name"][order]]  # (a queue waiting is not busy)
     for r in table.ranks:
         lo = int(np.searchsorted(rank_s, rank_s.dtype.type(r), side="left"))
         hi = int(np.searchsorted(rank_s, rank_s.dtype.type(r), side="right"))
@@ -127,16 +128,25 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
         if not len(rows):
             continue
         ends = c["ts"][rows] + c["dur"][rows]
-        by_start = rows[np.argsort(c["ts"][rows], kind="stable")]
+        busy = order[lo:hi][busy_sorted[lo:hi]]
+        by_start = busy[np.argsort(c["ts"][busy], kind="stable")]
         out[r] = (
             anchor_s[lo:hi][dev_sorted[lo:hi]],
             np.maximum.accumulate(ends),
             c["ts"][by_start],
             c["ts"][by_start] + c["dur"][by_start],
-            float(c["dur"][rows].max()),
+            float(c["dur"][busy].max()) if len(busy) else 0.0,
         )
     cache["device"] = out
     return out
+
+
+DEVICE_WAIT_NAME = re.compile(F.DEVICE_WAIT_PATTERN)
+
+
+def _device_waits(table: EventTable) -> np.ndarray:
+    """Per name code: is it a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)?"""
+    return np.array([bool(DEVICE_WAIT_NAME.match(n)) for n in table.names], dtype=bool)
 
 
 LONG_HOST_US = 1000.0  # µs: host ops this long are indexed for the asleep test (a tenth of any step worth looking at)

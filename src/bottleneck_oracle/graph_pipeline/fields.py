@@ -84,6 +84,12 @@ network, a timer), not the work of an op."""
 HOST_BLOCKED_MIN_US = 50.0
 """µs: such a call this long or longer blocked; a shorter one (an uncontended lock's acquire, a
 poll that found data ready) is the call's own work."""
+DEVICE_WAIT_PATTERN = r"(?i)^(event_?wait|wait_?(on_?)?events?|stream_?wait(_?events?)?|wait)$"
+"""Device ops that are a queue waiting, not computing: an accelerator that shows its stream's wait
+for an event as an op of its own (an MTIA's ``event_wait``, recorded for the runtime's
+``enqueueCommand waitOnEvent``). CUDA and ROCm show no such op (a ``cudaStreamWaitEvent`` is an
+edge); the graph keeps the op (the queue is held) and the path calls its time a wait on the device
+that the trace does not tie to its cause; the facts leave it out of the device's busy time."""
 LOCK_WAIT_PATTERN = r"^<built-in method (acquire|wait|run_backward)\b"
 """Of those, the waits another thread of the process ends: a lock's acquire (``queue.get``,
 ``Event.wait``, ``Thread.join``), a future's wait, and ``loss.backward()``'s call into the
