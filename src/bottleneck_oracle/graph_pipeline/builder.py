@@ -268,6 +268,7 @@ def _window_edges(
     rules.forward_backward(table, w, E)
     rules.data_dependencies(table, w, E)
     rules.cuda_syncs(w, E, opt.blocking_sync_calls, opt.clock_tolerance_us, opt.stream_wait_us)
+    rules.device_waits(w, E, opt.clock_tolerance_us)
     rules.blocking_copies(w, E)
     rules.stream_waits(w, E, launcher, opt.stream_wait_us, opt.clock_tolerance_us)
     rules.thread_handoffs(w, E, pieces, opt.idle_gap_us, opt.feeds_resume_us, launcher)

@@ -5,10 +5,12 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
@@ -432,6 +434,49 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     E.add(order_src, order_dst, EdgeKind.SYNC)
 
 
+_DEVICE_WAIT = re.compile(F.DEVICE_WAIT_PATTERN)
+
+
+def _device_wait_codes(w: Window) -> np.ndarray:
+    """Per name code: is it a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)?
+    (Read for the window's device ops' names only.)"""
+    codes = np.unique(w.c["name"][w.gpu_rows])
+    out = np.zeros(len(w.names), dtype=bool)
+    out[codes] = [bool(_DEVICE_WAIT.match(w.names[k])) for k in codes.tolist()]
+    return out
+
+
+def device_waits(w: Window, E: EdgeSet, tol: float) -> None:
+    """A device op that is its queue waiting for another stream (fields.DEVICE_WAIT_PATTERN, with
+    the stream it waits on in its args: an MTIA queue's ``event_wait``, ``wait_on_stream``) waits
+    for the op of that stream, on its rank, that ended last by the wait's end (``tol`` µs after it
+    at most: the record that completes the event ends with the wait, 1-3 µs after it in MTIA's
+    traces) and while it waited. Edge: that op -> the wait, which waits on it (its modelled start
+    is the release, so the path runs through the stream it waited for)."""
+    c = w.c
+    if not len(w.gpu_rows):
+        return
+    rows = w.gpu_rows
+    waits = np.flatnonzero(_device_wait_codes(w)[c["name"][rows]] & (c["wait_stream"][rows] >= 0))
+    if not len(waits):
+        return
+    key = c["rank"][rows].astype(np.int64) * (1 << 32) + (c["stream"][rows].astype(np.int64) & 0xFFFFFFFF)
+    ends = w.end[rows]
+    order = np.lexsort((ends, key))  # each (rank, stream)'s ops by end
+    key_s, end_s = key[order], ends[order]
+    src, dst = [], []
+    for k in waits.tolist():
+        r, ws = int(c["rank"][rows[k]]), int(c["wait_stream"][rows[k]])
+        want = r * (1 << 32) + (ws & 0xFFFFFFFF)
+        lo = int(np.searchsorted(key_s, want, side="left"))
+        hi = int(np.searchsorted(key_s, want, side="right"))
+        p = lo + int(np.searchsorted(end_s[lo:hi], float(ends[k]) + tol, side="right")) - 1
+        if p >= lo and end_s[p] >= w.ts[rows[k]] and int(order[p]) != k:
+            src.append(w.n_leaf + int(order[p]))
+            dst.append(w.n_leaf + k)
+    E.add(src, dst, EdgeKind.SYNC, wait=True)
+
+
 def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     """gloo: the k-th c10d call of one kind and size on a rank enqueued the k-th backend op of
     them (the backend op's 'Record function id' is not filled in by every version).
@@ -540,8 +585,9 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
     if not len(late):
         return
     src, dst = [], []
+    queue_waits = _device_wait_codes(w)[c["name"][w.gpu_rows]]  # (a queue waiting releases nothing: device_waits)
     for r in np.unique(rank[late]).tolist():
-        mine = np.flatnonzero(rank == r)
+        mine = np.flatnonzero((rank == r) & ~queue_waits)
         by_end = mine[np.argsort(end[mine], kind="stable")]
         ends = end[by_end]
         for b in late[rank[late] == r].tolist():

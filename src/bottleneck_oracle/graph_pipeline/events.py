@@ -34,7 +34,7 @@ import orjson
 from bottleneck_oracle.errors import OracleWarning, TraceError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
-from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups, span_positions
+from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups, isin_small, span_positions
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 
 if TYPE_CHECKING:
@@ -793,6 +793,7 @@ def _arg(args: dict[str, Any], col: str) -> object:
 _COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
 _PRECISION_OP = re.compile(F.PRECISION_OP_PATTERN)
 _INPUT_TYPE = F.INPUT_TYPE_KEY.encode()
+_DEVICE_WAIT = re.compile(F.DEVICE_WAIT_PATTERN)
 _SPARSE = (
     "correlation",
     "ext_id",
@@ -1051,7 +1052,9 @@ class _Builder:
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
         typed = np.array([bool(_PRECISION_OP.match(nm)) for nm in names], dtype=bool)  # matmuls, convolutions, attention
         typed_op = (part["cls"] == EvClass.CPU) & typed[part["name"]]
-        full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]] | typed_op)
+        waiting = np.array([bool(_DEVICE_WAIT.match(nm)) for nm in names], dtype=bool)  # a queue waiting: on which stream
+        wait_op = isin_small(part["cls"], (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)) & waiting[part["name"]]
+        full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]] | typed_op | wait_op)
         unread = 0
         for j, r in enumerate(full.tolist()):
             e = rows[r]
@@ -1072,6 +1075,9 @@ class _Builder:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
             elif typed_op[r]:
                 self._precision_args(sparse, r, args)
+            elif wait_op[r] and _arg(args, "wait_stream") != -1:
+                sparse["wait_stream"][0].append(r)
+                sparse["wait_stream"][1].append(_arg(args, "wait_stream"))
         if unread:
             self.notes.append(f"{path}: the args of {unread} collective or sync events are nested too deep to read; read without them")
         for col, (at, values) in sparse.items():

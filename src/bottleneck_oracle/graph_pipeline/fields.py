@@ -88,8 +88,9 @@ DEVICE_WAIT_PATTERN = r"(?i)^(event_?wait|wait_?(on_?)?events?|stream_?wait(_?ev
 """Device ops that are a queue waiting, not computing: an accelerator that shows its stream's wait
 for an event as an op of its own (an MTIA's ``event_wait``, recorded for the runtime's
 ``enqueueCommand waitOnEvent``). CUDA and ROCm show no such op (a ``cudaStreamWaitEvent`` is an
-edge); the graph keeps the op (the queue is held) and the path calls its time a wait on the device
-that the trace does not tie to its cause; the facts leave it out of the device's busy time."""
+edge); the graph keeps the op (the queue is held), waiting for the stream its args name
+(edges.device_waits); a wait the trace does not tie to a cause is an untraced wait on the device
+on the path, never compute; the facts leave such ops out of the device's busy time."""
 LOCK_WAIT_PATTERN = r"^<built-in method (acquire|wait|run_backward)\b"
 """Of those, the waits another thread of the process ends: a lock's acquire (``queue.get``,
 ``Event.wait``, ``Thread.join``), a future's wait, and ``loss.backward()``'s call into the
