@@ -434,6 +434,19 @@ def test_another_vendor_s_runtime_names_give_the_same_picture(tmp_path):
 # ---- 3. bystander threads
 
 
+def test_many_threads_left_out_of_a_step_are_said_in_one_line():
+    """mtia: a submission thread per device stream (12, "Stream 101 Submission Queue" ...) with
+    no dependency into the step: one warning counts them and names the first three (it was twelve
+    lines of the same warning), beside the one for the thread that only polls."""
+    (a,) = cached_analyses(MORE / "mtia_inference_rank0.json.gz")
+    quiet = [b for b in a.bystanders() if not b.polls]
+    assert len(quiet) == 12 and all("Submission Queue" in b.thread for b in quiet)
+    lines = [w for w in a.warnings() if "no dependency into the step's work" in w]
+    assert len(lines) == 1 + any(b.polls for b in a.bystanders())
+    (grouped,) = [w for w in lines if "12 threads" in w]
+    assert f"{sum(b.ops for b in quiet)} ops" in grouped and quiet[0].thread in grouped and "9 more" in grouped
+
+
 def test_a_progress_bar_thread_that_sleeps_through_the_step_carries_none_of_it():
     """owlv2: tqdm's monitor thread waits on a lock through the whole step and its wait ends
     ~0.1 ms after it. It is left out (and said so once), and carries nothing of the path."""

@@ -38,6 +38,9 @@ from bottleneck_oracle.serial import JSONObject, to_json_object
 
 SETUP_STEP_SHARE = 0.2
 """A step whose one-time work (facts ``setup_us``) is this share of its time or more is warm-up."""
+BYSTANDERS_SAID_EACH = 3
+"""More host threads of one rank left out of a step than this: one warning names the first few
+and counts the rest (an MTIA job has a submission thread per stream)."""
 
 __all__ = ["BREAKDOWN_KEYS", "StepAnalysis"]
 
@@ -251,8 +254,8 @@ class StepAnalysis:
         step = g.step if g.step is not None else "(whole trace)"
         return (
             f"step {step}: {total / 1000:.1f} ms ({100 * total / ms:.0f}%) of the critical path is untraced (no traced cause), "
-            f"{most / 1000:.1f} ms of it on rank {rank} {place}; the longest stretch is {big.dur / 1000:.1f} ms in {big.name} "
-            f"before {g.node_name(big.node)} at {big.start / 1000:.3f} ms"
+            f"{most / 1000:.1f} ms of it on rank {rank} {place}; the longest stretch is {big.dur / 1000:.1f} ms "
+            f"{'with no op open' if big.name == 'no op open' else 'in ' + big.name} before {g.node_name(big.node)} at {big.start / 1000:.3f} ms"
         )
 
     def gpu_queue(self) -> GpuQueue | None:
@@ -471,11 +474,24 @@ class StepAnalysis:
         threads left out, and each self-check that failed (a contradiction with the raw facts)."""
         step = self.graph.step if self.graph.step is not None else "(whole trace)"
         out = [w for w in (self.untraced_warning(), self.queue_warning()) if w]
+        groups: dict[tuple[int, bool], list[Bystander]] = {}
         for b in self.bystanders():
+            groups.setdefault((b.rank, b.polls), []).append(b)
+        for (rank, polls), bs in groups.items():
+            poll_note = "; it only polls the device: a monitor such as the NCCL watchdog" if polls else ""
+            if len(bs) <= BYSTANDERS_SAID_EACH:
+                for b in bs:
+                    out.append(
+                        f"step {step}: rank {rank} {b.thread} has no dependency into the step's work ({b.ops} ops, e.g. "
+                        f"{b.longest_op[:60]}{poll_note}); left out of the critical path"
+                    )
+                continue
+            top = max(bs, key=lambda b: b.ops)
+            shown = ", ".join(b.thread for b in bs[:BYSTANDERS_SAID_EACH])
             out.append(
-                f"step {step}: rank {b.rank} {b.thread} has no dependency into the step's work ({b.ops} ops, e.g. "
-                f"{b.longest_op[:60]}{'; it only polls the device: a monitor such as the NCCL watchdog' if b.polls else ''}); "
-                "left out of the critical path"
+                f"step {step}: rank {rank}: {len(bs)} threads have no dependency into the step's work ({shown} and "
+                f"{len(bs) - BYSTANDERS_SAID_EACH} more; {sum(b.ops for b in bs)} ops, e.g. {top.longest_op[:60]}"
+                f"{poll_note.replace('it only polls', 'they only poll')}); left out of the critical path"
             )
         for c in self.checks():
             if not c.ok:

@@ -168,7 +168,7 @@ def timeline(a: StepAnalysis) -> str:
 def breakdown_plot(analyses: list[StepAnalysis]) -> str:
     go, _ = _plotly()
     fig = go.Figure()
-    steps = [str(a.graph.step) for a in analyses]
+    steps = ["whole trace" if a.graph.step is None else str(a.graph.step) for a in analyses]
     for key in BREAKDOWN_KEYS:
         fig.add_trace(
             go.Bar(name=key, orientation="h", y=steps, x=[a.breakdown()[key] / 1000 for a in analyses], marker_color=_COLORS[key])
