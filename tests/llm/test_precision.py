@@ -110,3 +110,35 @@ def test_another_vendors_accelerator_gets_no_cuda_recipe():
     offered, _ = _advice_ids(path)
     cuda_only = {r.id for r in load_recipes() if "gpu_present" in r.when}
     assert cuda_only and not offered & cuda_only  # was "GPU-bound step in full precision: torch.autocast('cuda')"
+
+
+def _conv_step(path: Path, kernel: str) -> None:
+    """A device-bound step of ten convolutions (aten::cudnn_convolution, 20 µs of host each) whose
+    kernels (150 µs each, back to back) are named ``kernel``."""
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 260, 1, 1)]  # the host runs ahead: the device bounds the step
+    for i in range(10):
+        t = 10.0 + 25.0 * i
+        ev.append(_x("aten::cudnn_convolution", "cpu_op", t, 20, 1, 1))
+        ev.append(_x("cudaLaunchKernel", "cuda_runtime", t + 5, 10, 1, 1, correlation=100 + i))
+        ev.append(_x(kernel, "kernel", 50.0 + 150.0 * i, 150, 7, 0, correlation=100 + i, stream=7, device=0))
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+@pytest.mark.parametrize(
+    "kernel, offered",
+    [
+        ("cudnn_sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x32", False),  # channels last
+        ("cudnn_sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nchw_tilesize128x128x32", True),  # NCHW out
+        ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", True),  # the name does not say: as before
+    ],
+)
+def test_the_layout_recipe_is_for_convolutions_not_channels_last_already(tmp_path, kernel, offered):
+    _conv_step(tmp_path / "c.json.gz", kernel)
+    table = load(tmp_path / "c.json.gz")
+    (g,) = graphs(table)
+    (f,) = g.info.facts.ranks
+    assert f.conv_kernel_us == pytest.approx(1500.0)  # every kernel launched inside a convolution
+    assert f.nhwc_kernel_us == pytest.approx(0.0 if offered else 1500.0)
+    adv = advise(StepAnalysis.of(g), None, None, table)
+    assert ("conv-channels-last" in {s.source for s in adv.suggestions} | {r.source for r in adv.rejected}) == offered

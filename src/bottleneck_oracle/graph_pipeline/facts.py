@@ -69,6 +69,8 @@ class RankFacts:
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
+    conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
+    nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC (channels last) and no layout conversion
 
     @property
     def measured(self) -> float:
@@ -200,12 +202,14 @@ _FULL_KERNEL = re.compile(F.FULL_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 _COMM_KERNEL = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
 
 
-def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
+def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the rows of the compute kernels, collectives' kernels left out, sorted; per kernel 1 where
-    it runs in 16 or 8 bits, 0 in 32 or 64, -1 where the trace does not say), computed once per
-    table. A kernel launched inside a matmul, convolution or attention op whose "Input type" the
-    trace has (``record_shapes=True``) runs in the precision of that op's first floating-point
-    input; any other is read from its name (fields.LOW_/FULL_PRECISION_KERNEL_PATTERN)."""
+    it runs in 16 or 8 bits, 0 in 32 or 64, -1 where the trace does not say; per kernel the row of
+    the matmul, convolution or attention op that launched it, -1 for none), computed once per
+    table. The launching op is the innermost such op (fields.PRECISION_OP_PATTERN) open around the
+    kernel's launch call on its thread. A kernel whose launching op has an "Input type"
+    (``record_shapes=True``) runs in the precision of that op's first floating-point input; any
+    other is read from its name (fields.LOW_/FULL_PRECISION_KERNEL_PATTERN)."""
     cache = table.facts_cache = table.facts_cache or {}
     if "precision" in cache:
         return cache["precision"]
@@ -220,45 +224,66 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
         by_name[k] = 1 if _LOW_KERNEL.search(name) else 0 if _FULL_KERNEL.search(name) else -1
     kern = kern[~comm[c["name"][kern]]]
     prec = by_name[c["name"][kern]]
-    cpu = np.flatnonzero((c["cls"] == EvClass.CPU) & np.isfinite(c["elem_bytes"]))
-    if len(cpu) and len(kern):
-        typed = np.zeros(len(table.names), dtype=bool)
-        typed[np.unique(c["name"][cpu])] = [bool(_PRECISION_OP.match(table.names[k])) for k in np.unique(c["name"][cpu]).tolist()]
-        ops = cpu[typed[c["name"][cpu]]]
-        launcher = table.launchers()[kern]
-        has = np.flatnonzero(launcher >= 0)
-        if len(ops) and len(has):
-            calls = launcher[has]
-            # the innermost typed op of the launch call's thread open around the call: the one that
-            # started last at or before it, if it ends at or after the call's end
-            keys_ops = np.stack([c["rank"][ops], c["pid"][ops], c["tid"][ops]]).astype(np.int64).T
-            keys_calls = np.stack([c["rank"][calls], c["pid"][calls], c["tid"][calls]]).astype(np.int64).T
-            inv = np.unique(np.concatenate([keys_ops, keys_calls]), axis=0, return_inverse=True)[1].reshape(-1)
-            th_ops, th_calls = inv[: len(ops)], inv[len(ops) :]
-            t_lo = float(min(c["ts"][ops].min(), c["ts"][calls].min()))
-            width = float(max((c["ts"][ops] + c["dur"][ops]).max(), (c["ts"][calls] + c["dur"][calls]).max()) - t_lo) + 1.0
-            order = np.lexsort((c["ts"][ops], th_ops))
-            key_ops = th_ops[order] * width + (c["ts"][ops][order] - t_lo)
-            key_calls = th_calls * width + (c["ts"][calls] - t_lo)
-            at = np.searchsorted(key_ops, key_calls, side="right") - 1
-            ok = at >= 0
-            cand = ops[order][np.maximum(at, 0)]
-            ok &= th_ops[order][np.maximum(at, 0)] == th_calls
-            ok &= c["ts"][cand] + c["dur"][cand] >= c["ts"][calls] + c["dur"][calls]
-            prec[has[ok]] = np.where(c["elem_bytes"][cand[ok]] <= 2, 1, 0).astype(np.int8)
-    cache["precision"] = (kern, prec)
+    op_of = np.full(len(kern), -1, dtype=np.int64)
+    cpu = np.flatnonzero(c["cls"] == EvClass.CPU)
+    cpu_codes = np.unique(c["name"][cpu])
+    typed = np.zeros(len(table.names), dtype=bool)
+    typed[cpu_codes] = [bool(_PRECISION_OP.match(table.names[k])) for k in cpu_codes.tolist()]
+    ops = cpu[typed[c["name"][cpu]]]
+    launcher = table.launchers()[kern] if len(kern) else np.zeros(0, dtype=np.int64)
+    has = np.flatnonzero(launcher >= 0)
+    if len(ops) and len(has):
+        calls = launcher[has]
+        # the innermost typed op of the launch call's thread open around the call: the one that
+        # started last at or before it, if it ends at or after the call's end
+        keys_ops = np.stack([c["rank"][ops], c["pid"][ops], c["tid"][ops]]).astype(np.int64).T
+        keys_calls = np.stack([c["rank"][calls], c["pid"][calls], c["tid"][calls]]).astype(np.int64).T
+        inv = np.unique(np.concatenate([keys_ops, keys_calls]), axis=0, return_inverse=True)[1].reshape(-1)
+        th_ops, th_calls = inv[: len(ops)], inv[len(ops) :]
+        t_lo = float(min(c["ts"][ops].min(), c["ts"][calls].min()))
+        width = float(max((c["ts"][ops] + c["dur"][ops]).max(), (c["ts"][calls] + c["dur"][calls]).max()) - t_lo) + 1.0
+        order = np.lexsort((c["ts"][ops], th_ops))
+        key_ops = th_ops[order] * width + (c["ts"][ops][order] - t_lo)
+        key_calls = th_calls * width + (c["ts"][calls] - t_lo)
+        at = np.searchsorted(key_ops, key_calls, side="right") - 1
+        ok = at >= 0
+        cand = ops[order][np.maximum(at, 0)]
+        ok &= th_ops[order][np.maximum(at, 0)] == th_calls
+        ok &= c["ts"][cand] + c["dur"][cand] >= c["ts"][calls] + c["dur"][calls]
+        op_of[has[ok]] = cand[ok]
+        typed_ok = ok & np.isfinite(c["elem_bytes"][cand])
+        prec[has[typed_ok]] = np.where(c["elem_bytes"][cand[typed_ok]] <= 2, 1, 0).astype(np.int8)
+    cache["precision"] = (kern, prec, op_of)
     return cache["precision"]
 
 
-def _precision_us(table: EventTable, own: np.ndarray) -> tuple[float, float]:
-    """(time of the compute kernels among the device rows ``own``, of it the 16- or 8-bit kernels')."""
-    kern, prec = kernel_precision(table)
+_CONV_OP = re.compile(r"conv")
+_NHWC_KERNEL = re.compile(r"nhwc", re.IGNORECASE)
+_NCHW_KERNEL = re.compile(r"nchw|transpose", re.IGNORECASE)
+
+
+def _precision_us(table: EventTable, own: np.ndarray) -> tuple[float, float, float, float]:
+    """Of the device rows ``own``: (time of the compute kernels, of it the 16- or 8-bit kernels',
+    the time of the kernels a convolution op launched, of it the kernels whose names say NHWC
+    and neither NCHW nor a transpose: a channels-last convolution's, not a layout conversion's)."""
+    kern, prec, op_of = kernel_precision(table)
     if not len(kern) or not len(own):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     at = np.minimum(np.searchsorted(kern, own), len(kern) - 1)
     hit = kern[at] == own
-    dur = table.cols["dur"][own[hit]]
-    return float(dur.sum()), float(dur[prec[at[hit]] == 1].sum())
+    rows, at = own[hit], at[hit]
+    dur = table.cols["dur"][rows]
+    ops = op_of[at]
+    conv = np.zeros(len(rows), dtype=bool)
+    nhwc = np.zeros(len(rows), dtype=bool)
+    for k in np.unique(table.cols["name"][ops[ops >= 0]]).tolist():
+        if _CONV_OP.search(table.names[k]):
+            conv |= (ops >= 0) & (table.cols["name"][np.maximum(ops, 0)] == k)
+    for k in np.unique(table.cols["name"][rows[conv]]).tolist():
+        name = table.names[k]
+        if _NHWC_KERNEL.search(name) and not _NCHW_KERNEL.search(name):
+            nhwc |= conv & (table.cols["name"][rows] == k)
+    return float(dur.sum()), float(dur[prec[at] == 1].sum()), float(dur[conv].sum()), float(dur[nhwc].sum())
 
 
 def index_facts(table: EventTable) -> None:
@@ -306,7 +331,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     runtime = cls[rows] == EvClass.RUNTIME
     rt = rows[runtime & (c["dur"][rows] >= BLOCKING_FACT_US)]
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
-    kernel_us, low_us = _precision_us(table, own)
+    kernel_us, low_us, conv_us, nhwc_us = _precision_us(table, own)
     return RankFacts(
         rank=rank,
         cpu_start=cpu_start,
@@ -329,6 +354,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
         kernel_us=kernel_us,
         low_precision_us=low_us,
+        conv_kernel_us=conv_us,
+        nhwc_kernel_us=nhwc_us,
     )
 
 

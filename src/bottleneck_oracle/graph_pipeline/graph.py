@@ -76,6 +76,8 @@ class RankFactsRecord:
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits
+    conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
+    nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC and no layout conversion
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,8 @@ class GraphInfo:
                 lost_launches=int(f.get("lost_launches", 0)),
                 kernel_us=float(f.get("kernel_us", 0.0)),
                 low_precision_us=float(f.get("low_precision_us", 0.0)),
+                conv_kernel_us=float(f.get("conv_kernel_us", 0.0)),
+                nhwc_kernel_us=float(f.get("nhwc_kernel_us", 0.0)),
             )
             for f in facts["ranks"]
         )

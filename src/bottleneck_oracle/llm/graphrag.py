@@ -91,6 +91,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     kernel = n["category"] == Category.KERNEL
     m["gpu_compute_share"] = float(t[n["on_gpu"]].sum() / ms)
     m["full_precision_share"] = full_precision_share(a)
+    m["nchw_share"] = nchw_share(a)
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
@@ -149,6 +150,19 @@ def full_precision_share(a: StepAnalysis) -> float:
     if kernel <= 0 or facts is None:
         return 1.0
     return float(1.0 - sum(f.low_precision_us for f in facts.ranks) / kernel)
+
+
+def nchw_share(a: StepAnalysis) -> float:
+    """Share of the step's convolution kernel time (kernels a convolution op launched) not known
+    to run channels last: a kernel whose name says NHWC and neither NCHW nor a transpose is a
+    channels-last convolution's (cuDNN's ``..._nhwckrsc_nhwc``, MIOpen's ``..._nhwc_...``); the
+    layout recipe is for a step that is not channels last already. 1 where the trace does not say
+    (no convolution attributed: its ops' launches not found)."""
+    facts = a.graph.info.facts
+    conv = sum(f.conv_kernel_us for f in facts.ranks) if facts is not None else 0.0
+    if conv <= 0 or facts is None:
+        return 1.0
+    return float(1.0 - sum(f.nhwc_kernel_us for f in facts.ranks) / conv)
 
 
 EXTRA_OPS_SHARE = 0.3  # ops no peer runs holding this share of the straggler's op excess: a code path of its own
