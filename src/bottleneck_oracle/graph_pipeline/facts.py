@@ -236,10 +236,12 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndar
         calls = launcher[has]
         # the innermost typed op of the launch call's thread open around the call: the one that
         # started last at or before it, if it ends at or after the call's end
-        keys_ops = np.stack([c["rank"][ops], c["pid"][ops], c["tid"][ops]]).astype(np.int64).T
-        keys_calls = np.stack([c["rank"][calls], c["pid"][calls], c["tid"][calls]]).astype(np.int64).T
-        inv = np.unique(np.concatenate([keys_ops, keys_calls]), axis=0, return_inverse=True)[1].reshape(-1)
-        th_ops, th_calls = inv[: len(ops)], inv[len(ops) :]
+        both = np.concatenate([ops, calls])
+        th = np.zeros(len(both), dtype=np.int64)
+        for col in ("rank", "pid", "tid"):  # one exact key per (rank, pid, tid): each column made dense
+            values, dense = np.unique(c[col][both], return_inverse=True)
+            th = th * len(values) + dense.reshape(-1)
+        th_ops, th_calls = th[: len(ops)], th[len(ops) :]
         t_lo = float(min(c["ts"][ops].min(), c["ts"][calls].min()))
         width = float(max((c["ts"][ops] + c["dur"][ops]).max(), (c["ts"][calls] + c["dur"][calls]).max()) - t_lo) + 1.0
         order = np.lexsort((c["ts"][ops], th_ops))
