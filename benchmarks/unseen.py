@@ -10,7 +10,8 @@ a device clock behind its host's (``device_clock_behind``: ddp_v100 with its dev
 early, moved back); a GPU trace cut to its host's or its device's events, as ``ProfilerActivity.CPU``
 or ``.CUDA`` alone writes it (``one_side_profiled``); a loop whose launches wait for their kernels,
 as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``); a step thread that blocks in
-Python calls, a sleep and a wait for a helper thread (``host_waits``).
+Python calls, a sleep and a wait for a helper thread (``host_waits``); an accelerator's queue
+waits (``mtia``); and the advisor's premises against the raw input types (``advice_premises``).
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -418,6 +419,50 @@ def host_waits() -> dict:
     return {"steps": out}
 
 
+PREMISED = ("gpu-mixed-precision", "matmul-precision", "conv-channels-last")
+"""The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
+already, channels last for convolutions that run channels last."""
+
+
+def _raw_input_types(path: Path) -> dict[str, int]:
+    """How many matmul, convolution and attention ops of the raw JSON have each first floating-point
+    input type (``record_shapes=True``), and how many have none."""
+    doc = json.load(gzip.open(path))
+    out: dict[str, int] = {}
+    for e in doc["traceEvents"] if isinstance(doc, dict) else doc:
+        if e.get("ph") != "X" or not re.match(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?conv\w*|cudnn_convolution\w*|_?scaled_dot\w*)$", str(e.get("name"))):
+            continue
+        types = [t for t in (e.get("args") or {}).get("Input type", []) if re.search(r"(?i)float|half|double", str(t))]
+        key = str(types[0]) if types else "(none)"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def advice_premises() -> dict:
+    """Per bundled GPU trace: the raw input types of its matmuls and convolutions beside the
+    advisor's evidence (full_precision_share, nchw_share, gpu_present, per step) and the steps in
+    which each premised recipe was offered (suggested or rejected by replay)."""
+    from bottleneck_oracle.llm.graphrag import advise, symptoms
+
+    out = {}
+    paths = sorted((DATA / "more-gpu").glob("*.json.gz")) + sorted((DATA / "public-gpu").glob("*.json.gz")) + sorted((DATA / "real-gpu").glob("*.json.gz"))
+    for path in paths:
+        if "pytorch_et" in path.name or "cpu_only" in path.name:
+            continue
+        table, analyses = api.analyze(path)
+        offered = {r: 0 for r in PREMISED}
+        metrics = []
+        for a in analyses:
+            m, _ = symptoms(a, None, None)
+            metrics.append({k: round(m[k], 3) for k in ("full_precision_share", "nchw_share", "gpu_present")})
+            adv = advise(a, None, None, table)  # (no blame: the premised recipes do not read it)
+            ids = {x.source for x in adv.suggestions} | {x.source for x in adv.rejected}
+            for r in PREMISED:
+                offered[r] += r in ids
+        out[path.name] = {"raw_input_types": _raw_input_types(path), "steps": len(analyses), "evidence": metrics, "offered_in_steps": offered}
+    return out
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
     _, analyses = api.analyze(path, steps)
     rows = []
@@ -472,7 +517,16 @@ def main() -> None:
     (sg,) = api.analyze(more / "sglang_qwen3_8b_prefilldecode_mi300.json.gz")[1]
     doc["sglang"] = {"longest_untraced_us": max((s.dur for s in sg.segments() if s.kind == "untraced"), default=0.0)}
     (mt,) = api.analyze(more / "mtia_inference_rank0.json.gz")[1]
-    doc["mtia"] = {"device_nodes": int(mt.graph.nodes["on_gpu"].sum())}
+    raw_mt = [e for e in json.load(gzip.open(more / "mtia_inference_rank0.json.gz"))["traceEvents"] if e.get("ph") == "X"]
+    waits = [e for e in raw_mt if e.get("cat") == "mtia_ccp_events" and e["name"] == "event_wait"]
+    doc["mtia"] = {
+        "device_nodes": int(mt.graph.nodes["on_gpu"].sum()),
+        "raw_event_waits": len(waits),
+        "raw_event_wait_us": sum(e["dur"] for e in waits),
+        "event_wait_as_op_on_path_us": sum(s.dur for s in mt.segments() if s.kind == "op" and mt.graph.node_name(s.node) == "event_wait"),
+        "breakdown_us": mt.breakdown(),
+        "step_time_us": mt.step_time,
+    }
     doc["launch_queue"] = {
         "train_1rank_5steps": {
             "raw": raw_launch_queue(DATA / "public-gpu/train_1rank_5steps.json.gz"),
@@ -495,6 +549,7 @@ def main() -> None:
     doc["synchronous_launches"] = synchronous_launches()
     doc["runtime_setup"] = runtime_setup()
     doc["host_waits"] = host_waits()
+    doc["advice_premises"] = advice_premises()
     a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
         print(k, json.dumps(v, default=_plain)[:400])

@@ -650,8 +650,12 @@ def _device_idle(table: EventTable, rank: int, calls: np.ndarray) -> np.ndarray:
     """Per call of ``rank``: was its device busy for under SETUP_IDLE_SHARE of it?"""
     c = table.cols
     none = np.zeros(0)
-    _, _, dev_start, dev_end, _ = _device_index(table).get(rank, (none, none, none, none, 0.0))
+    _, _, dev_start, dev_end, longest = _device_index(table).get(rank, (none, none, none, none, 0.0))
     a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
+    if len(calls):  # only the device ops that can overlap the calls (a step's, not the whole trace's: once per step)
+        lo = int(np.searchsorted(dev_start, float(a.min()) - longest, side="left"))
+        hi = int(np.searchsorted(dev_start, float(b.max()), side="right"))
+        dev_start, dev_end = dev_start[lo:hi], dev_end[lo:hi]
     out: np.ndarray = _busy_between(dev_start, dev_end, a, b) < SETUP_IDLE_SHARE * c["dur"][calls]
     return out
 
@@ -667,7 +671,7 @@ def _compile_codes(table: EventTable) -> np.ndarray:
 
 def _busy_between(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The time some interval [start, end) covers inside each [a, b) (the union's, not the sum)."""
-    if not len(start):
+    if not len(start) or not len(a):
         return np.zeros(len(a))
     order = np.argsort(start, kind="stable")
     s, e = start[order].astype(np.float64), np.maximum.accumulate(end[order].astype(np.float64))
