@@ -36,7 +36,8 @@ from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
-from bottleneck_oracle.graph_pipeline.facts import DEVICE_WAIT_NAME, HOST_BLOCKED_NAME
+from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME
+from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 

@@ -5,14 +5,12 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
-from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
+from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 from bottleneck_oracle.graph_pipeline.window import Window
 
@@ -434,15 +432,12 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     E.add(order_src, order_dst, EdgeKind.SYNC)
 
 
-_DEVICE_WAIT = re.compile(F.DEVICE_WAIT_PATTERN)
-
-
 def _device_wait_codes(w: Window) -> np.ndarray:
     """Per name code: is it a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)?
     (Read for the window's device ops' names only.)"""
     codes = np.unique(w.c["name"][w.gpu_rows])
     out = np.zeros(len(w.names), dtype=bool)
-    out[codes] = [bool(_DEVICE_WAIT.match(w.names[k])) for k in codes.tolist()]
+    out[codes] = [bool(DEVICE_WAIT_NAME.match(w.names[k])) for k in codes.tolist()]
     return out
 
 

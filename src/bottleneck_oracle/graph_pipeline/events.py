@@ -791,9 +791,11 @@ def _arg(args: dict[str, Any], col: str) -> object:
 
 
 _COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
-_PRECISION_OP = re.compile(F.PRECISION_OP_PATTERN)
+PRECISION_OP_NAME = re.compile(F.PRECISION_OP_PATTERN)
+"""fields.PRECISION_OP_PATTERN compiled once (the parser, facts)."""
+DEVICE_WAIT_NAME = re.compile(F.DEVICE_WAIT_PATTERN)
+"""fields.DEVICE_WAIT_PATTERN compiled once (the parser, facts, edges, segments)."""
 _INPUT_TYPE = F.INPUT_TYPE_KEY.encode()
-_DEVICE_WAIT = re.compile(F.DEVICE_WAIT_PATTERN)
 _SPARSE = (
     "correlation",
     "ext_id",
@@ -1050,9 +1052,9 @@ class _Builder:
         sparse: dict[str, tuple[list[int], list[Any]]] = {k: ([], []) for k in _SPARSE if k not in part}
         # the few events whose args need more than the scanner reads are decoded in full
         comm = np.array([any(m in nm.lower() for m in _COMM_MARKERS) for nm in names], dtype=bool)
-        typed = np.array([bool(_PRECISION_OP.match(nm)) for nm in names], dtype=bool)  # matmuls, convolutions, attention
+        typed = np.array([bool(PRECISION_OP_NAME.match(nm)) for nm in names], dtype=bool)  # matmuls, convolutions, attention
         typed_op = (part["cls"] == EvClass.CPU) & typed[part["name"]]
-        waiting = np.array([bool(_DEVICE_WAIT.match(nm)) for nm in names], dtype=bool)  # a queue waiting: on which stream
+        waiting = np.array([bool(DEVICE_WAIT_NAME.match(nm)) for nm in names], dtype=bool)  # a queue waiting: on which stream
         wait_op = isin_small(part["cls"], (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)) & waiting[part["name"]]
         full = np.flatnonzero((part["cls"] == EvClass.GPU_SYNC) | comm[part["name"]] | typed_op | wait_op)
         unread = 0

@@ -27,7 +27,7 @@ import numpy as np
 
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
-from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
+from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, PRECISION_OP_NAME, EvClass, EventTable, Step
 
 DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # runtime calls that return only when device work has completed (or may: a copy to pageable host
@@ -147,9 +147,6 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
     return out
 
 
-DEVICE_WAIT_NAME = re.compile(F.DEVICE_WAIT_PATTERN)
-
-
 def _device_waits(table: EventTable) -> np.ndarray:
     """Per name code: is it a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)?"""
     return np.array([bool(DEVICE_WAIT_NAME.match(n)) for n in table.names], dtype=bool)
@@ -200,7 +197,6 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
     return cache["launch"]
 
 
-_PRECISION_OP = re.compile(F.PRECISION_OP_PATTERN)
 _LOW_KERNEL = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 _FULL_KERNEL = re.compile(F.FULL_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 _COMM_KERNEL = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
@@ -232,7 +228,7 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndar
     cpu = np.flatnonzero(c["cls"] == EvClass.CPU)
     cpu_codes = np.unique(c["name"][cpu])
     typed = np.zeros(len(table.names), dtype=bool)
-    typed[cpu_codes] = [bool(_PRECISION_OP.match(table.names[k])) for k in cpu_codes.tolist()]
+    typed[cpu_codes] = [bool(PRECISION_OP_NAME.match(table.names[k])) for k in cpu_codes.tolist()]
     ops = cpu[typed[c["name"][cpu]]]
     launcher = table.launchers()[kern] if len(kern) else np.zeros(0, dtype=np.int64)
     has = np.flatnonzero(launcher >= 0)

@@ -128,7 +128,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     return m, ctx
 
 
-_OTHER_RUNTIME = re.compile(r"^(cuda|hip|cu|hsa)[A-Z]")
+_CUDA_HIP_CALL = re.compile(r"^(cuda|hip|cu)[A-Z]|^hsa_")  # cudaLaunchKernel, cuLaunchKernel, hipMemcpyAsync, hsa_signal_wait_scacquire
 
 
 def _cuda_or_hip(g: ExecutionGraph) -> bool:
@@ -137,7 +137,7 @@ def _cuda_or_hip(g: ExecutionGraph) -> bool:
     MTIA's ``synchronizeStream``, Intel's ``urEnqueueKernelLaunch``): a trace without runtime
     calls keeps the GPU recipes."""
     codes = np.unique(g.nodes["name"][np.isin(g.nodes["category"], (Category.RUNTIME, Category.BLOCKING))])
-    return not len(codes) or any(_OTHER_RUNTIME.match(g.names[int(k)]) for k in codes.tolist())
+    return not len(codes) or any(_CUDA_HIP_CALL.match(g.names[int(k)]) for k in codes.tolist())
 
 
 def full_precision_share(a: StepAnalysis) -> float:
