@@ -142,3 +142,28 @@ def test_the_layout_recipe_is_for_convolutions_not_channels_last_already(tmp_pat
     assert f.nhwc_kernel_us == pytest.approx(0.0 if offered else 1500.0)
     adv = advise(StepAnalysis.of(g), None, None, table)
     assert ("conv-channels-last" in {s.source for s in adv.suggestions} | {r.source for r in adv.rejected}) == offered
+
+
+def _cpu_matmul_step(path: Path, dtype: str) -> None:
+    """A CPU step of five linear layers (aten::linear around aten::addmm, 300 µs each) whose inputs
+    are ``dtype``, with 20 µs of other ops between them."""
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 1700, 1, 1)]
+    for i in range(5):
+        t = 10.0 + 330.0 * i
+        ev.append(_x("aten::linear", "cpu_op", t, 300, 1, 1, **{"Input type": [dtype, dtype, dtype]}))
+        ev.append(_x("aten::addmm", "cpu_op", t + 5, 290, 1, 1, **{"Input type": [dtype, dtype, dtype, "Scalar", "Scalar"]}))
+        ev.append(_x("aten::relu", "cpu_op", t + 305, 20, 1, 1))
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+@pytest.mark.parametrize("dtype, offered", [("c10::BFloat16", False), ("float", True)])
+def test_the_cpu_bf16_recipe_is_for_a_step_in_fp32(tmp_path, dtype, offered):
+    _cpu_matmul_step(tmp_path / "m.json.gz", dtype)
+    table = load(tmp_path / "m.json.gz")
+    (g,) = graphs(table)
+    (f,) = g.info.facts.ranks
+    assert f.host_matmul_us == pytest.approx(1500.0)  # the five linears' spans (their addmm inside)
+    assert f.host_low_precision_us == pytest.approx(0.0 if offered else 1500.0)
+    adv = advise(StepAnalysis.of(g), None, None, table)
+    assert ("cpu-matmul-bf16" in {s.source for s in adv.suggestions} | {r.source for r in adv.rejected}) == offered

@@ -71,6 +71,8 @@ class RankFacts:
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC (channels last) and no layout conversion
+    host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops (the union of their spans)
+    host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits ("Input type", record_shapes)
 
     @property
     def measured(self) -> float:
@@ -256,7 +258,24 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndar
         typed_ok = ok & np.isfinite(c["elem_bytes"][cand])
         prec[has[typed_ok]] = np.where(c["elem_bytes"][cand[typed_ok]] <= 2, 1, 0).astype(np.int8)
     cache["precision"] = (kern, prec, op_of)
+    cache["typed_names"] = typed
     return cache["precision"]
+
+
+def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    """Of the step's host rows: (the time inside matmul, convolution and attention ops, the union of
+    their spans between ``lo`` and ``hi``; of it, inside those whose first floating-point input is
+    16 or 8 bits): what a CPU step's matmuls run in."""
+    c = table.cols
+    kernel_precision(table)
+    typed = (table.facts_cache or {})["typed_names"]
+    ops = rows[(c["cls"][rows] == EvClass.CPU) & typed[c["name"][rows]]]
+    if not len(ops):
+        return 0.0, 0.0
+    start = c["ts"][ops].astype(np.float64)
+    end = start + c["dur"][ops]
+    low = c["elem_bytes"][ops] <= 2  # (NaN: not known, not low)
+    return _union(start, end, lo, hi), _union(start[low], end[low], lo, hi) if low.any() else 0.0
 
 
 _CONV_OP = re.compile(r"conv")
@@ -334,6 +353,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     rt = rows[runtime & (c["dur"][rows] >= BLOCKING_FACT_US)]
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     kernel_us, low_us, conv_us, nhwc_us = _precision_us(table, own)
+    host_mm_us, host_low_us = _host_matmul_us(table, rows, cpu_start, cpu_end)
     return RankFacts(
         rank=rank,
         cpu_start=cpu_start,
@@ -358,6 +378,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         low_precision_us=low_us,
         conv_kernel_us=conv_us,
         nhwc_kernel_us=nhwc_us,
+        host_matmul_us=host_mm_us,
+        host_low_precision_us=host_low_us,
     )
 
 

@@ -78,6 +78,8 @@ class RankFactsRecord:
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC and no layout conversion
+    host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops
+    host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +187,8 @@ class GraphInfo:
                 low_precision_us=float(f.get("low_precision_us", 0.0)),
                 conv_kernel_us=float(f.get("conv_kernel_us", 0.0)),
                 nhwc_kernel_us=float(f.get("nhwc_kernel_us", 0.0)),
+                host_matmul_us=float(f.get("host_matmul_us", 0.0)),
+                host_low_precision_us=float(f.get("host_low_precision_us", 0.0)),
             )
             for f in facts["ranks"]
         )

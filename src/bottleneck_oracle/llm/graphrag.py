@@ -92,6 +92,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["gpu_compute_share"] = float(t[n["on_gpu"]].sum() / ms)
     m["full_precision_share"] = full_precision_share(a)
     m["nchw_share"] = nchw_share(a)
+    m["host_full_precision_share"] = host_full_precision_share(a)
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
@@ -150,6 +151,17 @@ def full_precision_share(a: StepAnalysis) -> float:
     if kernel <= 0 or facts is None:
         return 1.0
     return float(1.0 - sum(f.low_precision_us for f in facts.ranks) / kernel)
+
+
+def host_full_precision_share(a: StepAnalysis) -> float:
+    """Share of the step's host time inside matmul, convolution and attention ops not known to run
+    in 16 or 8 bits (their input types, ``record_shapes=True``): the CPU's bf16 recipe is for a
+    step in fp32. 1 where the trace does not say."""
+    facts = a.graph.info.facts
+    mm = sum(f.host_matmul_us for f in facts.ranks) if facts is not None else 0.0
+    if mm <= 0 or facts is None:
+        return 1.0
+    return float(1.0 - sum(f.host_low_precision_us for f in facts.ranks) / mm)
 
 
 def nchw_share(a: StepAnalysis) -> float:
