@@ -419,18 +419,21 @@ def host_waits() -> dict:
     return {"steps": out}
 
 
-PREMISED = ("gpu-mixed-precision", "matmul-precision", "conv-channels-last")
+PREMISED = ("gpu-mixed-precision", "matmul-precision", "conv-channels-last", "cpu-matmul-bf16")
 """The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
-already, channels last for convolutions that run channels last."""
+already (on the device, on the CPU), channels last for convolutions that run channels last."""
 
 
 def _raw_input_types(path: Path) -> dict[str, int]:
     """How many matmul, convolution and attention ops of the raw JSON have each first floating-point
     input type (``record_shapes=True``), and how many have none."""
-    doc = json.load(gzip.open(path))
+    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]  # (a folder: one file per rank)
+    docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
     out: dict[str, int] = {}
-    for e in doc["traceEvents"] if isinstance(doc, dict) else doc:
-        if e.get("ph") != "X" or not re.match(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?conv\w*|cudnn_convolution\w*|_?scaled_dot\w*)$", str(e.get("name"))):
+    for e in (x for doc in docs for x in (doc["traceEvents"] if isinstance(doc, dict) else doc)):
+        if e.get("ph") != "X" or not re.match(
+            r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?conv\w*|cudnn_convolution\w*|_?scaled_dot\w*)$", str(e.get("name"))
+        ):
             continue
         types = [t for t in (e.get("args") or {}).get("Input type", []) if re.search(r"(?i)float|half|double", str(t))]
         key = str(types[0]) if types else "(none)"
@@ -445,21 +448,31 @@ def advice_premises() -> dict:
     from bottleneck_oracle.llm.graphrag import advise, symptoms
 
     out = {}
-    paths = sorted((DATA / "more-gpu").glob("*.json.gz")) + sorted((DATA / "public-gpu").glob("*.json.gz")) + sorted((DATA / "real-gpu").glob("*.json.gz"))
+    paths = (
+        sorted((DATA / "more-gpu").glob("*.json.gz"))
+        + sorted((DATA / "public-gpu").glob("*.json.gz"))
+        + sorted((DATA / "real-gpu").glob("*.json.gz"))
+    )
+    paths.append(DATA / "gloo_ddp_2rank")  # (a CPU job of ours, fp32)
     for path in paths:
-        if "pytorch_et" in path.name or "cpu_only" in path.name:
+        if "pytorch_et" in path.name:
             continue
         table, analyses = api.analyze(path)
         offered = {r: 0 for r in PREMISED}
         metrics = []
         for a in analyses:
             m, _ = symptoms(a, None, None)
-            metrics.append({k: round(m[k], 3) for k in ("full_precision_share", "nchw_share", "gpu_present")})
+            metrics.append({k: round(m[k], 3) for k in ("full_precision_share", "nchw_share", "host_full_precision_share", "gpu_present")})
             adv = advise(a, None, None, table)  # (no blame: the premised recipes do not read it)
             ids = {x.source for x in adv.suggestions} | {x.source for x in adv.rejected}
             for r in PREMISED:
                 offered[r] += r in ids
-        out[path.name] = {"raw_input_types": _raw_input_types(path), "steps": len(analyses), "evidence": metrics, "offered_in_steps": offered}
+        out[path.name] = {
+            "raw_input_types": _raw_input_types(path),
+            "steps": len(analyses),
+            "evidence": metrics,
+            "offered_in_steps": offered,
+        }
     return out
 
 
