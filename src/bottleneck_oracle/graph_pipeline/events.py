@@ -1118,7 +1118,9 @@ class _Builder:
     def _other_categories(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray], cls: np.ndarray) -> np.ndarray:
         """Event classes for complete events in categories the field map does not list.
 
-        A category of another vendor's runtime (``mtia_runtime``) holds runtime calls; any other
+        A category of another vendor's runtime (``mtia_runtime``) holds runtime calls, except on the
+        accelerator's own process, where such events are its marks (an MTIA's "Stream N Submission
+        Queue" lanes of 1 µs ``synchronize`` events): left out and counted; any other
         category on an accelerator's process (named like "MTIA 17", or one that also has kernels)
         holds device ops; the profiler's own categories (fields.IGNORED_CATS) hold no work. What
         is left (an unknown category on a host thread) is not analysed, and counted in a warning,
@@ -1133,6 +1135,7 @@ class _Builder:
         on_device = np.isin(ev["pid"], np.array(sorted(device_pids), dtype=np.int64)) & (ev["pid_str"] == 0)
         read_as_device: dict[str, int] = {}
         skipped: dict[str, int] = {}
+        device_marks: dict[str, int] = {}
         for h, i in zip(hashes.tolist(), other[first].tolist()):
             obj = _decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])])
             cat = obj.get("cat") if isinstance(obj, dict) else None
@@ -1141,7 +1144,9 @@ class _Builder:
             if cat in F.IGNORED_CATS:
                 continue
             if cat and cat.lower().endswith(F.RUNTIME_CAT_SUFFIXES):
-                cls[mine] = EvClass.RUNTIME
+                cls[mine[~on_device[mine]]] = EvClass.RUNTIME  # (on the accelerator's process: its own marks, below)
+                if on_device[mine].any():
+                    device_marks[cat[:60]] = int(on_device[mine].sum())
                 continue
             dev = mine[on_device[mine]]
             cls[dev] = EvClass.KERNEL
@@ -1163,6 +1168,12 @@ class _Builder:
             self.skipped = f"{sum(skipped.values())} events in categories this tool does not read ({shown})"
             self.notes.append(
                 f"{path}: {sum(skipped.values())} events on host threads in categories this tool does not read ({shown}) left out"
+            )
+        if device_marks:
+            shown = ", ".join(f"{c}: {n}" for c, n in sorted(device_marks.items(), key=lambda kv: -kv[1]))
+            self.notes.append(
+                f"{path}: {sum(device_marks.values())} events of a runtime's category on the accelerator's own process ({shown}) "
+                "are the device's marks (an MTIA's per-stream submission queues), not calls of a host thread: left out"
             )
         if ranges:
             self.notes.append(
