@@ -1164,7 +1164,8 @@ def test_the_input_s_warnings_are_in_the_json_and_the_html_report(tmp_path, caps
     code, out, err = run_cli(["analyze", str(trace), "--json"], capsys)
     assert code == 0, err
     said = json.loads(out)["warnings"]
-    assert len(said) == 2 and any("1313 events on an accelerator" in w for w in said) and any("no ProfilerStep" in w for w in said)
+    assert len(said) == 3 and any("1313 events on an accelerator" in w for w in said) and any("no ProfilerStep" in w for w in said)
+    assert any("113 events of a runtime's category on the accelerator's own process" in w for w in said)
     assert [" ".join(w.split()) for w in said] == [" ".join(w.split()) for w in _warned(err)]
     report = tmp_path / "report.html"
     code, out, err = run_cli(["analyze", str(trace), "--json", "--html", str(report)], capsys)
