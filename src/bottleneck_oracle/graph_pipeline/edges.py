@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
-from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, SYNC_KINDS, EvClass, EventTable
+from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 from bottleneck_oracle.graph_pipeline.window import Window
 
@@ -432,15 +432,6 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     E.add(order_src, order_dst, EdgeKind.SYNC)
 
 
-def _device_wait_codes(w: Window) -> np.ndarray:
-    """Per name code: is it a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)?
-    (Read for the window's device ops' names only.)"""
-    codes = np.unique(w.c["name"][w.gpu_rows])
-    out = np.zeros(len(w.names), dtype=bool)
-    out[codes] = [bool(DEVICE_WAIT_NAME.match(w.names[k])) for k in codes.tolist()]
-    return out
-
-
 def device_waits(w: Window, E: EdgeSet, tol: float) -> None:
     """A device op that is its queue waiting for another stream (fields.DEVICE_WAIT_PATTERN, with
     the stream it waits on in its args: an MTIA queue's ``event_wait``, ``wait_on_stream``) waits
@@ -452,7 +443,7 @@ def device_waits(w: Window, E: EdgeSet, tol: float) -> None:
     if not len(w.gpu_rows):
         return
     rows = w.gpu_rows
-    waits = np.flatnonzero(_device_wait_codes(w)[c["name"][rows]] & (c["wait_stream"][rows] >= 0))
+    waits = np.flatnonzero(w.name_queue_wait[c["name"][rows]] & (c["wait_stream"][rows] >= 0))
     if not len(waits):
         return
     key = c["rank"][rows].astype(np.int64) * (1 << 32) + (c["stream"][rows].astype(np.int64) & 0xFFFFFFFF)
@@ -580,7 +571,7 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
     if not len(late):
         return
     src, dst = [], []
-    queue_waits = _device_wait_codes(w)[c["name"][w.gpu_rows]]  # (a queue waiting releases nothing: device_waits)
+    queue_waits = w.name_queue_wait[c["name"][w.gpu_rows]]  # (a queue waiting releases nothing: device_waits)
     for r in np.unique(rank[late]).tolist():
         mine = np.flatnonzero((rank == r) & ~queue_waits)
         by_end = mine[np.argsort(end[mine], kind="stable")]

@@ -202,14 +202,18 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
 _LOW_KERNEL = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 _FULL_KERNEL = re.compile(F.FULL_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 _COMM_KERNEL = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
+_CONV_OP = re.compile(r"conv")
+_NHWC_KERNEL = re.compile(r"nhwc", re.IGNORECASE)
+_NCHW_KERNEL = re.compile(r"nchw|transpose", re.IGNORECASE)
 
 
 def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the rows of the compute kernels, collectives' kernels left out, sorted; per kernel 1 where
-    it runs in 16 or 8 bits, 0 in 32 or 64, -1 where the trace does not say; per kernel the row of
-    the matmul, convolution or attention op that launched it, -1 for none), computed once per
-    table. The launching op is the innermost such op (fields.PRECISION_OP_PATTERN) open around the
-    kernel's launch call on its thread. A kernel whose launching op has an "Input type"
+    it runs in 16 or 8 bits, 0 in 32 or 64, -1 where the trace does not say; per kernel 1 where a
+    convolution op launched it, 2 where it did and the kernel's name says NHWC and neither NCHW
+    nor a transpose — a channels-last convolution's, not a layout conversion's — 0 otherwise),
+    computed once per table. The launching op is the innermost matmul, convolution or attention
+    op (fields.PRECISION_OP_PATTERN) open around the kernel's launch call on its thread. A kernel whose launching op has an "Input type"
     (``record_shapes=True``) runs in the precision of that op's first floating-point input; any
     other is read from its name (fields.LOW_/FULL_PRECISION_KERNEL_PATTERN)."""
     cache = table.facts_cache = table.facts_cache or {}
@@ -228,10 +232,7 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndar
     prec = by_name[c["name"][kern]]
     op_of = np.full(len(kern), -1, dtype=np.int64)
     cpu = np.flatnonzero(c["cls"] == EvClass.CPU)
-    cpu_codes = np.unique(c["name"][cpu])
-    typed = np.zeros(len(table.names), dtype=bool)
-    typed[cpu_codes] = [bool(PRECISION_OP_NAME.match(table.names[k])) for k in cpu_codes.tolist()]
-    ops = cpu[typed[c["name"][cpu]]]
+    ops = cpu[_typed_names(table)[c["name"][cpu]]]
     launcher = table.launchers()[kern] if len(kern) else np.zeros(0, dtype=np.int64)
     has = np.flatnonzero(launcher >= 0)
     if len(ops) and len(has):
@@ -257,9 +258,26 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndar
         op_of[has[ok]] = cand[ok]
         typed_ok = ok & np.isfinite(c["elem_bytes"][cand])
         prec[has[typed_ok]] = np.where(c["elem_bytes"][cand[typed_ok]] <= 2, 1, 0).astype(np.int8)
-    cache["precision"] = (kern, prec, op_of)
-    cache["typed_names"] = typed
+    # per kernel: launched by a convolution (1), and of those named channels last (2); else 0
+    conv_op = np.zeros(len(table.names), dtype=bool)
+    op_codes = np.unique(c["name"][op_of[op_of >= 0]])
+    conv_op[op_codes] = [bool(_CONV_OP.search(table.names[k])) for k in op_codes.tolist()]
+    nhwc = np.zeros(len(table.names), dtype=bool)
+    nhwc[codes] = [bool(_NHWC_KERNEL.search(table.names[k])) and not _NCHW_KERNEL.search(table.names[k]) for k in codes.tolist()]
+    conv = (op_of >= 0) & conv_op[c["name"][np.maximum(op_of, 0)]]
+    layout = np.where(conv, np.where(nhwc[c["name"][kern]], 2, 1), 0).astype(np.int8)
+    cache["precision"] = (kern, prec, layout)
     return cache["precision"]
+
+
+def _typed_names(table: EventTable) -> np.ndarray:
+    """Per name code: a matmul, convolution or attention op (fields.PRECISION_OP_PATTERN), whose
+    input types give its kernels' precision; once per table."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if "typed_names" not in cache:
+        cache["typed_names"] = np.array([bool(PRECISION_OP_NAME.match(n)) for n in table.names], dtype=bool)
+    out: np.ndarray = cache["typed_names"]
+    return out
 
 
 def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
@@ -267,9 +285,7 @@ def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -
     their spans between ``lo`` and ``hi``; of it, inside those whose first floating-point input is
     16 or 8 bits): what a CPU step's matmuls run in."""
     c = table.cols
-    kernel_precision(table)
-    typed = (table.facts_cache or {})["typed_names"]
-    ops = rows[(c["cls"][rows] == EvClass.CPU) & typed[c["name"][rows]]]
+    ops = rows[(c["cls"][rows] == EvClass.CPU) & _typed_names(table)[c["name"][rows]]]
     if not len(ops):
         return 0.0, 0.0
     start = c["ts"][ops].astype(np.float64)
@@ -278,33 +294,17 @@ def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -
     return _union(start, end, lo, hi), _union(start[low], end[low], lo, hi) if low.any() else 0.0
 
 
-_CONV_OP = re.compile(r"conv")
-_NHWC_KERNEL = re.compile(r"nhwc", re.IGNORECASE)
-_NCHW_KERNEL = re.compile(r"nchw|transpose", re.IGNORECASE)
-
-
 def _precision_us(table: EventTable, own: np.ndarray) -> tuple[float, float, float, float]:
     """Of the device rows ``own``: (time of the compute kernels, of it the 16- or 8-bit kernels',
     the time of the kernels a convolution op launched, of it the kernels whose names say NHWC
     and neither NCHW nor a transpose: a channels-last convolution's, not a layout conversion's)."""
-    kern, prec, op_of = kernel_precision(table)
+    kern, prec, layout = kernel_precision(table)
     if not len(kern) or not len(own):
         return 0.0, 0.0, 0.0, 0.0
     at = np.minimum(np.searchsorted(kern, own), len(kern) - 1)
-    hit = kern[at] == own
-    rows, at = own[hit], at[hit]
-    dur = table.cols["dur"][rows]
-    ops = op_of[at]
-    conv = np.zeros(len(rows), dtype=bool)
-    nhwc = np.zeros(len(rows), dtype=bool)
-    for k in np.unique(table.cols["name"][ops[ops >= 0]]).tolist():
-        if _CONV_OP.search(table.names[k]):
-            conv |= (ops >= 0) & (table.cols["name"][np.maximum(ops, 0)] == k)
-    for k in np.unique(table.cols["name"][rows[conv]]).tolist():
-        name = table.names[k]
-        if _NHWC_KERNEL.search(name) and not _NCHW_KERNEL.search(name):
-            nhwc |= conv & (table.cols["name"][rows] == k)
-    return float(dur.sum()), float(dur[prec[at] == 1].sum()), float(dur[conv].sum()), float(dur[nhwc].sum())
+    at = at[kern[at] == own]
+    dur = table.cols["dur"][kern[at]]
+    return float(dur.sum()), float(dur[prec[at] == 1].sum()), float(dur[layout[at] > 0].sum()), float(dur[layout[at] == 2].sum())
 
 
 def index_facts(table: EventTable) -> None:

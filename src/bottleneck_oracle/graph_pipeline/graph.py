@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,15 @@ class RankFactsRecord:
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC and no layout conversion
     host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits
+
+
+_LATER_RANK_FACTS = {f.name: f.default for f in fields(RankFactsRecord) if isinstance(f.default, (int, float))}
+"""RankFactsRecord's fields with a default (an int or a float), read with it where absent."""
+
+
+def _later_rank_facts(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """Those fields of one rank's saved facts, as their default's type (its default where absent)."""
+    return {k: type(default)(saved.get(k, default)) for k, default in _LATER_RANK_FACTS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,19 +185,8 @@ class GraphInfo:
                 period_us=float(f["period_us"]),
                 blocking_us=float(f["blocking_us"]),
                 asleep=tuple(AsleepThread(tid=int(t["tid"]), thread=str(t["thread"]), op=str(t["op"])) for t in f.get("asleep", [])),
-                launched=int(f.get("launched", 0)),
-                early_launches=int(f.get("early_launches", 0)),
-                runtime_calls=int(f.get("runtime_calls", 0)),
-                host_blocked_us=float(f.get("host_blocked_us", 0.0)),
-                setup_us=float(f.get("setup_us", 0.0)),
-                launch_calls=int(f.get("launch_calls", 0)),
-                lost_launches=int(f.get("lost_launches", 0)),
-                kernel_us=float(f.get("kernel_us", 0.0)),
-                low_precision_us=float(f.get("low_precision_us", 0.0)),
-                conv_kernel_us=float(f.get("conv_kernel_us", 0.0)),
-                nhwc_kernel_us=float(f.get("nhwc_kernel_us", 0.0)),
-                host_matmul_us=float(f.get("host_matmul_us", 0.0)),
-                host_low_precision_us=float(f.get("host_low_precision_us", 0.0)),
+                # the counts and times later versions added: absent in a graph saved before them
+                **_later_rank_facts(f),
             )
             for f in facts["ranks"]
         )

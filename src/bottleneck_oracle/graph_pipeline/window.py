@@ -18,7 +18,7 @@ import numpy as np
 from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted
-from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable, Step
+from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, EvClass, EventTable, Step
 from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME, synchronous_launches
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
@@ -162,6 +162,7 @@ class Window:
     name_c10d: np.ndarray  # c10d collective call (not a wait)
     name_blocked: np.ndarray  # a Python call that blocks its thread (fields.HOST_BLOCKED_PATTERN)
     name_lock: np.ndarray  # of those, a wait another thread of the process ends (fields.LOCK_WAIT_PATTERN)
+    name_queue_wait: np.ndarray  # a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)
     # CPU threads
     cpu_rows: np.ndarray
     cpu_sorted: np.ndarray  # the CPU rows sorted by (thread, ts, -dur): outermost op first
@@ -326,6 +327,8 @@ def _flags_of(names: list[str]) -> dict[str, np.ndarray]:
         # Python calls that block their thread, and of those the waits another thread ends (fields.py)
         "blocked": np.array([n.startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(n)) for n in names], dtype=bool),
         "lock": np.array([n.startswith("<built-in") and bool(LOCK_WAIT_NAME.search(n)) for n in names], dtype=bool),
+        # a device op that is its queue waiting for another stream (fields.DEVICE_WAIT_PATTERN)
+        "queue_wait": np.array([bool(DEVICE_WAIT_NAME.match(n)) for n in names], dtype=bool),
     }
 
 
@@ -639,6 +642,7 @@ def make_window(
         name_c10d=name_c10d,
         name_blocked=flags["blocked"],
         name_lock=flags["lock"],
+        name_queue_wait=flags["queue_wait"],
         cpu_rows=cpu_rows,
         cpu_sorted=srt,
         ev_thread=ev_thread,

@@ -141,27 +141,30 @@ def _cuda_or_hip(g: ExecutionGraph) -> bool:
     return not len(codes) or any(_CUDA_HIP_CALL.match(g.names[int(k)]) for k in codes.tolist())
 
 
+def _share_not(a: StepAnalysis, total: str, part: str) -> float:
+    """1 - (the step's facts' ``part`` over its ``total``, summed over its ranks): the share of a
+    quantity the trace does not show to be already what a recipe would make it; 1 where the trace
+    has none of it (nothing known)."""
+    facts = a.graph.info.facts
+    whole = sum(getattr(f, total) for f in facts.ranks) if facts is not None else 0.0
+    if whole <= 0 or facts is None:
+        return 1.0
+    return float(1.0 - sum(getattr(f, part) for f in facts.ranks) / whole)
+
+
 def full_precision_share(a: StepAnalysis) -> float:
     """Share of the step's compute kernel time (its ranks', collectives' kernels left out) not known
     to run in 16 or 8 bits (graph_pipeline.facts.kernel_precision: the launching matmul's,
     convolution's or attention's input type, else the kernel's name): a reduced-precision recipe
     is for a step that is not there already. 1 where the trace has no kernel time (nothing known)."""
-    facts = a.graph.info.facts
-    kernel = sum(f.kernel_us for f in facts.ranks) if facts is not None else 0.0
-    if kernel <= 0 or facts is None:
-        return 1.0
-    return float(1.0 - sum(f.low_precision_us for f in facts.ranks) / kernel)
+    return _share_not(a, "kernel_us", "low_precision_us")
 
 
 def host_full_precision_share(a: StepAnalysis) -> float:
     """Share of the step's host time inside matmul, convolution and attention ops not known to run
     in 16 or 8 bits (their input types, ``record_shapes=True``): the CPU's bf16 recipe is for a
     step in fp32. 1 where the trace does not say."""
-    facts = a.graph.info.facts
-    mm = sum(f.host_matmul_us for f in facts.ranks) if facts is not None else 0.0
-    if mm <= 0 or facts is None:
-        return 1.0
-    return float(1.0 - sum(f.host_low_precision_us for f in facts.ranks) / mm)
+    return _share_not(a, "host_matmul_us", "host_low_precision_us")
 
 
 def nchw_share(a: StepAnalysis) -> float:
@@ -170,11 +173,7 @@ def nchw_share(a: StepAnalysis) -> float:
     channels-last convolution's (cuDNN's ``..._nhwckrsc_nhwc``, MIOpen's ``..._nhwc_...``); the
     layout recipe is for a step that is not channels last already. 1 where the trace does not say
     (no convolution attributed: its ops' launches not found)."""
-    facts = a.graph.info.facts
-    conv = sum(f.conv_kernel_us for f in facts.ranks) if facts is not None else 0.0
-    if conv <= 0 or facts is None:
-        return 1.0
-    return float(1.0 - sum(f.nhwc_kernel_us for f in facts.ranks) / conv)
+    return _share_not(a, "conv_kernel_us", "nhwc_kernel_us")
 
 
 EXTRA_OPS_SHARE = 0.3  # ops no peer runs holding this share of the straggler's op excess: a code path of its own
