@@ -101,8 +101,13 @@ def host_blocked_names(g: ExecutionGraph, codes: np.ndarray) -> np.ndarray:
     """Per name code in ``codes``: is it a Python call that blocks its thread without computing
     (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read)? (Read
     for the codes asked for only: with the Python tracer a trace has a name per object address.)"""
+    return _names_matching(g, codes, lambda name: name.startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(name)))
+
+
+def _names_matching(g: ExecutionGraph, codes: np.ndarray, test: Callable[[str], bool]) -> np.ndarray:
+    """Per name code in ``codes``: does its name pass ``test``? (Each distinct name tested once.)"""
     used, at = np.unique(codes, return_inverse=True)
-    hit = np.array([g.names[k].startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(g.names[k])) for k in used.tolist()], dtype=bool)
+    hit = np.array([test(g.names[k]) for k in used.tolist()], dtype=bool)
     out: np.ndarray = hit[at.reshape(-1)] if len(used) else np.zeros(len(codes), dtype=bool)
     return out
 
@@ -205,9 +210,7 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     blocked[on] = host_blocked_names(g, n["name"][on]) & ~n["on_gpu"][on] & (n["dur"][on] >= F.HOST_BLOCKED_MIN_US)
     host_blocked = of(blocked)
     waits = np.zeros(g.n_nodes, dtype=bool)
-    on_codes, code_at = np.unique(n["name"][on], return_inverse=True)  # (the path's names only)
-    waiting = np.array([bool(DEVICE_WAIT_NAME.match(g.names[k])) for k in on_codes.tolist()], dtype=bool)
-    waits[on] = (waiting[code_at.reshape(-1)] if len(on_codes) else False) & n["on_gpu"][on]
+    waits[on] = _names_matching(g, n["name"][on], lambda name: bool(DEVICE_WAIT_NAME.match(name))) & n["on_gpu"][on]
     device_wait = of(waits)
     program_order, launch, gpu_sync = int(EdgeKind.PROGRAM_ORDER), int(EdgeKind.LAUNCH), int(EdgeKind.SYNC)
     # when each device op's launch call ended (-inf: not launched in the window)
