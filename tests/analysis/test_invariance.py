@@ -1,0 +1,90 @@
+"""What must not change the answer: the order of a trace's events in its file, and the vendor's
+names for the same runtime calls.
+
+Real traces reach users in more shapes than the ones recorded here: exporters and trace tools
+(splitters, mergers, converters) write events in time order or in any order, and ROCm's PyTorch
+writes ``hipLaunchKernel``/``hipMemcpyAsync``/``hipStreamSynchronize`` where CUDA's writes
+``cudaLaunchKernel``/``cudaMemcpyAsync``/``cudaStreamSynchronize``. A rule that leans on file order
+or on one vendor's spelling would be right on the traces at hand and wrong on the twin a user
+brings. The oracle is the analysis of the trace as recorded: each variant must give the same
+figures, checks and warnings (the vendor's names aside).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+from orjson import OPT_SORT_KEYS
+
+from bottleneck_oracle.analysis.summary import StepAnalysis
+from bottleneck_oracle.api import graphs, load
+from bottleneck_oracle.serial import dumps
+from conftest import MORE, PUBLIC, REAL
+
+# a blocking copy behind a GPU-bound forward pass (cuLaunchKernel too), a 5-step DDP rank on
+# V100, event synchronisation across streams
+FIXTURES = (
+    MORE / "timesformer_h100_1step.json.gz",
+    REAL / "ddp_v100_rank1of2_5steps.json.gz",
+    PUBLIC / "cuda_event_sync_multistream_1gpu.json.gz",
+)
+
+
+def _analysis(path: Path) -> str:
+    """Every step's analysis as JSON text, the input's path left out."""
+    steps = [StepAnalysis.of(g).to_dict() for g in graphs(load(path))]
+    return dumps(steps, OPT_SORT_KEYS).decode().replace(str(path), "<trace>")
+
+
+def _document(path: Path) -> dict:
+    return json.loads(gzip.open(path).read())
+
+
+def _written(doc: dict, path: Path) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name.split(".")[0])
+def test_the_order_of_events_in_the_file_does_not_change_the_analysis(fixture, tmp_path):
+    # the recorded document written back as it is, against the same events shuffled and sorted by
+    # time: json's float text is the same in all three, so only the order differs
+    doc = _document(fixture)
+    as_recorded = _analysis(_written(doc, tmp_path / "recorded.json"))
+    events = doc["traceEvents"]
+    random.Random(7).shuffle(events)
+    assert _analysis(_written(doc, tmp_path / "shuffled.json")) == as_recorded
+    events.sort(key=lambda e: e.get("ts", 0) if isinstance(e.get("ts", 0), (int, float)) else 0)
+    assert _analysis(_written(doc, tmp_path / "sorted.json")) == as_recorded
+
+
+_CUDA_NAME = re.compile(r'"name":\s*"(cu(?:da)?)([A-Z][A-Za-z0-9_]*)"')
+
+
+def _hip_name(m: re.Match) -> str:
+    prefix, rest = m.group(1), m.group(2)
+    if prefix == "cu" and rest.startswith("LaunchKernel"):
+        return '"name": "hipModuleLaunchKernel"'  # the driver API's launch, as ROCm names it
+    return f'"name": "hip{rest}"'
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name.split(".")[0])
+def test_rocm_names_for_the_same_runtime_calls_give_the_same_analysis(fixture, tmp_path):
+    text = gzip.open(fixture).read().decode()
+    hip_text, renamed = _CUDA_NAME.subn(_hip_name, text)
+    assert renamed >= 30 and "hipLaunchKernel" in hip_text
+    original = tmp_path / "cuda.json"
+    original.write_text(text)
+    hip = tmp_path / "hip.json"
+    hip.write_text(hip_text)
+    on_cuda = _analysis(original).replace("<trace>", "")
+    on_hip = _analysis(hip).replace("<trace>", "")
+    # the analysis of the ROCm spelling, its names spelt back, is the analysis of the CUDA one
+    back = on_hip.replace("hipModuleLaunchKernel", "cuLaunchKernel").replace("hip", "cuda")
+    assert "hip" not in on_cuda
+    assert back == on_cuda
