@@ -7,7 +7,9 @@ the host's wait, the run answer's line, and ``whatif`` in steady state against t
 (the span of the step before the queue filled), with why a host the queue did not pace keeps its
 step's own window (``diff_test``: its edit replayed in windows of one, two and three steps); and
 a device clock behind its host's (``device_clock_behind``: ddp_v100 with its device events 300 µs
-early, moved back); a GPU trace cut to its host's or its device's events, as ``ProfilerActivity.CPU``
+early, moved back) or ahead of it (``device_clock_ahead``: every GPU trace file with its device
+events 300 µs late, and the raw facts that show it: blocking calls returning before their work
+ended, launches to an idle device starting late); a GPU trace cut to its host's or its device's events, as ``ProfilerActivity.CPU``
 or ``.CUDA`` alone writes it (``one_side_profiled``); a loop whose launches wait for their kernels,
 as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``); a step thread that blocks in
 Python calls, a sleep and a wait for a helper thread (``host_waits``); an accelerator's queue
@@ -201,6 +203,122 @@ def device_clock_behind(path: Path, early_us: float) -> dict:
         "said": [str(w.message).split(": ", 1)[1] for w in said if "were moved" in str(w.message)],
         "moved": moved,
         "as_recorded": step_rows(path),
+    }
+
+
+ANY_DEVICE_CATS = (*DEVICE_CATS, "Kernel", "Memcpy", "Memset")  # (and the 2021 exporter's names)
+
+
+def raw_clock_facts(doc: dict) -> dict:
+    """From the raw JSON, the two facts a device clock ahead of its host's breaks: how long after
+    the device work it had to wait for each blocking call of 50 µs or more returned (a synchronous
+    copy: its own copy op; a device synchronize: every op launched before it; negative: before),
+    and how long after its launch call returned each op launched to a device that had run nothing
+    for at most 1 ms started (device: the op's pid)."""
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    calls = {
+        (e.get("pid"), e["args"]["correlation"]): e
+        for e in ev
+        if str(e.get("cat", "")).lower().endswith(("runtime", "driver")) and "correlation" in e.get("args", {})
+    }
+    by_corr = {c: e for (_, c), e in calls.items()}
+    ops = [e for e in ev if e.get("cat") in ANY_DEVICE_CATS and e.get("args", {}).get("correlation") in by_corr]
+    late = []
+    for o in ops:
+        c = by_corr[o["args"]["correlation"]]
+        sync_copy = re.match(r"^(cuda|hip)Memcpy(WithStream)?$", c["name"]) or (
+            "memcpy" in c["name"].lower() and re.search(r"dtoh.*pageable", o["name"], re.I)
+        )
+        if c["dur"] >= 50.0 and sync_copy:
+            late.append(o["ts"] + o["dur"] - (c["ts"] + c["dur"]))
+    for s in (e for e in ev if re.search(r"devicesynchroni[sz]e", e["name"], re.I) and e["dur"] >= 50.0):
+        before = [
+            o["ts"] + o["dur"] for o in ops if by_corr[o["args"]["correlation"]]["ts"] + by_corr[o["args"]["correlation"]]["dur"] < s["ts"]
+        ]
+        if before:
+            late.append(max(before) - (s["ts"] + s["dur"]))
+    idle = []
+    for pid in {o.get("pid") for o in ops}:
+        mine = sorted((e for e in ev if e.get("cat") in ANY_DEVICE_CATS and e.get("pid") == pid), key=lambda e: e["ts"])
+        running = float("-inf")
+        for e in mine:
+            c = by_corr.get(e.get("args", {}).get("correlation"))
+            if c is not None and 0.0 <= c["ts"] - running <= 1000.0:  # (idle for at most 1 ms: clocks not dropped)
+                idle.append(e["ts"] - (c["ts"] + c["dur"]))
+            running = max(running, e["ts"] + e["dur"])
+    return {
+        "blocking_calls": len(late),
+        "latest_return_before_its_work_us": max(late) if late else None,  # > 0: returned before the work ended
+        "launches_to_an_idle_device": len(idle),
+        "least_idle_launch_lag_us": min(idle) if idle else None,
+    }
+
+
+def device_clock_ahead(late_us: float) -> dict:
+    """Every GPU trace file of the fixtures, as recorded and with its device events ``late_us``
+    later (a device clock ahead of its host's): the raw facts (raw_clock_facts) and what the tool
+    moved and said; for three of them, each step's time and breakdown moved against as recorded."""
+    import tempfile
+
+    files = sorted(
+        [
+            *(DATA / "public-gpu").glob("*.json.gz"),
+            *(DATA / "public-gpu/sampled_128rank").glob("*.json.gz"),
+            *(DATA / "real-gpu").glob("*.json.gz"),
+            *(DATA / "real-gpu/dlrm_v100_8rank").glob("*.json.gz"),
+            *(DATA / "more-gpu").glob("*.json.gz"),
+            *(DATA / "own-gpu").glob("*/*.json.gz"),
+        ]
+    )
+    rows = {}
+    steps = {}
+    for path in files:
+        if "pytorch_et" in path.name or "overlay" in path.name:
+            continue
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        if not any(e.get("cat") in ANY_DEVICE_CATS for e in doc["traceEvents"]):
+            continue
+        name = str(path.relative_to(DATA))
+        row = {"as_recorded": raw_clock_facts(doc)}
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            api.load(path)
+        row["as_recorded"]["said"] = [str(w.message).split(": ", 1)[1] for w in said if "clock runs ahead" in str(w.message)]
+        for e in doc["traceEvents"]:
+            if e.get("cat") in (*ANY_DEVICE_CATS, "gpu_user_annotation") and "ts" in e:
+                e["ts"] += late_us
+        row["moved"] = raw_clock_facts(doc)
+        with tempfile.TemporaryDirectory() as tmp:
+            moved_path = Path(tmp) / path.name.replace(".gz", "")
+            moved_path.write_text(json.dumps(doc))
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                if name in (
+                    "real-gpu/ddp_v100_rank1of2_5steps.json.gz",
+                    "real-gpu/resnet50_legacy_2021_1gpu.pt.trace.json.gz",
+                    "more-gpu/timesformer_h100_1step.json.gz",
+                ):
+                    steps[name] = {"moved": step_rows(moved_path), "as_recorded": step_rows(path)}
+                else:
+                    api.load(moved_path)
+        row["moved"]["said"] = [
+            str(w.message).split(": ", 1)[1] for w in said if "clock runs ahead" in str(w.message) or "no offset explains" in str(w.message)
+        ]
+        by = [float(x.split("moved ")[1].split(" µs")[0]) for x in row["moved"]["said"] if "were moved" in x]
+        row["moved"]["moved_back_us"] = by[0] if by else None
+        rows[name] = row
+    back = [r["moved"]["moved_back_us"] for r in rows.values() if r["moved"]["moved_back_us"] is not None]
+    late = [r["as_recorded"]["latest_return_before_its_work_us"] for r in rows.values()]
+    lag = [r["as_recorded"]["least_idle_launch_lag_us"] for r in rows.values() if r["as_recorded"]["launches_to_an_idle_device"] >= 5]
+    return {
+        "as_recorded_latest_return_before_its_work_us": max(x for x in late if x is not None),
+        "as_recorded_largest_least_idle_launch_lag_us": max(lag),
+        "late_us": late_us,
+        "files": rows,
+        "moved_back": f"{len(back)} of {len(rows)}",
+        "moved_back_range_us": [min(back), max(back)] if back else None,
+        "said_as_recorded": sum(bool(r["as_recorded"]["said"]) for r in rows.values()),
+        "steps": steps,
     }
 
 
@@ -555,6 +673,7 @@ def main() -> None:
         },
     }
     doc["device_clock_behind"] = device_clock_behind(DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz", 300.0)
+    doc["device_clock_ahead"] = device_clock_ahead(300.0)
     doc["one_side_profiled"] = {
         "train_1rank_5steps": one_side_profiled(DATA / "public-gpu/train_1rank_5steps.json.gz"),
         "timesformer": one_side_profiled(more / "timesformer_h100_1step.json.gz"),

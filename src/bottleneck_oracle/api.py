@@ -93,6 +93,8 @@ def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in clocks.device_behind(table, LAUNCH_TOLERANCE_US):  # (before any look-up ordered by time is made)
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in clocks.device_ahead(table, LAUNCH_TOLERANCE_US):
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in clocks.overflowing_device_ops(table):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in run_warnings(run_facts(table)):  # a partial job, sampled events: said once, up front

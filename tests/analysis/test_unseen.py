@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -1037,6 +1038,82 @@ def test_a_device_clock_behind_its_host_is_moved_and_said(tmp_path, recwarn):
         for k, v in a.breakdown().items():
             assert v == pytest.approx(b.breakdown()[k], abs=0.01 * b.step_time), (a.graph.step, k)
         assert a.graph.meta["dropped_edges"] == b.graph.meta["dropped_edges"]
+
+
+def _device_moved(doc: dict, by_us: float, keep=lambda i: False) -> dict:
+    """A copy of a raw trace with its device events (but those whose index ``keep`` keeps) ``by_us`` later."""
+    moved = json.loads(json.dumps(doc))
+    device = [e for e in moved["traceEvents"] if e.get("cat") in DEVICE_CATS | {"gpu_user_annotation"} and "ts" in e]
+    for i, e in enumerate(device):
+        if not keep(i):
+            e["ts"] += by_us
+    return moved
+
+
+@pytest.mark.parametrize(
+    "name, evidence",
+    [
+        ("ddp_v100_rank1of2_5steps.json.gz", "ops launched to an idle device started"),  # (no long blocking call)
+        ("dlrm_v100_8rank/worker0_step_12.1694128201545.pt.trace.json.gz", "had to wait for device work"),  # .item()-style copy
+        ("resnet50_legacy_2021_1gpu.pt.trace.json.gz", "stream or event synchronize"),
+    ],
+)
+def test_a_device_clock_ahead_of_its_host_is_moved_back_and_said(tmp_path, recwarn, name, evidence):
+    """The mirror of the test before: a device clock 300 µs ahead of its host's. No op starts
+    before its launch, so launches cannot show it, but two physical facts do, read from the raw
+    events of every recorded trace: a call that blocks until device work is done returns 1–30 µs
+    after that work ends (a copy to pageable memory later still), never before; and an op launched
+    to a device that runs nothing starts at most 12 µs after its launch call returns. Moved 300 µs
+    ahead, each of these traces breaks one of them (a synchronous copy, stream synchronizes, or
+    only idle launches: ddp_v100 has no long blocking call); the device is moved back by 280–300 µs
+    (less the latency no trace shows), said, and each step's time and breakdown are within 1% of
+    the step time of the unmoved trace's. Left as it was, dlrm worker 0's step lost its copy's wait
+    on the device, and ddp_v100 read every launch to an idle device as 300 µs of launch latency."""
+    from bottleneck_oracle.api import analyze
+
+    path = REAL / name
+    (doc,) = raw_events(path)
+    (tmp_path / "ahead.json").write_text(json.dumps(_device_moved(doc, 300.0)))
+    _, moved = analyze(tmp_path / "ahead.json")
+    said = [str(w.message) for w in recwarn if "were moved" in str(w.message)]
+    assert len(said) == 1, said
+    assert evidence in said[0] and "clock runs ahead of its host's" in said[0]
+    by = float(said[0].split("moved ")[1].split(" µs")[0])
+    assert 280.0 <= by <= 300.0
+    clean = cached_analyses(path)
+    assert [a.graph.step for a in moved] == [a.graph.step for a in clean]
+    for a, b in zip(moved, clean):
+        assert a.step_time == pytest.approx(b.step_time, rel=0.01)
+        for k, v in a.breakdown().items():
+            assert v == pytest.approx(b.breakdown()[k], abs=0.01 * b.step_time), (a.graph.step, k)
+
+
+def test_no_recorded_device_clock_reads_as_ahead_of_its_host():
+    """Every real trace bundled, read as recorded: no blocking call returned before the device work
+    it had to wait for, and no device ran idle for 50 µs past a launch, so no clock is moved."""
+    from bottleneck_oracle.api import LAUNCH_TOLERANCE_US
+    from bottleneck_oracle.graph_pipeline.clocks import device_ahead
+    from bottleneck_oracle.graph_pipeline.events import load_events
+
+    for path in ALL_FIXTURES:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            table = load_events(path)
+        assert device_ahead(table, LAUNCH_TOLERANCE_US) == [], path.name
+
+
+def test_blocking_calls_early_but_ops_at_their_launches_move_no_clock(tmp_path, recwarn):
+    """dlrm worker 0's device 300 µs ahead but for one kernel in 20, left where they were: its
+    copy still returned before its op ended, yet moving the device back would start those kernels
+    before their launch calls. No one offset explains both: nothing moves, and the warning says so."""
+    from bottleneck_oracle.api import load
+
+    (doc,) = raw_events(REAL / "dlrm_v100_8rank/worker0_step_12.1694128201545.pt.trace.json.gz")
+    (tmp_path / "mixed.json").write_text(json.dumps(_device_moved(doc, 300.0, keep=lambda i: i % 20 == 0)))
+    load(tmp_path / "mixed.json")
+    said = [str(w.message) for w in recwarn]
+    assert not any("were moved" in w for w in said)
+    assert any("no offset explains" in w and "had to wait for device work" in w for w in said), said
 
 
 def test_device_ops_tied_to_the_wrong_calls_move_no_clock(tmp_path, recwarn):

@@ -21,13 +21,14 @@ whose end counts on GPU ranks (an NCCL kernel; the CPU call only launches it), t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.arrays import groups, isin_small
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
-from bottleneck_oracle.graph_pipeline.events import GPU_SIDE, EventTable, Step
+from bottleneck_oracle.graph_pipeline.events import GPU_SIDE, EvClass, EventTable, Step
 from bottleneck_oracle.graph_pipeline.facts import step_offsets
 from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
 
@@ -250,6 +251,215 @@ def device_behind(table: EventTable, tolerance_us: float) -> list[str]:
             f"{where}: {early} of {len(mine)} device ops started before the call that launched them (its clock runs "
             f"behind its host's); its events were moved {by:.1f} µs later"
         )
+    if moved:
+        table.by_rank_ts = table.streams = table.queued = table.facts_cache = None  # caches ordered by time
+        table.lookups = {}
+    return said
+
+
+BLOCKED_CALL_US = 50.0
+"""A synchronize call or a synchronous copy this long waited for the device (device_ahead): a call
+that found its work done returns in a few µs."""
+AHEAD_SPREAD_US = 50.0
+"""One clock offset makes every stream or event synchronize of a device return the same time before
+the op it waited for ends, less its wake-up latency (µs apart): their overruns' median is within
+this of the least."""
+_SYNC_CALL = re.compile(r"synchroni[sz]e", re.IGNORECASE)
+_DEVICE_SYNC_CALL = re.compile(r"(device|ctx|context)_?synchroni[sz]e|synchroni[sz]e_?(device|ctx|context)", re.IGNORECASE)
+_SYNC_COPY_CALL = re.compile(r"^(cuda|hip)Memcpy(WithStream)?$|^cuMemcpy[DH]to[DH](_v2)?$")
+_COPY_CALL = re.compile(r"memcpy", re.IGNORECASE)
+_TO_PAGEABLE = re.compile(r"dtoh.*pageable", re.IGNORECASE)
+
+
+def _latest_before(keys: np.ndarray, launch: np.ndarray, ends: np.ndarray, q_keys: np.ndarray, q_at: np.ndarray) -> np.ndarray:
+    """Per query (key, time): the position of the latest-ending of the entries with its key that
+    were launched before the time (-1: none)."""
+    out = np.full(len(q_keys), -1, dtype=np.int64)
+    queries = dict(groups(q_keys))
+    for key, members in groups(keys):
+        here = queries.get(key)
+        if here is None:
+            continue
+        at = members[np.argsort(launch[members], kind="stable")]
+        e = ends[at]
+        best = np.maximum.accumulate(e)
+        set_at = np.flatnonzero(np.r_[True, e[1:] > best[:-1]])  # where the running maximum was set
+        k = np.searchsorted(launch[at], q_at[here], side="left") - 1
+        ok = k >= 0
+        out[here[ok]] = at[set_at[np.searchsorted(set_at, k[ok], side="right") - 1]]
+    return out
+
+
+def _blocking_overruns(table: EventTable, ops: np.ndarray, launcher: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(device op, by how much it ended after the blocking call that waited for it returned, whether
+    that call must have waited for it, whether it returned right after it did) for every blocking
+    call of BLOCKED_CALL_US or longer that the trace ties to an op: a synchronous copy
+    (``cudaMemcpy``, ``hipMemcpyWithStream``, a copy to pageable host memory) waits for its own copy
+    op, a device synchronize for every op launched before it (the latest-ending of them): both
+    must, and a synchronize that waited returns within WAKE_MAX_US of it (a copy may take longer:
+    its host-side part); a stream or event synchronize waits for those of one stream, which the
+    trace does not name: the latest-ending op its thread launched before it is the likely one, not
+    a certain one."""
+    c, names = table.cols, table.names
+    calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (c["dur"] >= BLOCKED_CALL_US))
+    none = np.zeros(0, dtype=np.int64)
+    if not len(calls):
+        return none, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    end = c["ts"] + c["dur"]
+    long_call = np.zeros(len(end), dtype=bool)
+    long_call[calls] = True
+    mine = ops[long_call[launcher[ops]]]
+    call = launcher[mine]
+    sync_copy = np.array(
+        [
+            bool(_SYNC_COPY_CALL.match(names[k]) or (_COPY_CALL.search(names[k]) and _TO_PAGEABLE.search(names[o])))
+            for k, o in zip(c["name"][call].tolist(), c["name"][mine].tolist())
+        ],
+        dtype=bool,
+    )
+    waited, over = [mine[sync_copy]], [end[mine[sync_copy]] - end[call[sync_copy]]]
+    must, tight = [np.ones(int(sync_copy.sum()), dtype=bool)], [np.zeros(int(sync_copy.sum()), dtype=bool)]
+    codes = np.unique(c["name"][calls])
+    sync = calls[isin_small(c["name"][calls], codes[[bool(_SYNC_CALL.search(names[k])) for k in codes]])]
+    device_wide = isin_small(c["name"][sync], codes[[bool(_DEVICE_SYNC_CALL.search(names[k])) for k in codes]])
+    op_launch, op_end = c["ts"][launcher[ops]], end[ops]
+    for wide in (True, False):
+        these = sync[device_wide == wide]
+        if not len(these):
+            continue
+        if wide:  # every op the rank launched before the call (its launch call ended before the call began)
+            k = _latest_before(
+                c["rank"][ops].astype(np.int64), end[launcher[ops]], op_end, c["rank"][these].astype(np.int64), c["ts"][these]
+            )
+        else:  # the ops its thread launched before it
+            thread = c["rank"].astype(np.int64) * (1 << 32) + (c["tid"].astype(np.int64) & 0xFFFFFFFF)
+            k = _latest_before(thread[launcher[ops]], op_launch, op_end, thread[these], c["ts"][these])
+        ok = k >= 0
+        waited.append(ops[k[ok]])
+        over.append(op_end[k[ok]] - end[these[ok]])
+        must.append(np.full(int(ok.sum()), wide))
+        tight.append(np.full(int(ok.sum()), wide))
+    return np.concatenate(waited), np.concatenate(over), np.concatenate(must), np.concatenate(tight)
+
+
+IDLE_AHEAD_US = 50.0
+IDLE_AHEAD_MIN = 5
+IDLE_GAP_MAX_US = 1000.0
+"""An op launched to a device that has run nothing for a moment (its last op ended at most
+IDLE_GAP_MAX_US before the launch call: not long enough for it to drop its clocks) starts within
+a few µs of its launch call's return, often before it (on every bundled GPU trace with five or more
+such ops the least of their lags is under 1 µs: ``benchmarks/unseen_results.json``, device_clock_ahead):
+where IDLE_AHEAD_MIN or more such ops of a device all start more than IDLE_AHEAD_US after it, the
+device's clock runs ahead of its host's (device_ahead). After a longer idle stretch a device may
+take milliseconds to start (``simple_add.kineto_for_et``: 2.4–5.8 ms, its first kernels)."""
+WAKE_MAX_US = 30.0
+"""A device synchronize that waited returns at most about this long after the last op it waited for
+ended (its wake-up): with the op's end it bounds a clock offset from above."""
+
+
+def _idle_launch_lags(table: EventTable, rows: np.ndarray, launcher: np.ndarray) -> np.ndarray:
+    """Of one device's ops ``rows`` (all of them), those launched while it ran nothing, for at most
+    IDLE_GAP_MAX_US (no op of it that started earlier was still running at the launch call's
+    start, and one had ended that recently): how long after the call returned each started."""
+    c = table.cols
+    o = rows[np.argsort(c["ts"][rows], kind="stable")]
+    prev_end = np.r_[-np.inf, np.maximum.accumulate(c["ts"][o] + c["dur"][o])[:-1]]
+    launched = launcher[o] >= 0
+    o, prev_end = o[launched], prev_end[launched]
+    call = launcher[o]
+    gap = c["ts"][call] - prev_end
+    idle = (gap >= 0) & (gap <= IDLE_GAP_MAX_US)
+    return c["ts"][o[idle]] - (c["ts"][call[idle]] + c["dur"][call[idle]])
+
+
+def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
+    """Move earlier, in place, the events of each device whose clock runs ahead of its host's, and
+    say so, one line per device: the mirror of device_behind. Two physical facts bound the offset
+    from below. A call that blocks until device work is done cannot return before that work ends
+    (_blocking_overruns): a call that must have waited for an op and returned before it ended
+    bounds it by the overrun (the largest: a copy to pageable memory returns later than its op, by
+    the host's share of the copy); stream or event synchronizes, whose op is only likely, bound it
+    by the least of their overruns where every one of the device returned early by amounts that
+    agree (AHEAD_SPREAD_US). And a device that had run nothing for a moment when an op was launched
+    starts it within µs of the launch call's return (_idle_launch_lags): IDLE_AHEAD_MIN such ops all
+    starting over IDLE_AHEAD_US later bound it by the least of those lags (no further than the
+    least lag from a launch call's start), unless a device synchronize that waited returned less
+    than that (plus WAKE_MAX_US) after its work ended: then the late starts are the device's own,
+    not its clock's. The device's events are moved earlier by the largest bound over
+    ``tolerance_us`` (the device may stay a few µs ahead). The move must not start an op
+    before the call that launched it (but for DEVICE_SHIFT_QUANTILE of them): where it would, or
+    it is over MAX_DEVICE_SHIFT_US, the clocks disagree in a way no offset explains: said, times
+    left as recorded. Left uncorrected, each blocking call is cut from the op it waited for (an
+    op that ended after the call returned did not release it) and reads as host work, and every
+    launch to an idle device as launch latency."""
+    c = table.cols
+    launcher = table.launchers()
+    side = np.flatnonzero(isin_small(c["cls"], GPU_SIDE))  # every device-side event (sync records too: they move)
+    if not (launcher[side] >= 0).any():
+        return []
+
+    def device_of(rows: np.ndarray) -> np.ndarray:
+        return c["rank"][rows].astype(np.int64) * (1 << 32) + (c["pid"][rows].astype(np.int64) & 0xFFFFFFFF)
+
+    ops = side[isin_small(c["cls"][side], GPU_SIDE[:3]) & (launcher[side] >= 0)]
+    waited, over, must, tight = _blocking_overruns(table, ops, launcher)
+    evidence_of = dict(groups(device_of(waited)))
+    empty = np.zeros(0, dtype=np.int64)
+    said: list[str] = []
+    moved = False
+    for key, members in groups(device_of(side)):
+        rows = side[members]
+        device_ops = rows[isin_small(c["cls"][rows], GPU_SIDE[:3])]
+        on = device_ops[launcher[device_ops] >= 0]
+        if not len(on):
+            continue
+        mine = evidence_of.get(key, empty)
+        sure, likely = over[mine][must[mine]], over[mine][~must[mine]]
+        idle = _idle_launch_lags(table, device_ops, launcher)
+        evidence, bounds = [], []
+        if len(sure) and float(sure.max()) > tolerance_us:
+            late = sure[sure > tolerance_us]
+            bounds.append(float(sure.max()))
+            evidence.append(
+                f"{len(late)} call{'s' if len(late) > 1 else ''} that had to wait for device work returned before "
+                f"{'it' if len(late) == 1 else 'that work'} ended, by up to {float(sure.max()):.1f} µs"
+            )
+        if len(likely) and float(likely.min()) > tolerance_us and float(np.median(likely) - likely.min()) <= AHEAD_SPREAD_US:
+            bounds.append(float(likely.min()))
+            evidence.append(
+                f"{len(likely)} stream or event synchronize{'s' if len(likely) > 1 else ''} returned {float(likely.min()):.1f} µs "
+                "or more before the op their thread launched last"
+            )
+        lag = c["ts"][on] - c["ts"][launcher[on]]
+        least = float(np.quantile(lag, DEVICE_SHIFT_QUANTILE))
+        at_most = float(over[mine[tight[mine]]].min()) + WAKE_MAX_US if tight[mine].any() else np.inf
+        if len(idle) >= IDLE_AHEAD_MIN and IDLE_AHEAD_US < float(idle.min()) <= at_most:  # (a synchronize that returned
+            # right after its work bounds the offset from above: late starts beyond it are the device's own)
+            # the ops seen idle are those whose device was idle longer than the offset, and such a
+            # device may start slower: no further than the least lag from a launch call's start
+            bounds.append(min(float(idle.min()), least))
+            evidence.append(
+                f"{len(idle)} ops launched to an idle device started {float(idle.min()):.1f} µs or more after their launch call returned"
+            )
+        if not bounds:
+            continue
+        by = max(bounds)
+        rank, pid = int(c["rank"][on[0]]), int(c["pid"][on[0]])
+        where = f"rank {rank}'s device (process {pid})"
+        room = least + tolerance_us
+        if by > room or by > MAX_DEVICE_SHIFT_US:
+            why = (
+                "yet moving its clock back that far would start its ops before their launch calls"
+                if by > room
+                else f"more than the {MAX_DEVICE_SHIFT_US / 1000:.0f} ms a clock offset is taken to be"
+            )
+            said.append(
+                f"{where}: {'; '.join(evidence)}, {why}: its clock and its host's disagree in a way no offset explains; times left as recorded"
+            )
+            continue
+        c["ts"][rows] -= by
+        moved = True
+        said.append(f"{where}: {'; '.join(evidence)}: its clock runs ahead of its host's; its events were moved {by:.1f} µs earlier")
     if moved:
         table.by_rank_ts = table.streams = table.queued = table.facts_cache = None  # caches ordered by time
         table.lookups = {}
