@@ -369,7 +369,8 @@ def _idle_launch_lags(table: EventTable, rows: np.ndarray, launcher: np.ndarray)
     call = launcher[o]
     gap = c["ts"][call] - prev_end
     idle = (gap >= 0) & (gap <= IDLE_GAP_MAX_US)
-    return c["ts"][o[idle]] - (c["ts"][call[idle]] + c["dur"][call[idle]])
+    lags: np.ndarray = c["ts"][o[idle]] - (c["ts"][call[idle]] + c["dur"][call[idle]])
+    return lags
 
 
 def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
@@ -399,7 +400,8 @@ def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
         return []
 
     def device_of(rows: np.ndarray) -> np.ndarray:
-        return c["rank"][rows].astype(np.int64) * (1 << 32) + (c["pid"][rows].astype(np.int64) & 0xFFFFFFFF)
+        key: np.ndarray = c["rank"][rows].astype(np.int64) * (1 << 32) + (c["pid"][rows].astype(np.int64) & 0xFFFFFFFF)
+        return key
 
     ops = side[isin_small(c["cls"][side], GPU_SIDE[:3]) & (launcher[side] >= 0)]
     waited, over, must, tight = _blocking_overruns(table, ops, launcher)
