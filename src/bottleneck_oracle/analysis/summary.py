@@ -55,6 +55,21 @@ def _rank_positions(ranks: np.ndarray, node_rank: np.ndarray) -> tuple[np.ndarra
     return np.where(on, pos, 0), on
 
 
+_EDGE_WORDS = {
+    "thread": "thread hand-over",
+    "sync": "wait on the device",
+    "launch": "launch",
+    "program_order": "program-order edge",
+    "feeds": "collective's completion feeding its waiter",
+    "fwd_bwd": "forward-to-backward edge",
+    "data": "data dependency",
+    "backend": "c10d call-to-backend edge",
+    "collective_sync": "collective barrier edge",
+    "send_recv": "send/recv barrier edge",
+}
+"""How a warning names each edge kind (schema.EdgeKind, lower case)."""
+
+
 @dataclass(slots=True, repr=False)
 class StepAnalysis:
     """One analysed step (api.analyze): its graph, the critical path method's result on it, and
@@ -492,6 +507,15 @@ class StepAnalysis:
                 f"step {step}: rank {rank}: {len(bs)} threads have no dependency into the step's work ({shown} and "
                 f"{len(bs) - BYSTANDERS_SAID_EACH} more; {sum(b.ops for b in bs)} ops, e.g. {top.longest_op[:60]}"
                 f"{poll_note.replace('it only polls', 'they only poll')}); left out of the critical path"
+            )
+        cycles = {k.removesuffix("_in_a_cycle"): v for k, v in self.graph.info.dropped_edges.items() if k.endswith("_in_a_cycle")}
+        if cycles:
+            what = ", ".join(
+                f"{v} {_EDGE_WORDS.get(k, k.replace('_', ' ') + ' edge')}{'s' if v > 1 else ''}" for k, v in sorted(cycles.items())
+            )
+            out.append(
+                f"step {step}: {sum(cycles.values())} dependency edge{'s' if sum(cycles.values()) > 1 else ''} closed a cycle "
+                f"where the trace's times tie ({what}): the least certain edge of each was given up"
             )
         for c in self.checks():
             if not c.ok:

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from bottleneck_oracle.errors import GraphError, OracleWarning
@@ -403,6 +404,8 @@ def _finish(
     w.let_go()  # the rules are done: their per-event look-ups go before the graph's columns are made
     src, dst, kind, is_wait = E.arrays(release=True)
     src, dst, kind, is_wait, dropped = _causal(src, dst, kind, is_wait, start, w_end, opt.clock_tolerance_us)
+    src, dst, kind, is_wait, given = _acyclic(len(rows), src, dst, kind, is_wait)
+    dropped.update(given)
     del w_end
     nodes = {
         "rank": c["rank"][rows],
@@ -498,6 +501,123 @@ def _causal(src, dst, kind, is_wait, start, end, tol: float):
     dropped = {EdgeKind(k).name.lower(): int(v) for k, v in zip(*np.unique(kind[bad], return_counts=True))}
     keep = ~bad
     return src[keep], dst[keep], kind[keep], is_wait[keep], dropped
+
+
+# the order in which an edge of each kind is given up to break a cycle, the least certain first:
+# a hand-over between threads and a wait read from timing before a launch, a peer or program order
+_GIVE_UP = np.zeros(max(EdgeKind) + 1, dtype=np.int64)
+for _rank, _k in enumerate(
+    (
+        EdgeKind.PROGRAM_ORDER,
+        EdgeKind.COLLECTIVE_SYNC,
+        EdgeKind.SEND_RECV,
+        EdgeKind.LAUNCH,
+        EdgeKind.BACKEND,
+        EdgeKind.FWD_BWD,
+        EdgeKind.DATA,
+        EdgeKind.FEEDS,
+        EdgeKind.SYNC,
+        EdgeKind.THREAD,
+    )
+):
+    _GIVE_UP[_k] = _rank
+MAX_CYCLE_PASSES = 64
+
+
+@numba.njit(cache=True)
+def _cycle_breaks(n: int, src: np.ndarray, dst: np.ndarray, give_up: np.ndarray) -> np.ndarray:
+    """Edges to drop so that fewer cycles remain: a depth-first walk over the nodes no topological
+    order reaches; for each cycle it closes, the edge of the cycle most readily given up (the
+    last such one on a tie). Empty when the edges form no cycle."""
+    m = len(src)
+    order = np.argsort(src, kind="mergesort")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for k in src:
+        ptr[k + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    indeg = np.zeros(n, dtype=np.int64)
+    for d in dst:
+        indeg[d] += 1
+    queue = np.empty(n, dtype=np.int64)
+    head, tail = 0, 0
+    for v in range(n):
+        if indeg[v] == 0:
+            queue[tail] = v
+            tail += 1
+    while head < tail:
+        v = queue[head]
+        head += 1
+        for j in range(ptr[v], ptr[v + 1]):
+            d = dst[order[j]]
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                queue[tail] = d
+                tail += 1
+    drop = np.zeros(m, dtype=np.bool_)
+    if tail == n:
+        return drop
+    stuck = np.ones(n, dtype=np.bool_)
+    stuck[queue[:tail]] = False
+    color = np.zeros(n, dtype=np.int8)  # 0 unseen, 1 on the walk's path, 2 done
+    depth_of = np.full(n, -1, dtype=np.int64)
+    path_node = np.empty(n, dtype=np.int64)
+    path_edge = np.empty(n, dtype=np.int64)  # the edge that led to path_node[i] (i >= 1)
+    next_j = np.empty(n, dtype=np.int64)
+    for root in range(n):
+        if not stuck[root] or color[root] != 0:
+            continue
+        top = 0
+        path_node[0] = root
+        next_j[0] = ptr[root]
+        color[root] = 1
+        depth_of[root] = 0
+        while top >= 0:
+            v = path_node[top]
+            if next_j[top] >= ptr[v + 1]:
+                color[v] = 2
+                depth_of[v] = -1
+                top -= 1
+                continue
+            e = order[next_j[top]]
+            next_j[top] += 1
+            d = dst[e]
+            if not stuck[d] or drop[e]:
+                continue
+            if color[d] == 1:  # a cycle: path from d to v, then e
+                best, best_rank = e, give_up[e]
+                for i in range(depth_of[d] + 1, top + 1):
+                    f = path_edge[i]
+                    if give_up[f] > best_rank:
+                        best, best_rank = f, give_up[f]
+                drop[best] = True
+            elif color[d] == 0:
+                top += 1
+                path_node[top] = d
+                path_edge[top] = e
+                next_j[top] = ptr[d]
+                color[d] = 1
+                depth_of[d] = top
+    return drop
+
+
+def _acyclic(n: int, src, dst, kind, is_wait):
+    """The edges with every cycle broken, and how many of each kind were given up. Edges that each
+    hold in time can still close a cycle where the trace's times tie (two threads that resume at
+    one whole-µs instant, each after the other's zero-length op; a call nested in another by
+    rounding): such a cycle gives up its least certain edge (``_GIVE_UP``) rather than the step."""
+    given: dict[str, int] = {}
+    keep = np.ones(len(src), dtype=bool)
+    for _ in range(MAX_CYCLE_PASSES):
+        idx = np.flatnonzero(keep)
+        drop = _cycle_breaks(n, src[idx].astype(np.int64), dst[idx].astype(np.int64), _GIVE_UP[kind[idx]])
+        if not drop.any():
+            break
+        for k, v in zip(*np.unique(kind[idx[drop]], return_counts=True)):
+            name = EdgeKind(int(k)).name.lower() + "_in_a_cycle"
+            given[name] = given.get(name, 0) + int(v)
+        keep[idx[drop]] = False
+    return src[keep], dst[keep], kind[keep], is_wait[keep], given
 
 
 def _rank_starts(w, table: EventTable) -> dict[str, float]:

@@ -153,7 +153,8 @@ class GraphInfo:
 
     @property
     def dropped_edges(self) -> dict[str, int]:
-        """Edges dropped because they ran back in time, per edge kind."""
+        """Edges dropped because they ran back in time, per edge kind; ``<kind>_in_a_cycle``: given
+        up to break a cycle closed where the trace's times tie (builder._acyclic)."""
         return self._dict("dropped_edges")
 
     @property
