@@ -1730,3 +1730,37 @@ def test_the_releaser_of_a_wait_is_found_behind_many_busy_threads(tmp_path):
     thread = np.flatnonzero(e["kind"] == EdgeKind.THREAD)
     pairs = {(int(g.nodes["tid"][e["src"][i]]), g.node_name(int(e["dst"][i]))[:30]) for i in thread}
     assert (2, "<built-in method acquire of _t") in pairs
+
+
+def test_a_later_window_of_a_restarted_process_keeps_its_own_launches(tmp_path):
+    """A job restarted from a checkpoint into the same trace folder: rank 1's second file is a later
+    window (30 s on, steps 12-16, another process), and its runtime counts correlation and External
+    ids from 1 again, as every new process does. Ids are joined within a window: each step of the
+    second window reads as its twin in the first (ddp_v100 as recorded, alone). Joined across
+    windows, the second window's kernels were tied to the first window's launches: steps 12-15
+    had negative step times and an empty breakdown, and the run answer a 0.3 ms step time."""
+    from bottleneck_oracle.api import analyze
+
+    path = REAL / "ddp_v100_rank1of2_5steps.json.gz"
+    (doc,) = raw_events(path)
+    later = json.loads(json.dumps(doc))
+    pid = next(e["pid"] for e in later["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    for e in later["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += 30_000_000
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + 10}"
+        for k in ("pid", "tid"):
+            if e.get(k) == pid:
+                e[k] = pid + 7
+    (tmp_path / "worker1.1.pt.trace.json").write_text(json.dumps(doc))
+    (tmp_path / "worker1.2.pt.trace.json").write_text(json.dumps(later))
+    with pytest.warns(match="opens a new profiling window"):
+        _, both = analyze(tmp_path)
+    alone = {a.graph.step: a for a in cached_analyses(path)}
+    assert sorted(a.graph.step for a in both) == sorted([*alone, *(s + 10 for s in alone)])
+    for a in both:
+        twin = alone[a.graph.step - 10 if a.graph.step > 10 else a.graph.step]
+        assert a.step_time == pytest.approx(twin.step_time, rel=1e-6), a.graph.step
+        for k, v in a.breakdown().items():
+            assert v == pytest.approx(twin.breakdown()[k], abs=1e-3 * twin.step_time), (a.graph.step, k)

@@ -257,7 +257,7 @@ class StepAnalysis:
         segs = [s for s in self.segments() if s.kind == "untraced"]
         total = sum(s.dur for s in segs)
         ms = self.cpm.makespan or 1.0
-        if total <= share * ms:
+        if not segs or total <= share * abs(ms):
             return None
         g = self.graph
         where: dict[tuple[int, int, bool], float] = {}

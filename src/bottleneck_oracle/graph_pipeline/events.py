@@ -790,6 +790,13 @@ def _arg(args: dict[str, Any], col: str) -> object:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else spec.default
 
 
+WINDOW_ID_BITS = 32
+MAX_WINDOWS = 256
+"""A rank's k-th file (profiling window) after its first has its correlation, External, record
+function and flow ids moved up by k << WINDOW_ID_BITS (CUPTI's correlation ids are 32-bit), for
+fewer than MAX_WINDOWS windows: ids stay below 2**40, as the launch join's keys need."""
+_WINDOW_IDS = frozenset({"correlation", "ext_id", "rf_id", "wait_event_corr"})
+
 _COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
 PRECISION_OP_NAME = re.compile(F.PRECISION_OP_PATTERN)
 """fields.PRECISION_OP_PATTERN compiled once (the parser, facts)."""
@@ -1308,6 +1315,7 @@ class _Merger:
         self.meta: dict[int, dict[str, Any]] = {}
         self.thread_names: dict[tuple[int, int, int], str] = {}
         self.inputs: dict[int, dict[str, Any]] = {}
+        self.windows: dict[int, int] = {}  # rank -> files of it added so far
 
     def _reserve(self, rows: int, template: dict[str, np.ndarray], bytes_seen: int) -> None:
         need = self.n + rows
@@ -1333,6 +1341,12 @@ class _Merger:
         remap = np.array([self.codes[n] for n in b.names], dtype=np.int32)
         pg_remap = np.array([self.pg_codes.setdefault(k, len(self.pg_codes)) for k in b.pg_codes], dtype=np.int32)
         shift = float(b.base - self.base)
+        # a rank's later windows (files) have ids of their own: the ids a launch, a CPU op and a flow
+        # are joined by count within one profiling session, and a process restarted into a later
+        # window counts from 1 again; each window after a rank's first is given its own range
+        window = self.windows.get(b.rank, 0)
+        self.windows[b.rank] = window + 1
+        id_offset = np.int64(window) << np.int64(WINDOW_ID_BITS) if 0 < window < MAX_WINDOWS else np.int64(0)
         # the first file's bytes size the columns (rows per byte); later files only fill them
         size = (_size(Path(b.path)) or 1) if not self.cols and b.path else 1
 
@@ -1345,6 +1359,8 @@ class _Merger:
                 return v + shift
             if k == "pg" and len(pg_remap):
                 return np.where(v >= 0, pg_remap[np.maximum(v, 0)], -1)
+            if id_offset and k in _WINDOW_IDS:
+                return np.where(v >= 0, v + id_offset, v)
             return v
 
         if not self.cols and len(b.parts) == 1 and size >= self.expected_bytes:  # the one file: its columns become the table's
@@ -1359,7 +1375,10 @@ class _Merger:
             for k in list(part):
                 self.cols[k][self.n : self.n + m] = merged(k, part.pop(k))
             self.n += m
-        self.flows.append({**b.flows, "ts": b.flows["ts"] + shift})
+        flow_id = b.flows["id"]
+        if id_offset:
+            flow_id = np.where(flow_id != scan.NO_ID, flow_id + id_offset, flow_id)
+        self.flows.append({**b.flows, "ts": b.flows["ts"] + shift, "id": flow_id})
         self.steps.extend((r, n, a + shift, e + shift, p, t) for r, n, a, e, p, t in b.steps)
         self.files.setdefault(b.rank, b.path)  # a rank in several windows: named by its first file
         self.meta.setdefault(b.rank, b.meta)
