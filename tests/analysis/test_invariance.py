@@ -88,3 +88,19 @@ def test_rocm_names_for_the_same_runtime_calls_give_the_same_analysis(fixture, t
     back = on_hip.replace("hipModuleLaunchKernel", "cuLaunchKernel").replace("hip", "cuda")
     assert "hip" not in on_cuda
     assert back == on_cuda
+
+
+@pytest.mark.parametrize("token", ["inf", "-inf", "nan", "NaN", "Infinity", "-Infinity", "N/A"])
+def test_bare_non_json_tokens_in_args_are_read_past(token, tmp_path):
+    """Kineto once wrote a zero-length copy's bandwidth as a bare ``inf`` (pytorch/kineto#105) and
+    ``N/A`` unquoted (#128); Python's json writes ``NaN`` and ``Infinity``. JSON has none of them,
+    but a trace holding one in args the analysis does not read is the same trace: every step's
+    analysis equals the clean one's, for copies, kernels and the NCCL kernels whose args are
+    decoded in full (nccl_2rank). Before, the file was refused as not valid JSON."""
+    path = PUBLIC / "nccl_2rank_rank0.json.gz"
+    text = gzip.open(path).read().decode()
+    dirty, n = re.subn(r'("cat": "(?:kernel|gpu_memcpy)",[^{]*?"args": \{)', lambda m: m.group(1) + f'"bandwidth": {token}, ', text)
+    assert n > 100 and "ncclKernel" in text
+    (tmp_path / "clean.json").write_text(text)
+    (tmp_path / "dirty.json").write_text(dirty)
+    assert _analysis(tmp_path / "dirty.json").replace("dirty.json", "") == _analysis(tmp_path / "clean.json").replace("clean.json", "")

@@ -691,6 +691,10 @@ def _decode(path: Path, raw: bytes | bytearray) -> object:
         raise TraceError(path, f"{hint} ({exc})") from None
 
 
+_BARE_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*")|(?<![\w."])-?(?:inf(?:inity)?|nan|NaN|Infinity|N/A)(?![\w])', re.IGNORECASE)
+"""A JSON string (kept whole) or a bare non-JSON token outside one (replaced by null)."""
+
+
 def _decode_one(raw: bytes | bytearray) -> object | None:
     """One object of a trace the scanner already validated (an event, the metadata around the
     events): orjson, else the standard library, which keeps what orjson refuses (a lone UTF-16
@@ -701,9 +705,15 @@ def _decode_one(raw: bytes | bytearray) -> object | None:
         return out
     except orjson.JSONDecodeError:
         pass
+    text = bytes(raw).decode("utf-8", errors="replace")
     try:
-        std: object = json.loads(bytes(raw).decode("utf-8", errors="replace"))
+        std: object = json.loads(text)
         return std
+    except (ValueError, RecursionError):
+        pass
+    try:  # bare tokens JSON has not (Kineto once wrote a copy's bandwidth as inf, and N/A unquoted): null
+        bare: object = json.loads(_BARE_TOKEN.sub(lambda m: m.group(1) or "null", text))
+        return bare
     except (ValueError, RecursionError):
         return None
 

@@ -147,8 +147,9 @@ def _skip(buf, i, n):
         return j if j >= 0 else -2
     if c == 123 or c == 91:  # { [
         return _skip_container(buf, i, n)[0]
-    # number or literal (true / false / null): up to the next delimiter
-    if not (c == 45 or 48 <= c <= 57 or c == 116 or c == 102 or c == 110):
+    # number or literal (true / false / null, and the bare tokens profilers and Python's json write
+    # though JSON has none: NaN, Infinity, inf, nan, N/A): up to the next delimiter
+    if not (c == 45 or 48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122):
         return -1
     j = i
     while j < n:
