@@ -314,3 +314,27 @@ def test_a_file_of_another_format_is_named(tmp_path):
             load_events(tmp_path / name)
         assert str(exc.value).startswith(str(tmp_path / name)) and what in str(exc.value) and "trace-event JSON" in str(exc.value), name
     assert db.read_bytes().startswith(b"SQLite format 3\x00")  # nothing was written to the input
+
+
+def test_an_event_without_its_end_is_dropped_not_the_trace(tmp_path):
+    """Kineto once wrote an op whose end it missed with an end of 0 (a duration of minus its start;
+    it guards against that since 2022). One such op in a real trace is dropped with a warning: the
+    table is the one of the trace without that event. A file of such events is still refused
+    (test_bad_input_names_the_file_and_the_problem)."""
+    import warnings
+
+    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
+    ops = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    broken = ops[5]
+    without = {**doc, "traceEvents": [e for e in doc["traceEvents"] if e is not broken]}
+    broken["dur"] = -broken["ts"]
+    (tmp_path / "broken.json").write_text(json.dumps(doc))
+    (tmp_path / "without.json").write_text(json.dumps(without))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        table = load_events(tmp_path / "broken.json")
+    assert any("1 events with a negative duration" in str(w.message) for w in said)
+    clean = load_events(tmp_path / "without.json")
+    assert len(table) == len(clean)
+    for k in ("ts", "dur", "name", "cls"):
+        assert np.array_equal(table.cols[k], clean.cols[k]), k

@@ -800,6 +800,10 @@ def _arg(args: dict[str, Any], col: str) -> object:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else spec.default
 
 
+NEGATIVE_SHARE = 0.01
+"""Events with a negative duration (Kineto wrote some where it missed an end time, before it guarded
+against them in 2022) are dropped, with a warning, while they are at most this share of a file's
+ops (or one); a file with more is refused."""
 WINDOW_ID_BITS = 32
 MAX_WINDOWS = 256
 """A rank's k-th file (profiling window) after its first has its correlation, External, record
@@ -996,6 +1000,15 @@ class _Builder:
             x = x[~far]
             fts = ev["ts_i"].astype(np.float64) + ev["ts_f"]
             flow &= np.abs(fts - med) <= MAX_SPAN_US
+        negative = (ev["dur_i"][x].astype(np.float64) + ev["dur_f"][x]) < 0
+        if negative.any() and negative.sum() < len(x) and negative.sum() <= max(1.0, NEGATIVE_SHARE * len(x)):
+            # (more: the file is refused below, naming one)
+            i = int(x[np.flatnonzero(negative)[0]])
+            self.notes.append(
+                f"{path}: {int(negative.sum())} events with a negative duration (an end the profiler did not record; "
+                f"e.g. {ev['dur_i'][i] + ev['dur_f'][i]:.3f} µs at ts={ev['ts_i'][i] + ev['ts_f'][i]:.3f}) dropped"
+            )
+            x = x[~negative]
         ev_idx = ev.pop("evidx")
         ev_idx = ev_idx[ev_idx >= 0]  # every event, of any phase: instant events are numbered too
         if len(ev_idx):  # how many of the events its exporter numbered the file holds (facts.py)
