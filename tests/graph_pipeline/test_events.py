@@ -137,10 +137,41 @@ def test_bad_input_names_the_file_and_the_problem(tmp_path, name, data, problem)
 
 
 def test_truncated_gzip(tmp_path):
+    """A gzip trace cut short (a job killed while writing it) is read up to its last whole event,
+    with a warning: every op it holds is an op of the whole trace. Cut before its first event, it
+    is refused as truncated."""
+    import warnings
+
     full = (PUBLIC / "cuda_event_sync_1gpu.json.gz").read_bytes()
     p = _write(tmp_path / "cut.json.gz", full[: len(full) // 2])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        cut = load_events(p)
+    assert any("the file ends inside its events" in str(w.message) for w in said)
+    whole = load_events(PUBLIC / "cuda_event_sync_1gpu.json.gz")
+    assert 0 < len(cut) < len(whole)
+    ops = {(whole.names[n], round(t, 3)) for n, t in zip(whole.cols["name"], whole.cols["ts"] + whole.t0)}
+    assert all((cut.names[n], round(t, 3)) in ops for n, t in zip(cut.cols["name"], cut.cols["ts"] + cut.t0))
+    early = _write(tmp_path / "early.json.gz", gzip.compress(gzip.decompress(full)[:300])[:-8])  # (no trailer)
     with pytest.raises(TraceError, match="truncated"):
-        load_events(p)
+        load_events(early)
+
+
+def test_a_large_gzip_trace_cut_short_is_copied_as_far_as_it_goes(tmp_path):
+    """The road of traces of 256 MiB or more (decompressed into a temporary file, then mapped):
+    a stream cut short leaves in the copy everything it holds, a prefix of the whole JSON."""
+    import tempfile
+
+    from bottleneck_oracle.graph_pipeline.events import _copy_gunzipped
+
+    full = (PUBLIC / "cuda_event_sync_1gpu.json.gz").read_bytes()
+    text = gzip.decompress(full)
+    p = _write(tmp_path / "cut.json.gz", full[: len(full) // 2])
+    with open(p, "rb") as src, tempfile.TemporaryFile() as tmp:
+        n = _copy_gunzipped(p, src, tmp)
+        tmp.seek(0)
+        copied = tmp.read()
+    assert n == len(copied) > len(text) // 4 and text.startswith(copied)
 
 
 def test_execution_trace_given_as_kineto_is_named(tmp_path):

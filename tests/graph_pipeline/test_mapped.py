@@ -45,9 +45,13 @@ def test_mapped_bad_input_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(events, "MAP_BYTES", 0)
     monkeypatch.setattr(scan, "SCAN_BLOCK", 50)
     good = gzip.open(SAMPLE / "rank-0.json.gz").read()
+    for name, data in {"cut.json.gz": gzip.compress(good)[:-2000], "cut.json": good[: len(good) // 2]}.items():
+        f = tmp_path / name  # (cut short: read up to the last whole event, and said, on the mapped road too)
+        f.write_bytes(data)
+        with pytest.warns(match="ends inside its events"):
+            assert len(load_events(f)) > 0, name
     cases = {
-        "cut.json.gz": gzip.compress(good)[:-2000],
-        "cut.json": good[: len(good) // 2],
+        "cut_before_any_event.json": good[:40],
         "empty.json.gz": gzip.compress(b""),
         "garbage.json.gz": b"\x1f\x8b" + b"\x00" * 100,
     }

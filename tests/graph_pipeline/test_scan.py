@@ -90,7 +90,7 @@ def test_array_form_trace(tmp_path):
     [
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2}, 7]}', "not an object"),
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "1", "dur": 2}]}', "no numeric ts"),
-        ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2}', "truncated"),
+        ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur"', "truncated"),  # (cut inside its first event)
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op" "name": "a"}]}', "JSON"),
     ],
 )
@@ -99,6 +99,14 @@ def test_scanner_errors_name_the_problem(tmp_path, text, problem):
     p.write_text(text)
     with pytest.raises(TraceError, match=problem):
         load_events(p)
+
+
+def test_a_document_cut_after_a_whole_event_keeps_its_events(tmp_path):
+    p = tmp_path / "cut.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}, {"ph": "X", "ca')
+    with pytest.warns(match="ends inside its events"):
+        t = load_events(p)
+    assert [t.names[c] for c in t.cols["name"]] == ["a"] and t.cols["dur"].tolist() == [2.0]
 
 
 def test_real_kineto_layout_parses_like_the_compact_one(tmp_path):

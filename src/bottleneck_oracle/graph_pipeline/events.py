@@ -638,10 +638,20 @@ def _copy_plain(path: Path, src: BinaryIO, tmp: BinaryIO, size: int) -> int:
 
 
 def _copy_gunzipped(path: Path, src: BinaryIO, tmp: BinaryIO) -> int:
-    """Decompress the open gzip file ``src`` into ``tmp`` block by block; the bytes written."""
+    """Decompress the open gzip file ``src`` into ``tmp`` block by block; the bytes written (a
+    stream cut short: all it holds)."""
     total = 0
     with gzip.open(src, "rb") as gz:
-        while chunk := gz.read(_CHUNK):
+        while True:
+            try:
+                chunk = gz.read(_CHUNK)
+            except EOFError:  # cut short: start again and keep everything the stream holds
+                tmp.seek(0)
+                tmp.truncate()
+                _inflate_prefix(path, src, sink=tmp)
+                return tmp.tell()
+            if not chunk:
+                break
             total += len(chunk)
             _check_inflation(path, src, total)
             try:
@@ -649,6 +659,33 @@ def _copy_gunzipped(path: Path, src: BinaryIO, tmp: BinaryIO) -> int:
             except OSError as exc:
                 raise _spool_error(path, exc) from None
     return total
+
+
+def _inflate_prefix(path: Path, fh: BinaryIO, sink: BinaryIO | None = None) -> bytearray:
+    """Everything a gzip stream cut short decompresses to, from the start of ``fh`` (gzip's reader
+    drops the last block it was inflating when the stream ends): into ``sink`` when given (the
+    bytes are not also returned), with the same inflation limits."""
+    fh.seek(0)
+    d = zlib.decompressobj(wbits=31)
+    out = bytearray()
+    total = 0
+    while piece := fh.read(1 << 20):
+        try:
+            more = d.decompress(piece)
+        except zlib.error:
+            break  # (corrupt past here: what came before stands)
+        total += len(more)
+        _check_inflation(path, fh, total)
+        if sink is None:
+            out += more
+        else:
+            try:
+                sink.write(more)
+            except OSError as exc:
+                raise _spool_error(path, exc) from None
+        if d.eof:
+            break
+    return out
 
 
 def _gunzip(path: Path, fh: BinaryIO) -> bytearray:
@@ -666,13 +703,22 @@ def _gunzip(path: Path, fh: BinaryIO) -> bytearray:
     n = 0
     with gzip.open(fh) as gz:
         while True:
-            with memoryview(buf) as view:
-                k = gz.readinto(view[n:])
+            try:
+                with memoryview(buf) as view:
+                    k = gz.readinto(view[n:])
+            except EOFError:  # the stream ends before its end marker: a trace cut short (_parse_file reads
+                # its whole events): all that the stream holds
+                del buf
+                return _inflate_prefix(path, fh)
             if not k:
                 break
             n += k
             if n == len(buf):  # full: is there more? (a truthful trailer ends here, with one empty read)
-                more = gz.read(min(max(len(buf), 1 << 20), _CHUNK))
+                try:
+                    more = gz.read(min(max(len(buf), 1 << 20), _CHUNK))
+                except EOFError:
+                    del buf
+                    return _inflate_prefix(path, fh)
                 if not more:
                     break
                 _check_inflation(path, fh, n + len(more))
@@ -1517,8 +1563,10 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
         return exc
 
 
-def _parse_file(path: Path, single: bool) -> _Builder:
-    raw = map_trace(path)
+def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Builder:
+    cut_before = raw is not None  # (the events of a document cut short, closed: see the end)
+    if raw is None:
+        raw = map_trace(path)
     if not isinstance(raw, MappedTrace):  # (map_trace looked before it copied a large one)
         _starts_as_json(path, bytes(raw[: 1 << 12]))
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
@@ -1544,6 +1592,23 @@ def _parse_file(path: Path, single: bool) -> _Builder:
     _give_back(raw)
     if isinstance(raw, MappedTrace) and hasattr(mmap, "MADV_RANDOM"):  # from here on: single events' bytes, no read-ahead
         raw.map.madvise(mmap.MADV_RANDOM)
+    if err == scan.TRUNCATED and not cut_before:
+        whole = _closed_at_last_event(path, raw, buf)
+        if whole is not None:
+            del buf
+            b = _parse_file(path, single, whole)
+            late = _steps_past_the_cut(b)
+            past = (
+                f"; step{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} ran past where its events stop and "
+                f"{'are' if len(late) > 1 else 'is'} left out"
+                if late
+                else ""
+            )
+            b.notes.append(
+                f"{path}: the file ends inside its events (a trace cut short: the job stopped while writing it?): "
+                f"the {len(whole):,} bytes up to its last whole event are read, what followed is lost{past}"
+            )
+            return b
     if err != scan.OK:
         if err in (scan.BAD_JSON, scan.TRUNCATED) and not isinstance(raw, MappedTrace) and len(raw) <= MAP_BYTES:
             _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
@@ -1564,6 +1629,43 @@ def _parse_file(path: Path, single: bool) -> _Builder:
         also = f": {b.skipped}, on no process named as an accelerator's" if b.skipped else ""
         raise TraceError(path, f"no CPU or GPU op events (ph 'X', or 'B'/'E' pairs) in the trace{also}")
     return b
+
+
+def _steps_past_the_cut(b: _Builder) -> list[int]:
+    """Of a trace cut short, the steps that end after the events of some kind stop (the step
+    numbers), left out of ``b.steps``. A profiler writes its events grouped (Kineto: every CPU op
+    first, then the runtime calls and device ops), so the cut ends one kind early: a step past
+    that point holds its host's ops and not its device's, and would read as a host-only step.
+    Every step past it: none is left out (the trace is read as it is)."""
+    ends: dict[str, float] = {}
+    for part in b.parts:
+        cls, end = part["cls"], part["ts"] + part["dur"]
+        for kind, mine in (
+            ("host", cls == EvClass.CPU),
+            ("runtime", cls == EvClass.RUNTIME),
+            ("device", isin_small(cls, GPU_SIDE)),
+        ):
+            if mine.any():
+                ends[kind] = max(ends.get(kind, -math.inf), float(end[mine].max()))
+    if len(ends) < 2:
+        return []
+    cut = min(ends.values())
+    late = {n for _, n, _, e, _, _ in b.steps if e > cut}
+    if not late or late == {n for _, n, _, _, _, _ in b.steps}:
+        return []
+    b.steps = [s for s in b.steps if s[1] not in late]
+    return sorted(late)
+
+
+def _closed_at_last_event(path: Path, raw: TraceBytes, buf: np.ndarray) -> bytearray | None:
+    """A document cut short, closed just after its last whole event (its events array and top
+    level closed): a copy in memory; None where the cut falls before the first event."""
+    end, is_object = scan.cut_at_last_event(buf)
+    if end < 0:
+        return None
+    whole = bytearray(raw[:end])
+    whole += b"]}" if is_object else b"]"
+    return whole
 
 
 def _parse_task(single: bool, path: Path) -> _Builder | NotATrace:

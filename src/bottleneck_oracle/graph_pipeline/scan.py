@@ -388,6 +388,40 @@ def _members(
             return -1, -1, True, has_nodes, has_schema, BAD_JSON, 0
 
 
+@numba.njit(cache=True, nogil=True)
+def _last_whole(buf, i, n):
+    """From the events array's '[' at buf[i]: the index just past the last event object that the
+    bytes hold whole (-1: none), whether or not the array and the document close after it."""
+    depth = 0
+    last = -1
+    while i < n:
+        c = buf[i]
+        if c == 34:
+            i = _string_end(buf, i, n)
+            if i < 0:
+                return last
+            continue
+        if c == 123 or c == 91:
+            depth += 1
+        elif c == 125 or c == 93:
+            depth -= 1
+            if depth == 1 and c == 125:
+                last = i + 1
+            elif depth <= 0:
+                return last
+        i += 1
+    return last
+
+
+def cut_at_last_event(buf: np.ndarray) -> tuple[int, bool]:
+    """(the index just past the last whole event of a document cut short, whether its top level is
+    an object), or (-1, ...) where the cut falls before the events array or its first event."""
+    lo, _, is_object, _, _, err, _ = _find_start(buf, _H_EVENTS, _H_NODES, _H_SCHEMA)
+    if err != OK or lo < 0:
+        return -1, bool(is_object)
+    return int(_last_whole(buf, lo, len(buf))), bool(is_object)
+
+
 def find_events(buf: np.ndarray) -> tuple[int, int, bool, bool, bool, int]:
     """Span [start, end) of the top-level traceEvents array (or of a top-level array), whether the
     top level is an object, whether it has the 'nodes' and 'schema' keys of an execution trace,
