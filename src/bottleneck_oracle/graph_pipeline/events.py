@@ -1597,10 +1597,12 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Bui
         if whole is not None:
             del buf
             b = _parse_file(path, single, whole)
-            late = _steps_past_the_cut(b)
+            late, kept = _steps_past_the_cut(b)
+            steps = f"step{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"
             past = (
-                f"; step{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} ran past where its events stop and "
-                f"{'are' if len(late) > 1 else 'is'} left out"
+                f"; {steps} ran past where its events stop and {'are' if len(late) > 1 else 'is'} left out"
+                if late and not kept
+                else f"; {steps} ran past where its events stop (kept: no step is whole) and may lack device work"
                 if late
                 else ""
             )
@@ -1631,12 +1633,12 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Bui
     return b
 
 
-def _steps_past_the_cut(b: _Builder) -> list[int]:
+def _steps_past_the_cut(b: _Builder) -> tuple[list[int], bool]:
     """Of a trace cut short, the steps that end after the events of some kind stop (the step
-    numbers), left out of ``b.steps``. A profiler writes its events grouped (Kineto: every CPU op
-    first, then the runtime calls and device ops), so the cut ends one kind early: a step past
-    that point holds its host's ops and not its device's, and would read as a host-only step.
-    Every step past it: none is left out (the trace is read as it is)."""
+    numbers), left out of ``b.steps``, and whether they were kept instead. A profiler writes its
+    events grouped (Kineto: every CPU op first, then the runtime calls and device ops), so the cut
+    ends one kind early: a step past that point holds its host's ops and not its device's, and
+    would read as a host-only step. Where every step is past it, none is left out (kept)."""
     ends: dict[str, float] = {}
     for part in b.parts:
         cls, end = part["cls"], part["ts"] + part["dur"]
@@ -1648,13 +1650,13 @@ def _steps_past_the_cut(b: _Builder) -> list[int]:
             if mine.any():
                 ends[kind] = max(ends.get(kind, -math.inf), float(end[mine].max()))
     if len(ends) < 2:
-        return []
+        return [], False
     cut = min(ends.values())
     late = {n for _, n, _, e, _, _ in b.steps if e > cut}
-    if not late or late == {n for _, n, _, _, _, _ in b.steps}:
-        return []
+    if late == {n for _, n, _, _, _, _ in b.steps}:
+        return sorted(late), True
     b.steps = [s for s in b.steps if s[1] not in late]
-    return sorted(late)
+    return sorted(late), False
 
 
 def _closed_at_last_event(path: Path, raw: TraceBytes, buf: np.ndarray) -> bytearray | None:
