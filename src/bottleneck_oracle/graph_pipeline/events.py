@@ -664,7 +664,7 @@ def _copy_gunzipped(path: Path, src: BinaryIO, tmp: BinaryIO) -> int:
 def _inflate_prefix(path: Path, fh: BinaryIO, sink: BinaryIO | None = None) -> bytearray:
     """Everything a gzip stream cut short decompresses to, from the start of ``fh`` (gzip's reader
     drops the last block it was inflating when the stream ends): into ``sink`` when given (the
-    bytes are not also returned), with the same inflation limits."""
+    bytes are not also returned), with the same inflation limits; TraceError if that is nothing."""
     fh.seek(0)
     d = zlib.decompressobj(wbits=31)
     out = bytearray()
@@ -685,6 +685,8 @@ def _inflate_prefix(path: Path, fh: BinaryIO, sink: BinaryIO | None = None) -> b
                 raise _spool_error(path, exc) from None
         if d.eof:
             break
+    if not total:
+        raise TraceError(path, "corrupt or truncated gzip data: the stream ends before any of its data")
     return out
 
 
