@@ -406,6 +406,8 @@ NOT_SILENT = {
     "folder_with_truth_json": "warning",
     "ranks_from_two_runs": "error",
     "dur_inf": "warning",
+    "truncated_json": "warning",  # (read up to its last whole event: said, never silently)
+    "truncated_gzip": "warning",
     "edit_scale_nan": "error",
     "edit_delay_nan": "error",
     "edit_delay_huge_negative": "error",
