@@ -24,7 +24,7 @@ from orjson import OPT_SORT_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.api import graphs, load
 from bottleneck_oracle.serial import dumps
-from conftest import MORE, PUBLIC, REAL
+from conftest import DATA, MORE, PUBLIC, REAL
 
 # a blocking copy behind a GPU-bound forward pass (cuLaunchKernel too), a 5-step DDP rank on
 # V100, event synchronisation across streams
@@ -104,3 +104,23 @@ def test_bare_non_json_tokens_in_args_are_read_past(token, tmp_path):
     (tmp_path / "clean.json").write_text(text)
     (tmp_path / "dirty.json").write_text(dirty)
     assert _analysis(tmp_path / "dirty.json").replace("dirty.json", "") == _analysis(tmp_path / "clean.json").replace("clean.json", "")
+
+
+def test_a_rank_on_another_host_counting_from_its_own_base_reads_as_on_one_clock(tmp_path):
+    """Recent Kineto writes each event's ts from the file's ``baseTimeNanoseconds`` (a host's boot
+    time: every file of our own gloo recordings has the same one, recorded on one host). A rank on
+    a host booted 3 days later counts from a base 3 days later, so its raw ts are 3 days smaller.
+    Read on one clock (the bases' difference added), the job analyses as recorded; read raw, its
+    ranks were 259,200 s apart and the job was refused as two runs."""
+    src = DATA / "gloo_ddp_8steps_straggler"
+    later = 3 * 86_400 * 10**6
+    for r in (0, 1):
+        doc = json.loads(gzip.open(src / f"rank-{r}.json.gz").read())
+        assert isinstance(doc.get("baseTimeNanoseconds"), int)
+        if r == 1:
+            for e in doc["traceEvents"]:
+                if isinstance(e.get("ts"), (int, float)):
+                    e["ts"] -= later
+            doc["baseTimeNanoseconds"] += later * 1000
+        (tmp_path / f"rank-{r}.json").write_text(json.dumps(doc))
+    assert _analysis(tmp_path) == _analysis(src)

@@ -996,6 +996,7 @@ class _Builder:
         self.flows: dict[str, np.ndarray] = {}
         self.steps: list[tuple[int, int, float, float, int, int]] = []  # times relative to base
         self.base = 0  # integer µs that this file's times are relative to
+        self.clock_base_us: int | None = None  # the file's baseTimeNanoseconds, in whole µs: its ts count from there
         self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
         self.notes: list[str] = []  # warnings about this file, raised in the main process (files may be parsed in workers)
         self.process_names: dict[int, list[str]] = {}  # pid -> its "process_name" and "process_labels"
@@ -1378,6 +1379,7 @@ class _Merger:
         self.codes: dict[str, int] = {}
         self.pg_codes: dict[str, int] = {}
         self.base: float | None = None
+        self.clock_base_us: int | None = None  # the first file's baseTimeNanoseconds (µs), if it has one
         self.cols: dict[str, np.ndarray] = {}
         self.n = 0
         self.flows: list[dict[str, np.ndarray]] = []
@@ -1405,13 +1407,17 @@ class _Merger:
     def add(self, b: _Builder) -> None:
         if self.base is None:
             self.base = float(b.base)
+            self.clock_base_us = b.clock_base_us
         for n in b.names:
             if n not in self.codes:
                 self.codes[n] = len(self.names)
                 self.names.append(n)
         remap = np.array([self.codes[n] for n in b.names], dtype=np.int32)
         pg_remap = np.array([self.pg_codes.setdefault(k, len(self.pg_codes)) for k in b.pg_codes], dtype=np.int32)
-        shift = float(b.base - self.base)
+        # a file whose times count from a base of its own (recent Kineto: ts from baseTimeNanoseconds,
+        # a host's boot time: hosts differ by days) is put on the first file's by the bases' difference
+        rebase = b.clock_base_us - self.clock_base_us if b.clock_base_us is not None and self.clock_base_us is not None else 0
+        shift = float(b.base - self.base + rebase)
         # a rank's later windows (files) have ids of their own: the ids a launch, a CPU op and a flow
         # are joined by count within one profiling session, and a process restarted into a later
         # window counts from 1 again; each window after a rank's first is given its own range
@@ -1625,6 +1631,9 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Bui
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
     rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
+    clock_base = meta_doc.get("baseTimeNanoseconds") if isinstance(meta_doc, dict) else None
+    if isinstance(clock_base, int) and not isinstance(clock_base, bool) and 0 < clock_base < 2**63:
+        b.clock_base_us = clock_base // 1000
     props = meta_doc.get("deviceProperties") if isinstance(meta_doc, dict) else None
     b.devices = (
         sorted({str(d["name"]) for d in props if isinstance(d, dict) and isinstance(d.get("name"), str)}) if isinstance(props, list) else []
@@ -1756,7 +1765,8 @@ def _time_span(b: _Builder) -> tuple[float, float]:
     window, one after the other in time: they are merged as one trace of that rank."""
     lo = min((float(p["ts"].min()) for p in b.parts if len(p["ts"])), default=0.0)
     hi = max((float((p["ts"] + p["dur"]).max()) for p in b.parts if len(p["ts"])), default=0.0)
-    return float(b.base) + lo, float(b.base) + hi
+    base = float(b.base + (b.clock_base_us or 0))  # (on the wall clock where the file says where its times start)
+    return base + lo, base + hi
 
 
 def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:
