@@ -530,12 +530,16 @@ def _cycle_breaks(n: int, src: np.ndarray, dst: np.ndarray, give_up: np.ndarray)
     order reaches; for each cycle it closes, the edge of the cycle most readily given up (the
     last such one on a tie). Empty when the edges form no cycle."""
     m = len(src)
-    order = np.argsort(src, kind="mergesort")
     ptr = np.zeros(n + 1, dtype=np.int64)
     for k in src:
         ptr[k + 1] += 1
     for i in range(n):
         ptr[i + 1] += ptr[i]
+    order = np.empty(m, dtype=np.int64)  # edges by source, in input order within one (a counting sort)
+    fill = ptr[:-1].copy()
+    for e in range(m):
+        order[fill[src[e]]] = e
+        fill[src[e]] += 1
     indeg = np.zeros(n, dtype=np.int64)
     for d in dst:
         indeg[d] += 1
