@@ -408,6 +408,11 @@ def _stage_exchanges(
     return prev, nxt
 
 
+LEAF_OVERLAP_US = 0.005
+"""An op whose next op on its thread starts at most this long before it ends is still a leaf: a
+start and an end rounded apart to the ns overlap by one (pytorch#122425)."""
+
+
 def _leaves(cpu_rows: np.ndarray, c: Mapping[str, np.ndarray], ts: np.ndarray, end: np.ndarray):
     """CPU events sorted by (thread, ts, -dur), their dense thread ids, and which are leaves (the
     next event on the thread starts at or after its end: leaves of a thread never overlap)."""
@@ -418,7 +423,7 @@ def _leaves(cpu_rows: np.ndarray, c: Mapping[str, np.ndarray], ts: np.ndarray, e
     nxt_same[:-1] = th[1:] == th[:-1]
     nxt_ts = np.full(len(srt), np.inf)
     nxt_ts[:-1] = ts[srt[1:]]
-    leaf = ~nxt_same | (nxt_ts >= end[srt])
+    leaf = ~nxt_same | (nxt_ts >= end[srt] - LEAF_OVERLAP_US)
     return thread, srt, th, leaf
 
 
