@@ -1027,17 +1027,28 @@ def test_a_device_clock_behind_its_host_is_moved_and_said(tmp_path, recwarn):
             e["ts"] -= 300.0
     (tmp_path / "early.json").write_text(json.dumps(early))
     _, moved = analyze(tmp_path / "early.json")
-    said = [str(w.message) for w in recwarn if "were moved" in str(w.message)]
-    assert len(said) == 1, said
-    by = float(said[0].split("moved ")[1].split(" µs")[0])
+    said, by = _moved_once(recwarn)
     assert 290.0 <= by <= 300.0
     clean = cached_analyses(path)
+    _steps_within_a_percent(moved, clean)
+    for a, b in zip(moved, clean):
+        assert a.graph.meta["dropped_edges"] == b.graph.meta["dropped_edges"]
+
+
+def _moved_once(recwarn) -> tuple[str, float]:
+    """The one warning that a device's events were moved, and by how many µs."""
+    said = [str(w.message) for w in recwarn if "were moved" in str(w.message)]
+    assert len(said) == 1, said
+    return said[0], float(said[0].split("moved ")[1].split(" µs")[0])
+
+
+def _steps_within_a_percent(moved: tuple, clean: tuple) -> None:
+    """The same steps, each step time and breakdown part within 1% of the clean step's time."""
     assert [a.graph.step for a in moved] == [a.graph.step for a in clean]
     for a, b in zip(moved, clean):
         assert a.step_time == pytest.approx(b.step_time, rel=0.01)
         for k, v in a.breakdown().items():
             assert v == pytest.approx(b.breakdown()[k], abs=0.01 * b.step_time), (a.graph.step, k)
-        assert a.graph.meta["dropped_edges"] == b.graph.meta["dropped_edges"]
 
 
 def _device_moved(doc: dict, by_us: float, keep=lambda i: False) -> dict:
@@ -1075,17 +1086,10 @@ def test_a_device_clock_ahead_of_its_host_is_moved_back_and_said(tmp_path, recwa
     (doc,) = raw_events(path)
     (tmp_path / "ahead.json").write_text(json.dumps(_device_moved(doc, 300.0)))
     _, moved = analyze(tmp_path / "ahead.json")
-    said = [str(w.message) for w in recwarn if "were moved" in str(w.message)]
-    assert len(said) == 1, said
-    assert evidence in said[0] and "clock runs ahead of its host's" in said[0]
-    by = float(said[0].split("moved ")[1].split(" µs")[0])
+    said, by = _moved_once(recwarn)
+    assert evidence in said and "clock runs ahead of its host's" in said
     assert 280.0 <= by <= 300.0
-    clean = cached_analyses(path)
-    assert [a.graph.step for a in moved] == [a.graph.step for a in clean]
-    for a, b in zip(moved, clean):
-        assert a.step_time == pytest.approx(b.step_time, rel=0.01)
-        for k, v in a.breakdown().items():
-            assert v == pytest.approx(b.breakdown()[k], abs=0.01 * b.step_time), (a.graph.step, k)
+    _steps_within_a_percent(moved, cached_analyses(path))
 
 
 def test_no_recorded_device_clock_reads_as_ahead_of_its_host():
@@ -1783,8 +1787,4 @@ def test_a_trace_cut_short_reads_its_whole_steps_and_leaves_out_the_rest(tmp_pat
     assert len(said) == 1 and "left out" in said[0]
     whole = {a.graph.step: a for a in cached_analyses(path)}
     assert 0 < len(cut) < len(whole)
-    for a in cut:
-        b = whole[a.graph.step]
-        assert a.step_time == pytest.approx(b.step_time, rel=0.01)
-        for k, v in a.breakdown().items():
-            assert v == pytest.approx(b.breakdown()[k], abs=0.01 * b.step_time), (a.graph.step, k)
+    _steps_within_a_percent(cut, tuple(whole[a.graph.step] for a in cut))

@@ -20,6 +20,8 @@ import numba
 import numpy as np
 
 from bottleneck_oracle.errors import GraphError
+from bottleneck_oracle.graph_pipeline.arrays import csr as _csr
+from bottleneck_oracle.graph_pipeline.arrays import kahn as _topo
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 
@@ -42,43 +44,6 @@ class CPMResult:
         mask = np.zeros(len(self.est), dtype=bool)
         mask[self.path] = True
         return mask
-
-
-@numba.njit(cache=True)
-def _csr(n: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(keys, kind="mergesort")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    for k in keys:
-        ptr[k + 1] += 1
-    for i in range(n):
-        ptr[i + 1] += ptr[i]
-    return ptr, order
-
-
-@numba.njit(cache=True)
-def _topo(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    out_ptr, out_order = _csr(n, src)
-    indeg = np.zeros(n, dtype=np.int64)
-    for d in dst:
-        indeg[d] += 1
-    queue = np.empty(n, dtype=np.int64)
-    head = 0
-    tail = 0
-    for v in range(n):
-        if indeg[v] == 0:
-            queue[tail] = v
-            tail += 1
-    while head < tail:
-        v = queue[head]
-        head += 1
-        for j in range(out_ptr[v], out_ptr[v + 1]):
-            e = out_order[j]
-            d = dst[e]
-            indeg[d] -= 1
-            if indeg[d] == 0:
-                queue[tail] = d
-                tail += 1
-    return queue[:tail], out_ptr, out_order
 
 
 @numba.njit(cache=True)

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
+import numba
 import numpy as np
 
 
@@ -145,3 +146,49 @@ def _arrays(tree: object) -> Iterator[np.ndarray]:
     elif isinstance(tree, (list, tuple)):
         for v in tree:
             yield from _arrays(v)
+
+
+@numba.njit(cache=True)
+def csr(n: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges grouped by ``keys`` (a node id per edge, below ``n``): (ptr, order), edge
+    ``order[ptr[v]:ptr[v + 1]]`` those of node v, in input order within a node (a counting sort:
+    the same order as a stable argsort, in linear time)."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for k in keys:
+        ptr[k + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    order = np.empty(len(keys), dtype=np.int64)
+    fill = ptr[:-1].copy()
+    for e in range(len(keys)):
+        order[fill[keys[e]]] = e
+        fill[keys[e]] += 1
+    return ptr, order
+
+
+@numba.njit(cache=True)
+def kahn(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kahn's topological order of the nodes the edges ``src -> dst`` let through (fewer than
+    ``n`` when they form a cycle: the nodes on or behind one are left out), and the out-edges'
+    ``csr`` (ptr, order)."""
+    out_ptr, out_order = csr(n, src)
+    indeg = np.zeros(n, dtype=np.int64)
+    for d in dst:
+        indeg[d] += 1
+    queue = np.empty(n, dtype=np.int64)
+    head = 0
+    tail = 0
+    for v in range(n):
+        if indeg[v] == 0:
+            queue[tail] = v
+            tail += 1
+    while head < tail:
+        v = queue[head]
+        head += 1
+        for j in range(out_ptr[v], out_ptr[v + 1]):
+            d = dst[out_order[j]]
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                queue[tail] = d
+                tail += 1
+    return queue[:tail], out_ptr, out_order

@@ -31,7 +31,7 @@ import numpy as np
 from bottleneck_oracle.errors import GraphError, OracleWarning
 from bottleneck_oracle.graph_pipeline import edges as rules
 from bottleneck_oracle.graph_pipeline import fields as F
-from bottleneck_oracle.graph_pipeline.arrays import isin_small
+from bottleneck_oracle.graph_pipeline.arrays import isin_small, kahn
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
@@ -530,39 +530,12 @@ def _cycle_breaks(n: int, src: np.ndarray, dst: np.ndarray, give_up: np.ndarray)
     order reaches; for each cycle it closes, the edge of the cycle most readily given up (the
     last such one on a tie). Empty when the edges form no cycle."""
     m = len(src)
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    for k in src:
-        ptr[k + 1] += 1
-    for i in range(n):
-        ptr[i + 1] += ptr[i]
-    order = np.empty(m, dtype=np.int64)  # edges by source, in input order within one (a counting sort)
-    fill = ptr[:-1].copy()
-    for e in range(m):
-        order[fill[src[e]]] = e
-        fill[src[e]] += 1
-    indeg = np.zeros(n, dtype=np.int64)
-    for d in dst:
-        indeg[d] += 1
-    queue = np.empty(n, dtype=np.int64)
-    head, tail = 0, 0
-    for v in range(n):
-        if indeg[v] == 0:
-            queue[tail] = v
-            tail += 1
-    while head < tail:
-        v = queue[head]
-        head += 1
-        for j in range(ptr[v], ptr[v + 1]):
-            d = dst[order[j]]
-            indeg[d] -= 1
-            if indeg[d] == 0:
-                queue[tail] = d
-                tail += 1
+    topo, ptr, order = kahn(n, src, dst)
     drop = np.zeros(m, dtype=np.bool_)
-    if tail == n:
+    if len(topo) == n:
         return drop
     stuck = np.ones(n, dtype=np.bool_)
-    stuck[queue[:tail]] = False
+    stuck[topo] = False
     color = np.zeros(n, dtype=np.int8)  # 0 unseen, 1 on the walk's path, 2 done
     depth_of = np.full(n, -1, dtype=np.int64)
     path_node = np.empty(n, dtype=np.int64)

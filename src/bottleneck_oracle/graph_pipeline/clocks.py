@@ -204,6 +204,18 @@ launched ops within DEVICE_EDGE_US of the lowest (ddp_v100: 56%; train_1rank_5st
 behind most of the time: 2.6%). Early ops without one (ops tied to the wrong call) move nothing."""
 
 
+def _device_keys(c: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """One key per row's device: its rank and its process (a device's lane in the trace)."""
+    key: np.ndarray = c["rank"][rows].astype(np.int64) * (1 << 32) + (c["pid"][rows].astype(np.int64) & 0xFFFFFFFF)
+    return key
+
+
+def _moved_in_time(table: EventTable) -> None:
+    """Forget the look-ups ordered by time, after device events were moved (rebuilt when asked for)."""
+    table.by_rank_ts = table.streams = table.queued = table.facts_cache = None
+    table.lookups = {}
+
+
 def device_behind(table: EventTable, tolerance_us: float) -> list[str]:
     """Move later, in place, the events of each device whose clock runs behind its host's, and say
     so, one line per device. A device op cannot start before the runtime call that launched it;
@@ -221,7 +233,7 @@ def device_behind(table: EventTable, tolerance_us: float) -> list[str]:
     if not len(ops):
         return []
     lag = c["ts"][ops] - c["ts"][launcher[ops]]
-    device = c["rank"][ops].astype(np.int64) * (1 << 32) + (c["pid"][ops].astype(np.int64) & 0xFFFFFFFF)
+    device = _device_keys(c, ops)
     said: list[str] = []
     moved = False
     for _, mine in groups(device):
@@ -252,8 +264,7 @@ def device_behind(table: EventTable, tolerance_us: float) -> list[str]:
             f"behind its host's); its events were moved {by:.1f} µs later"
         )
     if moved:
-        table.by_rank_ts = table.streams = table.queued = table.facts_cache = None  # caches ordered by time
-        table.lookups = {}
+        _moved_in_time(table)
     return said
 
 
@@ -399,17 +410,13 @@ def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
     if not (launcher[side] >= 0).any():
         return []
 
-    def device_of(rows: np.ndarray) -> np.ndarray:
-        key: np.ndarray = c["rank"][rows].astype(np.int64) * (1 << 32) + (c["pid"][rows].astype(np.int64) & 0xFFFFFFFF)
-        return key
-
     ops = side[isin_small(c["cls"][side], GPU_SIDE[:3]) & (launcher[side] >= 0)]
     waited, over, must, tight = _blocking_overruns(table, ops, launcher)
-    evidence_of = dict(groups(device_of(waited)))
+    evidence_of = dict(groups(_device_keys(c, waited)))
     empty = np.zeros(0, dtype=np.int64)
     said: list[str] = []
     moved = False
-    for key, members in groups(device_of(side)):
+    for key, members in groups(_device_keys(c, side)):
         rows = side[members]
         device_ops = rows[isin_small(c["cls"][rows], GPU_SIDE[:3])]
         on = device_ops[launcher[device_ops] >= 0]
@@ -463,8 +470,7 @@ def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
         moved = True
         said.append(f"{where}: {'; '.join(evidence)}: its clock runs ahead of its host's; its events were moved {by:.1f} µs earlier")
     if moved:
-        table.by_rank_ts = table.streams = table.queued = table.facts_cache = None  # caches ordered by time
-        table.lookups = {}
+        _moved_in_time(table)
     return said
 
 
@@ -491,7 +497,7 @@ def overflowing_device_ops(table: EventTable) -> list[str]:
     c["dur"][cut] = np.maximum(c["ts"][at] - c["ts"][cut], 0.0)
     table.drop_caches()  # (look-ups that read durations)
     said = []
-    device = c["rank"][cut].astype(np.int64) * (1 << 32) + (c["pid"][cut].astype(np.int64) & 0xFFFFFFFF)
+    device = _device_keys(c, cut)
     for _, mine in groups(device):
         rank, pid = int(c["rank"][cut[mine[0]]]), int(c["pid"][cut[mine[0]]])
         worst = int(np.argmax(excess[mine]))

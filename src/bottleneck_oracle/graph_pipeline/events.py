@@ -1601,7 +1601,7 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Bui
     if isinstance(raw, MappedTrace) and hasattr(mmap, "MADV_RANDOM"):  # from here on: single events' bytes, no read-ahead
         raw.map.madvise(mmap.MADV_RANDOM)
     if err == scan.TRUNCATED and not cut_before:
-        whole = _closed_at_last_event(path, raw, buf)
+        whole = _closed_at_last_event(raw, buf)
         if whole is not None:
             del buf
             b = _parse_file(path, single, whole)
@@ -1670,7 +1670,7 @@ def _steps_past_the_cut(b: _Builder) -> tuple[list[int], bool]:
     return sorted(late), False
 
 
-def _closed_at_last_event(path: Path, raw: TraceBytes, buf: np.ndarray) -> bytearray | None:
+def _closed_at_last_event(raw: TraceBytes, buf: np.ndarray) -> bytearray | None:
     """A document cut short, closed just after its last whole event (its events array and top
     level closed): a copy in memory; None where the cut falls before the first event."""
     end, is_object = scan.cut_at_last_event(buf)
