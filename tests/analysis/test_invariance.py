@@ -148,3 +148,23 @@ def test_host_ops_rounded_a_nanosecond_apart_read_as_recorded(tmp_path):
     for a, b in zip(jittered, recorded):
         for k, v in a.breakdown().items():
             assert v == pytest.approx(b.breakdown()[k], abs=0.001 * b.step_time), (a.graph.step, k)
+
+
+def test_an_accelerator_without_its_process_name_is_still_read(tmp_path):
+    """A trace whose metadata events were filtered out (``jq 'select(.ph == "X")'`` to shrink it)
+    has no process names: the MTIA's device events, in a category this tool does not know, were read
+    as device ops only on a process named like an accelerator ("MTIA 17"), so without the name
+    they were left out and the step read as host only (349.5 ms against 450.8 ms, untraced-bound).
+    A process with no host op whose events name a stream is the accelerator: the step, its
+    breakdown and the device's op count read as recorded."""
+    path = MORE / "mtia_inference_rank0.json.gz"
+    doc = _document(path)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") != "M"]
+    unnamed = [StepAnalysis.of(g) for g in graphs(load(_written(doc, tmp_path / "unnamed.json")))]
+    recorded = [StepAnalysis.of(g) for g in graphs(load(path))]
+    assert len(unnamed) == len(recorded) == 1
+    a, b = unnamed[0], recorded[0]
+    assert b.graph.nodes["on_gpu"].sum() > 1000  # the device's ops, as recorded
+    assert int(a.graph.nodes["on_gpu"].sum()) == int(b.graph.nodes["on_gpu"].sum())
+    assert a.step_time == pytest.approx(b.step_time, rel=1e-9)
+    assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-3)

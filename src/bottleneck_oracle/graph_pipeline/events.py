@@ -1201,7 +1201,8 @@ class _Builder:
         accelerator's own process, where such events are its marks (an MTIA's "Stream N Submission
         Queue" lanes of 1 µs ``synchronize`` events): left out and counted; any other
         category on an accelerator's process (named like "MTIA 17", or one that also has kernels)
-        holds device ops; the profiler's own categories (fields.IGNORED_CATS) hold no work. What
+        holds device ops (so does one on a process with no host op whose events name a stream, for
+        a trace without process names); the profiler's own categories (fields.IGNORED_CATS) hold no work. What
         is left (an unknown category on a host thread) is not analysed, and counted in a warning,
         as are the device ops read from a category this tool does not know."""
         other = np.flatnonzero((ev["ph"] == ord("X")) & (cls < 0) & (ev["name_lo"] >= 0))
@@ -1211,6 +1212,12 @@ class _Builder:
         hashes, first = np.unique(ev["cat"][other], return_index=True)
         device_pids = set(np.unique(ev["pid"][(cls >= EvClass.KERNEL) & (ev["pid_str"] == 0)]).tolist())
         device_pids |= {p for p, names in self.process_names.items() if any(_DEVICE_PROCESS.match(n) for n in names)}
+        # a process with no host op whose events of such categories name a stream is an accelerator too, named or
+        # not (a trace whose process names were filtered out: ``jq 'select(.ph == "X")'``)
+        numeric = ev["pid_str"] == 0
+        host_pids = np.unique(ev["pid"][(cls == EvClass.CPU) & numeric])
+        streamed = other[(ev["stream"][other] >= 0) & numeric[other]]
+        device_pids |= set(np.setdiff1d(np.unique(ev["pid"][streamed]), host_pids).tolist())
         on_device = np.isin(ev["pid"], np.array(sorted(device_pids), dtype=np.int64)) & (ev["pid_str"] == 0)
         read_as_device: dict[str, int] = {}
         skipped: dict[str, int] = {}
