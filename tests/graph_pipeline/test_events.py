@@ -186,6 +186,38 @@ def test_missing_path_and_empty_folder(tmp_path):
         load_events(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "name,data",
+    [
+        ("config.json", b'{"lr": 0.1, "batch": 32}'),
+        ("losses.json", b"[0.52, 0.48, 0.47]"),
+        ("history.json", b'[{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": 0.4}]'),
+        ("empty_list.json", b"[]"),
+    ],
+)
+def test_a_results_file_in_a_folder_of_traces_is_skipped_and_said(tmp_path, name, data):
+    """A job's log folder holds its traces beside other JSON (a config, a loss history: an object,
+    or an array of numbers or of records). Such a file is skipped with a warning naming it; the
+    ranks' traces read as without it. (An array of numbers or of records stopped the whole job:
+    "traceEvents holds an element that is not an object", "no CPU or GPU op events".) Alone, it is
+    refused naming it as not a trace."""
+    import warnings
+
+    for f in SAMPLE.glob("*.json.gz"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    foreign = _write(tmp_path / name, data)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        t = load_events(tmp_path)
+    alone = load_events(SAMPLE)
+    assert t.ranks == alone.ranks and len(t) == len(alone)
+    mine = [str(w.message) for w in said if name in str(w.message)]
+    assert len(mine) == 1 and "skipped, JSON but not a profiler trace" in mine[0]
+    with pytest.raises(TraceError, match="not a profiler trace") as exc:
+        load_events(foreign)
+    assert str(foreign) in str(exc.value)
+
+
 def test_duplicate_rank_in_folder(tmp_path):
     raw = gzip.open(SAMPLE / "rank-0.json.gz").read()
     (tmp_path / "a.json").write_bytes(raw)

@@ -1570,6 +1570,20 @@ def _not_a_trace(path: Path, raw: TraceBytes, is_object: bool, has_nodes: bool, 
     return NotATrace(path, f"JSON but not a profiler trace: no traceEvents list (found {keys})")
 
 
+def _not_events(buf: np.ndarray, lo: int, err: int, ev: dict[str, np.ndarray] | None) -> bool:
+    """Whether a top-level array (a trace in the format's array form, or a results file: a log
+    folder holds both) holds something other than events: its first element is not an object
+    (``[]``, ``[0.52, 0.48]``), or none of its objects has a ``ph`` (``[{"step": 1, "loss": 0.5}]``)."""
+    i = lo + 1
+    while i < len(buf) and buf[i] in (0x20, 0x09, 0x0A, 0x0D):
+        i += 1
+    if i >= len(buf):
+        return False  # cut right after its '[': said as a cut trace
+    if buf[i] != ord("{"):
+        return True
+    return err == scan.OK and ev is not None and not bool((ev["ph"] != 0).any())
+
+
 def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
     """A folder's file: its builder, or why it is not a trace (the folder skips it)."""
     try:
@@ -1605,6 +1619,8 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Bui
         else:
             pos = 0
     _give_back(raw)
+    if not is_object and _not_events(buf, lo, err, ev):
+        raise NotATrace(path, "JSON but not a profiler trace: a top-level array whose elements are not trace events (no 'ph')")
     if isinstance(raw, MappedTrace) and hasattr(mmap, "MADV_RANDOM"):  # from here on: single events' bytes, no read-ahead
         raw.map.madvise(mmap.MADV_RANDOM)
     if err == scan.TRUNCATED and not cut_before:
