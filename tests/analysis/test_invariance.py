@@ -18,13 +18,14 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from orjson import OPT_SORT_KEYS
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.api import graphs, load
 from bottleneck_oracle.serial import dumps
-from conftest import DATA, MORE, PUBLIC, REAL
+from conftest import DATA, MORE, PUBLIC, REAL, SAMPLE
 
 # a blocking copy behind a GPU-bound forward pass (cuLaunchKernel too), a 5-step DDP rank on
 # V100, event synchronisation across streams
@@ -168,3 +169,68 @@ def test_an_accelerator_without_its_process_name_is_still_read(tmp_path):
     assert int(a.graph.nodes["on_gpu"].sum()) == int(b.graph.nodes["on_gpu"].sum())
     assert a.step_time == pytest.approx(b.step_time, rel=1e-9)
     assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-3)
+
+
+def _trimmed(path: Path, keep: float, out: Path) -> tuple[dict, float]:
+    """The trace with only the events that start in the first ``keep`` of its time (what a trace
+    tool's "export the selection" or a trimming script leaves), and the time it stops."""
+    doc = _document(path)
+    ts = [e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X"]
+    stop = min(ts) + keep * (max(ts) - min(ts))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") == "M" or e.get("ts", 0) <= stop]
+    _written(doc, out)
+    return doc, stop
+
+
+@pytest.mark.parametrize(
+    "path", [PUBLIC / "train_1rank_5steps.json.gz", REAL / "ddp_v100_rank1of2_5steps.json.gz"], ids=lambda p: p.name.split("_")[0]
+)
+def test_steps_a_trimmed_trace_ends_inside_are_said_and_left_out(path, tmp_path, capsys):
+    """A trace trimmed to a time ends inside a step: that step's device work (and, past its
+    launches, its host ops) are gone, and it read as a short step without a word (train_1rank_5steps
+    cut at 80%: step 104 84.6 ms where it runs 95.7, step 105 17.2 ms; the run's step time 84.6 ms
+    against 95.6 recorded). From the raw events: a step is cut where a kernel launched in its span
+    starts after the cut, or its span ends more than 1 ms and 5% of it after the cut. Those steps
+    are said and left out of the run's figures; the others read as recorded, and so does the run
+    (ddp_v100 cut so: its last step's host ops stop 17.6 ms before its span ends)."""
+    from conftest import run_cli
+
+    whole = _document(path)["traceEvents"]
+    doc, stop = _trimmed(path, 0.8, tmp_path / "trimmed.json")
+    kernels = {e["args"]["correlation"]: e["ts"] for e in whole if e.get("cat") == "kernel"}
+    marks = [e for e in whole if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    cut = set()
+    for m in marks:
+        launches = [
+            e
+            for e in whole
+            if e.get("cat") == "cuda_runtime" and "Launch" in e["name"] and m["ts"] <= e["ts"] <= m["ts"] + m["dur"] and e["ts"] <= stop
+        ]
+        late = any(kernels.get(e["args"]["correlation"], 0) > stop for e in launches)
+        past = m["ts"] + m["dur"] - stop
+        if m["ts"] <= stop and (late or past > max(1000.0, 0.05 * m["dur"])):
+            cut.add(int(m["name"].removeprefix("ProfilerStep#")))
+    assert cut and cut == ({104, 105} if "train" in path.name else cut)
+    code, out, err = run_cli(["analyze", str(tmp_path / "trimmed.json"), "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    said = {s["step"] for s in res["steps"] if any("the trace ends inside this step" in w for w in s["warnings"])}
+    assert said == cut
+    assert any("the trace ends inside" in n and ", ".join(map(str, sorted(cut))) in n for n in res["run"]["notes"])
+    as_written = _written(_document(path), tmp_path / "recorded.json")  # (json's float text, as in the trimmed file)
+    recorded = {s["step"]: s for s in json.loads(run_cli(["analyze", str(as_written), "--json"], capsys)[1])["steps"]}
+    for s in res["steps"]:
+        if s["step"] not in cut:
+            assert s["step_time_us"] == pytest.approx(recorded[s["step"]]["step_time_us"], rel=1e-9)
+    held = sorted(s["step"] for s in res["steps"])
+    kept = [recorded[s]["step_time_us"] for s in held[1:] if s not in cut]  # (the first: warm-up)
+    assert res["run"]["step_time"]["median_us"] == pytest.approx(float(np.median(kept)), rel=1e-9)
+
+
+def test_a_recorded_trace_has_no_step_the_trace_ends_inside():
+    """No step of a trace as recorded reads as cut (every fixture with steps)."""
+    from conftest import KINETO_FIXTURES, MORE_FIXTURES, OWN_GPU_FIXTURES, REAL_FIXTURES
+
+    for path in (*KINETO_FIXTURES, *REAL_FIXTURES, *MORE_FIXTURES, *OWN_GPU_FIXTURES, SAMPLE):
+        for g in graphs(load(path)):
+            assert not StepAnalysis.of(g).cut_by_trace_end(), (path.name, g.step)

@@ -253,6 +253,7 @@ class StepFigures:
     queue_span_us: float = 0.0  # that rank's ProfilerStep span (µs)
     setup: bool = False  # the step holds one-time work (StepAnalysis.holds_setup): warm-up, wherever it is
     empty: bool = False  # the step holds no op (StepAnalysis.is_empty): the profiler's stop, not a step
+    cut: bool = False  # the trace ends inside the step (StepAnalysis.cut_by_trace_end): only a part of it is held
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -272,12 +273,14 @@ class StepFigures:
             float(a.graph.measured.get(paced, 0.0)) if paced is not None else 0.0,
             a.holds_setup(),
             a.is_empty(),
+            bool(a.cut_by_trace_end()),
         )
 
 
 def steady_of(items: Sequence[T], step: Callable[[T], int | None], empty: Callable[[T], bool], setup: Callable[[T], bool]) -> list[T]:
     """The steady ones of a run's steps (in order; ``step``, ``empty``, ``setup`` read each): of
-    those that hold an op (an empty ProfilerStep span is the profiler's stop, not a step), all but
+    those that hold an op (an empty ProfilerStep span is the profiler's stop, not a step; the
+    callers count a step the trace ends inside as ``empty`` too: only part of it is held), all but
     the first, warm-up, when there are three or more; and of those, not a step of one-time work
     (StepAnalysis.holds_setup), unless every one is. The one rule of the run answer, the run
     summary and compare (runs.steady)."""
@@ -329,7 +332,7 @@ def answer_from(
     fixing the region is replayed in steady state: over two consecutive steps, the second step's
     saving, so that a step ending earlier starts the next one earlier (a pipeline's stages, a
     rank whose late end held the others' next start)."""
-    st = steady_of(figures, lambda f: f.step, lambda f: f.empty, lambda f: f.setup)
+    st = steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut, lambda f: f.setup)
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
@@ -365,6 +368,19 @@ def answer_from(
         missing.update(a.graph.info.unprofiled)
         serial.update(a.graph.info.synchronous)
         setup.update(a.graph.info.setup)
+    cut = [f.step for f in figures if f.cut and not f.empty and f not in st and f.step is not None]
+    if cut:
+        answer.notes.append(
+            f"Step{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut[:8]))}: the trace ends inside "
+            f"{'them' if len(cut) > 1 else 'it'} (work launched there had not run, or its ops stop before its span ends): "
+            "left out of the run's figures"
+        )
+    cut_kept = [f.step for f in st if f.cut and f.step is not None]
+    if cut_kept:
+        answer.notes.append(
+            f"Step{'s' if len(cut_kept) > 1 else ''} {', '.join(map(str, cut_kept[:8]))}: the trace ends inside "
+            f"{'them' if len(cut_kept) > 1 else 'it'} and no step is whole: the run's figures are of the part the trace holds"
+        )
     empty = [f.step for f in figures if f.empty and f not in st and f.step is not None]
     if empty:
         answer.notes.append(

@@ -31,7 +31,7 @@ ROBUST = 1.4826  # MAD -> sigma of a normal distribution
 def steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
     """The steps the statistics use (answer.steady_of: not an empty span, not the first of three
     or more, not one of one-time work unless all are)."""
-    return steady_of(analyses, lambda a: a.graph.step, StepAnalysis.is_empty, StepAnalysis.holds_setup)
+    return steady_of(analyses, lambda a: a.graph.step, lambda a: a.is_empty() or bool(a.cut_by_trace_end()), StepAnalysis.holds_setup)
 
 
 @dataclass(slots=True)
@@ -87,7 +87,17 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
             vs_median=a.step_time / med - 1 if med else 0.0,
             outlier=not warm and len(kept) >= 3 and abs(a.step_time - med) > fence,
             warmup=warm,
-            left_out=("no op" if a.is_empty() else "one-time work" if a.holds_setup() else "warm-up") if warm else "",
+            left_out=(
+                "no op"
+                if a.is_empty()
+                else "the trace ends inside it"
+                if a.cut_by_trace_end()
+                else "one-time work"
+                if a.holds_setup()
+                else "warm-up"
+            )
+            if warm
+            else "",
             untraced_us=a.untraced_us,
             top=top[0].name if top else "",
         )

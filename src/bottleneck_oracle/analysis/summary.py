@@ -38,6 +38,11 @@ from bottleneck_oracle.serial import JSONObject, to_json_object
 
 SETUP_STEP_SHARE = 0.2
 """A step whose one-time work (facts ``setup_us``) is this share of its time or more is warm-up."""
+CUT_PAST_END_US = 1000.0
+CUT_PAST_END_SHARE = 0.05
+"""A step's span that runs on this far (µs) and this share of it past its rank's last event: the
+trace ends inside it (in the traces bundled, a last step's span ends at most 0.67 ms, 0.4% of it,
+after its rank's last event; sampled events 4.5 ms, 0.7%)."""
 BYSTANDERS_SAID_EACH = 3
 """More host threads of one rank left out of a step than this: one warning names the first few
 and counts the rest (an MTIA job has a submission thread per stream)."""
@@ -141,6 +146,25 @@ class StepAnalysis:
         the time between the last ``prof.step()`` and the profiler's stop (older PyTorch writes a
         ProfilerStep span there), not a step of the loop."""
         return self.graph.step is not None and not bool((self.graph.nodes["event"] >= 0).any())
+
+    def cut_by_trace_end(self) -> list[str]:
+        """How the trace ends inside this step, one phrase per rank where it does (empty: it does
+        not): launches after the rank's last launch that has a device op (their work had not run
+        when the trace stopped: a trace cut at a time, a profiler stopped with work still queued),
+        or the step's span running on more than CUT_PAST_END_US and CUT_PAST_END_SHARE of it past
+        the rank's last event (the ops after the cut are gone). Such a step's time and breakdown
+        are those of the part the trace holds."""
+        facts = self.graph.info.facts
+        if facts is None or self.graph.step is None:
+            return []
+        out = []
+        for f in facts.ranks:
+            span = float(self.graph.measured.get(f.rank, 0.0))
+            if f.unrun_launches:
+                out.append(f"rank {f.rank}: {f.unrun_launches} of its launches come after its last one whose device work the trace holds")
+            elif f.past_end_us > max(CUT_PAST_END_US, CUT_PAST_END_SHARE * span):
+                out.append(f"rank {f.rank}: its step runs {f.past_end_us / 1000:,.1f} ms past its last event")
+        return out
 
     def holds_setup(self) -> bool:
         """Does the step spend SETUP_STEP_SHARE of its time or more in one-time work (the runtime
@@ -516,6 +540,12 @@ class StepAnalysis:
             out.append(
                 f"step {step}: {sum(cycles.values())} dependency edge{'s' if sum(cycles.values()) > 1 else ''} closed a cycle "
                 f"where the trace's times tie ({what}): the least certain edge of each was given up"
+            )
+        cut = self.cut_by_trace_end()
+        if cut:
+            out.append(
+                f"step {step}: the trace ends inside this step ({'; '.join(cut)}): its time and breakdown are of the part the "
+                "trace holds (a trace cut at a time, or a profiler stopped with work still queued); left out of the run's figures"
             )
         for c in self.checks():
             if not c.ok:

@@ -67,6 +67,8 @@ class RankFacts:
     setup_us: float = 0.0  # one-time work in the step: runtime setup calls with the device idle, torch.compile compiling (setup_calls)
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (LAUNCH_NAME), on a rank with device events
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
+    unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends before they ran)
+    past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event (the trace ends inside it)
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
@@ -179,10 +181,14 @@ LAUNCH_NAME = re.compile(r"launch(?!hostfunc)", re.IGNORECASE)
 which runs a host function)."""
 
 
-def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
+def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rows of the launch calls of ranks that have device events, sorted; of those, the ones no
-    device op is tied to), computed once per table. A rank without any device event is a job
-    profiled on its host only (facts.unprofiled): its launches are not lost, they were not asked for."""
+    device op is tied to; of those, the ones after their rank's last launch that has a device op),
+    computed once per table. A rank without any device event is a job profiled on its host only
+    (facts.unprofiled): its launches are not lost, they were not asked for. Launches lost after
+    the last one that is not are the trace ending before their work ran (a trace cut at a time, a
+    profiler stopped with work still queued); lost among found ones, they were not run or not
+    recorded (captured into a CUDA graph, a full activity buffer)."""
     cache = table.facts_cache = table.facts_cache or {}
     if "launch" not in cache:
         c = table.cols
@@ -194,9 +200,29 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
         calls = rt[is_launch[c["name"][rt]] & isin_small(c["rank"][rt], with_device)]
         launcher = table.launchers()
         tied = np.unique(launcher[launcher >= 0])
-        lost = calls[~np.isin(calls, tied)]
-        cache["launch"] = (calls, lost)
+        found = np.isin(calls, tied)
+        lost = calls[~found]
+        ranks, inv = np.unique(c["rank"][calls], return_inverse=True)
+        last_found = np.full(len(ranks), np.inf)  # (a rank none of whose launches has a device op: none counts as after)
+        if found.any():
+            seen = np.full(len(ranks), -np.inf)
+            np.maximum.at(seen, inv.reshape(-1)[found], c["ts"][calls[found]])
+            last_found = np.where(np.isfinite(seen), seen, np.inf)
+        after = c["ts"][lost] > last_found[inv.reshape(-1)[~found]]
+        cache["launch"] = (calls, lost, lost[after])
     return cache["launch"]
+
+
+def _rank_last_event(table: EventTable) -> dict[int, float]:
+    """Per rank, the start of its last event of any kind (µs): where its trace stops."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if "last_event" not in cache:
+        c = table.cols
+        ranks, inv = np.unique(c["rank"], return_inverse=True)
+        last = np.full(len(ranks), -np.inf)
+        np.maximum.at(last, inv.reshape(-1), c["ts"])
+        cache["last_event"] = {int(r): float(t) for r, t in zip(ranks.tolist(), last.tolist())}
+    return cache["last_event"]
 
 
 _LOW_KERNEL = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
@@ -312,6 +338,7 @@ def index_facts(table: EventTable) -> None:
     _device_index(table)
     _long_host_ops(table)
     _launch_rows(table)
+    _rank_last_event(table)
     _compile_codes(table)
     kernel_precision(table)
 
@@ -374,6 +401,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         setup_us=_step_setup(table, rank, rows, cpu_start, step_end),
         launch_calls=int(isin_sorted(rows, _launch_rows(table)[0]).sum()),
         lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
+        unrun_launches=int(isin_sorted(rows, _launch_rows(table)[2]).sum()),
+        past_end_us=max(0.0, cpu_end - _rank_last_event(table).get(rank, cpu_end)) if step is not None else 0.0,
         kernel_us=kernel_us,
         low_precision_us=low_us,
         conv_kernel_us=conv_us,
