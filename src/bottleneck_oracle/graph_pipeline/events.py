@@ -1004,6 +1004,7 @@ class _Builder:
         self.unknown_device_events = 0  # device ops read from categories the field map does not list
         self.skipped = ""  # what complete events were left out for their category, said when nothing else is read
         self.devices: list[str] = []  # the names in the file's deviceProperties (GPU models)
+        self.pid_strings: dict[int, str] = {}  # the code of a process named by a string -> that string
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -1091,7 +1092,14 @@ class _Builder:
         if (dur < 0).any():
             i = int(np.flatnonzero(dur < 0)[0])
             raise TraceError(path, f"event {names[code[i]][:80]!r} at ts={ts[i] + base} has a negative duration ({dur[i]} µs)")
-        pid = self._ids(ev.pop("pid")[x], ev.pop("pid_str")[x])
+        pid_hash = ev.pop("pid_str")[x]
+        pid = self._ids(ev.pop("pid")[x], pid_hash)
+        if (pid_hash != 0).any():  # (rare: a process named by a string) its name, for a file of merged ranks (_split_merged)
+            hashes, first = np.unique(pid_hash, return_index=True)
+            for h, i in zip(hashes.tolist(), first.tolist()):
+                obj = _decode_one(raw[int(ev["obj_lo"][x[i]]) : int(ev["obj_hi"][x[i]])]) if h else None
+                if isinstance(obj, dict) and isinstance(obj.get("pid"), str):
+                    self.pid_strings[int(pid[i])] = obj["pid"]
         tid = self._ids(ev.pop("tid")[x], ev.pop("tid_str")[x])
         xcls = cls[x].astype(np.int8)
         # ProfilerStep#N spans are step markers, not ops
@@ -1735,7 +1743,8 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         per = max(1, min(FILES_PER_TASK, len(files) // (4 * max(getattr(engine, "workers", 1) or 1, 1))))
         chunks = [[f.absolute() for f in files[i : i + per]] for i in range(0, len(files), per)]
         parsed = (b for bs in engine.imap(_parse_files, chunks, shared=single) for b in bs)
-    for b in parsed:  # in file order, merged as they arrive
+    ranked = (one for got in parsed for one in ([got] if isinstance(got, NotATrace) else _split_merged(got)))
+    for b in ranked:  # in file order, merged as they arrive
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue
@@ -1769,6 +1778,67 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
             stacklevel=2,
         )
     return merger.table()
+
+
+_TRAILING_NUMBER = re.compile(r"\s*\d+\s*$")
+
+
+def _split_merged(b: _Builder) -> list[_Builder]:
+    """A file that holds several ranks' traces merged (a merge script for viewing them together
+    in Perfetto or chrome://tracing: each rank's processes renamed ``"[TP00] 4321"``, its device
+    ``"[TP00] 0"``), split into one builder per rank: each process that counts its own
+    ProfilerSteps and the processes whose names share its prefix (the name without its trailing
+    number). Correlation ids are each process's own count, so the ranks' launches can only be
+    tied to their device ops apart. Any other file, or one whose processes do not group so, is
+    returned as it is (and said to look merged, _outermost_steps)."""
+    step_pids = {s[4] for s in b.steps}
+    if len(step_pids) < 2 or not b.pid_strings or not step_pids <= set(b.pid_strings):
+        return [b]
+    numbers: dict[int, set[int]] = {}
+    for s in b.steps:
+        numbers.setdefault(s[1], set()).add(s[4])
+    if not any(len(p) > 1 for p in numbers.values()):
+        return [b]  # (processes that take turns, each its own steps: not ranks side by side)
+    prefix = {code: _TRAILING_NUMBER.sub("", name) for code, name in b.pid_strings.items()}
+    groups_of = {prefix[p] for p in step_pids}
+    used = np.unique(np.concatenate([part["pid"] for part in b.parts])) if b.parts else np.array([], dtype=np.int64)
+    if len(groups_of) != len(step_pids) or "" in groups_of or any(prefix.get(int(p)) not in groups_of for p in used.tolist()):
+        return [b]
+    labels = sorted(groups_of)
+    found = [re.findall(r"\d+", g) for g in labels]
+    ranks = (
+        [int(f[0]) for f in found]
+        if all(len(f) == 1 for f in found) and len({f[0] for f in found}) == len(found)
+        else list(range(len(labels)))
+    )
+    rank_of = dict(zip(labels, ranks))
+    out = []
+    for label in labels:
+        mine = np.array(sorted(code for code, g in prefix.items() if g == label), dtype=np.int64)
+        r = rank_of[label]
+        one = _Builder(r, b.path, dict(b.meta))
+        one.names, one.str_codes, one.pg_codes = b.names, b.str_codes, b.pg_codes
+        one.base, one.clock_base_us, one.devices = b.base, b.clock_base_us, b.devices
+        for part in b.parts:
+            keep = np.isin(part["pid"], mine)
+            cut = {k: v[keep] for k, v in part.items()}
+            cut["rank"] = np.full(int(keep.sum()), r, dtype=part["rank"].dtype)
+            one.parts.append(cut)
+        keep = np.isin(b.flows["pid"], mine)
+        one.flows = {k: v[keep] for k, v in b.flows.items()}
+        one.flows["rank"] = np.full(int(keep.sum()), r, dtype=b.flows["rank"].dtype)
+        one.steps = [(r, *s[1:]) for s in b.steps if s[4] in set(mine.tolist())]
+        one.thread_names = {k: v for k, v in b.thread_names.items() if k[0] in set(mine.tolist())}
+        one.process_names = {k: v for k, v in b.process_names.items() if k in set(mine.tolist())}
+        one.pid_strings = {k: v for k, v in b.pid_strings.items() if k in set(mine.tolist())}
+        out.append(one)
+    out[0].notes = [
+        *b.notes,
+        f"{b.path}: holds {len(labels)} ranks' traces merged into one file (each process with its own ProfilerSteps, and the "
+        f"processes named like it: {', '.join(repr(g) for g in labels[:4])}{', ...' if len(labels) > 4 else ''}): read as "
+        f"rank{'s' if len(labels) > 1 else ''} {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}",
+    ]
+    return out
 
 
 def _window_openers(seen: dict[int, list[tuple[float, float, set[int], str]]]) -> list[int]:
