@@ -931,6 +931,32 @@ def _duplicates(
     return out
 
 
+def _one_lane_per_stream(part: dict[str, np.ndarray]) -> int:
+    """Device ops of one stream (``args.stream``) on several lanes (tids) of their device's process
+    moved, in place, to the lane most of them are on; returns how many moved. A profiler puts a
+    stream's ops on one lane (Kineto: its tid is the stream), and the graph orders a lane's ops;
+    tools that rewrite traces for a viewer split the ops of a stream that overlap (programmatic
+    dependent launches) onto lanes of their own, which would read as streams running free."""
+    dev = np.flatnonzero(
+        isin_small(part["cls"], (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET, EvClass.GPU_SYNC)) & (part["stream"] >= 0)
+    )
+    if not len(dev):
+        return 0
+    pid, tid, stream = part["pid"][dev], part["tid"][dev], part["stream"][dev]
+    lanes = np.unique(np.stack([pid, stream, tid]), axis=1)
+    if len(np.unique(lanes[:2], axis=1)[0]) == lanes.shape[1]:
+        return 0  # one lane per stream: as every profiler writes them
+    moved = 0
+    for p, st in np.unique(lanes[:2], axis=1).T.tolist():
+        mine = dev[(pid == p) & (stream == st)]
+        tids, counts = np.unique(part["tid"][mine], return_counts=True)
+        if len(tids) > 1:
+            main = tids[np.argmax(counts)]
+            moved += int((part["tid"][mine] != main).sum())
+            part["tid"][mine] = main
+    return moved
+
+
 def _pair_begin_end(ev: dict[str, np.ndarray]) -> int:
     """Duration events written as a begin/end pair (``ph`` 'B' then 'E' on one thread, nested; the
     trace format allows them beside complete 'X' events) made complete events in place: the begin
@@ -1182,6 +1208,12 @@ class _Builder:
                 arr[where] = got.astype(dtype)
             part[col] = arr
         _give_back(raw)
+        split = _one_lane_per_stream(part)
+        if split:
+            self.notes.append(
+                f"{path}: {split} device ops on lanes split from their stream's (a rewrite for a trace viewer that moves a "
+                "stream's overlapping ops to lanes of their own, tid '7_hack') read on their stream's lane, as their args say"
+            )
         self.parts.append(part)
         self.names = names
         return n
