@@ -236,23 +236,52 @@ def test_a_recorded_trace_has_no_step_the_trace_ends_inside():
             assert not StepAnalysis.of(g).cut_by_trace_end(), (path.name, g.step)
 
 
-def test_ranks_merged_into_one_file_read_as_the_ranks(tmp_path):
-    """Scripts that merge a job's per-rank traces into one file for viewing them together (in
-    Perfetto, chrome://tracing) rename each rank's processes ``"[TP03] 59994"`` and its device
-    ``"[TP03] 0"``, keeping the first file's metadata. dlrm's 8 workers merged so read as one rank
-    whose launches were tied to other ranks' device ops (each process counts its correlation ids
-    from 1): a 20.7 ms step, all untraced, a failed self-check. Split by those names, each step
-    reads as the folder of the 8 files does."""
-    folder = REAL / "dlrm_v100_8rank"
+def _merged(folder: Path, style: str) -> dict:
+    """The ranks' files of ``folder`` merged into one document as the merge scripts in use write
+    it: ``sglang`` (each rank's processes renamed ``"[TP03] 59994"``, its device ``"[TP03] 0"``, the
+    first file's metadata kept), ``tracefuse`` (TraceLens' TraceFuse: pids, correlation and flow ids
+    offset by rank times a power of ten, ``args.rank`` on every event, its own trace span left out,
+    no metadata), ``one_pid`` (every event of rank r on pid r + 1, a "Rank r" process name)."""
+    files = sorted(folder.glob("*.json.gz"), key=lambda f: int(re.search(r"worker(\d+)", f.name).group(1)))
     merged: dict = {"traceEvents": []}
-    for f in sorted(folder.glob("*.json.gz")):
-        rank = int(re.search(r"worker(\d+)", f.name).group(1))
-        doc = _document(f)
-        merged.update({k: v for k, v in doc.items() if k != "traceEvents" and k not in merged})
+    docs = [_document(f) for f in files]
+    top = {k: max((e.get(k) for d in docs for e in d["traceEvents"] if isinstance(e.get(k), int)), default=1) for k in ("pid", "id")}
+    top["correlation"] = max(e["args"]["correlation"] for d in docs for e in d["traceEvents"] if "correlation" in e.get("args", {}))
+    step = {k: 10 ** (len(str(v)) + 1) for k, v in top.items()}
+    for rank, doc in enumerate(docs):
+        if style == "sglang":
+            merged.update({k: v for k, v in doc.items() if k != "traceEvents" and k not in merged})
         for e in doc["traceEvents"]:
-            e["pid"] = f"[TP{rank:02d}] {e['pid']}"
-        merged["traceEvents"] += doc["traceEvents"]
-    path = _written(merged, tmp_path / "merged.json")
+            if style == "sglang":
+                e["pid"] = f"[TP{rank:02d}] {e['pid']}"
+            elif style == "tracefuse":
+                if e.get("cat") == "Trace":
+                    continue
+                args = e.setdefault("args", {})
+                args["rank"] = rank
+                for k in ("pid", "id"):
+                    if isinstance(e.get(k), int):
+                        e[k] += rank * step[k]
+                if "correlation" in args:
+                    args["correlation"] += rank * step["correlation"]
+            else:
+                e["pid"] = rank + 1
+            merged["traceEvents"].append(e)
+        if style == "one_pid":
+            merged["traceEvents"].append({"name": "process_name", "ph": "M", "pid": rank + 1, "tid": 0, "args": {"name": f"Rank {rank}"}})
+    return merged
+
+
+@pytest.mark.parametrize("style", ["sglang", "tracefuse", "one_pid"])
+def test_ranks_merged_into_one_file_read_as_the_ranks(style, tmp_path):
+    """Scripts that merge a job's per-rank traces into one file for viewing them together (in
+    Perfetto, chrome://tracing) leave each rank's processes told apart in their own way (_merged).
+    dlrm's 8 workers merged so read as one rank whose launches were tied to other ranks' device ops
+    (each process counts its correlation ids from 1; in SGLang's style a 20.7 ms step, all
+    untraced, a failed self-check). Split by what the merge left, each step reads as the folder of
+    the 8 files does."""
+    folder = REAL / "dlrm_v100_8rank"
+    path = _written(_merged(folder, style), tmp_path / "merged.json")
     with pytest.warns(Warning, match=r"holds 8 ranks' traces merged into one file"):
         got = [StepAnalysis.of(g) for g in graphs(load(path))]
     want = [StepAnalysis.of(g) for g in graphs(load(folder))]

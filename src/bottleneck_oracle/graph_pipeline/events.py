@@ -1031,6 +1031,7 @@ class _Builder:
         self.skipped = ""  # what complete events were left out for their category, said when nothing else is read
         self.devices: list[str] = []  # the names in the file's deviceProperties (GPU models)
         self.pid_strings: dict[int, str] = {}  # the code of a process named by a string -> that string
+        self.pid_ranks: dict[int, int] = {}  # where several processes count steps: a process -> the rank its events' args name
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -1139,6 +1140,14 @@ class _Builder:
         for i in np.flatnonzero(is_step).tolist():
             number = numbers[int(code[i])]
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
+        if len({st[4] for st in self.steps}) > 1:  # (rare: ranks merged into one file?) the rank each process's events name
+            codes, first = np.unique(pid, return_index=True)
+            for k, i in zip(codes.tolist(), first.tolist()):
+                obj = _decode_one(raw[int(ev["obj_lo"][x[i]]) : int(ev["obj_hi"][x[i]])])
+                args = obj.get("args") if isinstance(obj, dict) else None
+                named = args.get("rank") if isinstance(args, dict) else None
+                if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < 2**31:
+                    self.pid_ranks[int(k)] = named
         keep = ~is_step & ~absurd
         dup = _duplicates(pid, tid, ts, dur, code, xcls, raw, ev["obj_lo"][x], ev["obj_hi"][x])
         _give_back(raw)
@@ -1815,39 +1824,64 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
 _TRAILING_NUMBER = re.compile(r"\s*\d+\s*$")
 
 
-def _split_merged(b: _Builder) -> list[_Builder]:
-    """A file that holds several ranks' traces merged (a merge script for viewing them together
-    in Perfetto or chrome://tracing: each rank's processes renamed ``"[TP00] 4321"``, its device
-    ``"[TP00] 0"``), split into one builder per rank: each process that counts its own
-    ProfilerSteps and the processes whose names share its prefix (the name without its trailing
-    number). Correlation ids are each process's own count, so the ranks' launches can only be
-    tied to their device ops apart. Any other file, or one whose processes do not group so, is
-    returned as it is (and said to look merged, _outermost_steps)."""
+_RANK_NAME = re.compile(r"^\s*rank\W*(\d+)\s*$", re.IGNORECASE)
+
+
+def _rank_groups(b: _Builder) -> dict[int, tuple[str, int]] | None:
+    """For a file that holds several ranks' traces merged into one, each process's rank: process
+    code -> (its rank's label, its rank), from what the merge left, tried in turn: every event's
+    ``args.rank`` (TraceLens' TraceFuse), one process per rank named "Rank N" or not (a script that
+    gives each rank one pid for all its events), the processes' names with their trailing
+    number left out (SGLang's ``"[TP03] 59994"``, its device ``"[TP03] 0"``). None where the file
+    is not such a merge (one process counts the steps) or its processes do not group so."""
     step_pids = {s[4] for s in b.steps}
-    if len(step_pids) < 2 or not b.pid_strings or not step_pids <= set(b.pid_strings):
-        return [b]
-    numbers: dict[int, set[int]] = {}
+    if len(step_pids) < 2:
+        return None
+    by_number: dict[int, set[int]] = {}
     for s in b.steps:
-        numbers.setdefault(s[1], set()).add(s[4])
-    if not any(len(p) > 1 for p in numbers.values()):
-        return [b]  # (processes that take turns, each its own steps: not ranks side by side)
+        by_number.setdefault(s[1], set()).add(s[4])
+    if not any(len(p) > 1 for p in by_number.values()):
+        return None  # (processes that take turns, each its own steps: not ranks side by side)
+    used = set(np.unique(np.concatenate([part["pid"] for part in b.parts])).tolist()) if b.parts else set()
+    if used and used <= set(b.pid_ranks):
+        return {p: (f"rank {b.pid_ranks[p]}", b.pid_ranks[p]) for p in used}
+    if used and used <= step_pids:
+        named = {p: _RANK_NAME.match(" ".join(b.process_names.get(p, [])[:1])) for p in used}
+        if all(named.values()) and len({m.group(1) for m in named.values() if m}) == len(used):
+            return {p: (f"rank {m.group(1)}", int(m.group(1))) for p, m in named.items() if m}
+        return {p: (f"process {p}", k) for k, p in enumerate(sorted(used))}
+    if not step_pids <= set(b.pid_strings):
+        return None
     prefix = {code: _TRAILING_NUMBER.sub("", name) for code, name in b.pid_strings.items()}
-    groups_of = {prefix[p] for p in step_pids}
-    used = np.unique(np.concatenate([part["pid"] for part in b.parts])) if b.parts else np.array([], dtype=np.int64)
-    if len(groups_of) != len(step_pids) or "" in groups_of or any(prefix.get(int(p)) not in groups_of for p in used.tolist()):
-        return [b]
-    labels = sorted(groups_of)
-    found = [re.findall(r"\d+", g) for g in labels]
+    labels = {prefix[p] for p in step_pids}
+    if len(labels) != len(step_pids) or "" in labels or any(prefix.get(p) not in labels for p in used):
+        return None
+    ordered = sorted(labels)
+    found = [re.findall(r"\d+", g) for g in ordered]
     ranks = (
         [int(f[0]) for f in found]
         if all(len(f) == 1 for f in found) and len({f[0] for f in found}) == len(found)
-        else list(range(len(labels)))
+        else list(range(len(ordered)))
     )
-    rank_of = dict(zip(labels, ranks))
+    rank_of = dict(zip(ordered, ranks))
+    return {p: (prefix[p], rank_of[prefix[p]]) for p in used}
+
+
+def _split_merged(b: _Builder) -> list[_Builder]:
+    """A file that holds several ranks' traces merged (a merge script for viewing them together in
+    Perfetto or chrome://tracing, _rank_groups) split into one builder per rank. Correlation ids
+    are each process's own count, so the ranks' launches can only be tied to their device ops
+    apart. Any other file is returned as it is (one whose processes count steps side by side but
+    do not group is said to look merged, _outermost_steps)."""
+    groups_of = _rank_groups(b)
+    if groups_of is None:
+        return [b]
+    ranks = sorted({r for _, r in groups_of.values()})
+    labels = sorted({label for label, _ in groups_of.values()}, key=lambda g: next(r for lb, r in groups_of.values() if lb == g))
     out = []
-    for label in labels:
-        mine = np.array(sorted(code for code, g in prefix.items() if g == label), dtype=np.int64)
-        r = rank_of[label]
+    for r in ranks:
+        mine_set = {p for p, (_, rr) in groups_of.items() if rr == r}
+        mine = np.array(sorted(mine_set), dtype=np.int64)
         one = _Builder(r, b.path, dict(b.meta))
         one.names, one.str_codes, one.pg_codes = b.names, b.str_codes, b.pg_codes
         one.base, one.clock_base_us, one.devices = b.base, b.clock_base_us, b.devices
@@ -1859,16 +1893,15 @@ def _split_merged(b: _Builder) -> list[_Builder]:
         keep = np.isin(b.flows["pid"], mine)
         one.flows = {k: v[keep] for k, v in b.flows.items()}
         one.flows["rank"] = np.full(int(keep.sum()), r, dtype=b.flows["rank"].dtype)
-        one.steps = [(r, *s[1:]) for s in b.steps if s[4] in set(mine.tolist())]
-        one.thread_names = {k: v for k, v in b.thread_names.items() if k[0] in set(mine.tolist())}
-        one.process_names = {k: v for k, v in b.process_names.items() if k in set(mine.tolist())}
-        one.pid_strings = {k: v for k, v in b.pid_strings.items() if k in set(mine.tolist())}
+        one.steps = [(r, *s[1:]) for s in b.steps if s[4] in mine_set]
+        one.thread_names = {k: v for k, v in b.thread_names.items() if k[0] in mine_set}
+        one.process_names = {k: v for k, v in b.process_names.items() if k in mine_set}
         out.append(one)
+    shown = ", ".join(repr(g) for g in labels[:4]) + (", ..." if len(labels) > 4 else "")
     out[0].notes = [
         *b.notes,
-        f"{b.path}: holds {len(labels)} ranks' traces merged into one file (each process with its own ProfilerSteps, and the "
-        f"processes named like it: {', '.join(repr(g) for g in labels[:4])}{', ...' if len(labels) > 4 else ''}): read as "
-        f"rank{'s' if len(labels) > 1 else ''} {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}",
+        f"{b.path}: holds {len(ranks)} ranks' traces merged into one file (processes that count their own ProfilerSteps side by "
+        f"side: {shown}): read as rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}",
     ]
     return out
 
