@@ -13,7 +13,10 @@ ended, launches to an idle device starting late); a GPU trace cut to its host's 
 or ``.CUDA`` alone writes it (``one_side_profiled``); a loop whose launches wait for their kernels,
 as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``); a step thread that blocks in
 Python calls, a sleep and a wait for a helper thread (``host_waits``); an accelerator's queue
-waits (``mtia``); and the advisor's premises against the raw input types (``advice_premises``).
+waits (``mtia``); the advisor's premises against the raw input types (``advice_premises``); and
+traces rewritten as tools leave them (``rewritten_files``: trimmed to a time, ranks merged into one
+file three ways, a stream's ops split onto lanes for a viewer, process names filtered out), each
+against the analysis of what it was made from.
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -25,10 +28,13 @@ import bisect
 import gzip
 import json
 import re
+import statistics
+import tempfile
 import warnings
 from pathlib import Path
 
 from bottleneck_oracle import api
+from bottleneck_oracle.analysis.answer import run_answer
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -594,6 +600,130 @@ def advice_premises() -> dict:
     return out
 
 
+def trimmed(path: Path, keep: float, out: Path) -> float:
+    """``path`` with only the events that start in the first ``keep`` of its time (what a trace
+    tool's "export the selection" or a trimming script leaves) written to ``out``; the time it stops."""
+    doc = json.loads(gzip.open(path).read())
+    ts = [e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X"]
+    stop = min(ts) + keep * (max(ts) - min(ts))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") == "M" or e.get("ts", 0) <= stop]
+    out.write_text(json.dumps(doc))
+    return stop
+
+
+def merged_ranks(folder: Path, style: str) -> dict:
+    """The ranks' files of ``folder`` (``worker<N>...``) merged into one document as the merge scripts
+    in use write it: ``sglang`` (each rank's processes renamed ``"[TP03] 59994"``, its device
+    ``"[TP03] 0"``, the first file's metadata kept), ``tracefuse`` (TraceLens' TraceFuse: pids,
+    correlation and flow ids offset by rank times a power of ten, ``args.rank`` on every event, its
+    own trace span left out, no metadata), ``one_pid`` (every event of rank r on pid r + 1, a "Rank r"
+    process name: Megatron-LM-AutoTuner's script)."""
+    files = sorted(folder.glob("*.json.gz"), key=lambda f: int(re.search(r"worker(\d+)", f.name).group(1)))  # type: ignore[union-attr]
+    merged: dict = {"traceEvents": []}
+    docs = [json.loads(gzip.open(f).read()) for f in files]
+    top = {k: max((e.get(k) for d in docs for e in d["traceEvents"] if isinstance(e.get(k), int)), default=1) for k in ("pid", "id")}
+    top["correlation"] = max(e["args"]["correlation"] for d in docs for e in d["traceEvents"] if "correlation" in e.get("args", {}))
+    step = {k: 10 ** (len(str(v)) + 1) for k, v in top.items()}
+    for rank, doc in enumerate(docs):
+        if style == "sglang":
+            merged.update({k: v for k, v in doc.items() if k != "traceEvents" and k not in merged})
+        for e in doc["traceEvents"]:
+            if style == "sglang":
+                e["pid"] = f"[TP{rank:02d}] {e['pid']}"
+            elif style == "tracefuse":
+                if e.get("cat") == "Trace":
+                    continue
+                args = e.setdefault("args", {})
+                args["rank"] = rank
+                for k in ("pid", "id"):
+                    if isinstance(e.get(k), int):
+                        e[k] += rank * step[k]
+                if "correlation" in args:
+                    args["correlation"] += rank * step["correlation"]
+            else:
+                e["pid"] = rank + 1
+            merged["traceEvents"].append(e)
+        if style == "one_pid":
+            merged["traceEvents"].append({"name": "process_name", "ph": "M", "pid": rank + 1, "tid": 0, "args": {"name": f"Rank {rank}"}})
+    return merged
+
+
+def viewer_lanes(doc: dict) -> int:
+    """``doc`` rewritten in place as the sglang community's "perfetto-compatible" script does for
+    viewers that cannot draw overlapping slices on one track: each kernel that starts before the
+    previous one on its lane ended moves to a lane of its own (tid ``"7_hack"``), its
+    ``args.stream`` unchanged. Returns how many moved."""
+    last: dict = {}
+    moved = 0
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and "registers per thread" in e.get("args", {}):
+            while e["ts"] < last.get((e["pid"], e["tid"]), -1):
+                e["tid"] = str(e["tid"]) + "_hack"
+                moved += 1
+            last[(e["pid"], e["tid"])] = e["ts"] + e["dur"]
+    return moved
+
+
+def rewritten_files(tmp: Path) -> dict:
+    """Traces as tools rewrite them, each against the analysis of what it was made from."""
+    out: dict = {"trimmed_at_80pct": {}, "merged_dlrm_8_workers": {}}
+    for path in (DATA / "public-gpu/train_1rank_5steps.json.gz", DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz"):
+        stop = trimmed(path, 0.8, tmp / "trimmed.json")
+        whole = json.loads(gzip.open(path).read())
+        (tmp / "recorded.json").write_text(json.dumps(whole))  # (json's float text, as in the trimmed file)
+        got, rec = step_rows(tmp / "trimmed.json"), {r["step"]: r for r in step_rows(tmp / "recorded.json")}
+        _, analyses = api.analyze(tmp / "trimmed.json")
+        held = sorted(r["step"] for r in got)
+        whole_steps = [rec[n]["step_time_us"] for n in held[1:] if n not in {a.graph.step for a in analyses if a.cut_by_trace_end()}]
+        out["trimmed_at_80pct"][path.name] = {
+            "stops_at_us_from_start": stop - min(e["ts"] for e in whole["traceEvents"] if e.get("ph") == "X"),
+            "steps_said_cut": [a.graph.step for a in analyses if a.cut_by_trace_end()],
+            "run_step_time_us": run_answer(analyses).step_time.median_us,
+            "recorded_median_of_the_whole_steps_us": float(statistics.median(whole_steps)),
+            "steps": [
+                {"step": r["step"], "step_time_us": r["step_time_us"], "recorded_step_time_us": rec[r["step"]]["step_time_us"]} for r in got
+            ],
+        }
+    folder = DATA / "real-gpu/dlrm_v100_8rank"
+    want = step_rows(folder)
+    for style in ("sglang", "tracefuse", "one_pid"):
+        (tmp / "merged.json").write_text(json.dumps(merged_ranks(folder, style)))
+        got_a = api.analyze(tmp / "merged.json")[1]
+        got = step_rows(tmp / "merged.json")
+        out["merged_dlrm_8_workers"][style] = {
+            "ranks": sorted({r for a in got_a for r in a.graph.ranks}),
+            "step_time_us": [r["step_time_us"] for r in got],
+            "folder_step_time_us": [r["step_time_us"] for r in want],
+            "largest_breakdown_difference_us": max(
+                abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
+            ),
+        }
+    path = DATA / "public-gpu/diff_control_rank3of8.json.gz"
+    doc = json.loads(gzip.open(path).read())
+    moved = viewer_lanes(doc)
+    (tmp / "lanes.json").write_text(json.dumps(doc))
+    (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
+    got, want = step_rows(tmp / "lanes.json"), step_rows(tmp / "recorded.json")
+    out["viewer_lanes_diff_control"] = {
+        "ops_moved": moved,
+        "largest_breakdown_difference_us": max(
+            abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
+        ),
+    }
+    path = DATA / "more-gpu/mtia_inference_rank0.json.gz"
+    doc = json.loads(gzip.open(path).read())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") != "M"]
+    (tmp / "unnamed.json").write_text(json.dumps(doc))
+    (un,), (rec,) = api.analyze(tmp / "unnamed.json")[1], api.analyze(path)[1]
+    out["mtia_without_process_names"] = {
+        "device_nodes": int(un.graph.nodes["on_gpu"].sum()),
+        "recorded_device_nodes": int(rec.graph.nodes["on_gpu"].sum()),
+        "step_time_us": un.step_time,
+        "recorded_step_time_us": rec.step_time,
+    }
+    return out
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
     _, analyses = api.analyze(path, steps)
     rows = []
@@ -682,6 +812,8 @@ def main() -> None:
     doc["runtime_setup"] = runtime_setup()
     doc["host_waits"] = host_waits()
     doc["advice_premises"] = advice_premises()
+    with tempfile.TemporaryDirectory() as tmp:
+        doc["rewritten_files"] = rewritten_files(Path(tmp))
     a.json.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
     for k, v in doc.items():
         print(k, json.dumps(v, default=_plain)[:400])

@@ -25,7 +25,7 @@ from orjson import OPT_SORT_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.api import graphs, load
 from bottleneck_oracle.serial import dumps
-from conftest import DATA, MORE, PUBLIC, REAL, SAMPLE
+from conftest import DATA, MORE, PUBLIC, REAL
 
 # a blocking copy behind a GPU-bound forward pass (cuLaunchKernel too), a 5-step DDP rank on
 # V100, event synchronisation across streams
@@ -34,6 +34,16 @@ FIXTURES = (
     REAL / "ddp_v100_rank1of2_5steps.json.gz",
     PUBLIC / "cuda_event_sync_multistream_1gpu.json.gz",
 )
+
+
+def _unseen():
+    """benchmarks/unseen.py: the rewrites of a trace that tools make (trimming, merging, lanes)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import unseen
+
+    return unseen
 
 
 def _analysis(path: Path) -> str:
@@ -171,17 +181,6 @@ def test_an_accelerator_without_its_process_name_is_still_read(tmp_path):
     assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-3)
 
 
-def _trimmed(path: Path, keep: float, out: Path) -> tuple[dict, float]:
-    """The trace with only the events that start in the first ``keep`` of its time (what a trace
-    tool's "export the selection" or a trimming script leaves), and the time it stops."""
-    doc = _document(path)
-    ts = [e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X"]
-    stop = min(ts) + keep * (max(ts) - min(ts))
-    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") == "M" or e.get("ts", 0) <= stop]
-    _written(doc, out)
-    return doc, stop
-
-
 @pytest.mark.parametrize(
     "path", [PUBLIC / "train_1rank_5steps.json.gz", REAL / "ddp_v100_rank1of2_5steps.json.gz"], ids=lambda p: p.name.split("_")[0]
 )
@@ -196,7 +195,7 @@ def test_steps_a_trimmed_trace_ends_inside_are_said_and_left_out(path, tmp_path,
     from conftest import run_cli
 
     whole = _document(path)["traceEvents"]
-    doc, stop = _trimmed(path, 0.8, tmp_path / "trimmed.json")
+    stop = _unseen().trimmed(path, 0.8, tmp_path / "trimmed.json")
     kernels = {e["args"]["correlation"]: e["ts"] for e in whole if e.get("cat") == "kernel"}
     marks = [e for e in whole if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     cut = set()
@@ -227,61 +226,17 @@ def test_steps_a_trimmed_trace_ends_inside_are_said_and_left_out(path, tmp_path,
     assert res["run"]["step_time"]["median_us"] == pytest.approx(float(np.median(kept)), rel=1e-9)
 
 
-def test_a_recorded_trace_has_no_step_the_trace_ends_inside():
-    """No step of a trace as recorded reads as cut (every fixture with steps)."""
-    from conftest import KINETO_FIXTURES, MORE_FIXTURES, OWN_GPU_FIXTURES, REAL_FIXTURES
-
-    for path in (*KINETO_FIXTURES, *REAL_FIXTURES, *MORE_FIXTURES, *OWN_GPU_FIXTURES, SAMPLE):
-        for g in graphs(load(path)):
-            assert not StepAnalysis.of(g).cut_by_trace_end(), (path.name, g.step)
-
-
-def _merged(folder: Path, style: str) -> dict:
-    """The ranks' files of ``folder`` merged into one document as the merge scripts in use write
-    it: ``sglang`` (each rank's processes renamed ``"[TP03] 59994"``, its device ``"[TP03] 0"``, the
-    first file's metadata kept), ``tracefuse`` (TraceLens' TraceFuse: pids, correlation and flow ids
-    offset by rank times a power of ten, ``args.rank`` on every event, its own trace span left out,
-    no metadata), ``one_pid`` (every event of rank r on pid r + 1, a "Rank r" process name)."""
-    files = sorted(folder.glob("*.json.gz"), key=lambda f: int(re.search(r"worker(\d+)", f.name).group(1)))
-    merged: dict = {"traceEvents": []}
-    docs = [_document(f) for f in files]
-    top = {k: max((e.get(k) for d in docs for e in d["traceEvents"] if isinstance(e.get(k), int)), default=1) for k in ("pid", "id")}
-    top["correlation"] = max(e["args"]["correlation"] for d in docs for e in d["traceEvents"] if "correlation" in e.get("args", {}))
-    step = {k: 10 ** (len(str(v)) + 1) for k, v in top.items()}
-    for rank, doc in enumerate(docs):
-        if style == "sglang":
-            merged.update({k: v for k, v in doc.items() if k != "traceEvents" and k not in merged})
-        for e in doc["traceEvents"]:
-            if style == "sglang":
-                e["pid"] = f"[TP{rank:02d}] {e['pid']}"
-            elif style == "tracefuse":
-                if e.get("cat") == "Trace":
-                    continue
-                args = e.setdefault("args", {})
-                args["rank"] = rank
-                for k in ("pid", "id"):
-                    if isinstance(e.get(k), int):
-                        e[k] += rank * step[k]
-                if "correlation" in args:
-                    args["correlation"] += rank * step["correlation"]
-            else:
-                e["pid"] = rank + 1
-            merged["traceEvents"].append(e)
-        if style == "one_pid":
-            merged["traceEvents"].append({"name": "process_name", "ph": "M", "pid": rank + 1, "tid": 0, "args": {"name": f"Rank {rank}"}})
-    return merged
-
-
 @pytest.mark.parametrize("style", ["sglang", "tracefuse", "one_pid"])
 def test_ranks_merged_into_one_file_read_as_the_ranks(style, tmp_path):
     """Scripts that merge a job's per-rank traces into one file for viewing them together (in
-    Perfetto, chrome://tracing) leave each rank's processes told apart in their own way (_merged).
+    Perfetto, chrome://tracing) leave each rank's processes told apart in their own way
+    (benchmarks/unseen.py merged_ranks).
     dlrm's 8 workers merged so read as one rank whose launches were tied to other ranks' device ops
     (each process counts its correlation ids from 1; in SGLang's style a 20.7 ms step, all
     untraced, a failed self-check). Split by what the merge left, each step reads as the folder of
     the 8 files does."""
     folder = REAL / "dlrm_v100_8rank"
-    path = _written(_merged(folder, style), tmp_path / "merged.json")
+    path = _written(_unseen().merged_ranks(folder, style), tmp_path / "merged.json")
     with pytest.warns(Warning, match=r"holds 8 ranks' traces merged into one file"):
         got = [StepAnalysis.of(g) for g in graphs(load(path))]
     want = [StepAnalysis.of(g) for g in graphs(load(folder))]
@@ -302,15 +257,7 @@ def test_a_streams_ops_split_onto_lanes_of_their_own_read_on_their_stream(tmp_pa
     CPU overhead. Read by the stream its args name, each step reads as recorded."""
     path = PUBLIC / "diff_control_rank3of8.json.gz"
     doc = _document(path)
-    last: dict = {}
-    moved = 0
-    for e in doc["traceEvents"]:  # (the script's rule, as it is written)
-        if e.get("ph") == "X" and "registers per thread" in e.get("args", {}):
-            while e["ts"] < last.get((e["pid"], e["tid"]), -1):
-                e["tid"] = str(e["tid"]) + "_hack"
-                moved += 1
-            last[(e["pid"], e["tid"])] = e["ts"] + e["dur"]
-    assert moved > 100
+    assert _unseen().viewer_lanes(doc) > 100
     with pytest.warns(Warning, match="device ops on lanes split from their stream"):
         split = [StepAnalysis.of(g) for g in graphs(load(_written(doc, tmp_path / "split.json")))]
     recorded = [StepAnalysis.of(g) for g in graphs(load(_written(_document(path), tmp_path / "recorded.json")))]

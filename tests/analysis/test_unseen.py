@@ -694,19 +694,26 @@ def test_a_trace_of_only_uncategorised_host_events_says_what_it_left_out(tmp_pat
 
 
 def test_several_ranks_merged_into_one_file_are_said_to_be(tmp_path, recwarn):
-    """Two ranks' traces written into one file (their processes' pids, read from the raw files):
-    the steps of both and the correlation ids of both cannot be told apart; a warning says so."""
+    """Two ranks' traces written into one file as they are (a CPU job: each rank one process, its
+    pid read from the raw files): the two processes count their steps side by side, so the file
+    is read as those two ranks, said in a warning naming them, each step as the two files read."""
+    from bottleneck_oracle import api
     from bottleneck_oracle.graph_pipeline.events import load_events
     from conftest import DATA
 
-    docs = [json.loads(gzip.open(DATA / "gloo_ddp_10steps_injected" / f"rank-{r}.json.gz").read()) for r in (0, 1)]
+    folder = DATA / "gloo_ddp_10steps_injected"
+    docs = [json.loads(gzip.open(folder / f"rank-{r}.json.gz").read()) for r in (0, 1)]
     pids = sorted({e["pid"] for d in docs for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
     merged = {k: v for k, v in docs[0].items() if k != "distributedInfo"}
     merged["traceEvents"] = docs[0]["traceEvents"] + docs[1]["traceEvents"]
     (tmp_path / "merged.json").write_text(json.dumps(merged))
-    load_events(tmp_path / "merged.json")
+    table = load_events(tmp_path / "merged.json")
     said = [str(w.message) for w in recwarn if "merged into one file" in str(w.message)]
-    assert len(pids) == 2 and len(said) == 1 and f"pids {pids[0]}, {pids[1]}" in said[0]
+    assert len(pids) == 2 and len(said) == 1 and f"'process {pids[0]}', 'process {pids[1]}'" in said[0]
+    assert table.ranks == [0, 1]
+    got, want = api.analyze(tmp_path / "merged.json")[1], api.analyze(folder)[1]
+    assert [a.graph.step for a in got] == [b.graph.step for b in want]
+    assert [a.step_time for a in got] == pytest.approx([b.step_time for b in want], rel=1e-9)
     recwarn.clear()
     load_events(DATA / "gloo_ddp_10steps_injected" / "rank-0.json.gz")  # one rank's own file: nothing said
     assert not [w for w in recwarn if "merged into one file" in str(w.message)]
@@ -884,6 +891,7 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
         assert a.graph.meta["run_facts"]["step_offsets"] == {}  # every bundled job numbers its ranks' steps alike
         bad = [to_json(c) for c in a.checks() if not c.ok]
         assert not bad, (a.graph.step, bad)
+        assert not a.cut_by_trace_end(), a.graph.step  # no recorded trace ends inside a step
         if a.graph.step is None:
             continue
         name = f"ProfilerStep#{a.graph.step}"
