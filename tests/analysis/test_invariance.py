@@ -216,6 +216,8 @@ def test_steps_a_trimmed_trace_ends_inside_are_said_and_left_out(path, tmp_path,
     said = {s["step"] for s in res["steps"] if any("the trace ends inside this step" in w for w in s["warnings"])}
     assert said == cut
     assert any("the trace ends inside" in n and ", ".join(map(str, sorted(cut))) in n for n in res["run"]["notes"])
+    code, out, _ = run_cli(["analyze", str(tmp_path / "trimmed.json")], capsys)  # the steps table marks them
+    assert code == 0 and all(f"{n} (cut)" in out for n in cut) and out.count(" (cut) ") == len(cut)
     as_written = _written(_document(path), tmp_path / "recorded.json")  # (json's float text, as in the trimmed file)
     recorded = {s["step"]: s for s in json.loads(run_cli(["analyze", str(as_written), "--json"], capsys)[1])["steps"]}
     for s in res["steps"]:

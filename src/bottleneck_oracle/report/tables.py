@@ -92,7 +92,10 @@ def shorten(name: str, width: int) -> str:
 def step_row(a: StepAnalysis) -> list:
     """One row of the steps table (kept per step when the analyses themselves are not)."""
     b = a.breakdown()
-    return [a.graph.step if a.graph.step is not None else "-", a.measured, a.period, a.step_time, *[b[k] for k in BREAKDOWN_KEYS]]
+    key: int | str = a.graph.step if a.graph.step is not None else "-"
+    if a.cut_by_trace_end():  # (its figures are of the part the trace holds: said, left out of the run's)
+        key = f"{key} (cut)"
+    return [key, a.measured, a.period, a.step_time, *[b[k] for k in BREAKDOWN_KEYS]]
 
 
 def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) -> TableModel:
@@ -113,6 +116,11 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
         )
         + f"; period: from the end of the device work queued before {what} to the end of its own (the span when nothing was queued "
         "ahead); CPM: the graph's step time, then its critical path: compute, communication, CPU overhead, waiting (idle), untraced"
+        + (
+            "; (cut): the trace ends inside the step, so only part of it is held (left out of the run's figures)"
+            if any(str(r[0]).endswith(" (cut)") for r in t.rows)
+            else ""
+        )
     )
     return t
 
