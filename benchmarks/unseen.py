@@ -611,16 +611,20 @@ def trimmed(path: Path, keep: float, out: Path) -> float:
     return stop
 
 
-def merged_ranks(folder: Path, style: str) -> dict:
-    """The ranks' files of ``folder`` (``worker<N>...``) merged into one document as the merge scripts
-    in use write it: ``sglang`` (each rank's processes renamed ``"[TP03] 59994"``, its device
+def rank_documents(folder: Path) -> list[dict]:
+    """The documents of a folder's ``worker<N>...`` files, in rank order."""
+    files = sorted(folder.glob("*.json.gz"), key=lambda f: int(re.search(r"worker(\d+)", f.name).group(1)))  # type: ignore[union-attr]
+    return [json.loads(gzip.open(f).read()) for f in files]
+
+
+def merged_ranks(docs: list[dict], style: str) -> dict:
+    """The ranks' documents ``docs`` (in rank order) merged into one as the merge scripts in use
+    write it: ``sglang`` (each rank's processes renamed ``"[TP03] 59994"``, its device
     ``"[TP03] 0"``, the first file's metadata kept), ``tracefuse`` (TraceLens' TraceFuse: pids,
     correlation and flow ids offset by rank times a power of ten, ``args.rank`` on every event, its
     own trace span left out, no metadata), ``one_pid`` (every event of rank r on pid r + 1, a "Rank r"
     process name: Megatron-LM-AutoTuner's script)."""
-    files = sorted(folder.glob("*.json.gz"), key=lambda f: int(re.search(r"worker(\d+)", f.name).group(1)))  # type: ignore[union-attr]
     merged: dict = {"traceEvents": []}
-    docs = [json.loads(gzip.open(f).read()) for f in files]
     top = {k: max((e.get(k) for d in docs for e in d["traceEvents"] if isinstance(e.get(k), int)), default=1) for k in ("pid", "id")}
     top["correlation"] = max(e["args"]["correlation"] for d in docs for e in d["traceEvents"] if "correlation" in e.get("args", {}))
     step = {k: 10 ** (len(str(v)) + 1) for k, v in top.items()}
@@ -687,7 +691,7 @@ def rewritten_files(tmp: Path) -> dict:
     folder = DATA / "real-gpu/dlrm_v100_8rank"
     want = step_rows(folder)
     for style in ("sglang", "tracefuse", "one_pid"):
-        (tmp / "merged.json").write_text(json.dumps(merged_ranks(folder, style)))
+        (tmp / "merged.json").write_text(json.dumps(merged_ranks(rank_documents(folder), style)))
         got_a = api.analyze(tmp / "merged.json")[1]
         got = step_rows(tmp / "merged.json")
         out["merged_dlrm_8_workers"][style] = {
@@ -698,6 +702,15 @@ def rewritten_files(tmp: Path) -> dict:
                 abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
             ),
         }
+    path = DATA / "more-gpu/sglang_qwen3_8b_prefilldecode_mi300.json.gz"  # (no ProfilerStep: one window)
+    (tmp / "merged.json").write_text(json.dumps(merged_ranks([json.loads(gzip.open(path).read()) for _ in range(2)], "sglang")))
+    (got,), (want,) = api.analyze(tmp / "merged.json")[1], api.analyze(path)[1]
+    out["merged_sglang_twice_no_steps"] = {
+        "ranks": sorted(got.graph.ranks),
+        "step_time_us": got.step_time,
+        "one_file_step_time_us": want.step_time,
+        "failed_checks": [c.name for c in got.checks() if not c.ok],
+    }
     path = DATA / "public-gpu/diff_control_rank3of8.json.gz"
     doc = json.loads(gzip.open(path).read())
     moved = viewer_lanes(doc)

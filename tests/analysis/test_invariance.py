@@ -238,7 +238,8 @@ def test_ranks_merged_into_one_file_read_as_the_ranks(style, tmp_path):
     untraced, a failed self-check). Split by what the merge left, each step reads as the folder of
     the 8 files does."""
     folder = REAL / "dlrm_v100_8rank"
-    path = _written(_unseen().merged_ranks(folder, style), tmp_path / "merged.json")
+    unseen = _unseen()
+    path = _written(unseen.merged_ranks(unseen.rank_documents(folder), style), tmp_path / "merged.json")
     with pytest.warns(Warning, match=r"holds 8 ranks' traces merged into one file"):
         got = [StepAnalysis.of(g) for g in graphs(load(path))]
     want = [StepAnalysis.of(g) for g in graphs(load(folder))]
@@ -267,3 +268,35 @@ def test_a_streams_ops_split_onto_lanes_of_their_own_read_on_their_stream(tmp_pa
     for a, b in zip(split, recorded):
         assert a.step_time == pytest.approx(b.step_time, rel=1e-9)
         assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)
+
+
+def test_ranks_merged_into_one_file_without_steps_read_as_the_ranks(tmp_path):
+    """An inference server's traces have no ProfilerStep (SGLang's): merged by SGLang's script, a
+    tensor-parallel job's ranks were read as one, each process's launches tied to the other's
+    device ops by their colliding correlation ids, without a word. Here the one SGLang trace we
+    have twice, as two ranks: the processes that call the device's runtime are the ranks, and the
+    window reads as the one file does, every self-check holding. Merged without a name that tells
+    the ranks apart (the pids as they are), it is read as one rank, and said."""
+    path = MORE / "sglang_qwen3_8b_prefilldecode_mi300.json.gz"
+    unseen = _unseen()
+    merged = _written(unseen.merged_ranks([_document(path), _document(path)], "sglang"), tmp_path / "merged.json")
+    with pytest.warns(Warning) as said:
+        (got,) = [StepAnalysis.of(g) for g in graphs(load(merged))]
+    said_text = [str(w.message) for w in said]
+    assert any("holds 2 ranks' traces merged into one file (processes that each call the device runtime" in t for t in said_text)
+    with pytest.warns(Warning) as alone:
+        (want,) = [StepAnalysis.of(g) for g in graphs(load(path))]
+    sampled = next(str(w.message).split(": ", 1)[1] for w in alone if "events its profiler numbered" in str(w.message))
+    assert sum(t.endswith(sampled.replace("rank 0", f"rank {r}")) for t in said_text for r in (0, 1)) == 2  # each rank its share
+    assert sorted(got.graph.ranks) == [0, 1]
+    assert got.step_time == pytest.approx(want.step_time, rel=1e-9)
+    assert got.breakdown() == pytest.approx(want.breakdown(), abs=1e-6)
+    assert all(c.ok for c in got.checks())
+    plain = _document(path)
+    other = _document(path)
+    for e in other["traceEvents"]:
+        if isinstance(e.get("pid"), int) and e["pid"] > 100:  # (the host's pid; the device's stays 0 or 1)
+            e["pid"] += 1
+    plain["traceEvents"] += other["traceEvents"]
+    with pytest.warns(Warning, match=r"2 processes call the device's runtime .*give each rank its own file"):
+        load(_written(plain, tmp_path / "plain.json"))

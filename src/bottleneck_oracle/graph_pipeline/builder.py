@@ -643,7 +643,7 @@ def checked_steps(table: EventTable, steps: list[int] | None = None) -> list[int
             raise GraphError(f"no ProfilerStep#{missing[0]} in the trace (steps present: {present or 'none'})")
         present = sorted(set(steps))
     if not present:
-        files = ", ".join(table.files.values())
+        files = ", ".join(dict.fromkeys(table.files.values()))  # (ranks merged into one file share its name)
         warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=4)
         return None
     for number in present:

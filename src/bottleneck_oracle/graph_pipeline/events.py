@@ -1032,6 +1032,7 @@ class _Builder:
         self.devices: list[str] = []  # the names in the file's deviceProperties (GPU models)
         self.pid_strings: dict[int, str] = {}  # the code of a process named by a string -> that string
         self.pid_ranks: dict[int, int] = {}  # where several processes count steps: a process -> the rank its events' args name
+        self.numbered_by_pid: dict[int, dict[str, int]] = {}  # there, each process's share of ``numbered``
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -1087,6 +1088,11 @@ class _Builder:
             )
             x = x[~negative]
         ev_idx = ev.pop("evidx")
+        # a file that may hold several ranks' traces (string pids, or more than host, device and the profiler's
+        # own in a sample of its events) keeps each process's numbering for a split (_split_merged)
+        sample = x[::64]
+        maybe_merged = bool((ev["pid_str"][sample] != 0).any()) or len(np.unique(ev["pid"][sample])) > 2
+        numbered_of = (ev["pid"], ev["pid_str"], ev_idx) if maybe_merged else None
         ev_idx = ev_idx[ev_idx >= 0]  # every event, of any phase: instant events are numbered too
         if len(ev_idx):  # how many of the events its exporter numbered the file holds (facts.py)
             self.numbered = {"events": int(len(np.unique(ev_idx))), "first": int(ev_idx.min()), "last": int(ev_idx.max())}
@@ -1140,7 +1146,9 @@ class _Builder:
         for i in np.flatnonzero(is_step).tolist():
             number = numbers[int(code[i])]
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
-        if len({st[4] for st in self.steps}) > 1:  # (rare: ranks merged into one file?) the rank each process's events name
+        runtime_pids = np.unique(pid[xcls == EvClass.RUNTIME])
+        if len({st[4] for st in self.steps}) > 1 or (not self.steps and len(runtime_pids) > 1):
+            # (rare: ranks merged into one file?) the rank each process's events name
             codes, first = np.unique(pid, return_index=True)
             for k, i in zip(codes.tolist(), first.tolist()):
                 obj = _decode_one(raw[int(ev["obj_lo"][x[i]]) : int(ev["obj_hi"][x[i]])])
@@ -1148,6 +1156,14 @@ class _Builder:
                 named = args.get("rank") if isinstance(args, dict) else None
                 if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < 2**31:
                     self.pid_ranks[int(k)] = named
+            if numbered_of is not None:  # each process's share of the events its exporter numbered
+                num, hashed, idx = numbered_of
+                has = idx >= 0
+                codes = self._ids(num[has], hashed[has])
+                for k in np.unique(codes).tolist():
+                    mine = idx[has][codes == k]
+                    self.numbered_by_pid[int(k)] = {"events": int(len(np.unique(mine))), "first": int(mine.min()), "last": int(mine.max())}
+        del numbered_of
         keep = ~is_step & ~absurd
         dup = _duplicates(pid, tid, ts, dur, code, xcls, raw, ev["obj_lo"][x], ev["obj_hi"][x])
         _give_back(raw)
@@ -1827,6 +1843,23 @@ _TRAILING_NUMBER = re.compile(r"\s*\d+\s*$")
 _RANK_NAME = re.compile(r"^\s*rank\W*(\d+)\s*$", re.IGNORECASE)
 
 
+def _merged_anchors(b: _Builder) -> set[int] | None:
+    """The processes of a file that each stand for a rank, where the file holds several: those
+    that count the same ProfilerStep side by side, or, in a trace without steps, those whose host
+    threads call the runtime (one process's trace has one such process: the profiler records its
+    own). None where there is one."""
+    by_number: dict[int, set[int]] = {}
+    for s in b.steps:
+        by_number.setdefault(s[1], set()).add(s[4])
+    if any(len(p) > 1 for p in by_number.values()):
+        return {s[4] for s in b.steps}
+    if b.steps:
+        return None  # (processes that take turns, each its own steps: not ranks side by side)
+    calls = [part["pid"][part["cls"] == EvClass.RUNTIME] for part in b.parts]
+    callers = set(np.unique(np.concatenate(calls)).tolist()) if calls else set()
+    return callers if len(callers) > 1 else None
+
+
 def _rank_groups(b: _Builder) -> dict[int, tuple[str, int]] | None:
     """For a file that holds several ranks' traces merged into one, each process's rank: process
     code -> (its rank's label, its rank), from what the merge left, tried in turn: every event's
@@ -1834,14 +1867,9 @@ def _rank_groups(b: _Builder) -> dict[int, tuple[str, int]] | None:
     gives each rank one pid for all its events), the processes' names with their trailing
     number left out (SGLang's ``"[TP03] 59994"``, its device ``"[TP03] 0"``). None where the file
     is not such a merge (one process counts the steps) or its processes do not group so."""
-    step_pids = {s[4] for s in b.steps}
-    if len(step_pids) < 2:
+    step_pids = _merged_anchors(b)
+    if step_pids is None:
         return None
-    by_number: dict[int, set[int]] = {}
-    for s in b.steps:
-        by_number.setdefault(s[1], set()).add(s[4])
-    if not any(len(p) > 1 for p in by_number.values()):
-        return None  # (processes that take turns, each its own steps: not ranks side by side)
     used = set(np.unique(np.concatenate([part["pid"] for part in b.parts])).tolist()) if b.parts else set()
     if used and used <= set(b.pid_ranks):
         return {p: (f"rank {b.pid_ranks[p]}", b.pid_ranks[p]) for p in used}
@@ -1875,6 +1903,14 @@ def _split_merged(b: _Builder) -> list[_Builder]:
     do not group is said to look merged, _outermost_steps)."""
     groups_of = _rank_groups(b)
     if groups_of is None:
+        anchors = _merged_anchors(b)
+        if anchors is not None and not b.steps:  # (with steps, _outermost_steps says so)
+            shown = ", ".join(str(p) for p in sorted(anchors)[:4]) + (", ..." if len(anchors) > 4 else "")
+            b.notes.append(
+                f"{b.path}: {len(anchors)} processes call the device's runtime (pids {shown}): this looks like several ranks' "
+                "traces merged into one file, read here as one rank (device ops are matched to launches by correlation ids "
+                "that each process counts on its own); give each rank its own file"
+            )
         return [b]
     ranks = sorted({r for _, r in groups_of.values()})
     labels = sorted({label for label, _ in groups_of.values()}, key=lambda g: next(r for lb, r in groups_of.values() if lb == g))
@@ -1896,12 +1932,19 @@ def _split_merged(b: _Builder) -> list[_Builder]:
         one.steps = [(r, *s[1:]) for s in b.steps if s[4] in mine_set]
         one.thread_names = {k: v for k, v in b.thread_names.items() if k[0] in mine_set}
         one.process_names = {k: v for k, v in b.process_names.items() if k in mine_set}
+        numbered = [v for k, v in b.numbered_by_pid.items() if k in mine_set]
+        if numbered:  # (the numbers of one rank's events: its processes' together)
+            one.numbered = {
+                "events": sum(v["events"] for v in numbered),
+                "first": min(v["first"] for v in numbered),
+                "last": max(v["last"] for v in numbered),
+            }
         out.append(one)
     shown = ", ".join(repr(g) for g in labels[:4]) + (", ..." if len(labels) > 4 else "")
     out[0].notes = [
         *b.notes,
-        f"{b.path}: holds {len(ranks)} ranks' traces merged into one file (processes that count their own ProfilerSteps side by "
-        f"side: {shown}): read as rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}",
+        f"{b.path}: holds {len(ranks)} ranks' traces merged into one file ({'processes that count their own ProfilerSteps side by side' if b.steps else 'processes that each call the device runtime'}"
+        f": {shown}): read as rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}",
     ]
     return out
 
