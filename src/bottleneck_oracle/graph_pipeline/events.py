@@ -1372,8 +1372,12 @@ class _Builder:
         """pid/tid: the number, or a stable negative code for a string id."""
         out: np.ndarray = num.astype(np.int64).copy()
         s = np.flatnonzero(str_hash != 0)
-        for i in s.tolist():
-            out[i] = self.str_codes.setdefault(int(str_hash[i]), -(len(self.str_codes) + 2))
+        if len(s):  # each distinct string once, coded in the order the strings first appear
+            hashes, first, inv = np.unique(str_hash[s], return_index=True, return_inverse=True)
+            codes = np.empty(len(hashes), dtype=np.int64)
+            for k in np.argsort(first, kind="stable").tolist():
+                codes[k] = self.str_codes.setdefault(int(hashes[k]), -(len(self.str_codes) + 2))
+            out[s] = codes[inv.reshape(-1)]
         return out
 
     @staticmethod

@@ -202,14 +202,9 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         tied = np.unique(launcher[launcher >= 0])
         found = np.isin(calls, tied)
         lost = calls[~found]
-        ranks, inv = np.unique(c["rank"][calls], return_inverse=True)
-        last_found = np.full(len(ranks), np.inf)  # (a rank none of whose launches has a device op: none counts as after)
-        if found.any():
-            seen = np.full(len(ranks), -np.inf)
-            np.maximum.at(seen, inv.reshape(-1)[found], c["ts"][calls[found]])
-            last_found = np.where(np.isfinite(seen), seen, np.inf)
-        after = c["ts"][lost] > last_found[inv.reshape(-1)[~found]]
-        cache["launch"] = (calls, lost, lost[after])
+        seen = _max_by_rank(c["rank"][calls[found]], c["ts"][calls[found]], int(c["rank"].max()) if len(c["rank"]) else 0)
+        seen[~np.isfinite(seen)] = np.inf  # (a rank none of whose launches has a device op: none counts as after)
+        cache["launch"] = (calls, lost, lost[c["ts"][lost] > seen[c["rank"][lost]]])
     return cache["launch"]
 
 
@@ -217,12 +212,18 @@ def _rank_last_event(table: EventTable) -> dict[int, float]:
     """Per rank, the start of its last event of any kind (µs): where its trace stops."""
     cache = table.facts_cache = table.facts_cache or {}
     if "last_event" not in cache:
-        c = table.cols
-        ranks, inv = np.unique(c["rank"], return_inverse=True)
-        last = np.full(len(ranks), -np.inf)
-        np.maximum.at(last, inv.reshape(-1), c["ts"])
-        cache["last_event"] = {int(r): float(t) for r, t in zip(ranks.tolist(), last.tolist())}
+        rank = table.cols["rank"]
+        top = _max_by_rank(rank, table.cols["ts"], int(rank.max()) if len(rank) else 0)
+        cache["last_event"] = {int(r): float(top[r]) for r in np.flatnonzero(np.isfinite(top)).tolist()}
     return cache["last_event"]
+
+
+def _max_by_rank(rank: np.ndarray, value: np.ndarray, last_rank: int) -> np.ndarray:
+    """Per rank 0 … ``last_rank``, the largest of its values (-inf: none). Ranks are small
+    non-negative numbers: an array indexed by them, no sort."""
+    top = np.full(last_rank + 1, -np.inf)
+    np.maximum.at(top, rank.astype(np.int64), value)
+    return top
 
 
 _LOW_KERNEL = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
