@@ -14,9 +14,9 @@ or ``.CUDA`` alone writes it (``one_side_profiled``); a loop whose launches wait
 as ``CUDA_LAUNCH_BLOCKING=1`` makes them (``synchronous_launches``); a step thread that blocks in
 Python calls, a sleep and a wait for a helper thread (``host_waits``); an accelerator's queue
 waits (``mtia``); the advisor's premises against the raw input types (``advice_premises``); and
-traces rewritten as tools leave them (``rewritten_files``: trimmed to a time, ranks merged into one
-file three ways, a stream's ops split onto lanes for a viewer, process names filtered out), each
-against the analysis of what it was made from.
+traces rewritten as tools leave them (``rewritten_files``: trimmed to a time, split into one step's
+file as TraceLens' splitter does, ranks merged into one file three ways, a stream's ops split onto
+lanes for a viewer, process names filtered out), each against the analysis of what it was made from.
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -652,6 +652,32 @@ def merged_ranks(docs: list[dict], style: str) -> dict:
     return merged
 
 
+def split_step(doc: dict, step: int) -> dict:
+    """``doc`` cut to one ProfilerStep as TraceLens' trace splitter writes a single iteration
+    (``split_inference_trace_annotation --store-single-iteration``): the host events that start
+    between the step's start and the next step's and last no longer than that, the device events
+    those events launched (by correlation id, wherever they run), the flows of those ids, the
+    events without a time; no time changed. The device work queued before the step is not in it."""
+    ev = doc["traceEvents"]
+    marks = sorted(
+        (
+            e
+            for e in ev
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") in ("user_annotation", "cpu_op")
+        ),
+        key=lambda e: e["ts"],
+    )
+    at = [int(m["name"].split("#")[1]) for m in marks].index(step)
+    lo = marks[at]["ts"]
+    hi = marks[at + 1]["ts"] if at + 1 < len(marks) else marks[at]["ts"] + marks[at]["dur"]
+    device = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+    host = [e for e in ev if "ts" in e and "dur" in e and e.get("cat") not in device and lo <= e["ts"] < hi and e["dur"] <= hi - lo]
+    ids = {e["args"]["correlation"] for e in host if "correlation" in e.get("args", {})}
+    launched = [e for e in ev if e.get("cat") in device and e.get("args", {}).get("correlation") in ids]
+    flows = [e for e in ev if e.get("ph") in ("s", "f") and e.get("id") in ids]
+    return {**doc, "traceEvents": host + flows + launched + [e for e in ev if "ts" not in e]}
+
+
 def viewer_lanes(doc: dict) -> int:
     """``doc`` rewritten in place as the sglang community's "perfetto-compatible" script does for
     viewers that cannot draw overlapping slices on one track: each kernel that starts before the
@@ -702,6 +728,23 @@ def rewritten_files(tmp: Path) -> dict:
                 abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
             ),
         }
+    out["split_per_step"] = {}
+    for path, steps in (
+        (DATA / "public-gpu/train_1rank_5steps.json.gz", (103, 104)),
+        (DATA / "public-gpu/diff_test_rank1of2.json.gz", (1012,)),
+    ):
+        whole = json.loads(gzip.open(path).read())
+        (tmp / "recorded.json").write_text(json.dumps(whole))
+        rec = {r["step"]: r for r in step_rows(tmp / "recorded.json")}
+        for n in steps:
+            (tmp / "split.json").write_text(json.dumps(split_step(whole, n)))
+            (one,) = api.analyze(tmp / "split.json")[1]
+            out["split_per_step"][f"{path.name} step {n}"] = {
+                "step_time_us": one.step_time,
+                "recorded_step_time_us": rec[n]["step_time_us"],
+                "queued_before_trace_us": [f.queued_before_trace_us for f in one.graph.info.facts.ranks],  # type: ignore[union-attr]
+                "untraced_us": one.breakdown()["untraced"],
+            }
     path = DATA / "more-gpu/sglang_qwen3_8b_prefilldecode_mi300.json.gz"  # (no ProfilerStep: one window)
     (tmp / "merged.json").write_text(json.dumps(merged_ranks([json.loads(gzip.open(path).read()) for _ in range(2)], "sglang")))
     (got,), (want,) = api.analyze(tmp / "merged.json")[1], api.analyze(path)[1]

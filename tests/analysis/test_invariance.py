@@ -300,3 +300,25 @@ def test_ranks_merged_into_one_file_without_steps_read_as_the_ranks(tmp_path):
     plain["traceEvents"] += other["traceEvents"]
     with pytest.warns(Warning, match=r"2 processes call the device's runtime .*give each rank its own file"):
         load(_written(plain, tmp_path / "plain.json"))
+
+
+@pytest.mark.parametrize("step", [103, 104])
+def test_a_step_split_into_a_file_of_its_own_reads_as_in_the_whole_trace(step, tmp_path):
+    """TraceLens' trace splitter writes one step's file with the step's host events and the device
+    ops they launched, not the work queued before it. train_1rank_5steps is device-bound (its
+    device runs a step behind its host), so the step's first kernel waited 88.7 ms for that
+    unseen work, and the file alone read as a 185.2 ms step, 48% untraced: the queued work read as
+    idle. The first device op of a rank that starts a millisecond or more after its launch, the
+    device busy from then on, marks the end of work queued before the trace: the step is measured
+    from there and reads as it does in the whole trace (its period), and a warning says so."""
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    whole = _document(path)
+    recorded = {a.graph.step: a for a in (StepAnalysis.of(g) for g in graphs(load(_written(whole, tmp_path / "whole.json"))))}
+    with pytest.warns(Warning) as said:
+        (alone,) = [StepAnalysis.of(g) for g in graphs(load(_written(_unseen().split_step(_document(path), step), tmp_path / "one.json")))]
+    assert alone.graph.step == step
+    assert alone.step_time == pytest.approx(recorded[step].step_time, rel=1e-3)
+    assert alone.breakdown()["untraced"] <= 0.01 * alone.step_time
+    assert alone.graph.info.facts.ranks[0].queued_before_trace_us > 50_000
+    assert any("work queued before the trace began held it" in w for w in alone.warnings())
+    assert not any("queued before the trace" in str(w.message) for w in said)  # (said per step, not at load)

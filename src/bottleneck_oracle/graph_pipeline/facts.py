@@ -68,6 +68,7 @@ class RankFacts:
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (LAUNCH_NAME), on a rank with device events
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends before they ran)
+    queued_before_trace_us: float = 0.0  # how long the rank's first device op waited after its launch for work queued before the trace
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event (the trace ends inside it)
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
@@ -206,6 +207,41 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         seen[~np.isfinite(seen)] = np.inf  # (a rank none of whose launches has a device op: none counts as after)
         cache["launch"] = (calls, lost, lost[c["ts"][lost] > seen[c["rank"][lost]]])
     return cache["launch"]
+
+
+QUEUED_LAG_MIN_US = 1000.0
+"""µs: the rank's first device op in the trace starting this long after its launch call returned,
+with the device busy from then on, waited for work queued before the trace began (in every
+recorded trace the first op whose launch is traced starts within 10 µs of it)."""
+QUEUED_BUSY = 0.95
+"""...busy at least this share of the time from that op's start to the end of the step's device work."""
+
+
+def _queued_before_trace(
+    table: EventTable, own: np.ndarray, starts: np.ndarray, ends: np.ndarray, device_end: float
+) -> tuple[float, float] | None:
+    """Where the step holds its rank's first device op and that op started QUEUED_LAG_MIN_US or
+    more after its launch call returned, the device busy (QUEUED_BUSY) from then to the end of
+    the step's device work: the device was running work queued before the trace began (a trace
+    trimmed or split at this step: TraceLens' per-iteration files keep a step's launches and the
+    ops they launched, not the work queued before it). (the end of that work: the op's start, the
+    wait) or None. A device that idled, then woke slowly (ms after a long idle) is not busy after."""
+    c = table.cols
+    first = own[np.argmin(c["ts"][own])]
+    if c["ts"][first] > starts[0]:
+        return None  # (the rank's device ran something earlier in the trace)
+    call = int(table.launchers()[first])
+    if call < 0:
+        return None  # (launched before the trace began: its own work is traced)
+    start = float(c["ts"][first])
+    lag = start - float(c["ts"][call] + c["dur"][call])
+    if lag < QUEUED_LAG_MIN_US or device_end <= start:
+        return None
+    a = int(np.searchsorted(starts, start, side="left"))
+    b = int(np.searchsorted(starts, device_end, side="left"))
+    if _union(starts[a:b], ends[a:b], start, device_end) < QUEUED_BUSY * (device_end - start):
+        return None
+    return start, lag
 
 
 def _rank_last_event(table: EventTable) -> dict[int, float]:
@@ -360,6 +396,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     own = rows[isin_small(cls[rows], DEVICE_CLASSES)]
     device_end = float((c["ts"][own] + c["dur"][own]).max()) if len(own) else None
     prev_end = None
+    untraced_queue = 0.0
     busy = 0.0
     dev = _device_index(table).get(rank)
     if dev is not None:
@@ -367,6 +404,10 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         if step is not None:
             k = int(np.searchsorted(anchors, cpu_start, side="left"))  # device ops launched before the step
             prev_end = float(running_end[k - 1]) if k > 0 else None
+            if prev_end is None and device_end is not None:
+                queued_before = _queued_before_trace(table, own, starts, ends, device_end)
+                if queued_before is not None:
+                    prev_end, untraced_queue = queued_before
     origin = max(cpu_start, prev_end) if prev_end is not None else cpu_start
     step_end = max(cpu_end, device_end) if device_end is not None else cpu_end
     if dev is not None:
@@ -403,6 +444,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         launch_calls=int(isin_sorted(rows, _launch_rows(table)[0]).sum()),
         lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
         unrun_launches=int(isin_sorted(rows, _launch_rows(table)[2]).sum()),
+        queued_before_trace_us=untraced_queue,
         past_end_us=max(0.0, cpu_end - _rank_last_event(table).get(rank, cpu_end)) if step is not None else 0.0,
         kernel_us=kernel_us,
         low_precision_us=low_us,

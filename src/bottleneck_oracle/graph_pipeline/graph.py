@@ -75,6 +75,7 @@ class RankFactsRecord:
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (on a rank with device events)
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends first)
+    queued_before_trace_us: float = 0.0  # the rank's first device op's wait for work queued before the trace began
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits
