@@ -227,6 +227,8 @@ def _queued_before_trace(
     ops they launched, not the work queued before it). (the end of that work: the op's start, the
     wait) or None. A device that idled, then woke slowly (ms after a long idle) is not busy after."""
     c = table.cols
+    if not len(own) or not len(starts):
+        return None
     first = own[np.argmin(c["ts"][own])]
     if c["ts"][first] > starts[0]:
         return None  # (the rank's device ran something earlier in the trace)
