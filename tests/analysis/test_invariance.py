@@ -322,3 +322,19 @@ def test_a_step_split_into_a_file_of_its_own_reads_as_in_the_whole_trace(step, t
     assert alone.graph.info.facts.ranks[0].queued_before_trace_us > 50_000
     assert any("work queued before the trace began held it" in w for w in alone.warnings())
     assert not any("queued before the trace" in str(w.message) for w in said)  # (said per step, not at load)
+
+
+def test_a_window_without_steps_after_work_queued_before_the_trace_reads_as_its_period(tmp_path):
+    """The same as a file without ProfilerStep markers (an inference server's iteration split into a
+    file of its own has none): the whole trace is one window, measured from where the unseen work
+    queued before it ended, and reads as the step does in the whole trace."""
+    path = PUBLIC / "train_1rank_5steps.json.gz"
+    whole = _document(path)
+    (recorded,) = [a for a in (StepAnalysis.of(g) for g in graphs(load(_written(whole, tmp_path / "whole.json")))) if a.graph.step == 103]
+    one = _unseen().split_step(_document(path), 103)
+    one["traceEvents"] = [e for e in one["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    (alone,) = [StepAnalysis.of(g) for g in graphs(load(_written(one, tmp_path / "one.json")))]
+    assert alone.graph.step is None
+    assert alone.step_time == pytest.approx(recorded.step_time, rel=1e-3)
+    assert alone.breakdown()["untraced"] <= 0.01 * alone.step_time
+    assert any("work queued before the trace began held it" in w for w in alone.warnings())

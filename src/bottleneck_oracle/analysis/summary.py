@@ -542,12 +542,12 @@ class StepAnalysis:
                 f"where the trace's times tie ({what}): the least certain edge of each was given up"
             )
         facts = self.graph.info.facts
-        for f in facts.ranks if facts is not None and self.graph.step is not None else ():
+        for f in facts.ranks if facts is not None else ():
             if f.queued_before_trace_us > 0:
                 out.append(
                     f"step {step}: rank {f.rank}'s device started the step's first op {f.queued_before_trace_us / 1000:,.1f} ms after "
                     "its launch, with no earlier device work in the trace, and ran busy from then: work queued before the trace "
-                    "began held it (a trace split or trimmed at this step?); the step is measured from that op's start, its period"
+                    "began held it (a trace split or trimmed here?); the step is measured from that op's start, its period"
                 )
         cut = self.cut_by_trace_end()
         if cut:

@@ -241,7 +241,8 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     a step moves the next one's start (the steady state of a pipeline, a device-bound loop)."""
     opt = options or BuildOptions()
     facts = step_facts(table, step)
-    origins = {f.rank: f.origin for f in facts.ranks} if step is not None else None
+    # (the whole trace: from each rank's first event, or where work queued before the trace ended)
+    origins = {f.rank: f.origin for f in facts.ranks if step is not None or f.queued_before_trace_us > 0} or None
     built = list(_window_edges(table, step, opt, frozenset(), origins, span))
     away = _bystanders(built[0], built[1])
     tails = _tails(built[0], built[1], away)

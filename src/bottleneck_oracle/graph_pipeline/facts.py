@@ -406,10 +406,10 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         if step is not None:
             k = int(np.searchsorted(anchors, cpu_start, side="left"))  # device ops launched before the step
             prev_end = float(running_end[k - 1]) if k > 0 else None
-            if prev_end is None and device_end is not None:
-                queued_before = _queued_before_trace(table, own, starts, ends, device_end)
-                if queued_before is not None:
-                    prev_end, untraced_queue = queued_before
+        if prev_end is None and device_end is not None:  # (the whole trace too: a window without steps starts there)
+            queued_before = _queued_before_trace(table, own, starts, ends, device_end)
+            if queued_before is not None:
+                prev_end, untraced_queue = queued_before
     origin = max(cpu_start, prev_end) if prev_end is not None else cpu_start
     step_end = max(cpu_end, device_end) if device_end is not None else cpu_end
     if dev is not None:
