@@ -745,6 +745,15 @@ def rewritten_files(tmp: Path) -> dict:
                 "queued_before_trace_us": [f.queued_before_trace_us for f in one.graph.info.facts.ranks],  # type: ignore[union-attr]
                 "untraced_us": one.breakdown()["untraced"],
             }
+    one = split_step(json.loads(gzip.open(DATA / "public-gpu/train_1rank_5steps.json.gz").read()), 103)
+    one["traceEvents"] = [e for e in one["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    (tmp / "split.json").write_text(json.dumps(one))
+    (alone,) = api.analyze(tmp / "split.json")[1]
+    out["split_per_step"]["train_1rank_5steps.json.gz step 103, its ProfilerStep marker left out"] = {
+        "step_time_us": alone.step_time,
+        "queued_before_trace_us": [f.queued_before_trace_us for f in alone.graph.info.facts.ranks],  # type: ignore[union-attr]
+        "untraced_us": alone.breakdown()["untraced"],
+    }
     path = DATA / "more-gpu/sglang_qwen3_8b_prefilldecode_mi300.json.gz"  # (no ProfilerStep: one window)
     (tmp / "merged.json").write_text(json.dumps(merged_ranks([json.loads(gzip.open(path).read()) for _ in range(2)], "sglang")))
     (got,), (want,) = api.analyze(tmp / "merged.json")[1], api.analyze(path)[1]
