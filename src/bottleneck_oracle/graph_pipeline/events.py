@@ -353,7 +353,11 @@ class EventTable:
         GPU op the start of the call that launched it. GPU work belongs to the step whose CPU
         launched it, not to the step it happened to start in (the GPU can run a step behind).
         A GPU op with no launch in the trace that ran before the first traced launch's op on its
-        rank was queued before the profiler started: it belongs to no step (-inf)."""
+        rank was queued before the profiler started: it belongs to no step (-inf). Any other was
+        launched no later than the next op on its stream whose launch is traced (a stream runs its
+        ops in launch order), nor than its own start: the earlier of the two (a trace whose thread
+        that launched the backward pass was filtered out keeps those kernels in their step, where
+        the device runs a step behind and their own starts fall in the next)."""
         launcher = self.launchers()
         c = self.cols
         ts = c["ts"]
@@ -366,7 +370,34 @@ class EventTable:
                 if len(mine):
                     early = orphan & (c["rank"] == r) & (ts < ts[mine].min())
                     anchor[early] = -np.inf
+            late = np.flatnonzero(orphan & np.isfinite(anchor))
+            if len(late):
+                anchor[late] = np.minimum(anchor[late], self._next_launched_on_stream(late, launcher, anchor))
         return anchor
+
+    def _next_launched_on_stream(self, rows: np.ndarray, launcher: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        """Per row of ``rows`` (device ops), the anchor of the next op after it on its stream whose
+        launch is traced (inf: none)."""
+        c = self.cols
+        gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+        order = gpu[np.lexsort((c["ts"][gpu], c["tid"][gpu], c["pid"][gpu], c["rank"][gpu]))]
+        lane = np.zeros(len(order), dtype=np.int64)
+        if len(order) > 1:
+            new = (c["rank"][order[1:]] != c["rank"][order[:-1]]) | (c["pid"][order[1:]] != c["pid"][order[:-1]])
+            new |= c["tid"][order[1:]] != c["tid"][order[:-1]]
+            lane[1:] = np.cumsum(new)
+        value = np.where(launcher[order] >= 0, anchor[order], np.inf)
+        # the next traced launch's anchor at or after each position, within its lane (a reversed running minimum
+        # restarted per lane: lanes are blocks of ``order``)
+        nxt = np.full(len(order), np.inf)
+        for lo, hi in zip(*_blocks(lane)):
+            seg = value[lo:hi][::-1]
+            nxt[lo:hi] = np.minimum.accumulate(seg)[::-1]
+        after = np.full(len(order), np.inf)
+        after[:-1] = np.where(lane[1:] == lane[:-1], nxt[1:], np.inf)
+        pos = np.empty(len(c["ts"]), dtype=np.int64)
+        pos[order] = np.arange(len(order))
+        return after[pos[rows]]
 
     def stream_predecessors(self, rows: np.ndarray) -> np.ndarray:
         """Per GPU op in ``rows``, the row of the op that ran before it on its stream (same rank,
@@ -929,6 +960,14 @@ def _duplicates(
         if raw[int(lo[a]) : int(hi[a])] == raw[int(lo[b]) : int(hi[b])]:
             out[b] = True
     return out
+
+
+def _blocks(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of the runs of equal values of a sorted ``key``."""
+    if not len(key):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    return starts, np.r_[starts[1:], len(key)]
 
 
 def _one_lane_per_stream(part: dict[str, np.ndarray]) -> int:
