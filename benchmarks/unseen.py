@@ -16,7 +16,8 @@ Python calls, a sleep and a wait for a helper thread (``host_waits``); an accele
 waits (``mtia``); the advisor's premises against the raw input types (``advice_premises``); and
 traces rewritten as tools leave them (``rewritten_files``: trimmed to a time, split into one step's
 file as TraceLens' splitter does, ranks merged into one file three ways, a stream's ops split onto
-lanes for a viewer, process names filtered out), each against the analysis of what it was made from.
+lanes for a viewer, process names or a thread filtered out), each against the analysis of what it
+was made from.
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -754,6 +755,23 @@ def rewritten_files(tmp: Path) -> dict:
         "queued_before_trace_us": [f.queued_before_trace_us for f in alone.graph.info.facts.ranks],  # type: ignore[union-attr]
         "untraced_us": alone.breakdown()["untraced"],
     }
+    path = DATA / "public-gpu/train_1rank_5steps.json.gz"  # its autograd thread filtered out (slim_trace.py -t=auto)
+    doc = json.loads(gzip.open(path).read())
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if "autograd" not in names.get((e.get("pid"), e.get("tid")), "")]
+    (tmp / "slim.json").write_text(json.dumps(doc))
+    (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
+    got, want = step_rows(tmp / "slim.json"), {r["step"]: r for r in step_rows(tmp / "recorded.json")}
+    out["autograd_thread_filtered_out_train_1rank"] = [
+        {
+            "step": r["step"],
+            "step_time_us": r["step_time_us"],
+            "compute_us": r["compute_us"],
+            "recorded_step_time_us": want[r["step"]]["step_time_us"],
+            "recorded_compute_us": want[r["step"]]["compute_us"],
+        }
+        for r in got
+    ]
     path = DATA / "more-gpu/sglang_qwen3_8b_prefilldecode_mi300.json.gz"  # (no ProfilerStep: one window)
     (tmp / "merged.json").write_text(json.dumps(merged_ranks([json.loads(gzip.open(path).read()) for _ in range(2)], "sglang")))
     (got,), (want,) = api.analyze(tmp / "merged.json")[1], api.analyze(path)[1]
