@@ -397,7 +397,8 @@ class EventTable:
         after[:-1] = np.where(lane[1:] == lane[:-1], nxt[1:], np.inf)
         pos = np.empty(len(c["ts"]), dtype=np.int64)
         pos[order] = np.arange(len(order))
-        return after[pos[rows]]
+        out: np.ndarray = after[pos[rows]]
+        return out
 
     def stream_predecessors(self, rows: np.ndarray) -> np.ndarray:
         """Per GPU op in ``rows``, the row of the op that ran before it on its stream (same rank,
