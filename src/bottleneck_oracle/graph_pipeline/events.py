@@ -378,39 +378,38 @@ class EventTable:
     def _next_launched_on_stream(self, rows: np.ndarray, launcher: np.ndarray, anchor: np.ndarray) -> np.ndarray:
         """Per row of ``rows`` (device ops), the anchor of the next op after it on its stream whose
         launch is traced (inf: none)."""
-        c = self.cols
-        gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
-        order = gpu[np.lexsort((c["ts"][gpu], c["tid"][gpu], c["pid"][gpu], c["rank"][gpu]))]
-        lane = np.zeros(len(order), dtype=np.int64)
-        if len(order) > 1:
-            new = (c["rank"][order[1:]] != c["rank"][order[:-1]]) | (c["pid"][order[1:]] != c["pid"][order[:-1]])
-            new |= c["tid"][order[1:]] != c["tid"][order[:-1]]
-            lane[1:] = np.cumsum(new)
+        order, same = self._stream_order()
         value = np.where(launcher[order] >= 0, anchor[order], np.inf)
-        # the next traced launch's anchor at or after each position, within its lane (a reversed running minimum
-        # restarted per lane: lanes are blocks of ``order``)
+        # the next traced launch's anchor at or after each position, within its stream (a reversed running
+        # minimum restarted per stream: streams are blocks of ``order``)
         nxt = np.full(len(order), np.inf)
-        for lo, hi in zip(*_blocks(lane)):
-            seg = value[lo:hi][::-1]
-            nxt[lo:hi] = np.minimum.accumulate(seg)[::-1]
+        bounds = [0, *(np.flatnonzero(~same) + 1).tolist(), len(order)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            nxt[lo:hi] = np.minimum.accumulate(value[lo:hi][::-1])[::-1]
         after = np.full(len(order), np.inf)
-        after[:-1] = np.where(lane[1:] == lane[:-1], nxt[1:], np.inf)
-        pos = np.empty(len(c["ts"]), dtype=np.int64)
+        after[:-1] = np.where(same, nxt[1:], np.inf)
+        pos = np.empty(len(self), dtype=np.int64)
         pos[order] = np.arange(len(order))
         out: np.ndarray = after[pos[rows]]
         return out
+
+    def _stream_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """The GPU ops' rows in stream order (rank, device, stream, then start time; ties in the
+        order read, whatever the layout), and per neighbouring pair whether both are on one stream."""
+        c = self.cols
+        gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
+        if self.layout is not None:
+            gpu = gpu[np.argsort(self.layout[gpu], kind="stable")]
+        order = gpu[np.lexsort((c["ts"][gpu], c["tid"][gpu], c["pid"][gpu], c["rank"][gpu]))]
+        same = (c["rank"][order[1:]] == c["rank"][order[:-1]]) & (c["pid"][order[1:]] == c["pid"][order[:-1]])
+        same &= c["tid"][order[1:]] == c["tid"][order[:-1]]
+        return order, same
 
     def stream_predecessors(self, rows: np.ndarray) -> np.ndarray:
         """Per GPU op in ``rows``, the row of the op that ran before it on its stream (same rank,
         device and stream, by start time), -1 for the first one."""
         if self.streams is None:
-            c = self.cols
-            gpu = np.flatnonzero(np.isin(c["cls"], GPU_SIDE[:3]))
-            if self.layout is not None:  # (ties in the order read, whatever the layout)
-                gpu = gpu[np.argsort(self.layout[gpu], kind="stable")]
-            order = gpu[np.lexsort((c["ts"][gpu], c["tid"][gpu], c["pid"][gpu], c["rank"][gpu]))]
-            same = (c["rank"][order[1:]] == c["rank"][order[:-1]]) & (c["pid"][order[1:]] == c["pid"][order[:-1]])
-            same &= c["tid"][order[1:]] == c["tid"][order[:-1]]
+            order, same = self._stream_order()
             prev = np.full(len(self), -1, dtype=np.int64)
             prev[order[1:][same]] = order[:-1][same]
             self.streams = prev
@@ -963,14 +962,6 @@ def _duplicates(
     return out
 
 
-def _blocks(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends of the runs of equal values of a sorted ``key``."""
-    if not len(key):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    return starts, np.r_[starts[1:], len(key)]
-
-
 def _one_lane_per_stream(part: dict[str, np.ndarray]) -> int:
     """Device ops of one stream (``args.stream``) on several lanes (tids) of their device's process
     moved, in place, to the lane most of them are on; returns how many moved. A profiler puts a
@@ -1186,8 +1177,7 @@ class _Builder:
         for i in np.flatnonzero(is_step).tolist():
             number = numbers[int(code[i])]
             self.steps.append((rank, number, float(ts[i]), float(ts[i] + dur[i]), int(pid[i]), int(tid[i])))
-        runtime_pids = np.unique(pid[xcls == EvClass.RUNTIME])
-        if len({st[4] for st in self.steps}) > 1 or (not self.steps and len(runtime_pids) > 1):
+        if len({st[4] for st in self.steps}) > 1 or (not self.steps and len(np.unique(pid[xcls == EvClass.RUNTIME])) > 1):
             # (rare: ranks merged into one file?) the rank each process's events name
             codes, first = np.unique(pid, return_index=True)
             for k, i in zip(codes.tolist(), first.tolist()):
@@ -1904,14 +1894,14 @@ def _merged_anchors(b: _Builder) -> set[int] | None:
     return callers if len(callers) > 1 else None
 
 
-def _rank_groups(b: _Builder) -> dict[int, tuple[str, int]] | None:
-    """For a file that holds several ranks' traces merged into one, each process's rank: process
+def _rank_groups(b: _Builder, step_pids: set[int] | None) -> dict[int, tuple[str, int]] | None:
+    """For a file that holds several ranks' traces merged into one (``step_pids``: the processes that
+    stand for its ranks, _merged_anchors), each process's rank: process
     code -> (its rank's label, its rank), from what the merge left, tried in turn: every event's
     ``args.rank`` (TraceLens' TraceFuse), one process per rank named "Rank N" or not (a script that
     gives each rank one pid for all its events), the processes' names with their trailing
     number left out (SGLang's ``"[TP03] 59994"``, its device ``"[TP03] 0"``). None where the file
     is not such a merge (one process counts the steps) or its processes do not group so."""
-    step_pids = _merged_anchors(b)
     if step_pids is None:
         return None
     used = set(np.unique(np.concatenate([part["pid"] for part in b.parts])).tolist()) if b.parts else set()
@@ -1945,9 +1935,9 @@ def _split_merged(b: _Builder) -> list[_Builder]:
     are each process's own count, so the ranks' launches can only be tied to their device ops
     apart. Any other file is returned as it is (one whose processes count steps side by side but
     do not group is said to look merged, _outermost_steps)."""
-    groups_of = _rank_groups(b)
+    anchors = _merged_anchors(b)
+    groups_of = _rank_groups(b, anchors)
     if groups_of is None:
-        anchors = _merged_anchors(b)
         if anchors is not None and not b.steps:  # (with steps, _outermost_steps says so)
             shown = ", ".join(str(p) for p in sorted(anchors)[:4]) + (", ..." if len(anchors) > 4 else "")
             b.notes.append(
