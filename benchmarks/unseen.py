@@ -16,8 +16,8 @@ Python calls, a sleep and a wait for a helper thread (``host_waits``); an accele
 waits (``mtia``); the advisor's premises against the raw input types (``advice_premises``); and
 traces rewritten as tools leave them (``rewritten_files``: trimmed to a time, split into one step's
 file as TraceLens' splitter does, ranks merged into one file three ways, a stream's ops split onto
-lanes for a viewer, process names or a thread filtered out), each against the analysis of what it
-was made from.
+lanes for a viewer, process names or a thread filtered out, a loop recorded without
+``prof.step()``), each against the analysis of what it was made from.
 
     python benchmarks/unseen.py [--json benchmarks/unseen_results.json]
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from bottleneck_oracle import api
 from bottleneck_oracle.analysis.answer import run_answer
+from bottleneck_oracle.graph_pipeline.facts import run_facts
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -804,6 +805,35 @@ def rewritten_files(tmp: Path) -> dict:
         "step_time_us": un.step_time,
         "recorded_step_time_us": rec.step_time,
     }
+    out["without_profiler_step"] = {}  # a loop recorded without prof.step(): steps cut at its optimizer's steps
+    for path in (
+        DATA / "public-gpu/train_1rank_5steps.json.gz",
+        DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz",
+        DATA / "public-gpu/diff_test_rank1of2.json.gz",
+        DATA / "public-gpu/sampled_128rank",
+        DATA / "gloo_ddp_8steps_straggler",
+    ):
+        bare, recorded = tmp / f"bare-{path.name}", tmp / f"recorded-{path.name}"
+        bare.mkdir()
+        recorded.mkdir()
+        for f in sorted(path.glob("*.json.gz")) if path.is_dir() else [path]:
+            doc = json.loads(gzip.open(f).read())
+            (recorded / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+            (bare / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+        table, got = api.analyze(bare)
+        got_run, want_run = run_answer(got), run_answer(api.analyze(recorded)[1])
+        out["without_profiler_step"][path.name] = {
+            "steps_from": sorted(set(run_facts(table).steps_from.values())) if table is not None else [],
+            "steps": got_run.steps,
+            "recorded_steps": want_run.steps,
+            "run_step_time_us": got_run.step_time.median_us,
+            "recorded_run_step_time_us": want_run.step_time.median_us,
+            "bound": got_run.bound,
+            "recorded_bound": want_run.bound,
+            "straggler_rank": got_run.straggler.rank if got_run.straggler else None,
+            "recorded_straggler_rank": want_run.straggler.rank if want_run.straggler else None,
+        }
     return out
 
 

@@ -165,3 +165,27 @@ def edited_run(src: Path, out: Path, change: Callable[[str, dict], None]) -> Pat
         change(f.name, doc)
         (out / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
     return out
+
+
+def raw_optimizer_steps(doc: dict) -> dict[tuple, list[tuple[float, float]]]:
+    """From a trace's raw events, per (pid, tid): the steps a loop without ProfilerStep markers is
+    cut into, as its optimizer's steps end (the outermost ``Optimizer.step#`` annotations of the
+    optimizer that steps last; step 1 from the process's first host event), in time order."""
+    spans: dict[tuple, list[tuple[float, float, str]]] = {}
+    first: dict = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "user_annotation", "python_function", "Operator"):
+            continue
+        first[e["pid"]] = min(first.get(e["pid"], e["ts"]), e["ts"])
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("Optimizer.step#"):
+            spans.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    out = {}
+    for key, got in spans.items():
+        outer: list[tuple[float, float, str]] = []
+        for s in sorted(got, key=lambda x: (x[0], -x[1])):
+            if not outer or s[0] >= outer[-1][1]:
+                outer.append(s)
+        last = max({n for _, _, n in outer}, key=lambda n: next(e for _, e, m in outer if m == n))
+        ends = [e for _, e, n in outer if n == last]
+        out[key] = list(zip([first[key[0]], *ends[:-1]], ends))
+    return out

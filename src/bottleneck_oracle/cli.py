@@ -1232,7 +1232,7 @@ def blame(
             + Text(
                 f": {_ms(b.makespan)} ms"
                 + (
-                    f" (its period; the ProfilerStep span {_ms(r.measured_us)} ms)"
+                    f" (its period; its host's span {_ms(r.measured_us)} ms)"
                     if abs(b.makespan - r.measured_us) > 0.005 * r.measured_us
                     else ""
                 )

@@ -25,7 +25,7 @@ from orjson import OPT_SORT_KEYS
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.api import graphs, load
 from bottleneck_oracle.serial import dumps
-from conftest import DATA, MORE, PUBLIC, REAL
+from conftest import DATA, MORE, PUBLIC, REAL, raw_optimizer_steps
 
 # a blocking copy behind a GPU-bound forward pass (cuLaunchKernel too), a 5-step DDP rank on
 # V100, event synchronisation across streams
@@ -361,3 +361,74 @@ def test_a_thread_filtered_out_leaves_its_kernels_in_their_step(tmp_path):
         assert a.step_time == pytest.approx(b.step_time, rel=1e-6)
         assert a.breakdown()["compute"] == pytest.approx(b.breakdown()["compute"], abs=0.01 * b.step_time)
         assert [c.ok for c in a.checks() if c.name == "linked"] == [False]
+
+
+def _without_step_markers(doc: dict) -> dict:
+    """``doc`` as its profiler writes it when the loop never calls its ``step()``: no ProfilerStep
+    spans (on the host, nor their projections on the device)."""
+    return {**doc, "traceEvents": [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        PUBLIC / "train_1rank_5steps.json.gz",
+        REAL / "ddp_v100_rank1of2_5steps.json.gz",
+        PUBLIC / "diff_test_rank1of2.json.gz",
+        PUBLIC / "sampled_128rank",
+        DATA / "gloo_ddp_8steps_straggler",
+    ],
+    ids=lambda p: p.name.split("_")[0].split(".")[0],
+)
+def test_a_loop_that_never_calls_the_profilers_step_reads_its_iterations(path, tmp_path):
+    """The commonest way to record a loop, ``with profile() as prof:`` around it without
+    ``prof.step()``, leaves no ProfilerStep markers, and the whole trace read as one step (five
+    iterations of train_1rank_5steps as one 480 ms "step"). PyTorch's optimizers record
+    ``Optimizer.step#<class>.step`` around each step they take, once an iteration: the ends of
+    those cut the iterations (the last optimizer to step where there are several, sampled_128rank's
+    Shampoo and EMA). The steps are where the raw annotations end, there are as many as the recorded
+    ProfilerSteps, and the run reads as it does with the markers: its step time within 2%, its
+    straggler the same rank, what bounds it the same."""
+    from bottleneck_oracle.analysis.answer import run_answer
+    from bottleneck_oracle.api import analyze
+
+    files = sorted(path.glob("*.json.gz")) if path.is_dir() else [path]
+    bare, recorded = tmp_path / "bare", tmp_path / "recorded"
+    bare.mkdir()
+    recorded.mkdir()
+    ends, counts = [], []
+    for f in files:
+        doc = _document(f)
+        counts.append(sum(1 for e in doc["traceEvents"] if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")))
+        _written(doc, recorded / f.name.removesuffix(".gz"))
+        stripped = _without_step_markers(doc)
+        cut = raw_optimizer_steps(stripped)
+        (thread_steps,) = [v for v in cut.values() if len(v) == max(map(len, cut.values()))]
+        ends.append([e for _, e in thread_steps])
+        _written(stripped, bare / f.name.removesuffix(".gz"))
+    with pytest.warns(Warning, match=r"no ProfilerStep markers \(the loop does not call the profiler's step\(\)\); its \d+ steps are cut"):
+        table = load(bare)
+    for rank, (want, n) in enumerate(zip(ends, counts)):
+        mine = sorted((s for s in table.steps if s.rank == table.ranks[rank]), key=lambda s: s.number)
+        assert [s.number for s in mine] == list(range(1, n + 1))
+        assert [s.end - mine[0].end for s in mine] == pytest.approx(
+            [e - want[0] for e in want], abs=0.5
+        )  # (µs: the raw floats hold 0.25 at these clocks)
+        assert all(a.end == pytest.approx(b.start, abs=1e-6) for a, b in zip(mine, mine[1:]))
+    got, want = run_answer(analyze(bare)[1]), run_answer(analyze(recorded)[1])
+    assert got.steps == want.steps and got.steady == want.steady
+    assert got.step_time.median_us == pytest.approx(want.step_time.median_us, rel=0.02)
+    assert got.bound == want.bound
+    assert (got.straggler.rank if got.straggler else None) == (want.straggler.rank if want.straggler else None)
+
+
+def test_two_optimizers_of_one_class_leave_the_trace_one_window(tmp_path):
+    """Two optimizers of one class stepping once an iteration each (a GAN's generator and
+    discriminator) record the same name twice an iteration: cutting at every end would halve the
+    iterations, so the intervals between them, irregular, leave the whole trace one window, said."""
+    doc = _without_step_markers(_document(PUBLIC / "train_1rank_5steps.json.gz"))
+    steps = [e for e in doc["traceEvents"] if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
+    doc["traceEvents"] += [{**e, "ts": e["ts"] - 20_000, "dur": 100} for e in steps]  # a second one, 20 ms before each
+    with pytest.warns(Warning, match=r"10 Optimizer.step#SGD.step annotations come at irregular intervals"):
+        table = load(_written(doc, tmp_path / "two.json"))
+    assert table.steps == []

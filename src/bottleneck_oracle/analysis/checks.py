@@ -299,7 +299,7 @@ def run_warnings(run: RunFacts | None) -> list[str]:
         out.append(
             f"{v['us'] / 1000:,.1f} ms ({100 * v['us'] / v['window_us']:.0f}%) of rank {rank}'s analysed window is one-time work, "
             f"{'; and '.join(parts)}. That time is the process's start, not its loop: profile steps after a warm-up "
-            "(torch.profiler.schedule(wait=1, warmup=1, active=3)); the answer here includes it"
+            "(torch.profiler.schedule(wait=1, warmup=1, active=3)); the steps that hold it include it"
         )
     for rank, held in sorted(run.sampled().items()):
         n = run.numbered[rank]

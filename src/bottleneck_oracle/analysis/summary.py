@@ -498,7 +498,7 @@ class StepAnalysis:
         waited = worst.host_queue_wait_us
         return (
             f"step {step}: the device of rank {worst.rank} runs {worst.lag_us / 1000:.1f} ms behind its host (median launch to "
-            f"start), more than the {self.graph.measured.get(worst.rank, 0.0) / 1000:.1f} ms ProfilerStep: the step is device-bound; "
+            f"start), more than its host's {self.graph.measured.get(worst.rank, 0.0) / 1000:.1f} ms step: the step is device-bound; "
             f"its step time is its period on the device ({(self.period or self.step_time) / 1000:.1f} ms), not the host's span"
             + (
                 f"; its host waited {waited / 1000:.1f} ms of the step for room in the device's full launch queue (paced by the "

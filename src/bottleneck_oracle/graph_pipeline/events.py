@@ -158,7 +158,8 @@ class EventTable:
     """rank -> what its files say of themselves beyond the events: ``numbered`` (per file, the
     events its exporter numbered with Ev Idx that it holds, and the first and last number: gaps
     mean sampled or removed events), ``unknown_device_events``, ``process_names`` (pid -> name),
-    ``devices`` (the device models its files' ``deviceProperties`` name)."""
+    ``devices`` (the device models its files' ``deviceProperties`` name), ``steps_from`` (where its
+    files have no ProfilerStep markers, the optimizer annotation its steps were cut at)."""
     execution_traces: list[dict[str, Any]] = field(default_factory=list)
     """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -1064,6 +1065,7 @@ class _Builder:
         self.pid_strings: dict[int, str] = {}  # the code of a process named by a string -> that string
         self.pid_ranks: dict[int, int] = {}  # where several processes count steps: a process -> the rank its events' args name
         self.numbered_by_pid: dict[int, dict[str, int]] = {}  # there, each process's share of ``numbered``
+        self.steps_from = ""  # where the file has no ProfilerStep markers: the annotation its steps were cut at (_optimizer_steps)
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -1570,6 +1572,8 @@ class _Merger:
         if b.numbered:
             info["numbered"].append(b.numbered)
         info["unknown_device_events"] += b.unknown_device_events
+        if b.steps_from:
+            info["steps_from"] = b.steps_from
         info["process_names"].update({str(k): " / ".join(v) for k, v in b.process_names.items()})
         self.thread_names.update({(b.rank, p, t): name for (p, t), name in b.thread_names.items()})
 
@@ -1850,7 +1854,7 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
                     f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & other_numbers)} in both: another run?)",
                 )
         seen.setdefault(b.rank, []).append((*span, numbers, b.path))
-        b.steps = _outermost_steps(b)
+        b.steps = _outermost_steps(b) if b.steps else _optimizer_steps(b)
         for note in b.notes:
             warnings.warn(note, OracleWarning, stacklevel=2)
         merger.add(b)
@@ -2002,6 +2006,68 @@ def _time_span(b: _Builder) -> tuple[float, float]:
     hi = max((float((p["ts"] + p["dur"]).max()) for p in b.parts if len(p["ts"])), default=0.0)
     base = float(b.base + (b.clock_base_us or 0))  # (on the wall clock where the file says where its times start)
     return base + lo, base + hi
+
+
+IRREGULAR_OPTIMIZER_STEPS = 2.0
+"""``_optimizer_steps`` cuts no steps where the intervals between optimizer steps fall in two sizes:
+the median of the shorter half of them shorter than the longer half's by more than this factor
+(two optimizers stepping in one iteration; one slow step among regular ones is not this)."""
+
+
+def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:
+    """Steps of a trace without ProfilerStep markers (a loop that never calls the profiler's
+    ``step()``, the commonest way to record one), cut where its optimizer's steps end: PyTorch
+    records ``Optimizer.step#<class>.step`` around each ``optimizer.step()``, once an iteration.
+    Step k runs from the end of optimizer step k-1 (step 1: from the process's first host event)
+    to the end of optimizer step k, numbered from 1; what follows the last is in no step, as after
+    a last ProfilerStep. The optimizer (annotation name) and thread with the most outermost such
+    annotations are read (a wrapper optimizer's step encloses the one it wraps); of several
+    stepping once an iteration each, the last to end. None is cut, with a note, where there are
+    fewer than two, or where the intervals between them are irregular (two optimizers of one
+    class, each stepping once an iteration, would cut an iteration in parts)."""
+    prefix = F.OPTIMIZER_STEP_PREFIX
+    codes = np.array([k for k, n in enumerate(b.names) if n.startswith(prefix)], dtype=np.int64)
+    if not len(codes):
+        return []
+    found: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    first: dict[int, float] = {}
+    for part in b.parts:
+        host = part["cls"] == EvClass.CPU
+        for p in np.unique(part["pid"][host]).tolist():
+            t = float(part["ts"][host & (part["pid"] == p)].min())
+            first[p] = min(first.get(p, t), t)
+        for i in np.flatnonzero(host & part["is_range"] & np.isin(part["name"], codes)).tolist():
+            key = (int(part["pid"][i]), int(part["tid"][i]))
+            found.setdefault(key, []).append((float(part["ts"][i]), float(part["ts"][i] + part["dur"][i]), int(part["name"][i])))
+    families: dict[tuple[int, int, int], list[tuple[float, float, int]]] = {}
+    for (p, t), spans in found.items():
+        kept: list[tuple[float, float, int]] = []
+        for s in sorted(spans, key=lambda x: (x[0], -x[1])):
+            if not kept or s[0] >= kept[-1][1]:
+                kept.append(s)
+        for s in kept:
+            families.setdefault((p, t, s[2]), []).append(s)
+    # the most of one optimizer's steps; of several optimizers stepping once an iteration, the last to end
+    (pid, tid, code), spans = max(families.items(), key=lambda kv: (len(kv[1]), kv[1][0][1]))
+    name = b.names[code]
+    if len(spans) < 2:
+        return []
+    ends = np.array([s[1] for s in spans])
+    gaps = np.sort(np.diff(ends))
+    half = len(gaps) // 2
+    if len(gaps) >= 3 and float(np.median(gaps[:half])) * IRREGULAR_OPTIMIZER_STEPS < float(np.median(gaps[-half:])):
+        b.notes.append(
+            f"{b.path}: no ProfilerStep markers, and its {len(spans)} {name} annotations come at irregular intervals (several "
+            "optimizers?): the whole trace is analysed as one window; call the profiler's step() once an iteration to mark steps"
+        )
+        return []
+    b.notes.append(
+        f"{b.path}: no ProfilerStep markers (the loop does not call the profiler's step()); its {len(spans)} steps are cut "
+        f"at the ends of the {name} annotations (thread {tid}), step 1 from the trace's first host event"
+    )
+    b.steps_from = name
+    starts = [min(first.get(pid, spans[0][0]), spans[0][0]), *ends[:-1].tolist()]
+    return [(b.rank, k + 1, float(a), float(e), pid, tid) for k, (a, e) in enumerate(zip(starts, ends.tolist()))]
 
 
 def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:

@@ -591,6 +591,9 @@ class RunFacts:
     unprofiled: dict[int, dict] = field(default_factory=dict)  # rank -> the side of the job its profiler did not record (unprofiled)
     synchronous: dict[int, dict] = field(default_factory=dict)  # rank -> its launches that waited for their own work (synchronous_launches)
     setup: dict[int, dict] = field(default_factory=dict)  # rank -> one-time runtime setup inside its analysed window (setup_calls)
+    steps_from: dict[int, str] = field(
+        default_factory=dict
+    )  # rank -> the optimizer annotation its steps were cut at (no ProfilerStep markers)
 
     @property
     def missing_ranks(self) -> int:
@@ -612,6 +615,7 @@ class RunFacts:
             "unprofiled": {str(r): v for r, v in self.unprofiled.items()},
             "synchronous": {str(r): v for r, v in self.synchronous.items()},
             "setup": {str(r): v for r, v in self.setup.items()},
+            "steps_from": {str(r): v for r, v in self.steps_from.items()},
         }
 
 
@@ -633,6 +637,7 @@ def run_facts(table: EventTable) -> RunFacts:
         unprofiled=unprofiled(table),
         synchronous=synchronous_launches(table),
         setup=setup_calls(table),
+        steps_from={r: str(info["steps_from"]) for r, info in table.inputs.items() if info.get("steps_from")},
     )
 
 

@@ -115,6 +115,9 @@ whose times are those of replays made to read counters (events.py says so)."""
 FLOW_CATS = frozenset({"fwdbwd"})
 
 STEP_PREFIX = "ProfilerStep#"
+OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
+"""The annotation PyTorch's optimizers record around each ``step()`` (``Optimizer.step#SGD.step``):
+where a loop never calls the profiler's ``step()``, the ends of these cut its iterations."""
 
 # Element sizes in bytes for the dtype names profilers write.
 DTYPE_BYTES = {
