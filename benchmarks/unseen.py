@@ -824,7 +824,7 @@ def rewritten_files(tmp: Path) -> dict:
         table, got = api.analyze(bare)
         got_run, want_run = run_answer(got), run_answer(api.analyze(recorded)[1])
         out["without_profiler_step"][path.name] = {
-            "steps_from": sorted(set(run_facts(table).steps_from.values())) if table is not None else [],
+            "steps_from": sorted({v["name"] for v in run_facts(table).steps_from.values()}) if table is not None else [],
             "steps": got_run.steps,
             "recorded_steps": want_run.steps,
             "run_step_time_us": got_run.step_time.median_us,

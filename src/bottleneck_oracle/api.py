@@ -69,7 +69,9 @@ def _predictor(checkpoint: str | Path | None) -> Predictor:
     return Predictor(checkpoint)
 
 
-def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0, executor: ExecutorSpec = None) -> EventTable:
+def load(
+    path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0, executor: ExecutorSpec = None, steps_at: str = ""
+) -> EventTable:
     """Events of a Kineto trace file or a folder of per-rank trace files.
 
     Args:
@@ -79,13 +81,16 @@ def load(path: str | Path, et: str | Path | None = None, ranks_per_host: int = 0
         ranks_per_host: ranks per host (0..N-1 on the first); > 0 aligns each host's clock to the
             first's from the collectives they ran together (graph_pipeline.clocks); 0: one clock.
         executor: where the files are parsed (see ``build``).
+        steps_at: a shell-style pattern of host op names (``"execute_*"``): each op it names starts
+            a step, in place of the ProfilerStep markers; "": the markers (where a trace has none,
+            its optimizer's steps).
 
     Returns:
         The columnar event table of all ranks (timestamps in µs); ``table.clocks`` says what the
         clock alignment moved.
     """
     with _engine(executor) as eng:
-        table = load_events(path, engine=eng)
+        table = load_events(path, engine=eng, steps_at=steps_at)
     hosts = clocks.hosts_by_block(table.ranks, ranks_per_host) if ranks_per_host > 0 else None
     report = clocks.align(table, hosts)
     table.clocks = report if hosts is not None or report.warnings else None
@@ -222,7 +227,7 @@ def _graph_stream(
     stack = ExitStack()
     try:
         eng = stack.enter_context(_engine(executor))
-        table = load(path, et, (config or Config()).graph.ranks_per_host, eng)
+        table = load(path, et, (config or Config()).graph.ranks_per_host, eng, (config or Config()).graph.steps_at)
         graphs_of = iter_graphs(table, steps, _options(config), eng)
     except BaseException:
         stack.close()
@@ -328,7 +333,7 @@ def analyze_map(
     stack = ExitStack()
     try:
         eng = stack.enter_context(_engine(executor))
-        table = load(path, et, (config or Config()).graph.ranks_per_host, eng)
+        table = load(path, et, (config or Config()).graph.ranks_per_host, eng, (config or Config()).graph.steps_at)
         results = map_steps(table, fn, steps, _options(config), gap, eng, keep)
     except BaseException:
         stack.close()
@@ -646,7 +651,7 @@ def blame(
 
     table: EventTable | None
     if baseline is None and steps is None and not use_model and not chakra.is_chakra(path):
-        loaded = load(path, None, (config or Config()).graph.ranks_per_host)
+        loaded = load(path, None, (config or Config()).graph.ranks_per_host, steps_at=(config or Config()).graph.steps_at)
         present = {st.number for st in loaded.steps}
         if len(present) >= CHUNKED_BLAME_STEPS and len(loaded) <= CHUNKED_BLAME_EVENTS * len(present) and LocalEngine().workers >= 2:
             return _blame_in_chunks(loaded, config, top)

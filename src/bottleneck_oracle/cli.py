@@ -214,6 +214,10 @@ MODEL_HELP = (
     "Also show the graph network's corrected replay and predictions. Off by default: on 112 held-out slowdowns the corrected "
     "replay did not beat the replay times a constant fitted on other launches (benchmarks/model_earned.py)."
 )
+STEPS_AT_HELP = (
+    "Host op name (a shell-style pattern, e.g. 'execute_*') whose every op starts a step, in place of the ProfilerStep "
+    "markers: for a loop its own annotations mark. Default: graph.steps_at (the markers; without them, the optimizer's steps)."
+)
 HOSTS_HELP = (
     "Ranks per host (0..N-1 on the first): align each host's clock to the first's from the collectives "
     "they ran together. Default: graph.ranks_per_host (0, one clock)."
@@ -234,10 +238,14 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _config(path: Path | None, ranks_per_host: int | None = None) -> Config:
+def _config(path: Path | None, ranks_per_host: int | None = None, steps_at: str | None = None) -> Config:
     cfg = load_config(path)
     if ranks_per_host is not None:
         cfg.graph.ranks_per_host = ranks_per_host
+    if steps_at is not None:
+        if not steps_at.strip():
+            _fail("--steps-at needs a name (a shell-style pattern of host op names, e.g. 'execute_*')")
+        cfg.graph.steps_at = steps_at
     return cfg
 
 
@@ -378,7 +386,7 @@ def _baseline_sample(baseline: Path, cfg: Config) -> list:
     32, spread over the run)."""
     from bottleneck_oracle.analysis.answer import blame_sample
 
-    table = api.load(baseline)
+    table = api.load(baseline, ranks_per_host=cfg.graph.ranks_per_host, steps_at=cfg.graph.steps_at)
     numbers: list[int | None] = [*sorted({s.number for s in table.steps})] or [None]
     picked = sorted(n for n in blame_sample(numbers, 32) if n is not None)
     return api.build(baseline, picked or None, cfg)[1]
@@ -647,13 +655,14 @@ def analyze(
     ),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
 ) -> None:
     """Step time, critical path, slack and per-rank skew of every step in PATH.
 
     PATH is a Kineto/Chrome trace (.json, .json.gz), a folder of per-rank traces, or
     MLCommons Chakra ET files (.et)."""
-    cfg = _config(config, ranks_per_host)
+    cfg = _config(config, ranks_per_host, steps_at)
     k = top or cfg.analysis.top_k
     # before the analysis: a wrong output path fails at once, and no output replaces an input
     guard_outputs({"--html": html, "--perfetto": perfetto}, [path, et, config, baseline])
@@ -750,13 +759,14 @@ def parse(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     executor: str = typer.Option("local", "--executor", metavar="local|dask|dask://HOST:PORT", help=EXECUTOR_HELP),
 ) -> None:
     """Build the ExecutionGraph of every step and save it (plain arrays, no pickles)."""
     if (path is None) == (input_ is None):
         _fail("parse takes one trace PATH" if path is None else "give the trace as PATH or --input, not both")
     source = path or input_
-    cfg = _config(config, ranks_per_host)
+    cfg = _config(config, ranks_per_host, steps_at)
     output = output or Path(cfg.paths.graphs)
     guard_output_folder("--output", output, [source, config])
     guard_outputs({"--output": output / "graphs.json"}, [source, config])
@@ -1069,6 +1079,7 @@ def whatif(
     use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Predict the step time after changing op durations or the job's configuration: the exact replay of the edited graph
@@ -1080,7 +1091,7 @@ def whatif(
             trace,
             edit,
             step or None,
-            _config(config, ranks_per_host),
+            _config(config, ranks_per_host, steps_at),
             checkpoint,
             use_model or checkpoint is not None,
             microbatches,
@@ -1206,10 +1217,11 @@ def blame(
     use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Who is to blame: nodes, ranks and op kinds ranked by the step time restoring them to typical saves."""
-    cfg = _config(config, ranks_per_host)
+    cfg = _config(config, ranks_per_host, steps_at)
     with _progress(f"blaming {trace}"):
         rows = api.blame(trace, baseline, step or None, cfg, top or cfg.analysis.top_k, checkpoint, use_model or checkpoint is not None)
     if as_json:
@@ -1343,6 +1355,7 @@ def advise(
     use_model: bool = typer.Option(False, "--model/--no-model", help=MODEL_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     detail: bool = typer.Option(
         False, "--detail", help="Also print each step's suggestions (a run of several steps prints them once, across the steps)."
@@ -1358,7 +1371,14 @@ def advise(
 
     with _progress(f"advising on {trace}"):
         rows = api.advise(
-            trace, step or None, _config(config, ranks_per_host), baseline, checkpoint, use_model or checkpoint is not None, llm, recipes
+            trace,
+            step or None,
+            _config(config, ranks_per_host, steps_at),
+            baseline,
+            checkpoint,
+            use_model or checkpoint is not None,
+            llm,
+            recipes,
         )
     overall = run_advice([r.advice for r in rows])
     if as_json:
@@ -1404,6 +1424,7 @@ def summary(
     step: list[int] = typer.Option(None, "--step", "-s", metavar="N", help=STEP_HELP),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Every step against the run's median: the steady-state step time, and the unusual steps with their top cause."""
@@ -1411,7 +1432,7 @@ def summary(
     from bottleneck_oracle.report.terminal import print_table
 
     with _progress(f"summarising {path}"):
-        s = api.summary(path, step or None, _config(config, ranks_per_host))
+        s = api.summary(path, step or None, _config(config, ranks_per_host, steps_at))
     if as_json:
         _print_json(to_json(s))
         return
@@ -1491,6 +1512,7 @@ def compare(
     top: int = typer.Option(10, "--top", min=1, metavar="N", help="How many moves on the critical path to list."),
     config: Path = typer.Option(None, "--config", metavar="PATH", help=CONFIG_HELP),
     ranks_per_host: int = typer.Option(None, "--ranks-per-host", metavar="N", min=0, help=HOSTS_HELP),
+    steps_at: str = typer.Option(None, "--steps-at", metavar="NAME", help=STEPS_AT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Did the change help, and why: step-time change with its interval and verdict, whether the runs compare, what moved on the critical path."""
@@ -1498,7 +1520,7 @@ def compare(
     from bottleneck_oracle.report.terminal import print_table
 
     with _progress(f"comparing {baseline} and {candidate}"):
-        c = api.compare(baseline, candidate, _config(config, ranks_per_host), top, min_change / 100, force)
+        c = api.compare(baseline, candidate, _config(config, ranks_per_host, steps_at), top, min_change / 100, force)
     gate = fail_if_slower is not None and c.verdict == "slower" and 100 * c.delta_share > fail_if_slower
     if as_json:
         _print_json({**to_json_object(c), "gate_failed": gate})

@@ -85,11 +85,17 @@ class GraphConfig:
     ranks_per_host: int = 0
     """Ranks per host (ranks 0..N-1 on the first): each host's clock is aligned to the first's from the
     collectives they ran together. 0: every rank shares one clock (one host, or synchronised clocks)."""
+    steps_at: str = ""
+    """A shell-style pattern of host op names (``execute_*``): each op it names starts a step, in
+    place of the ProfilerStep markers (an inference loop's own annotations). "": the markers, or
+    where a trace has none, its optimizer's steps."""
 
     def __post_init__(self) -> None:
         _non_negative("graph", self, ("feeds_resume_us", "idle_gap_us", "stream_wait_us", "clock_tolerance_us"))
         if not isinstance(self.ranks_per_host, int) or isinstance(self.ranks_per_host, bool) or self.ranks_per_host < 0:
             raise ConfigError(f"graph.ranks_per_host must be an integer >= 0 (found {_shown(self.ranks_per_host)})")
+        if not isinstance(self.steps_at, str):
+            raise ConfigError(f"graph.steps_at must be a string (found {_shown(self.steps_at)})")
 
 
 @dataclass(kw_only=True, slots=True)

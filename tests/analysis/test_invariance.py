@@ -432,3 +432,98 @@ def test_two_optimizers_of_one_class_leave_the_trace_one_window(tmp_path):
     with pytest.warns(Warning, match=r"10 Optimizer.step#SGD.step annotations come at irregular intervals"):
         table = load(_written(doc, tmp_path / "two.json"))
     assert table.steps == []
+
+
+INFERENCE_LOOP = DATA / "own-cpu" / "inference_loop_nosteps.json.gz"
+
+
+def test_steps_at_cuts_an_inference_loop_at_its_own_annotations(capsys):
+    """Our own inference loop (benchmarks/record_inference.py): eight iterations, each a 2 ms
+    untraced scheduler wait then the model under ``execute_<batch>_iter_<i>``, no ProfilerStep
+    markers and no optimizer. Read whole it is one 26 ms window, and the warning names the way out;
+    with ``--steps-at 'execute_*'`` each annotation starts a step: eight steps, each as long as
+    the raw interval from its annotation's start to the next one's (the last to its own end), the
+    scheduler's wait in the step it precedes."""
+    from conftest import run_cli
+
+    raw = sorted(
+        (e for e in _document(INFERENCE_LOOP)["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("execute_")),
+        key=lambda e: e["ts"],
+    )
+    assert len(raw) == 8
+    want = [b["ts"] - a["ts"] for a, b in zip(raw, raw[1:])] + [raw[-1]["dur"]]
+    code, out, err = run_cli(["analyze", str(INFERENCE_LOOP), "--json"], capsys)
+    assert code == 0 and [s["step"] for s in json.loads(out)["steps"]] == [None]
+    assert "no ProfilerStep markers; analysing the whole trace as one window (--steps-at NAME" in err
+    code, out, err = run_cli(["analyze", str(INFERENCE_LOOP), "--steps-at", "execute_*", "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert [s["step"] for s in res["steps"]] == list(range(1, 9))
+    got = [s["measured_us"] for s in res["steps"]]
+    assert got == pytest.approx(want, abs=0.01)
+    assert res["run_facts"]["steps_from"] == {"0": {"name": "execute_*", "at": "start"}}
+    assert "8 steps cut where the host ops matching --steps-at 'execute_*' start" in err
+    for s in res["steps"][:-1]:  # the 2 ms wait before the next iteration is untraced time of this one
+        assert s["breakdown_us"]["untraced"] > 1500
+
+
+def test_steps_at_matches_the_markers_where_an_annotation_starts_each_step(tmp_path):
+    """diff_test's loop opens each iteration with its optimizer's ``zero_grad``: cut there
+    (``--steps-at 'Optimizer.zero_grad#*'``) its six steps read as its ProfilerStep markers give
+    them, step for step (the step time within 0.5%), numbered from 1."""
+    from bottleneck_oracle.api import analyze
+    from bottleneck_oracle.config import Config
+
+    path = PUBLIC / "diff_test_rank1of2.json.gz"
+    cfg = Config()
+    cfg.graph.steps_at = "Optimizer.zero_grad#*"
+    with pytest.warns(Warning, match=r"6 steps cut where the host ops matching --steps-at"):
+        got = analyze(path, config=cfg)[1]
+    want = analyze(path)[1]
+    assert [a.graph.step for a in got] == list(range(1, 7))
+    assert [a.step_time for a in got] == pytest.approx([a.step_time for a in want], rel=5e-3)
+
+
+@pytest.mark.parametrize("command", ["analyze", "blame", "advise", "summary", "parse", "whatif", "compare"])
+def test_steps_at_is_an_option_of_every_command_that_reads_steps(command, tmp_path, capsys):
+    from conftest import run_cli
+
+    args = [command, str(INFERENCE_LOOP)] + ([str(INFERENCE_LOOP)] if command == "compare" else [])
+    args += ["--edit", "name=aten::addmm,scale=0.5"] if command == "whatif" else []
+    args += ["-o", str(tmp_path / "out")] if command == "parse" else []
+    code, out, err = run_cli([*args, "--steps-at", "execute_*", "--json"], capsys)
+    assert code == 0, err
+    assert "8 steps cut where the host ops matching --steps-at 'execute_*' start" in err
+
+
+@pytest.mark.parametrize(
+    ("pattern", "said"),
+    [("nothing*", f"{INFERENCE_LOOP}: no host op matches --steps-at 'nothing*'"), (" ", "--steps-at needs a name")],
+)
+def test_steps_at_that_names_nothing_is_one_line_and_exit_2(pattern, said, capsys):
+    from conftest import run_cli
+
+    code, out, err = run_cli(["analyze", str(INFERENCE_LOOP), "--steps-at", pattern], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and said in err and "Traceback" not in err
+
+
+def test_steps_at_numbers_a_ranks_later_files_on(tmp_path):
+    """A rank recorded in two files one after the other (profiling windows): ``--steps-at`` numbers
+    the second file's steps on from the first's, 1 to 8 as in the one file; each step but the
+    first file's last (which ends with its file) as long as there."""
+    doc = _document(INFERENCE_LOOP)
+    starts = sorted(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("execute_"))
+    cut = starts[4] - 1.0
+    folder = tmp_path / "windows"
+    folder.mkdir()
+    for k, keep in enumerate((lambda e: e.get("ts", 0) < cut, lambda e: e.get("ts", 0) >= cut)):
+        part = {**doc, "traceEvents": [e for e in doc["traceEvents"] if e.get("ph") == "M" or keep(e)]}
+        _written(part, folder / f"rank-0.w{k + 1:04d}.json")
+    with pytest.warns(Warning, match=r"steps cut where the host ops matching --steps-at"):
+        two = load(folder, steps_at="execute_*")
+        one = load(INFERENCE_LOOP, steps_at="execute_*")
+    assert [s.number for s in two.steps] == [s.number for s in one.steps] == list(range(1, 9))
+    for a, b in zip(two.steps, one.steps):
+        if a.number != 4:
+            assert a.span == pytest.approx(b.span, abs=0.01)

@@ -27,6 +27,8 @@ UNTRACED_BOUND = {
     "sglang_qwen3_8b_prefilldecode_mi300.json.gz": 0.55,
     # the trace opens on 101 ms of device work whose host calls are not in it
     "mtia_inference_rank0.json.gz": 0.35,
+    # read whole: seven 2.2 ms scheduler waits (untraced Python) between its eight iterations (its README)
+    "inference_loop_nosteps.json.gz": 0.6,
 }
 DEFAULT_UNTRACED_BOUND = 0.10
 

@@ -645,7 +645,12 @@ def checked_steps(table: EventTable, steps: list[int] | None = None) -> list[int
         present = sorted(set(steps))
     if not present:
         files = ", ".join(dict.fromkeys(table.files.values()))  # (ranks merged into one file share its name)
-        warnings.warn(f"{files}: no ProfilerStep markers; analysing the whole trace as one window", OracleWarning, stacklevel=4)
+        warnings.warn(
+            f"{files}: no ProfilerStep markers; analysing the whole trace as one window (--steps-at NAME starts a step at each "
+            "host op so named)",
+            OracleWarning,
+            stacklevel=4,
+        )
         return None
     for number in present:
         mine = table.steps_of(number)

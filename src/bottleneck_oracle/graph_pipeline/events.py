@@ -9,6 +9,7 @@ files), which keeps float64 resolution below 1 ns.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import gzip
 import json
 import math
@@ -159,7 +160,8 @@ class EventTable:
     events its exporter numbered with Ev Idx that it holds, and the first and last number: gaps
     mean sampled or removed events), ``unknown_device_events``, ``process_names`` (pid -> name),
     ``devices`` (the device models its files' ``deviceProperties`` name), ``steps_from`` (where its
-    files have no ProfilerStep markers, the optimizer annotation its steps were cut at)."""
+    steps are not its ProfilerStep markers: ``{"name": the host op that cuts them, "at": "end"``
+    (the optimizer's steps: _optimizer_steps) or ``"start"`` (--steps-at: _named_steps)``}``)."""
     execution_traces: list[dict[str, Any]] = field(default_factory=list)
     """Per attached execution trace: path, rank, how the rank was told, joined / op nodes (et.attach)."""
     by_rank_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -1065,7 +1067,7 @@ class _Builder:
         self.pid_strings: dict[int, str] = {}  # the code of a process named by a string -> that string
         self.pid_ranks: dict[int, int] = {}  # where several processes count steps: a process -> the rank its events' args name
         self.numbered_by_pid: dict[int, dict[str, int]] = {}  # there, each process's share of ``numbered``
-        self.steps_from = ""  # where the file has no ProfilerStep markers: the annotation its steps were cut at (_optimizer_steps)
+        self.steps_from: dict[str, str] = {}  # where its steps are not its ProfilerStep markers: what cut them (name, at)
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -1816,8 +1818,12 @@ def _parse_files(single: bool, paths: list[Path]) -> list[_Builder | NotATrace]:
     return [_parse_task(single, p) for p in paths]
 
 
-def load_events(path: str | Path, workers: int | None = None, engine: Engine | None = None) -> EventTable:
+def load_events(path: str | Path, workers: int | None = None, engine: Engine | None = None, steps_at: str = "") -> EventTable:
     """Load one trace file or a folder of per-rank trace files into one EventTable.
+
+    The steps are the ProfilerStep markers; where a file has none, its optimizer's steps cut them
+    (``_optimizer_steps``); with ``steps_at`` (a shell-style pattern of host op names), the ops so
+    named start them instead (``_named_steps``), numbered on from a rank's earlier files.
 
     Each file is parsed on its own: large folders with one process per core (``workers``;
     default: all cores when the files hold more than PARALLEL_BYTES), or on ``engine``
@@ -1832,6 +1838,7 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
     merger = _Merger(sum(map(_size, files)))
     skipped: list[NotATrace] = []
     seen: dict[int, list[tuple[float, float, set[int], str]]] = {}  # per rank and file: first and last µs (absolute), steps, path
+    counted: dict[int, int] = {}  # per rank: the steps its earlier files' own markers cut (numbered on from there)
     if isinstance(engine, LocalEngine):
         parsed: Iterator[_Builder | NotATrace] = engine.imap(_parse_task, files, shared=single)
     else:  # another engine's tasks cost a round trip each: a few files to a task (a worker's folder is not ours)
@@ -1854,12 +1861,29 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
                     f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & other_numbers)} in both: another run?)",
                 )
         seen.setdefault(b.rank, []).append((*span, numbers, b.path))
-        b.steps = _outermost_steps(b) if b.steps else _optimizer_steps(b)
+        if steps_at:
+            b.steps = _numbered_on(_named_steps(b, steps_at), counted.get(b.rank, 0))
+            counted[b.rank] = counted.get(b.rank, 0) + len(b.steps)
+        elif b.steps:
+            b.steps = _outermost_steps(b)
+        else:
+            b.steps = _numbered_on(_optimizer_steps(b), counted.get(b.rank, 0))
+            counted[b.rank] = counted.get(b.rank, 0) + len(b.steps)
         for note in b.notes:
             warnings.warn(note, OracleWarning, stacklevel=2)
         merger.add(b)
     if not seen:
         raise TraceError(path, f"folder holds no profiler trace ({skipped[0].problem}: {Path(skipped[0].path).name})")
+    if steps_at and not any(counted.values()):
+        raise TraceError(path, f"no host op matches --steps-at {steps_at!r} (a shell-style pattern the whole name must match)")
+    if steps_at and not all(counted.get(r) for r in seen):
+        lacking = sorted(r for r in seen if not counted.get(r))
+        warnings.warn(
+            f"{path}: no host op of rank{'s' if len(lacking) > 1 else ''} {', '.join(map(str, lacking[:8]))} matches --steps-at "
+            f"{steps_at!r}: {'they have' if len(lacking) > 1 else 'it has'} no steps",
+            OracleWarning,
+            stacklevel=2,
+        )
     for exc in skipped:  # a results file or an execution trace beside the rank traces
         warnings.warn(f"{exc.path}: skipped, {exc.problem}", OracleWarning, stacklevel=2)
     opening = _window_openers(seen)
@@ -2014,6 +2038,34 @@ the median of the shorter half of them shorter than the longer half's by more th
 (two optimizers stepping in one iteration; one slow step among regular ones is not this)."""
 
 
+def _outermost_host(b: _Builder, codes: np.ndarray) -> tuple[dict[tuple[int, int], list[tuple[float, float, int]]], dict[int, float]]:
+    """Per (pid, tid): the host events named ``codes`` that no other of them on the thread encloses,
+    as (start, end, name code) in time order; and per pid, its first host event's start."""
+    found: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    first: dict[int, float] = {}
+    for part in b.parts:
+        host = part["cls"] == EvClass.CPU
+        for p in np.unique(part["pid"][host]).tolist():
+            t = float(part["ts"][host & (part["pid"] == p)].min())
+            first[p] = min(first.get(p, t), t)
+        for i in np.flatnonzero(host & np.isin(part["name"], codes)).tolist():
+            key = (int(part["pid"][i]), int(part["tid"][i]))
+            found.setdefault(key, []).append((float(part["ts"][i]), float(part["ts"][i] + part["dur"][i]), int(part["name"][i])))
+    outer: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    for key, spans in found.items():
+        kept: list[tuple[float, float, int]] = []
+        for s in sorted(spans, key=lambda x: (x[0], -x[1])):
+            if not kept or s[0] >= kept[-1][1]:
+                kept.append(s)
+        outer[key] = kept
+    return outer, first
+
+
+def _numbered_on(steps: list[tuple[int, int, float, float, int, int]], before: int) -> list[tuple[int, int, float, float, int, int]]:
+    """``steps`` numbered on from ``before`` steps in a rank's earlier files."""
+    return [(r, n + before, a, e, p, t) for r, n, a, e, p, t in steps]
+
+
 def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:
     """Steps of a trace without ProfilerStep markers (a loop that never calls the profiler's
     ``step()``, the commonest way to record one), cut where its optimizer's steps end: PyTorch
@@ -2029,22 +2081,9 @@ def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
     codes = np.array([k for k, n in enumerate(b.names) if n.startswith(prefix)], dtype=np.int64)
     if not len(codes):
         return []
-    found: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
-    first: dict[int, float] = {}
-    for part in b.parts:
-        host = part["cls"] == EvClass.CPU
-        for p in np.unique(part["pid"][host]).tolist():
-            t = float(part["ts"][host & (part["pid"] == p)].min())
-            first[p] = min(first.get(p, t), t)
-        for i in np.flatnonzero(host & part["is_range"] & np.isin(part["name"], codes)).tolist():
-            key = (int(part["pid"][i]), int(part["tid"][i]))
-            found.setdefault(key, []).append((float(part["ts"][i]), float(part["ts"][i] + part["dur"][i]), int(part["name"][i])))
+    outer, first = _outermost_host(b, codes)
     families: dict[tuple[int, int, int], list[tuple[float, float, int]]] = {}
-    for (p, t), spans in found.items():
-        kept: list[tuple[float, float, int]] = []
-        for s in sorted(spans, key=lambda x: (x[0], -x[1])):
-            if not kept or s[0] >= kept[-1][1]:
-                kept.append(s)
+    for (p, t), kept in outer.items():
         for s in kept:
             families.setdefault((p, t, s[2]), []).append(s)
     # the most of one optimizer's steps; of several optimizers stepping once an iteration, the last to end
@@ -2058,16 +2097,49 @@ def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
     if len(gaps) >= 3 and float(np.median(gaps[:half])) * IRREGULAR_OPTIMIZER_STEPS < float(np.median(gaps[-half:])):
         b.notes.append(
             f"{b.path}: no ProfilerStep markers, and its {len(spans)} {name} annotations come at irregular intervals (several "
-            "optimizers?): the whole trace is analysed as one window; call the profiler's step() once an iteration to mark steps"
+            "optimizers?): the whole trace is analysed as one window; call the profiler's step() once an iteration to mark "
+            "steps, or name the annotation that starts each (--steps-at)"
         )
         return []
     b.notes.append(
         f"{b.path}: no ProfilerStep markers (the loop does not call the profiler's step()); its {len(spans)} steps are cut "
         f"at the ends of the {name} annotations (thread {tid}), step 1 from the trace's first host event"
     )
-    b.steps_from = name
+    b.steps_from = {"name": name, "at": "end"}
     starts = [min(first.get(pid, spans[0][0]), spans[0][0]), *ends[:-1].tolist()]
     return [(b.rank, k + 1, float(a), float(e), pid, tid) for k, (a, e) in enumerate(zip(starts, ends.tolist()))]
+
+
+def _named_steps(b: _Builder, pattern: str) -> list[tuple[int, int, float, float, int, int]]:
+    """Steps that start where a host op named ``pattern`` starts (``--steps-at``: a shell-style
+    pattern the whole name matches, e.g. ``execute_*``): a loop whose iterations its own
+    annotations mark (an inference server's, a script without ``prof.step()``), or whose
+    ProfilerStep markers are not its iterations. The thread with the most outermost such ops is
+    read; step k runs from the start of the k-th to the start of the next (what runs between two,
+    loading the next batch or scheduling the next request, is the iteration's), the last to its
+    thread's last host event; numbered from 1. None where no host op of the file matches."""
+    codes = np.array([k for k, n in enumerate(b.names) if fnmatch.fnmatchcase(n, pattern)], dtype=np.int64)
+    if not len(codes):
+        return []
+    outer, _ = _outermost_host(b, codes)
+    if not outer:
+        return []
+    (pid, tid), spans = max(outer.items(), key=lambda kv: (len(kv[1]), -kv[1][0][0]))
+    names = sorted({b.names[s[2]] for s in spans})
+    b.steps_from = {"name": names[0] if len(names) == 1 else pattern, "at": "start"}
+    b.notes.append(
+        f"{b.path}: {len(spans)} steps cut where the host ops matching --steps-at {pattern!r} start (thread {tid}"
+        + (f", {len(names)} names, e.g. {names[0]!r}" if len(names) > 1 else "")
+        + ")"
+    )
+    last = spans[-1][1]  # the last runs on to its thread's last host event (as a last ProfilerStep to the profiler's stop)
+    for part in b.parts:
+        mine = (part["cls"] == EvClass.CPU) & (part["pid"] == pid) & (part["tid"] == tid)
+        if mine.any():
+            last = max(last, float((part["ts"][mine] + part["dur"][mine]).max()))
+    starts = [s[0] for s in spans]
+    ends = [*starts[1:], last]
+    return [(b.rank, k + 1, a, e, pid, tid) for k, (a, e) in enumerate(zip(starts, ends))]
 
 
 def _outermost_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int]]:

@@ -591,9 +591,7 @@ class RunFacts:
     unprofiled: dict[int, dict] = field(default_factory=dict)  # rank -> the side of the job its profiler did not record (unprofiled)
     synchronous: dict[int, dict] = field(default_factory=dict)  # rank -> its launches that waited for their own work (synchronous_launches)
     setup: dict[int, dict] = field(default_factory=dict)  # rank -> one-time runtime setup inside its analysed window (setup_calls)
-    steps_from: dict[int, str] = field(
-        default_factory=dict
-    )  # rank -> the optimizer annotation its steps were cut at (no ProfilerStep markers)
+    steps_from: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> what cut its steps where not ProfilerStep markers
 
     @property
     def missing_ranks(self) -> int:
@@ -637,7 +635,7 @@ def run_facts(table: EventTable) -> RunFacts:
         unprofiled=unprofiled(table),
         synchronous=synchronous_launches(table),
         setup=setup_calls(table),
-        steps_from={r: str(info["steps_from"]) for r, info in table.inputs.items() if info.get("steps_from")},
+        steps_from={r: dict(info["steps_from"]) for r, info in table.inputs.items() if info.get("steps_from")},
     )
 
 

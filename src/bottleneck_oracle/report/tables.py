@@ -107,13 +107,14 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
     )
     t.rows = rows if rows is not None else [step_row(a) for a in analyses]
     whole = bool(t.rows) and all(r[0] == "-" for r in t.rows)  # no ProfilerStep markers: one window, the whole trace
-    cut_at = ", ".join(sorted(set(((analyses[0].graph.meta.get("run_facts") or {}).get("steps_from") or {}).values()))) if analyses else ""
+    cut = list(((analyses[0].graph.meta.get("run_facts") or {}).get("steps_from") or {}).values()) if analyses else []
+    cut_at = " or ".join(sorted({f"{c['name']} {'ends' if c['at'] == 'end' else 'starts'}" for c in cut}))
     what = "it" if whole else "the step"
     t.caption = (
         (
             "step -: the whole trace (no ProfilerStep markers); span: from its first event to its last"
             if whole
-            else f"step N: the N-th iteration, cut where {cut_at} ends (no ProfilerStep markers); span: the slowest rank's step"
+            else f"step N: the N-th iteration, cut where {cut_at}; span: the slowest rank's step"
             if cut_at
             else "span: the slowest rank's ProfilerStep"
         )
