@@ -527,3 +527,73 @@ def test_steps_at_numbers_a_ranks_later_files_on(tmp_path):
     for a, b in zip(two.steps, one.steps):
         if a.number != 4:
             assert a.span == pytest.approx(b.span, abs=0.01)
+
+
+def test_a_step_that_ends_under_earlier_device_work_adds_nothing(tmp_path):
+    """train_1rank_5steps is device-bound: its device runs ~77 ms behind its host. A last step of
+    a few host ops and no launch (logging after the loop, the profiler's stop; here ProfilerStep#106
+    of 1 ms with one op) ends, on the host, before the device work queued in step 105 does: its
+    period, from the end of that work to the end of its own, was negative (-88.2 ms) and pulled
+    the run's interval below zero. Such a step adds nothing to the loop's time: its time is its
+    host's span, it is said and left out, and the run reads as the recorded trace does."""
+    from bottleneck_oracle.analysis.answer import run_answer
+    from bottleneck_oracle.api import analyze
+
+    doc = _document(PUBLIC / "train_1rank_5steps.json.gz")
+    ev = doc["traceEvents"]
+    (last,) = [e for e in ev if e.get("name") == "ProfilerStep#105" and e.get("cat") == "user_annotation"]
+    t = last["ts"] + last["dur"] + 5
+    ev.append({**last, "name": "ProfilerStep#106", "ts": t, "dur": 1000})
+    ev.append(
+        {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": last["pid"], "tid": last["tid"], "ts": t + 100, "dur": 50, "args": {}}
+    )
+    device_end = max(e["ts"] + e["dur"] for e in ev if e.get("cat") == "kernel")
+    assert t + 1000 < device_end  # (from the raw events: step 106 ends on its host before the queued work does)
+    _, got = analyze(_written(doc, tmp_path / "after.json"))
+    (extra,) = [a for a in got if a.graph.step == 106]
+    assert extra.adds_nothing() and extra.step_time == pytest.approx(1000.0, abs=1.0)
+    assert any("adds nothing to the loop's time" in w for w in extra.warnings())
+    want = run_answer(analyze(_written(_document(PUBLIC / "train_1rank_5steps.json.gz"), tmp_path / "as.json"))[1])
+    run = run_answer(got)
+    assert run.steady == want.steady and run.step_time.median_us == pytest.approx(want.step_time.median_us, rel=1e-9)
+    assert run.step_time.low_us == pytest.approx(want.step_time.low_us, rel=1e-9)
+    assert any("Step 106" in n and "left out" in n for n in run.notes)
+    assert not any(a.adds_nothing() for a in analyze(PUBLIC / "train_1rank_5steps.json.gz")[1])
+
+
+def test_pytorchs_eventlist_export_is_said_for_what_it_is(capsys):
+    """``prof.events().export_chrome_trace()`` (PyTorch's EventList export, the legacy autograd
+    profiler's format; our own loop written so, benchmarks/record_eventlist.py) writes no category
+    on any event, one process named "CPU functions", no device events nor ids: refused in one
+    line that names the export to use instead."""
+    from conftest import run_cli
+
+    path = DATA / "own-cpu" / "eventlist" / "eventlist_export.json.gz"
+    events = json.loads(gzip.open(path).read())
+    assert isinstance(events, list) and not any("cat" in e for e in events)
+    code, out, err = run_cli(["analyze", str(path)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{path}: none of its {len(events):,} events has a category" in err
+    assert "EventList export" in err and "prof.export_chrome_trace()" in err
+
+
+def test_an_xla_profile_is_not_read_as_device_work(tmp_path, capsys):
+    """A TensorFlow or JAX profile (the trace-event JSON their profiler's trace viewer reads)
+    names its processes "/device:GPU:0" and "/host:CPU" and gives its events no category. Read,
+    its device lane became 100% "device compute", its host events were left out, and the warnings
+    blamed ProfilerActivity.CPU; it is refused in one line instead."""
+    from conftest import run_cli
+
+    ev: list[dict] = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+    ]
+    for i in range(20):
+        ev.append({"ph": "X", "pid": 2, "tid": 5, "ts": 1000.0 + 150 * i, "dur": 30, "name": "ThunkExecutor::Execute"})
+        ev.append(
+            {"ph": "X", "pid": 1, "tid": 1, "ts": 1040.0 + 150 * i, "dur": 100, "name": f"fusion.{i}", "args": {"hlo_op": f"fusion.{i}"}}
+        )
+    path = _written({"displayTimeUnit": "ns", "traceEvents": ev}, tmp_path / "xla.json")
+    code, out, err = run_cli(["analyze", str(path)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "none of its 40 events has a category" in err and "XLA profile" in err

@@ -254,6 +254,7 @@ class StepFigures:
     setup: bool = False  # the step holds one-time work (StepAnalysis.holds_setup): warm-up, wherever it is
     empty: bool = False  # the step holds no op (StepAnalysis.is_empty): the profiler's stop, not a step
     cut: bool = False  # the trace ends inside the step (StepAnalysis.cut_by_trace_end): only a part of it is held
+    hidden: bool = False  # the step adds nothing past earlier steps' device work (StepAnalysis.adds_nothing)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -274,6 +275,7 @@ class StepFigures:
             a.holds_setup(),
             a.is_empty(),
             bool(a.cut_by_trace_end()),
+            a.adds_nothing(),
         )
 
 
@@ -332,7 +334,7 @@ def answer_from(
     fixing the region is replayed in steady state: over two consecutive steps, the second step's
     saving, so that a step ending earlier starts the next one earlier (a pipeline's stages, a
     rank whose late end held the others' next start)."""
-    st = steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut, lambda f: f.setup)
+    st = steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut or f.hidden, lambda f: f.setup)
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
@@ -380,6 +382,13 @@ def answer_from(
         answer.notes.append(
             f"Step{'s' if len(cut_kept) > 1 else ''} {', '.join(map(str, cut_kept[:8]))}: the trace ends inside "
             f"{'them' if len(cut_kept) > 1 else 'it'} and no step is whole: the run's figures are of the part the trace holds"
+        )
+    hidden = [f.step for f in figures if f.hidden and not f.empty and f not in st and f.step is not None]
+    if hidden:
+        answer.notes.append(
+            f"Step{'s' if len(hidden) > 1 else ''} {', '.join(map(str, hidden[:8]))}: the host ended "
+            f"{'them' if len(hidden) > 1 else 'it'} before the device work queued in earlier steps did, launching none that ran "
+            "later: nothing added to the loop's time; left out of the run's figures"
         )
     empty = [f.step for f in figures if f.empty and f not in st and f.step is not None]
     if empty:

@@ -31,7 +31,9 @@ ROBUST = 1.4826  # MAD -> sigma of a normal distribution
 def steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
     """The steps the statistics use (answer.steady_of: not an empty span, not the first of three
     or more, not one of one-time work unless all are)."""
-    return steady_of(analyses, lambda a: a.graph.step, lambda a: a.is_empty() or bool(a.cut_by_trace_end()), StepAnalysis.holds_setup)
+    return steady_of(
+        analyses, lambda a: a.graph.step, lambda a: a.is_empty() or bool(a.cut_by_trace_end()) or a.adds_nothing(), StepAnalysis.holds_setup
+    )
 
 
 @dataclass(slots=True)
@@ -92,6 +94,8 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
                 if a.is_empty()
                 else "the trace ends inside it"
                 if a.cut_by_trace_end()
+                else "adds nothing"
+                if a.adds_nothing()
                 else "one-time work"
                 if a.holds_setup()
                 else "warm-up"

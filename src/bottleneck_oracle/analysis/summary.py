@@ -166,6 +166,17 @@ class StepAnalysis:
                 out.append(f"rank {f.rank}: its step runs {f.past_end_us / 1000:,.1f} ms past its last event")
         return out
 
+    def adds_nothing(self) -> bool:
+        """Did every rank's host end the step before the device work queued before it did, the
+        step's own device work (if any) ending earlier still (``RankFacts.hidden``)? Such a step
+        (a few host ops after a device-bound loop's last launches: logging, the profiler's stop)
+        adds nothing to the loop's time: its step time is its host's span, and it is left out of
+        the run's figures like a span that holds no op."""
+        facts = self.graph.info.facts
+        if facts is None or self.graph.step is None or not facts.ranks:
+            return False
+        return all(f.hidden for f in facts.ranks)
+
     def holds_setup(self) -> bool:
         """Does the step spend SETUP_STEP_SHARE of its time or more in one-time work (the runtime
         setting itself up, torch.compile compiling: ``facts.setup_calls``' rules, per step and
@@ -549,6 +560,11 @@ class StepAnalysis:
                     "its launch, with no earlier device work in the trace, and ran busy from then: work queued before the trace "
                     "began held it (a trace split or trimmed here?); the step is measured from that op's start, its period"
                 )
+        if self.adds_nothing():
+            out.append(
+                f"step {step}: its host ended before the device work queued in earlier steps did, and it launched no device work "
+                "that ran later: it adds nothing to the loop's time (its time here is its host's span); left out of the run's figures"
+            )
         cut = self.cut_by_trace_end()
         if cut:
             out.append(

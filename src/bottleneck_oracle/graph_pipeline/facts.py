@@ -70,6 +70,7 @@ class RankFacts:
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends before they ran)
     queued_before_trace_us: float = 0.0  # how long the rank's first device op waited after its launch for work queued before the trace
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event (the trace ends inside it)
+    hidden: bool = False  # its host ended before the device work queued before it did, and none of its own ended later: origin = cpu_start
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
@@ -412,6 +413,9 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
                 prev_end, untraced_queue = queued_before
     origin = max(cpu_start, prev_end) if prev_end is not None else cpu_start
     step_end = max(cpu_end, device_end) if device_end is not None else cpu_end
+    hidden = origin > step_end  # (a step that adds nothing past earlier steps' work: its period would be negative)
+    if hidden:  # its time is its host's span; it adds nothing to the loop's (StepAnalysis.adds_nothing)
+        origin = cpu_start
     if dev is not None:
         a = int(np.searchsorted(starts, origin - longest, side="left"))
         b = int(np.searchsorted(starts, step_end, side="left"))
@@ -434,6 +438,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         prev_device_end=prev_end,
         origin=origin,
         step_end=step_end,
+        hidden=hidden,
         device_busy_us=busy,
         lead_us=lead,
         blocking_us=blocking,
