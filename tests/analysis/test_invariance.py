@@ -575,25 +575,3 @@ def test_pytorchs_eventlist_export_is_said_for_what_it_is(capsys):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert f"{path}: none of its {len(events):,} events has a category" in err
     assert "EventList export" in err and "prof.export_chrome_trace()" in err
-
-
-def test_an_xla_profile_is_not_read_as_device_work(tmp_path, capsys):
-    """A TensorFlow or JAX profile (the trace-event JSON their profiler's trace viewer reads)
-    names its processes "/device:GPU:0" and "/host:CPU" and gives its events no category. Read,
-    its device lane became 100% "device compute", its host events were left out, and the warnings
-    blamed ProfilerActivity.CPU; it is refused in one line instead."""
-    from conftest import run_cli
-
-    ev: list[dict] = [
-        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
-    ]
-    for i in range(20):
-        ev.append({"ph": "X", "pid": 2, "tid": 5, "ts": 1000.0 + 150 * i, "dur": 30, "name": "ThunkExecutor::Execute"})
-        ev.append(
-            {"ph": "X", "pid": 1, "tid": 1, "ts": 1040.0 + 150 * i, "dur": 100, "name": f"fusion.{i}", "args": {"hlo_op": f"fusion.{i}"}}
-        )
-    path = _written({"displayTimeUnit": "ns", "traceEvents": ev}, tmp_path / "xla.json")
-    code, out, err = run_cli(["analyze", str(path)], capsys)
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "none of its 40 events has a category" in err and "XLA profile" in err

@@ -550,7 +550,14 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
     started more than ``tol`` µs after both its launch and the op before it on its stream ended
     waited for something; if an op on another stream of its device ended at most ``tol`` µs before
     it started (NCCL stream -> compute stream, copy stream -> compute stream), that op released
-    it. Never from an op that ended after the waiter started (beyond ``clock_tol``)."""
+    it. So did the op on another stream that ended last before it started, further back, where
+    the device stayed busy from that op's end until the waiter started (no gap over ``tol`` µs
+    in the union of its ops): a waiter released while other streams' kernels hold the device
+    starts when they make room, and that delay is the device's, not an untraced cause
+    (diff_test's all-to-all kernel 129 µs after the copy it waited for, the device busy
+    throughout: 7 ms of its steps read "untraced" where the device was 96% busy). Never from an
+    op that ended after the waiter started (beyond ``clock_tol``), nor from before its launch or
+    its stream's previous op."""
     c = w.c
     n_gpu = len(w.gpu_rows)
     if not n_gpu:
@@ -576,13 +583,26 @@ def stream_waits(w: Window, E: EdgeSet, launcher: np.ndarray, tol: float, clock_
         mine = np.flatnonzero((rank == r) & ~queue_waits)
         by_end = mine[np.argsort(end[mine], kind="stable")]
         ends = end[by_end]
+        # the device's busy stretches: its ops' union, joined across gaps of at most tol
+        order = mine[np.argsort(start[mine], kind="stable")]
+        s_o, reach = start[order], np.maximum.accumulate(end[order])
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = s_o[1:] > reach[:-1] + tol
+        block_of = np.cumsum(new) - 1
+        block_end = np.maximum.reduceat(reach, np.flatnonzero(new)) if len(order) else reach
         for b in late[rank[late] == r].tolist():
             p = int(np.searchsorted(ends, start[b] + clock_tol, side="right")) - 1
-            while p >= 0 and ends[p] >= max(lower[b], start[b] - tol):
+            while p >= 0 and ends[p] >= lower[b]:
                 a = int(by_end[p])
                 if w.gpu_stream[a] != w.gpu_stream[b]:
-                    src.append(w.n_leaf + a)
-                    dst.append(w.n_leaf + b)
+                    if ends[p] >= start[b] - tol:
+                        src.append(w.n_leaf + a)
+                        dst.append(w.n_leaf + b)
+                    else:  # further back: only where the device stayed busy until the waiter started
+                        k = int(block_of[int(np.searchsorted(s_o, start[a], side="right")) - 1])
+                        if block_end[k] >= start[b] - tol:
+                            src.append(w.n_leaf + a)
+                            dst.append(w.n_leaf + b)
                     break
                 p -= 1
     E.add(src, dst, EdgeKind.SYNC)

@@ -1324,7 +1324,9 @@ class _Builder:
         device_marks: dict[str, int] = {}
         decoded = [_decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])]) for i in other[first].tolist()]
         if not known and not any(isinstance(o, dict) and isinstance(o.get("cat"), str) and o["cat"] for o in decoded):
-            raise NotATrace(path, self._uncategorized(decoded, len(other)))
+            said = self._eventlist_export(decoded, len(other))
+            if said:
+                raise NotATrace(path, said)
         for h, obj in zip(hashes.tolist(), decoded):
             cat = obj.get("cat") if isinstance(obj, dict) else None
             cat = cat if isinstance(cat, str) else ""
@@ -1372,22 +1374,18 @@ class _Builder:
         self.unknown_device_events = int(sum(unknown.values()))
         return cls
 
-    def _uncategorized(self, sample: list[Any], count: int) -> str:
-        """Why a file none of whose complete events has a category is no trace this tool reads
-        (the PyTorch profiler gives every event one), naming what it looks like."""
-        if any(isinstance(o, dict) and o.get("pid") == "CPU functions" for o in sample):
-            return (
-                f'none of its {count:,} events has a category, and they sit in a process named "CPU functions": PyTorch\'s '
-                "EventList export (prof.events().export_chrome_trace(), the legacy autograd profiler), which writes neither "
-                "categories, device events nor the ids that tie launches to them; export with the profiler's own "
-                "prof.export_chrome_trace() (or tensorboard_trace_handler)"
-            )
-        if any(n.startswith(("/device:", "/host:")) for names in self.process_names.values() for n in names):
-            return (
-                f"none of its {count:,} events has a category, and its processes are named as TensorFlow's and JAX's profilers "
-                "name theirs (/device:GPU:0, /host:CPU): an XLA profile; this tool reads the PyTorch profiler's (Kineto) traces"
-            )
-        return f"none of its {count:,} events has a category (the PyTorch profiler gives every event one: cpu_op, kernel, ...): not a Kineto trace"
+    @staticmethod
+    def _eventlist_export(sample: list[Any], count: int) -> str | None:
+        """Why a file none of whose complete events has a category, in a process named "CPU
+        functions", is no trace this tool reads; None for any other file."""
+        if not any(isinstance(o, dict) and o.get("pid") == "CPU functions" for o in sample):
+            return None
+        return (
+            f'none of its {count:,} events has a category, and they sit in a process named "CPU functions": PyTorch\'s '
+            "EventList export (prof.events().export_chrome_trace(), the legacy autograd profiler), which writes neither "
+            "categories, device events nor the ids that tie launches to them; export with the profiler's own "
+            "prof.export_chrome_trace() (or tensorboard_trace_handler)"
+        )
 
     def _thread_names(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> None:
         """Names of the CPU threads and GPU streams from the trace's "thread_name" metadata events
