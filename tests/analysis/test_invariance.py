@@ -455,6 +455,9 @@ def test_steps_at_cuts_an_inference_loop_at_its_own_annotations(capsys):
     code, out, err = run_cli(["analyze", str(INFERENCE_LOOP), "--json"], capsys)
     assert code == 0 and [s["step"] for s in json.loads(out)["steps"]] == [None]
     assert "no ProfilerStep markers; analysing the whole trace as one window (--steps-at NAME" in err
+    assert "e.g. --steps-at 'execute_*_iter_*': 8 such annotations at the top of a thread" in err  # (the hint)
+    code, out, _ = run_cli(["analyze", str(INFERENCE_LOOP), "--steps-at", "execute_*_iter_*", "--json"], capsys)
+    assert code == 0 and len(json.loads(out)["steps"]) == 8
     code, out, err = run_cli(["analyze", str(INFERENCE_LOOP), "--steps-at", "execute_*", "--json"], capsys)
     assert code == 0, err
     res = json.loads(out)

@@ -645,9 +645,13 @@ def checked_steps(table: EventTable, steps: list[int] | None = None) -> list[int
         present = sorted(set(steps))
     if not present:
         files = ", ".join(dict.fromkeys(table.files.values()))  # (ranks merged into one file share its name)
+        hints = [info["step_hint"] for info in table.inputs.values() if info.get("step_hint")]
+        hint = max(hints, key=lambda h: h[1]) if hints else None
         warnings.warn(
             f"{files}: no ProfilerStep markers; analysing the whole trace as one window (--steps-at NAME starts a step at each "
-            "host op so named)",
+            "host op so named"
+            + (f"; e.g. --steps-at '{hint[0]}': {hint[1]} such annotations at the top of a thread" if hint else "")
+            + ")",
             OracleWarning,
             stacklevel=4,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import glob
 import gzip
 import json
 import math
@@ -1068,6 +1069,7 @@ class _Builder:
         self.pid_ranks: dict[int, int] = {}  # where several processes count steps: a process -> the rank its events' args name
         self.numbered_by_pid: dict[int, dict[str, int]] = {}  # there, each process's share of ``numbered``
         self.steps_from: dict[str, str] = {}  # where its steps are not its ProfilerStep markers: what cut them (name, at)
+        self.step_hint: tuple[str, int] | None = None  # without steps: an annotation pattern that repeats at a thread's top, and how often
 
     def add_scanned(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> int:
         """Columns from the scanner's output (scan.scan) for one file; returns the op count."""
@@ -1594,6 +1596,8 @@ class _Merger:
         info["unknown_device_events"] += b.unknown_device_events
         if b.steps_from:
             info["steps_from"] = b.steps_from
+        if b.step_hint and b.step_hint[1] > info.get("step_hint", ("", 0))[1]:
+            info["step_hint"] = b.step_hint
         info["process_names"].update({str(k): " / ".join(v) for k, v in b.process_names.items()})
         self.thread_names.update({(b.rank, p, t): name for (p, t), name in b.thread_names.items()})
 
@@ -1887,6 +1891,8 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         else:
             b.steps = _numbered_on(_optimizer_steps(b), counted.get(b.rank, 0))
             counted[b.rank] = counted.get(b.rank, 0) + len(b.steps)
+            if not b.steps:
+                b.step_hint = _repeated_annotation(b)
         for note in b.notes:
             warnings.warn(note, OracleWarning, stacklevel=2)
         merger.add(b)
@@ -2126,6 +2132,38 @@ def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
     b.steps_from = {"name": name, "at": "end"}
     starts = [min(first.get(pid, spans[0][0]), spans[0][0]), *ends[:-1].tolist()]
     return [(b.rank, k + 1, float(a), float(e), pid, tid) for k, (a, e) in enumerate(zip(starts, ends.tolist()))]
+
+
+STEP_HINT_MIN = 3
+"""``_repeated_annotation`` names a pattern only where it repeats this often."""
+
+
+def _repeated_annotation(b: _Builder) -> tuple[str, int] | None:
+    """For a file without steps: the annotation that repeats most often at the top of one thread
+    (no other annotation of that thread encloses it), as a ``--steps-at`` pattern (its digits as
+    ``*``: an inference engine names each iteration's batch, ``execute_16_iter_1``), and how many
+    there are; None below STEP_HINT_MIN. A hint for the user, who knows the loop: never used to
+    cut steps on its own (a server's threads run requests side by side)."""
+    ranged = np.zeros(len(b.names), dtype=bool)
+    for part in b.parts:
+        ranged[part["name"][(part["cls"] == EvClass.CPU) & part["is_range"]]] = True
+    codes = np.flatnonzero(ranged)
+    if not len(codes):
+        return None
+    outer, _ = _outermost_host(b, codes)
+    best: tuple[int, str] | None = None
+    for spans in outer.values():
+        counts: dict[str, int] = {}
+        for s in spans:
+            pattern = _DIGITS.sub("*", glob.escape(b.names[s[2]]))  # (a name's own [, ?, * matched as they are)
+            counts[pattern] = counts.get(pattern, 0) + 1
+        for pattern, n in counts.items():
+            if n >= STEP_HINT_MIN and (best is None or n > best[0]):
+                best = (n, pattern)
+    return (best[1], best[0]) if best else None
+
+
+_DIGITS = re.compile(r"\d+")
 
 
 def _named_steps(b: _Builder, pattern: str) -> list[tuple[int, int, float, float, int, int]]:
