@@ -2063,25 +2063,42 @@ the median of the shorter half of them shorter than the longer half's by more th
 
 
 def _outermost_host(b: _Builder, codes: np.ndarray) -> tuple[dict[tuple[int, int], list[tuple[float, float, int]]], dict[int, float]]:
-    """Per (pid, tid): the host events named ``codes`` that no other of them on the thread encloses,
-    as (start, end, name code) in time order; and per pid, its first host event's start."""
-    found: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    """Per (pid, tid): the host events named ``codes`` that start after every earlier one of them
+    on the thread has ended (the ones no other encloses), as (start, end, name code) in time
+    order; and per pid, its first host event's start. One sort, not a loop per event (a trace
+    recorded with Python frames holds millions of ranges)."""
     first: dict[int, float] = {}
+    cols: dict[str, list[np.ndarray]] = {"pid": [], "tid": [], "ts": [], "end": [], "name": []}
     for part in b.parts:
         host = part["cls"] == EvClass.CPU
-        for p in np.unique(part["pid"][host]).tolist():
-            t = float(part["ts"][host & (part["pid"] == p)].min())
-            first[p] = min(first.get(p, t), t)
-        for i in np.flatnonzero(host & np.isin(part["name"], codes)).tolist():
-            key = (int(part["pid"][i]), int(part["tid"][i]))
-            found.setdefault(key, []).append((float(part["ts"][i]), float(part["ts"][i] + part["dur"][i]), int(part["name"][i])))
+        if host.any():
+            pids, inv = np.unique(part["pid"][host], return_inverse=True)
+            lowest = np.full(len(pids), np.inf)
+            np.minimum.at(lowest, inv.reshape(-1), part["ts"][host])
+            for p, t in zip(pids.tolist(), lowest.tolist()):
+                first[p] = min(first.get(p, t), t)
+        sel = host & np.isin(part["name"], codes)
+        cols["pid"].append(part["pid"][sel])
+        cols["tid"].append(part["tid"][sel])
+        cols["ts"].append(part["ts"][sel])
+        cols["end"].append(part["ts"][sel] + part["dur"][sel])
+        cols["name"].append(part["name"][sel])
+    got = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
+    if not len(got["ts"]):
+        return {}, first
+    threads, th = np.unique(np.stack([got["pid"], got["tid"]], axis=1), axis=0, return_inverse=True)
+    th = th.reshape(-1)
+    order = np.lexsort((got["ts"] - got["end"], got["ts"], th))  # per thread by start, the longer first
+    t0 = float(got["ts"].min())
+    span = float(got["end"].max()) - t0 + 1.0
+    shift = th[order] * span  # (each thread's times apart from the others': one running maximum for all)
+    ends = np.maximum.accumulate(shift + got["end"][order] - t0)
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = shift[1:] + got["ts"][order][1:] - t0 >= ends[:-1]
     outer: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
-    for key, spans in found.items():
-        kept: list[tuple[float, float, int]] = []
-        for s in sorted(spans, key=lambda x: (x[0], -x[1])):
-            if not kept or s[0] >= kept[-1][1]:
-                kept.append(s)
-        outer[key] = kept
+    kept = order[keep]
+    for k, a, e, c in zip(th[kept].tolist(), got["ts"][kept].tolist(), got["end"][kept].tolist(), got["name"][kept].tolist()):
+        outer.setdefault((int(threads[k][0]), int(threads[k][1])), []).append((float(a), float(e), int(c)))
     return outer, first
 
 
@@ -2147,7 +2164,8 @@ def _repeated_annotation(b: _Builder) -> tuple[str, int] | None:
     ranged = np.zeros(len(b.names), dtype=bool)
     for part in b.parts:
         ranged[part["name"][(part["cls"] == EvClass.CPU) & part["is_range"]]] = True
-    codes = np.flatnonzero(ranged)
+    # annotations, not the Python tracer's frames ("train.py(42): step", "<built-in method ...>")
+    codes = np.array([k for k in np.flatnonzero(ranged).tolist() if not _PYTHON_FRAME.search(b.names[k])], dtype=np.int64)
     if not len(codes):
         return None
     outer, _ = _outermost_host(b, codes)
@@ -2164,6 +2182,7 @@ def _repeated_annotation(b: _Builder) -> tuple[str, int] | None:
 
 
 _DIGITS = re.compile(r"\d+")
+_PYTHON_FRAME = re.compile(r"\.py\(\d+\)|^<built-in ")
 
 
 def _named_steps(b: _Builder, pattern: str) -> list[tuple[int, int, float, float, int, int]]:
