@@ -110,6 +110,8 @@ def test_diff_test_steps_are_their_device_periods_and_their_breakdowns_agree():
     assert max(steady) <= 1.1 * min(steady), shares
     compute = [a.breakdown()["compute"] for a in analyses[1:]]  # and the compute itself, in ms, within ±10% of its median
     assert all(abs(c / float(np.median(compute)) - 1) <= 0.10 for c in compute), compute
+    idle = [c for a in analyses[1:] for c in a.checks() if c.name == "device_idle"]  # (said where the path waits on the device)
+    assert len(idle) >= 4 and all(c.ok for c in idle), [c.detail for c in idle]
 
 
 def test_a_gap_between_queued_kernels_is_device_time_and_a_starved_gap_is_launch_time():

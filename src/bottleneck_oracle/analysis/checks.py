@@ -52,7 +52,17 @@ if TYPE_CHECKING:
     from bottleneck_oracle.analysis.summary import StepAnalysis  # (for the annotation only: summary imports this module)
 
 CheckName = Literal[
-    "period", "device_bound", "blocking", "host_blocked", "asleep", "device_ops", "launches", "linked", "launches_found", "compute"
+    "period",
+    "device_bound",
+    "blocking",
+    "host_blocked",
+    "asleep",
+    "device_ops",
+    "launches",
+    "linked",
+    "launches_found",
+    "compute",
+    "device_idle",
 ]
 
 PERIOD_TOLERANCE = 0.05
@@ -61,6 +71,7 @@ DEVICE_PATH_SHARE = 0.80
 BLOCKING_AS_CPU = 0.25
 ASLEEP_PATH_SHARE = 0.10
 COMPUTE_SLACK = 0.01
+DEVICE_IDLE_SLACK = 0.01  # of the step: the path's untraced device waits may exceed the device's idle time by this
 LAUNCHES_KEPT = 0.99
 LINKED_SHARE = 0.5
 LOST_MIN_LAUNCHES = 20
@@ -221,6 +232,19 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                     ),
                 )
             )
+    for f in facts.ranks:
+        if f.devices == 1 and f.period_us > 0:  # (the busy time of several devices is their union: not each one's)
+            waited = sum(s.dur for s in segs if s.on_gpu and s.kind == "untraced" and s.rank == f.rank)
+            idle = max(f.period_us - f.device_busy_us, 0.0)
+            if waited > 0:
+                out.append(
+                    Check(
+                        "device_idle",
+                        waited <= idle + DEVICE_IDLE_SLACK * ms,
+                        f"rank {f.rank}: {_ms(waited)} of the path waits on its device with no traced cause; the device was "
+                        f"idle {_ms(idle)} of the period",
+                    )
+                )
     busy = sum(f.device_busy_us for f in facts.ranks if f.rank in on_device)
     dev_ops = sum(s.dur for s in segs if s.on_gpu and s.kind == "op")
     if dev_ops > 0:

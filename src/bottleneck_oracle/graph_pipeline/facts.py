@@ -71,6 +71,7 @@ class RankFacts:
     queued_before_trace_us: float = 0.0  # how long the rank's first device op waited after its launch for work queued before the trace
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event (the trace ends inside it)
     hidden: bool = False  # its host ended before the device work queued before it did, and none of its own ended later: origin = cpu_start
+    devices: int = 0  # devices the step's device ops ran on (their processes)
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
@@ -439,6 +440,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         origin=origin,
         step_end=step_end,
         hidden=hidden,
+        devices=int(len(np.unique(c["pid"][own]))),
         device_busy_us=busy,
         lead_us=lead,
         blocking_us=blocking,

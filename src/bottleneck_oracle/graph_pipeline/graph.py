@@ -78,6 +78,7 @@ class RankFactsRecord:
     queued_before_trace_us: float = 0.0  # the rank's first device op's wait for work queued before the trace began
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event
     hidden: bool = False  # its host ended before the device work queued before it did (its period is its host's span)
+    devices: int = 0  # devices the step's device ops ran on
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
