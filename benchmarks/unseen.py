@@ -806,12 +806,25 @@ def rewritten_files(tmp: Path) -> dict:
         "recorded_step_time_us": rec.step_time,
     }
     out["without_profiler_step"] = {}  # a loop recorded without prof.step(): steps cut at its optimizer's steps
-    for path in (
+    for path in (  # every fixture of two steps or more whose optimizer records its steps
         DATA / "public-gpu/train_1rank_5steps.json.gz",
         DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz",
         DATA / "public-gpu/diff_test_rank1of2.json.gz",
         DATA / "public-gpu/sampled_128rank",
         DATA / "gloo_ddp_8steps_straggler",
+        DATA / "gloo_ddp_2rank",
+        DATA / "gloo_ddp_8steps_clean",
+        DATA / "gloo_ddp_8steps_straggler_rerun",
+        DATA / "gloo_ddp_10steps_injected",
+        DATA / "own-gpu/gloo_cuda_ddp_tiny_clean",
+        DATA / "own-gpu/gloo_cuda_ddp_tiny_pinned",
+        DATA / "own-gpu/gloo_cuda_ddp_tiny_stall",
+        DATA / "public-gpu/nccl_2rank_rank0.json.gz",
+        DATA / "real-gpu/mi300_resnet_actckpt_rank0of8.json.gz",
+        DATA / "public-gpu/diff_control_rank3of8.json.gz",
+        DATA / "public-gpu/amd_mi250_minitoy.json.gz",
+        DATA / "own-cpu/host_waits_stack.json.gz",
+        DATA / "own-cpu/compiled_mlp_after_warmup.json.gz",
     ):
         bare, recorded = tmp / f"bare-{path.name}", tmp / f"recorded-{path.name}"
         bare.mkdir()

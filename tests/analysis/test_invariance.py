@@ -377,8 +377,9 @@ def _without_step_markers(doc: dict) -> dict:
         PUBLIC / "diff_test_rank1of2.json.gz",
         PUBLIC / "sampled_128rank",
         DATA / "gloo_ddp_8steps_straggler",
+        DATA / "gloo_ddp_10steps_injected",  # (two slow steps of 44 ms among 10-17 ms ones: still cut)
     ],
-    ids=lambda p: p.name.split("_")[0].split(".")[0],
+    ids=lambda p: "_".join(p.name.split("_")[:2]).split(".")[0],
 )
 def test_a_loop_that_never_calls_the_profilers_step_reads_its_iterations(path, tmp_path):
     """The commonest way to record a loop, ``with profile() as prof:`` around it without
@@ -429,7 +430,7 @@ def test_two_optimizers_of_one_class_leave_the_trace_one_window(tmp_path):
     doc = _without_step_markers(_document(PUBLIC / "train_1rank_5steps.json.gz"))
     steps = [e for e in doc["traceEvents"] if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#")]
     doc["traceEvents"] += [{**e, "ts": e["ts"] - 20_000, "dur": 100} for e in steps]  # a second one, 20 ms before each
-    with pytest.warns(Warning, match=r"10 Optimizer.step#SGD.step annotations come at irregular intervals"):
+    with pytest.warns(Warning, match=r"10 Optimizer.step#SGD.step annotations come at intervals that alternate short and long"):
         table = load(_written(doc, tmp_path / "two.json"))
     assert table.steps == []
 

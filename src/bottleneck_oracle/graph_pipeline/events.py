@@ -2057,9 +2057,11 @@ def _time_span(b: _Builder) -> tuple[float, float]:
 
 
 IRREGULAR_OPTIMIZER_STEPS = 2.0
-"""``_optimizer_steps`` cuts no steps where the intervals between optimizer steps fall in two sizes:
-the median of the shorter half of them shorter than the longer half's by more than this factor
-(two optimizers stepping in one iteration; one slow step among regular ones is not this)."""
+"""``_optimizer_steps`` cuts no steps where the intervals between optimizer steps alternate in two
+sizes (four or more of them): every other one shorter than each of the rest by more than this
+factor — two optimizers of one class stepping in turn within an iteration. Slow steps among
+regular ones (an injected delay, a periodic checkpoint), or steps that alternate by less, are
+not this."""
 
 
 def _outermost_host(b: _Builder, codes: np.ndarray) -> tuple[dict[tuple[int, int], list[tuple[float, float, int]]], dict[int, float]]:
@@ -2116,8 +2118,8 @@ def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
     a last ProfilerStep. The optimizer (annotation name) and thread with the most outermost such
     annotations are read (a wrapper optimizer's step encloses the one it wraps); of several
     stepping once an iteration each, the last to end. None is cut, with a note, where there are
-    fewer than two, or where the intervals between them are irregular (two optimizers of one
-    class, each stepping once an iteration, would cut an iteration in parts)."""
+    fewer than two, or where the intervals between them alternate short and long (two optimizers
+    of one class, each stepping once an iteration, would cut an iteration in parts)."""
     prefix = F.OPTIMIZER_STEP_PREFIX
     codes = np.array([k for k, n in enumerate(b.names) if n.startswith(prefix)], dtype=np.int64)
     if not len(codes):
@@ -2133,12 +2135,14 @@ def _optimizer_steps(b: _Builder) -> list[tuple[int, int, float, float, int, int
     if len(spans) < 2:
         return []
     ends = np.array([s[1] for s in spans])
-    gaps = np.sort(np.diff(ends))
-    half = len(gaps) // 2
-    if len(gaps) >= 3 and float(np.median(gaps[:half])) * IRREGULAR_OPTIMIZER_STEPS < float(np.median(gaps[-half:])):
+    gaps = np.diff(ends)
+    odd, even = gaps[1::2], gaps[0::2]
+    if len(gaps) >= 4 and (
+        float(odd.max()) * IRREGULAR_OPTIMIZER_STEPS < float(even.min()) or float(even.max()) * IRREGULAR_OPTIMIZER_STEPS < float(odd.min())
+    ):
         b.notes.append(
-            f"{b.path}: no ProfilerStep markers, and its {len(spans)} {name} annotations come at irregular intervals (several "
-            "optimizers?): the whole trace is analysed as one window; call the profiler's step() once an iteration to mark "
+            f"{b.path}: no ProfilerStep markers, and its {len(spans)} {name} annotations come at intervals that alternate "
+            "short and long (two optimizers stepping in turn?): the whole trace is analysed as one window; call the profiler's step() once an iteration to mark "
             "steps, or name the annotation that starts each (--steps-at)"
         )
         return []
