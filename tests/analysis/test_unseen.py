@@ -672,7 +672,9 @@ def _xla_style_trace(path: Path, device_process: str) -> list[dict]:
 def test_a_device_named_like_a_device_path_is_read_as_a_device(tmp_path, recwarn, process):
     """XLA names its devices' processes "/device:TPU:0": their ops (no category) are device ops,
     the whole trace's span theirs (from the raw events), and the host's uncategorised event is
-    said to be left out."""
+    said to be left out; the device-only warning says the host's events are there, unread (it
+    said ProfilerActivity.CPU was off, which XLA's profiler has not)."""
+    from bottleneck_oracle.analysis.answer import run_answer
     from bottleneck_oracle.api import analyze
 
     ops = _xla_style_trace(tmp_path / "trace.json", process)
@@ -683,6 +685,10 @@ def test_a_device_named_like_a_device_path_is_read_as_a_device(tmp_path, recwarn
     said = [str(w.message) for w in recwarn]
     assert any(f"{len(ops)} events on an accelerator" in m for m in said)
     assert any("1 events on host threads" in m and "left out" in m for m in said)
+    # its host's events are there, unread: not a profiler run without its CPU activity
+    assert any("no host op nor runtime call this tool reads" in m and "XLA profile?" in m for m in said)
+    assert not any("ProfilerActivity.CPU off" in m for m in said)
+    assert any(n.startswith("Device only") and "categories this tool does not read" in n for n in run_answer([a]).notes)
 
 
 @pytest.mark.parametrize("process", [None, "/device:CPU:0", "/host:CPU"])

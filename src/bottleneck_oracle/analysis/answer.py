@@ -424,6 +424,9 @@ def answer_from(
             if side == "device"
             else f"Device only (rank {who}): the trace has no host event, so the path is the device's alone and its gaps read as "
             "waiting; profile with the CPU activity on"
+            if side == "host"
+            else f"Device only (rank {who}): the trace's host events are in categories this tool does not read (not the PyTorch "
+            "profiler's: an XLA profile?), so the path is the device's alone and its gaps read as waiting"
         )
     waited = [f.queue_wait_us for f in st]
     if gpu and float(np.median(waited)) >= STEADY_QUEUE_SHARE * float(np.median([f.queue_span_us or f.measured for f in st])):

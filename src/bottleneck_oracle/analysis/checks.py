@@ -280,6 +280,13 @@ def run_warnings(run: RunFacts | None) -> list[str]:
             "half a step apart: then pass --ranks-per-host N)"
         )
     for rank, u in sorted(run.unprofiled.items()):
+        if u["missing"] == "host" and u.get("skipped"):  # host events there, none this tool reads: another profiler's trace
+            out.append(
+                f"rank {rank}'s trace holds device events ({u['device_events']:,}) and no host op nor runtime call this tool reads: "
+                f"its host's {u['skipped']} (not the PyTorch profiler's: an XLA profile?), so the path is the device's alone, a gap "
+                "on the device reads as idle where its host may have been busy, and there are no ProfilerStep markers to cut steps at"
+            )
+            continue
         if u["missing"] == "host":
             out.append(
                 f"rank {rank}'s trace holds device events only ({u['device_events']:,}), no host op nor runtime call: its profiler "

@@ -1596,6 +1596,8 @@ class _Merger:
         info["unknown_device_events"] += b.unknown_device_events
         if b.steps_from:
             info["steps_from"] = b.steps_from
+        if b.skipped:
+            info["skipped"] = b.skipped
         if b.step_hint and b.step_hint[1] > info.get("step_hint", ("", 0))[1]:
             info["step_hint"] = b.step_hint
         info["process_names"].update({str(k): " / ".join(v) for k, v in b.process_names.items()})

@@ -892,7 +892,8 @@ def unprofiled(table: EventTable) -> dict[int, dict]:
                 seen = sorted((table.names[j] for j in mine.tolist()), key=lambda n: (len(n), n))  # the plainest names
                 out[r] = {"missing": "device", "ops": int(hits[i]), "examples": seen[:3], "devices": devices}
     for i in np.flatnonzero((device > 0) & (host == 0) & (runtime == 0)).tolist():
-        out[int(ranks[i])] = {"missing": "host", "device_events": int(device[i])}
+        skipped = str(table.inputs.get(int(ranks[i]), {}).get("skipped", ""))  # (host events the tool does not read: another profiler's)
+        out[int(ranks[i])] = {"missing": "host", "device_events": int(device[i]), **({"skipped": skipped} if skipped else {})}
     table.lookups["unprofiled"] = out
     return dict(out)
 

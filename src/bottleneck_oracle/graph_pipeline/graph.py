@@ -202,10 +202,12 @@ class GraphInfo:
     def unprofiled(self) -> dict[int, str]:
         """Ranks whose profiler left one side of the job out (facts.unprofiled): rank -> the side
         missing, "host", or "device" where host ops name a device library (a GPU listed in the
-        file's deviceProperties alone may be one the job did not use: not here)."""
+        file's deviceProperties alone may be one the job did not use: not here); "unread host"
+        where the host's events are there in categories this tool does not read (another
+        profiler's trace)."""
         got = self._run_fact("unprofiled")
         return {
-            int(r): str(v["missing"])
+            int(r): "unread host" if v.get("missing") == "host" and v.get("skipped") else str(v["missing"])
             for r, v in got.items()
             if isinstance(v, dict) and (v.get("missing") == "host" or (v.get("missing") == "device" and v.get("ops")))
         }
