@@ -204,7 +204,10 @@ MAX_STEP_ROWS = 40  # steps table rows printed without --detail: a longer run sh
 RUN_ANSWER_EVENTS = 4_000_000  # events of the steps the run answer's blame holds at once (at most 12 steps; none beyond)
 UNVERIFIED = "[LLM text, not verified: only the what-if edit below was replayed] "
 PARSE_OUTPUTS = re.compile(r"graphs\.json|step-\d+\.npz|window\.npz")  # what `parse` writes into its folder
-STEP_HELP = "ProfilerStep number to analyse (repeatable); default: every step in the trace."
+STEP_HELP = (
+    "Step to analyse: its ProfilerStep#N number, or 1..N where the steps were cut otherwise (the optimizer's steps, --steps-at) "
+    "(repeatable); default: every step in the trace."
+)
 CONFIG_HELP = "YAML config (see config.yaml); default: built-in defaults."
 EXECUTOR_HELP = (
     "Where per-rank parsing and per-step graph building run: local (this machine's cores), dask (a Dask LocalCluster), "
