@@ -41,7 +41,7 @@ from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs,
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
 from bottleneck_oracle.graph_pipeline.events import EventTable, load_events
-from bottleneck_oracle.graph_pipeline.facts import LAUNCH_TOLERANCE_US, run_facts
+from bottleneck_oracle.graph_pipeline.facts import LAUNCH_TOLERANCE_US, align_cut_steps, run_facts
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ def load(
     for line in clocks.device_ahead(table, LAUNCH_TOLERANCE_US):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in clocks.overflowing_device_ops(table):
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in align_cut_steps(table):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in run_warnings(run_facts(table)):  # a partial job, sampled events: said once, up front
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)

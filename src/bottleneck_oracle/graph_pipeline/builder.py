@@ -671,9 +671,7 @@ def checked_steps(table: EventTable, steps: list[int] | None = None) -> list[int
             warnings.warn(f"ProfilerStep#{number} lasts 0 µs on every rank: nothing ran in it", OracleWarning, stacklevel=4)
         absent = sorted(set(table.ranks) - ranks)
         if absent:
-            warnings.warn(
-                f"ProfilerStep#{number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=4
-            )
+            warnings.warn(f"step {number} is missing on rank(s) {absent}; analysing the ranks that have it", OracleWarning, stacklevel=4)
     table.index()  # computed once, before the table is shared
     table.launchers()
     rules.flow_index(table)

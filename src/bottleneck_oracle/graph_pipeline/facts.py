@@ -901,6 +901,34 @@ def unprofiled(table: EventTable) -> dict[int, dict]:
 STEP_OFFSET_SHARE = 0.8  # a rank whose steps run beside another number of the first rank's in this share of them (two at least)
 
 
+def align_cut_steps(table: EventTable) -> list[str]:
+    """Steps this tool cut itself (no ProfilerStep markers: at the optimizer's steps or at
+    ``--steps-at``'s ops, numbered from 1 on each rank) are numbered alike across ranks by when
+    they ran: a rank whose trace starts an iteration later than the first rank's would pair each
+    of its iterations with the first rank's one before (``step_offsets``). Such a rank's steps are
+    renumbered to the first rank's (and every cut rank's numbers then start at 1 or more); the
+    look-ups of the table are dropped. Returns what was renumbered, in words (the markers of a
+    profiler are its own numbers: left as they are, and ``step_offsets`` says so)."""
+    cut = {r for r, info in table.inputs.items() if info.get("steps_from")}
+    offsets = {r: k for r, k in step_offsets(table).items() if r in cut}
+    if not offsets:
+        return []
+    for st in table.steps:
+        if st.rank in offsets:
+            st.number -= offsets[st.rank]
+    if all(st.rank in cut for st in table.steps):
+        low = min(st.number for st in table.steps)
+        if low < 1:
+            for st in table.steps:
+                st.number += 1 - low
+    table.drop_caches()
+    return [
+        f"rank {r}'s steps (cut without ProfilerStep markers) renumbered by {-k:+d} to run beside rank {min(table.ranks)}'s "
+        "of the same number: its trace starts at another iteration"
+        for r, k in sorted(offsets.items())
+    ]
+
+
 def step_offsets(table: EventTable) -> dict[int, int]:
     """Ranks whose ProfilerStep numbers run apart from the first rank's: rank -> k where its step
     N overlaps the first rank's step N - k in time (most of the shorter one) in at least
