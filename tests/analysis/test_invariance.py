@@ -533,7 +533,7 @@ def test_steps_at_numbers_a_ranks_later_files_on(tmp_path):
             assert a.span == pytest.approx(b.span, abs=0.01)
 
 
-def test_a_step_that_ends_under_earlier_device_work_adds_nothing(tmp_path):
+def test_a_step_that_ends_under_earlier_device_work_adds_nothing(tmp_path, capsys):
     """train_1rank_5steps is device-bound: its device runs ~77 ms behind its host. A last step of
     a few host ops and no launch (logging after the loop, the profiler's stop; here ProfilerStep#106
     of 1 ms with one op) ends, on the host, before the device work queued in step 105 does: its
@@ -563,6 +563,10 @@ def test_a_step_that_ends_under_earlier_device_work_adds_nothing(tmp_path):
     assert run.step_time.low_us == pytest.approx(want.step_time.low_us, rel=1e-9)
     assert any("Step 106" in n and "left out" in n for n in run.notes)
     assert not any(a.adds_nothing() for a in analyze(PUBLIC / "train_1rank_5steps.json.gz")[1])
+    from conftest import run_cli
+
+    code, out, _ = run_cli(["analyze", str(tmp_path / "after.json")], capsys)  # the steps table marks it, the caption says why
+    assert code == 0 and "106 (hidden)" in out and out.count(" (hidden) ") == 1 and "(hidden): its host" in " ".join(out.split())
 
 
 def test_pytorchs_eventlist_export_is_said_for_what_it_is(capsys):

@@ -95,6 +95,8 @@ def step_row(a: StepAnalysis) -> list:
     key: int | str = a.graph.step if a.graph.step is not None else "-"
     if a.cut_by_trace_end():  # (its figures are of the part the trace holds: said, left out of the run's)
         key = f"{key} (cut)"
+    elif a.adds_nothing():  # (its host ended under earlier steps' device work: said, left out of the run's)
+        key = f"{key} (hidden)"
     return [key, a.measured, a.period, a.step_time, *[b[k] for k in BREAKDOWN_KEYS]]
 
 
@@ -123,6 +125,12 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
         + (
             "; (cut): the trace ends inside the step, so only part of it is held (left out of the run's figures)"
             if any(str(r[0]).endswith(" (cut)") for r in t.rows)
+            else ""
+        )
+        + (
+            "; (hidden): its host ended before the device work queued in earlier steps did, launching none that ran later "
+            "(its span here; left out of the run's figures)"
+            if any(str(r[0]).endswith(" (hidden)") for r in t.rows)
             else ""
         )
     )
