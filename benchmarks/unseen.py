@@ -696,6 +696,95 @@ def viewer_lanes(doc: dict) -> int:
     return moved
 
 
+def as_torch_npu(doc: dict) -> dict:
+    """``doc`` (a CUDA job's Kineto trace) laid out as Ascend's torch_npu writes an NPU job's
+    ``trace_view.json`` (torch_npu/profiler/analysis: _trace_event_manager.py, _fwk_file_parser.py,
+    _trace_view_parser.py; the CANN timeline it merges in): the torch ops as they are (category
+    ``cpu_op``); the device's process named "Ascend Hardware", its tasks without a category, their
+    times written as strings of µs, args ``Task Type``, ``Stream Id``, ``Task Id`` and no correlation
+    id; the runtime's calls in a process of their own, "CANN" (``AscendCL@...``, no category); and a
+    ``torch_to_npu`` flow (category ``async_npu``) from the start of the torch op a task was launched
+    in to the task's start. No time changed."""
+    ev = doc["traceEvents"]
+    device_cats = ("kernel", "gpu_memcpy", "gpu_memset")
+    device_pids = {e["pid"] for e in ev if e.get("cat") in device_cats}
+    ops: dict = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ops.setdefault((e["pid"], e["tid"]), []).append(e)
+    for lane in ops.values():
+        lane.sort(key=lambda e: e["ts"])
+    starts = {k: [e["ts"] for e in lane] for k, lane in ops.items()}
+    calls = {
+        e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    cann = 1 + max(e["pid"] for e in ev if isinstance(e.get("pid"), int))
+    out: list[dict] = [{"ph": "M", "name": "process_name", "pid": cann, "tid": 0, "args": {"name": "CANN"}}]
+    flow = 0
+    for e in ev:
+        cat = e.get("cat")
+        if e.get("ph") == "M" and e.get("pid") in device_pids:
+            if e.get("name") == "process_name":
+                out.append({**e, "args": {"name": "Ascend Hardware"}})
+            elif e.get("name") != "process_labels":
+                out.append(e)
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            out.append(
+                {"ph": "X", "name": "AscendCL@" + e["name"], "pid": cann, "tid": e["tid"], "ts": e["ts"], "dur": e["dur"], "args": {}}
+            )
+        elif cat in device_cats:
+            args = e.get("args", {})
+            task = {"ph": "X", "name": e["name"], "pid": e["pid"], "tid": e["tid"], "ts": f"{e['ts']:.3f}", "dur": f"{e['dur']:.3f}"}
+            out.append(
+                {**task, "args": {"Task Type": "AI_CORE", "Stream Id": args.get("stream", e["tid"]), "Task Id": args.get("correlation", 0)}}
+            )
+            call = calls.get(args.get("correlation"))
+            lane = ops.get((call["pid"], call["tid"]), []) if call else []
+            i = bisect.bisect_right(starts.get((call["pid"], call["tid"]), []), call["ts"]) - 1 if call else -1
+            while i >= 0 and lane[i]["ts"] + lane[i]["dur"] < call["ts"] + call["dur"]:  # type: ignore[index]
+                i -= 1  # the innermost torch op the call ran in
+            if i >= 0:
+                flow += 1
+                op = lane[i]
+                out.append(
+                    {
+                        "ph": "s",
+                        "bp": "e",
+                        "name": "torch_to_npu",
+                        "id": flow,
+                        "pid": op["pid"],
+                        "tid": op["tid"],
+                        "ts": op["ts"],
+                        "cat": "async_npu",
+                    }
+                )
+                out.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "name": "torch_to_npu",
+                        "id": flow,
+                        "pid": e["pid"],
+                        "tid": e["tid"],
+                        "ts": task["ts"],
+                        "cat": "async_npu",
+                    }
+                )
+        elif cat != "ac2g":
+            out.append(e)
+    return {"traceEvents": out}
+
+
+def times_as_strings(doc: dict) -> dict:
+    """``doc`` with every event's ts and dur written as a string of µs (``"ts": "1712195495505583.000"``),
+    as Ascend's msprof writes its timeline to keep the ns; Perfetto reads such a file."""
+    for e in doc["traceEvents"]:
+        for k in ("ts", "dur"):
+            if isinstance(e.get(k), (int, float)):
+                e[k] = f"{e[k]:.3f}"
+    return doc
+
+
 def rewritten_files(tmp: Path) -> dict:
     """Traces as tools rewrite them, each against the analysis of what it was made from."""
     out: dict = {"trimmed_at_80pct": {}, "merged_dlrm_8_workers": {}}
@@ -804,6 +893,41 @@ def rewritten_files(tmp: Path) -> dict:
         "recorded_device_nodes": int(rec.graph.nodes["on_gpu"].sum()),
         "step_time_us": un.step_time,
         "recorded_step_time_us": rec.step_time,
+    }
+    out["torch_npu_layout"] = {}  # an NPU job's trace as torch_npu writes it, made from a CUDA job's
+    for path in (DATA / "public-gpu/train_1rank_5steps.json.gz", DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz"):
+        (tmp / "npu.json").write_text(json.dumps(as_torch_npu(json.loads(gzip.open(path).read()))))
+        (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
+        got, want = step_rows(tmp / "npu.json"), {r["step"]: r for r in step_rows(tmp / "recorded.json")}
+        (table, analyses), (_, recorded) = api.analyze(tmp / "npu.json"), api.analyze(tmp / "recorded.json")
+        out["torch_npu_layout"][path.name] = {
+            "device_nodes": sum(int(a.graph.nodes["on_gpu"].sum()) for a in analyses),
+            "recorded_device_nodes": sum(int(a.graph.nodes["on_gpu"].sum()) for a in recorded),
+            "run_step_time_us": run_answer(analyses).step_time.median_us,
+            "recorded_run_step_time_us": run_answer(recorded).step_time.median_us,
+            "bound": run_answer(analyses).bound,
+            "recorded_bound": run_answer(recorded).bound,
+            "steps": [
+                {
+                    "step": r["step"],
+                    "step_time_us": r["step_time_us"],
+                    "compute_us": r["compute_us"],
+                    "recorded_step_time_us": want[r["step"]]["step_time_us"],
+                    "recorded_compute_us": want[r["step"]]["compute_us"],
+                }
+                for r in got
+            ],
+        }
+    path = DATA / "public-gpu/diff_test_rank1of2.json.gz"
+    (tmp / "strings.json").write_text(json.dumps(times_as_strings(json.loads(gzip.open(path).read()))))
+    (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
+    got, want = step_rows(tmp / "strings.json"), step_rows(tmp / "recorded.json")
+    out["times_as_strings_diff_test"] = {
+        "step_time_us": [r["step_time_us"] for r in got],
+        "recorded_step_time_us": [r["step_time_us"] for r in want],
+        "largest_breakdown_difference_us": max(
+            abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
+        ),
     }
     out["without_profiler_step"] = {}  # a loop recorded without prof.step(): steps cut at its optimizer's steps
     for path in (  # every fixture of two steps or more whose optimizer records its steps

@@ -68,8 +68,9 @@ def corpus(root: Path) -> list[tuple[str, list[str], Path | None]]:
         "events_not_objects": trace("strs.json", {"traceEvents": ["a", 1, None]}),
         "only_metadata": trace("meta.json", {"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}),
         "ts_missing": trace("nots.json", _events_with(lambda e: e.pop("ts"))),
-        "ts_string": trace("tsstr.json", _events_with(lambda e: e.update(ts="12.5"))),
-        "dur_string": trace("durstr.json", _events_with(lambda e: e.update(dur="100"))),
+        "ts_string": trace("tsstr.json", _events_with(lambda e: e.update(ts="12.5 us"))),
+        # (a string of a number is that number, as Ascend's msprof writes times: "100" is read as 100 µs)
+        "dur_string": trace("durstr.json", _events_with(lambda e: e.update(dur="100 us"))),
         "dur_negative": trace("durneg.json", _events_with(lambda e: e.update(dur=-5))),
         "dur_huge": trace("durhuge.json", _events_with(lambda e: e.update(dur=1e300))),
         "ts_huge": trace("tshuge.json", _events_with(lambda e: e.update(ts=1e300))),

@@ -61,6 +61,7 @@ QUEUE_AHEAD_US = 1000.0  # ... if what it launched started this long after it re
 QUEUE_WAKE_US = 15.0  # ... and it returned within this of the end of a device op of its device (that op made room)
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _DEVICE_PROCESS = re.compile(F.DEVICE_PROCESS_PATTERN, re.IGNORECASE)
+_RUNTIME_PROCESS = re.compile(F.RUNTIME_PROCESS_PATTERN, re.IGNORECASE)
 _RANK_FOLDER = re.compile(r"(?:rank[-_]?)?(\d+)", re.IGNORECASE)
 
 
@@ -111,6 +112,7 @@ class _HashLookup:
 
 _CAT_BY_HASH = _HashLookup({k: int(v) for k, v in _CAT_CLASS.items()})
 _FLOW_HASHES = np.array([scan.fnv1a(c.encode()) for c in F.FLOW_CATS], dtype=np.uint64)
+_LAUNCH_FLOW_HASHES = np.array([scan.fnv1a(c.encode()) for c in F.LAUNCH_FLOW_CATS], dtype=np.uint64)
 _RANGE_HASHES = np.array([scan.fnv1a(c.encode()) for c in F.RANGE_CATS], dtype=np.uint64)
 
 
@@ -966,6 +968,89 @@ def _duplicates(
     return out
 
 
+def _link_by_flows(part: dict[str, np.ndarray], flows: dict[str, np.ndarray], name_code: int) -> int:
+    """Device ops without a correlation id tied, in place, to the host op a launch flow
+    (fields.LAUNCH_FLOW_CATS) starts in: the flow's end is a device op's start on its lane, its
+    start a time inside a host op of its thread. Each start (thread, time) becomes a runtime call
+    of no duration there (named ``name_code``: the flow's name) with a correlation id of its own,
+    which the device ops it launched take: a launch as a CUDA trace writes it, so the graph ties
+    them as it ties kernels to ``cudaLaunchKernel``. Returns how many device ops were tied."""
+    start, end = flows["is_start"], ~flows["is_start"]
+    ids = np.intersect1d(flows["id"][start], flows["id"][end])
+    if not len(ids):
+        return 0
+    device = isin_small(part["cls"], (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)) & (part["correlation"] < 0)
+    if not device.any():
+        return 0
+    at: dict[tuple[int, int, int], int] = {}
+    for r in np.flatnonzero(device).tolist():
+        at.setdefault((int(part["pid"][r]), int(part["tid"][r]), round(float(part["ts"][r]) * 1000)), r)
+    # the host op a start lies in: on its thread, some op that started no later ends no earlier
+    host = np.flatnonzero(part["cls"] == EvClass.CPU)
+    order = host[np.lexsort((part["ts"][host], part["tid"][host], part["pid"][host]))]
+    reach: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    if len(order):
+        lane = np.stack([part["pid"][order], part["tid"][order]])
+        cut = np.flatnonzero((lane[:, 1:] != lane[:, :-1]).any(axis=0)) + 1
+        for seg in np.split(np.arange(len(order)), cut):
+            rows = order[seg]
+            ends = np.maximum.accumulate(part["ts"][rows] + part["dur"][rows])
+            reach[(int(part["pid"][rows[0]]), int(part["tid"][rows[0]]))] = (part["ts"][rows], ends)
+    first_start: dict[int, int] = {}
+    for k in np.flatnonzero(start).tolist():
+        first_start.setdefault(int(flows["id"][k]), k)
+    groups: dict[tuple[int, int, float], int] = {}
+    new_src: list[int] = []
+    tied_rows: list[int] = []
+    tied_group: list[int] = []
+    for k in np.flatnonzero(end).tolist():
+        s = first_start.get(int(flows["id"][k]))
+        if s is None:
+            continue
+        r = at.get((int(flows["pid"][k]), int(flows["tid"][k]), round(float(flows["ts"][k]) * 1000)))
+        if r is None:
+            continue
+        thread = (int(flows["pid"][s]), int(flows["tid"][s]))
+        t = float(flows["ts"][s])
+        starts_ends = reach.get(thread)
+        if starts_ends is None:
+            continue
+        i = int(np.searchsorted(starts_ends[0], t, side="right")) - 1
+        if i < 0 or starts_ends[1][i] < t:
+            continue  # (a start on a thread or at a time this tool reads no host op of)
+        g = groups.setdefault((*thread, t), len(groups))
+        if g == len(new_src):
+            new_src.append(s)
+        tied_rows.append(r)
+        tied_group.append(g)
+    if not tied_rows:
+        return 0
+    base = int(part["correlation"].max()) + 1 if len(part["correlation"]) else 0
+    base = max(base, 0)
+    part["correlation"][np.asarray(tied_rows)] = base + np.asarray(tied_group, dtype=np.int64)
+    src = np.asarray(new_src, dtype=np.int64)
+    n = len(src)
+    added = {
+        "rank": np.full(n, part["rank"][0] if len(part["rank"]) else 0, dtype=part["rank"].dtype),
+        "src_idx": flows["src_idx"][src].astype(part["src_idx"].dtype),
+        "pid": flows["pid"][src].astype(part["pid"].dtype),
+        "tid": flows["tid"][src].astype(part["tid"].dtype),
+        "ts": flows["ts"][src].astype(part["ts"].dtype),
+        "dur": np.zeros(n, dtype=part["dur"].dtype),
+        "name": np.full(n, name_code, dtype=part["name"].dtype),
+        "cls": np.full(n, EvClass.RUNTIME, dtype=part["cls"].dtype),
+        "is_range": np.zeros(n, dtype=bool),
+        "correlation": base + np.arange(n, dtype=part["correlation"].dtype),
+    }
+    for col, arr in list(part.items()):
+        extra = added.get(col)
+        if extra is None:
+            default = _SPARSE_DEFAULT.get(col, F.ARG_SPECS[col].default if col in F.ARG_SPECS else -1)
+            extra = np.full(n, default, dtype=arr.dtype)
+        part[col] = np.concatenate([arr, extra])
+    return len(tied_rows)
+
+
 def _one_lane_per_stream(part: dict[str, np.ndarray]) -> int:
     """Device ops of one stream (``args.stream``) on several lanes (tids) of their device's process
     moved, in place, to the lane most of them are on; returns how many moved. A profiler puts a
@@ -1089,6 +1174,13 @@ class _Builder:
             & (ev["fid"] != -1)
             & ev["has_ts"]
         )
+        launch_flow = (
+            ((ph == ord("s")) | (ph == ord("f")))
+            & np.isin(ev["cat"], _LAUNCH_FLOW_HASHES)
+            & (ev["fid"] != scan.NO_ID)
+            & (ev["fid"] != -1)
+            & ev["has_ts"]
+        )
         x = np.flatnonzero(is_x)
         if not len(x):
             return 0
@@ -1151,6 +1243,19 @@ class _Builder:
             "id": ev["fid"][f],
             "is_start": ph[f] == ord("s"),
         }
+        lf = np.flatnonzero(launch_flow)
+        launch_flows = {
+            "src_idx": lf,
+            "pid": self._ids(ev["pid"][lf], ev["pid_str"][lf]),
+            "tid": self._ids(ev["tid"][lf], ev["tid_str"][lf]),
+            "ts": (ev["ts_i"][lf] - base).astype(np.float64) + ev["ts_f"][lf],
+            "id": ev["fid"][lf],
+            "is_start": ph[lf] == ord("s"),
+        }
+        flow_name = ""
+        if len(lf):
+            obj = _decode_one(raw[int(ev["obj_lo"][lf[0]]) : int(ev["obj_hi"][lf[0]])])
+            flow_name = str(obj.get("name") or "") if isinstance(obj, dict) else ""
         self._thread_names(path, raw, ev)
         _give_back(raw)
         # each scanner column is let go once read: a long trace's columns are not all held beside the table
@@ -1269,6 +1374,14 @@ class _Builder:
                 arr[where] = got.astype(dtype)
             part[col] = arr
         _give_back(raw)
+        if len(launch_flows["id"]):
+            linked = _link_by_flows(part, launch_flows, len(names))
+            if linked:
+                names.append((flow_name or "launch flow")[:200])
+                self.notes.append(
+                    f"{path}: {linked} device ops tied to the host ops that launched them by flow events "
+                    f"({', '.join(sorted(F.LAUNCH_FLOW_CATS))}: their device ops carry no correlation id)"
+                )
         split = _one_lane_per_stream(part)
         if split:
             self.notes.append(
@@ -1320,9 +1433,21 @@ class _Builder:
         host_pids = np.unique(ev["pid"][(cls == EvClass.CPU) & numeric])
         streamed = other[(ev["stream"][other] >= 0) & numeric[other]]
         device_pids |= set(np.setdiff1d(np.unique(ev["pid"][streamed]), host_pids).tolist())
+        runtime_calls = self._runtime_process(ev, cls, other, device_pids)
+        if len(runtime_calls):
+            cls[runtime_calls] = EvClass.RUNTIME
+            other = np.setdiff1d(other, runtime_calls)
+            self.notes.append(
+                f"{path}: {len(runtime_calls)} calls of the accelerator's runtime in a process of their own (Ascend's CANN: "
+                "AscendCL) read as runtime calls of the host threads they ran on"
+            )
+            if not len(other):
+                return cls
+            hashes, first = np.unique(ev["cat"][other], return_index=True)
         on_device = np.isin(ev["pid"], np.array(sorted(device_pids), dtype=np.int64)) & (ev["pid_str"] == 0)
         read_as_device: dict[str, int] = {}
         skipped: dict[str, int] = {}
+        skipped_rows: list[np.ndarray] = []
         device_marks: dict[str, int] = {}
         decoded = [_decode(path, raw[int(ev["obj_lo"][i]) : int(ev["obj_hi"][i])]) for i in other[first].tolist()]
         if not known and not any(isinstance(o, dict) and isinstance(o.get("cat"), str) and o["cat"] for o in decoded):
@@ -1347,6 +1472,7 @@ class _Builder:
                 read_as_device[label] = int(len(dev))
             if len(dev) < len(mine):
                 skipped[label] = int(len(mine) - len(dev))
+                skipped_rows.append(mine[~on_device[mine]])
         ranges = sum(n for c, n in (*read_as_device.items(), *skipped.items()) if c.lower().endswith(F.COUNTER_RANGE_SUFFIX))
         unknown = {c: n for c, n in read_as_device.items() if not c.lower().endswith(F.COUNTER_RANGE_SUFFIX)}
         if unknown:
@@ -1360,6 +1486,7 @@ class _Builder:
             self.skipped = f"{sum(skipped.values())} events in categories this tool does not read ({shown})"
             self.notes.append(
                 f"{path}: {sum(skipped.values())} events on host threads in categories this tool does not read ({shown}) left out"
+                + self._in_processes(ev, np.concatenate(skipped_rows))
             )
         if device_marks:
             shown = ", ".join(f"{c}: {n}" for c, n in sorted(device_marks.items(), key=lambda kv: -kv[1]))
@@ -1375,6 +1502,37 @@ class _Builder:
             )
         self.unknown_device_events = int(sum(unknown.values()))
         return cls
+
+    def _in_processes(self, ev: dict[str, np.ndarray], rows: np.ndarray) -> str:
+        """The named processes most of ``rows`` are in (two at most), as ', in "CANN" (84)'; "" where none is named."""
+        pids, counts = np.unique(ev["pid"][rows[ev["pid_str"][rows] == 0]], return_counts=True)
+        named = [(int(n), self.process_names[int(p)][0]) for p, n in zip(pids.tolist(), counts.tolist()) if int(p) in self.process_names]
+        if not named:
+            return ""
+        named.sort(key=lambda pn: -pn[0])
+        return ", in " + " and ".join(f'"{name[:40]}" ({n:,})' for n, name in named[:2]) + (" and others" if len(named) > 2 else "")
+
+    def _runtime_process(self, ev: dict[str, np.ndarray], cls: np.ndarray, other: np.ndarray, device_pids: set[int]) -> np.ndarray:
+        """Events (of ``other``: complete, in no category this tool reads) of a process named like an
+        accelerator runtime's layer (fields.RUNTIME_PROCESS_PATTERN: Ascend's "CANN", whose
+        ``AscendCL@...`` calls torch_npu writes beside its torch ops, on the ids of the threads
+        that made them) whose thread id is that of a host thread of exactly one process with host
+        ops: moved, in place, to that process (the calls of that thread). Returns their indices."""
+        named = [p for p, names in self.process_names.items() if p not in device_pids and any(_RUNTIME_PROCESS.match(n) for n in names)]
+        numeric = ev["pid_str"][other] == 0
+        mine = other[numeric & np.isin(ev["pid"][other], np.array(named, dtype=np.int64)) & (ev["tid_str"][other] == 0)]
+        if not len(named) or not len(mine):
+            return np.empty(0, dtype=np.int64)
+        host = np.flatnonzero((cls == EvClass.CPU) & (ev["pid_str"] == 0) & (ev["tid_str"] == 0))
+        pairs = np.unique(np.stack([ev["tid"][host], ev["pid"][host]]), axis=1)
+        tids, counts = np.unique(pairs[0], return_counts=True)
+        alone = tids[counts == 1]  # a thread id one host process has
+        owner = pairs[1][np.isin(pairs[0], alone)]
+        at = np.searchsorted(alone, ev["tid"][mine])
+        hit = (at < len(alone)) & (alone[np.minimum(at, len(alone) - 1)] == ev["tid"][mine])
+        mine, at = mine[hit], at[hit]
+        ev["pid"][mine] = owner[at]
+        return np.asarray(mine, dtype=np.int64)
 
     @staticmethod
     def _eventlist_export(sample: list[Any], count: int) -> str | None:

@@ -200,7 +200,9 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         is_launch = np.zeros(len(table.names), dtype=bool)
         is_launch[codes] = [bool(LAUNCH_NAME.search(table.names[k])) for k in codes.tolist()]
         with_device = np.array(sorted(_device_index(table)), dtype=c["rank"].dtype)
-        calls = rt[is_launch[c["name"][rt]] & isin_small(c["rank"][rt], with_device)]
+        # (a launch without a correlation id ties to nothing by its own: Ascend's CANN layer writes its
+        # ``Node@launch`` calls so, the ops tied to the torch ops by flows instead)
+        calls = rt[is_launch[c["name"][rt]] & isin_small(c["rank"][rt], with_device) & (c["correlation"][rt] >= 0)]
         launcher = table.launchers()
         tied = np.unique(launcher[launcher >= 0])
         found = np.isin(calls, tied)

@@ -106,13 +106,24 @@ IGNORED_CATS = frozenset({"Trace", "overhead", "Overhead", "gpu_user_annotation"
 # are runtime calls like CUDA's
 RUNTIME_CAT_SUFFIXES = ("_runtime", "_driver", "runtime", "driver")
 # a process the profiler names like this is an accelerator, whatever its events' categories
-# ("GPU 0", "MTIA 17", "HPU 3", "XPU 1", "NeuronCore 2", XLA's "/device:TPU:0"; not XLA's host "/device:CPU:0")
-DEVICE_PROCESS_PATTERN = r"^\s*/?(gpu|mtia|hpu|xpu|npu|tpu|ipu|neuron\w*|device(?!\W*cpu\b)|accelerator|gaudi|cuda|rocm|hip)\b"
+# ("GPU 0", "MTIA 17", "HPU 3", "XPU 1", "NeuronCore 2", XLA's "/device:TPU:0", Ascend's "Ascend Hardware"; not XLA's
+# host "/device:CPU:0")
+DEVICE_PROCESS_PATTERN = (
+    r"^\s*/?(gpu|mtia|hpu|xpu|npu|tpu|ipu|neuron\w*|ascend\s+hardware|device(?!\W*cpu\b)|accelerator|gaudi|cuda|rocm|hip)\b"
+)
+RUNTIME_PROCESS_PATTERN = r"^\s*cann\s*$"
+"""A process the profiler names like this holds the accelerator runtime's calls, without a
+category, on the ids of the host threads that made them: Ascend's torch_npu writes CANN's
+``AscendCL@aclnnMatmul``, ``AscendCL@aclrtSynchronizeStream`` so, beside the torch ops' process."""
 COUNTER_RANGE_SUFFIX = "profiler_range"
 """The category of a counter-reading profiler's kernel ranges ("cuda_profiler_range": the CUPTI range
 profiler, torch.profiler's experimental ``profiler_metrics``; "mlu_profiler_range"): device ops
 whose times are those of replays made to read counters (events.py says so)."""
 FLOW_CATS = frozenset({"fwdbwd"})
+LAUNCH_FLOW_CATS = frozenset({"async_npu"})
+"""Flow events that tie a host op to the device op it launched, where the device's ops carry no
+correlation id: Ascend's torch_npu writes ``torch_to_npu`` flows (category ``async_npu``) from a
+torch op (its start) to each task it put on the NPU (the task's start)."""
 
 STEP_PREFIX = "ProfilerStep#"
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
