@@ -702,9 +702,10 @@ def as_torch_npu(doc: dict) -> dict:
     _trace_view_parser.py; the CANN timeline it merges in): the torch ops as they are (category
     ``cpu_op``); the device's process named "Ascend Hardware", its tasks without a category, their
     times written as strings of µs, args ``Task Type``, ``Stream Id``, ``Task Id`` and no correlation
-    id; the runtime's calls in a process of their own, "CANN" (``AscendCL@...``, no category); and a
+    id; the runtime's calls in a process of their own, "CANN" (``AscendCL@...``, no category); a
     ``torch_to_npu`` flow (category ``async_npu``) from the start of the torch op a task was launched
-    in to the task's start. No time changed."""
+    in to the task's start; and the derived lane torch_npu adds, a process "Overlap Analysis" with a
+    "Computing" event over each task. No time changed."""
     ev = doc["traceEvents"]
     device_cats = ("kernel", "gpu_memcpy", "gpu_memset")
     device_pids = {e["pid"] for e in ev if e.get("cat") in device_cats}
@@ -719,7 +720,10 @@ def as_torch_npu(doc: dict) -> dict:
         e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
     cann = 1 + max(e["pid"] for e in ev if isinstance(e.get("pid"), int))
-    out: list[dict] = [{"ph": "M", "name": "process_name", "pid": cann, "tid": 0, "args": {"name": "CANN"}}]
+    out: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": cann, "tid": 0, "args": {"name": "CANN"}},
+        {"ph": "M", "name": "process_name", "pid": cann + 1, "tid": 0, "args": {"name": "Overlap Analysis"}},
+    ]
     flow = 0
     for e in ev:
         cat = e.get("cat")
@@ -738,6 +742,7 @@ def as_torch_npu(doc: dict) -> dict:
             out.append(
                 {**task, "args": {"Task Type": "AI_CORE", "Stream Id": args.get("stream", e["tid"]), "Task Id": args.get("correlation", 0)}}
             )
+            out.append({**task, "name": "Computing", "pid": cann + 1, "tid": 0, "args": {}})
             call = calls.get(args.get("correlation"))
             lane = ops.get((call["pid"], call["tid"]), []) if call else []
             i = bisect.bisect_right(starts.get((call["pid"], call["tid"]), []), call["ts"]) - 1 if call else -1

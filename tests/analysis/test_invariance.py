@@ -618,13 +618,16 @@ def test_a_job_written_as_torch_npu_writes_an_npus_trace_reads_as_the_job(path, 
     (benchmarks/unseen.py as_torch_npu): the device's process named "Ascend Hardware", its tasks
     without a category, their times as strings, no correlation id; the runtime's calls in a
     process of their own ("CANN", no category); ``torch_to_npu`` flows from each torch op to the
-    tasks it launched. A CUDA job's trace written so (device-bound train_1rank, host-bound
+    tasks it launched; a derived lane ("Overlap Analysis"). A CUDA job's trace written so (device-bound train_1rank, host-bound
     ddp_v100) was refused ("no numeric ts"), and with string times read its tasks were dropped
     (the step 81% untraced): each step now reads as the job's, every self-check as recorded."""
     unseen = _unseen()
     npu = _written(unseen.as_torch_npu(_document(path)), tmp_path / "trace_view.json")
-    with pytest.warns(Warning, match="tied to the host ops that launched them by flow events"):
+    with pytest.warns(Warning) as said:
         got = [StepAnalysis.of(g) for g in graphs(load(npu))]
+    said_text = " | ".join(str(w.message) for w in said)
+    assert "tied to the host ops that launched them by flow events" in said_text
+    assert 'left out, in "Overlap Analysis"' in said_text  # (its derived lane: no work of its own)
     want = [StepAnalysis.of(g) for g in graphs(load(_written(_document(path), tmp_path / "recorded.json")))]
     assert [a.graph.step for a in got] == [a.graph.step for a in want]
     for a, b in zip(got, want):
