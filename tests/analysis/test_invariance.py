@@ -655,3 +655,21 @@ def test_times_written_as_strings_read_as_the_numbers(tmp_path):
     for a, b in zip(got, want):
         assert a.step_time == b.step_time
         assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)
+
+
+def test_collectives_in_kernels_of_their_own_are_communication(tmp_path):
+    """Inference servers all-reduce over NVLink in kernels of their own (vLLM's and SGLang's
+    ``cross_device_reduce_1stage``), MoE jobs exchange tokens in DeepEP's, PyTorch's symmetric
+    memory in ``multimem_all_reduce_kernel`` (b200_eager holds 74 of them): no NCCL name. diff_test
+    with its NCCL kernels so named (benchmarks/unseen.py collectives_outside_nccl) read their
+    18 ms a step of communication as compute; it reads as recorded."""
+    path = PUBLIC / "diff_test_rank1of2.json.gz"
+    doc = _document(path)
+    assert _unseen().collectives_outside_nccl(doc) > 50
+    got = [StepAnalysis.of(g) for g in graphs(load(_written(doc, tmp_path / "custom.json")))]
+    want = [StepAnalysis.of(g) for g in graphs(load(_written(_document(path), tmp_path / "recorded.json")))]
+    assert [a.graph.step for a in got] == [a.graph.step for a in want]
+    for a, b in zip(got, want):
+        assert b.breakdown()["communication"] > 10_000
+        assert a.step_time == b.step_time
+        assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)

@@ -41,6 +41,8 @@ from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
+DEVICE_COLLECTIVE_NAME = re.compile(F.DEVICE_COLLECTIVE_PATTERN, re.IGNORECASE)
+
 SegmentKind = Literal["op", "device", "launch", "wait", "framework", "untraced"]
 SEGMENT_KINDS: tuple[SegmentKind, ...] = get_args(SegmentKind)
 BreakdownKey = Literal["compute", "communication", "cpu_overhead", "idle", "untraced"]
@@ -87,6 +89,9 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
     out = np.full(len(cat), CPU, dtype=np.int8)
     out[isin_small(cat, GPU_CATEGORIES)] = COMPUTE
     out[(cat == Category.CPU_OP) & ~cpu_is_overhead] = COMPUTE
+    kernels = np.flatnonzero(cat == Category.KERNEL)
+    if len(kernels):  # a collective that is no NCCL kernel (a custom all-reduce, symmetric memory): communication
+        out[kernels[_names_matching(g, n["name"][kernels], lambda name: bool(DEVICE_COLLECTIVE_NAME.search(name)))]] = COMM
     out[n["node_type"] == NodeType.NETWORK] = COMM
     return out
 

@@ -115,6 +115,16 @@ RUNTIME_PROCESS_PATTERN = r"^\s*cann\s*$"
 """A process the profiler names like this holds the accelerator runtime's calls, without a
 category, on the ids of the host threads that made them: Ascend's torch_npu writes CANN's
 ``AscendCL@aclnnMatmul``, ``AscendCL@aclrtSynchronizeStream`` so, beside the torch ops' process."""
+DEVICE_COLLECTIVE_PATTERN = (
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|multimem|cross_device_reduce|userbuffers|deep_ep::|nvshmem|^hcom_"
+)
+"""A device kernel that moves data between devices, where it is no NCCL/RCCL kernel: PyTorch's
+symmetric-memory collectives (``multimem_all_reduce_kernel``, ``one_shot_all_reduce``), the
+custom all-reduce of inference servers (vLLM's and SGLang's ``cross_device_reduce_1stage``),
+TensorRT-LLM's ``allreduce_fusion``, Transformer Engine's ``userbuffers_*``, DeepEP's
+``deep_ep::...`` dispatch and combine, NVSHMEM's, Ascend HCCL's ``hcom_allReduce_...`` tasks.
+Its time on the critical path is communication (it spins until its peers' data arrives), not
+compute; it is not matched across ranks as an NCCL collective is."""
 COUNTER_RANGE_SUFFIX = "profiler_range"
 """The category of a counter-reading profiler's kernel ranges ("cuda_profiler_range": the CUPTI range
 profiler, torch.profiler's experimental ``profiler_metrics``; "mlu_profiler_range"): device ops
