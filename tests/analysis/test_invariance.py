@@ -673,3 +673,6 @@ def test_collectives_in_kernels_of_their_own_are_communication(tmp_path):
         assert b.breakdown()["communication"] > 10_000
         assert a.step_time == b.step_time
         assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)
+        # the kernel families say so too
+        ours, recorded = (next(f for f in x.to_dict()["kernel_families"]["families"] if f["family"] == "communication") for x in (a, b))
+        assert ours["count"] == recorded["count"] and ours["total_us"] == pytest.approx(recorded["total_us"])

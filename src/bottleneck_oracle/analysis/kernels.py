@@ -20,12 +20,14 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, NodeType
 from bottleneck_oracle.serial import Computed
 
 FAMILIES: tuple[tuple[str, str], ...] = (
-    ("communication", r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|sendrecv|c10d::"),
+    # (collectives in kernels of their own, not NCCL's, too: fields.DEVICE_COLLECTIVE_PATTERN)
+    ("communication", r"nccl|rccl|gloo|broadcast|sendrecv|c10d::|" + F.DEVICE_COLLECTIVE_PATTERN),
     ("normalization", r"bn_fw|bn_bw|batch_?norm|layer_?norm|group_?norm|rms_?norm|instance_?norm"),
     ("convolution", r"conv|cudnn|winograd|implicit_gemm|dgrad|wgrad|fprop|miopen|igemm_(fwd|bwd|wrw)|gemm_xdlops_bwd_weight"),
     ("attention", r"flash|attention|attn|fmha|sdpa"),
