@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 from bottleneck_oracle import api
-from bottleneck_oracle.analysis.answer import run_answer
+from bottleneck_oracle.analysis.answer import RunAnswer, run_answer
 from bottleneck_oracle.graph_pipeline.facts import run_facts
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
@@ -799,6 +799,18 @@ def collectives_outside_nccl(doc: dict) -> int:
     return renamed
 
 
+def other_cpu_backend(doc: dict, prefix: str) -> int:
+    """``doc`` (a gloo job's trace) rewritten in place as the same job on another CPU collective
+    backend: every ``gloo:`` op named as ProcessGroupMPI (``mpi:``) or ProcessGroupUCC (``ucc:``)
+    records its work, on its own worker thread as gloo does. Returns how many ops were renamed."""
+    renamed = 0
+    for e in doc["traceEvents"]:
+        if str(e.get("name", "")).startswith("gloo:"):
+            e["name"] = prefix + e["name"][len("gloo:") :]
+            renamed += 1
+    return renamed
+
+
 def times_as_strings(doc: dict) -> dict:
     """``doc`` with every event's ts and dur written as a string of µs (``"ts": "1712195495505583.000"``),
     as Ascend's msprof writes its timeline to keep the ns; Perfetto reads such a file."""
@@ -942,6 +954,26 @@ def rewritten_files(tmp: Path) -> dict:
                 for r in got
             ],
         }
+    out["other_cpu_backends_gloo_straggler"] = {}
+    folder = DATA / "gloo_ddp_8steps_straggler"
+    for prefix in ("mpi:", "ucc:"):
+        (tmp / prefix[:3]).mkdir()
+        (tmp / f"{prefix[:3]}-recorded").mkdir()
+        renamed = 0
+        for f in sorted(folder.glob("*.json.gz")):
+            doc = json.loads(gzip.open(f).read())
+            (tmp / f"{prefix[:3]}-recorded" / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+            renamed += other_cpu_backend(doc, prefix)
+            (tmp / prefix[:3] / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+        got, want = run_answer(api.analyze(tmp / prefix[:3])[1]), run_answer(api.analyze(tmp / f"{prefix[:3]}-recorded")[1])
+        rows, recorded = step_rows(tmp / prefix[:3]), step_rows(tmp / f"{prefix[:3]}-recorded")
+        out["other_cpu_backends_gloo_straggler"][prefix] = {
+            "ops_renamed": renamed,
+            **_run_against(got, want),
+            "largest_breakdown_difference_us": max(
+                abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(rows, recorded) for k in y["breakdown_us"]
+            ),
+        }
     path = DATA / "public-gpu/diff_test_rank1of2.json.gz"
     doc = json.loads(gzip.open(path).read())
     renamed = collectives_outside_nccl(doc)
@@ -1001,14 +1033,21 @@ def rewritten_files(tmp: Path) -> dict:
             "steps_from": sorted({v["name"] for v in run_facts(table).steps_from.values()}) if table is not None else [],
             "steps": got_run.steps,
             "recorded_steps": want_run.steps,
-            "run_step_time_us": got_run.step_time.median_us,
-            "recorded_run_step_time_us": want_run.step_time.median_us,
-            "bound": got_run.bound,
-            "recorded_bound": want_run.bound,
-            "straggler_rank": got_run.straggler.rank if got_run.straggler else None,
-            "recorded_straggler_rank": want_run.straggler.rank if want_run.straggler else None,
+            **_run_against(got_run, want_run),
         }
     return out
+
+
+def _run_against(got: RunAnswer, want: RunAnswer) -> dict:
+    """The run answer ``got`` beside the recorded trace's ``want``: step time, bound, straggler."""
+    return {
+        "run_step_time_us": got.step_time.median_us,
+        "recorded_run_step_time_us": want.step_time.median_us,
+        "bound": got.bound,
+        "recorded_bound": want.bound,
+        "straggler_rank": got.straggler.rank if got.straggler else None,
+        "recorded_straggler_rank": want.straggler.rank if want.straggler else None,
+    }
 
 
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:

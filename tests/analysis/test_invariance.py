@@ -676,3 +676,25 @@ def test_collectives_in_kernels_of_their_own_are_communication(tmp_path):
         # the kernel families say so too
         ours, recorded = (next(f for f in x.to_dict()["kernel_families"]["families"] if f["family"] == "communication") for x in (a, b))
         assert ours["count"] == recorded["count"] and ours["total_us"] == pytest.approx(recorded["total_us"])
+
+
+@pytest.mark.parametrize("prefix", ["mpi:", "ucc:"])
+def test_a_cpu_job_on_another_collective_backend_reads_as_on_gloo(prefix, tmp_path):
+    """ProcessGroupMPI and ProcessGroupUCC record their collectives as gloo does (``mpi:all_reduce``
+    on the worker thread that runs them). The gloo straggler job with its ops so named
+    (benchmarks/unseen.py other_cpu_backend) read them as CPU compute: bound by CPU compute, no
+    straggler, 27 ms of a step's breakdown elsewhere; it reads as on gloo."""
+    folder = DATA / "gloo_ddp_8steps_straggler"
+    unseen = _unseen()
+    (tmp_path / "other").mkdir()
+    for f in sorted(folder.glob("*.json.gz")):
+        doc = _document(f)
+        assert unseen.other_cpu_backend(doc, prefix) > 10
+        _written(doc, tmp_path / "other" / f.name.removesuffix(".gz"))
+    got = [StepAnalysis.of(g) for g in graphs(load(tmp_path / "other"))]
+    want = [StepAnalysis.of(g) for g in graphs(load(folder))]
+    assert [a.graph.step for a in got] == [a.graph.step for a in want]
+    for a, b in zip(got, want):
+        assert a.step_time == pytest.approx(b.step_time, rel=1e-9)
+        assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)
+        assert (a.straggler().rank if a.straggler() else None) == (b.straggler().rank if b.straggler() else None)

@@ -27,7 +27,7 @@ from bottleneck_oracle.serial import Computed
 
 FAMILIES: tuple[tuple[str, str], ...] = (
     # (collectives in kernels of their own, not NCCL's, too: fields.DEVICE_COLLECTIVE_PATTERN)
-    ("communication", r"nccl|rccl|gloo|broadcast|sendrecv|c10d::|" + F.DEVICE_COLLECTIVE_PATTERN),
+    ("communication", r"nccl|rccl|gloo|^mpi:|^ucc:|broadcast|sendrecv|c10d::|" + F.DEVICE_COLLECTIVE_PATTERN),
     ("normalization", r"bn_fw|bn_bw|batch_?norm|layer_?norm|group_?norm|rms_?norm|instance_?norm"),
     ("convolution", r"conv|cudnn|winograd|implicit_gemm|dgrad|wgrad|fprop|miopen|igemm_(fwd|bwd|wrw)|gemm_xdlops_bwd_weight"),
     ("attention", r"flash|attention|attn|fmha|sdpa"),

@@ -81,7 +81,9 @@ _META = frozenset(
     }
 )
 _ATTENTION = re.compile(r"attention|sdpa|flash|fmha", re.IGNORECASE)
-_COMM = re.compile(r"c10d::|gloo:|nccl:|rccl:|record_param_comms|ProcessGroup|all_reduce|allreduce|broadcast|all_gather|reduce_scatter")
+_COMM = re.compile(
+    r"c10d::|gloo:|mpi:|ucc:|nccl:|rccl:|record_param_comms|ProcessGroup|all_reduce|allreduce|broadcast|all_gather|reduce_scatter"
+)
 _DEFAULT_FIXED_US = 1.0
 FIXED_FACTOR = 30.0
 """A CPU op's fixed part, in units of the trace's own metadata-op median: the one number of the

@@ -896,7 +896,7 @@ function and flow ids moved up by k << WINDOW_ID_BITS (CUPTI's correlation ids a
 fewer than MAX_WINDOWS windows: ids stay below 2**40, as the launch join's keys need."""
 _WINDOW_IDS = frozenset({"correlation", "ext_id", "rf_id", "wait_event_corr"})
 
-_COMM_MARKERS = ("nccl", "gloo", "c10d", "record_param_comms")
+_COMM_MARKERS = ("nccl", "gloo", "mpi:", "ucc:", "c10d", "record_param_comms")
 PRECISION_OP_NAME = re.compile(F.PRECISION_OP_PATTERN)
 """fields.PRECISION_OP_PATTERN compiled once (the parser, facts)."""
 DEVICE_WAIT_NAME = re.compile(F.DEVICE_WAIT_PATTERN)

@@ -41,7 +41,7 @@ BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as 
 LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
 ASLEEP_MAX_OPS = 200
-_COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
+_COMM_PREFIXES = (*F.CPU_BACKEND_PREFIXES, "nccl:", "c10d::", "record_param_comms")
 
 
 @dataclass(slots=True)

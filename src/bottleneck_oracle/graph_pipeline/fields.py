@@ -125,6 +125,10 @@ TensorRT-LLM's ``allreduce_fusion``, Transformer Engine's ``userbuffers_*``, Dee
 ``deep_ep::...`` dispatch and combine, NVSHMEM's, Ascend HCCL's ``hcom_allReduce_...`` tasks.
 Its time on the critical path is communication (it spins until its peers' data arrives), not
 compute; it is not matched across ranks as an NCCL collective is."""
+CPU_BACKEND_PREFIXES = ("gloo:", "mpi:", "ucc:")
+"""The names a CPU collective backend records its ops under, on the thread that runs them
+(``gloo:all_reduce``; ProcessGroupMPI's and ProcessGroupUCC's work records ``mpi:all_reduce``,
+``ucc:all_reduce`` the same way, on their own worker thread): network ops."""
 COUNTER_RANGE_SUFFIX = "profiler_range"
 """The category of a counter-reading profiler's kernel ranges ("cuda_profiler_range": the CUPTI range
 profiler, torch.profiler's experimental ``profiler_metrics``; "mlu_profiler_range"): device ops

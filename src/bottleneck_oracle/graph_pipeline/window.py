@@ -338,7 +338,7 @@ def name_flags(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     lower = [n.lower() for n in names]
     return (
         np.array([collective_kind(n) for n in names], dtype=np.int8),
-        np.array([n.startswith("gloo:") for n in lower], dtype=bool),
+        np.array([n.startswith(F.CPU_BACKEND_PREFIXES) for n in lower], dtype=bool),
         np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool),
         np.array([n.startswith("c10d::") and "wait" not in n for n in lower], dtype=bool),
     )
