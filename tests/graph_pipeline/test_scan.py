@@ -92,6 +92,8 @@ def test_array_form_trace(tmp_path):
         # (a string of a number is that number: Ascend's msprof writes "ts": "1699529623106750.125")
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "1 µs", "dur": 2}]}', "no numeric ts"),
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "", "dur": 2}]}', "no numeric ts"),
+        ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": " 5", "dur": 2}]}', "no numeric ts"),
+        ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "NaN", "dur": 2}]}', "no numeric ts"),
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur"', "truncated"),  # (cut inside its first event)
         ('{"traceEvents": [{"ph": "X", "cat": "cpu_op" "name": "a"}]}', "JSON"),
     ],
@@ -115,6 +117,13 @@ def test_a_ts_or_dur_written_as_a_string_of_a_number_is_that_number(tmp_path):
     assert [t.names[c] for c in t.cols["name"][order]] == ["a", "b"]
     assert np.diff(t.cols["ts"][order]).tolist() == [pytest.approx(2.875, abs=1e-6)]
     assert t.cols["dur"][order].tolist() == [2.5, 1.0]
+    p.write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": "1.5e3", "dur": "-0"},'
+        ' {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": 1600, "dur": 1}]}'
+    )
+    t = load_events(p)
+    order = np.argsort(t.cols["ts"])
+    assert t.cols["dur"][order].tolist() == [0.0, 1.0] and np.diff(t.cols["ts"][order]).tolist() == [100.0]
 
 
 def test_a_document_cut_after_a_whole_event_keeps_its_events(tmp_path):
