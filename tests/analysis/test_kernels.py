@@ -36,6 +36,12 @@ from conftest import PUBLIC, REAL, SAMPLE, cached_analyses
         ("batched_transpose_16x32_half", "memory"),
         ("SubTensorOpWithScalar1d", "elementwise"),
         ("some_custom_kernel", "other"),
+        # collectives in kernels of their own (fields.DEVICE_COLLECTIVE_PATTERN), and names that only look so
+        ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*)", "communication"),
+        ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", "communication"),
+        ("void deep_ep::internode::combine<true, 8>(int4*, float*)", "communication"),
+        ("hcom_allReduce__063_1_1", "communication"),
+        ("void small_gather_kernel<float>(float*)", "other"),
     ],
 )
 def test_a_kernel_name_gets_its_family(name, expected):

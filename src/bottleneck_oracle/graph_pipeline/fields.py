@@ -116,7 +116,7 @@ RUNTIME_PROCESS_PATTERN = r"^\s*cann\s*$"
 category, on the ids of the host threads that made them: Ascend's torch_npu writes CANN's
 ``AscendCL@aclnnMatmul``, ``AscendCL@aclrtSynchronizeStream`` so, beside the torch ops' process."""
 DEVICE_COLLECTIVE_PATTERN = (
-    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|multimem|cross_device_reduce|userbuffers|deep_ep::|nvshmem|^hcom_"
+    r"(?<!sm)all_?(reduce|gather|to_?all)|reduce_?scatter|multimem|cross_device_reduce|userbuffers|deep_ep::|nvshmem|^hcom_"
 )
 """A device kernel that moves data between devices, where it is no NCCL/RCCL kernel: PyTorch's
 symmetric-memory collectives (``multimem_all_reduce_kernel``, ``one_shot_all_reduce``), the
@@ -124,7 +124,8 @@ custom all-reduce of inference servers (vLLM's and SGLang's ``cross_device_reduc
 TensorRT-LLM's ``allreduce_fusion``, Transformer Engine's ``userbuffers_*``, DeepEP's
 ``deep_ep::...`` dispatch and combine, NVSHMEM's, Ascend HCCL's ``hcom_allReduce_...`` tasks.
 Its time on the critical path is communication (it spins until its peers' data arrives), not
-compute; it is not matched across ranks as an NCCL collective is."""
+compute; it is not matched across ranks as an NCCL collective is. (Not "small_gather",
+"small_reduce": a kernel's name for its size.)"""
 CPU_BACKEND_PREFIXES = ("gloo:", "mpi:", "ucc:")
 """The names a CPU collective backend records its ops under, on the thread that runs them
 (``gloo:all_reduce``; ProcessGroupMPI's and ProcessGroupUCC's work records ``mpi:all_reduce``,
