@@ -828,8 +828,8 @@ def rewritten_files(tmp: Path) -> dict:
         stop = trimmed(path, 0.8, tmp / "trimmed.json")
         whole = json.loads(gzip.open(path).read())
         (tmp / "recorded.json").write_text(json.dumps(whole))  # (json's float text, as in the trimmed file)
-        got, rec = step_rows(tmp / "trimmed.json"), {r["step"]: r for r in step_rows(tmp / "recorded.json")}
-        _, analyses = api.analyze(tmp / "trimmed.json")
+        analyses = api.analyze(tmp / "trimmed.json")[1]
+        got, rec = rows_of(analyses), {r["step"]: r for r in step_rows(tmp / "recorded.json")}
         held = sorted(r["step"] for r in got)
         whole_steps = [rec[n]["step_time_us"] for n in held[1:] if n not in {a.graph.step for a in analyses if a.cut_by_trace_end()}]
         out["trimmed_at_80pct"][path.name] = {
@@ -846,14 +846,12 @@ def rewritten_files(tmp: Path) -> dict:
     for style in ("sglang", "tracefuse", "one_pid"):
         (tmp / "merged.json").write_text(json.dumps(merged_ranks(rank_documents(folder), style)))
         got_a = api.analyze(tmp / "merged.json")[1]
-        got = step_rows(tmp / "merged.json")
+        got = rows_of(got_a)
         out["merged_dlrm_8_workers"][style] = {
             "ranks": sorted({r for a in got_a for r in a.graph.ranks}),
             "step_time_us": [r["step_time_us"] for r in got],
             "folder_step_time_us": [r["step_time_us"] for r in want],
-            "largest_breakdown_difference_us": max(
-                abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
-            ),
+            "largest_breakdown_difference_us": _largest_difference(got, want),
         }
     out["split_per_step"] = {}
     for path, steps in (
@@ -915,9 +913,7 @@ def rewritten_files(tmp: Path) -> dict:
     got, want = step_rows(tmp / "lanes.json"), step_rows(tmp / "recorded.json")
     out["viewer_lanes_diff_control"] = {
         "ops_moved": moved,
-        "largest_breakdown_difference_us": max(
-            abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
-        ),
+        "largest_breakdown_difference_us": _largest_difference(got, want),
     }
     path = DATA / "more-gpu/mtia_inference_rank0.json.gz"
     doc = json.loads(gzip.open(path).read())
@@ -934,15 +930,16 @@ def rewritten_files(tmp: Path) -> dict:
     for path in (DATA / "public-gpu/train_1rank_5steps.json.gz", DATA / "real-gpu/ddp_v100_rank1of2_5steps.json.gz"):
         (tmp / "npu.json").write_text(json.dumps(as_torch_npu(json.loads(gzip.open(path).read()))))
         (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
-        got, want = step_rows(tmp / "npu.json"), {r["step"]: r for r in step_rows(tmp / "recorded.json")}
-        (table, analyses), (_, recorded) = api.analyze(tmp / "npu.json"), api.analyze(tmp / "recorded.json")
+        analyses, recorded = api.analyze(tmp / "npu.json")[1], api.analyze(tmp / "recorded.json")[1]
+        got, want = rows_of(analyses), {r["step"]: r for r in rows_of(recorded)}
+        got_run, want_run = run_answer(analyses), run_answer(recorded)
         out["torch_npu_layout"][path.name] = {
             "device_nodes": sum(int(a.graph.nodes["on_gpu"].sum()) for a in analyses),
             "recorded_device_nodes": sum(int(a.graph.nodes["on_gpu"].sum()) for a in recorded),
-            "run_step_time_us": run_answer(analyses).step_time.median_us,
-            "recorded_run_step_time_us": run_answer(recorded).step_time.median_us,
-            "bound": run_answer(analyses).bound,
-            "recorded_bound": run_answer(recorded).bound,
+            "run_step_time_us": got_run.step_time.median_us,
+            "recorded_run_step_time_us": want_run.step_time.median_us,
+            "bound": got_run.bound,
+            "recorded_bound": want_run.bound,
             "steps": [
                 {
                     "step": r["step"],
@@ -965,14 +962,13 @@ def rewritten_files(tmp: Path) -> dict:
             (tmp / f"{prefix[:3]}-recorded" / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
             renamed += other_cpu_backend(doc, prefix)
             (tmp / prefix[:3] / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
-        got, want = run_answer(api.analyze(tmp / prefix[:3])[1]), run_answer(api.analyze(tmp / f"{prefix[:3]}-recorded")[1])
-        rows, recorded = step_rows(tmp / prefix[:3]), step_rows(tmp / f"{prefix[:3]}-recorded")
+        analyses, recorded_analyses = api.analyze(tmp / prefix[:3])[1], api.analyze(tmp / f"{prefix[:3]}-recorded")[1]
+        got, want = run_answer(analyses), run_answer(recorded_analyses)
+        rows, recorded = rows_of(analyses), rows_of(recorded_analyses)
         out["other_cpu_backends_gloo_straggler"][prefix] = {
             "ops_renamed": renamed,
             **_run_against(got, want),
-            "largest_breakdown_difference_us": max(
-                abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(rows, recorded) for k in y["breakdown_us"]
-            ),
+            "largest_breakdown_difference_us": _largest_difference(rows, recorded),
         }
     path = DATA / "public-gpu/diff_test_rank1of2.json.gz"
     doc = json.loads(gzip.open(path).read())
@@ -984,9 +980,7 @@ def rewritten_files(tmp: Path) -> dict:
         "kernels_renamed": renamed,
         "communication_us": [r["breakdown_us"]["communication"] for r in got],
         "recorded_communication_us": [r["breakdown_us"]["communication"] for r in want],
-        "largest_breakdown_difference_us": max(
-            abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
-        ),
+        "largest_breakdown_difference_us": _largest_difference(got, want),
     }
     (tmp / "strings.json").write_text(json.dumps(times_as_strings(json.loads(gzip.open(path).read()))))
     (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
@@ -994,9 +988,7 @@ def rewritten_files(tmp: Path) -> dict:
     out["times_as_strings_diff_test"] = {
         "step_time_us": [r["step_time_us"] for r in got],
         "recorded_step_time_us": [r["step_time_us"] for r in want],
-        "largest_breakdown_difference_us": max(
-            abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"]
-        ),
+        "largest_breakdown_difference_us": _largest_difference(got, want),
     }
     out["without_profiler_step"] = {}  # a loop recorded without prof.step(): steps cut at its optimizer's steps
     for path in (  # every fixture of two steps or more whose optimizer records its steps
@@ -1050,8 +1042,17 @@ def _run_against(got: RunAnswer, want: RunAnswer) -> dict:
     }
 
 
+def _largest_difference(got: list[dict], want: list[dict]) -> float:
+    """The largest difference in µs between two step_rows' breakdowns, step for step."""
+    return max(abs(x["breakdown_us"][k] - y["breakdown_us"][k]) for x, y in zip(got, want) for k in y["breakdown_us"])
+
+
 def step_rows(path: Path, steps: list[int] | None = None) -> list[dict]:
-    _, analyses = api.analyze(path, steps)
+    return rows_of(api.analyze(path, steps)[1])
+
+
+def rows_of(analyses: list) -> list[dict]:
+    """Per step analysed: its step time, period, span, compute and breakdown."""
     rows = []
     for a in analyses:
         b = a.breakdown()
@@ -1089,7 +1090,7 @@ def main() -> None:
     seg = ts.segments()
     big = max((s for s in seg if s.name == "cudaMemcpyAsync" or "cudaMemcpyAsync" in s.name), key=lambda s: s.dur, default=None)
     doc["timesformer"] = {
-        **step_rows(more / "timesformer_h100_1step.json.gz")[0],
+        **rows_of([ts])[0],
         "device_op_us_on_path": sum(s.dur for s in seg if s.on_gpu and s.kind == "op"),
         "longest_copy_segment": None if big is None else {"kind": big.kind, "dur_us": big.dur},
         "wait_us_on_path": sum(s.dur for s in seg if s.kind == "wait"),
@@ -1099,7 +1100,7 @@ def main() -> None:
     doc["owlv2"] = {
         "bystanders": [{"tid": b.tid, "thread": b.thread} for b in by],
         "share_on_bystander_threads": sum(s.dur for s in ow.segments() if not s.on_gpu and s.tid in {b.tid for b in by}) / ow.step_time,
-        "compute_communication_share": step_rows(more / "owlv2_h100_1step.json.gz")[0]["compute_communication_share"],
+        "compute_communication_share": rows_of([ow])[0]["compute_communication_share"],
     }
     (sg,) = api.analyze(more / "sglang_qwen3_8b_prefilldecode_mi300.json.gz")[1]
     doc["sglang"] = {"longest_untraced_us": max((s.dur for s in sg.segments() if s.kind == "untraced"), default=0.0)}

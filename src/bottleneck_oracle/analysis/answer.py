@@ -305,6 +305,15 @@ def blame_sample(steps: list[int | None], k: int = MAX_BLAME_STEPS) -> set[int |
     return {st[int(i)] for i in np.linspace(0, len(st) - 1, k).round().astype(int)}
 
 
+def _steps(steps: list[int]) -> str:
+    """ "Step 3" or "Steps 3, 4" (the first 8)."""
+    return f"Step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps[:8]))}"
+
+
+def _them(steps: list[int]) -> str:
+    return "them" if len(steps) > 1 else "it"
+
+
 def run_answer(
     analyses: list[StepAnalysis],
     source: str = "",
@@ -373,27 +382,25 @@ def answer_from(
     cut = [f.step for f in figures if f.cut and not f.empty and f not in st and f.step is not None]
     if cut:
         answer.notes.append(
-            f"Step{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut[:8]))}: the trace ends inside "
-            f"{'them' if len(cut) > 1 else 'it'} (work launched there had not run, or its ops stop before its span ends): "
+            f"{_steps(cut)}: the trace ends inside {_them(cut)} (work launched there had not run, or its ops stop before its span ends): "
             "left out of the run's figures"
         )
     cut_kept = [f.step for f in st if f.cut and f.step is not None]
     if cut_kept:
         answer.notes.append(
-            f"Step{'s' if len(cut_kept) > 1 else ''} {', '.join(map(str, cut_kept[:8]))}: the trace ends inside "
-            f"{'them' if len(cut_kept) > 1 else 'it'} and no step is whole: the run's figures are of the part the trace holds"
+            f"{_steps(cut_kept)}: the trace ends inside {_them(cut_kept)} and no step is whole: the run's figures are of the part "
+            "the trace holds"
         )
     hidden = [f.step for f in figures if f.hidden and not f.empty and f not in st and f.step is not None]
     if hidden:
         answer.notes.append(
-            f"Step{'s' if len(hidden) > 1 else ''} {', '.join(map(str, hidden[:8]))}: the host ended "
-            f"{'them' if len(hidden) > 1 else 'it'} before the device work queued in earlier steps did, launching none that ran "
+            f"{_steps(hidden)}: the host ended {_them(hidden)} before the device work queued in earlier steps did, launching none that ran "
             "later: nothing added to the loop's time; left out of the run's figures"
         )
     empty = [f.step for f in figures if f.empty and f not in st and f.step is not None]
     if empty:
         answer.notes.append(
-            f"Step{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty[:8]))} hold{'' if len(empty) > 1 else 's'} no op: the "
+            f"{_steps(empty)} hold{'' if len(empty) > 1 else 's'} no op: the "
             "profiler's stop after the last prof.step(), not a step of the loop; left out of the run's figures"
         )
     left = [f.step for f in figures if f.setup and f not in st and f.step is not None]

@@ -968,6 +968,20 @@ def _duplicates(
     return out
 
 
+def _flow_ends(ev: dict[str, np.ndarray], categories: np.ndarray) -> np.ndarray:
+    """Which events of the scanner's output are flow endpoints ('s', 'f') in one of ``categories``
+    (category hashes), with an id and a time."""
+    ph = ev["ph"]
+    ends: np.ndarray = (
+        ((ph == ord("s")) | (ph == ord("f")))
+        & np.isin(ev["cat"], categories)
+        & (ev["fid"] != scan.NO_ID)
+        & (ev["fid"] != -1)
+        & ev["has_ts"]
+    )
+    return ends
+
+
 def _link_by_flows(part: dict[str, np.ndarray], flows: dict[str, np.ndarray], name_code: int) -> int:
     """Device ops without a correlation id tied, in place, to the host op a launch flow
     (fields.LAUNCH_FLOW_CATS) starts in: the flow's end is a device op's start on its lane, its
@@ -1025,8 +1039,7 @@ def _link_by_flows(part: dict[str, np.ndarray], flows: dict[str, np.ndarray], na
         tied_group.append(g)
     if not tied_rows:
         return 0
-    base = int(part["correlation"].max()) + 1 if len(part["correlation"]) else 0
-    base = max(base, 0)
+    base = int(part["correlation"].max()) + 1  # (ids are -1 or more: 0 where the file has none)
     part["correlation"][np.asarray(tied_rows)] = base + np.asarray(tied_group, dtype=np.int64)
     src = np.asarray(new_src, dtype=np.int64)
     n = len(src)
@@ -1167,20 +1180,8 @@ class _Builder:
         self._process_names(path, raw, ev)
         cls = self._other_categories(path, raw, ev, cls)
         is_x = (ph == ord("X")) & (cls >= 0)
-        flow = (
-            ((ph == ord("s")) | (ph == ord("f")))
-            & np.isin(ev["cat"], _FLOW_HASHES)
-            & (ev["fid"] != scan.NO_ID)
-            & (ev["fid"] != -1)
-            & ev["has_ts"]
-        )
-        launch_flow = (
-            ((ph == ord("s")) | (ph == ord("f")))
-            & np.isin(ev["cat"], _LAUNCH_FLOW_HASHES)
-            & (ev["fid"] != scan.NO_ID)
-            & (ev["fid"] != -1)
-            & ev["has_ts"]
-        )
+        flow = _flow_ends(ev, _FLOW_HASHES)
+        launch_flow = _flow_ends(ev, _LAUNCH_FLOW_HASHES)
         x = np.flatnonzero(is_x)
         if not len(x):
             return 0
@@ -1235,23 +1236,9 @@ class _Builder:
         if no_dur:
             self.notes.append(f"{path}: {no_dur} complete events have no numeric dur; read as 0 µs")
         f = np.flatnonzero(flow)
-        self.flows = {
-            "rank": np.full(len(f), rank, dtype=np.int64),
-            "pid": self._ids(ev["pid"][f], ev["pid_str"][f]),
-            "tid": self._ids(ev["tid"][f], ev["tid_str"][f]),
-            "ts": (ev["ts_i"][f] - base).astype(np.float64) + ev["ts_f"][f],
-            "id": ev["fid"][f],
-            "is_start": ph[f] == ord("s"),
-        }
+        self.flows = {"rank": np.full(len(f), rank, dtype=np.int64), **self._flow_columns(ev, f, base)}
         lf = np.flatnonzero(launch_flow)
-        launch_flows = {
-            "src_idx": lf,
-            "pid": self._ids(ev["pid"][lf], ev["pid_str"][lf]),
-            "tid": self._ids(ev["tid"][lf], ev["tid_str"][lf]),
-            "ts": (ev["ts_i"][lf] - base).astype(np.float64) + ev["ts_f"][lf],
-            "id": ev["fid"][lf],
-            "is_start": ph[lf] == ord("s"),
-        }
+        launch_flows = {"src_idx": lf, **self._flow_columns(ev, lf, base)}
         flow_name = ""
         if len(lf):
             obj = _decode_one(raw[int(ev["obj_lo"][lf[0]]) : int(ev["obj_hi"][lf[0]])])
@@ -1391,6 +1378,16 @@ class _Builder:
         self.parts.append(part)
         self.names = names
         return n
+
+    def _flow_columns(self, ev: dict[str, np.ndarray], rows: np.ndarray, base: int) -> dict[str, np.ndarray]:
+        """The flow endpoints ``rows`` of the scanner's output: pid, tid, ts (from ``base``), id, is_start."""
+        return {
+            "pid": self._ids(ev["pid"][rows], ev["pid_str"][rows]),
+            "tid": self._ids(ev["tid"][rows], ev["tid_str"][rows]),
+            "ts": (ev["ts_i"][rows] - base).astype(np.float64) + ev["ts_f"][rows],
+            "id": ev["fid"][rows],
+            "is_start": ev["ph"][rows] == ord("s"),
+        }
 
     def _process_names(self, path: Path, raw: TraceBytes, ev: dict[str, np.ndarray]) -> None:
         """Names and labels of the trace's processes ("process_name" / "process_labels" metadata):

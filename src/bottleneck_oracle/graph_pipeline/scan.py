@@ -626,28 +626,19 @@ def scan_events(
                         pid_str[k] = hs
                     else:
                         tid_str[k] = hs
-                elif (key == 5 or key == 6) and c == 34:  # ts / dur as a string of a number (Ascend's msprof: "ts": "1699529623106750.125")
-                    j, ip, fp, ok = _number(buf, i + 1, hi)
-                    if not ok or j >= hi or buf[j] != 34:  # another string: skipped, the event has no ts (said later)
+                elif key >= 3 and key <= 7 and (c != 34 or key == 5 or key == 6):
+                    # pid tid ts dur id: numbers; ts and dur also as a string of one (Ascend's msprof: "ts": "1699529623106750.125")
+                    j, ip, fp, ok = _number(buf, i + 1 if c == 34 else i, hi)
+                    if c == 34 and not (ok and j < hi and buf[j] == 34):  # another string: skipped, the event has no ts (said later)
                         j, _ = _string(buf, i, hi)
-                    else:
-                        j += 1
-                        if key == 5:
-                            ts_i[k] = ip
-                            ts_f[k] = fp
-                            has_ts[k] = True
-                        else:
-                            dur_i[k] = ip
-                            dur_f[k] = fp
-                            has_dur[k] = True
-                elif key >= 3 and key <= 7 and c != 34:  # pid tid ts dur id: numbers
-                    j, ip, fp, ok = _number(buf, i, hi)
-                    if not ok:
+                    elif not ok:
                         if c == 110 or c == 116 or c == 102:  # null / true / false
                             j = _skip(buf, i, hi)
                         else:
                             err = NOT_NUMBER
                     else:
+                        if c == 34:
+                            j += 1  # (the closing quote)
                         if key != 5 and key != 6 and not -INT_LIMIT < fp < INT_LIMIT:
                             ip, ok = _uint64_bits(buf, i, j)  # (a pid, tid or id written as an unsigned 64-bit value)
                             if not ok:
