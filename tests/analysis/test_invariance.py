@@ -698,3 +698,18 @@ def test_a_cpu_job_on_another_collective_backend_reads_as_on_gloo(prefix, tmp_pa
         assert a.step_time == pytest.approx(b.step_time, rel=1e-9)
         assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)
         assert (a.straggler().rank if a.straggler() else None) == (b.straggler().rank if b.straggler() else None)
+
+
+def test_a_trace_whose_args_were_stripped_says_its_launches_are_lost(tmp_path):
+    """A trace slimmed by dropping every event's args has no correlation ids: no kernel is tied to
+    its launch. Launches without an id are not lost where a rank's device ops are tied another way
+    (Ascend's flows), but here none is: both self-checks on launches say so."""
+    doc = _document(PUBLIC / "train_1rank_5steps.json.gz")
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            e.pop("args", None)
+    with pytest.warns(Warning):
+        got = [StepAnalysis.of(g) for g in graphs(load(_written(doc, tmp_path / "stripped.json")))]
+    for a in got:
+        checks = {c.name: c.ok for c in a.checks()}
+        assert checks["linked"] is False and checks["launches_found"] is False

@@ -200,10 +200,17 @@ def _launch_rows(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         is_launch = np.zeros(len(table.names), dtype=bool)
         is_launch[codes] = [bool(LAUNCH_NAME.search(table.names[k])) for k in codes.tolist()]
         with_device = np.array(sorted(_device_index(table)), dtype=c["rank"].dtype)
-        # (a launch without a correlation id ties to nothing by its own: Ascend's CANN layer writes its
-        # ``Node@launch`` calls so, the ops tied to the torch ops by flows instead)
-        calls = rt[is_launch[c["name"][rt]] & isin_small(c["rank"][rt], with_device) & (c["correlation"][rt] >= 0)]
         launcher = table.launchers()
+        # a launch without a correlation id on a rank whose device ops are tied to their launches another
+        # way is not a lost one: Ascend's CANN layer writes its ``Node@launch`` calls so, the tasks tied to
+        # the torch ops by flows (events._link_by_flows); on a rank none of whose device ops is tied (a
+        # trace whose args were stripped) such launches are lost, and said
+        tied_ranks = np.unique(c["rank"][launcher[launcher >= 0]])
+        calls = rt[
+            is_launch[c["name"][rt]]
+            & isin_small(c["rank"][rt], with_device)
+            & ((c["correlation"][rt] >= 0) | ~np.isin(c["rank"][rt], tied_ranks))
+        ]
         tied = np.unique(launcher[launcher >= 0])
         found = np.isin(calls, tied)
         lost = calls[~found]
