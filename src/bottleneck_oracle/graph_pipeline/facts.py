@@ -277,7 +277,7 @@ def _max_by_rank(rank: np.ndarray, value: np.ndarray, last_rank: int) -> np.ndar
 
 _LOW_KERNEL = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 _FULL_KERNEL = re.compile(F.FULL_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
-_COMM_KERNEL = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
+_COMM_KERNEL = re.compile(r"nccl|rccl|" + F.DEVICE_COLLECTIVE_PATTERN, re.IGNORECASE)  # (NCCL/RCCL and collectives in kernels of their own)
 _CONV_OP = re.compile(r"conv")
 _NHWC_KERNEL = re.compile(r"nhwc", re.IGNORECASE)
 _NCHW_KERNEL = re.compile(r"nchw|transpose", re.IGNORECASE)
