@@ -108,9 +108,13 @@ def test_step_time_is_the_period_the_raw_events_show(path):
     anchor = np.array(
         [runtime.get((int(r), int(k)), float(t)) if dev else float(t) for r, k, t, dev in zip(c["rank"], c["correlation"], c["ts"], device)]
     )
-    for r in np.unique(c["rank"]):  # device work that ran before the first traced launch's was queued before the profile
+    for r in np.unique(c["rank"]):
+        # device work that ran before the first traced launch's, or whose correlation id is below every
+        # traced runtime call's (launched before the first of them), was queued before the profile
         first = c["ts"][launched & (c["rank"] == r)].min() if (launched & (c["rank"] == r)).any() else np.inf
-        anchor[device & ~launched & (c["rank"] == r) & (c["ts"] < first)] = -np.inf
+        first_call = min((k for (q, k) in runtime if q == r), default=-1)
+        early = (c["ts"] < first) | ((c["correlation"] >= 0) & (c["correlation"] < first_call))
+        anchor[device & ~launched & (c["rank"] == r) & early] = -np.inf
     for a in cached_analyses(path):
         g = a.graph
         if g.step is None:
