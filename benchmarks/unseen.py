@@ -545,7 +545,7 @@ def host_waits() -> dict:
     return {"steps": out}
 
 
-PREMISED = ("gpu-mixed-precision", "matmul-precision", "conv-channels-last", "cpu-matmul-bf16")
+PREMISED = ("gpu-mixed-precision", "matmul-precision", "conv-channels-last", "cpu-matmul-bf16", "backward-compute-bound")
 """The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
 already (on the device, on the CPU), channels last for convolutions that run channels last."""
 
@@ -567,10 +567,21 @@ def _raw_input_types(path: Path) -> dict[str, int]:
     return out
 
 
+def _raw_checkpoint_names(path: Path) -> int:
+    """How many complete events of the raw JSON have "checkpoint" in their name (activation
+    checkpointing's frames and ops: the premise of the recipe that checkpoints fewer layers)."""
+    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
+    docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
+    events = (x for doc in docs for x in (doc["traceEvents"] if isinstance(doc, dict) else doc))
+    return sum(1 for e in events if e.get("ph") == "X" and "checkpoint" in str(e.get("name", "")).lower())
+
+
 def advice_premises() -> dict:
-    """Per bundled GPU trace: the raw input types of its matmuls and convolutions beside the
-    advisor's evidence (full_precision_share, nchw_share, gpu_present, per step) and the steps in
-    which each premised recipe was offered (suggested or rejected by replay)."""
+    """Per bundled GPU trace: the raw input types of its matmuls and convolutions and its events
+    named for checkpointing beside the advisor's evidence (full_precision_share, nchw_share,
+    gpu_present, recompute_present, per step) and the steps in which each premised recipe was
+    offered (suggested or rejected by replay)."""
+    from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.llm.graphrag import advise, symptoms
 
     out = {}
@@ -587,14 +598,21 @@ def advice_premises() -> dict:
         offered = {r: 0 for r in PREMISED}
         metrics = []
         for a in analyses:
-            m, _ = symptoms(a, None, None)
-            metrics.append({k: round(m[k], 3) for k in ("full_precision_share", "nchw_share", "host_full_precision_share", "gpu_present")})
-            adv = advise(a, None, None, table)  # (no blame: the premised recipes do not read it)
+            phases, _ = node_phases(table, a.graph)
+            m, _ = symptoms(a, None, phases)
+            metrics.append(
+                {
+                    k: round(m[k], 3)
+                    for k in ("full_precision_share", "nchw_share", "host_full_precision_share", "gpu_present", "recompute_present")
+                }
+            )
+            adv = advise(a, None, phases, table)  # (no blame: the premised recipes do not read it)
             ids = {x.source for x in adv.suggestions} | {x.source for x in adv.rejected}
             for r in PREMISED:
                 offered[r] += r in ids
         out[path.name] = {
             "raw_input_types": _raw_input_types(path),
+            "raw_checkpoint_names": _raw_checkpoint_names(path),
             "steps": len(analyses),
             "evidence": metrics,
             "offered_in_steps": offered,

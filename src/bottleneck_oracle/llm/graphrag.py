@@ -95,6 +95,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["host_full_precision_share"] = host_full_precision_share(a)
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
+    m["recompute_present"] = float(recomputes(g))
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
         for code, name in ((1, "forward"), (2, "backward"), (3, "optimizer")):
             m[f"{name}_share"] = float(t[phases == code].sum() / ms)
@@ -127,6 +128,23 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             untraced[seg.rank] = untraced.get(seg.rank, 0.0) + seg.dur
     ctx["untraced_rank"] = str(max(untraced, key=lambda r: untraced[r])) if untraced else "0"
     return m, ctx
+
+
+RECOMPUTE_NAME = re.compile(
+    r"torch/utils/checkpoint\.py|checkpointfunction|checkpoint_wrapper|activation_checkpoint|recompute", re.IGNORECASE
+)
+"""Names that show a step recomputing activations (activation checkpointing): the Python frames of
+``torch.utils.checkpoint`` (``with_stack=True``), the reentrant checkpoint's autograd node
+(``CheckpointFunctionBackward``), FSDP's ``checkpoint_wrapper``, Megatron's and DeepSpeed's
+recompute ranges."""
+
+
+def recomputes(g: ExecutionGraph) -> bool:
+    """Does the trace show activation checkpointing (RECOMPUTE_NAME in an op, range or frame name)?
+    A recipe that checkpoints less is for a step that checkpoints; a backward twice its forward
+    is what backpropagation costs without it. (A non-reentrant checkpoint recorded without
+    ``with_stack`` leaves no name to see: no.)"""
+    return any(RECOMPUTE_NAME.search(name) for name in g.names)
 
 
 _CUDA_HIP_CALL = re.compile(r"^(cuda|hip|cu)[A-Z]|^hsa_")  # cudaLaunchKernel, cuLaunchKernel, hipMemcpyAsync, hsa_signal_wait_scacquire
