@@ -545,9 +545,18 @@ def host_waits() -> dict:
     return {"steps": out}
 
 
-PREMISED = ("gpu-mixed-precision", "matmul-precision", "conv-channels-last", "cpu-matmul-bf16", "backward-compute-bound")
+PREMISED = (
+    "gpu-mixed-precision",
+    "matmul-precision",
+    "conv-channels-last",
+    "cpu-matmul-bf16",
+    "backward-compute-bound",
+    "zero-grad-set-to-none",
+)
 """The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
-already (on the device, on the CPU), channels last for convolutions that run channels last."""
+already (on the device, on the CPU), channels last for convolutions that run channels last,
+checkpointing fewer layers for a step that recomputes nothing, set_to_none for a zero_grad that
+writes nothing."""
 
 
 def _raw_input_types(path: Path) -> dict[str, int]:

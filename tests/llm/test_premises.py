@@ -62,3 +62,50 @@ def test_a_checkpointed_job_shows_its_recomputation():
     assert any(RECOMPUTE_NAME.search(n) for n in _raw_names(path))
     _, present, _ = _offered(path)
     assert present and set(present) == {1.0}
+
+
+def _zero_grad_spans(path) -> tuple[dict[int, float], int]:
+    """From the raw JSON: per ProfilerStep, the time its host spent in ``Optimizer.zero_grad#...``;
+    and how many zero_/fill_ ops ran inside such a range (on its thread)."""
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")]
+    ranges = [e for e in ev if str(e.get("name", "")).startswith("Optimizer.zero_grad#")]
+    spans: dict[int, float] = {}
+    for z in ranges:
+        for lo, hi, n in steps:
+            if lo <= z["ts"] < hi:
+                spans[n] = spans.get(n, 0.0) + z["dur"]
+    writes = sum(
+        1
+        for e in ev
+        if e["name"] in ("aten::zero_", "aten::fill_")
+        and any(e["tid"] == z["tid"] and z["ts"] <= e["ts"] < z["ts"] + z["dur"] for z in ranges)
+    )
+    return spans, writes
+
+
+def test_set_to_none_advice_needs_a_zero_grad_that_writes_and_saves_what_it_took():
+    """ddp_v100's SGD zeroes its gradients by writing (zero_/fill_ inside Optimizer.zero_grad, in
+    the raw JSON): the recipe is offered in every step, and restoring set_to_none saves about the
+    time zero_grad took (its edit selects what runs inside it; the old one scaled every zero_ and
+    fill_ and predicted 57-62% of it). DLRM's Adagrad sets them to None: its zero_grad writes
+    nothing, and the zero_/fill_ elsewhere in its step are not this recipe's."""
+    recipe = "zero-grad-set-to-none"
+    path = REAL / "ddp_v100_rank1of2_5steps.json.gz"
+    spans, writes = _zero_grad_spans(path)
+    assert writes > 100
+    table, analyses = analyze(path)
+    for a in analyses:
+        phases, mb = node_phases(table, a.graph)
+        adv = advise(a, None, phases, table, mb=mb)
+        (s,) = [x for x in adv.suggestions if x.source == recipe]
+        assert 0.8 * spans[a.graph.step] <= s.replay_saving_us <= spans[a.graph.step], (a.graph.step, s.replay_saving_us, spans)
+    path = REAL / "dlrm_v100_8rank" / "worker2_step_12.1694128201554.pt.trace.json.gz"
+    spans, writes = _zero_grad_spans(path)
+    assert spans and writes == 0
+    table, analyses = analyze(path)
+    for a in analyses:
+        phases, mb = node_phases(table, a.graph)
+        adv = advise(a, None, phases, table, mb=mb)
+        assert recipe not in {x.source for x in adv.suggestions} | {x.source for x in adv.rejected}

@@ -40,7 +40,6 @@ FAMILIES = {  # metric -> name patterns (lower case substrings)
     "p2p_share": ("send", "recv"),
     "dataloader_share": ("dataloader", "enumerate("),
     "optimizer_share": ("optimizer", "_foreach", "adam"),
-    "zero_grad_share": ("zero_", "fill_"),
     "sync_share": ("synchronize", "aten::item", "_local_scalar_dense"),
     "attention_share": ("softmax", "bmm", "attention"),
     "matmul_share": ("aten::mm", "addmm", "matmul", "gemm", "aten::linear", "convolution", "cudnn", "conv2d", "implicit_convolve"),
@@ -96,6 +95,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     m["recompute_present"] = float(recomputes(g))
+    zeroing = zeroing_writes(g)  # the path's time in them: their ops' own time between children included
+    m["zero_grad_share"] = float(sum(s.dur for s in a.segments() if s.node >= 0 and zeroing[s.node] and s.kind in _WORK) / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
         for code, name in ((1, "forward"), (2, "backward"), (3, "optimizer")):
             m[f"{name}_share"] = float(t[phases == code].sum() / ms)
@@ -145,6 +146,33 @@ def recomputes(g: ExecutionGraph) -> bool:
     is what backpropagation costs without it. (A non-reentrant checkpoint recorded without
     ``with_stack`` leaves no name to see: no.)"""
     return any(RECOMPUTE_NAME.search(name) for name in g.names)
+
+
+_WORK = ("op", "framework", "device", "launch")  # segment kinds that are a node's work, not a wait before it
+_ZEROING = re.compile(r"zero_(?!grad)|fill_|memset", re.IGNORECASE)  # (aten::zero_, not zero_grad itself)
+
+
+def zeroing_writes(g: ExecutionGraph) -> np.ndarray:
+    """Per node: is it the work of a ``zero_grad`` that zeroes gradients by writing them? The
+    nodes inside a range named for it (``Optimizer.zero_grad#SGD.zero_grad``, ``## zero_grad ##``,
+    ``nn.Module.zero_grad``'s Python frame) on its thread, and the device ops they launched, where
+    such a range holds an op that writes (``aten::zero_``, ``aten::fill_``, a memset). With
+    ``set_to_none=True`` (PyTorch's default since 2.0) the range holds none, and the recipe that
+    sets it is not for that step; zeroing elsewhere (``torch.zeros`` in the model) is not this."""
+    rg, n = g.regions, g.nodes
+    mask = np.zeros(g.n_nodes, dtype=bool)
+    named = np.array(["zero_grad" in name.lower() for name in g.names], dtype=bool)
+    writes = np.array([bool(_ZEROING.search(name)) for name in g.names], dtype=bool)
+    zeroing = np.flatnonzero(writes[rg["name"]])  # the ops that write (regions: aten::zero_ over aten::fill_ over its launch)
+    for i in np.flatnonzero(named[rg["name"]]).tolist():
+        first, last = int(rg["first"][i]), int(rg["last"][i])
+        inside = zeroing[(rg["first"][zeroing] >= first) & (rg["last"][zeroing] <= last) & (rg["tid"][zeroing] == rg["tid"][i])]
+        if len(inside) or writes[n["name"][first : last + 1]].any():
+            mask[first : last + 1] = True
+    e = g.edges
+    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
+    mask[e["dst"][launched]] = True
+    return mask
 
 
 _CUDA_HIP_CALL = re.compile(r"^(cuda|hip|cu)[A-Z]|^hsa_")  # cudaLaunchKernel, cuLaunchKernel, hipMemcpyAsync, hsa_signal_wait_scacquire
