@@ -24,6 +24,7 @@ from orjson import OPT_SORT_KEYS
 
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.api import graphs, load
+from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, NodeType
 from bottleneck_oracle.serial import dumps
 from conftest import DATA, MORE, PUBLIC, REAL, raw_optimizer_steps
 
@@ -678,6 +679,50 @@ def test_collectives_in_kernels_of_their_own_are_communication(tmp_path):
         assert ours["count"] == recorded["count"] and ours["total_us"] == pytest.approx(recorded["total_us"])
         # and the raw facts' compute kernels leave them out (the self-check's kernel time, precision)
         assert [f["kernel_us"] for f in a.graph.meta["facts"]["ranks"]] == [f["kernel_us"] for f in b.graph.meta["facts"]["ranks"]]
+
+
+def test_nccl_generic_kernels_are_the_collective_their_args_name(tmp_path):
+    """NCCL 2.19 and later run every collective in one kernel, ``ncclDevKernel_Generic``; recent
+    PyTorch names the collective in the kernel's args ("Collective name", as the MI300 ResNet's
+    kernels do). The 8-rank DLRM job written so (benchmarks/unseen.py nccl_generic_kernels) had
+    no collective matched across ranks (0 barriers, no straggler, the others' wait for rank 7 read
+    as communication); it reads as recorded."""
+    folder = REAL / "dlrm_v100_8rank"
+    (tmp_path / "generic").mkdir()
+    for f in sorted(folder.glob("*.json.gz")):
+        doc = _document(f)
+        assert _unseen().nccl_generic_kernels(doc) == 8
+        _written(doc, tmp_path / "generic" / f.name.removesuffix(".gz"))
+    got = [StepAnalysis.of(g) for g in graphs(load(tmp_path / "generic"))]
+    want = [StepAnalysis.of(g) for g in graphs(load(folder))]
+    assert [a.graph.step for a in got] == [a.graph.step for a in want]
+    for a, b in zip(got, want):
+        assert b.graph.summary_counts()["barriers"] == 8
+        assert a.graph.summary_counts()["barriers"] == b.graph.summary_counts()["barriers"]
+        assert a.step_time == pytest.approx(b.step_time, rel=1e-9)
+        assert a.breakdown() == pytest.approx(b.breakdown(), abs=1e-6)
+        assert b.straggler() is not None and a.straggler() is not None and a.straggler().rank == b.straggler().rank
+
+
+def test_a_generic_kernel_without_the_name_takes_its_launching_ops(tmp_path):
+    """Where the kernel's args do not name the collective, the record_param_comms that launched it
+    (the CPU op of its rank with the same External id) does: the MI300 ResNet's kernels with their
+    "Collective name" dropped are the same all-reduces and broadcasts (read from the raw JSON)."""
+    doc = _document(REAL / "mi300_resnet_actckpt_rank0of8.json.gz")
+    named = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_Generic") and "Collective name" in e.get("args", {}):
+            named[e["args"]["correlation"]] = e["args"].pop("Collective name")
+    assert set(named.values()) == {"allreduce", "broadcast"}
+    kinds = {"allreduce": CollectiveKind.ALL_REDUCE, "broadcast": CollectiveKind.BROADCAST}
+    table = load(_written(doc, tmp_path / "unnamed.json"))
+    seen = []
+    for g in graphs(table):
+        for i in np.flatnonzero(g.nodes["node_type"] == NodeType.NETWORK).tolist():
+            corr = int(table.cols["correlation"][g.nodes["event"][i]])
+            seen.append((int(g.nodes["coll_kind"][i]), int(kinds[named[corr]])))
+    assert len(seen) >= 6 and {k for k, _ in seen} == {int(kinds["allreduce"]), int(kinds["broadcast"])}
+    assert all(got == want for got, want in seen), seen
 
 
 @pytest.mark.parametrize("prefix", ["mpi:", "ucc:"])

@@ -30,7 +30,7 @@ from bottleneck_oracle.graph_pipeline.arrays import groups, isin_small
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, match_instances
 from bottleneck_oracle.graph_pipeline.events import GPU_SIDE, EvClass, EventTable, Step
 from bottleneck_oracle.graph_pipeline.facts import step_offsets
-from bottleneck_oracle.graph_pipeline.window import is_network, name_flags
+from bottleneck_oracle.graph_pipeline.window import collective_kinds, is_network, name_flags
 
 SUSPECT_US = 1000.0
 """A rank whose collectives end this much earlier or later than the lowest rank's, steadily,
@@ -64,8 +64,8 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
     c = table.cols
     kind_of, gloo, nccl, _ = name_flags(table.names)
     code = c["name"]
-    net = is_network(code, c["cls"], gloo, nccl) & np.isin(kind_of[code], np.array(SYMMETRIC, dtype=np.int8))
-    rows = np.flatnonzero(net)
+    net = np.flatnonzero(is_network(code, c["cls"], gloo, nccl))
+    rows = net[np.isin(collective_kinds(c, net, kind_of), np.array(SYMMETRIC, dtype=np.int8))]
     empty = np.zeros(0)
     if not len(rows):
         return empty.astype(np.int64), empty, empty.astype(np.int64)
@@ -83,7 +83,7 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
             step[mine[inside]] = s.number
     pg = c["pg"][rows].astype(np.int64)
     group = np.unique(np.stack([step, pg]), axis=1, return_inverse=True)[1].reshape(-1)
-    ckind = kind_of[code[rows]]
+    ckind = collective_kinds(c, rows, kind_of)
     inst = match_instances(rank, anchor, ckind, group, c["msg_nelems"][rows])
     keep = inst >= 0
     end = c["ts"][rows] + c["dur"][rows]

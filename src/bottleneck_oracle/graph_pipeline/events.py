@@ -38,6 +38,7 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups, isin_small, span_positions
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
+from bottleneck_oracle.graph_pipeline.schema import collective_kind
 
 if TYPE_CHECKING:
     from bottleneck_oracle.graph_pipeline.clocks import ClockReport
@@ -921,9 +922,11 @@ _SPARSE = (
     "sync_kind",
     "peer",
     "seq",
+    "coll_kind",
 )
-_SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1}
+_SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1, "coll_kind": -1}
 _SPARSE_DTYPE = {
+    "coll_kind": np.int8,  # the CollectiveKind its "Collective name" arg names (-1: none)
     "pg": np.int32,
     "sync_kind": np.int8,
     "group_size": np.int32,
@@ -1644,6 +1647,10 @@ class _Builder:
         if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2**62:
             sparse["seq"][0].append(row)
             sparse["seq"][1].append(seq)
+        named = _first(args, F.COLLECTIVE_NAME_KEYS)  # ("allreduce" on record_param_comms, and on NCCL's generic kernel)
+        if isinstance(named, str) and collective_kind(named) >= 0:
+            sparse["coll_kind"][0].append(row)
+            sparse["coll_kind"][1].append(collective_kind(named))
         ranks_v, pg_name = _first(args, F.PG_RANKS_KEYS), _first(args, F.PG_NAME_KEYS)
         if ranks_v is not None or pg_name is not None:
             sparse["pg"][0].append(row)

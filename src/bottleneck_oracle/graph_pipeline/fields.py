@@ -48,6 +48,10 @@ SCANNED_ARG_KEYS = (
 SYNC_KIND_KEY = "cuda_sync_kind"
 PG_RANKS_KEYS = ("Process Group Ranks", "process_group_ranks")
 PG_NAME_KEYS = ("Process Group Name", "process_group_name")
+COLLECTIVE_NAME_KEYS = ("Collective name", "collective_name")
+"""The collective an op or kernel is, in its args (recent PyTorch: record_param_comms and the NCCL
+kernels it launched): what names it where the kernel's own name does not (NCCL 2.19 and later run
+every collective in ``ncclDevKernel_Generic``)."""
 SEQ_KEYS = ("Seq", "seq")  # a collective's sequence number in its process group (recent PyTorch, record_param_comms / NCCL kernels)
 INPUT_DIMS_KEY = "Input Dims"
 CONCRETE_INPUTS_KEY = "Concrete Inputs"  # scalar arguments as strings; c10d::send/recv_: [tensors, pg, peer, tag]

@@ -344,6 +344,27 @@ def name_flags(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     )
 
 
+def collective_kinds(c: Mapping[str, np.ndarray], rows: np.ndarray, name_coll: np.ndarray) -> np.ndarray:
+    """Per row of ``rows`` (network ops): the CollectiveKind its name names (``name_coll`` per name
+    code); where the name names none (NCCL 2.19 and later run every collective in
+    ``ncclDevKernel_Generic``), the one its args name ("Collective name", recent PyTorch); for a
+    device op with neither, the one the CPU op of its rank with the same External id names (the
+    record_param_comms that launched it). -1 where nothing does."""
+    kind = name_coll[c["name"][rows]].astype(np.int8)
+    unnamed = kind < 0
+    if not unnamed.any():
+        return kind
+    kind = np.where(unnamed, c["coll_kind"][rows], kind).astype(np.int8)
+    lacking = np.flatnonzero((kind < 0) & (c["ext_id"][rows] >= 0) & (c["cls"][rows] != EvClass.CPU))
+    if len(lacking):
+        known = np.flatnonzero((c["coll_kind"] >= 0) & (c["cls"] == EvClass.CPU) & (c["ext_id"] >= 0))
+        if len(known):
+            lookup = dict(zip(zip(c["rank"][known].tolist(), c["ext_id"][known].tolist()), c["coll_kind"][known].tolist()))
+            at = rows[lacking]
+            kind[lacking] = [lookup.get(key, -1) for key in zip(c["rank"][at].tolist(), c["ext_id"][at].tolist())]
+    return kind
+
+
 def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.ndarray) -> np.ndarray:
     """Events that are network ops: a gloo backend op on the CPU, an NCCL kernel on the GPU
     (``gloo`` and ``nccl`` per name code, from name_flags)."""
@@ -662,7 +683,7 @@ def make_window(
         node_rows=node_rows,
         ev2node=ev2node,
         is_net=is_net,
-        ckind=np.where(is_net, name_coll[nname], -1).astype(np.int8),
+        ckind=np.where(is_net, collective_kinds(c, node_rows, name_coll), -1).astype(np.int8),
         carry=carry,
         lead_from=lead_from,
         blocking=blocking,
