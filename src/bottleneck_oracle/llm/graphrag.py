@@ -24,6 +24,7 @@ import numpy as np
 from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunSuggestion, Suggestion
+from bottleneck_oracle.analysis.segments import COMM
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
@@ -104,8 +105,14 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
     setup = g.info.setup_names  # one-time runtime setup (facts.setup_calls) is no op to make faster
-    top = [  # an op an edit can name, not untraced time or a wait, nor torch.compile's compiling
-        t for t in a.top_ops(20) if t.kind in ("op", "device") and t.name not in setup and not t.name.endswith(COMPILE_SUFFIX)
+    # a collective's time on the path holds its wait for the other ranks (and, where only some ranks
+    # are in the input, for ranks not here): no better kernel makes that shorter; the communication
+    # recipes are for it
+    comm = {seg.name for seg in a.segments() if seg.klass == COMM}
+    top = [  # an op an edit can name, not untraced time or a wait, nor torch.compile's compiling, nor a collective
+        t
+        for t in a.top_ops(20)
+        if t.kind in ("op", "device") and t.name not in setup and not t.name.endswith(COMPILE_SUFFIX) and t.name not in comm
     ][:1]
     m["top_op_share"] = float(top[0].share) if top else 0.0
     ctx["top_op"] = top[0].name if top else ""
