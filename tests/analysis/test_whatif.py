@@ -256,3 +256,35 @@ def test_every_edit_that_selects_nothing_is_an_error_alone_or_combined(capsys):
         for edits in ([bad], ["name=aten::mm,rank=1,scale=0", bad], [bad, "rank=0,scale=0.5"]):
             code, _, err = run_cli(["whatif", s, *[x for t in edits for x in ("--edit", t)], "--no-model"], capsys)
             assert code == 2 and err.count("error:") == 1 and repr(bad) in err and why in err, (edits, err)
+
+
+def test_coll_selects_the_collectives_of_a_kind_whatever_their_names():
+    """``coll=all_reduce`` selects a step's all-reduces: NCCL's ``ncclKernel_AllReduce_*`` (whose
+    name holds no "all_reduce": the advisor's ``name~=all_reduce`` selected none of them, and its
+    all-reduce recipes were dropped on every NCCL trace), the generic kernel that names its
+    collective in its args, gloo's ``gloo:all_reduce`` as ``name~=all_reduce`` does. Counted
+    from the raw JSON."""
+    import gzip
+    import json
+
+    from bottleneck_oracle.api import graphs, load
+
+    path = Path(__file__).parent.parent / "data" / "real-gpu" / "ddp_v100_rank1of2_5steps.json.gz"
+    ev = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"].startswith("ProfilerStep#")}
+    table = load(path)
+    for g in graphs(table):
+        lo, hi = steps[g.step]
+        want = sum(
+            1 for e in ev if e["name"].startswith("ncclKernel_AllReduce") and lo <= launch.get(e["args"].get("correlation"), -1) < hi
+        )
+        got = Edit.parse("coll=all_reduce,scale=0.5").select(g)
+        assert want > 100 and len(got) == want
+        assert all(g.node_name(int(i)).startswith("ncclKernel_AllReduce") for i in got)
+        assert not len(Edit.parse("name~=all_reduce,scale=0.5").select(g))
+    with pytest.raises(OracleError, match="coll must be one of"):
+        Edit.parse("coll=allreduces,scale=0.5")
+    (g,) = graphs(load(Path(__file__).parent.parent / "data" / "gloo_ddp_2rank"))[:1]
+    by_kind, by_name = Edit.parse("coll=allreduce,scale=0.5").select(g), Edit.parse("name~=all_reduce,scale=0.5").select(g)
+    assert len(by_kind) and list(by_kind) == list(by_name)

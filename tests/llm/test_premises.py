@@ -127,3 +127,23 @@ def test_the_hotspot_recipe_does_not_name_a_collective():
         for x in list(adv.suggestions) + list(adv.rejected):
             if getattr(x, "source", None) == "top-op-hotspot":
                 assert not any(name in edit for edit in (x.edits or []) for name in collectives), x.edits
+
+
+def test_an_exposed_all_reduce_in_bf16_is_offered_overlap_not_compression():
+    """The MI300 ResNet's path is mostly its all-reduce, in NCCL's generic kernel whose args say
+    "allreduce" and "BFloat16" (raw JSON). The all-reduce recipes selected it by a name it does not
+    have and were never offered; the overlap recipe now is (its edit selects those kernels), and
+    the bf16 compression hook is not: its all-reduces move bf16 already."""
+    path = REAL / "mi300_resnet_actckpt_rank0of8.json.gz"
+    with gzip.open(path, "rt") as f:
+        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_Generic")]
+    reduces = [e for e in kernels if e["args"].get("Collective name") == "allreduce"]
+    assert reduces and {e["args"]["dtype"] for e in reduces} == {"BFloat16"}
+    table, analyses = analyze(path)
+    for a in analyses:
+        phases, mb = node_phases(table, a.graph)
+        adv = advise(a, None, phases, table, mb=mb)
+        offered = {x.source: x for x in adv.suggestions}
+        overlap = offered.get("dp-allreduce-overlap")
+        assert overlap is not None and overlap.edits == ["coll=all_reduce,scale=0.5"] and overlap.replay_saving_us > 0
+        assert "dp-gradient-compression" not in offered | {x.source: x for x in adv.rejected if x.source}

@@ -28,7 +28,7 @@ from bottleneck_oracle.analysis.cpm import CPMResult, makespan_of, makespans_aft
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 
 if TYPE_CHECKING:
     from bottleneck_oracle.analysis.answer import StepWindows
@@ -139,6 +139,10 @@ class Edit:
     """schema.Category name, lower case: cpu_op, runtime, kernel, memcpy, memset, collective, p2p"""
     max_us: float | None = None
     """only nodes whose modelled duration is at most this (µs)"""
+    collective: str | None = None
+    """collectives of one kind (schema.CollectiveKind, lower case: all_reduce, all_gather,
+    reduce_scatter, broadcast, all_to_all, ...), whatever their names: NCCL's
+    ``ncclKernel_AllReduce_*``, its generic kernel that says so in its args, gloo's ``gloo:all_reduce``"""
     phase: Phase | None = None
     """forward | backward | optimizer: nodes inside that phase range (needs the event table)"""
     module: str | None = None
@@ -175,8 +179,11 @@ class Edit:
             or self.max_us is not None
             or self.phase
             or self.module
+            or self.collective
         ):
-            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, max_us=, phase= or module=")
+            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, coll=, max_us=, phase= or module=")
+        if self.collective is not None and _collective_kind_named(self.collective) is None:
+            raise ValueError(f"coll must be one of {', '.join(k.name.lower() for k in CollectiveKind)} (found {self.collective!r})")
         if self.phase is not None and self.phase not in PHASES:
             raise ValueError(f"phase must be one of {', '.join(PHASES)} (found {self.phase!r})")
         if self.category is not None and self.category.upper() not in Category.__members__:
@@ -198,6 +205,8 @@ class Edit:
             "p2p": "sends and receives",
         }
         what = kinds.get(self.category or "", "ops")
+        if self.collective is not None:
+            what = f"{self.collective} collectives"
         if self.ids:
             what = f"op{'s' if len(self.ids) > 1 else ''} #{', #'.join(str(i) for i in self.ids)}"
         if self.name is not None:
@@ -249,6 +258,8 @@ class Edit:
                     kw["rank"] = int(value)
                 elif key == "cat":
                     kw["category"] = value
+                elif key == "coll":
+                    kw["collective"] = value
                 elif key == "phase":
                     kw["phase"] = value
                 elif key == "module":
@@ -265,7 +276,7 @@ class Edit:
                     kw["delay_ms"] = float(value)
                 else:
                     raise OracleError(
-                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, max_us, phase, module, gap, detach, scale, delay_ms)"
+                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, coll, max_us, phase, module, gap, detach, scale, delay_ms)"
                     )
             except ValueError as exc:
                 raise OracleError(f"edit {text!r}: bad value for {key}: {value!r}") from exc
@@ -311,6 +322,8 @@ class Edit:
             mask &= n["rank"] == self.rank
         if self.category is not None:
             mask &= n["category"] == Category[self.category.upper()]
+        if self.collective is not None:
+            mask &= (n["node_type"] == NodeType.NETWORK) & (n["coll_kind"] == _collective_kind_named(self.collective))
         if self.max_us is not None:
             mask &= n["mdur"] <= self.max_us
         if self.phase is not None:
@@ -327,6 +340,15 @@ class Edit:
 
 
 MODULE_PREFIX = "nn.Module: "
+
+
+def _collective_kind_named(text: str) -> int | None:
+    """The CollectiveKind a ``coll=`` value names (``all_reduce``, ``allreduce``, any case), else None."""
+    key = text.strip().lower().replace("_", "").replace("-", "")
+    for kind in CollectiveKind:
+        if kind.name.lower().replace("_", "") == key:
+            return int(kind)
+    return None
 
 
 def _is_glob(pattern: str) -> bool:
@@ -548,13 +570,14 @@ def selects_anything(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = Non
     return bool(len(t.nodes) or len(t.edges))
 
 
-SELECTORS = ("ids", "name", "name_contains", "rank", "category", "max_us", "phase", "module")
+SELECTORS = ("ids", "name", "name_contains", "rank", "category", "collective", "max_us", "phase", "module")
 _CLAUSE = {
     "ids": "id",
     "name": "name",
     "name_contains": "name~",
     "rank": "rank",
     "category": "cat",
+    "collective": "coll",
     "max_us": "max_us",
     "phase": "phase",
     "module": "module",
@@ -575,6 +598,7 @@ def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray |
                 "name": "no op has that name",
                 "name_contains": "no op's name contains it",
                 "category": "no op is of that category",
+                "collective": "no collective of that kind runs",
                 "max_us": "no op is that short",
                 "ids": "those are not ops",
                 "phase": "no op runs in a range of that phase",

@@ -28,9 +28,10 @@ from bottleneck_oracle.analysis.segments import COMM
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.facts import COMPILE_SUFFIX
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from bottleneck_oracle.llm.client import loads_bounded
 from bottleneck_oracle.llm.retrieve import BM25, Recipe, load_recipes
 
@@ -51,6 +52,12 @@ FAMILIES = {  # metric -> name patterns (lower case substrings)
     "embedding_share": ("embedding",),
     "elementwise_share": ("aten::add", "aten::mul", "gelu", "dropout", "aten::div", "aten::sub"),
     "barrier_op_share": ("barrier",),
+}
+_COLLECTIVE_FAMILIES = {
+    "allreduce_share": (CollectiveKind.ALL_REDUCE,),
+    "allgather_share": (CollectiveKind.ALL_GATHER,),
+    "reducescatter_share": (CollectiveKind.REDUCE_SCATTER,),
+    "p2p_share": (CollectiveKind.SEND, CollectiveKind.RECV),
 }
 MAX_SUBGRAPH = 60
 MAX_EXPLANATION = 800
@@ -77,10 +84,27 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             spent[key] = spent.get(key, 0.0) + seg.dur
     for key, pats in FAMILIES.items():
         m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats)) / ms)
+    # a collective counts in its family by the kind it is, whatever its name (NCCL's
+    # ncclKernel_AllReduce_*, its generic kernel: graph_pipeline.window.collective_kinds)
+    network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
+    for key, kinds in _COLLECTIVE_FAMILIES.items():
+        pats = FAMILIES[key]
+        m[key] += float(
+            sum(
+                seg.dur
+                for seg in a.segments()
+                if seg.kind == "op"
+                and seg.node >= 0
+                and network[seg.node]
+                and int(n["coll_kind"][seg.node]) in kinds
+                and not any(p in seg.name.lower() for p in pats)  # (counted by its name above)
+            )
+            / ms
+        )
     for k, v in a.breakdown().items():
         m[f"{k}_share"] = float(v / ms)
-    allreduce = np.char.find(node_names, "all_reduce") >= 0
-    net_ar = allreduce & (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
+    allreduce = (np.char.find(node_names, "all_reduce") >= 0) | (network & (n["coll_kind"] == CollectiveKind.ALL_REDUCE))
+    net_ar = allreduce & network
     per_rank = np.bincount(n["rank"][net_ar].clip(0), minlength=1) if net_ar.any() else np.zeros(1)
     m["allreduce_count"] = float(per_rank.max())
     m["p2p_present"] = float((n["category"] == Category.P2P).any())
@@ -96,6 +120,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     m["recompute_present"] = float(recomputes(g))
+    m["allreduce_full_precision_share"] = 1.0  # (not known without the trace's events: advise reads them)
     zeroing = zeroing_writes(g)  # the path's time in them: their ops' own time between children included
     m["zero_grad_share"] = float(sum(s.dur for s in a.segments() if s.node >= 0 and zeroing[s.node] and s.kind in _WORK) / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
@@ -145,6 +170,27 @@ RECOMPUTE_NAME = re.compile(
 ``torch.utils.checkpoint`` (``with_stack=True``), the reentrant checkpoint's autograd node
 (``CheckpointFunctionBackward``), FSDP's ``checkpoint_wrapper``, Megatron's and DeepSpeed's
 recompute ranges."""
+
+
+_LOW_KERNEL_NAME = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
+
+
+def allreduce_full_precision_share(a: StepAnalysis, table) -> float:
+    """Share of the critical path's all-reduce time (network ops of that kind) in all-reduces not
+    known to move 16- or 8-bit values: their args' dtype (``"dtype": "BFloat16"`` on recent
+    PyTorch's record_param_comms and NCCL kernels), else their name (``..._Sum_bf16``). The
+    gradient-compression recipe halves the bytes of a full-precision all-reduce; one in bf16
+    already has none to halve. 1 where the path holds no all-reduce (nothing known)."""
+    g, n = a.graph, a.graph.nodes
+    network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER) & (n["coll_kind"] == CollectiveKind.ALL_REDUCE)
+    t = a.critical_time()
+    nodes = np.flatnonzero(network & (t > 0))
+    total = float(t[nodes].sum())
+    if total <= 0:
+        return 1.0
+    elem = table.cols["elem_bytes"][n["event"][nodes]]
+    low = np.where(np.isfinite(elem), elem <= 2, [bool(_LOW_KERNEL_NAME.search(g.node_name(int(i)))) for i in nodes])
+    return float(1.0 - t[nodes][low].sum() / total)
 
 
 def recomputes(g: ExecutionGraph) -> bool:
@@ -508,7 +554,8 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
         "Reply with JSON only, matching this schema: " + json.dumps(SCHEMA) + ". Each suggestion names a recipe id (or null), "
         "explains in plain words why it applies to this step, and gives 1-4 what-if edits in this syntax: comma-separated "
         "key=value with selectors id=N, name=EXACT, name~=SUBSTRING, rank=R, cat=cpu_op|runtime|kernel|memcpy|memset|"
-        "collective|p2p, max_us=US, phase=forward|backward|optimizer, module=RANGE_NAME, gap=1 (the untraced time around the ops instead of "
+        "collective|p2p, coll=all_reduce|all_gather|reduce_scatter|broadcast|all_to_all (collectives of that kind, whatever their "
+        "names), max_us=US, phase=forward|backward|optimizer, module=RANGE_NAME, gap=1 (the untraced time around the ops instead of "
         "their duration), and changes scale=F (new duration = F x old), delay_ms=MS, or detach=1 (the ops stop waiting "
         "for and holding up other ranks and threads). Every edit is replayed on the step's dependency graph; ones that save nothing are discarded."
     )
@@ -539,6 +586,8 @@ def advise(
     ``windows`` (api.two_step_graphs) in steady state where the device paced the step's host."""
     recipes = recipes or load_recipes()
     metrics, ctx = symptoms(a, b, phases)
+    if table is not None:
+        metrics["allreduce_full_precision_share"] = allreduce_full_precision_share(a, table)
     sub = causal_subgraph(a, b)
     retrieved = BM25(recipes).top(query_of(metrics, sub), k)
     # recipes whose thresholds hold are candidates even if BM25 ranked them lower
