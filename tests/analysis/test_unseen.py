@@ -502,6 +502,30 @@ def test_a_progress_bar_thread_that_sleeps_through_the_step_carries_none_of_it()
     assert asleep and all(c.ok for c in asleep)
 
 
+def test_a_thread_asleep_through_a_trace_without_steps_carries_none_of_it(tmp_path):
+    """A profile with no ProfilerStep, no device and no backend (a CPU inference loop recorded
+    whole) and a monitor thread asleep in one Python frame through it (as tqdm's or a watchdog's,
+    with ``with_stack=True``): no thread was the step's, so none was a bystander, and the sleeping
+    thread carried the whole path (100% "CPU compute", the 'asleep' self-check failing). Its
+    frame is written here into our own inference loop's trace, spanning it: the picture is the
+    recorded trace's, and the thread is reported as a bystander."""
+    from bottleneck_oracle.api import analyze
+
+    path = OWN_CPU / "inference_loop_nosteps.json.gz"
+    doc = json.loads(gzip.open(path).read())
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    lo, hi = min(e["ts"] for e in xs), max(e["ts"] + e["dur"] for e in xs)
+    pid = xs[0]["pid"]
+    frame = {"ph": "X", "cat": "python_function", "name": "tqdm/_monitor.py(60): run", "pid": pid, "tid": 424242}
+    doc["traceEvents"].append({**frame, "ts": lo - 1000.0, "dur": hi - lo + 2000.0, "args": {"Python id": 1}})
+    (tmp_path / "asleep.json").write_text(json.dumps(doc))
+    (got,) = analyze(tmp_path / "asleep.json")[1]
+    (want,) = cached_analyses(path)
+    assert not any(s.tid == 424242 for s in got.segments())
+    assert [b.tid for b in got.graph.info.bystanders] == [424242] and all(c.ok for c in got.checks() if c.name == "asleep")
+    assert got.breakdown() == pytest.approx(want.breakdown(), abs=1e-6)
+
+
 def test_the_self_check_catches_a_bystander_that_carries_the_path():
     """Built without leaving the bystander out (the old graph), the path ends on tqdm's thread and
     the self-check says so."""

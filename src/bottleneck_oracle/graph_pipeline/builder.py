@@ -284,7 +284,9 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     and every backend thread: collectives). A thread the step's work only leads to (a monitor
     that queries the device's events, a thread woken by the step that hands nothing back) cannot
     hold the step up, so it cannot carry its path either. Without a ProfilerStep and without device
-    or backend work, no thread is a bystander.
+    or backend work, the step's own is the thread that runs the most op time (ranges and Python
+    frames are no ops): a thread sleeping through a CPU profile in one Python frame (a progress
+    bar's monitor) carried its whole path.
     Returns (rank, pid, tid) -> what is reported of it: its name, ops and its longest op."""
     if not w.n_leaf:
         return {}
@@ -298,8 +300,12 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     key_of = _thread_keys(w)
     anchors = [t for t in range(n_thread) if key_of[t] in step_threads]
     anchors += list(range(n_thread, int(lane.max()) + 1))  # device streams and backend threads
-    if len(anchors) == 0:
-        return {}
+    if len(anchors) == 0:  # no step marker, no device, no backend: the thread that runs the most op time
+        ev = w.leaf_rows
+        work = np.bincount(w.leaf_thread, weights=np.where(c["is_range"][ev], 0.0, w.end[ev] - w.ts[ev]), minlength=n_thread)
+        if not (work > 0).any():
+            return {}
+        anchors = [int(np.argmax(work))]
     lanes = int(lane.max()) + 1
     pairs = E.lanes_joined(lane)  # each pair of lanes an edge leads from, to, once
     into: list[list[int]] = [[] for _ in range(lanes)]  # lane -> the lanes with an edge into it
