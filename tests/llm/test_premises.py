@@ -132,8 +132,9 @@ def test_the_hotspot_recipe_does_not_name_a_collective():
 def test_an_exposed_all_reduce_in_bf16_is_offered_overlap_not_compression():
     """The MI300 ResNet's path is mostly its all-reduce, in NCCL's generic kernel whose args say
     "allreduce" and "BFloat16" (raw JSON). The all-reduce recipes selected it by a name it does not
-    have and were never offered; the overlap recipe now is (its edit selects those kernels), and
-    the bf16 compression hook is not: its all-reduces move bf16 already."""
+    have and were never offered; the overlap recipe now is (its edit selects those kernels), saying
+    that the input holds 1 of the job's 8 ranks, and the bf16 compression hook is not: its
+    all-reduces move bf16 already."""
     path = REAL / "mi300_resnet_actckpt_rank0of8.json.gz"
     with gzip.open(path, "rt") as f:
         kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_Generic")]
@@ -146,4 +147,19 @@ def test_an_exposed_all_reduce_in_bf16_is_offered_overlap_not_compression():
         offered = {x.source: x for x in adv.suggestions}
         overlap = offered.get("dp-allreduce-overlap")
         assert overlap is not None and overlap.edits == ["coll=all_reduce,scale=0.5"] and overlap.replay_saving_us > 0
+        # rank 0 of a world of 8 (distributedInfo): the all-reduce's time includes the wait for the 7 not here
+        assert "holds 1 of the job's 8 ranks" in overlap.explanation
         assert "dp-gradient-compression" not in offered | {x.source: x for x in adv.rejected if x.source}
+
+
+def test_a_complete_job_gets_no_missing_ranks_caveat():
+    """Our 2-rank gloo job with a delayed all-reduce on rank 1 holds both ranks: the all-reduce
+    recipe is offered without saying that ranks are missing."""
+    from tests.conftest import DATA
+
+    table, analyses = analyze(DATA / "gloo_ddp_8steps_straggler")
+    said = []
+    for a in analyses:
+        phases, mb = node_phases(table, a.graph)
+        said += [x.explanation for x in advise(a, None, phases, table, mb=mb).suggestions if x.source == "dp-allreduce-overlap"]
+    assert said and not any("ranks that are not here" in x for x in said)

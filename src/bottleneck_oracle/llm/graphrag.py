@@ -152,6 +152,15 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         ctx["straggler_scale"] = f"{max(0.0, 1 - worst.op_excess_us / max(worst.op_us, 1.0)):.3f}"
         ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
         ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst)
+    # a collective's time where some of the job's ranks are not in the input includes its wait for them
+    run = g.meta.get("run_facts") or {}
+    missing, world = int(run.get("missing_ranks") or 0), run.get("world_size")
+    ctx["ranks_caveat"] = (
+        f" This input holds {world - missing} of the job's {world} ranks: the collective's time includes its wait for ranks "
+        "that are not here, which no overlap hides; profile every rank to see which one is late."
+        if missing and world
+        else ""
+    )
     # untraced time on the critical path (analysis.segments): stretches between ops with no traced cause
     m["untraced_share"] = float(a.untraced_us / ms)
     ctx["untraced_share_pct"] = f"{100 * m['untraced_share']:.0f}"
