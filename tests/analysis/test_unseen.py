@@ -54,11 +54,11 @@ def raw_periods(path) -> dict[int, float]:
         if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
     )
     dev_end: dict[int, float] = {}
-    first_call = min(launch, default=0)
+    first_call = min((k for k in launch if k > 0), default=0)
     for e in ev:
         corr = e.get("args", {}).get("correlation")
         t = launch.get(corr) if e.get("cat") in DEVICE_CATS else None
-        if t is None and e.get("cat") in DEVICE_CATS and isinstance(corr, int) and 0 <= corr < first_call and steps:
+        if t is None and e.get("cat") in DEVICE_CATS and isinstance(corr, int) and 0 < corr < first_call and steps:
             dev_end[steps[0][2] - 1] = max(dev_end.get(steps[0][2] - 1, 0.0), e["ts"] + e["dur"])  # launched before the trace
         for lo, hi, n in steps if t is not None else ():
             if lo <= t < hi:
@@ -121,6 +121,33 @@ def test_diff_test_steps_are_their_device_periods_and_their_breakdowns_agree():
     assert all(abs(c / float(np.median(compute)) - 1) <= 0.10 for c in compute), compute
     idle = [c for a in analyses[1:] for c in a.checks() if c.name == "device_idle"]  # (said where the path waits on the device)
     assert len(idle) >= 4 and all(c.ok for c in idle), [c.detail for c in idle]
+
+
+def test_a_device_op_with_no_correlation_id_is_not_taken_for_work_queued_before_the_trace(tmp_path):
+    """A correlation id of 0 is none (the runtime numbers its calls from 1): a device op whose launch
+    is not traced and whose id is 0 stays in the step its stream places it in, as before the
+    queued-before-the-trace rule; only ids above 0 below every traced call's are that. diff_test
+    with one kernel of step 1012 so written (its launch call dropped): step 1012 holds as many
+    device ops as recorded, step 1009 still starts where step 1008's queued work ends."""
+    from bottleneck_oracle.api import analyze
+
+    path = PUBLIC / "diff_test_rank1of2.json.gz"
+    doc = json.loads(gzip.open(path).read())
+    step = next(e for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#1012")
+    calls = {
+        e["args"]["correlation"]: e
+        for e in doc["traceEvents"]
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}) and step["ts"] <= e["ts"] < step["ts"] + step["dur"]
+    }
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["args"].get("correlation") in calls)
+    doc["traceEvents"].remove(calls[kernel["args"]["correlation"]])
+    kernel["args"]["correlation"] = 0
+    (tmp_path / "corr0.json").write_text(json.dumps(doc))
+    got = {a.graph.step: a for a in analyze(tmp_path / "corr0.json")[1]}
+    want = {a.graph.step: a for a in cached_analyses(path)}
+    ops = {s: sum(f["device_ops"] for f in a.graph.meta["facts"]["ranks"]) for s, a in got.items()}
+    assert ops[1012] == sum(f["device_ops"] for f in want[1012].graph.meta["facts"]["ranks"])
+    assert got[1009].step_time == pytest.approx(want[1009].step_time, rel=1e-9)
 
 
 def test_a_gap_between_queued_kernels_is_device_time_and_a_starved_gap_is_launch_time():
@@ -1226,14 +1253,14 @@ def _device_ops_launched(docs: list, step: int) -> int:
         device = [e for e in ev if e.get("cat") in DEVICE_CATS]
         launched = [e["ts"] for e in device if e.get("args", {}).get("correlation") in rt]
         first = min(launched, default=float("inf"))
-        first_call = min(rt, default=0)
+        first_call = min((k for k in rt if isinstance(k, int) and k > 0), default=0)
         for e in device:
             # a device op belongs to the step whose host launched it; one whose launch is not in the
             # trace, to the step it starts in (none if it ran before the first traced launch's op,
             # or if its correlation id is below every traced call's: launched before the trace)
             corr = e.get("args", {}).get("correlation")
             t = rt.get(corr)
-            if t is None and e["ts"] >= first and not (isinstance(corr, int) and 0 <= corr < first_call):
+            if t is None and e["ts"] >= first and not (isinstance(corr, int) and 0 < corr < first_call):
                 t = e["ts"]
             total += t is not None and lo <= t < hi
     return total

@@ -112,8 +112,8 @@ def test_step_time_is_the_period_the_raw_events_show(path):
         # device work that ran before the first traced launch's, or whose correlation id is below every
         # traced runtime call's (launched before the first of them), was queued before the profile
         first = c["ts"][launched & (c["rank"] == r)].min() if (launched & (c["rank"] == r)).any() else np.inf
-        first_call = min((k for (q, k) in runtime if q == r), default=-1)
-        early = (c["ts"] < first) | ((c["correlation"] >= 0) & (c["correlation"] < first_call))
+        first_call = min((k for (q, k) in runtime if q == r and k > 0), default=-1)
+        early = (c["ts"] < first) | ((c["correlation"] > 0) & (c["correlation"] < first_call))
         anchor[device & ~launched & (c["rank"] == r) & early] = -np.inf
     for a in cached_analyses(path):
         g = a.graph

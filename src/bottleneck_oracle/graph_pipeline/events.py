@@ -376,12 +376,12 @@ class EventTable:
         orphan = np.isin(c["cls"], GPU_SIDE) & (launcher < 0)
         if orphan.any():
             launched = np.flatnonzero(launcher >= 0)
-            calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (corr >= 0))
+            calls = np.flatnonzero((c["cls"] == EvClass.RUNTIME) & (corr > 0))  # (ids above 0: 0 is none)
             for r in np.unique(c["rank"][orphan]).tolist():
                 mine = launched[c["rank"][launched] == r]
                 if len(mine):
                     first_call = corr[calls[c["rank"][calls] == r]].min()  # (mine's own calls among them)
-                    early = orphan & (c["rank"] == r) & ((ts < ts[mine].min()) | ((corr >= 0) & (corr < first_call)))
+                    early = orphan & (c["rank"] == r) & ((ts < ts[mine].min()) | ((corr > 0) & (corr < first_call)))
                     anchor[early] = -np.inf
             late = np.flatnonzero(orphan & np.isfinite(anchor))
             if len(late):
