@@ -179,3 +179,22 @@ def test_every_op_longer_by_the_steps_share_is_said_to_look_like_the_machine():
     assert c.verdict == "slower" and c.delta_share == pytest.approx(0.5)
     assert any("ops themselves ran +50% longer" in w for w in c.warnings)
     assert not any("ops themselves" in w for w in _compare(STRAGGLER, CLEAN).warnings)
+
+
+def test_a_run_of_two_steady_steps_still_says_what_its_time_went_to():
+    """compare reads what moved from a run's typical steps: those in its interquartile range. With
+    two steady steps the quartiles lie between them and no step was typical: every kind's time
+    read None (a 'Mean of empty slice' warning on the terminal) and nothing moved. nccl_2rank has
+    three steps, the first warm-up: both steady steps are equally typical now, and each kind's
+    time is their mean."""
+    import warnings
+
+    path = PUBLIC / "nccl_2rank_rank0.json.gz"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        c = _compare(path, path)
+    steady = cached_analyses(path)[1:]
+    assert c.baseline_steps == len(steady) == 2
+    for k, row in c.by_kind.items():
+        want = float(np.mean([a.breakdown()[k] for a in steady]))
+        assert row.baseline_us == pytest.approx(want) and row.delta_us == 0.0

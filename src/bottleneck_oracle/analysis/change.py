@@ -322,9 +322,16 @@ def kernel_family(name: str) -> str:
 
 
 def _typical(analyses: list[StepAnalysis], times: np.ndarray) -> list[StepAnalysis]:
-    """The steps whose time lies in the run's interquartile range (at least the median's)."""
+    """The steps whose time lies in the run's interquartile range, or where none does (two steps:
+    the quartiles lie between them) those nearest the median."""
+    if not len(times):
+        return []
     q1, q3 = np.percentile(times, [25, 75])
-    return [a for a, t in zip(analyses, times) if q1 <= t <= q3]
+    inside = [a for a, t in zip(analyses, times) if q1 <= t <= q3]
+    if inside:
+        return inside
+    off = np.abs(np.asarray(times, dtype=float) - float(np.median(times)))
+    return [a for a, d in zip(analyses, off) if d <= off.min() + 1e-9]
 
 
 def _rows(analyses: list[StepAnalysis], across_ranks: bool) -> dict[tuple[str, int], tuple[float, SegmentKind, set[int]]]:
