@@ -87,20 +87,13 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     # a collective counts in its family by the kind it is, whatever its name (NCCL's
     # ncclKernel_AllReduce_*, its generic kernel: graph_pipeline.window.collective_kinds)
     network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
-    for key, kinds in _COLLECTIVE_FAMILIES.items():
-        pats = FAMILIES[key]
-        m[key] += float(
-            sum(
-                seg.dur
-                for seg in a.segments()
-                if seg.kind == "op"
-                and seg.node >= 0
-                and network[seg.node]
-                and int(n["coll_kind"][seg.node]) in kinds
-                and not any(p in seg.name.lower() for p in pats)  # (counted by its name above)
-            )
-            / ms
-        )
+    for seg in a.segments():  # (one pass: a long step's path has hundreds of thousands of segments)
+        if seg.kind != "op" or seg.node < 0 or not network[seg.node]:
+            continue
+        kind = int(n["coll_kind"][seg.node])
+        for key, kinds in _COLLECTIVE_FAMILIES.items():
+            if kind in kinds and not any(p in seg.name.lower() for p in FAMILIES[key]):  # (not counted by its name above)
+                m[key] += float(seg.dur / ms)
     for k, v in a.breakdown().items():
         m[f"{k}_share"] = float(v / ms)
     allreduce = (np.char.find(node_names, "all_reduce") >= 0) | (network & (n["coll_kind"] == CollectiveKind.ALL_REDUCE))
