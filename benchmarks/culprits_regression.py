@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,15 @@ def _run(src: Path, script: Path, dataset: Path, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     subprocess.run([sys.executable, str(script), "--dataset", str(dataset), "--json", str(out)], check=True, env=env, cwd=ROOT)
     return json.loads(out.read_text())
+
+
+def _recording(dataset: Path) -> str:
+    """What the dataset is: its graphs, its steps with injected culprits, the day it was built
+    (its dataset.jsonl's modification date, UTC), on which machine (this script does not record)."""
+    rows = [json.loads(line) for line in (dataset / "dataset.jsonl").read_text().splitlines() if line.strip()]
+    day = time.strftime("%Y-%m-%d", time.gmtime((dataset / "dataset.jsonl").stat().st_mtime))
+    injected = sum(1 for r in rows if r.get("culprit_ids"))
+    return f"{dataset.name}/ built on {day} (`make data`): {len(rows)} step graphs, {injected} with injected culprits"
 
 
 def main() -> int:
@@ -55,6 +65,8 @@ def main() -> int:
         "methods_previous_code": before["methods"],
         "methods_this_code": after["methods"],
         "blame_seconds_per_step": {"previous": before["blame_seconds_per_step"], "this": after["blame_seconds_per_step"]},
+        "recording": _recording(a.dataset),
+        "command": "python benchmarks/culprits_regression.py " + " ".join(sys.argv[1:]),
     }
     for m in after["methods"]:
         b, t = before["methods"].get(m, {}), after["methods"][m]
