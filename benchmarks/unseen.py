@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import gzip
 import json
 import re
 import statistics
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from bottleneck_oracle import api
@@ -947,12 +949,7 @@ def rewritten_files(tmp: Path) -> dict:
         "one_file_step_time_us": want.step_time,
         "failed_checks": [c.name for c in got.checks() if not c.ok],
     }
-    path = DATA / "public-gpu/diff_control_rank3of8.json.gz"
-    doc = json.loads(gzip.open(path).read())
-    moved = viewer_lanes(doc)
-    (tmp / "lanes.json").write_text(json.dumps(doc))
-    (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
-    got, want = step_rows(tmp / "lanes.json"), step_rows(tmp / "recorded.json")
+    moved, got, want = _rewritten_file(DATA / "public-gpu/diff_control_rank3of8.json.gz", viewer_lanes, tmp / "lanes.json")
     out["viewer_lanes_diff_control"] = {
         "ops_moved": moved,
         "largest_breakdown_difference_us": _largest_difference(got, want),
@@ -996,15 +993,9 @@ def rewritten_files(tmp: Path) -> dict:
     out["other_cpu_backends_gloo_straggler"] = {}
     folder = DATA / "gloo_ddp_8steps_straggler"
     for prefix in ("mpi:", "ucc:"):
-        (tmp / prefix[:3]).mkdir()
-        (tmp / f"{prefix[:3]}-recorded").mkdir()
-        renamed = 0
-        for f in sorted(folder.glob("*.json.gz")):
-            doc = json.loads(gzip.open(f).read())
-            (tmp / f"{prefix[:3]}-recorded" / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
-            renamed += other_cpu_backend(doc, prefix)
-            (tmp / prefix[:3] / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
-        analyses, recorded_analyses = api.analyze(tmp / prefix[:3])[1], api.analyze(tmp / f"{prefix[:3]}-recorded")[1]
+        renamed, analyses, recorded_analyses = _rewritten_folder(
+            folder, functools.partial(other_cpu_backend, prefix=prefix), tmp / prefix[:3]
+        )
         got, want = run_answer(analyses), run_answer(recorded_analyses)
         rows, recorded = rows_of(analyses), rows_of(recorded_analyses)
         out["other_cpu_backends_gloo_straggler"][prefix] = {
@@ -1012,16 +1003,7 @@ def rewritten_files(tmp: Path) -> dict:
             **_run_against(got, want),
             "largest_breakdown_difference_us": _largest_difference(rows, recorded),
         }
-    folder = DATA / "real-gpu/dlrm_v100_8rank"
-    (tmp / "generic").mkdir()
-    (tmp / "generic-recorded").mkdir()
-    renamed = 0
-    for f in sorted(folder.glob("*.json.gz")):
-        doc = json.loads(gzip.open(f).read())
-        (tmp / "generic-recorded" / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
-        renamed += nccl_generic_kernels(doc)
-        (tmp / "generic" / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
-    analyses, recorded_analyses = api.analyze(tmp / "generic")[1], api.analyze(tmp / "generic-recorded")[1]
+    renamed, analyses, recorded_analyses = _rewritten_folder(DATA / "real-gpu/dlrm_v100_8rank", nccl_generic_kernels, tmp / "generic")
     out["nccl_generic_kernels_dlrm"] = {
         "kernels_renamed": renamed,
         **_run_against(run_answer(analyses), run_answer(recorded_analyses)),
@@ -1030,11 +1012,7 @@ def rewritten_files(tmp: Path) -> dict:
         "largest_breakdown_difference_us": _largest_difference(rows_of(analyses), rows_of(recorded_analyses)),
     }
     path = DATA / "public-gpu/diff_test_rank1of2.json.gz"
-    doc = json.loads(gzip.open(path).read())
-    renamed = collectives_outside_nccl(doc)
-    (tmp / "custom.json").write_text(json.dumps(doc))
-    (tmp / "recorded.json").write_text(json.dumps(json.loads(gzip.open(path).read())))
-    got, want = step_rows(tmp / "custom.json"), step_rows(tmp / "recorded.json")
+    renamed, got, want = _rewritten_file(path, collectives_outside_nccl, tmp / "custom.json")
     out["collectives_outside_nccl_diff_test"] = {
         "kernels_renamed": renamed,
         "communication_us": [r["breakdown_us"]["communication"] for r in got],
@@ -1087,6 +1065,34 @@ def rewritten_files(tmp: Path) -> dict:
             **_run_against(got_run, want_run),
         }
     return out
+
+
+def _rewritten_file(path: Path, rewrite: Callable[[dict], int], out: Path) -> tuple[int, list[dict], list[dict]]:
+    """The trace ``path`` rewritten in place by ``rewrite`` (which returns how many events it
+    changed) and written to ``out``, beside it as recorded (``recorded.json`` next to ``out``):
+    (that count, the step rows of the rewritten, of the recorded)."""
+    doc = json.loads(gzip.open(path).read())
+    recorded = out.parent / "recorded.json"
+    recorded.write_text(json.dumps(doc))
+    changed = rewrite(doc)
+    out.write_text(json.dumps(doc))
+    return changed, step_rows(out), step_rows(recorded)
+
+
+def _rewritten_folder(folder: Path, rewrite: Callable[[dict], int], out: Path) -> tuple[int, list, list]:
+    """Every rank file of ``folder`` written to ``out`` rewritten in place by ``rewrite`` (which
+    returns how many events it changed) and to ``out``-recorded as recorded: (the changes summed,
+    the analyses of the rewritten folder, of the recorded one)."""
+    recorded = out.with_name(f"{out.name}-recorded")
+    out.mkdir()
+    recorded.mkdir()
+    changed = 0
+    for f in sorted(folder.glob("*.json.gz")):
+        doc = json.loads(gzip.open(f).read())
+        (recorded / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+        changed += rewrite(doc)
+        (out / f.name.removesuffix(".gz")).write_text(json.dumps(doc))
+    return changed, api.analyze(out)[1], api.analyze(recorded)[1]
 
 
 def _run_against(got: RunAnswer, want: RunAnswer) -> dict:
