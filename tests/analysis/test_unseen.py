@@ -150,6 +150,25 @@ def test_a_device_op_with_no_correlation_id_is_not_taken_for_work_queued_before_
     assert got[1009].step_time == pytest.approx(want[1009].step_time, rel=1e-9)
 
 
+def test_a_trace_whose_correlation_ids_are_all_0_is_read(tmp_path):
+    """Every launch call's id 0 (no id) and one device op without an id: the rule for work queued
+    before the trace has no first call to read and leaves it alone (it raised an internal error:
+    the least id of no calls)."""
+    from bottleneck_oracle.api import analyze
+
+    doc = json.loads(gzip.open(PUBLIC / "cuda_event_sync_1gpu.json.gz").read())
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("args"), dict) and "correlation" in e["args"]:
+            e["args"]["correlation"] = 0
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    del kernels[-1]["args"]["correlation"]
+    (tmp_path / "ids0.json").write_text(json.dumps(doc))
+    (got,) = analyze(tmp_path / "ids0.json")[1]
+    assert got.step_time > 0 and got.graph.nodes["on_gpu"].sum() == len(kernels) + sum(
+        1 for e in doc["traceEvents"] if e.get("cat") in ("gpu_memcpy", "gpu_memset")
+    )
+
+
 def test_a_gap_between_queued_kernels_is_device_time_and_a_starved_gap_is_launch_time():
     """On a device-bound step the µs between kernels already queued are the device's (compute),
     not launch overhead; where a kernel was launched after the one before it ended, the device

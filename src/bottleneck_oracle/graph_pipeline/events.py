@@ -380,7 +380,8 @@ class EventTable:
             for r in np.unique(c["rank"][orphan]).tolist():
                 mine = launched[c["rank"][launched] == r]
                 if len(mine):
-                    first_call = corr[calls[c["rank"][calls] == r]].min()  # (mine's own calls among them)
+                    ids = corr[calls[c["rank"][calls] == r]]  # (none where every id of the rank is 0: no id to read)
+                    first_call = ids.min() if len(ids) else 0
                     early = orphan & (c["rank"] == r) & ((ts < ts[mine].min()) | ((corr > 0) & (corr < first_call)))
                     anchor[early] = -np.inf
             late = np.flatnonzero(orphan & np.isfinite(anchor))
