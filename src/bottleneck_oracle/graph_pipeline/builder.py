@@ -34,13 +34,13 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, kahn
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
-from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
+from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.facts import LAUNCH_TOLERANCE_US, StepFacts, index_facts, run_facts, step_facts
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.regions import empty_regions, window_regions
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
-from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, make_window, table_lookups
+from bottleneck_oracle.graph_pipeline.window import GPU_CLASSES, P2P_KINDS, Window, launching_op_values, make_window, table_lookups
 
 
 @dataclass(kw_only=True, slots=True)
@@ -473,13 +473,8 @@ def _sequence_numbers(w: Window, pairs: list[tuple[int, int]]) -> np.ndarray:
     record_param_comms that launched it); a backend op from its c10d call."""
     c, rows = w.c, w.node_rows
     seq = c["seq"][rows].copy()
-    lacking = np.flatnonzero(w.is_net & (seq < 0) & (c["ext_id"][rows] >= 0))
-    if len(lacking):
-        known = np.flatnonzero((c["seq"] >= 0) & (c["cls"] == EvClass.CPU) & (c["ext_id"] >= 0))
-        if len(known):
-            lookup = dict(zip(zip(c["rank"][known].tolist(), c["ext_id"][known].tolist()), c["seq"][known].tolist()))
-            for n, r, x in zip(lacking.tolist(), c["rank"][rows[lacking]].tolist(), c["ext_id"][rows[lacking]].tolist()):
-                seq[n] = lookup.get((r, x), -1)
+    lacking = np.flatnonzero(w.is_net & (seq < 0))
+    seq[lacking] = launching_op_values(c, rows[lacking], "seq")
     for call, work in pairs:
         if seq[work] < 0:
             seq[work] = c["seq"][call]

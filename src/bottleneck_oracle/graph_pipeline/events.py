@@ -1649,9 +1649,10 @@ class _Builder:
             sparse["seq"][0].append(row)
             sparse["seq"][1].append(seq)
         named = _first(args, F.COLLECTIVE_NAME_KEYS)  # ("allreduce" on record_param_comms, and on NCCL's generic kernel)
-        if isinstance(named, str) and collective_kind(named) >= 0:
+        kind = collective_kind(named) if isinstance(named, str) else -1
+        if kind >= 0:
             sparse["coll_kind"][0].append(row)
-            sparse["coll_kind"][1].append(collective_kind(named))
+            sparse["coll_kind"][1].append(kind)
         ranks_v, pg_name = _first(args, F.PG_RANKS_KEYS), _first(args, F.PG_NAME_KEYS)
         if ranks_v is not None or pg_name is not None:
             sparse["pg"][0].append(row)

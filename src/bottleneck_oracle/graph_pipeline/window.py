@@ -355,14 +355,25 @@ def collective_kinds(c: Mapping[str, np.ndarray], rows: np.ndarray, name_coll: n
     if not unnamed.any():
         return kind
     kind = np.where(unnamed, c["coll_kind"][rows], kind).astype(np.int8)
-    lacking = np.flatnonzero((kind < 0) & (c["ext_id"][rows] >= 0) & (c["cls"][rows] != EvClass.CPU))
-    if len(lacking):
-        known = np.flatnonzero((c["coll_kind"] >= 0) & (c["cls"] == EvClass.CPU) & (c["ext_id"] >= 0))
-        if len(known):
-            lookup = dict(zip(zip(c["rank"][known].tolist(), c["ext_id"][known].tolist()), c["coll_kind"][known].tolist()))
-            at = rows[lacking]
-            kind[lacking] = [lookup.get(key, -1) for key in zip(c["rank"][at].tolist(), c["ext_id"][at].tolist())]
+    lacking = np.flatnonzero((kind < 0) & (c["cls"][rows] != EvClass.CPU))
+    kind[lacking] = launching_op_values(c, rows[lacking], "coll_kind")
     return kind
+
+
+def launching_op_values(c: Mapping[str, np.ndarray], rows: np.ndarray, col: str) -> np.ndarray:
+    """Per row of ``rows``: column ``col`` (an id or a code, -1 where unknown) of the CPU op of its
+    rank with the same External id that has one (the record_param_comms that launched a
+    collective's kernel); -1 where there is none (or the row has no External id)."""
+    out = np.full(len(rows), -1, dtype=np.int64)
+    ask = np.flatnonzero(c["ext_id"][rows] >= 0)
+    if not len(ask):
+        return out
+    known = np.flatnonzero((c[col] >= 0) & (c["cls"] == EvClass.CPU) & (c["ext_id"] >= 0))
+    if len(known):
+        lookup = dict(zip(zip(c["rank"][known].tolist(), c["ext_id"][known].tolist()), c[col][known].tolist()))
+        at = rows[ask]
+        out[ask] = [lookup.get(key, -1) for key in zip(c["rank"][at].tolist(), c["ext_id"][at].tolist())]
+    return out
 
 
 def is_network(name: np.ndarray, cls: np.ndarray, gloo: np.ndarray, nccl: np.ndarray) -> np.ndarray:
