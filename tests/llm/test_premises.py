@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from tests.conftest import PUBLIC, REAL
+from tests.conftest import MORE, OWN_GPU, PUBLIC, REAL
 
 from bottleneck_oracle.analysis.phases import node_phases
 from bottleneck_oracle.api import analyze
@@ -163,3 +163,113 @@ def test_a_complete_job_gets_no_missing_ranks_caveat():
         phases, mb = node_phases(table, a.graph)
         said += [x.explanation for x in advise(a, None, phases, table, mb=mb).suggestions if x.source == "dp-allreduce-overlap"]
     assert said and not any("ranks that are not here" in x for x in said)
+
+
+COMPILE_RECIPES = {"small-ops-fusion", "elementwise-fusion", "gpu-compile"}
+
+
+def _advice(path) -> list:
+    table, analyses = analyze(path)
+    out = []
+    for a in analyses:
+        phases, mb = node_phases(table, a.graph)
+        out.append(advise(a, None, phases, table, mb=mb))
+    return out
+
+
+def test_a_compiled_and_graphed_step_is_not_told_to_compile_or_capture_graphs():
+    """xdit's Flux runs under torch.compile with its CUDA-graph trees (ROCm): in the raw JSON,
+    Inductor's kernels (``triton_...``) and the kernels replayed by ``hipGraphLaunch`` (they carry
+    its correlation id). The CPU-overhead recipe told it to "Compile the model (torch.compile)"."""
+    path = MORE / "xdit_flux_hipgraph_mi300.json.gz"
+    with gzip.open(path, "rt") as f:
+        ev = json.load(f)["traceEvents"]
+    graph_calls = {e["args"]["correlation"] for e in ev if e.get("name") == "hipGraphLaunch"}
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert sum(e["name"].startswith("triton_") for e in kernels) >= 400
+    assert sum(e["args"].get("correlation") in graph_calls for e in kernels) >= 900
+    for adv in _advice(path):
+        offered = list(adv.suggestions) + [x for x in adv.rejected if x.source]
+        assert not COMPILE_RECIPES & {x.source for x in offered}
+        assert "launch-bound-cuda-graphs" not in {x.source for x in offered}
+        for x in adv.suggestions:
+            assert "Compile the model" not in x.remedy and "CUDA graph" not in x.remedy, (x.source, x.remedy)
+            assert "runs compiled already" in x.remedy or x.source != "cpu-framework-overhead"
+
+
+def _as_compiled(src, out) -> int:
+    """``src`` as torch.compile (Inductor) would have run it: AOTAutograd's ``CompiledFunction``
+    and Inductor's ``## Call CompiledFxGraph ##`` ranges over each step's forward range, a
+    ``CompiledFunctionBackward`` and another graph call over the autograd thread's work in each
+    backward range, and every kernel launched inside either named as one of Inductor's. How many
+    kernels."""
+    import collections
+
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    ev = doc["traceEvents"]
+    ranges = {name: [e for e in ev if e.get("cat") == "user_annotation" and e.get("name") == name] for name in ("forward", "backward")}
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in ranges["forward"] + ranges["backward"]]
+    graph = {"cat": "user_annotation", "name": "## Call CompiledFxGraph fabc123 ##", "args": {}}
+    add = [{**e, "cat": "cpu_op", "name": "CompiledFunction", "args": {}} for e in ranges["forward"]]
+    add += [{**e, **graph} for e in ranges["forward"]]
+    for e in ranges["backward"]:
+        ops = [x for x in ev if x.get("cat") == "cpu_op" and x["tid"] != e["tid"] and e["ts"] <= x["ts"] < e["ts"] + e["dur"]]
+        tid = collections.Counter(x["tid"] for x in ops).most_common(1)[0][0]  # the autograd engine's thread
+        ops = [x for x in ops if x["tid"] == tid]
+        lo, hi = min(x["ts"] for x in ops), max(x["ts"] + x["dur"] for x in ops)
+        add.append({**ops[0], "name": "CompiledFunctionBackward", "ts": lo, "dur": hi - lo, "args": {}})
+        add.append({**ops[0], **graph, "ts": lo, "dur": hi - lo})
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    renamed = 0
+    for e in ev:
+        call = calls.get(e.get("args", {}).get("correlation")) if e.get("cat") == "kernel" else None
+        if call is not None and any(lo <= call["ts"] < hi for lo, hi in spans):
+            e["name"] = f"triton_poi_fused_{renamed % 40}"
+            renamed += 1
+    ev.extend(add)
+    with gzip.open(out, "wt") as f:
+        json.dump(doc, f)
+    return renamed
+
+
+def test_the_same_job_compiled_is_not_told_to_compile(tmp_path):
+    """Our eager DDP job on a GPU (rank 1): CPU-bound, its path full of short ops; the compile
+    recipes are offered and the CPU-overhead one says to compile the model. The same trace
+    rewritten as torch.compile runs its forward and backward (compiled ranges around them, Inductor's
+    kernels): none of the compile recipes, and the CPU-overhead recipe says that the step runs
+    compiled already and that its next step is a CUDA graph (none is replayed)."""
+    src = OWN_GPU / "gloo_cuda_ddp_tiny_clean" / "rank-1.json.gz"
+    before = _advice(src)
+    assert sum(bool(COMPILE_RECIPES & {x.source for x in adv.suggestions}) for adv in before) >= 4
+    cpu = [x for adv in before for x in adv.suggestions if x.source == "cpu-framework-overhead"]
+    assert cpu and all(x.remedy.startswith("Compile the model") for x in cpu)
+    out = tmp_path / "compiled.json.gz"
+    assert _as_compiled(src, out) > 500
+    after = _advice(out)
+    assert len(after) == len(before)
+    for adv in after:
+        assert not COMPILE_RECIPES & ({x.source for x in adv.suggestions} | {x.source for x in adv.rejected if x.source})
+    cpu = [x for adv in after for x in adv.suggestions if x.source == "cpu-framework-overhead"]
+    assert cpu and all("runs compiled already" in x.remedy and "CUDA graph" in x.remedy for x in cpu)
+
+
+def test_a_step_compiled_without_fusion_is_told_which_backend_fuses():
+    """ddp_v100 runs under torch.compile (AOTAutograd's CompiledFunction and CompiledFunctionBackward
+    in every step, in the raw JSON) with a backend that does not fuse: the ops inside are the
+    model's own aten ops and kernels, and the trace holds no Inductor graph or kernel. The compile
+    recipes apply and say why; the CPU-overhead one names Inductor, not "compile the model"."""
+    path = REAL / "ddp_v100_rank1of2_5steps.json.gz"
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    forward = [e for e in ev if e["name"] == "CompiledFunction"]
+    assert len(forward) == 5 and sum(e["name"] == "CompiledFunctionBackward" for e in ev) == 5
+    assert not any(e["name"].startswith("triton_") or "CompiledFxGraph" in e["name"] or "_inductor" in e["name"] for e in ev)
+    f0 = forward[0]
+    inside = {e["name"] for e in ev if e["tid"] == f0["tid"] and f0["ts"] <= e["ts"] < f0["ts"] + f0["dur"]}
+    assert {"aten::addmm", "aten::add", "aten::relu"} <= inside  # (eager ops, run one by one)
+    advice = _advice(path)
+    for adv in advice:
+        offered = {x.source: x for x in adv.suggestions}
+        assert "small-ops-fusion" in offered and "backend that runs its ops one by one" in offered["small-ops-fusion"].explanation
+        assert offered["cpu-framework-overhead"].remedy.startswith("Compile with Inductor, torch.compile's default backend")

@@ -84,6 +84,25 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             spent[key] = spent.get(key, 0.0) + seg.dur
     for key, pats in FAMILIES.items():
         m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats)) / ms)
+    # compiled code (torch.compile's graphs, Inductor's kernels) is fused already: the fusion and
+    # compile recipes are for the work outside it
+    compiled = compiled_code(g)
+    aot = compiled_code(g, AOT_NAME) & ~compiled  # under torch.compile, run op by op
+    eager: dict[str, float] = {}
+    work = in_compiled = in_aot = 0.0
+    for seg in a.segments():
+        inside = seg.node >= 0 and bool(compiled[seg.node])
+        if seg.kind in _WORK:
+            work += seg.dur
+            in_compiled += seg.dur if inside else 0.0
+            in_aot += seg.dur if seg.node >= 0 and aot[seg.node] else 0.0
+        if seg.kind in ("op", "framework", "untraced") and not inside:
+            key = seg.name.lower()
+            eager[key] = eager.get(key, 0.0) + seg.dur
+    pats = FAMILIES["elementwise_share"]
+    m["elementwise_share"] = float(sum(v for name, v in eager.items() if any(p in name for p in pats)) / ms)
+    m["uncompiled_share"] = float(1.0 - in_compiled / work) if work > 0 else 1.0
+    unfused = float(in_aot / work) if work > 0 else 0.0  # (of the path's work: under torch.compile, not fused)
     # a collective counts in its family by the kind it is, whatever its name (NCCL's
     # ncclKernel_AllReduce_*, its generic kernel: graph_pipeline.window.collective_kinds)
     network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
@@ -104,13 +123,18 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["gpu_present"] = float(n["on_gpu"].any() and _cuda_or_hip(g))
     m["cpu_only"] = 1.0 - m["gpu_present"]
     m["tp_like"] = float(m["allreduce_count"] >= 4 and not m["p2p_present"] and _forward_allreduce(g, allreduce, phases))
-    m["small_op_share"] = float(t[(n["mdur"] < 20) & (n["category"] != Category.BARRIER)].sum() / ms)
+    small = (n["mdur"] < 20) & (n["category"] != Category.BARRIER)
+    replayed = graph_replayed(g)
+    m["small_op_share"] = float(t[small & ~compiled].sum() / ms)
+    m["small_launch_share"] = float(t[small & ~replayed].sum() / ms)  # (compiled or not, each paid its launch)
     kernel = n["category"] == Category.KERNEL
     m["gpu_compute_share"] = float(t[n["on_gpu"]].sum() / ms)
     m["full_precision_share"] = full_precision_share(a)
     m["nchw_share"] = nchw_share(a)
     m["host_full_precision_share"] = host_full_precision_share(a)
-    m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20)].sum() / max(float(t[kernel].sum()), 1.0))
+    m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20) & ~compiled].sum() / max(float(t[kernel].sum()), 1.0))
+    device_t = float(t[n["on_gpu"]].sum())
+    m["ungraphed_share"] = float(1.0 - t[n["on_gpu"] & replayed].sum() / device_t) if device_t > 0 else 1.0
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     m["recompute_present"] = float(recomputes(g))
     m["allreduce_full_precision_share"] = 1.0  # (not known without the trace's events: advise reads them)
@@ -122,6 +146,14 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
+    ctx["compile_remedy"] = _compile_remedy(m["uncompiled_share"], m["ungraphed_share"], m["gpu_present"], unfused)
+    ctx["compiled_note"] = (
+        " The step runs compiled code already; these are outside it (the loss, the optimizer, code after a graph break)."
+        if m["uncompiled_share"] < 1.0 - COMPILED_NOTE_SHARE
+        else _UNFUSED
+        if unfused >= COMPILED_NOTE_SHARE
+        else ""
+    )
     setup = g.info.setup_names  # one-time runtime setup (facts.setup_calls) is no op to make faster
     # a collective's time on the path holds its wait for the other ranks (and, where only some ranks
     # are in the input, for ranks not here): no better kernel makes that shorter; the communication
@@ -204,6 +236,73 @@ def recomputes(g: ExecutionGraph) -> bool:
 
 
 _WORK = ("op", "framework", "device", "launch")  # segment kinds that are a node's work, not a wait before it
+
+COMPILED_CODE_NAME = re.compile(r"CompiledFxGraph|(^|/)torch/_inductor/|^triton_", re.IGNORECASE)
+"""Names of the code Inductor (torch.compile's default backend) compiled, as it runs: its graph's
+call (``## Call CompiledFxGraph <hash> ##``), the Python frames of its runtime (the generated
+module's call, ``triton_heuristics``, ``cudagraph_trees``: ``with_stack=True``) and its kernels
+(``triton_poi_fused_...``, ``triton_red_...``). Not ``Torch-Compiled Region`` nor Dynamo's
+frames: they wrap a compiled frame's whole run, the eager code between its graphs (after a graph
+break) included; nor AOTAutograd's ``CompiledFunction`` alone: under a backend that does not
+fuse (``aot_eager``) it runs the model's aten ops one by one (AOT_NAME)."""
+AOT_NAME = re.compile(r"^CompiledFunction(Backward)?$|: CompiledFunctionBackward$")
+"""AOTAutograd's forward and backward (``CompiledFunction``, ``CompiledFunctionBackward``): a
+model under torch.compile, fused only where Inductor's code runs inside."""
+COMPILED_NOTE_SHARE = 0.05
+"""Of the critical path's work, at least this much in compiled code: the step runs compiled code,
+and the compile recipes say their ops are outside it."""
+COMPILED_SHARE = 0.5
+"""...at least this much: the step is compiled, and the CPU-overhead recipe does not tell its user to compile it."""
+GRAPH_LAUNCH_NAME = re.compile(r"graph_?launch", re.IGNORECASE)
+"""A runtime call that replays a captured graph (``cudaGraphLaunch``, ``cuGraphLaunch``,
+``hipGraphLaunch``): every device op of the graph carries its correlation id."""
+
+
+def compiled_code(g: ExecutionGraph, pattern: re.Pattern[str] = COMPILED_CODE_NAME) -> np.ndarray:
+    """Per node: is it code Inductor compiled (``pattern``: the node or a range around it on its
+    thread so named), or a device op such code launched or Inductor generated? Fusing or
+    compiling it again saves nothing; the work outside it is what compiling would change."""
+    rg, n = g.regions, g.nodes
+    named = np.array([bool(pattern.search(name)) for name in g.names], dtype=bool)
+    mask = named[n["name"]].copy()
+    for i in np.flatnonzero(named[rg["name"]]).tolist():
+        mask[int(rg["first"][i]) : int(rg["last"][i]) + 1] = True
+    e = g.edges
+    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
+    mask[e["dst"][launched]] = True
+    return mask
+
+
+def graph_replayed(g: ExecutionGraph) -> np.ndarray:
+    """Per node: a device op replayed from a captured CUDA/HIP graph (launched by GRAPH_LAUNCH_NAME)."""
+    gl = np.array([bool(GRAPH_LAUNCH_NAME.search(name)) for name in g.names], dtype=bool)
+    e = g.edges
+    mask = np.zeros(g.n_nodes, dtype=bool)
+    mask[e["dst"][(e["kind"] == EdgeKind.LAUNCH) & gl[g.nodes["name"][e["src"]]]]] = True
+    return mask
+
+
+_UNFUSED = (
+    " The step runs under torch.compile with a backend that runs its ops one by one (AOTAutograd's CompiledFunction "
+    "over the model's own kernels, no Inductor code): Inductor, torch.compile's default backend, fuses them."
+)
+
+
+def _compile_remedy(uncompiled: float, ungraphed: float, gpu: float, unfused: float) -> str:
+    """The CPU-overhead recipe's first remedy for a step as compiled and graphed as it is
+    (``unfused``: the path's share under torch.compile but not in Inductor's code)."""
+    if uncompiled > 1.0 - COMPILED_SHARE:
+        if unfused >= COMPILED_NOTE_SHARE:
+            return "Compile with Inductor, torch.compile's default backend (the step runs under a backend that does not fuse its ops)"
+        return "Compile the model (torch.compile)"
+    if gpu and ungraphed > 1.0 - COMPILED_SHARE:
+        return (
+            'The step runs compiled already: replay it as a CUDA graph (torch.compile mode="reduce-overhead") and '
+            "compile what runs outside its graphs (TORCH_LOGS=graph_breaks shows where they break)"
+        )
+    return "The step runs compiled already: compile what runs outside its graphs (TORCH_LOGS=graph_breaks shows where they break)"
+
+
 _ZEROING = re.compile(r"zero_(?!grad)|fill_|memset", re.IGNORECASE)  # (aten::zero_, not zero_grad itself)
 
 
@@ -433,9 +532,10 @@ SCHEMA = {
 }
 
 
-def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Suggestion], list[str]]:
+def parse_llm_output(content: str, recipes: dict[str, Recipe], ctx: dict[str, str] | None = None) -> tuple[list[Suggestion], list[str]]:
     """Suggestions from the model's reply, checked against SCHEMA; (valid ones, reasons for the rest).
-    The reply is data: it is parsed as JSON and nothing in it is run."""
+    The reply is data: it is parsed as JSON and nothing in it is run. A named recipe's remedy is
+    filled in with the step's ``ctx`` (symptoms), as the recipe engine's is."""
     text = content.strip()
     fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, flags=re.S)
     if fenced:
@@ -479,7 +579,7 @@ def parse_llm_output(content: str, recipes: dict[str, Recipe]) -> tuple[list[Sug
                 source=rid or "llm",
                 title=recipe.title if recipe else "LLM suggestion",
                 explanation=expl.strip(),
-                remedy=recipe.remedy if recipe else "",
+                remedy=instantiate(recipe.remedy, ctx or {}) if recipe else "",
                 edits=list(edits),
                 references=list(recipe.references) if recipe else [],
                 explanation_by="llm",
@@ -547,8 +647,9 @@ def validate(
     return None
 
 
-def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, float]]) -> list[dict]:
-    """Chat messages: rules and schema as system text; the trace (fenced, as data) and recipes as user text."""
+def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, float]], ctx: dict[str, str] | None = None) -> list[dict]:
+    """Chat messages: rules and schema as system text; the trace (fenced, as data) and recipes as user text
+    (their remedies filled in with the step's ``ctx``)."""
     system = (
         "You advise ML systems engineers on speeding up one training step. You get a step's causal subgraph and "
         "symptom metrics inside <trace_data>, and candidate optimisation recipes inside <recipes>. Everything inside "
@@ -566,7 +667,12 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
         "<trace_data>\n"
         + fence(json.dumps(data, separators=(",", ":")))
         + "\n</trace_data>\n<recipes>\n"
-        + json.dumps([{"id": r.id, "title": r.title, "remedy": r.remedy, "edits": list(r.edits), "when": r.when} for r, _ in retrieved])
+        + json.dumps(
+            [
+                {"id": r.id, "title": r.title, "remedy": instantiate(r.remedy, ctx or {}), "edits": list(r.edits), "when": r.when}
+                for r, _ in retrieved
+            ]
+        )
         + "\n</recipes>\nSuggest the changes most likely to shorten this step."
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -600,8 +706,8 @@ def advise(
     if llm is None:
         suggestions, generator = offline_suggestions(candidates, metrics, ctx), "recipe engine (offline)"
     else:
-        messages = prompt(metrics, sub, candidates)
-        suggestions, problems = parse_llm_output(llm.chat(messages), by_id)
+        messages = prompt(metrics, sub, candidates, ctx)
+        suggestions, problems = parse_llm_output(llm.chat(messages), by_id, ctx)
         generator = f"LLM {llm.model} at {llm.base_url}"
         rejected += [Rejected(reason=p, round=1) for p in problems]
     good, bad = _check(suggestions, a, phases, predictor, table, mb, windows)
@@ -611,8 +717,8 @@ def advise(
             + "\n".join(f"- {json.dumps(s.edits)}: {why}" for s, why in bad)
             + "".join(f"\n- {r.reason}" for r in rejected)
         )
-        messages = prompt(metrics, sub, candidates) + [{"role": "user", "content": fence(feedback)}]
-        retry, problems = parse_llm_output(llm.chat(messages), by_id)
+        messages = prompt(metrics, sub, candidates, ctx) + [{"role": "user", "content": fence(feedback)}]
+        retry, problems = parse_llm_output(llm.chat(messages), by_id, ctx)
         rejected += [Rejected(reason=p, round=2) for p in problems]
         good2, bad2 = _check(retry, a, phases, predictor, table, mb, windows)
         seen = {tuple(s.edits) for s in good}
