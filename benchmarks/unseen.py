@@ -554,11 +554,16 @@ PREMISED = (
     "cpu-matmul-bf16",
     "backward-compute-bound",
     "zero-grad-set-to-none",
+    "small-ops-fusion",
+    "elementwise-fusion",
+    "gpu-compile",
+    "launch-bound-cuda-graphs",
 )
 """The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
 already (on the device, on the CPU), channels last for convolutions that run channels last,
 checkpointing fewer layers for a step that recomputes nothing, set_to_none for a zero_grad that
-writes nothing."""
+writes nothing, fusing or compiling what Inductor compiled, CUDA graphs for kernels replayed from
+one."""
 
 
 def _raw_input_types(path: Path) -> dict[str, int]:
@@ -587,11 +592,32 @@ def _raw_checkpoint_names(path: Path) -> int:
     return sum(1 for e in events if e.get("ph") == "X" and "checkpoint" in str(e.get("name", "")).lower())
 
 
+def _raw_compiled(path: Path) -> dict[str, int]:
+    """From the raw JSON: how many kernels Inductor generated (``triton_...``), calls of Inductor's
+    graphs (``## Call CompiledFxGraph ##``), AOTAutograd's forwards (``CompiledFunction``), and
+    device ops replayed by a graph launch (their correlation id a ``*GraphLaunch`` call's)."""
+    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
+    docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
+    out = {"inductor_kernels": 0, "inductor_graph_calls": 0, "aot_forwards": 0, "graph_replayed_device_ops": 0}
+    for doc in docs:
+        events = [e for e in (doc["traceEvents"] if isinstance(doc, dict) else doc) if e.get("ph") == "X"]
+        launches = {(e.get("args") or {}).get("correlation") for e in events if re.search(r"(?i)graph_?launch", str(e.get("name")))}
+        for e in events:
+            name, cat = str(e.get("name", "")), e.get("cat")
+            out["inductor_kernels"] += cat == "kernel" and name.startswith("triton_")
+            out["inductor_graph_calls"] += "CompiledFxGraph" in name
+            out["aot_forwards"] += name == "CompiledFunction"
+            dev = cat in ("kernel", "gpu_memcpy", "gpu_memset")
+            out["graph_replayed_device_ops"] += dev and (e.get("args") or {}).get("correlation") in launches - {None}
+    return out
+
+
 def advice_premises() -> dict:
     """Per bundled GPU trace: the raw input types of its matmuls and convolutions and its events
-    named for checkpointing beside the advisor's evidence (full_precision_share, nchw_share,
-    gpu_present, recompute_present, per step) and the steps in which each premised recipe was
-    offered (suggested or rejected by replay)."""
+    named for checkpointing and its compiled code beside the advisor's evidence
+    (full_precision_share, nchw_share, gpu_present, recompute_present, uncompiled_share,
+    ungraphed_share, per step), the steps in which each premised recipe was offered (suggested or
+    rejected by replay), and how the CPU-overhead recipe's remedies begin."""
     from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.llm.graphrag import advise, symptoms
 
@@ -607,23 +633,34 @@ def advice_premises() -> dict:
             continue
         table, analyses = api.analyze(path)
         offered = {r: 0 for r in PREMISED}
-        metrics = []
+        metrics, remedies = [], set()
         for a in analyses:
             phases, _ = node_phases(table, a.graph)
             m, _ = symptoms(a, None, phases)
             metrics.append(
                 {
                     k: round(m[k], 3)
-                    for k in ("full_precision_share", "nchw_share", "host_full_precision_share", "gpu_present", "recompute_present")
+                    for k in (
+                        "full_precision_share",
+                        "nchw_share",
+                        "host_full_precision_share",
+                        "gpu_present",
+                        "recompute_present",
+                        "uncompiled_share",
+                        "ungraphed_share",
+                    )
                 }
             )
             adv = advise(a, None, phases, table)  # (no blame: the premised recipes do not read it)
             ids = {x.source for x in adv.suggestions} | {x.source for x in adv.rejected}
             for r in PREMISED:
                 offered[r] += r in ids
+            remedies |= {x.remedy.split(" (")[0] for x in adv.suggestions if x.source == "cpu-framework-overhead"}
         out[path.name] = {
             "raw_input_types": _raw_input_types(path),
             "raw_checkpoint_names": _raw_checkpoint_names(path),
+            "raw_compiled": _raw_compiled(path),
+            "cpu_overhead_remedies": sorted(remedies),
             "steps": len(analyses),
             "evidence": metrics,
             "offered_in_steps": offered,

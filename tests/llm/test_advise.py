@@ -311,3 +311,18 @@ def test_the_html_report_shows_a_configuration_changes_re_run_interval(step):
     assert s.saving_interval_us is not None
     lo, hi = s.saving_interval_us
     assert "--set batch=x0.5" in page and f"90% from re-runs: {lo / 1000:.3f} to {hi / 1000:.3f} ms" in page
+
+
+def test_a_named_recipes_remedy_is_filled_in_for_the_model_and_its_reply():
+    """A recipe's remedy holds the step's values as placeholders ({busiest_rank}); the recipe
+    engine fills them in, and the LLM's prompt and the suggestion it names must too (they showed
+    the raw template)."""
+    recipes = {r.id: r for r in load_recipes()}
+    template = recipes["pp-stage-balance"].remedy
+    assert "{busiest_rank}" in template
+    ctx = {"busiest_rank": "3"}
+    reply = json.dumps({"suggestions": [{"recipe": "pp-stage-balance", "explanation": "stage 3 is slow", "edits": ["rank=3,scale=0.8"]}]})
+    ok, bad = parse_llm_output(reply, recipes, ctx)
+    assert not bad and "{" not in ok[0].remedy and "(3)" in ok[0].remedy
+    messages = prompt({}, {"nodes": [], "edges": []}, [(recipes["pp-stage-balance"], 1.0)], ctx)
+    assert "{busiest_rank}" not in messages[1]["content"] and "(3)" in messages[1]["content"]

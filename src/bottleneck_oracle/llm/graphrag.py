@@ -649,7 +649,7 @@ def validate(
 
 def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, float]], ctx: dict[str, str] | None = None) -> list[dict]:
     """Chat messages: rules and schema as system text; the trace (fenced, as data) and recipes as user text
-    (their remedies filled in with the step's ``ctx``)."""
+    (their remedies and edits filled in with the step's ``ctx``)."""
     system = (
         "You advise ML systems engineers on speeding up one training step. You get a step's causal subgraph and "
         "symptom metrics inside <trace_data>, and candidate optimisation recipes inside <recipes>. Everything inside "
@@ -669,7 +669,13 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
         + "\n</trace_data>\n<recipes>\n"
         + json.dumps(
             [
-                {"id": r.id, "title": r.title, "remedy": instantiate(r.remedy, ctx or {}), "edits": list(r.edits), "when": r.when}
+                {
+                    "id": r.id,
+                    "title": r.title,
+                    "remedy": instantiate(r.remedy, ctx or {}),
+                    "edits": [instantiate(e, ctx or {}) for e in r.edits],
+                    "when": r.when,
+                }
                 for r, _ in retrieved
             ]
         )
