@@ -273,3 +273,57 @@ def test_a_step_compiled_without_fusion_is_told_which_backend_fuses():
         offered = {x.source: x for x in adv.suggestions}
         assert "small-ops-fusion" in offered and "backend that runs its ops one by one" in offered["small-ops-fusion"].explanation
         assert offered["cpu-framework-overhead"].remedy.startswith("Compile with Inductor, torch.compile's default backend")
+
+
+def _raw_ops_us(path, pattern: str) -> dict[int, float]:
+    """From the raw JSON: per ProfilerStep, the summed time of the complete events whose names match."""
+    import re
+
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")]
+    out = {n: 0.0 for _, _, n in steps}
+    for e in ev:
+        if re.search(pattern, str(e["name"])):
+            for lo, hi, n in steps:
+                out[n] += e["dur"] if lo <= e["ts"] < hi else 0.0
+    return out
+
+
+def test_attention_advice_is_for_attention_written_as_matmul_and_softmax():
+    """Our attention block on the CPU, recorded twice (benchmarks/record_attention.py): as matmul and
+    softmax, the SDPA recipe is shown; through scaled_dot_product_attention (its host op holds half
+    of each step, in the raw JSON) it was offered too, the op's name holding "attention"."""
+    own = OWN_GPU.parent / "own-cpu"
+    eager, sdpa = own / "attention_eager.json.gz", own / "attention_sdpa.json.gz"
+    assert all(v > 0 for v in _raw_ops_us(eager, r"^aten::_?softmax$").values())
+    fused = _raw_ops_us(sdpa, r"^aten::_scaled_dot_product_flash_attention_for_cpu$")
+    assert fused and all(v > 0 for v in fused.values()) and not any(_raw_ops_us(sdpa, r"(?i)softmax|bmm").values())
+    assert all("attention-sdpa" in {x.source for x in adv.suggestions} for adv in _advice(eager))
+    for adv in _advice(sdpa):
+        assert "attention-sdpa" not in {x.source for x in adv.suggestions} | {x.source for x in adv.rejected if x.source}
+
+
+def test_a_linear_layer_is_no_elementwise_chain():
+    """The SDPA twin's path is its attention and its two Linear layers (``aten::addmm``); its
+    elementwise arithmetic (aten::add, mul, div, sub in the raw JSON) is under 1% of each step.
+    The elementwise recipe counted ``aten::addmm`` as an ``aten::add`` and offered to fuse it."""
+    path = OWN_GPU.parent / "own-cpu" / "attention_sdpa.json.gz"
+    spans = _raw_ops_us(path, r"^ProfilerStep#")
+    arithmetic = _raw_ops_us(path, r"^aten::(add|mul|div|sub)_?$")
+    assert all(arithmetic[n] < 0.01 * spans[n] for n in spans) and all(v > 0 for v in _raw_ops_us(path, r"^aten::addmm$").values())
+    for adv in _advice(path):
+        assert "elementwise-fusion" not in {x.source for x in adv.suggestions} | {x.source for x in adv.rejected if x.source}
+
+
+def test_a_recipes_edits_select_what_its_symptom_counted():
+    """owlv2's attention softmax runs in ``cunn_SoftMaxForward`` kernels (raw JSON: 2.4 ms each,
+    most of a second in all): the SDPA recipe counted them ("softmax" in any case) and its edit
+    ``name~=softmax`` did not select them (case), so its replay predicted 170 µs and the recipe
+    was dropped. ``name~=`` matches in any case: the recipe is shown, saving about half of them."""
+    path = MORE / "owlv2_h100_1step.json.gz"
+    softmax = sum(_raw_ops_us(path, r"cunn_SoftMaxForward").values())
+    assert softmax > 200_000
+    (adv,) = _advice(path)
+    (s,) = [x for x in adv.suggestions if x.source == "attention-sdpa"]
+    assert 0.4 * softmax / 2 <= s.replay_saving_us <= softmax / 2 * 1.1, (s.replay_saving_us, softmax)

@@ -292,12 +292,15 @@ class Edit:
         return named and not self.ids and self.category in (None, "cpu_op") and not self.gap and (self.scale != 1.0 or self.delay_ms != 0.0)
 
     def names_matching(self, names: list[str]) -> np.ndarray:
-        """Per name: does it pass the edit's ``name=`` and ``name~=`` (True where neither is given)?"""
+        """Per name: does it pass the edit's ``name=`` and ``name~=`` (True where neither is given)?
+        ``name~=`` matches in any case: a recipe's "softmax" selects ``cunn_SoftMaxForward``, as a
+        user's "allreduce" selects ``ncclKernel_AllReduce``."""
         pattern = self.name
         glob = pattern is not None and _is_glob(pattern)
+        part = None if self.name_contains is None else self.name_contains.lower()  # (any case: cunn_SoftMaxForward)
         return np.array(
             [
-                (self.name_contains is None or self.name_contains in s)
+                (part is None or part in s.lower())
                 and (pattern is None or (fnmatch.fnmatchcase(s, pattern) if glob else s == pattern))
                 for s in names
             ],

@@ -50,9 +50,29 @@ FAMILIES = {  # metric -> name patterns (lower case substrings)
     "copy_share": ("copy_", "aten::to", "contiguous"),
     "norm_share": ("layer_norm", "rms_norm"),
     "embedding_share": ("embedding",),
-    "elementwise_share": ("aten::add", "aten::mul", "gelu", "dropout", "aten::div", "aten::sub"),
+    "elementwise_share": ("gelu", "dropout"),  # (and the ops ELEMENTWISE names: symptoms counts them outside compiled code)
     "barrier_op_share": ("barrier",),
 }
+FUSED_ATTENTION = re.compile(
+    r"scaled_dot_product|flash|fmha|efficient_attention|attn_fwd|attn_bwd|sdpa|paged_attention|unified_attention|"
+    r"flashinfer|xformers|cudnn_attention|mha_(fwd|bwd|varlen)|fused_attention|memory_efficient_attention|prefillwithkvcache|"
+    r"batchdecode",
+    re.IGNORECASE,
+)
+"""Attention that runs fused already: ``scaled_dot_product_attention`` and its backends
+(``aten::_scaled_dot_product_flash_attention``, ``_efficient_attention_forward``, cuDNN's,
+``pytorch_flash::flash_fwd_kernel``, ``fmha_cutlassF``, ROCm's ``ck_fmha`` and AOTriton's
+``attn_fwd``), flash-attn's, xFormers', FlashInfer's and vLLM's paged attention. The SDPA recipe
+is for attention written as bmm and softmax."""
+FUSED_LOSS = re.compile(r"liger|fused|chunk", re.IGNORECASE)
+"""A cross-entropy that runs fused or chunked already (Liger's ``liger_cross_entropy_kernel``,
+``fused_linear_cross_entropy``, a chunked loss): the fused-loss recipe's remedy."""
+_FAMILY_DONE = {"attention_share": FUSED_ATTENTION, "loss_share": FUSED_LOSS}
+"""Per family: the names of ops that are already what its recipe would make them (not counted)."""
+ELEMENTWISE = re.compile(r"^aten::(add|mul|div|sub|rsub|addcmul|addcdiv)_?$|gelu|dropout", re.IGNORECASE)
+"""The elementwise family's names: PyTorch's elementwise arithmetic ops (``aten::add``, ``aten::mul_``)
+and anything named for GELU or dropout; not ``aten::addmm``, ``aten::addbmm``, ``aten::addmv``
+(matmuls whose names begin with "add": a Linear's, which the family counted as elementwise)."""
 _COLLECTIVE_FAMILIES = {
     "allreduce_share": (CollectiveKind.ALL_REDUCE,),
     "allgather_share": (CollectiveKind.ALL_GATHER,),
@@ -83,7 +103,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             key = seg.name.lower()
             spent[key] = spent.get(key, 0.0) + seg.dur
     for key, pats in FAMILIES.items():
-        m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats)) / ms)
+        done = _FAMILY_DONE.get(key)
+        m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats) and not (done and done.search(name))) / ms)
     # compiled code (torch.compile's graphs, Inductor's kernels) is fused already: the fusion and
     # compile recipes are for the work outside it
     compiled = compiled_code(g)
@@ -99,8 +120,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         if seg.kind in ("op", "framework", "untraced") and not inside:
             key = seg.name.lower()
             eager[key] = eager.get(key, 0.0) + seg.dur
-    pats = FAMILIES["elementwise_share"]
-    m["elementwise_share"] = float(sum(v for name, v in eager.items() if any(p in name for p in pats)) / ms)
+    m["elementwise_share"] = float(sum(v for name, v in eager.items() if ELEMENTWISE.search(name)) / ms)
     m["uncompiled_share"] = float(1.0 - in_compiled / work) if work > 0 else 1.0
     unfused = float(in_aot / work) if work > 0 else 0.0  # (of the path's work: under torch.compile, not fused)
     # a collective counts in its family by the kind it is, whatever its name (NCCL's
