@@ -327,3 +327,25 @@ def test_a_recipes_edits_select_what_its_symptom_counted():
     (adv,) = _advice(path)
     (s,) = [x for x in adv.suggestions if x.source == "attention-sdpa"]
     assert 0.4 * softmax / 2 <= s.replay_saving_us <= softmax / 2 * 1.1, (s.replay_saving_us, softmax)
+
+
+def test_the_optimizer_recipe_is_for_an_optimizer_that_is_not_fused():
+    """AdamW as a Python loop, as foreach, fused (our recordings: its step over half of each step
+    in the first two, a fifth to a quarter fused, in the raw JSON). PyTorch's own
+    ``Optimizer.step#AdamW.step`` range is the optimizer phase: the recipe read no optimizer time
+    in any of them and was never offered. Now: the loop is told to go foreach or fused, foreach
+    to go fused (it is foreach already), the fused step nothing."""
+    own = OWN_GPU.parent / "own-cpu"
+    for mode in ("for_loop", "foreach", "fused"):
+        path = own / f"adamw_{mode}.json.gz"
+        spans, opt = _raw_ops_us(path, r"^ProfilerStep#"), _raw_ops_us(path, r"^Optimizer\.step#AdamW\.step$")
+        share = min(opt[n] / spans[n] for n in spans)
+        foreach, fused = sum(_raw_ops_us(path, r"^aten::_foreach_").values()), sum(_raw_ops_us(path, r"^aten::_fused_adamw_$").values())
+        shown = [x for adv in _advice(path) for x in adv.suggestions if x.source == "optimizer-foreach-fused"]
+        if mode == "fused":
+            assert fused > 0 and share > 0.15 and not shown
+            continue
+        assert share > 0.5 and fused == 0 and (foreach > 0) == (mode == "foreach")
+        assert len(shown) == 3 and all(x.replay_saving_us > 0.1 * min(opt.values()) for x in shown)
+        said = {x.remedy for x in shown}
+        assert all(("foreach one already" in r) == (mode == "foreach") for r in said), said

@@ -32,19 +32,25 @@ NONE, FORWARD, BACKWARD, OPTIMIZER, DP_SYNC = 0, 1, 2, 3, 4
 # our hook's phase ranges ("backward", "forward.mb3") and the profiler's own ("## backward ##")
 _PHASE = re.compile(r"^(?:## )?(forward|backward|optimizer|dp_allreduce)(?:\.mb(\d+))?(?: ##)?$")
 _CODES = {"forward": FORWARD, "backward": BACKWARD, "optimizer": OPTIMIZER, "dp_allreduce": DP_SYNC}
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+"""The range PyTorch records around every optimizer's step (``Optimizer.step#AdamW.step``,
+``Optimizer.step#FusedAdam.step``): the optimizer phase in any trace, with or without our ranges."""
 
 
-def _phase(name: str) -> re.Match[str]:
-    """The _PHASE match of a range name already selected by it."""
+def _phase(name: str) -> tuple[int, int]:
+    """(phase code, micro-batch index or -1) of a range name already selected by _PHASE or _OPTIMIZER_STEP."""
     m = _PHASE.match(name)
     if m is None:
+        if _OPTIMIZER_STEP.match(name):
+            return OPTIMIZER, -1
         raise ValueError(f"not a phase range: {name!r}")
-    return m
+    return _CODES[m.group(1)], int(m.group(2)) if m.group(2) else -1
 
 
 def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
     """(phase code, micro-batch index or -1) of every node: the innermost phase range
-    (``profiler.phase``, or the profiler's ``## forward ##`` / ``## backward ##``) on the node's
+    (``profiler.phase``, the profiler's ``## forward ##`` / ``## backward ##``, or PyTorch's
+    ``Optimizer.step#...`` around every optimizer step) on the node's
     rank and thread that contains its start. The autograd engine runs the backward pass on
     threads of its own: a node in no range of its thread that starts while a backward range is
     open on another thread of its rank is in the backward phase. A device op is in the phase of
@@ -55,7 +61,7 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
     mb = np.full(g.n_nodes, -1, dtype=np.int16)
     n, c = g.nodes, table.cols
     ts_rel = g.window_start - table.t0
-    name_ok = np.array([bool(_PHASE.match(s)) for s in table.names], dtype=bool)
+    name_ok = np.array([bool(_PHASE.match(s) or _OPTIMIZER_STEP.match(s)) for s in table.names], dtype=bool)
     for rank in g.ranks:
         rows = table.window_rows(rank, g)
         rows = rows[name_ok[c["name"][rows]]]
@@ -63,13 +69,13 @@ def node_phases(table: EventTable, g: ExecutionGraph) -> tuple[np.ndarray, np.nd
         start = n["start"][mine]
         best = np.full(len(mine), np.inf)
         for r in rows[np.argsort(-c["dur"][rows])]:  # longest first, so inner ranges win
-            m = _phase(table.names[c["name"][r]])
+            code, index = _phase(table.names[c["name"][r]])
             lo, hi = c["ts"][r] - ts_rel, c["ts"][r] - ts_rel + c["dur"][r]
             inside = (start >= lo - 0.5) & (start < hi) & (n["tid"][mine] == c["tid"][r]) & (c["dur"][r] < best)
-            phase[mine[inside]] = _CODES[m.group(1)]
-            mb[mine[inside]] = int(m.group(2)) if m.group(2) else -1
+            phase[mine[inside]] = code
+            mb[mine[inside]] = index
             best[inside] = c["dur"][r]
-        for r in rows[[_phase(table.names[c["name"][r]]).group(1) == "backward" for r in rows]] if len(rows) else rows:
+        for r in rows[[_phase(table.names[c["name"][r]])[0] == BACKWARD for r in rows]] if len(rows) else rows:
             lo, hi = c["ts"][r] - ts_rel, c["ts"][r] - ts_rel + c["dur"][r]
             other = ~np.isinf(best) | (n["tid"][mine] == c["tid"][r])
             inside = ~other & (start >= lo - 0.5) & (start < hi)

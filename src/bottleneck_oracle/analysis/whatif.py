@@ -300,8 +300,7 @@ class Edit:
         part = None if self.name_contains is None else self.name_contains.lower()  # (any case: cunn_SoftMaxForward)
         return np.array(
             [
-                (part is None or part in s.lower())
-                and (pattern is None or (fnmatch.fnmatchcase(s, pattern) if glob else s == pattern))
+                (part is None or part in s.lower()) and (pattern is None or (fnmatch.fnmatchcase(s, pattern) if glob else s == pattern))
                 for s in names
             ],
             dtype=bool,

@@ -67,6 +67,10 @@ is for attention written as bmm and softmax."""
 FUSED_LOSS = re.compile(r"liger|fused|chunk", re.IGNORECASE)
 """A cross-entropy that runs fused or chunked already (Liger's ``liger_cross_entropy_kernel``,
 ``fused_linear_cross_entropy``, a chunked loss): the fused-loss recipe's remedy."""
+FUSED_OPTIMIZER = re.compile(r"^Optimizer\.step#Fused|_fused_(adam|adamw|sgd|adagrad)|multi_tensor_apply|fused_adam", re.IGNORECASE)
+"""An optimizer step that runs fused already: PyTorch's ``fused=True`` (``aten::_fused_adamw_``),
+apex's and DeepSpeed's FusedAdam (``Optimizer.step#FusedAdam.step``, ``multi_tensor_apply``
+kernels). The optimizer recipe is for one that is not."""
 _FAMILY_DONE = {"attention_share": FUSED_ATTENTION, "loss_share": FUSED_LOSS}
 """Per family: the names of ops that are already what its recipe would make them (not counted)."""
 ELEMENTWISE = re.compile(r"^aten::(add|mul|div|sub|rsub|addcmul|addcdiv)_?$|gelu|dropout", re.IGNORECASE)
@@ -162,10 +166,23 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["zero_grad_share"] = float(sum(s.dur for s in a.segments() if s.node >= 0 and zeroing[s.node] and s.kind in _WORK) / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
         for code, name in ((1, "forward"), (2, "backward"), (3, "optimizer")):
-            m[f"{name}_share"] = float(t[phases == code].sum() / ms)
+            if name != "optimizer" or (phases == code).any():  # (no optimizer range: the optimizer's by its names)
+                m[f"{name}_share"] = float(t[phases == code].sum() / ms)
+    step_ops = np.flatnonzero(phases == 3) if phases is not None and (phases == 3).any() else np.arange(g.n_nodes)
+    rg = g.regions  # (a foreach op with a kernel per tensor under it is a range, not a node)
+    inside = np.isin(rg["first"], step_ops)
+    codes = np.union1d(n["name"][step_ops], rg["name"][inside])
+    foreach = any(g.names[int(k)].startswith("aten::_foreach_") for k in codes.tolist())
+    m["optimizer_unfused"] = float(not any(FUSED_OPTIMIZER.search(name) for name in g.names))
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
+    ctx["optimizer_remedy"] = (
+        "Use the fused implementation (torch.optim.AdamW(fused=True), on CUDA and on recent PyTorch's CPU): the step "
+        "runs the foreach one already, a kernel per op over all its tensors; the fused one is one kernel for them all."
+        if foreach
+        else "Use the fused or foreach implementation (torch.optim.AdamW(fused=True) on CUDA, foreach=True otherwise)."
+    )
     ctx["compile_remedy"] = _compile_remedy(m["uncompiled_share"], m["ungraphed_share"], m["gpu_present"], unfused)
     ctx["compiled_note"] = (
         " The step runs compiled code already; these are outside it (the loss, the optimizer, code after a graph break)."
