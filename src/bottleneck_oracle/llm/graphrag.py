@@ -24,11 +24,12 @@ import numpy as np
 from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunSuggestion, Suggestion
-from bottleneck_oracle.analysis.segments import COMM
+from bottleneck_oracle.analysis.segments import COMM, CPU
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
 from bottleneck_oracle.graph_pipeline import fields as F
+from bottleneck_oracle.graph_pipeline.events import EvClass
 from bottleneck_oracle.graph_pipeline.facts import COMPILE_SUFFIX
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
@@ -109,6 +110,9 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     for key, pats in FAMILIES.items():
         done = _FAMILY_DONE.get(key)
         m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats) and not (done and done.search(name))) / ms)
+    # the DataLoader's time is everything on the path inside its __next__ (the preprocessing it runs
+    # in a one-process loader, a Hugging Face pipeline's included), not only the range's own time
+    m["dataloader_share"] = max(m["dataloader_share"], float(a.input_pipeline_us() / ms))
     # compiled code (torch.compile's graphs, Inductor's kernels) is fused already: the fusion and
     # compile recipes are for the work outside it
     compiled = compiled_code(g)
@@ -162,6 +166,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
     m["recompute_present"] = float(recomputes(g))
     m["allreduce_full_precision_share"] = 1.0  # (not known without the trace's events: advise reads them)
+    m["host_code_share"] = 0.0  # (likewise: advise reads them, host_code)
+    m["framework_overhead_share"] = max(0.0, m["cpu_overhead_share"] - m["dataloader_share"])
     zeroing = zeroing_writes(g)  # the path's time in them: their ops' own time between children included
     m["zero_grad_share"] = float(sum(s.dur for s in a.segments() if s.node >= 0 and zeroing[s.node] and s.kind in _WORK) / ms)
     if phases is not None:  # where the trace has phase ranges, they define the phase shares (optimizer included)
@@ -262,6 +268,85 @@ def allreduce_full_precision_share(a: StepAnalysis, table) -> float:
     elem = table.cols["elem_bytes"][n["event"][nodes]]
     low = np.where(np.isfinite(elem), elem <= 2, [bool(_LOW_KERNEL_NAME.search(g.node_name(int(i)))) for i in nodes])
     return float(1.0 - t[nodes][low].sum() / total)
+
+
+NOT_HOST_CODE = re.compile(r"(^|/)(torch|triton)/|dataloader|^enumerate\(|^nn\.Module: |^Optimizer\.|^ProfilerStep#", re.IGNORECASE)
+"""Ranges that are PyTorch's own code even where they call no op (its Python files: the
+DataLoader's receiving end, torch.compile's runtime and Triton's launcher; its ranges: the
+DataLoader's ``enumerate``, modules, the optimizer, the step): the framework's, or the
+data-loading recipe's."""
+NOT_HOST_CODE_INSIDE = re.compile(
+    r"dataloader|^enumerate\(|(^|/)torch/(_inductor|_dynamo|utils/data|multiprocessing)/|(^|/)triton/", re.IGNORECASE
+)
+"""...and the ranges whose insides are too, whatever they call (the DataLoader receiving a batch
+through ``multiprocessing``; torch.compile's and Triton's runtimes). Not every torch/ frame:
+``torch.no_grad``'s decorator wraps a whole inference pipeline, its preprocessing included."""
+
+
+def host_code(a: StepAnalysis, table) -> tuple[float, str]:
+    """(the critical path's CPU-overhead time in host code that calls no PyTorch op, the name of
+    the outermost such Python frame or range that holds most of it). Host code is a range of
+    program code (a Python frame, ``with_stack=True``, or a ``record_function`` range) on a thread
+    with no op and no runtime call inside it on that thread, and not PyTorch's (NOT_HOST_CODE):
+    numpy, PIL, video decoding, a tokenizer, per-item Python in preprocessing, a library's
+    bookkeeping. Its time is no framework overhead: compiling the
+    model leaves it as it is; moving it off the step's thread (DataLoader workers) or onto the
+    device does not. A frame whose name holds "," or "=" is not named (an edit could not)."""
+    g, c = a.graph, table.cols
+    ts_rel = g.window_start - table.t0
+    frames: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for rank in g.ranks:
+        rows = table.window_rows(rank, g)
+        cpu = rows[c["cls"][rows] == EvClass.CPU]
+        code = cpu[c["is_range"][cpu]]
+        codes = np.unique(c["name"][code])
+        theirs = codes[[bool(NOT_HOST_CODE_INSIDE.search(table.names[k])) for k in codes.tolist()]]
+        around = code[np.isin(c["name"][code], theirs)]
+        ours = codes[[not NOT_HOST_CODE.search(table.names[k]) for k in codes.tolist()]]
+        code = code[np.isin(c["name"][code], ours)]
+        ops = np.concatenate([cpu[~c["is_range"][cpu]], rows[c["cls"][rows] == EvClass.RUNTIME]])
+        for tid in np.unique(c["tid"][code]).tolist():
+            mine = code[c["tid"][code] == tid]
+            outer = around[c["tid"][around] == tid]
+            if len(outer):  # (drop those inside a range whose insides are PyTorch's: the union of those ranges)
+                order = np.argsort(c["ts"][outer], kind="stable")
+                o_lo = c["ts"][outer][order].astype(np.float64)
+                o_hi = np.maximum.accumulate((c["ts"][outer] + c["dur"][outer])[order].astype(np.float64))
+                k = np.searchsorted(o_lo, c["ts"][mine], side="right") - 1
+                inside = (k >= 0) & (c["ts"][mine] < o_hi[np.maximum(k, 0)])
+                mine = mine[~inside]
+                if not len(mine):
+                    continue
+            at = np.sort(c["ts"][ops[c["tid"][ops] == tid]])
+            lo, hi = c["ts"][mine], c["ts"][mine] + c["dur"][mine]
+            free = mine[np.searchsorted(at, lo, side="left") == np.searchsorted(at, hi, side="left")]
+            if not len(free):
+                continue
+            free = free[np.lexsort((-c["dur"][free], c["ts"][free]))]
+            keep, reach = [], -np.inf  # the outermost: not inside an earlier-starting, longer one
+            for r, end in zip(free.tolist(), (c["ts"][free] + c["dur"][free]).tolist()):
+                if end > reach:
+                    keep.append(r)
+                    reach = end
+            k = np.array(keep, dtype=np.int64)
+            frames[(int(rank), int(tid))] = (c["ts"][k] - ts_rel, c["ts"][k] + c["dur"][k] - ts_rel, k)
+    by_frame: dict[int, float] = {}
+    for seg in a.segments():
+        if seg.klass != CPU or seg.on_gpu or seg.kind not in ("op", "framework", "untraced"):
+            continue
+        f = frames.get((seg.rank, seg.tid))
+        if f is None:
+            continue
+        i = int(np.searchsorted(f[0], seg.start + 1e-6, side="right")) - 1
+        if i >= 0 and seg.start + seg.dur <= f[1][i] + 0.5:
+            row = int(f[2][i])
+            by_frame[row] = by_frame.get(row, 0.0) + seg.dur
+    named: dict[str, float] = {}
+    for row, us in by_frame.items():
+        name = table.names[c["name"][row]]
+        named[name] = named.get(name, 0.0) + us
+    editable = [nm for nm in sorted(named, key=lambda k: -named[k]) if "," not in nm and "=" not in nm]
+    return float(sum(by_frame.values())), editable[0] if editable else ""
 
 
 def recomputes(g: ExecutionGraph) -> bool:
@@ -739,6 +824,10 @@ def advise(
     metrics, ctx = symptoms(a, b, phases)
     if table is not None:
         metrics["allreduce_full_precision_share"] = allreduce_full_precision_share(a, table)
+        host_us, frame = host_code(a, table)
+        metrics["host_code_share"] = host_us / (a.cpm.makespan or 1.0)
+        metrics["framework_overhead_share"] = max(0.0, metrics["framework_overhead_share"] - metrics["host_code_share"])
+        ctx["host_code_frame"], ctx["host_code_pct"] = frame, f"{100 * metrics['host_code_share']:.0f}"
     sub = causal_subgraph(a, b)
     retrieved = BM25(recipes).top(query_of(metrics, sub), k)
     # recipes whose thresholds hold are candidates even if BM25 ranked them lower
