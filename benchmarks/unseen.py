@@ -558,12 +558,18 @@ PREMISED = (
     "elementwise-fusion",
     "gpu-compile",
     "launch-bound-cuda-graphs",
+    "attention-sdpa",
+    "optimizer-foreach-fused",
+    "host-code-on-path",
+    "dataloader-stall",
+    "cpu-framework-overhead",
 )
 """The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
 already (on the device, on the CPU), channels last for convolutions that run channels last,
 checkpointing fewer layers for a step that recomputes nothing, set_to_none for a zero_grad that
 writes nothing, fusing or compiling what Inductor compiled, CUDA graphs for kernels replayed from
-one."""
+one, SDPA for attention that runs fused, a fused optimizer for one that is, and framework overhead
+("compile the model") for host code that calls no PyTorch op or for data loading."""
 
 
 def _raw_input_types(path: Path) -> dict[str, int]:
@@ -613,19 +619,22 @@ def _raw_compiled(path: Path) -> dict[str, int]:
 
 
 def advice_premises() -> dict:
-    """Per bundled GPU trace: the raw input types of its matmuls and convolutions and its events
-    named for checkpointing and its compiled code beside the advisor's evidence
-    (full_precision_share, nchw_share, gpu_present, recompute_present, uncompiled_share,
-    ungraphed_share, per step), the steps in which each premised recipe was offered (suggested or
-    rejected by replay), and how the CPU-overhead recipe's remedies begin."""
+    """Per bundled trace (the GPU ones, our CPU recordings of compiled code, attention and
+    optimizers, a gloo job): the raw input types of its matmuls and convolutions and its events
+    named for checkpointing and its compiled code beside the advisor's evidence (its metrics:
+    precision, layout, recomputation, compiled and graph-replayed shares, attention, optimizer,
+    host code, data loading, framework overhead, per step), the steps in which each premised
+    recipe was offered (suggested or rejected by replay), and how the CPU-overhead recipe's
+    remedies begin."""
     from bottleneck_oracle.analysis.phases import node_phases
-    from bottleneck_oracle.llm.graphrag import advise, symptoms
+    from bottleneck_oracle.llm.graphrag import advise
 
     out = {}
     paths = (
         sorted((DATA / "more-gpu").glob("*.json.gz"))
         + sorted((DATA / "public-gpu").glob("*.json.gz"))
         + sorted((DATA / "real-gpu").glob("*.json.gz"))
+        + sorted((DATA / "own-cpu").glob("*.json.gz"))  # (ours: compiled, attention eager and SDPA, AdamW three ways)
     )
     paths.append(DATA / "gloo_ddp_2rank")  # (a CPU job of ours, fp32)
     for path in paths:
@@ -636,7 +645,8 @@ def advice_premises() -> dict:
         metrics, remedies = [], set()
         for a in analyses:
             phases, _ = node_phases(table, a.graph)
-            m, _ = symptoms(a, None, phases)
+            adv = advise(a, None, phases, table)  # (no blame: the premised recipes do not read it)
+            m = adv.metrics
             metrics.append(
                 {
                     k: round(m[k], 3)
@@ -648,10 +658,15 @@ def advice_premises() -> dict:
                         "recompute_present",
                         "uncompiled_share",
                         "ungraphed_share",
+                        "attention_share",
+                        "optimizer_share",
+                        "optimizer_unfused",
+                        "host_code_share",
+                        "dataloader_share",
+                        "framework_overhead_share",
                     )
                 }
             )
-            adv = advise(a, None, phases, table)  # (no blame: the premised recipes do not read it)
             ids = {x.source for x in adv.suggestions} | {x.source for x in adv.rejected}
             for r in PREMISED:
                 offered[r] += r in ids
