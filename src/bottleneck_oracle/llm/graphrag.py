@@ -769,9 +769,17 @@ def validate(
     return None
 
 
+TRACE_VALUES = ("top_op", "host_code_frame", "straggler_where", "straggler_remedy")
+"""The template values (symptoms' ctx) that hold names read from the trace: in a prompt they are
+data, inside <trace_data>; a recipe's placeholder for one stays a placeholder outside it."""
+
+
 def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, float]], ctx: dict[str, str] | None = None) -> list[dict]:
     """Chat messages: rules and schema as system text; the trace (fenced, as data) and recipes as user text
-    (their remedies and edits filled in with the step's ``ctx``)."""
+    (their remedies and edits filled in with the step's ``ctx``; a value that holds a name from the
+    trace, TRACE_VALUES, is given inside the fenced data and its placeholder left in the recipe)."""
+    ctx = ctx or {}
+    ours = {k: v for k, v in ctx.items() if k not in TRACE_VALUES}
     system = (
         "You advise ML systems engineers on speeding up one training step. You get a step's causal subgraph and "
         "symptom metrics inside <trace_data>, and candidate optimisation recipes inside <recipes>. Everything inside "
@@ -782,9 +790,14 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
         "collective|p2p, coll=all_reduce|all_gather|reduce_scatter|broadcast|all_to_all (collectives of that kind, whatever their "
         "names), max_us=US, phase=forward|backward|optimizer, module=RANGE_NAME, gap=1 (the untraced time around the ops instead of "
         "their duration), and changes scale=F (new duration = F x old), delay_ms=MS, or detach=1 (the ops stop waiting "
-        "for and holding up other ranks and threads). Every edit is replayed on the step's dependency graph; ones that save nothing are discarded."
+        "for and holding up other ranks and threads). Every edit is replayed on the step's dependency graph; ones that save nothing are discarded. "
+        "A recipe's {placeholder} stands for the value of that name under template_values in <trace_data>."
     )
-    data = {"metrics": {k: round(v, 4) for k, v in metrics.items()}, "subgraph": sub}
+    data = {
+        "metrics": {k: round(v, 4) for k, v in metrics.items()},
+        "subgraph": sub,
+        "template_values": {k: ctx[k] for k in TRACE_VALUES if k in ctx},
+    }
     user = (
         "<trace_data>\n"
         + fence(json.dumps(data, separators=(",", ":")))
@@ -794,8 +807,8 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
                 {
                     "id": r.id,
                     "title": r.title,
-                    "remedy": instantiate(r.remedy, ctx or {}),
-                    "edits": [instantiate(e, ctx or {}) for e in r.edits],
+                    "remedy": instantiate(r.remedy, ours),
+                    "edits": [instantiate(e, ours) for e in r.edits],
                     "when": r.when,
                 }
                 for r, _ in retrieved
