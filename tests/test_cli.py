@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bottleneck_oracle import cli
-from conftest import DATA, PUBLIC, SAMPLE, run_cli
+from conftest import DATA, MORE, PUBLIC, SAMPLE, run_cli
 
 COMMANDS = ["analyze", "parse", "generate", "build-dataset", "train", "eval", "whatif", "blame", "advise", "summary", "compare", "version"]
 
@@ -233,6 +233,22 @@ def test_html_report_shortens_long_names_and_keeps_them_whole_as_tooltips(tmp_pa
     assert all(len(html_mod.unescape(short)) <= 100 for _, short in cells)
     for name in long_names & shown:
         assert f">{html_mod.escape(name)}<" not in text  # never a cell of its own
+
+
+def test_html_advice_has_no_empty_model_column_and_fits_its_long_edits(tmp_path, capsys):
+    """With the graph network off (the default), the suggestions table has no model column (it was
+    an empty one); a what-if edit naming a Python frame by its path runs past 100 characters
+    without a space, and its cell may break inside it so that the table fits the page."""
+    out = tmp_path / "r.html"
+    code, _, err = run(["analyze", str(MORE / "timesformer_h100_1step.json.gz"), "--advise", "--html", str(out)], capsys)
+    assert code == 0, err
+    text = out.read_text()
+    head = text[text.index("<h3>Suggestions</h3>") :]
+    head = head[: head.index("</thead>")]
+    assert "replay saving (ms)" in head and "model" not in head
+    cells = re.findall(r"<td class='long'>([^<]*)</td>", text)
+    assert any("module=transformers/" in c for c in cells)
+    assert "td.long{overflow-wrap:anywhere" in text
 
 
 def test_perfetto_overlay_marks_the_critical_path(tmp_path, capsys):

@@ -45,13 +45,18 @@ def _figure(fig) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG)
 
 
+LONG_TEXT = 60  # characters: a cell this long may break inside a word
+
+
 def _cell(value: object, c: tables.Column) -> str:
     """One cell; a name longer than NAME_WIDTH (a kernel's C++ signature runs to 1,500
     characters) shortened as the terminal does, the whole name its tooltip."""
     text = fmt(value, c.kind)
     if c.kind in ("name", "key") and len(text) > NAME_WIDTH:
         return f"<td title='{html_text(text)}'>{html_text(tables.shorten(text, NAME_WIDTH))}</td>"
-    return f"<td class='{'num' if c.kind in tables.NUMERIC else ''}'>{html_text(text)}</td>"
+    # (a long text, a what-if edit naming a Python frame's path, may break anywhere: the table fits the page)
+    klass = "num" if c.kind in tables.NUMERIC else "long" if len(text) > LONG_TEXT else ""
+    return f"<td class='{klass}'>{html_text(text)}</td>"
 
 
 def _table(t: TableModel) -> str:
@@ -249,17 +254,16 @@ def _extras(x: StepAdvice) -> list[str]:
     parts.append(f"<h3>Advice ({html_text(a.generator)}; every suggestion replayed)</h3>")
     if not a.suggestions:
         parts.append("<p>No suggestion survived validation.</p>")
-    t = TableModel(
-        "Suggestions",
-        [
-            tables.Column("suggestion"),
-            tables.Column("why"),
-            tables.Column("remedy"),
-            tables.Column("what-if edit"),
-            tables.Column("replay saving (ms)", "ms"),
-            tables.Column("model saving (ms)"),
-        ],
-    )
+    # the model's column only where a model answered (it is off by default: no empty column for it)
+    modelled = any(sug.model_out_of_domain or any(v is not None for v in sug.model_saving_us.values()) for sug in a.suggestions)
+    columns = [
+        tables.Column("suggestion"),
+        tables.Column("why"),
+        tables.Column("remedy"),
+        tables.Column("what-if edit"),
+        tables.Column("replay saving (ms)", "ms"),
+    ]
+    t = TableModel("Suggestions", columns + ([tables.Column("model saving (ms)")] if modelled else []))
     for sug in a.suggestions:
         model = (
             "out of domain"
@@ -275,7 +279,7 @@ def _extras(x: StepAdvice) -> list[str]:
         if sug.saving_interval_us is not None:  # a configuration change: how far re-runs fell from the replay
             lo, hi = sug.saving_interval_us
             words += f" — 90% from re-runs: {lo / 1000:.3f} to {hi / 1000:.3f} ms"
-        t.rows.append([sug.title, why, sug.remedy, words, sug.replay_saving_us, model])
+        t.rows.append([sug.title, why, sug.remedy, words, sug.replay_saving_us] + ([model] if modelled else []))
     if t.rows:
         parts.append(_table(t))
     return parts
@@ -283,7 +287,8 @@ def _extras(x: StepAdvice) -> list[str]:
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}"
-    "table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:13px;max-width:100%}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}td.long{overflow-wrap:anywhere;min-width:14em}"
     "td.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3}caption{caption-side:bottom;font-size:12px;color:#555}"
     "h2{margin-top:2em}.warn{background:#fff4d6;border-left:4px solid #f0ad4e;padding:6px 10px}"
 )
