@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from record_compiled import export_gzipped
 from torch.profiler import ProfilerActivity, profile, schedule
+
+from record_compiled import export_gzipped
 
 HEADS, SEQ, DIM, BATCH = 4, 512, 256, 2
 

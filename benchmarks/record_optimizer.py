@@ -12,8 +12,9 @@ import argparse
 from pathlib import Path
 
 import torch
-from record_compiled import export_gzipped
 from torch.profiler import ProfilerActivity, profile, schedule
+
+from record_compiled import export_gzipped
 
 LAYERS, WIDTH, BATCH = 24, 256, 8
 MODES = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
