@@ -176,8 +176,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
                 m[f"{name}_share"] = float(t[phases == code].sum() / ms)
     step_ops = np.flatnonzero(phases == 3) if phases is not None and (phases == 3).any() else np.arange(g.n_nodes)
     rg = g.regions  # (a foreach op with a kernel per tensor under it is a range, not a node)
-    inside = np.isin(rg["first"], step_ops)
-    codes = np.union1d(n["name"][step_ops], rg["name"][inside])
+    in_step = np.isin(rg["first"], step_ops)
+    codes = np.union1d(n["name"][step_ops], rg["name"][in_step])
     foreach = any(g.names[int(k)].startswith("aten::_foreach_") for k in codes.tolist())
     m["optimizer_unfused"] = float(not any(FUSED_OPTIMIZER.search(name) for name in g.names))
     busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
