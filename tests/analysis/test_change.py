@@ -179,6 +179,9 @@ def test_every_op_longer_by_the_steps_share_is_said_to_look_like_the_machine():
     assert c.verdict == "slower" and c.delta_share == pytest.approx(0.5)
     assert any("ops themselves ran +50% longer" in w for w in c.warnings)
     assert not any("ops themselves" in w for w in _compare(STRAGGLER, CLEAN).warnings)
+    # the other way: a faster machine's ops ran shorter (it said "ran -33% longer")
+    c = compare(slower, b)
+    assert c.verdict == "faster" and any("ops themselves ran 33% shorter" in w for w in c.warnings), c.warnings
 
 
 def test_a_run_of_two_steady_steps_still_says_what_its_time_went_to():

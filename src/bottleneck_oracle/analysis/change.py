@@ -140,8 +140,9 @@ def alike(speed: tuple[float, int] | None, share: float, min_change: float = MIN
     UNIFORM_SHARE of its change ``share``: what a slower or faster machine does; else None."""
     if speed is None or abs(share) <= min_change or (speed[0] - 1) * share <= 0 or abs(speed[0] - 1) < UNIFORM_SHARE * abs(share):
         return None
+    ran = f"{100 * (speed[0] - 1):+.0f}% longer" if speed[0] > 1 else f"{100 * (1 - speed[0]):.0f}% shorter"
     return (
-        f"the ops themselves ran {100 * (speed[0] - 1):+.0f}% longer (the time-weighted median over {speed[1]} kinds of op), "
+        f"the ops themselves ran {ran} (the time-weighted median over {speed[1]} kinds of op), "
         f"against {100 * share:+.0f}% for the step: a machine that ran slower or faster (other load, clocks, another "
         "device) changes every op alike, a change to the job seldom does"
     )
