@@ -109,11 +109,18 @@ def structure_match(a: RunShape, b: RunShape) -> float:
     return sum(min(a.ops.get(k, 0.0), b.ops.get(k, 0.0)) for k in names) / top if top else 1.0
 
 
+SAME_COUNT = 0.25
+"""An op kind runs about as many times a step in two runs when the counts differ by at most this
+share of the larger (op_speed)."""
+
+
 def op_speed(base: list[StepAnalysis], cand: list[StepAnalysis]) -> tuple[float, int] | None:
     """How much longer the ops themselves ran in ``cand`` than in ``base``: the median, weighted by
     the baseline's time in each, of the ratio of an op kind's median duration (CPU ops and device
-    ops, not collectives or waits), over the kinds that ran at least 3 times in each; and how many
-    kinds. None when no kind is common to both."""
+    ops, not collectives or waits), over the kinds that ran at least 3 times in each and about as
+    many times a step in each (within SAME_COUNT: an op whose count changed does other work under
+    the same name, ``aten::add_`` a parameter's update in a looped optimizer and only its step
+    counter in a fused one); and how many kinds. None when no kind is common to both."""
 
     def durations(steps: list[StepAnalysis]) -> dict[str, list[float]]:
         out: dict[str, list[float]] = defaultdict(list)
@@ -125,7 +132,13 @@ def op_speed(base: list[StepAnalysis], cand: list[StepAnalysis]) -> tuple[float,
         return out
 
     db, dc = durations(base), durations(cand)
-    common = [k for k in db if len(db[k]) >= 3 and len(dc.get(k, ())) >= 3 and np.median(db[k]) > 0]
+    per_b, per_c = max(len(base), 1), max(len(cand), 1)
+
+    def same_count(k: str) -> bool:
+        nb, nc = len(db[k]) / per_b, len(dc[k]) / per_c
+        return abs(nc - nb) <= SAME_COUNT * max(nb, nc)
+
+    common = [k for k in db if len(db[k]) >= 3 and len(dc.get(k, ())) >= 3 and np.median(db[k]) > 0 and same_count(k)]
     if not common:
         return None
     ratio = np.array([np.median(dc[k]) / np.median(db[k]) for k in common])
