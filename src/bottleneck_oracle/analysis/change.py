@@ -114,13 +114,20 @@ SAME_COUNT = 0.25
 share of the larger (op_speed)."""
 
 
+SPEED_COVER = 0.2
+"""...and the kinds compared hold at least this share of the baseline's op time: a few
+microsecond ops (``aten::view``, ``aten::empty``) left common to two different attention
+implementations say nothing about the machine."""
+
+
 def op_speed(base: list[StepAnalysis], cand: list[StepAnalysis]) -> tuple[float, int] | None:
     """How much longer the ops themselves ran in ``cand`` than in ``base``: the median, weighted by
     the baseline's time in each, of the ratio of an op kind's median duration (CPU ops and device
     ops, not collectives or waits), over the kinds that ran at least 3 times in each and about as
     many times a step in each (within SAME_COUNT: an op whose count changed does other work under
     the same name, ``aten::add_`` a parameter's update in a looped optimizer and only its step
-    counter in a fused one); and how many kinds. None when no kind is common to both."""
+    counter in a fused one); and how many kinds. None when no kind is common to both, or those
+    that are hold under SPEED_COVER of the baseline's op time."""
 
     def durations(steps: list[StepAnalysis]) -> dict[str, list[float]]:
         out: dict[str, list[float]] = defaultdict(list)
@@ -139,7 +146,7 @@ def op_speed(base: list[StepAnalysis], cand: list[StepAnalysis]) -> tuple[float,
         return abs(nc - nb) <= SAME_COUNT * max(nb, nc)
 
     common = [k for k in db if len(db[k]) >= 3 and len(dc.get(k, ())) >= 3 and np.median(db[k]) > 0 and same_count(k)]
-    if not common:
+    if not common or sum(np.sum(db[k]) for k in common) < SPEED_COVER * sum(np.sum(v) for v in db.values()):
         return None
     ratio = np.array([np.median(dc[k]) / np.median(db[k]) for k in common])
     weight = np.array([np.sum(db[k]) for k in common])
