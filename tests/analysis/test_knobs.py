@@ -258,3 +258,27 @@ def test_the_resplit_reads_the_schedule_and_the_stages_a_pipeline_ran(tmp_path, 
         for rank, counts in per_rank.items():
             added = (more.fixed_fwd[rank] + more.fixed_bwd[rank] - parts.fixed_fwd[rank] - parts.fixed_bwd[rank]) * parts.microbatches
             assert added == pytest.approx(counts[step]), (rank, step)
+
+
+def test_a_bigger_batch_leaves_the_optimizers_update_as_it_is():
+    """Our AdamW loop (tests/data/own-cpu) has no forward/backward ranges of ours, only PyTorch's
+    ``Optimizer.step#AdamW.step`` around the update (raw JSON). ``batch=x2`` scales the passes'
+    work; the optimizer's update does not grow with the batch, and it was scaled with them (no
+    range of ours: everything was the passes'); now PyTorch's range is the optimizer phase."""
+    from bottleneck_oracle.analysis.knobs import knob_times, pieces
+    from bottleneck_oracle.analysis.phases import node_phases
+
+    path = Path(__file__).parents[1] / "data" / "own-cpu" / "adamw_for_loop.json.gz"
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    table = api.load(path)
+    a = api.step_analysis(table, 3)
+    g = a.graph
+    step = next(e for e in ev if e["name"] == "ProfilerStep#3")
+    (opt,) = [e for e in ev if e["name"] == "Optimizer.step#AdamW.step" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+    lo = opt["ts"] - table.t0 - (g.window_start - table.t0)  # (the window's clock)
+    inside = (g.nodes["start"] >= lo) & (g.nodes["start"] < lo + opt["dur"]) & ~g.nodes["on_gpu"]
+    assert inside.sum() >= 48 * 5  # lerp_, addcmul_, sqrt, addcdiv_, mul_ per parameter
+    phase, mb = node_phases(table, g)
+    times = knob_times(g, pieces(g, phase, mb), Knob("batch", 2.0, 1.0, relative=True))
+    assert np.allclose(times.dur[inside], g.nodes["mdur"][inside])
