@@ -408,3 +408,17 @@ def test_a_pipelines_data_loader_holds_its_preprocessing():
     assert not any("Compile the model" in x.remedy for x in adv.suggestions)
     (s,) = [x for x in adv.suggestions if x.source == "dataloader-stall"]
     assert 0.5 * loader <= s.replay_saving_us <= loader, (s.replay_saving_us, loader)
+
+
+def test_the_host_copy_recipe_is_for_copies_between_host_and_device():
+    """diff_test's copies (raw JSON): 4,645 device-to-device (its CUDA graphs' static inputs, 93 ms)
+    and 151 host-to-device from pinned memory. The copy recipe counted every copy and told it, in
+    every step, to "Pin host memory": a device-to-device copy has no host memory, and its host
+    copies are pinned already."""
+    path = PUBLIC / "diff_test_rank1of2.json.gz"
+    with gzip.open(path, "rt") as f:
+        copies = [e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "gpu_memcpy"]
+    assert copies.count("Memcpy DtoD (Device -> Device)") > 4000
+    assert {c for c in copies if "HtoD" in c} == {"Memcpy HtoD (Pinned -> Device)"}
+    for adv in _advice(path):
+        assert not any("Pin host memory" in x.remedy for x in adv.suggestions)

@@ -72,6 +72,11 @@ FUSED_OPTIMIZER = re.compile(r"^Optimizer\.step#Fused|_fused_(adam|adamw|sgd|ada
 """An optimizer step that runs fused already: PyTorch's ``fused=True`` (``aten::_fused_adamw_``),
 apex's and DeepSpeed's FusedAdam (``Optimizer.step#FusedAdam.step``, ``multi_tensor_apply``
 kernels). The optimizer recipe is for one that is not."""
+HOST_COPY = re.compile(r"htod|dtoh|host|pageable|pinned", re.IGNORECASE)
+"""A device copy between host and device memory (``Memcpy HtoD (Pageable -> Device)``,
+``Memcpy DtoH (Device -> Pinned)``, ROCm's ``CopyHostToDevice``); not ``Memcpy DtoD``."""
+PAGEABLE = re.compile(r"pageable", re.IGNORECASE)
+"""...from or into pageable host memory (not pinned): what pinning changes."""
 _FAMILY_DONE = {"attention_share": FUSED_ATTENTION, "loss_share": FUSED_LOSS}
 """Per family: the names of ops that are already what its recipe would make them (not counted)."""
 ELEMENTWISE = re.compile(r"^aten::(add|mul|div|sub|rsub|addcmul|addcdiv)_?$|gelu|dropout", re.IGNORECASE)
@@ -163,7 +168,11 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["small_kernel_share"] = float(t[kernel & (n["mdur"] < 20) & ~compiled].sum() / max(float(t[kernel].sum()), 1.0))
     device_t = float(t[n["on_gpu"]].sum())
     m["ungraphed_share"] = float(1.0 - t[n["on_gpu"] & replayed].sum() / device_t) if device_t > 0 else 1.0
-    m["memcpy_share"] = float(t[n["category"] == Category.MEMCPY].sum() / ms)
+    # copies between host and device (a device-to-device copy is device work: the copies recipe's)
+    copy_kind = np.array([0 if not HOST_COPY.search(s) else 2 if PAGEABLE.search(s) else 1 for s in g.names], dtype=np.int8)
+    host_copy = (n["category"] == Category.MEMCPY) & (copy_kind[n["name"]] > 0)
+    m["memcpy_share"] = float(t[host_copy].sum() / ms)
+    pageable = float(t[host_copy & (copy_kind[n["name"]] == 2)].sum())
     m["recompute_present"] = float(recomputes(g))
     m["allreduce_full_precision_share"] = 1.0  # (not known without the trace's events: advise reads them)
     m["host_code_share"] = 0.0  # (likewise: advise reads them, host_code)
@@ -188,6 +197,12 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         "runs the foreach one already, a kernel per op over all its tensors; the fused one is one kernel for them all."
         if foreach
         else "Use the fused or foreach implementation (torch.optim.AdamW(fused=True) on CUDA, foreach=True otherwise)."
+    )
+    ctx["copy_remedy"] = (
+        "Pin host memory and copy with non_blocking=True on a side stream, ahead of use."
+        if pageable >= 0.5 * float(t[host_copy].sum())
+        else "The copies come from pinned memory already: issue them ahead of use (non_blocking=True on a side stream, "
+        "an event before the step that reads them), so they overlap the previous step's work."
     )
     ctx["compile_remedy"] = _compile_remedy(m["uncompiled_share"], m["ungraphed_share"], m["gpu_present"], unfused)
     ctx["compiled_note"] = (
