@@ -422,3 +422,34 @@ def test_the_host_copy_recipe_is_for_copies_between_host_and_device():
     assert {c for c in copies if "HtoD" in c} == {"Memcpy HtoD (Pinned -> Device)"}
     for adv in _advice(path):
         assert not any("Pin host memory" in x.remedy for x in adv.suggestions)
+
+
+def test_an_all_to_all_in_nccls_sendrecv_kernel_is_no_pipeline_send():
+    """diff_test runs its embeddings' all-to-alls in NCCL's ``ncclKernel_SendRecv_*`` (raw JSON:
+    every one whose launch is traced launched inside an ``nccl:all_to_all`` range). The graph read them as send/receive
+    (the kernel's name) and the advisor offered the pipeline recipe ("overlap sends with the next
+    micro-batch") to a job with no pipeline: they are all-to-alls."""
+    import bisect
+
+    from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
+
+    path = PUBLIC / "diff_test_rank1of2.json.gz"
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] == "nccl:all_to_all")
+    kernels = [e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel_SendRecv")]
+    launched = [k for k in kernels if k["args"]["correlation"] in calls]  # (one was queued before the trace began)
+    assert len(launched) > 40
+    for k in launched:
+        call = calls[k["args"]["correlation"]]
+        i = bisect.bisect_right(ranges, (call["ts"], float("inf"))) - 1
+        assert i >= 0 and ranges[i][0] <= call["ts"] <= ranges[i][1]
+    table, analyses = analyze(path)
+    for a in analyses:
+        g = a.graph
+        sendrecv = [i for i, k in enumerate(g.nodes["name"].tolist()) if g.names[k].startswith("ncclKernel_SendRecv")]
+        assert sendrecv and {int(g.nodes["coll_kind"][i]) for i in sendrecv} == {CollectiveKind.ALL_TO_ALL}
+        phases, mb = node_phases(table, g)
+        adv = advise(a, None, phases, table, mb=mb)
+        assert "pp-p2p-latency" not in {x.source for x in adv.suggestions} | {x.source for x in adv.rejected if x.source}

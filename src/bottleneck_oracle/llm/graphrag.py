@@ -77,8 +77,18 @@ HOST_COPY = re.compile(r"htod|dtoh|host|pageable|pinned", re.IGNORECASE)
 ``Memcpy DtoH (Device -> Pinned)``, ROCm's ``CopyHostToDevice``); not ``Memcpy DtoD``."""
 PAGEABLE = re.compile(r"pageable", re.IGNORECASE)
 """...from or into pageable host memory (not pinned): what pinning changes."""
-_FAMILY_DONE = {"attention_share": FUSED_ATTENTION, "loss_share": FUSED_LOSS}
-"""Per family: the names of ops that are already what its recipe would make them (not counted)."""
+_FAMILY_DONE = {"attention_share": FUSED_ATTENTION, "loss_share": FUSED_LOSS, "p2p_share": re.compile(r"sendrecv", re.IGNORECASE)}
+"""Per family: the names it does not count by name: ops that are already what its recipe would
+make them; NCCL's ``SendRecv`` kernel, which runs all-to-all too (counted by its kind instead:
+graph_pipeline.window.collective_kinds)."""
+
+
+def _in_family(key: str, name: str) -> bool:
+    """Does the family ``key`` count an op of this (lower-case) name by its name?"""
+    done = _FAMILY_DONE.get(key)
+    return any(p in name for p in FAMILIES[key]) and not (done is not None and done.search(name))
+
+
 ELEMENTWISE = re.compile(r"^aten::(add|mul|div|sub|rsub|addcmul|addcdiv)_?$|gelu|dropout", re.IGNORECASE)
 """The elementwise family's names: PyTorch's elementwise arithmetic ops (``aten::add``, ``aten::mul_``)
 and anything named for GELU or dropout; not ``aten::addmm``, ``aten::addbmm``, ``aten::addmv``
@@ -112,9 +122,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         if seg.kind in ("op", "framework", "untraced"):
             key = seg.name.lower()
             spent[key] = spent.get(key, 0.0) + seg.dur
-    for key, pats in FAMILIES.items():
-        done = _FAMILY_DONE.get(key)
-        m[key] = float(sum(v for name, v in spent.items() if any(p in name for p in pats) and not (done and done.search(name))) / ms)
+    for key in FAMILIES:
+        m[key] = float(sum(v for name, v in spent.items() if _in_family(key, name)) / ms)
     # the DataLoader's time is everything on the path inside its __next__ (the preprocessing it runs
     # in a one-process loader, a Hugging Face pipeline's included), not only the range's own time
     m["dataloader_share"] = max(m["dataloader_share"], float(a.input_pipeline_us() / ms))
@@ -144,7 +153,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             continue
         kind = int(n["coll_kind"][seg.node])
         for key, kinds in _COLLECTIVE_FAMILIES.items():
-            if kind in kinds and not any(p in seg.name.lower() for p in FAMILIES[key]):  # (not counted by its name above)
+            if kind in kinds and not _in_family(key, seg.name.lower()):  # (not counted by its name above)
                 m[key] += float(seg.dur / ms)
     for k, v in a.breakdown().items():
         m[f"{k}_share"] = float(v / ms)
