@@ -38,7 +38,7 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups, isin_small, span_positions
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
-from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, collective_kind
+from bottleneck_oracle.graph_pipeline.schema import collective_kind
 
 if TYPE_CHECKING:
     from bottleneck_oracle.graph_pipeline.clocks import ClockReport
@@ -1785,7 +1785,7 @@ class _Merger:
         fl = {k: np.concatenate([f[k] for f in self.flows]) for k in self.flows[0]}
         fl["ts"] -= first
         step_list = sorted((Step(r, n, a - first, e - first, p, t) for r, n, a, e, p, t in steps), key=lambda s: (s.number, s.rank))
-        table = EventTable(
+        return EventTable(
             t0=float(self.base or 0.0) + first,
             names=self.names,
             cols=cols,
@@ -1796,56 +1796,6 @@ class _Merger:
             thread_names=self.thread_names,
             inputs=self.inputs,
         )
-        _sendrecv_collectives(table)
-        return table
-
-
-def _sendrecv_collectives(table: EventTable) -> None:
-    """NCCL runs send/recv and also all-to-all, gather and scatter in its ``SendRecv`` kernel
-    (``ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t``): its name says how, not what. Where such a
-    kernel's args name no collective and its launch call runs inside a CPU op or range on its
-    thread that names one (``nccl:all_to_all``, ``c10d::alltoall_``), that is its kind, set as
-    its "Collective name" arg would set it (``coll_kind``); one launched by a send or receive, or
-    by nothing so named, stays a send/receive."""
-    c, names = table.cols, table.names
-    kern = np.flatnonzero(c["cls"] == EvClass.KERNEL)
-    codes = np.unique(c["name"][kern])
-    vague = [k for k in codes.tolist() if collective_kind(names[k]) == CollectiveKind.SEND_RECV]
-    if not vague:
-        return
-    rows = kern[np.isin(c["name"][kern], vague) & (c["coll_kind"][kern] < 0)]
-    calls = table.launchers()[rows]
-    rows, calls = rows[calls >= 0], calls[calls >= 0]
-    cpu = np.flatnonzero(c["cls"] == EvClass.CPU)
-    ccodes = np.unique(c["name"][cpu]).tolist()
-    kind_of = np.full(len(names), -1, dtype=np.int8)
-    for k in ccodes:
-        kind = collective_kind(names[k])
-        if kind >= 0 and kind not in (CollectiveKind.SEND, CollectiveKind.RECV, CollectiveKind.SEND_RECV):
-            kind_of[k] = kind
-    ops = cpu[kind_of[c["name"][cpu]] >= 0]
-    if not len(rows) or not len(ops):
-        return
-    both = np.concatenate([ops, calls])
-    thread = np.zeros(len(both), dtype=np.int64)
-    for col in ("rank", "pid", "tid"):
-        _, dense = np.unique(c[col][both], return_inverse=True)
-        thread = thread * (int(dense.max()) + 1) + dense.reshape(-1)
-    t_ops, t_calls = thread[: len(ops)], thread[len(ops) :]
-    order = np.lexsort((c["ts"][ops], t_ops))
-    ops, t_ops = ops[order], t_ops[order]
-    at = np.array([-1] * len(calls), dtype=np.int64)
-    for th in np.unique(t_calls).tolist():  # the op so named that started last at or before the call, on its thread
-        mine_ops = np.flatnonzero(t_ops == th)
-        if not len(mine_ops):
-            continue
-        mine = np.flatnonzero(t_calls == th)
-        k = np.searchsorted(c["ts"][ops[mine_ops]], c["ts"][calls[mine]], side="right") - 1
-        at[mine[k >= 0]] = mine_ops[k[k >= 0]]
-    ok = at >= 0
-    op = ops[np.maximum(at, 0)]
-    ok &= c["ts"][op] + c["dur"][op] >= c["ts"][calls] + c["dur"][calls]  # (it encloses the call)
-    c["coll_kind"][rows[ok]] = kind_of[c["name"][op[ok]]]
 
 
 def trace_files(path: str | Path) -> list[Path]:

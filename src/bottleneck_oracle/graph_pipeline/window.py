@@ -349,24 +349,14 @@ def collective_kinds(c: Mapping[str, np.ndarray], rows: np.ndarray, name_coll: n
     code); where the name names none (NCCL 2.19 and later run every collective in
     ``ncclDevKernel_Generic``), the one its args name ("Collective name", recent PyTorch); for a
     device op with neither, the one the CPU op of its rank with the same External id names (the
-    record_param_comms that launched it). -1 where nothing does. NCCL's ``SendRecv`` kernel runs
-    send/recv and also all-to-all, gather and scatter: where its args or its launching op name one
-    of those collectives (``nccl:all_to_all``), that is its kind (it read as a send/receive)."""
+    record_param_comms that launched it). -1 where nothing does."""
     kind = name_coll[c["name"][rows]].astype(np.int8)
-    vague = np.flatnonzero(kind == CollectiveKind.SEND_RECV)  # (NCCL's SendRecv kernel: how, not what)
     unnamed = kind < 0
-    if not unnamed.any() and not len(vague):
+    if not unnamed.any():
         return kind
     kind = np.where(unnamed, c["coll_kind"][rows], kind).astype(np.int8)
     lacking = np.flatnonzero((kind < 0) & (c["cls"][rows] != EvClass.CPU))
     kind[lacking] = launching_op_values(c, rows[lacking], "coll_kind")
-    if len(vague):  # NCCL runs all-to-all, gather and scatter in its SendRecv kernel: the kind its args (or the
-        # op its launch ran in: events._sendrecv_collectives) or its launching record_param_comms name
-        named = c["coll_kind"][rows[vague]].astype(np.int64)
-        ask = np.flatnonzero(named < 0)
-        named[ask] = launching_op_values(c, rows[vague[ask]], "coll_kind")
-        collective = (named >= 0) & ~isin_small(named, P2P_KINDS) & (named != CollectiveKind.SEND_RECV)
-        kind[vague[collective]] = named[collective]
     return kind
 
 

@@ -83,6 +83,29 @@ make them; NCCL's ``SendRecv`` kernel, which runs all-to-all too (counted by its
 graph_pipeline.window.collective_kinds)."""
 
 
+_SENDRECV_COLLECTIVE = re.compile(r"all_?(to|2)_?all|(?<!all)(?<!all_)gather|scatter", re.IGNORECASE)
+"""The collectives NCCL runs in its SendRecv kernel besides send/recv (all-to-all, gather, scatter),
+as the ops and ranges around their launch name them (``nccl:all_to_all``, ``c10d::alltoall_base_``,
+a job's own ``## all2all_data ##``)."""
+
+
+def launched_in_collective(g: ExecutionGraph) -> np.ndarray:
+    """Per node: a device op launched inside a CPU op or range of its thread that names an
+    all-to-all, gather or scatter (_SENDRECV_COLLECTIVE). NCCL runs those in its
+    ``ncclKernel_SendRecv_*`` kernel too, whose name says how, not what: diff_test's embedding
+    all-to-alls are such kernels and read as a pipeline's sends."""
+    rg = g.regions
+    named = np.array([bool(_SENDRECV_COLLECTIVE.search(name)) for name in g.names], dtype=bool)
+    mask = named[g.nodes["name"]].copy()
+    for i in np.flatnonzero(named[rg["name"]]).tolist():
+        mask[int(rg["first"][i]) : int(rg["last"][i]) + 1] = True
+    e = g.edges
+    out = np.zeros(g.n_nodes, dtype=bool)
+    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
+    out[e["dst"][launched]] = True
+    return out
+
+
 def _in_family(key: str, name: str) -> bool:
     """Does the family ``key`` count an op of this (lower-case) name by its name?"""
     done = _FAMILY_DONE.get(key)
@@ -148,10 +171,13 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     # a collective counts in its family by the kind it is, whatever its name (NCCL's
     # ncclKernel_AllReduce_*, its generic kernel: graph_pipeline.window.collective_kinds)
     network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
+    in_collective = launched_in_collective(g)  # (an NCCL SendRecv kernel of an all-to-all is no send)
     for seg in a.segments():  # (one pass: a long step's path has hundreds of thousands of segments)
         if seg.kind != "op" or seg.node < 0 or not network[seg.node]:
             continue
         kind = int(n["coll_kind"][seg.node])
+        if kind == CollectiveKind.SEND_RECV and not in_collective[seg.node]:
+            kind = CollectiveKind.SEND  # (launched by a send or receive, or by nothing so named: a transfer)
         for key, kinds in _COLLECTIVE_FAMILIES.items():
             if kind in kinds and not _in_family(key, seg.name.lower()):  # (not counted by its name above)
                 m[key] += float(seg.dur / ms)
