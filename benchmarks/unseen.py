@@ -563,13 +563,16 @@ PREMISED = (
     "host-code-on-path",
     "dataloader-stall",
     "cpu-framework-overhead",
+    "h2d-copies",
+    "pp-p2p-latency",
 )
 """The recipes whose premise the trace can contradict: reduced precision for a step in 16 bits
 already (on the device, on the CPU), channels last for convolutions that run channels last,
 checkpointing fewer layers for a step that recomputes nothing, set_to_none for a zero_grad that
 writes nothing, fusing or compiling what Inductor compiled, CUDA graphs for kernels replayed from
 one, SDPA for attention that runs fused, a fused optimizer for one that is, and framework overhead
-("compile the model") for host code that calls no PyTorch op or for data loading."""
+("compile the model") for host code that calls no PyTorch op or for data loading, pinning for
+copies that are pinned or device to device, a pipeline's sends for an all-to-all."""
 
 
 def _raw_input_types(path: Path) -> dict[str, int]:
@@ -664,6 +667,8 @@ def advice_premises() -> dict:
                         "host_code_share",
                         "dataloader_share",
                         "framework_overhead_share",
+                        "memcpy_share",
+                        "p2p_share",
                     )
                 }
             )
