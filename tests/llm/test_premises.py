@@ -448,7 +448,9 @@ def test_an_all_to_all_in_nccls_sendrecv_kernel_is_no_pipeline_send(tmp_path):
         assert i >= 0 and ranges[i][0] <= call["ts"] <= ranges[i][1]
 
     def offered(p) -> list[bool]:
-        return ["pp-p2p-latency" in {x.source for x in adv.suggestions} | {x.source for x in adv.rejected if x.source} for adv in _advice(p)]
+        return [
+            "pp-p2p-latency" in {x.source for x in adv.suggestions} | {x.source for x in adv.rejected if x.source} for adv in _advice(p)
+        ]
 
     assert not any(offered(path))
     import re
