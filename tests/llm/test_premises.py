@@ -462,3 +462,18 @@ def test_an_all_to_all_in_nccls_sendrecv_kernel_is_no_pipeline_send(tmp_path):
     with gzip.open(out, "wt") as f:
         json.dump(doc, f)
     assert all(offered(out))
+
+
+def test_the_hotspot_recipe_does_not_name_a_python_call():
+    """owlv2's largest op on its path is ``<built-in function zoom_shift>`` (scipy, a
+    ``python_function`` event in the raw JSON, inside its pipeline's DataLoader): "look at that op
+    first: a better kernel, a fused replacement" named it. Host code is the data-loading and
+    host-code recipes' (here data loading, shown); the hotspot recipe names ops."""
+    path = MORE / "owlv2_h100_1step.json.gz"
+    with gzip.open(path, "rt") as f:
+        cats = {e.get("cat") for e in json.load(f)["traceEvents"] if e.get("name") == "<built-in function zoom_shift>"}
+    assert cats == {"python_function"}
+    (adv,) = _advice(path)
+    for x in list(adv.suggestions) + [r for r in adv.rejected if r.source]:
+        assert not any("zoom_shift" in edit for edit in (x.edits or [])), (x.source, x.edits)
+    assert "dataloader-stall" in {x.source for x in adv.suggestions}

@@ -252,10 +252,15 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     # are in the input, for ranks not here): no better kernel makes that shorter; the communication
     # recipes are for it
     comm = {seg.name for seg in a.segments() if seg.klass == COMM}
-    top = [  # an op an edit can name, not untraced time or a wait, nor torch.compile's compiling, nor a collective
+    top = [  # an op an edit can name, not untraced time or a wait, nor torch.compile's compiling, nor a collective,
+        # nor a Python call (host code: the host-code and data-loading recipes are for it, not "a better kernel")
         t
         for t in a.top_ops(20)
-        if t.kind in ("op", "device") and t.name not in setup and not t.name.endswith(COMPILE_SUFFIX) and t.name not in comm
+        if t.kind in ("op", "device")
+        and t.name not in setup
+        and not t.name.endswith(COMPILE_SUFFIX)
+        and t.name not in comm
+        and not PYTHON_CALL.search(t.name)
     ][:1]
     m["top_op_share"] = float(top[0].share) if top else 0.0
     ctx["top_op"] = top[0].name if top else ""
@@ -320,6 +325,9 @@ def allreduce_full_precision_share(a: StepAnalysis, table) -> float:
     return float(1.0 - t[nodes][low].sum() / total)
 
 
+PYTHON_CALL = re.compile(r"^<built-in (function|method) |\.py\(\d+\): ")
+"""A Python call as the profiler's Python tracer names it (``<built-in function zoom_shift>``,
+``transformers/image_transforms.py(390): normalize``): host code, no op a better kernel speeds up."""
 NOT_HOST_CODE = re.compile(r"(^|/)(torch|triton)/|dataloader|^enumerate\(|^nn\.Module: |^Optimizer\.|^ProfilerStep#", re.IGNORECASE)
 """Ranges that are PyTorch's own code even where they call no op (its Python files: the
 DataLoader's receiving end, torch.compile's runtime and Triton's launcher; its ranges: the
