@@ -79,31 +79,14 @@ PAGEABLE = re.compile(r"pageable", re.IGNORECASE)
 """...from or into pageable host memory (not pinned): what pinning changes."""
 _FAMILY_DONE = {"attention_share": FUSED_ATTENTION, "loss_share": FUSED_LOSS, "p2p_share": re.compile(r"sendrecv", re.IGNORECASE)}
 """Per family: the names it does not count by name: ops that are already what its recipe would
-make them; NCCL's ``SendRecv`` kernel, which runs all-to-all too (counted by its kind instead:
-graph_pipeline.window.collective_kinds)."""
+make them; NCCL's ``SendRecv`` kernel, which runs all-to-all too (symptoms counts it by its kind
+instead: a send unless it was launched inside an all-to-all, gather or scatter)."""
 
 
 _SENDRECV_COLLECTIVE = re.compile(r"all_?(to|2)_?all|(?<!all)(?<!all_)gather|scatter", re.IGNORECASE)
 """The collectives NCCL runs in its SendRecv kernel besides send/recv (all-to-all, gather, scatter),
 as the ops and ranges around their launch name them (``nccl:all_to_all``, ``c10d::alltoall_base_``,
 a job's own ``## all2all_data ##``)."""
-
-
-def launched_in_collective(g: ExecutionGraph) -> np.ndarray:
-    """Per node: a device op launched inside a CPU op or range of its thread that names an
-    all-to-all, gather or scatter (_SENDRECV_COLLECTIVE). NCCL runs those in its
-    ``ncclKernel_SendRecv_*`` kernel too, whose name says how, not what: diff_test's embedding
-    all-to-alls are such kernels and read as a pipeline's sends."""
-    rg = g.regions
-    named = np.array([bool(_SENDRECV_COLLECTIVE.search(name)) for name in g.names], dtype=bool)
-    mask = named[g.nodes["name"]].copy()
-    for i in np.flatnonzero(named[rg["name"]]).tolist():
-        mask[int(rg["first"][i]) : int(rg["last"][i]) + 1] = True
-    e = g.edges
-    out = np.zeros(g.n_nodes, dtype=bool)
-    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
-    out[e["dst"][launched]] = True
-    return out
 
 
 def _in_family(key: str, name: str) -> bool:
@@ -138,22 +121,14 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     lower = np.array([s.lower() for s in g.names])
     node_names = lower[n["name"]]
     m: dict[str, float] = {}
-    # the critical path's time by what it was spent on (analysis.segments): ops with their own time
-    # between children, and the framework and untraced time inside named ranges (a DataLoader's)
-    spent: dict[str, float] = {}
-    for seg in a.segments():
-        if seg.kind in ("op", "framework", "untraced"):
-            key = seg.name.lower()
-            spent[key] = spent.get(key, 0.0) + seg.dur
-    for key in FAMILIES:
-        m[key] = float(sum(v for name, v in spent.items() if _in_family(key, name)) / ms)
-    # the DataLoader's time is everything on the path inside its __next__ (the preprocessing it runs
-    # in a one-process loader, a Hugging Face pipeline's included), not only the range's own time
-    m["dataloader_share"] = max(m["dataloader_share"], float(a.input_pipeline_us() / ms))
     # compiled code (torch.compile's graphs, Inductor's kernels) is fused already: the fusion and
     # compile recipes are for the work outside it
     compiled = compiled_code(g)
-    aot = compiled_code(g, AOT_NAME) & ~compiled  # under torch.compile, run op by op
+    aot = within_named(g, AOT_NAME) & ~compiled  # under torch.compile, run op by op
+    # the critical path's time by what it was spent on (analysis.segments): ops with their own time
+    # between children, and the framework and untraced time inside named ranges (a DataLoader's);
+    # and the same outside compiled code, and the path's work in and out of it (one pass)
+    spent: dict[str, float] = {}
     eager: dict[str, float] = {}
     work = in_compiled = in_aot = 0.0
     for seg in a.segments():
@@ -162,16 +137,25 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
             work += seg.dur
             in_compiled += seg.dur if inside else 0.0
             in_aot += seg.dur if seg.node >= 0 and aot[seg.node] else 0.0
-        if seg.kind in ("op", "framework", "untraced") and not inside:
+        if seg.kind in ("op", "framework", "untraced"):
             key = seg.name.lower()
-            eager[key] = eager.get(key, 0.0) + seg.dur
+            spent[key] = spent.get(key, 0.0) + seg.dur
+            if not inside:
+                eager[key] = eager.get(key, 0.0) + seg.dur
+    for key in FAMILIES:
+        m[key] = float(sum(v for name, v in spent.items() if _in_family(key, name)) / ms)
+    # the DataLoader's time is everything on the path inside its __next__ (the preprocessing it runs
+    # in a one-process loader, a Hugging Face pipeline's included), not only the range's own time
+    m["dataloader_share"] = max(m["dataloader_share"], float(a.input_pipeline_us() / ms))
     m["elementwise_share"] = float(sum(v for name, v in eager.items() if ELEMENTWISE.search(name)) / ms)
     m["uncompiled_share"] = float(1.0 - in_compiled / work) if work > 0 else 1.0
     unfused = float(in_aot / work) if work > 0 else 0.0  # (of the path's work: under torch.compile, not fused)
     # a collective counts in its family by the kind it is, whatever its name (NCCL's
     # ncclKernel_AllReduce_*, its generic kernel: graph_pipeline.window.collective_kinds)
     network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER)
-    in_collective = launched_in_collective(g)  # (an NCCL SendRecv kernel of an all-to-all is no send)
+    # NCCL runs all-to-all, gather and scatter in its SendRecv kernel too, whose name says how, not what
+    # (diff_test's embedding all-to-alls): one launched inside an op or range so named is no send
+    in_collective = within_named(g, _SENDRECV_COLLECTIVE)
     for seg in a.segments():  # (one pass: a long step's path has hundreds of thousands of segments)
         if seg.kind != "op" or seg.node < 0 or not network[seg.node]:
             continue
@@ -438,10 +422,16 @@ GRAPH_LAUNCH_NAME = re.compile(r"graph_?launch", re.IGNORECASE)
 ``hipGraphLaunch``): every device op of the graph carries its correlation id."""
 
 
-def compiled_code(g: ExecutionGraph, pattern: re.Pattern[str] = COMPILED_CODE_NAME) -> np.ndarray:
-    """Per node: is it code Inductor compiled (``pattern``: the node or a range around it on its
-    thread so named), or a device op such code launched or Inductor generated? Fusing or
-    compiling it again saves nothing; the work outside it is what compiling would change."""
+def compiled_code(g: ExecutionGraph) -> np.ndarray:
+    """Per node: is it code Inductor compiled (COMPILED_CODE_NAME), or a device op such code
+    launched or Inductor generated? Fusing or compiling it again saves nothing; the work outside it
+    is what compiling would change."""
+    return within_named(g, COMPILED_CODE_NAME)
+
+
+def within_named(g: ExecutionGraph, pattern: re.Pattern[str]) -> np.ndarray:
+    """Per node: is it named by ``pattern``, or inside a CPU op or range of its thread so named, or
+    a device op one of those launched?"""
     rg, n = g.regions, g.nodes
     named = np.array([bool(pattern.search(name)) for name in g.names], dtype=bool)
     mask = named[n["name"]].copy()
