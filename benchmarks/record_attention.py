@@ -9,14 +9,13 @@ for the first only).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from record_compiled import export_gzipped
+from record_compiled import export_gzipped, out_folder
 
 HEADS, SEQ, DIM, BATCH = 4, 512, 256, 2
 
@@ -43,12 +42,9 @@ def _loop(fused: bool, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    _loop(False, a.out / "attention_eager.json.gz")
-    _loop(True, a.out / "attention_sdpa.json.gz")
+    out = out_folder(__doc__)
+    _loop(False, out / "attention_eager.json.gz")
+    _loop(True, out / "attention_sdpa.json.gz")
 
 
 if __name__ == "__main__":

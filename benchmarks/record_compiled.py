@@ -43,14 +43,21 @@ def export_gzipped(prof: profile, out: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def out_folder(doc: str | None) -> Path:
+    """The folder a recording script was given (its one argument, made if missing), with the
+    script's docstring's first line as its help."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     ap.add_argument("out", type=Path)
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    _loop(True, a.out / "compiled_mlp_whole_script.json.gz")
+    out: Path = ap.parse_args().out
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def main() -> None:
+    out = out_folder(__doc__)
+    _loop(True, out / "compiled_mlp_whole_script.json.gz")
     torch._dynamo.reset()
-    _loop(False, a.out / "compiled_mlp_after_warmup.json.gz")
+    _loop(False, out / "compiled_mlp_after_warmup.json.gz")
 
 
 if __name__ == "__main__":

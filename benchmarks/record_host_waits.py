@@ -11,7 +11,6 @@ helper computes. The trace behind tests/data/own-cpu/host_waits_stack.json.gz
 
 from __future__ import annotations
 
-import argparse
 import queue
 import threading
 import time
@@ -22,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
-from record_compiled import export_gzipped  # (benchmarks/, beside this script)
+from record_compiled import export_gzipped, out_folder  # (benchmarks/, beside this script)
 
 SLEEP_S = 0.005
 
@@ -68,11 +67,8 @@ def record(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    record(a.out / "host_waits_stack.json.gz")
+    out = out_folder(__doc__)
+    record(out / "host_waits_stack.json.gz")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ optimizer recipe for the first two, not the third).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from record_compiled import export_gzipped
+from record_compiled import export_gzipped, out_folder
 
 LAYERS, WIDTH, BATCH = 24, 256, 8
 MODES = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
@@ -36,12 +35,9 @@ def _loop(mode: str, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+    out = out_folder(__doc__)
     for mode in MODES:
-        _loop(mode, a.out / f"adamw_{mode}.json.gz")
+        _loop(mode, out / f"adamw_{mode}.json.gz")
 
 
 if __name__ == "__main__":
