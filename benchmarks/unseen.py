@@ -575,13 +575,19 @@ one, SDPA for attention that runs fused, a fused optimizer for one that is, and 
 copies that are pinned or device to device, a pipeline's sends for an all-to-all."""
 
 
-def _raw_input_types(path: Path) -> dict[str, int]:
-    """How many matmul, convolution and attention ops of the raw JSON have each first floating-point
-    input type (``record_shapes=True``), and how many have none."""
-    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]  # (a folder: one file per rank)
+def _raw_events(path: Path) -> list[list[dict]]:
+    """The raw JSON's events, one list per file (a folder: one file per rank), read once for the
+    raw_* counts below."""
+    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
     docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
+    return [doc["traceEvents"] if isinstance(doc, dict) else doc for doc in docs]
+
+
+def _raw_input_types(events: list[list[dict]]) -> dict[str, int]:
+    """How many matmul, convolution and attention ops of the raw JSON (_raw_events) have each first
+    floating-point input type (``record_shapes=True``), and how many have none."""
     out: dict[str, int] = {}
-    for e in (x for doc in docs for x in (doc["traceEvents"] if isinstance(doc, dict) else doc)):
+    for e in (x for file in events for x in file):
         if e.get("ph") != "X" or not re.match(
             r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?conv\w*|cudnn_convolution\w*|_?scaled_dot\w*)$", str(e.get("name"))
         ):
@@ -592,26 +598,23 @@ def _raw_input_types(path: Path) -> dict[str, int]:
     return out
 
 
-def _raw_checkpoint_names(path: Path) -> int:
-    """How many complete events of the raw JSON have "checkpoint" in their name (activation
-    checkpointing's frames and ops: the premise of the recipe that checkpoints fewer layers)."""
-    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
-    docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
-    events = (x for doc in docs for x in (doc["traceEvents"] if isinstance(doc, dict) else doc))
-    return sum(1 for e in events if e.get("ph") == "X" and "checkpoint" in str(e.get("name", "")).lower())
+def _raw_checkpoint_names(events: list[list[dict]]) -> int:
+    """How many complete events of the raw JSON (_raw_events) have "checkpoint" in their name
+    (activation checkpointing's frames and ops: the premise of the recipe that checkpoints fewer
+    layers)."""
+    return sum(1 for file in events for e in file if e.get("ph") == "X" and "checkpoint" in str(e.get("name", "")).lower())
 
 
-def _raw_compiled(path: Path) -> dict[str, int]:
-    """From the raw JSON: how many kernels Inductor generated (``triton_...``), calls of Inductor's
-    graphs (``## Call CompiledFxGraph ##``), AOTAutograd's forwards (``CompiledFunction``), and
-    device ops replayed by a graph launch (their correlation id a ``*GraphLaunch`` call's)."""
-    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
-    docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
+def _raw_compiled(events: list[list[dict]]) -> dict[str, int]:
+    """From the raw JSON (_raw_events): how many kernels Inductor generated (``triton_...``), calls
+    of Inductor's graphs (``## Call CompiledFxGraph ##``), AOTAutograd's forwards
+    (``CompiledFunction``), and device ops replayed by a graph launch (their correlation id a
+    ``*GraphLaunch`` call's; per file: a rank's ids)."""
     out = {"inductor_kernels": 0, "inductor_graph_calls": 0, "aot_forwards": 0, "graph_replayed_device_ops": 0}
-    for doc in docs:
-        events = [e for e in (doc["traceEvents"] if isinstance(doc, dict) else doc) if e.get("ph") == "X"]
-        launches = {(e.get("args") or {}).get("correlation") for e in events if re.search(r"(?i)graph_?launch", str(e.get("name")))}
-        for e in events:
+    for file in events:
+        complete = [e for e in file if e.get("ph") == "X"]
+        launches = {(e.get("args") or {}).get("correlation") for e in complete if re.search(r"(?i)graph_?launch", str(e.get("name")))}
+        for e in complete:
             name, cat = str(e.get("name", "")), e.get("cat")
             out["inductor_kernels"] += cat == "kernel" and name.startswith("triton_")
             out["inductor_graph_calls"] += "CompiledFxGraph" in name
@@ -676,10 +679,11 @@ def advice_premises() -> dict:
             for r in PREMISED:
                 offered[r] += r in ids
             remedies |= {x.remedy.split(" (")[0] for x in adv.suggestions if x.source == "cpu-framework-overhead"}
+        raw = _raw_events(path)
         out[path.name] = {
-            "raw_input_types": _raw_input_types(path),
-            "raw_checkpoint_names": _raw_checkpoint_names(path),
-            "raw_compiled": _raw_compiled(path),
+            "raw_input_types": _raw_input_types(raw),
+            "raw_checkpoint_names": _raw_checkpoint_names(raw),
+            "raw_compiled": _raw_compiled(raw),
             "cpu_overhead_remedies": sorted(remedies),
             "steps": len(analyses),
             "evidence": metrics,
