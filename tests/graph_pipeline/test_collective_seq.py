@@ -1,6 +1,6 @@
 """Collectives matched across ranks by (process group, sequence number) where the trace has
-them: one collective missing from one rank's trace leaves the others matched right, where
-matching by order pairs every later op with the wrong instance. The rule used is reported."""
+them: one collective missing from one rank's trace leaves the others matched right; so does
+matching by order, which aligns the ranks' sequences. The rule used is reported."""
 
 from __future__ import annotations
 
@@ -76,14 +76,18 @@ def test_sequence_numbers_match_exactly(job):
     groups, report = _instances(root / "seq", truth)
     assert all(len(set(seqs)) == 1 for seqs in groups)  # every instance is one collective
     assert sorted(len(s) for s in groups) == [3, 4, 4, 4]  # the one rank 2 lacks has 3 participants
-    assert report == {"by_seq": 4, "by_order": 0, "unmatched_ops": 0}
+    assert report == {"by_seq": 4, "by_order": 0, "unmatched_ops": 0, "aligned": 0, "in_a_cycle": 0}
 
 
-def test_order_matching_is_thrown_off_and_says_so(job):
+def test_order_matching_aligns_the_ranks_sequences_and_says_so(job):
+    """Without sequence numbers, the ranks' sequences are aligned: rank 2's missing collective
+    leaves a gap in its sequence and every other op pairs with its own instance (matching the
+    k-th op of a kind and size on every rank paired rank 2's later ops with the wrong one)."""
     root, truth = job
     groups, report = _instances(root / "order", truth)
-    assert any(len(set(seqs)) > 1 for seqs in groups)  # rank 2's later ops paired with the wrong instance
-    assert report["by_seq"] == 0 and report["by_order"] == 4
+    assert all(len(set(seqs)) == 1 for seqs in groups)
+    assert sorted(len(s) for s in groups) == [3, 4, 4, 4]
+    assert report == {"by_seq": 0, "by_order": 4, "unmatched_ops": 0, "aligned": 1, "in_a_cycle": 0}
 
 
 def test_report_in_json_and_terminal(job, capsys):
@@ -91,7 +95,13 @@ def test_report_in_json_and_terminal(job, capsys):
 
     root, _ = job
     code, out, _ = run_cli(["analyze", str(root / "seq"), "--step", str(DROP_STEP), "--json"], capsys)
-    assert code == 0 and json.loads(out)["steps"][0]["collective_matching"] == {"by_seq": 4, "by_order": 0, "unmatched_ops": 0}
+    assert code == 0 and json.loads(out)["steps"][0]["collective_matching"] == {
+        "by_seq": 4,
+        "by_order": 0,
+        "unmatched_ops": 0,
+        "aligned": 0,
+        "in_a_cycle": 0,
+    }
     code, out, _ = run_cli(["analyze", str(root / "seq"), "--step", str(DROP_STEP)], capsys)
     assert "matched 4 by sequence number, 0 by order, 0 ops unmatched" in " ".join(out.split())
 

@@ -552,6 +552,19 @@ class StepAnalysis:
                 f"step {step}: {sum(cycles.values())} dependency edge{'s' if sum(cycles.values()) > 1 else ''} closed a cycle "
                 f"where the trace's times tie ({what}): the least certain edge of each was given up"
             )
+        m = self.graph.info.collectives
+        if m.get("aligned"):
+            out.append(
+                f"step {step}: {m['aligned']} collective{'s' if m['aligned'] > 1 else ''} of a process group missing from some of "
+                "its ranks' traces (events sampled, or a trace trimmed or cut?): the ranks' sequences of collectives were aligned "
+                "by kind and size so that the others still pair with their own"
+            )
+        if m.get("in_a_cycle"):
+            out.append(
+                f"step {step}: {m['in_a_cycle']} collective instance{'s' if m['in_a_cycle'] > 1 else ''} matched across ranks "
+                "by order crossed another (each waiting for the other: a rank's trace lacks a collective or a send that order "
+                "alone cannot place); left unmatched, their ops as seen on one rank"
+            )
         facts = self.graph.info.facts
         for f in facts.ranks if facts is not None else ():
             if f.queued_before_trace_us > 0:

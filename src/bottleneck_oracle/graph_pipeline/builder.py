@@ -110,32 +110,27 @@ class RawGraph:
     carry: np.ndarray | None = None  # µs per op: earliest start from work an earlier step queued (-inf: none)
     gaps: dict[str, np.ndarray] | None = None  # the pieces of time between a thread's ops (gaps.py)
     regions: dict[str, np.ndarray] | None = None  # the events enclosing leaf ops (regions.py)
+    seq: np.ndarray | None = None  # a collective's sequence number in its group (-1: none); None: no matching report
+    aligned: int = 0  # collectives some ranks of their group lack (collectives.match_instances' stats)
 
 
 def finalize(raw: RawGraph) -> ExecutionGraph:
     """Barriers at the last arrival of each cross-rank instance, modelled starts of blocking
     ops, edge weights (module docstring), releases; then the validated ExecutionGraph."""
+    crossed = _uncross(raw)
+    if raw.seq is not None:
+        raw.meta["collectives"] = {
+            **match_report(raw.nodes["coll_kind"], raw.inst, raw.seq),
+            "aligned": raw.aligned,
+            "in_a_cycle": crossed,
+        }
     nd, inst, src, dst, kind, is_wait = raw.nodes, raw.inst, raw.src, raw.dst, raw.kind, raw.is_wait
     n = len(nd["start"])
     n_bar = int(inst.max()) + 1 if n and inst.max() >= 0 else 0
-    member = np.flatnonzero(inst >= 0)
-    arrival = np.full(n_bar, -np.inf)
-    np.maximum.at(arrival, inst[member], nd["start"][member])
+    member, arrival, sends, waiting, late = _participants(raw, n_bar)
+    raw.meta["late_peers"] = late
     start = np.concatenate([nd["start"], arrival])
     end = np.concatenate([raw.end, arrival])
-
-    # a send that ended before its receiver arrived was buffered: it did not wait for it; one
-    # still running when the receive was posted (gloo's rendezvous waits for the receiver's
-    # buffer; large NCCL messages too) waited like every other participant. A receive that ended
-    # before its send was seen to start waited all along: the send's span was recorded after the
-    # transfer (a descheduled backend thread), or the pair is matched by size and order only (a
-    # sampled trace); it keeps the barrier edge, the one edge allowed to run back in time, and is
-    # counted in meta["late_peers"]
-    early = raw.end[member] < arrival[inst[member]]
-    buffered = (nd["coll_kind"][member] == CollectiveKind.SEND) & early
-    raw.meta["late_peers"] = int((early & ~buffered).sum())
-    sends = member[buffered]
-    waiting = member[~buffered]
     mstart = start.copy()
     mstart[waiting] = np.clip(arrival[inst[waiting]], start[waiting], end[waiting])
     ws, wd = src[is_wait], dst[is_wait]
@@ -156,30 +151,17 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
 
     ckind = nd["coll_kind"]
     if n_bar:
-        # a participant's own dependencies decide when it arrives: they now lead to its barrier
-        # (a send's are copied there, the send itself still starts when they allow)
-        inst_all = np.concatenate([inst, np.full(n_bar, -1)])
-        is_send = np.zeros(n + n_bar, dtype=bool)
-        is_send[sends] = True
-        into = (inst_all[dst] >= 0) & ~is_wait
-        copy = np.flatnonzero(into & is_send[dst])
-        to_barrier = n + inst_all[dst[copy]]
-        dst = np.where(into & ~is_send[dst], n + inst_all[dst], dst)
-        src = np.concatenate([src, src[copy]])
-        dst = np.concatenate([dst, to_barrier])
-        kind = np.concatenate([kind, kind[copy]])
-        weight = np.concatenate([weight, weight[copy]])
+        src, dst, origin = _barrier_edges(n, inst, src, dst, is_wait, sends, waiting)
+        local = origin[origin >= 0]
+        p2p = isin_small(ckind[waiting], P2P_KINDS)
+        kind = np.concatenate([kind[local], np.where(p2p, EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC).astype(np.int8)])
+        weight = np.concatenate([weight[local], np.minimum(mstart[waiting] - arrival[inst[waiting]], 0.0)])
         bar_release = np.full(n_bar, -np.inf)
         lone = member[latest[member] == -np.inf]
         np.maximum.at(bar_release, inst[lone], start[lone])
         np.maximum.at(bar_release, inst[member], carry[member])  # a participant queued behind earlier steps' work
         release[waiting] = -np.inf
         release[n:] = bar_release
-        p2p = isin_small(ckind[waiting], P2P_KINDS)
-        src = np.concatenate([src, n + inst[waiting]])
-        dst = np.concatenate([dst, waiting])
-        kind = np.concatenate([kind, np.where(p2p, EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC).astype(np.int8)])
-        weight = np.concatenate([weight, np.minimum(mstart[waiting] - arrival[inst[waiting]], 0.0)])
 
     names = list(raw.names)
     bar_name = np.arange(len(names), len(names) + n_bar, dtype=np.int32)
@@ -226,6 +208,74 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
     )
     g.validate()
     return g
+
+
+def _participants(raw: RawGraph, n_bar: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The members of the window's cross-rank instances; each instance's arrival (its last
+    participant's start); of the members, the buffered sends and those that wait at the barrier;
+    and how many late peers (below).
+
+    A send that ended before its receiver arrived was buffered: it did not wait for it; one
+    still running when the receive was posted (gloo's rendezvous waits for the receiver's
+    buffer; large NCCL messages too) waited like every other participant. A receive that ended
+    before its send was seen to start waited all along: the send's span was recorded after the
+    transfer (a descheduled backend thread), or the pair is matched by size and order only (a
+    sampled trace); it keeps the barrier edge, the one edge allowed to run back in time, and is
+    counted in meta["late_peers"]."""
+    inst = raw.inst
+    member = np.flatnonzero(inst >= 0)
+    arrival = np.full(n_bar, -np.inf)
+    np.maximum.at(arrival, inst[member], raw.nodes["start"][member])
+    early = raw.end[member] < arrival[inst[member]]
+    buffered = (raw.nodes["coll_kind"][member] == CollectiveKind.SEND) & early
+    return member, arrival, member[buffered], member[~buffered], int((early & ~buffered).sum())
+
+
+def _barrier_edges(n: int, inst: np.ndarray, src: np.ndarray, dst: np.ndarray, is_wait: np.ndarray, sends: np.ndarray, waiting: np.ndarray):
+    """The edges with a barrier node per instance (node ``n + instance``): a participant's own
+    dependencies decide when it arrives, so they now lead to its barrier (a buffered send's are
+    copied there, the send itself still starts when they allow), and the barrier leads to every
+    participant that waits at it. Returns (src, dst, origin): ``origin`` the index of the local
+    edge each edge comes from, -1 for the barrier's edges to its participants (last)."""
+    n_bar = int(inst.max()) + 1
+    inst_all = np.concatenate([inst, np.full(n_bar, -1)])
+    is_send = np.zeros(n + n_bar, dtype=bool)
+    is_send[sends] = True
+    into = (inst_all[dst] >= 0) & ~is_wait
+    copy = np.flatnonzero(into & is_send[dst])
+    origin = np.concatenate([np.arange(len(src)), copy, np.full(len(waiting), -1)])
+    src = np.concatenate([src, src[copy], n + inst[waiting]])
+    dst = np.concatenate([np.where(into & ~is_send[dst], n + inst_all[dst], dst), n + inst_all[dst[copy]], waiting])
+    return src, dst, origin
+
+
+def _uncross(raw: RawGraph) -> int:
+    """Leave unmatched the cross-rank instances whose barriers close a dependency cycle, and
+    return how many. Ranks run a process group's collectives in one order, so matched rightly
+    no two instances cross; two that do (X before Y on one rank, Y before X on another: each
+    barrier waits for the other) were matched wrongly — a rank's trace lacks a send or a
+    collective that order alone cannot place — and the step's graph would have no order at all.
+    Each cycle found gives up one of its instances (its ops stay, as ops seen on one rank)."""
+    nd = raw.nodes
+    n = len(nd["start"])
+    crossed = 0
+    for _ in range(MAX_CYCLE_PASSES):
+        if not n or raw.inst.max() < 0:
+            break
+        n_bar = int(raw.inst.max()) + 1
+        _, _, sends, waiting, _ = _participants(raw, n_bar)
+        src, dst, origin = _barrier_edges(n, raw.inst, raw.src, raw.dst, raw.is_wait, sends, waiting)
+        give_up = np.where(origin < 0, len(_GIVE_UP), _GIVE_UP[raw.kind[np.maximum(origin, 0)]])
+        drop = _cycle_breaks(n + n_bar, src.astype(np.int64), dst.astype(np.int64), give_up.astype(np.int64))
+        bad = np.unique(src[drop & (origin < 0)] - n)
+        if not len(bad):
+            break
+        gone = np.isin(raw.inst, bad)
+        raw.end[gone] = (nd["start"] + nd["dur"])[gone]  # a lone op ends when it was recorded to
+        kept = np.unique(raw.inst[(raw.inst >= 0) & ~gone])
+        raw.inst = np.where(gone | (raw.inst < 0), -1, np.searchsorted(kept, raw.inst))
+        crossed += len(bad)
+    return crossed
 
 
 def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None, span: int = 1) -> ExecutionGraph:
@@ -401,7 +451,8 @@ def _finish(
     for call, work in pairs:
         peer[work] = c["peer"][call]
     seq = _sequence_numbers(w, pairs)
-    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq)
+    match_stats: dict[str, int] = {}
+    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq, match_stats)
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
     rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]
@@ -445,7 +496,7 @@ def _finish(
             "rank_start_us": rank_starts,
             "fields_version": F.FIELDS_VERSION,
             "dropped_edges": dropped,
-            "collectives": match_report(w.ckind, inst, seq),
+            "collectives": {},  # (finalize: once crossing instances are left unmatched)
             "step_end_us": {str(s.rank): s.end - w.w0 for s in w.steps},
             "rank_origin_us": {str(r): t for r, t in w.origins.items()},
             "facts": facts.to_dict(offset=w.w0),
@@ -462,6 +513,8 @@ def _finish(
         carry=w.carry,
         gaps=pieces,
         regions=regions,
+        seq=seq,
+        aligned=match_stats.get("aligned", 0),
     )
     del w, c, E  # the window's columns are the largest thing held: gone before finalize allocates
     return finalize(raw)

@@ -12,9 +12,9 @@ descheduled backend thread closes its span late), never earlier, so per instance
 end on each host is taken. A host's offset is the median, over the instances it shares with
 the reference host (the host of the lowest rank), of its earliest end minus the reference's.
 
-Instances are matched as the graph builder matches them (collectives.match_instances: the k-th
-op of one kind, process group and size on every rank), within each ProfilerStep, so a
-collective missing on one rank misaligns at most its own step. The GPU-side op is the one
+Instances are matched as the graph builder matches them (collectives.match_instances: an op's
+place in its process group's sequence, the ranks' sequences aligned where one lacks some),
+within each ProfilerStep. The GPU-side op is the one
 whose end counts on GPU ranks (an NCCL kernel; the CPU call only launches it), the backend op
 (gloo:*) on CPU ranks.
 """

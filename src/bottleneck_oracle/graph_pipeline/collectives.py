@@ -3,11 +3,13 @@
 Rules, in order: a collective that carries its sequence number in its process group (the
 ``Seq`` argument recent PyTorch writes on record_param_comms and NCCL kernels) is the
 instance of that (process group, sequence number, kind) on every rank: exact, whatever ops a
-rank's trace lacks. Otherwise, on every rank, the k-th network op of one kind, process group
-and message size in a window is the same collective (ranks issue collectives in the same
-order: c10d requires it); one op missing on one rank shifts the pairing of the later ones.
-A send pairs with a recv of the same size on another rank. Each instance seen on two or more
-ranks gets a barrier node. ``match_report`` counts the instances each rule matched.
+rank's trace lacks. Otherwise, ranks issue the collectives of a process group in one order
+(c10d requires it): where every rank's sequence of (kind, message size) in a group is the same,
+the k-th op of one kind and size on every rank is one collective; where a rank's trace lacks
+some (sampled events, a trace trimmed or cut), the ranks' sequences are aligned (the longest
+common subsequence of kinds and sizes, ties broken by time) so that one missing op shifts no
+other pairing. A send pairs with a recv of the same size on another rank. Each instance seen on
+two or more ranks gets a barrier node. ``match_report`` counts the instances each rule matched.
 
 Symmetric collectives (all-reduce, all-gather, reduce-scatter, all-to-all,
 barrier) finish together: the last data exchange completes on every rank at
@@ -24,6 +26,7 @@ at the end of the step; the pair's transfer was over when the first side saw it 
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
@@ -46,12 +49,16 @@ def match_instances(
     nelems: np.ndarray,
     peer: np.ndarray | None = None,
     seq: np.ndarray | None = None,
+    stats: dict | None = None,
 ) -> np.ndarray:
     """Instance id per node (-1: compute, or a network op seen on one rank only).
     ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown; ``peer`` the
     other rank of a send or recv (-1 unknown): the k-th send of a size from a to b pairs with
     the k-th recv of that size on b from a; ``seq`` the collective's sequence number in its
-    process group (-1 unknown): collectives with one are matched by (group, number, kind)."""
+    process group (-1 unknown): collectives with one are matched by (group, number, kind); the
+    others by their place in their group's sequence (aligned where the ranks' sequences differ).
+    ``stats``, if given, gets ``aligned``: the collectives of a group that some of the group's
+    ranks lack, where the ranks' sequences had to be aligned."""
     inst = np.full(len(rank), -1, dtype=np.int64)
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
@@ -75,8 +82,12 @@ def match_instances(
             groups.setdefault(("seq", k, g, s), []).append(i)
         else:
             sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
-    for (r, k, g, m, q), calls in sequences.items():
+    for calls in sequences.values():
         calls.sort()
+    place, aligned = _places(sequences)
+    if stats is not None:
+        stats["aligned"] = aligned
+    for (r, k, g, m, q), calls in sequences.items():
         if k not in P2P_KINDS:
             family: tuple = (k,)
         elif q < 0:
@@ -84,7 +95,7 @@ def match_instances(
         else:  # (sender, receiver)
             family = ("p2p", r, q) if k == CollectiveKind.SEND else ("p2p", q, r)
         for j, (_, i) in enumerate(calls):
-            groups.setdefault((*family, g, m, j), []).append(i)
+            groups.setdefault((*family, g, m, place.get(i, j)), []).append(i)
     n = 0
     for key, members in groups.items():
         ranks = {int(rank[i]) for i in members}
@@ -95,6 +106,147 @@ def match_instances(
         inst[members] = n
         n += 1
     return inst
+
+
+OFFSET_PAIRS = 16
+"""A rank's clock offset at an op: the median over this many aligned pairs either side of it."""
+ALIGN_MAX_CELLS = 4_000_000
+"""The largest alignment (ops of one rank × ops of the consensus) computed; beyond it a group's
+ops pair by their place among those of their kind and size, as where the sequences agree."""
+
+
+def _places(sequences: dict[tuple, list[tuple[float, int]]]) -> tuple[dict[int, int], int]:
+    """Per collective (not a send or recv), its place among the collectives of its kind and size
+    in its process group's sequence, the same on every rank that ran it; and how many of the
+    groups' collectives some of their ranks lack. ``sequences``: (rank, kind, group, size, peer)
+    -> [(start, node)] in start order."""
+    by_group: dict[int, dict[int, list[tuple[float, int, tuple[int, int]]]]] = {}
+    for (r, k, g, m, _), calls in sequences.items():
+        if k in P2P_KINDS:
+            continue
+        mine = by_group.setdefault(g, {}).setdefault(r, [])
+        mine.extend((t, i, (k, m)) for t, i in calls)
+    place: dict[int, int] = {}
+    aligned = 0
+    for ranks in by_group.values():
+        if len(ranks) < 2:
+            continue
+        seqs = {r: sorted(ops) for r, ops in ranks.items()}
+        tokens = {r: [tok for _, _, tok in ops] for r, ops in seqs.items()}
+        first = next(iter(tokens.values()))
+        if all(t == first for t in tokens.values()):
+            continue  # the same sequence on every rank: each op's place among its kind and size
+        columns = _consensus(seqs)
+        if columns is None:
+            continue
+        seen: dict[tuple[int, int], int] = {}
+        for members, tok in columns:
+            j = seen.get(tok, 0)
+            seen[tok] = j + 1
+            for i in members:
+                place[i] = j
+            aligned += len(members) < len(seqs)
+    return place, aligned
+
+
+def _consensus(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]]) -> list[tuple[list[int], tuple[int, int]]] | None:
+    """The columns of the ranks' sequences aligned one to another (each: its ops, at most one per
+    rank, and its kind and size), in issue order. First the columns: the longest sequence, then
+    each other rank's aligned to the columns so far, its ops that align to none inserted as
+    columns of their own (and its clock's offset from the first rank's, from the pairs). Then
+    every rank's sequence again against all the columns, so that where two ranks each lack a
+    different one of two like collectives, the one a third rank holds both of decides (by time)
+    which is which. ``None`` where an alignment would be too large (ALIGN_MAX_CELLS)."""
+    order = sorted(seqs, key=lambda r: (-len(seqs[r]), r))
+    code: dict[tuple[int, int], int] = {}
+    ref = seqs[order[0]]
+    toks = [tok for _, _, tok in ref]
+    times = [t for t, _, _ in ref]  # a column's time, on the first rank's clock
+    offsets = {order[0]: np.zeros(len(ref))}
+    for r in order[1:]:
+        ops = seqs[r]
+        if len(ops) * len(toks) > ALIGN_MAX_CELLS:
+            return None
+        to, offsets[r] = _aligned(toks, times, ops, code, None)
+        new_toks, new_times, c = [], [], 0
+        for j, (t, _, tok) in enumerate(ops):
+            if to[j] >= 0:
+                new_toks.extend(toks[c : to[j] + 1])
+                new_times.extend(times[c : to[j] + 1])
+                c = to[j] + 1
+            else:
+                new_toks.append(tok)
+                new_times.append(t - float(offsets[r][j]))
+        toks, times = new_toks + toks[c:], new_times + times[c:]
+    columns: dict[tuple[int, int, int], tuple[list[int], tuple[int, int]]] = {(c, -1, 0): ([], tok) for c, tok in enumerate(toks)}
+    for r in order:
+        ops = seqs[r]
+        to, _ = _aligned(toks, times, ops, code, offsets[r])
+        prev = -1
+        for j, (_, i, tok) in enumerate(ops):
+            if to[j] >= 0:
+                prev = int(to[j])
+                columns[(prev, -1, 0)][0].append(i)
+            else:  # (after the columns it follows: the first pass made one for every op, so seldom)
+                columns[(prev, r, j)] = ([i], tok)
+    return [columns[k] for k in sorted(columns) if columns[k][0]]
+
+
+def _aligned(toks: list, times: list[float], ops: list, code: dict, offset: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each op's column (-1: none) and the rank's clock offset at each op: given, or estimated
+    from an alignment by order alone (the median offset of the nearest pairs: a straggler's
+    lag grows along its sequence) and then used to break its ties by time."""
+    a = np.array([code.setdefault(tok, len(code)) for tok in toks], dtype=np.int64)
+    b = np.array([code.setdefault(tok, len(code)) for _, _, tok in ops], dtype=np.int64)
+    ta, tb = np.array(times, dtype=np.float64), np.array([t for t, _, _ in ops], dtype=np.float64)
+    if offset is None:
+        to = _align(a, ta, b, tb, np.zeros(len(b)), False)
+        hit = np.flatnonzero(to >= 0)
+        offset = np.zeros(len(b))
+        if len(hit):
+            d = tb[hit] - ta[to[hit]]
+            near = np.clip(np.searchsorted(hit, np.arange(len(b))), 0, len(hit) - 1)
+            for j in range(len(b)):
+                k = int(near[j])
+                offset[j] = np.median(d[max(0, k - OFFSET_PAIRS) : k + OFFSET_PAIRS])
+    return _align(a, ta, b, tb, offset, True), offset
+
+
+@numba.njit(cache=True)
+def _align(a: np.ndarray, ta: np.ndarray, b: np.ndarray, tb: np.ndarray, offset: np.ndarray, by_time: bool) -> np.ndarray:
+    """For each element of ``b``, the index of the element of ``a`` it aligns to (-1: none): the
+    longest common subsequence; among those, with ``by_time``, the one whose pairs lie closest
+    in time (``tb - offset`` against ``ta``, ``offset`` per element of ``b``; the time term of all
+    pairs together is under one pair, so it only breaks ties); without, the latest pairing on a
+    tie."""
+    na, nb = len(a), len(b)
+    span = 1.0
+    if na and nb:
+        span += max(ta.max(), (tb - offset).max()) - min(ta.min(), (tb - offset).min())
+    unit = 1.0 / (span * (min(na, nb) + 1))
+    score = np.zeros((na + 1, nb + 1))
+    for i in range(1, na + 1):
+        for j in range(1, nb + 1):
+            best = max(score[i - 1, j], score[i, j - 1])
+            if a[i - 1] == b[j - 1]:
+                gain = 1.0 - (min(abs(tb[j - 1] - offset[j - 1] - ta[i - 1]), span) * unit if by_time else 0.0)
+                best = max(best, score[i - 1, j - 1] + gain)
+            score[i, j] = best
+    out = np.full(nb, -1, dtype=np.int64)
+    i, j = na, nb
+    while i > 0 and j > 0:
+        if a[i - 1] == b[j - 1]:
+            gain = 1.0 - (min(abs(tb[j - 1] - offset[j - 1] - ta[i - 1]), span) * unit if by_time else 0.0)
+            if score[i, j] == score[i - 1, j - 1] + gain:
+                out[j - 1] = i - 1
+                i -= 1
+                j -= 1
+                continue
+        if score[i - 1, j] >= score[i, j - 1]:
+            i -= 1
+        else:
+            j -= 1
+    return out
 
 
 def match_report(ckind: np.ndarray, inst: np.ndarray, seq: np.ndarray | None = None) -> dict[str, int]:

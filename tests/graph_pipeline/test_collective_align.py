@@ -1,0 +1,185 @@
+"""Collectives without sequence numbers, where a rank's trace lacks some (events sampled, a trace
+trimmed or cut): ranks issue a process group's collectives in one order, so the ranks' sequences
+are aligned and one missing op shifts no other pairing. Matching the k-th op of a kind and size on
+every rank paired the later ones of that kind with the wrong instance, and where two such
+instances crossed (each waiting for the other's participants) the step's graph had a dependency
+cycle and the step was refused. Instances that still cross are left unmatched, and said so.
+
+Oracles: the construction (which collective each op is), and networkx for "no cycle"."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from bottleneck_oracle import api
+from bottleneck_oracle.graph_pipeline.builder import RawGraph, finalize
+from bottleneck_oracle.graph_pipeline.collectives import match_instances
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
+
+ALL_REDUCE, ALL_GATHER = int(CollectiveKind.ALL_REDUCE), int(CollectiveKind.ALL_GATHER)
+
+
+def _job(seed: int, ranks: int, n: int, drop: float):
+    """A group's collectives (kind, size) issued in one order on every rank, 100 µs apart with a
+    little jitter and a clock offset per rank; each op dropped from a rank's trace with
+    probability ``drop``. Returns the columns match_instances takes and the truth per op."""
+    rng = random.Random(seed)
+    calls = [(rng.choice((ALL_REDUCE, ALL_GATHER)), rng.choice((1024, 4096))) for _ in range(n)]
+    cols: dict[str, list] = {"rank": [], "start": [], "ckind": [], "size": [], "truth": []}
+    for r in range(ranks):
+        offset = rng.uniform(-5000, 5000)
+        for j, (k, m) in enumerate(calls):
+            if rng.random() < drop:
+                continue
+            cols["rank"].append(r)
+            cols["start"].append(offset + 100.0 * j + rng.uniform(-10, 10))
+            cols["ckind"].append(k)
+            cols["size"].append(m)
+            cols["truth"].append(j)
+    return {k: np.array(v) for k, v in cols.items()}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_instance_is_one_collective_when_ranks_lack_some(seed):
+    c = _job(seed, ranks=4, n=60, drop=0.08)
+    inst = match_instances(
+        c["rank"].astype(np.int32), c["start"], c["ckind"].astype(np.int8), np.zeros(len(c["rank"]), np.int64), c["size"].astype(float)
+    )
+    matched = inst >= 0
+    for i in np.unique(inst[matched]).tolist():
+        assert len(set(c["truth"][inst == i].tolist())) == 1, f"instance {i} pairs different collectives"
+    # every collective that two or more ranks hold is one instance
+    held = {j: int((c["truth"] == j).sum()) for j in np.unique(c["truth"]).tolist()}
+    assert len(np.unique(inst[matched])) == sum(v >= 2 for v in held.values())
+
+
+def test_the_same_sequence_on_every_rank_pairs_by_place():
+    c = _job(0, ranks=3, n=40, drop=0.0)
+    stats: dict = {}
+    inst = match_instances(
+        c["rank"].astype(np.int32),
+        c["start"],
+        c["ckind"].astype(np.int8),
+        np.zeros(len(c["rank"]), np.int64),
+        c["size"].astype(float),
+        stats=stats,
+    )
+    assert stats == {"aligned": 0}
+    assert all(len(set(c["truth"][inst == i].tolist())) == 1 for i in range(40))
+
+
+def _x(name, cat, ts, dur, tid, pid, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
+def _crossing_job(folder):
+    """Two gloo ranks, each step all-reducing sizes 1000, 5000, 1000, 5000 (the gloo op on a backend
+    thread ending when the last rank arrived; the main thread waits for it); rank 0's trace lacks
+    the first all-reduce of step 2. Returns per rank the end of each of its gloo ops (µs), by the
+    collective it is: (step, place)."""
+    folder.mkdir(parents=True)
+    evs: dict[int, list] = {0: [], 1: []}
+    ends: dict[tuple[int, int], float] = {}
+    t = 1000.0
+    for step in range(1, 5):
+        s0 = t
+        cur = {0: t, 1: t}
+        for k, size in enumerate((1000, 5000, 1000, 5000)):
+            arrive = {}
+            for r in (0, 1):
+                cur[r] += 100 + 30 * r
+                evs[r].append(_x("aten::mm", "cpu_op", cur[r], 90, 1, 100 + r))
+                cur[r] += 100
+                if (r, step, k) == (0, 2, 0):
+                    continue
+                evs[r].append(_x("c10d::allreduce_", "cpu_op", cur[r], 20, 1, 100 + r, **{"Input Dims": [[[size]]]}))
+                arrive[r] = cur[r] + 25
+            done = max(arrive.values()) + 200
+            ends[(step, k)] = done
+            for r in arrive:
+                evs[r].append(_x("gloo:all_reduce", "user_annotation", arrive[r], done - arrive[r], 2, 100 + r, **{"Input Dims": [[size]]}))
+                evs[r].append(_x("aten::wait", "cpu_op", arrive[r], done - arrive[r] + 5, 1, 100 + r))
+                cur[r] = done + 10
+        end = max(cur.values()) + 20
+        for r in (0, 1):
+            evs[r].append(_x(f"ProfilerStep#{step}", "user_annotation", s0, end - s0, 1, 100 + r))
+        t = end + 100
+    for r in (0, 1):
+        doc = {"distributedInfo": {"backend": "gloo", "rank": r, "world_size": 2}, "traceEvents": sorted(evs[r], key=lambda e: e["ts"])}
+        with gzip.open(folder / f"rank-{r}.json.gz", "wt") as fh:
+            json.dump(doc, fh)
+    return ends
+
+
+def test_a_collective_missing_on_one_rank_leaves_the_others_paired_and_the_step_analysed(tmp_path):
+    """Step 2: by kind and size alone, rank 0's second 1000-element all-reduce paired with rank 1's
+    first, which crosses the 5000-element one between them: a dependency cycle, and the step was
+    refused ("dependency cycle while building the graph of step 2")."""
+    _crossing_job(tmp_path / "job")
+    _, analyses = api.analyze(tmp_path / "job")  # (before: GraphError, a dependency cycle in step 2)
+    said = [w for a in analyses for w in a.warnings() if "missing from some of its ranks' traces" in w]
+    assert len(said) == 1 and said[0].startswith("step 2:")
+    table, graphs = api.build(tmp_path / "job", [2])
+    g = graphs[0]
+    sync = g.edges["kind"] == EdgeKind.COLLECTIVE_SYNC
+    rows = g.nodes["event"][g.edges["dst"][sync]]
+    ends = table.cols["ts"][rows] + table.cols["dur"][rows]
+    pairs: dict[int, list[float]] = {}
+    for b, e in zip(g.edges["src"][sync].tolist(), ends.tolist()):
+        pairs.setdefault(b, []).append(round(e, 3))
+    assert len(pairs) == 3  # the three all-reduces both ranks hold
+    assert all(len(v) == 2 and v[0] == v[1] for v in pairs.values())  # each pairs the two ops of one collective
+    assert g.meta["collectives"] == {"by_seq": 0, "by_order": 3, "unmatched_ops": 1, "aligned": 1, "in_a_cycle": 0}
+
+
+def _crossed_raw() -> RawGraph:
+    """Two ranks, two matched instances that cross: on rank 0 op 0 (instance 0) runs before op 1
+    (instance 1), on rank 1 op 3 (instance 1) before op 2 (instance 0)."""
+    n = 4
+    nodes = {
+        "rank": np.array([0, 0, 1, 1], np.int32),
+        "tid": np.array([1, 1, 1, 1], np.int64),
+        "on_gpu": np.zeros(n, bool),
+        "name": np.arange(n, dtype=np.int32),
+        "node_type": np.full(n, int(NodeType.NETWORK), np.int8),
+        "category": np.full(n, int(Category.COLLECTIVE), np.int8),
+        "start": np.array([0.0, 20.0, 20.0, 0.0]),
+        "dur": np.full(n, 10.0),
+        "event": np.arange(n, dtype=np.int64),
+        "msg_bytes": np.full(n, 4096.0),
+        "group_size": np.full(n, -1, np.int32),
+        "coll_kind": np.full(n, ALL_REDUCE, np.int8),
+    }
+    return RawGraph(
+        names=["a0", "b0", "a1", "b1"],
+        nodes=nodes,
+        end=nodes["start"] + nodes["dur"],
+        inst=np.array([0, 1, 0, 1], np.int64),
+        src=np.array([0, 3], np.int64),
+        dst=np.array([1, 2], np.int64),
+        kind=np.full(2, int(EdgeKind.PROGRAM_ORDER), np.int8),
+        is_wait=np.zeros(2, bool),
+        window_start=0.0,
+        step=1,
+        measured={0: 30.0, 1: 30.0},
+        meta={"collectives": {}},
+        seq=np.full(n, -1, np.int64),
+    )
+
+
+def test_crossing_instances_are_left_unmatched_not_the_step_refused():
+    g = finalize(_crossed_raw())
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(g.nodes["start"])))
+    dag.add_edges_from(zip(g.edges["src"].tolist(), g.edges["dst"].tolist()))
+    assert nx.is_directed_acyclic_graph(dag)
+    assert (g.nodes["category"] == Category.BARRIER).sum() == 1  # one instance kept, the other given up
+    assert g.meta["collectives"] == {"by_seq": 0, "by_order": 1, "unmatched_ops": 2, "aligned": 0, "in_a_cycle": 1}
+    # both program-order edges are kept: what was wrong was the matching, not the ranks' order
+    assert (g.edges["kind"] == EdgeKind.PROGRAM_ORDER).sum() == 2
