@@ -1006,6 +1006,34 @@ def headline(root: Path) -> str:
     )
 
 
+def collective_alignment(root: Path) -> str:
+    """benchmarks/collective_alignment.py: collectives matched across ranks where a rank's trace lacks some."""
+    d = _load(root, "benchmarks/collective_alignment_results.json")
+    rows = []
+    for r in d["synthetic"]:
+        t, o = r["tool"], r["kth_of_kind_and_size"]
+        rows.append(
+            [
+                str(r["ranks"]),
+                f"{100 * r['drop']:.0f}%",
+                r["clock"],
+                f"{t['collectives_held']:,}",
+                f"{t['wrong']:,} / {o['wrong']:,}",
+                f"{t['missed']:,} / {o['missed']:,}",
+            ]
+        )
+    out = _table(["ranks", "ops dropped", "clock", "collectives", "wrong: tool / k-th", "missed: tool / k-th"], rows) + "\n"
+    g = d["dlrm"]
+    if g:
+        t, o = g["tool"], g["kth_of_kind_and_size"]
+        out += (
+            f"\n`dlrm_v100_8rank` with one NCCL kernel removed from one rank's file ({g['trials']} trials, seed {g['seed']}): of "
+            f"{t['collectives_held']} collectives two or more ranks hold, {t['wrong']} instances pair different ones and "
+            f"{t['missed']} are not one instance (the k-th rule: {o['wrong']} and {o['missed']}); steps refused: {t['steps_refused']}.\n"
+        )
+    return out
+
+
 FIGURES_OF: dict[str, Callable[[Path], str]] = {
     "quickstart": quickstart,
     "headline": headline,
@@ -1031,6 +1059,7 @@ FIGURES_OF: dict[str, Callable[[Path], str]] = {
     "model-earned": model_earned,
     "compare-verdicts": compare_verdicts,
     "persistent": persistent,
+    "collective-alignment": collective_alignment,
 }
 README_BLOCKS = ("quickstart", "headline")  # figures the README also shows, between its markers
 

@@ -21,6 +21,7 @@ from bottleneck_oracle import api
 from bottleneck_oracle.graph_pipeline.builder import RawGraph, finalize
 from bottleneck_oracle.graph_pipeline.collectives import match_instances
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
+from conftest import REAL
 
 ALL_REDUCE, ALL_GATHER = int(CollectiveKind.ALL_REDUCE), int(CollectiveKind.ALL_GATHER)
 
@@ -183,3 +184,46 @@ def test_crossing_instances_are_left_unmatched_not_the_step_refused():
     assert g.meta["collectives"] == {"by_seq": 0, "by_order": 1, "unmatched_ops": 2, "aligned": 0, "in_a_cycle": 1}
     # both program-order edges are kept: what was wrong was the matching, not the ranks' order
     assert (g.edges["kind"] == EdgeKind.PROGRAM_ORDER).sum() == 2
+
+
+def _dlrm_instances(path) -> dict[tuple[int, int], frozenset]:
+    """Per NCCL kernel of step 10, as (rank, correlation id): the set of kernels its instance pairs it with."""
+    table, graphs = api.build(path, [10])
+    g = graphs[0]
+    barrier = g.nodes["category"] == Category.BARRIER
+    sync = barrier[g.edges["src"]]
+    rows = g.nodes["event"][g.edges["dst"][sync]]
+    ids = list(zip(table.cols["rank"][rows].tolist(), table.cols["correlation"][rows].tolist()))
+    members: dict[int, set] = {}
+    for b, k in zip(g.edges["src"][sync].tolist(), ids):
+        members.setdefault(b, set()).add(k)
+    return {k: frozenset(v) for v in members.values() for k in v}
+
+
+def test_a_real_job_missing_one_kernel_on_one_rank_keeps_every_other_pairing(tmp_path):
+    """The 8-rank DLRM job (5 NCCL SendRecv and 3 all-reduce kernels per rank and step, with
+    neither message sizes nor sequence numbers) with rank 3's second SendRecv kernel of step 10
+    removed from its file: every other kernel pairs with the kernels it pairs with in the file as
+    recorded (by the k-th SendRecv kernel alone, rank 3's last three paired with the wrong ones)."""
+    full = _dlrm_instances(REAL / "dlrm_v100_8rank")
+    job = tmp_path / "dlrm"
+    job.mkdir()
+    gone = None
+    for f in sorted((REAL / "dlrm_v100_8rank").glob("*.json.gz")):
+        doc = json.loads(gzip.open(f).read())
+        if doc["distributedInfo"]["rank"] == 3:
+            lo, hi = next((e["ts"], e["ts"] + e["dur"]) for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#10")
+            sendrecv = sorted(
+                (e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "SendRecv" in e["name"] and lo <= e["ts"] < hi + 50_000),
+                key=lambda e: e["ts"],
+            )
+            gone = sendrecv[1]
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if e is not gone]
+        with gzip.open(job / f.name, "wt") as fh:
+            json.dump(doc, fh)
+    assert gone is not None
+    missing = (3, gone["args"]["correlation"])
+    assert missing in full
+    cut = _dlrm_instances(job)
+    assert set(cut) == set(full) - {missing}
+    assert all(cut[k] == full[k] - {missing} for k in cut)

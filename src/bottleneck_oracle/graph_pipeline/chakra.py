@@ -182,7 +182,7 @@ def chakra_graph(path: str | Path) -> ExecutionGraph:
     rank_a = np.array(cols["rank"], dtype=np.int32)
     ckind = np.array(cols["coll"], dtype=np.int8)
     msg = np.array(cols["msg"])
-    inst = match_instances(rank_a, start, ckind, np.full(len(start), -1), msg)
+    inst = match_instances(rank_a, start, ckind, np.full(len(start), -1), msg, end=start + dur)
     end = modelled_ends(start, start + dur, ckind, inst)
     measured = {r: float((start + dur)[rank_a == r].max() - start[rank_a == r].min()) for r in ranks}
     nodes_cols = {

@@ -84,9 +84,9 @@ def _symmetric_ends(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
     pg = c["pg"][rows].astype(np.int64)
     group = np.unique(np.stack([step, pg]), axis=1, return_inverse=True)[1].reshape(-1)
     ckind = collective_kinds(c, rows, kind_of)
-    inst = match_instances(rank, anchor, ckind, group, c["msg_nelems"][rows])
-    keep = inst >= 0
     end = c["ts"][rows] + c["dur"][rows]
+    inst = match_instances(rank, anchor, ckind, group, c["msg_nelems"][rows], end=end)
+    keep = inst >= 0
     return rank[keep], end[keep], inst[keep]
 
 
@@ -103,7 +103,7 @@ def _offsets(rank: np.ndarray, end: np.ndarray, inst: np.ndarray, host_of: dict[
             np.minimum.at(e, inst[m], end[m])
             first[hh] = e
         both = np.isfinite(first[ref]) & np.isfinite(first[h])
-        d = (first[h] - first[ref])[both]
+        d = first[h][both] - first[ref][both]
         if not len(d):
             out[h] = (0.0, 0, float("nan"))
             continue

@@ -7,7 +7,7 @@ rank's trace lacks. Otherwise, ranks issue the collectives of a process group in
 (c10d requires it): where every rank's sequence of (kind, message size) in a group is the same,
 the k-th op of one kind and size on every rank is one collective; where a rank's trace lacks
 some (sampled events, a trace trimmed or cut), the ranks' sequences are aligned (the longest
-common subsequence of kinds and sizes, ties broken by time) so that one missing op shifts no
+common subsequence of kinds and sizes, ties broken by the ops' ends) so that one missing op shifts no
 other pairing. A send pairs with a recv of the same size on another rank. Each instance seen on
 two or more ranks gets a barrier node. ``match_report`` counts the instances each rule matched.
 
@@ -50,6 +50,7 @@ def match_instances(
     peer: np.ndarray | None = None,
     seq: np.ndarray | None = None,
     stats: dict | None = None,
+    end: np.ndarray | None = None,
 ) -> np.ndarray:
     """Instance id per node (-1: compute, or a network op seen on one rank only).
     ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown; ``peer`` the
@@ -58,7 +59,9 @@ def match_instances(
     process group (-1 unknown): collectives with one are matched by (group, number, kind); the
     others by their place in their group's sequence (aligned where the ranks' sequences differ).
     ``stats``, if given, gets ``aligned``: the collectives of a group that some of the group's
-    ranks lack, where the ranks' sequences had to be aligned."""
+    ranks lack, where the ranks' sequences had to be aligned. ``end``: each op's end, the time
+    that breaks an alignment's ties (the participants of a collective end together; they start
+    apart, each when its rank got there); without it, the start."""
     inst = np.full(len(rank), -1, dtype=np.int64)
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
@@ -84,7 +87,7 @@ def match_instances(
             sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
     for calls in sequences.values():
         calls.sort()
-    place, aligned = _places(sequences)
+    place, aligned = _places(sequences, start if end is None else end)
     if stats is not None:
         stats["aligned"] = aligned
     for (r, k, g, m, q), calls in sequences.items():
@@ -115,11 +118,11 @@ ALIGN_MAX_CELLS = 4_000_000
 ops pair by their place among those of their kind and size, as where the sequences agree."""
 
 
-def _places(sequences: dict[tuple, list[tuple[float, int]]]) -> tuple[dict[int, int], int]:
+def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray) -> tuple[dict[int, int], int]:
     """Per collective (not a send or recv), its place among the collectives of its kind and size
     in its process group's sequence, the same on every rank that ran it; and how many of the
     groups' collectives some of their ranks lack. ``sequences``: (rank, kind, group, size, peer)
-    -> [(start, node)] in start order."""
+    -> [(start, node)] in start order; ``when``: the time of each node that breaks ties."""
     by_group: dict[int, dict[int, list[tuple[float, int, tuple[int, int]]]]] = {}
     for (r, k, g, m, _), calls in sequences.items():
         if k in P2P_KINDS:
@@ -131,7 +134,7 @@ def _places(sequences: dict[tuple, list[tuple[float, int]]]) -> tuple[dict[int, 
     for ranks in by_group.values():
         if len(ranks) < 2:
             continue
-        seqs = {r: sorted(ops) for r, ops in ranks.items()}
+        seqs = {r: [(float(when[i]), i, tok) for _, i, tok in sorted(ops)] for r, ops in ranks.items()}
         tokens = {r: [tok for _, _, tok in ops] for r, ops in seqs.items()}
         first = next(iter(tokens.values()))
         if all(t == first for t in tokens.values()):

@@ -1,0 +1,206 @@
+"""How collectives without sequence numbers are matched across ranks where a rank's trace lacks
+some (events sampled, a trace trimmed or cut): the tool's matching (collectives.match_instances:
+each process group's sequences aligned) against the rule it replaced (the k-th op of one kind,
+process group and size on every rank is one collective), on two kinds of input:
+
+- ``synthetic``: a process group's collectives (two kinds, two sizes, in one random order) issued
+  100 µs apart with ±10 µs of jitter and a clock offset per rank; each op dropped from a rank's
+  trace at random; rank 1's clock either steady or drifting (it falls 300 µs further behind at a
+  quarter of its ops). The ops' one time is what breaks the alignment's ties (the tool uses a
+  collective's end, which its participants share). Truth: which collective each op is.
+- ``dlrm``: the real 8-rank DLRM trace (real-gpu/dlrm_v100_8rank: per rank and step 5 NCCL
+  SendRecv kernels and 3 all-reduce kernels, no message sizes, no sequence numbers), one NCCL
+  kernel removed from one rank's file at a time. Truth: the instances of the file as recorded.
+
+Per condition: instances that pair ops of different collectives (``wrong``), collectives two or
+more ranks hold that are not one instance (``missed``), and steps the analysis refused.
+
+    python benchmarks/collective_alignment.py [--json benchmarks/collective_alignment_results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bottleneck_oracle import api
+from bottleneck_oracle.errors import GraphError
+from bottleneck_oracle.graph_pipeline.collectives import match_instances
+from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind
+
+ROOT = Path(__file__).resolve().parents[1]
+DLRM = ROOT.parent / "shared" / "traces" / "real-gpu" / "dlrm_v100_8rank"
+KINDS = (int(CollectiveKind.ALL_REDUCE), int(CollectiveKind.ALL_GATHER))
+
+
+def kth_of_kind_and_size(rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The rule replaced: on every rank, the k-th op of one kind and size is one collective."""
+    inst = np.full(len(rank), -1, dtype=np.int64)
+    seen: dict[tuple, list[int]] = {}
+    for i in np.lexsort((start, rank)).tolist():
+        key = (int(rank[i]), int(ckind[i]), float(size[i]) if np.isfinite(size[i]) else -1.0)
+        seen.setdefault(key, []).append(i)
+    groups: dict[tuple, list[int]] = {}
+    for (_, k, m), ops in seen.items():
+        for j, i in enumerate(ops):
+            groups.setdefault((k, m, j), []).append(i)
+    n = 0
+    for members in groups.values():
+        if len({int(rank[i]) for i in members}) >= 2:
+            inst[members] = n
+            n += 1
+    return inst
+
+
+def score(inst: np.ndarray, truth: np.ndarray, rank: np.ndarray) -> dict[str, int]:
+    wrong = sum(len(set(truth[inst == i].tolist())) > 1 for i in np.unique(inst[inst >= 0]).tolist())
+    missed = 0
+    for t in np.unique(truth).tolist():
+        mine = truth == t
+        if len(set(rank[mine].tolist())) >= 2 and not (inst[mine][0] >= 0 and (inst[mine] == inst[mine][0]).all()):
+            missed += 1
+    held = sum(len(set(rank[truth == t].tolist())) >= 2 for t in np.unique(truth).tolist())
+    return {"instances": int(len(np.unique(inst[inst >= 0]))), "collectives_held": int(held), "wrong": int(wrong), "missed": int(missed)}
+
+
+def synthetic_job(seed: int, ranks: int, n: int, drop: float, drifting: bool) -> dict[str, np.ndarray]:
+    rng = random.Random(seed)
+    calls = [(rng.choice(KINDS), rng.choice((1024, 4096))) for _ in range(n)]
+    cols: dict[str, list] = {"rank": [], "start": [], "ckind": [], "size": [], "truth": []}
+    for r in range(ranks):
+        offset = rng.uniform(-5000, 5000)
+        lag = 0.0
+        for j, (k, m) in enumerate(calls):
+            if drifting and r == 1 and rng.random() < 0.25:
+                lag += 300.0
+            if rng.random() < drop:
+                continue
+            cols["rank"].append(r)
+            cols["start"].append(offset + lag + 100.0 * j + rng.uniform(-10, 10))
+            cols["ckind"].append(k)
+            cols["size"].append(m)
+            cols["truth"].append(j)
+    return {k: np.array(v) for k, v in cols.items()}
+
+
+def synthetic(seeds: int) -> list[dict]:
+    out = []
+    for ranks in (4, 8):
+        for drop in (0.0, 0.02, 0.08, 0.2):
+            for drifting in (False, True):
+                tot = {"tool": dict.fromkeys(("instances", "collectives_held", "wrong", "missed"), 0)}
+                tot["kth_of_kind_and_size"] = dict(tot["tool"])
+                for seed in range(seeds):
+                    c = synthetic_job(seed, ranks, 60, drop, drifting)
+                    rank = c["rank"].astype(np.int32)
+                    size = c["size"].astype(float)
+                    ours = match_instances(rank, c["start"], c["ckind"].astype(np.int8), np.zeros(len(rank), np.int64), size)
+                    old = kth_of_kind_and_size(rank, c["start"], c["ckind"], size)
+                    for name, inst in (("tool", ours), ("kth_of_kind_and_size", old)):
+                        for k, v in score(inst, c["truth"], rank).items():
+                            tot[name][k] += v
+                out.append({"ranks": ranks, "drop": drop, "clock": "drifting" if drifting else "steady", "jobs": seeds, **tot})
+    return out
+
+
+def _instances(path: Path) -> dict[int, dict]:
+    """Per step: the network ops as (rank, correlation id), their kinds, starts and the tool's instances."""
+    table, graphs = api.build(path, None)
+    out = {}
+    for g in graphs:
+        net = np.flatnonzero((g.nodes["coll_kind"] >= 0) & (g.nodes["rank"] >= 0))
+        rows = g.nodes["event"][net]
+        ids = [(int(r), int(x)) for r, x in zip(table.cols["rank"][rows].tolist(), table.cols["correlation"][rows].tolist())]
+        barrier = g.nodes["category"] == Category.BARRIER
+        sync = barrier[g.edges["src"]] & np.isin(g.edges["dst"], net)
+        inst = np.full(len(g.nodes["start"]), -1, dtype=np.int64)
+        inst[g.edges["dst"][sync]] = g.edges["src"][sync]
+        out[int(g.step)] = {
+            "ids": ids,
+            "inst": inst[net],
+            "rank": g.nodes["rank"][net].astype(np.int32),
+            "start": g.nodes["start"][net],
+            "ckind": g.nodes["coll_kind"][net].astype(np.int64),
+            "size": g.nodes["msg_bytes"][net],
+        }
+    return out
+
+
+def dlrm(trials: int, seed: int) -> dict:
+    full = _instances(DLRM)
+    truth_of: dict[tuple[int, int], int] = {}
+    for s, d in full.items():
+        for (r, x), i in zip(d["ids"], d["inst"].tolist()):
+            truth_of[(r, x)] = s * 100_000 + i if i >= 0 else -1 - len(truth_of)  # (an op alone: a collective of its own)
+    files = sorted(DLRM.glob("*.json.gz"))
+    docs = {f: json.loads(gzip.open(f).read()) for f in files}
+    rng = random.Random(seed)
+    tot = {
+        "tool": {"instances": 0, "collectives_held": 0, "wrong": 0, "missed": 0, "steps_refused": 0},
+        "kth_of_kind_and_size": {"instances": 0, "collectives_held": 0, "wrong": 0, "missed": 0},
+    }
+    removed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in range(trials):
+            f = rng.choice(files)
+            doc = docs[f]
+            nccl = [i for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == "kernel" and "nccl" in e.get("name", "")]
+            gone = rng.choice(nccl)
+            folder = Path(tmp) / f"t{t}"
+            folder.mkdir()
+            for g in files:
+                if g != f:
+                    shutil.copy(g, folder / g.name)
+            cut = dict(doc, traceEvents=[e for i, e in enumerate(doc["traceEvents"]) if i != gone])
+            with gzip.open(folder / f.name, "wt") as fh:
+                json.dump(cut, fh)
+            e = doc["traceEvents"][gone]
+            removed.append({"file": f.name, "kernel": e["name"].split("(")[0], "correlation": e["args"].get("correlation")})
+            try:
+                got = _instances(folder)
+            except GraphError:
+                tot["tool"]["steps_refused"] += 1
+                continue
+            for d in got.values():
+                truth = np.array([truth_of[k] for k in d["ids"]])
+                old = kth_of_kind_and_size(d["rank"], d["start"], d["ckind"], d["size"])
+                for name, inst in (("tool", d["inst"]), ("kth_of_kind_and_size", old)):
+                    for k, v in score(inst, truth, d["rank"]).items():
+                        tot[name][k] += v
+            shutil.rmtree(folder)
+    return {"trials": trials, "seed": seed, **tot, "removed": removed}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "collective_alignment_results.json"))
+    ap.add_argument("--seeds", type=int, default=100, help="synthetic jobs per condition")
+    ap.add_argument("--trials", type=int, default=40, help="DLRM files with one kernel removed")
+    args = ap.parse_args()
+    result = {"synthetic": synthetic(args.seeds), "dlrm": dlrm(args.trials, 0) if DLRM.exists() else None}
+    for row in result["synthetic"]:
+        t, o = row["tool"], row["kth_of_kind_and_size"]
+        print(
+            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:8s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
+            f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
+        )
+    if result["dlrm"]:
+        d = result["dlrm"]
+        t, o = d["tool"], d["kth_of_kind_and_size"]
+        print(
+            f"dlrm, one kernel removed ({d['trials']} trials): wrong {t['wrong']} vs {o['wrong']}, missed {t['missed']} vs "
+            f"{o['missed']} of {t['collectives_held']}, steps refused {t['steps_refused']}"
+        )
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
