@@ -38,6 +38,7 @@ from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind
 ROOT = Path(__file__).resolve().parents[1]
 DLRM = ROOT.parent / "shared" / "traces" / "real-gpu" / "dlrm_v100_8rank"
 KINDS = (int(CollectiveKind.ALL_REDUCE), int(CollectiveKind.ALL_GATHER))
+SEND, RECV = int(CollectiveKind.SEND), int(CollectiveKind.RECV)
 
 
 def kth_of_kind_and_size(rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, size: np.ndarray) -> np.ndarray:
@@ -70,44 +71,111 @@ def score(inst: np.ndarray, truth: np.ndarray, rank: np.ndarray) -> dict[str, in
     return {"instances": int(len(np.unique(inst[inst >= 0]))), "collectives_held": int(held), "wrong": int(wrong), "missed": int(missed)}
 
 
-def synthetic_job(seed: int, ranks: int, n: int, drop: float, drifting: bool) -> dict[str, np.ndarray]:
+def synthetic_job(seed: int, ranks: int, n: int, drop: float, clock: str) -> dict[str, np.ndarray]:
     rng = random.Random(seed)
     calls = [(rng.choice(KINDS), rng.choice((1024, 4096))) for _ in range(n)]
-    cols: dict[str, list] = {"rank": [], "start": [], "ckind": [], "size": [], "truth": []}
+    cols: dict[str, list] = {"rank": [], "start": [], "end": [], "ckind": [], "size": [], "truth": []}
     for r in range(ranks):
-        offset = rng.uniform(-5000, 5000)
-        lag = 0.0
+        offset = rng.uniform(-5000, 5000) if clock == "unaligned" else rng.uniform(-20, 20)
         for j, (k, m) in enumerate(calls):
-            if drifting and r == 1 and rng.random() < 0.25:
-                lag += 300.0
+            late = rng.expovariate(1 / 30.0) if clock == "late ends" and r == 1 else 0.0
             if rng.random() < drop:
                 continue
             cols["rank"].append(r)
-            cols["start"].append(offset + lag + 100.0 * j + rng.uniform(-10, 10))
+            cols["start"].append(offset + 100.0 * j - rng.uniform(0, 40))  # (each rank gets there at its own time)
+            cols["end"].append(offset + 100.0 * j + late + rng.uniform(-5, 5))
             cols["ckind"].append(k)
             cols["size"].append(m)
             cols["truth"].append(j)
     return {k: np.array(v) for k, v in cols.items()}
 
 
+def pipeline_job(seed: int, n: int, drop: float) -> dict[str, np.ndarray]:
+    """Two pipeline stages: activations (two sizes) sent from rank 0 to rank 1, gradients (one
+    size) sent back, alternately 100 µs apart; each send and receive dropped at random."""
+    rng = random.Random(seed)
+    cols: dict[str, list] = {"rank": [], "start": [], "ckind": [], "size": [], "peer": [], "truth": []}
+    for j in range(n):
+        forward = j % 2 == 0
+        size = rng.choice((1024, 4096)) if forward else 2048
+        src, dst = (0, 1) if forward else (1, 0)
+        for r, k, peer in ((src, SEND, dst), (dst, RECV, src)):
+            if rng.random() < drop:
+                continue
+            cols["rank"].append(r)
+            cols["start"].append(100.0 * j + rng.uniform(-10, 10) + (20.0 if r == 1 else 0.0))
+            cols["ckind"].append(k)
+            cols["size"].append(size)
+            cols["peer"].append(peer)
+            cols["truth"].append(j)
+    return {k: np.array(v) for k, v in cols.items()}
+
+
+def _zero() -> dict[str, int]:
+    return dict.fromkeys(("instances", "collectives_held", "wrong", "missed"), 0)
+
+
 def synthetic(seeds: int) -> list[dict]:
     out = []
-    for ranks in (4, 8):
-        for drop in (0.0, 0.02, 0.08, 0.2):
-            for drifting in (False, True):
-                tot = {"tool": dict.fromkeys(("instances", "collectives_held", "wrong", "missed"), 0)}
-                tot["kth_of_kind_and_size"] = dict(tot["tool"])
+    for ranks in (2, 4, 8):
+        for clock in ("aligned", "late ends", "unaligned"):
+            for drop in (0.0, 0.02, 0.08, 0.2):
+                tot = {"tool": _zero(), "kth_of_kind_and_size": _zero()}
                 for seed in range(seeds):
-                    c = synthetic_job(seed, ranks, 60, drop, drifting)
+                    c = synthetic_job(seed, ranks, 60, drop, clock)
                     rank = c["rank"].astype(np.int32)
                     size = c["size"].astype(float)
-                    ours = match_instances(rank, c["start"], c["ckind"].astype(np.int8), np.zeros(len(rank), np.int64), size)
+                    ours = match_instances(
+                        rank,
+                        c["start"],
+                        c["ckind"].astype(np.int8),
+                        np.zeros(len(rank), np.int64),
+                        size,
+                        end=c["end"],
+                        clocks_agree=clock != "unaligned",
+                    )
                     old = kth_of_kind_and_size(rank, c["start"], c["ckind"], size)
                     for name, inst in (("tool", ours), ("kth_of_kind_and_size", old)):
                         for k, v in score(inst, c["truth"], rank).items():
                             tot[name][k] += v
-                out.append({"ranks": ranks, "drop": drop, "clock": "drifting" if drifting else "steady", "jobs": seeds, **tot})
+                out.append({"ranks": ranks, "drop": drop, "clock": clock, "jobs": seeds, **tot})
     return out
+
+
+def pipeline(seeds: int) -> list[dict]:
+    out = []
+    for drop in (0.0, 0.02, 0.05, 0.1):
+        tot = {"tool": _zero(), "kth_of_kind_and_size": _zero()}
+        for seed in range(seeds):
+            c = pipeline_job(seed, 80, drop)
+            rank = c["rank"].astype(np.int32)
+            args = (rank, c["start"], c["ckind"].astype(np.int8), np.zeros(len(rank), np.int64), c["size"].astype(float))
+            ours = match_instances(*args, c["peer"].astype(np.int64), clocks_agree=True)
+            old = kth_send_of_size(rank, c["start"], c["ckind"], c["size"], c["peer"])
+            for name, inst in (("tool", ours), ("kth_of_kind_and_size", old)):
+                for k, v in score(inst, c["truth"], rank).items():
+                    tot[name][k] += v
+        out.append({"ranks": 2, "drop": drop, "jobs": seeds, **tot})
+    return out
+
+
+def kth_send_of_size(rank: np.ndarray, start: np.ndarray, ckind: np.ndarray, size: np.ndarray, peer: np.ndarray) -> np.ndarray:
+    """The rule replaced, for sends: the k-th send of a size from a to b is the k-th receive of that size on b from a."""
+    inst = np.full(len(rank), -1, dtype=np.int64)
+    seen: dict[tuple, list[int]] = {}
+    for i in np.argsort(start, kind="stable").tolist():
+        pair = (int(rank[i]), int(peer[i])) if ckind[i] == SEND else (int(peer[i]), int(rank[i]))
+        seen.setdefault((*pair, float(size[i]), int(ckind[i])), []).append(i)
+    n = 0
+    for (a, b, m, k), ops in seen.items():
+        if k != SEND:
+            continue
+        for j, i in enumerate(ops):
+            recv = seen.get((a, b, m, RECV), [])
+            if j < len(recv):
+                inst[[i, recv[j]]] = n
+                n += 1
+    return inst
 
 
 def _instances(path: Path) -> dict[int, dict]:
@@ -184,11 +252,17 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=100, help="synthetic jobs per condition")
     ap.add_argument("--trials", type=int, default=40, help="DLRM files with one kernel removed")
     args = ap.parse_args()
-    result = {"synthetic": synthetic(args.seeds), "dlrm": dlrm(args.trials, 0) if DLRM.exists() else None}
+    result = {"synthetic": synthetic(args.seeds), "pipeline": pipeline(args.seeds), "dlrm": dlrm(args.trials, 0) if DLRM.exists() else None}
     for row in result["synthetic"]:
         t, o = row["tool"], row["kth_of_kind_and_size"]
         print(
-            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:8s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
+            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:9s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
+            f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
+        )
+    for row in result["pipeline"]:
+        t, o = row["tool"], row["kth_of_kind_and_size"]
+        print(
+            f"pipeline sends, drop {row['drop']:.2f}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
             f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
         )
     if result["dlrm"]:

@@ -1022,7 +1022,20 @@ def collective_alignment(root: Path) -> str:
                 f"{t['missed']:,} / {o['missed']:,}",
             ]
         )
-    out = _table(["ranks", "ops dropped", "clock", "collectives", "wrong: tool / k-th", "missed: tool / k-th"], rows) + "\n"
+    out = _table(["ranks", "ops dropped", "clocks", "collectives", "wrong: tool / k-th", "missed: tool / k-th"], rows) + "\n"
+    rows = []
+    for r in d["pipeline"]:
+        t, o = r["tool"], r["kth_of_kind_and_size"]
+        rows.append(
+            [
+                f"{100 * r['drop']:.0f}%",
+                f"{t['collectives_held']:,}",
+                f"{t['wrong']:,} / {o['wrong']:,}",
+                f"{t['missed']:,} / {o['missed']:,}",
+            ]
+        )
+    out += "\nSends and receives between two pipeline stages (80 transfers a job, 100 jobs a row):\n\n"
+    out += _table(["ops dropped", "transfers", "wrong: tool / k-th", "missed: tool / k-th"], rows) + "\n"
     g = d["dlrm"]
     if g:
         t, o = g["tool"], g["kth_of_kind_and_size"]

@@ -452,7 +452,9 @@ def _finish(
         peer[work] = c["peer"][call]
     seq = _sequence_numbers(w, pairs)
     match_stats: dict[str, int] = {}
-    inst = match_instances(c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq, match_stats, w.end[rows])
+    inst = match_instances(
+        c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq, match_stats, w.end[rows], clocks_agree=True
+    )
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
     rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]

@@ -51,6 +51,7 @@ def match_instances(
     seq: np.ndarray | None = None,
     stats: dict | None = None,
     end: np.ndarray | None = None,
+    clocks_agree: bool = False,
 ) -> np.ndarray:
     """Instance id per node (-1: compute, or a network op seen on one rank only).
     ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown; ``peer`` the
@@ -61,7 +62,9 @@ def match_instances(
     ``stats``, if given, gets ``aligned``: the collectives of a group that some of the group's
     ranks lack, where the ranks' sequences had to be aligned. ``end``: each op's end, the time
     that breaks an alignment's ties (the participants of a collective end together; they start
-    apart, each when its rank got there); without it, the start."""
+    apart, each when its rank got there); without it, the start. ``clocks_agree``: the ranks'
+    clocks are aligned (a window's, clocks.py), so that a pair whose times lie further apart than
+    half the ops' spacing is none; else only the order counts, and time only breaks its ties."""
     inst = np.full(len(rank), -1, dtype=np.int64)
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
@@ -87,7 +90,7 @@ def match_instances(
             sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
     for calls in sequences.values():
         calls.sort()
-    place, aligned = _places(sequences, start if end is None else end)
+    place, aligned = _places(sequences, start if end is None else end, clocks_agree)
     if stats is not None:
         stats["aligned"] = aligned
     for (r, k, g, m, q), calls in sequences.items():
@@ -112,23 +115,36 @@ def match_instances(
 
 
 OFFSET_PAIRS = 16
+VETO_SPACING = 0.5
+"""Where the ranks' clocks agree, two ops further apart in time than this share of the median
+spacing of one rank's ops are not one collective (nor a send and its receive)."""
+VETO_FLOOR_US = 20.0
+"""µs: the least such distance (ops issued back to back; the clocks' residual disagreement)."""
+SECOND_VETO = 1.5
+"""The veto distance of the second alignment (with each rank's clock offset) against the first's."""
 """A rank's clock offset at an op: the median over this many aligned pairs either side of it."""
 ALIGN_MAX_CELLS = 4_000_000
 """The largest alignment (ops of one rank × ops of the consensus) computed; beyond it a group's
 ops pair by their place among those of their kind and size, as where the sequences agree."""
 
 
-def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray) -> tuple[dict[int, int], int]:
-    """Per collective (not a send or recv), its place among the collectives of its kind and size
-    in its process group's sequence, the same on every rank that ran it; and how many of the
-    groups' collectives some of their ranks lack. ``sequences``: (rank, kind, group, size, peer)
-    -> [(start, node)] in start order; ``when``: the time of each node that breaks ties."""
-    by_group: dict[int, dict[int, list[tuple[float, int, tuple[int, int]]]]] = {}
-    for (r, k, g, m, _), calls in sequences.items():
-        if k in P2P_KINDS:
+def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray, agree: bool) -> tuple[dict[int, int], int]:
+    """Per collective, its place among the collectives of its kind and size in its process
+    group's sequence, the same on every rank that ran it; per send and receive whose peer is
+    known, its place among those of its size between its two ranks (the sender's sends against
+    the receiver's receives); and how many of these some of their ranks lack. ``sequences``:
+    (rank, kind, group, size, peer) -> [(start, node)] in start order; ``when``: the time of each
+    node that breaks ties; ``agree``: the ranks' clocks are aligned (match_instances)."""
+    by_group: dict[tuple, dict[int, list[tuple[float, int, tuple[int, int]]]]] = {}
+    for (r, k, g, m, q), calls in sequences.items():
+        if k not in P2P_KINDS:
+            mine = by_group.setdefault(("group", g), {}).setdefault(r, [])
+        elif q >= 0:  # a pair's sends on the sender against its receives on the receiver, matched in order
+            pair = ("p2p", g, r, q) if k == CollectiveKind.SEND else ("p2p", g, q, r)
+            mine = by_group.setdefault(pair, {}).setdefault(int(k == CollectiveKind.RECV), [])
+        else:
             continue
-        mine = by_group.setdefault(g, {}).setdefault(r, [])
-        mine.extend((t, i, (k, m)) for t, i in calls)
+        mine.extend((t, i, (-1 if k in P2P_KINDS else k, m)) for t, i in calls)
     place: dict[int, int] = {}
     aligned = 0
     for ranks in by_group.values():
@@ -137,9 +153,9 @@ def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray) -
         seqs = {r: [(float(when[i]), i, tok) for _, i, tok in sorted(ops)] for r, ops in ranks.items()}
         tokens = {r: [tok for _, _, tok in ops] for r, ops in seqs.items()}
         first = next(iter(tokens.values()))
-        if all(t == first for t in tokens.values()):
+        if all(t == first for t in tokens.values()) and (not agree or _in_step(seqs)):
             continue  # the same sequence on every rank: each op's place among its kind and size
-        columns = _consensus(seqs)
+        columns = _consensus(seqs, agree)
         if columns is None:
             continue
         seen: dict[tuple[int, int], int] = {}
@@ -152,7 +168,46 @@ def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray) -
     return place, aligned
 
 
-def _consensus(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]]) -> list[tuple[list[int], tuple[int, int]]] | None:
+def _in_step(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]]) -> bool:
+    """Whether ranks whose sequences are alike op for op are one collective op for op. Two ranks
+    that each lack a different one of a run of like ops have alike sequences, every op between
+    the two gaps paired with its neighbour's, each pair a spacing apart in time; a span that
+    closed late (a descheduled backend thread) puts one pair apart. So where a rank's k-th op
+    is further from the first rank's k-th than the veto distance (``_veto``, past the rank's
+    median offset), the two are aligned in time; the pairing by place stands unless the
+    alignment's pairs, with half a spacing for each op it leaves alone, lie closer in time by
+    more than half a spacing (each distance counted up to one spacing)."""
+    ranks = list(seqs.values())
+    ref = ranks[0]
+    ta = np.array([t for t, _, _ in ref])
+    veto = _veto(ta)
+    cap = veto / VETO_SPACING
+    code: dict = {}
+    for other in ranks[1:]:
+        tb = np.array([t for t, _, _ in other])
+        d = tb - ta
+        if not len(d) or np.abs(d - np.median(d)).max() <= veto or len(d) * len(d) > ALIGN_MAX_CELLS:
+            continue
+        to, offset = _aligned([tok for _, _, tok in ref], list(ta), other, code, None, True)
+        hit = to >= 0
+        by_place = np.minimum(np.abs(d - np.median(d)), cap).sum()
+        alone = 2 * (len(to) - hit.sum())  # (as many of the first rank's ops as of this one's: the sequences are as long)
+        aligned = np.minimum(np.abs(tb[hit] - offset[hit] - ta[to[hit]]), cap).sum() + cap / 2 * alone
+        if aligned + cap / 2 < by_place:
+            return False
+    return True
+
+
+def _veto(ta: np.ndarray) -> float:
+    """Where the ranks' clocks agree, how far apart in time (µs) two ops may be and still be one
+    collective (or a send and its receive): ``VETO_SPACING`` of the median spacing of one rank's
+    ops, at least ``VETO_FLOOR_US``."""
+    gaps = np.diff(np.sort(ta))
+    gaps = gaps[gaps > 0]
+    return max(VETO_SPACING * float(np.median(gaps)) if len(gaps) else 0.0, VETO_FLOOR_US)
+
+
+def _consensus(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]], agree: bool) -> list[tuple[list[int], tuple[int, int]]] | None:
     """The columns of the ranks' sequences aligned one to another (each: its ops, at most one per
     rank, and its kind and size), in issue order. First the columns: the longest sequence, then
     each other rank's aligned to the columns so far, its ops that align to none inserted as
@@ -170,7 +225,7 @@ def _consensus(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]]) -> lis
         ops = seqs[r]
         if len(ops) * len(toks) > ALIGN_MAX_CELLS:
             return None
-        to, offsets[r] = _aligned(toks, times, ops, code, None)
+        to, offsets[r] = _aligned(toks, times, ops, code, None, agree)
         new_toks, new_times, c = [], [], 0
         for j, (t, _, tok) in enumerate(ops):
             if to[j] >= 0:
@@ -184,7 +239,7 @@ def _consensus(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]]) -> lis
     columns: dict[tuple[int, int, int], tuple[list[int], tuple[int, int]]] = {(c, -1, 0): ([], tok) for c, tok in enumerate(toks)}
     for r in order:
         ops = seqs[r]
-        to, _ = _aligned(toks, times, ops, code, offsets[r])
+        to, _ = _aligned(toks, times, ops, code, offsets[r], agree)
         prev = -1
         for j, (_, i, tok) in enumerate(ops):
             if to[j] >= 0:
@@ -195,15 +250,23 @@ def _consensus(seqs: dict[int, list[tuple[float, int, tuple[int, int]]]]) -> lis
     return [columns[k] for k in sorted(columns) if columns[k][0]]
 
 
-def _aligned(toks: list, times: list[float], ops: list, code: dict, offset: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _aligned(
+    toks: list, times: list[float], ops: list, code: dict, offset: np.ndarray | None, agree: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Each op's column (-1: none) and the rank's clock offset at each op: given, or estimated
-    from an alignment by order alone (the median offset of the nearest pairs: a straggler's
-    lag grows along its sequence) and then used to break its ties by time."""
+    from a first alignment, as the median offset of its nearest pairs (a clock that drifts), and
+    then used to break the ties of the second. Where the clocks agree, the first alignment takes
+    the times as they are and neither pairs two ops further apart in time than ``VETO_SPACING``
+    of the ops' median spacing (or ``VETO_FLOOR_US``): by order alone, where two ranks each lack
+    a different one of a run of like ops, pairing every op between the two gaps with its
+    neighbour's makes one more pair than leaving both gaps, and the longest common subsequence
+    takes it; otherwise the first is by order alone (its ties broken late)."""
     a = np.array([code.setdefault(tok, len(code)) for tok in toks], dtype=np.int64)
     b = np.array([code.setdefault(tok, len(code)) for _, _, tok in ops], dtype=np.int64)
     ta, tb = np.array(times, dtype=np.float64), np.array([t for t, _, _ in ops], dtype=np.float64)
+    veto = _veto(ta) if agree else np.inf
     if offset is None:
-        to = _align(a, ta, b, tb, np.zeros(len(b)), False)
+        to = _align(a, ta, b, tb, np.zeros(len(b)), agree, veto)
         hit = np.flatnonzero(to >= 0)
         offset = np.zeros(len(b))
         if len(hit):
@@ -212,16 +275,16 @@ def _aligned(toks: list, times: list[float], ops: list, code: dict, offset: np.n
             for j in range(len(b)):
                 k = int(near[j])
                 offset[j] = np.median(d[max(0, k - OFFSET_PAIRS) : k + OFFSET_PAIRS])
-    return _align(a, ta, b, tb, offset, True), offset
+    return _align(a, ta, b, tb, offset, True, veto * SECOND_VETO), offset
 
 
 @numba.njit(cache=True)
-def _align(a: np.ndarray, ta: np.ndarray, b: np.ndarray, tb: np.ndarray, offset: np.ndarray, by_time: bool) -> np.ndarray:
+def _align(a: np.ndarray, ta: np.ndarray, b: np.ndarray, tb: np.ndarray, offset: np.ndarray, by_time: bool, veto: float) -> np.ndarray:
     """For each element of ``b``, the index of the element of ``a`` it aligns to (-1: none): the
-    longest common subsequence; among those, with ``by_time``, the one whose pairs lie closest
-    in time (``tb - offset`` against ``ta``, ``offset`` per element of ``b``; the time term of all
-    pairs together is under one pair, so it only breaks ties); without, the latest pairing on a
-    tie."""
+    longest common subsequence of equal elements whose times (``tb - offset`` against ``ta``,
+    ``offset`` per element of ``b``) differ by ``veto`` or less; among those, with ``by_time``,
+    the one whose pairs lie closest in time (the time term of all pairs together is under one
+    pair, so it only breaks ties); without, the latest pairing on a tie."""
     na, nb = len(a), len(b)
     span = 1.0
     if na and nb:
@@ -231,15 +294,17 @@ def _align(a: np.ndarray, ta: np.ndarray, b: np.ndarray, tb: np.ndarray, offset:
     for i in range(1, na + 1):
         for j in range(1, nb + 1):
             best = max(score[i - 1, j], score[i, j - 1])
-            if a[i - 1] == b[j - 1]:
-                gain = 1.0 - (min(abs(tb[j - 1] - offset[j - 1] - ta[i - 1]), span) * unit if by_time else 0.0)
+            apart = abs(tb[j - 1] - offset[j - 1] - ta[i - 1])
+            if a[i - 1] == b[j - 1] and apart <= veto:
+                gain = 1.0 - (min(apart, span) * unit if by_time else 0.0)
                 best = max(best, score[i - 1, j - 1] + gain)
             score[i, j] = best
     out = np.full(nb, -1, dtype=np.int64)
     i, j = na, nb
     while i > 0 and j > 0:
-        if a[i - 1] == b[j - 1]:
-            gain = 1.0 - (min(abs(tb[j - 1] - offset[j - 1] - ta[i - 1]), span) * unit if by_time else 0.0)
+        apart = abs(tb[j - 1] - offset[j - 1] - ta[i - 1])
+        if a[i - 1] == b[j - 1] and apart <= veto:
+            gain = 1.0 - (min(apart, span) * unit if by_time else 0.0)
             if score[i, j] == score[i - 1, j - 1] + gain:
                 out[j - 1] = i - 1
                 i -= 1
