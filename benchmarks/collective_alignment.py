@@ -5,15 +5,22 @@ process group and size on every rank is one collective), on two kinds of input:
 
 - ``synthetic``: a process group's collectives (two kinds, two sizes, in one random order) issued
   100 µs apart with ±10 µs of jitter and a clock offset per rank; each op dropped from a rank's
-  trace at random; rank 1's clock either steady or drifting (it falls 300 µs further behind at a
-  quarter of its ops). The ops' one time is what breaks the alignment's ties (the tool uses a
-  collective's end, which its participants share). Truth: which collective each op is.
+  trace at random; each rank arrives at its own time (starts up to 40 µs apart) and all end
+  together within ±5 µs: device kernels on aligned clocks (``device``: time may veto a pair), a
+  host backend's spans closing late by an exponential time of mean 300 µs (``host backend``:
+  order only), or clocks ±5 ms apart as clocks.py matches them before aligning them
+  (``unaligned``: order only). Truth: which collective each op is.
+- ``pipeline``: two pipeline stages' sends and receives (NCCL kernels on aligned clocks).
 - ``dlrm``: the real 8-rank DLRM trace (real-gpu/dlrm_v100_8rank: per rank and step 5 NCCL
   SendRecv kernels and 3 all-reduce kernels, no message sizes, no sequence numbers), one NCCL
   kernel removed from one rank's file at a time. Truth: the instances of the file as recorded.
 
+- ``sampled``: real multi-rank traces (DLRM; our 8-step gloo DDP job and our 2-rank gloo job on
+  CUDA tensors) with 5% of every rank's events dropped at random, 10 copies each. Truth: the
+  instances of the trace as recorded.
+
 Per condition: instances that pair ops of different collectives (``wrong``), collectives two or
-more ranks hold that are not one instance (``missed``), and steps the analysis refused.
+more ranks hold that are not one instance (``missed``), and steps or runs the analysis refused.
 
     python benchmarks/collective_alignment.py [--json benchmarks/collective_alignment_results.json]
 """
@@ -78,7 +85,7 @@ def synthetic_job(seed: int, ranks: int, n: int, drop: float, clock: str) -> dic
     for r in range(ranks):
         offset = rng.uniform(-5000, 5000) if clock == "unaligned" else rng.uniform(-20, 20)
         for j, (k, m) in enumerate(calls):
-            late = rng.expovariate(1 / 30.0) if clock == "late ends" and r == 1 else 0.0
+            late = rng.expovariate(1 / 300.0) if clock == "host backend" else 0.0
             if rng.random() < drop:
                 continue
             cols["rank"].append(r)
@@ -118,7 +125,7 @@ def _zero() -> dict[str, int]:
 def synthetic(seeds: int) -> list[dict]:
     out = []
     for ranks in (2, 4, 8):
-        for clock in ("aligned", "late ends", "unaligned"):
+        for clock in ("device", "host backend", "unaligned"):
             for drop in (0.0, 0.02, 0.08, 0.2):
                 tot = {"tool": _zero(), "kth_of_kind_and_size": _zero()}
                 for seed in range(seeds):
@@ -132,7 +139,7 @@ def synthetic(seeds: int) -> list[dict]:
                         np.zeros(len(rank), np.int64),
                         size,
                         end=c["end"],
-                        clocks_agree=clock != "unaligned",
+                        tight=np.full(len(rank), clock == "device"),
                     )
                     old = kth_of_kind_and_size(rank, c["start"], c["ckind"], size)
                     for name, inst in (("tool", ours), ("kth_of_kind_and_size", old)):
@@ -150,7 +157,7 @@ def pipeline(seeds: int) -> list[dict]:
             c = pipeline_job(seed, 80, drop)
             rank = c["rank"].astype(np.int32)
             args = (rank, c["start"], c["ckind"].astype(np.int8), np.zeros(len(rank), np.int64), c["size"].astype(float))
-            ours = match_instances(*args, c["peer"].astype(np.int64), clocks_agree=True)
+            ours = match_instances(*args, c["peer"].astype(np.int64), tight=np.ones(len(rank), bool))
             old = kth_send_of_size(rank, c["start"], c["ckind"], c["size"], c["peer"])
             for name, inst in (("tool", ours), ("kth_of_kind_and_size", old)):
                 for k, v in score(inst, c["truth"], rank).items():
@@ -185,7 +192,10 @@ def _instances(path: Path) -> dict[int, dict]:
     for g in graphs:
         net = np.flatnonzero((g.nodes["coll_kind"] >= 0) & (g.nodes["rank"] >= 0))
         rows = g.nodes["event"][net]
-        ids = [(int(r), int(x)) for r, x in zip(table.cols["rank"][rows].tolist(), table.cols["correlation"][rows].tolist())]
+        ids = [
+            (int(r), int(x)) if x >= 0 else (int(r), round(float(table.t0 + t), 1))  # (a host backend's op: its time)
+            for r, x, t in zip(table.cols["rank"][rows].tolist(), table.cols["correlation"][rows].tolist(), table.cols["ts"][rows].tolist())
+        ]
         barrier = g.nodes["category"] == Category.BARRIER
         sync = barrier[g.edges["src"]] & np.isin(g.edges["dst"], net)
         inst = np.full(len(g.nodes["start"]), -1, dtype=np.int64)
@@ -201,12 +211,66 @@ def _instances(path: Path) -> dict[int, dict]:
     return out
 
 
+def _truth(path: Path) -> dict[tuple, int]:
+    """Per network op of the trace as recorded, the instance it is in (one of its own where it is in none)."""
+    truth_of: dict[tuple, int] = {}
+    for s, d in _instances(path).items():
+        for k, i in zip(d["ids"], d["inst"].tolist()):
+            truth_of[k] = s * 100_000 + i if i >= 0 else -1 - len(truth_of)
+    return truth_of
+
+
+def _score_steps(got: dict[int, dict], truth_of: dict[tuple, int], tot: dict) -> None:
+    for d in got.values():
+        truth = np.array([truth_of[k] for k in d["ids"]])
+        old = kth_of_kind_and_size(d["rank"], d["start"], d["ckind"], d["size"])
+        for name, inst in (("tool", d["inst"]), ("kth_of_kind_and_size", old)):
+            for k, v in score(inst, truth, d["rank"]).items():
+                tot[name][k] += v
+
+
+SAMPLED = (DLRM, ROOT / "tests" / "data" / "gloo_ddp_8steps_clean", ROOT / "tests" / "data" / "own-gpu" / "gloo_cuda_ddp_tiny_clean")
+SAMPLED_RATE = 0.05
+
+
+def sampled(trials: int) -> list[dict]:
+    """Real multi-rank traces with 5% of their events (not the ProfilerStep markers) dropped at
+    random from every rank's file, as a sampling profiler or a lossy export leaves them: the
+    tool's instances and the k-th rule's against the trace as recorded; and the runs ``analyze``
+    refused (a dependency cycle)."""
+    out = []
+    for path in SAMPLED:
+        if not path.exists():
+            continue
+        truth_of = _truth(path)
+        files = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")))
+        docs = {f: json.loads((gzip.open(f) if f.name.endswith(".gz") else open(f)).read()) for f in files}
+        tot = {"tool": {**_zero(), "runs_refused": 0}, "kth_of_kind_and_size": _zero()}
+        with tempfile.TemporaryDirectory() as tmp:
+            for seed in range(trials):
+                rng = random.Random(seed)
+                folder = Path(tmp) / f"s{seed}"
+                folder.mkdir()
+                for f, doc in docs.items():
+                    kept = [
+                        e
+                        for e in doc["traceEvents"]
+                        if e.get("ph") != "X" or e.get("name", "").startswith("ProfilerStep#") or rng.random() >= SAMPLED_RATE
+                    ]
+                    with gzip.open(folder / (f.name if f.name.endswith(".gz") else f.name + ".gz"), "wt") as fh:
+                        json.dump(dict(doc, traceEvents=kept), fh)
+                try:
+                    api.analyze(folder)
+                except GraphError:
+                    tot["tool"]["runs_refused"] += 1
+                _score_steps(_instances(folder), truth_of, tot)
+                shutil.rmtree(folder)
+        out.append({"trace": path.name, "dropped": SAMPLED_RATE, "trials": trials, **tot})
+    return out
+
+
 def dlrm(trials: int, seed: int) -> dict:
-    full = _instances(DLRM)
-    truth_of: dict[tuple[int, int], int] = {}
-    for s, d in full.items():
-        for (r, x), i in zip(d["ids"], d["inst"].tolist()):
-            truth_of[(r, x)] = s * 100_000 + i if i >= 0 else -1 - len(truth_of)  # (an op alone: a collective of its own)
+    truth_of = _truth(DLRM)
     files = sorted(DLRM.glob("*.json.gz"))
     docs = {f: json.loads(gzip.open(f).read()) for f in files}
     rng = random.Random(seed)
@@ -236,12 +300,7 @@ def dlrm(trials: int, seed: int) -> dict:
             except GraphError:
                 tot["tool"]["steps_refused"] += 1
                 continue
-            for d in got.values():
-                truth = np.array([truth_of[k] for k in d["ids"]])
-                old = kth_of_kind_and_size(d["rank"], d["start"], d["ckind"], d["size"])
-                for name, inst in (("tool", d["inst"]), ("kth_of_kind_and_size", old)):
-                    for k, v in score(inst, truth, d["rank"]).items():
-                        tot[name][k] += v
+            _score_steps(got, truth_of, tot)
             shutil.rmtree(folder)
     return {"trials": trials, "seed": seed, **tot, "removed": removed}
 
@@ -251,12 +310,18 @@ def main() -> int:
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "collective_alignment_results.json"))
     ap.add_argument("--seeds", type=int, default=100, help="synthetic jobs per condition")
     ap.add_argument("--trials", type=int, default=40, help="DLRM files with one kernel removed")
+    ap.add_argument("--sampled", type=int, default=10, help="copies of each real trace with events dropped at random")
     args = ap.parse_args()
-    result = {"synthetic": synthetic(args.seeds), "pipeline": pipeline(args.seeds), "dlrm": dlrm(args.trials, 0) if DLRM.exists() else None}
+    result = {
+        "synthetic": synthetic(args.seeds),
+        "pipeline": pipeline(args.seeds),
+        "dlrm": dlrm(args.trials, 0) if DLRM.exists() else None,
+        "sampled": sampled(args.sampled),
+    }
     for row in result["synthetic"]:
         t, o = row["tool"], row["kth_of_kind_and_size"]
         print(
-            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:9s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
+            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:12s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
             f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
         )
     for row in result["pipeline"]:
@@ -271,6 +336,12 @@ def main() -> int:
         print(
             f"dlrm, one kernel removed ({d['trials']} trials): wrong {t['wrong']} vs {o['wrong']}, missed {t['missed']} vs "
             f"{o['missed']} of {t['collectives_held']}, steps refused {t['steps_refused']}"
+        )
+    for row in result["sampled"]:
+        t, o = row["tool"], row["kth_of_kind_and_size"]
+        print(
+            f"{row['trace']}, {100 * row['dropped']:.0f}% of events dropped ({row['trials']} copies): wrong {t['wrong']} vs {o['wrong']}, "
+            f"missed {t['missed']} vs {o['missed']} of {t['collectives_held']}, runs refused {t['runs_refused']}"
         )
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

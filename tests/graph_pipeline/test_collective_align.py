@@ -105,7 +105,7 @@ def _match_two(c):
         np.zeros(n, np.int64),
         c["size"].astype(float),
         end=c["end"],
-        clocks_agree=True,
+        tight=np.ones(n, bool),  # (device kernels, in a window: the ranks' clocks aligned)
     )
 
 
@@ -164,7 +164,7 @@ def test_every_send_pairs_its_own_receive_when_ranks_lack_some(seed):
         np.zeros(len(c["rank"]), np.int64),
         c["size"].astype(float),
         c["peer"].astype(np.int64),
-        clocks_agree=True,  # (as the graph builder matches them: in a window, the ranks' clocks are aligned)
+        tight=np.ones(len(c["rank"]), bool),  # (NCCL's send and receive kernels, in a window: the ranks' clocks aligned)
     )
     for i in np.unique(inst[inst >= 0]).tolist():
         assert len(set(c["truth"][inst == i].tolist())) == 1, f"pair {i} is two transfers"

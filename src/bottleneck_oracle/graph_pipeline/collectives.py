@@ -51,7 +51,7 @@ def match_instances(
     seq: np.ndarray | None = None,
     stats: dict | None = None,
     end: np.ndarray | None = None,
-    clocks_agree: bool = False,
+    tight: np.ndarray | None = None,
 ) -> np.ndarray:
     """Instance id per node (-1: compute, or a network op seen on one rank only).
     ``ckind`` is -1 for compute nodes; ``nelems`` NaN where the size is unknown; ``peer`` the
@@ -62,9 +62,12 @@ def match_instances(
     ``stats``, if given, gets ``aligned``: the collectives of a group that some of the group's
     ranks lack, where the ranks' sequences had to be aligned. ``end``: each op's end, the time
     that breaks an alignment's ties (the participants of a collective end together; they start
-    apart, each when its rank got there); without it, the start. ``clocks_agree``: the ranks'
-    clocks are aligned (a window's, clocks.py), so that a pair whose times lie further apart than
-    half the ops' spacing is none; else only the order counts, and time only breaks its ties."""
+    apart, each when its rank got there); without it, the start. ``tight``: per op, whether the
+    participants of its collective end together within microseconds on clocks that agree — a
+    device kernel in a window (its ranks' clocks aligned by clocks.py) —, so that in a group of
+    such ops a pair whose ends lie further apart than half the ops' spacing is none; elsewhere
+    (a host backend's spans, which close when their thread runs again, or clocks not yet
+    aligned) only the order counts, and time only breaks its ties."""
     inst = np.full(len(rank), -1, dtype=np.int64)
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
@@ -90,7 +93,7 @@ def match_instances(
             sequences.setdefault((r, k, g, m, q if k in P2P_KINDS else -1), []).append((t, i))
     for calls in sequences.values():
         calls.sort()
-    place, aligned = _places(sequences, start if end is None else end, clocks_agree)
+    place, aligned = _places(sequences, start if end is None else end, np.zeros(len(rank), bool) if tight is None else tight)
     if stats is not None:
         stats["aligned"] = aligned
     for (r, k, g, m, q), calls in sequences.items():
@@ -128,13 +131,13 @@ ALIGN_MAX_CELLS = 4_000_000
 ops pair by their place among those of their kind and size, as where the sequences agree."""
 
 
-def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray, agree: bool) -> tuple[dict[int, int], int]:
+def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray, tight: np.ndarray) -> tuple[dict[int, int], int]:
     """Per collective, its place among the collectives of its kind and size in its process
     group's sequence, the same on every rank that ran it; per send and receive whose peer is
     known, its place among those of its size between its two ranks (the sender's sends against
     the receiver's receives); and how many of these some of their ranks lack. ``sequences``:
     (rank, kind, group, size, peer) -> [(start, node)] in start order; ``when``: the time of each
-    node that breaks ties; ``agree``: the ranks' clocks are aligned (match_instances)."""
+    node that breaks ties; ``tight``: per node, whether time may veto a pair (match_instances)."""
     by_group: dict[tuple, dict[int, list[tuple[float, int, tuple[int, int]]]]] = {}
     for (r, k, g, m, q), calls in sequences.items():
         if k not in P2P_KINDS:
@@ -151,6 +154,7 @@ def _places(sequences: dict[tuple, list[tuple[float, int]]], when: np.ndarray, a
         if len(ranks) < 2:
             continue
         seqs = {r: [(float(when[i]), i, tok) for _, i, tok in sorted(ops)] for r, ops in ranks.items()}
+        agree = all(bool(tight[i]) for ops in seqs.values() for _, i, _ in ops)
         tokens = {r: [tok for _, _, tok in ops] for r, ops in seqs.items()}
         first = next(iter(tokens.values()))
         if all(t == first for t in tokens.values()) and (not agree or _in_step(seqs)):
