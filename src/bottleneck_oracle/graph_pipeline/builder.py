@@ -453,7 +453,16 @@ def _finish(
     seq = _sequence_numbers(w, pairs)
     match_stats: dict[str, int] = {}
     inst = match_instances(
-        c["rank"][rows], start, w.ckind, c["pg"][rows], c["msg_nelems"][rows], peer, seq, match_stats, w.end[rows], isin_small(c["cls"][rows], GPU_CLASSES)
+        c["rank"][rows],
+        start,
+        w.ckind,
+        c["pg"][rows],
+        c["msg_nelems"][rows],
+        peer,
+        seq,
+        match_stats,
+        w.end[rows],
+        isin_small(c["cls"][rows], GPU_CLASSES),
     )
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
