@@ -556,8 +556,8 @@ class StepAnalysis:
         if m.get("aligned"):
             out.append(
                 f"step {step}: {m['aligned']} collective{'s' if m['aligned'] > 1 else ''} or send{'s' if m['aligned'] > 1 else ''} "
-                "missing from some of its ranks' traces (events sampled, or a trace trimmed or cut?): the ranks' sequences of "
-                "collectives and sends were aligned by kind and size so that the others still pair with their own"
+                "that some ranks' traces lack (events sampled, or a trace trimmed or cut?): each process group's sequences were "
+                "aligned by kind and size so that the others still pair with their own"
             )
         if m.get("in_a_cycle"):
             out.append(
