@@ -6,7 +6,9 @@ process group and size on every rank is one collective), on two kinds of input:
 - ``synthetic``: a process group's collectives (two kinds, two sizes, in one random order) issued
   100 µs apart with ±10 µs of jitter and a clock offset per rank; each op dropped from a rank's
   trace at random; each rank arrives at its own time (starts up to 40 µs apart) and all end
-  together within ±5 µs: device kernels on aligned clocks (``device``: time may veto a pair), a
+  together within ±5 µs: device kernels on aligned clocks (``device``: time may veto a pair), on
+  clocks 400 µs apart, what an imperfect alignment of two hosts' clocks could leave
+  (``device, clocks off``), a
   host backend's spans closing late by an exponential time of mean 300 µs (``host backend``:
   order only), or clocks ±5 ms apart as clocks.py matches them before aligning them
   (``unaligned``: order only). Truth: which collective each op is.
@@ -83,7 +85,7 @@ def synthetic_job(seed: int, ranks: int, n: int, drop: float, clock: str) -> dic
     calls = [(rng.choice(KINDS), rng.choice((1024, 4096))) for _ in range(n)]
     cols: dict[str, list] = {"rank": [], "start": [], "end": [], "ckind": [], "size": [], "truth": []}
     for r in range(ranks):
-        offset = rng.uniform(-5000, 5000) if clock == "unaligned" else rng.uniform(-20, 20)
+        offset = {"unaligned": rng.uniform(-5000, 5000), "device, clocks off": rng.choice((-1, 1)) * 400.0}.get(clock, rng.uniform(-20, 20))
         for j, (k, m) in enumerate(calls):
             late = rng.expovariate(1 / 300.0) if clock == "host backend" else 0.0
             if rng.random() < drop:
@@ -125,7 +127,7 @@ def _zero() -> dict[str, int]:
 def synthetic(seeds: int) -> list[dict]:
     out = []
     for ranks in (2, 4, 8):
-        for clock in ("device", "host backend", "unaligned"):
+        for clock in ("device", "device, clocks off", "host backend", "unaligned"):
             for drop in (0.0, 0.02, 0.08, 0.2):
                 tot = {"tool": _zero(), "kth_of_kind_and_size": _zero()}
                 for seed in range(seeds):
@@ -139,7 +141,7 @@ def synthetic(seeds: int) -> list[dict]:
                         np.zeros(len(rank), np.int64),
                         size,
                         end=c["end"],
-                        tight=np.full(len(rank), clock == "device"),
+                        tight=np.full(len(rank), clock.startswith("device")),
                     )
                     old = kth_of_kind_and_size(rank, c["start"], c["ckind"], size)
                     for name, inst in (("tool", ours), ("kth_of_kind_and_size", old)):
@@ -321,7 +323,7 @@ def main() -> int:
     for row in result["synthetic"]:
         t, o = row["tool"], row["kth_of_kind_and_size"]
         print(
-            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:12s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
+            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:18s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
             f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
         )
     for row in result["pipeline"]:

@@ -75,11 +75,11 @@ def test_the_same_sequence_on_every_rank_pairs_by_place():
     assert all(len(set(c["truth"][inst == i].tolist())) == 1 for i in range(40))
 
 
-def _two_ranks(seed: int, drop: float, late_us: float):
+def _two_ranks(seed: int, drop: float, late_us: float, skew_us: float = 0.0):
     """Two ranks' collectives (two kinds, two sizes) 100 µs apart on aligned clocks, each rank
     arriving at its own time (starts apart) and every collective ending together, except that
-    rank 1's spans close late by up to ``late_us`` (a descheduled backend thread); each op dropped
-    at random. Returns the columns and the truth."""
+    rank 1's spans close late by up to ``late_us`` (a descheduled backend thread) and its clock
+    runs ``skew_us`` ahead; each op dropped at random. Returns the columns and the truth."""
     rng = random.Random(seed)
     cols: dict[str, list] = {"rank": [], "start": [], "end": [], "ckind": [], "size": [], "truth": []}
     calls = [(rng.choice((ALL_REDUCE, ALL_GATHER)), rng.choice((1024, 4096))) for _ in range(60)]
@@ -88,8 +88,8 @@ def _two_ranks(seed: int, drop: float, late_us: float):
             if rng.random() < drop:
                 continue
             cols["rank"].append(r)
-            cols["start"].append(100.0 * j - rng.uniform(0, 40))
-            cols["end"].append(100.0 * j + rng.uniform(-5, 5) + (rng.uniform(0, late_us) if r == 1 else 0.0))
+            cols["start"].append(100.0 * j - rng.uniform(0, 40) + skew_us * r)
+            cols["end"].append(100.0 * j + rng.uniform(-5, 5) + (rng.uniform(0, late_us) + skew_us if r == 1 else 0.0))
             cols["ckind"].append(k)
             cols["size"].append(m)
             cols["truth"].append(j)
@@ -110,11 +110,14 @@ def _match_two(c):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_two_ranks_each_lacking_different_collectives_pair_by_time(seed):
+@pytest.mark.parametrize("skew_us", [0.0, 400.0])
+def test_two_ranks_each_lacking_different_collectives_pair_by_time(seed, skew_us):
     """With two ranks, one lacking op i and the other op j of a run of like ops, the longest
     common subsequence pairs every op between i and j with its neighbour (one pair more than
-    leaving both gaps); their ends, a spacing apart, say they are not one collective."""
-    c = _two_ranks(seed, drop=0.08, late_us=0.0)
+    leaving both gaps); their ends, a spacing apart, say they are not one collective — also where
+    the two clocks are 400 µs apart (four spacings: what an imperfect alignment of two hosts'
+    clocks could leave), which a veto on the times as they are would take for no pair at all."""
+    c = _two_ranks(seed, drop=0.08, late_us=0.0, skew_us=skew_us)
     inst = _match_two(c)
     assert all(len(set(c["truth"][inst == i].tolist())) == 1 for i in np.unique(inst[inst >= 0]).tolist())
     both = [j for j in np.unique(c["truth"]).tolist() if (c["truth"] == j).sum() == 2]

@@ -259,18 +259,27 @@ def _aligned(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each op's column (-1: none) and the rank's clock offset at each op: given, or estimated
     from a first alignment, as the median offset of its nearest pairs (a clock that drifts), and
-    then used to break the ties of the second. Where the clocks agree, the first alignment takes
-    the times as they are and neither pairs two ops further apart in time than ``VETO_SPACING``
-    of the ops' median spacing (or ``VETO_FLOOR_US``): by order alone, where two ranks each lack
-    a different one of a run of like ops, pairing every op between the two gaps with its
-    neighbour's makes one more pair than leaving both gaps, and the longest common subsequence
-    takes it; otherwise the first is by order alone (its ties broken late)."""
+    then used to break the ties of the second. Where the clocks agree, neither pairs two ops
+    further apart in time than ``VETO_SPACING`` of the ops' median spacing (or
+    ``VETO_FLOOR_US``), past the rank's offset (the first: none, or the median over an alignment
+    by order alone where that pairs twice as many — what clocks.py left of two hosts' offset, not
+    a shift by one op between two gaps): by order alone,
+    where two ranks each lack a different one of a run of like ops, pairing every op between the
+    two gaps with its neighbour's makes one more pair than leaving both gaps, and the longest
+    common subsequence takes it; otherwise the first is by order alone (its ties broken late)."""
     a = np.array([code.setdefault(tok, len(code)) for tok in toks], dtype=np.int64)
     b = np.array([code.setdefault(tok, len(code)) for _, _, tok in ops], dtype=np.int64)
     ta, tb = np.array(times, dtype=np.float64), np.array([t for t, _, _ in ops], dtype=np.float64)
     veto = _veto(ta) if agree else np.inf
     if offset is None:
         to = _align(a, ta, b, tb, np.zeros(len(b)), agree, veto)
+        if agree:  # (the clocks as they are, unless offset by the median of an alignment by order alone they pair twice as many)
+            by_order = _align(a, ta, b, tb, np.zeros(len(b)), False, np.inf)
+            hit = np.flatnonzero(by_order >= 0)
+            if len(hit):
+                moved = _align(a, ta, b, tb, np.full(len(b), float(np.median(tb[hit] - ta[by_order[hit]]))), True, veto)
+                if (moved >= 0).sum() > 2 * (to >= 0).sum():
+                    to = moved
         hit = np.flatnonzero(to >= 0)
         offset = np.zeros(len(b))
         if len(hit):
