@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 
 import numpy as np
 import pytest
@@ -93,6 +94,28 @@ def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
     mm = [x for x in a.extra_ops if x.rank == 1 and x.name == "aten::mm"]
     assert mm and mm[0].count == 40 and mm[0].dur.median_us == pytest.approx(40 * 50, rel=0.01)
     assert not [x for x in a.extra_ops if x.rank == 0]
+
+
+def test_extra_ops_are_not_named_where_a_trace_is_sampled(tmp_path):
+    """The clean run with a fifth of rank 0's events dropped at random, as a sampling exporter
+    leaves a trace (its events' Ev Idx numbers then have gaps): both ranks ran the same ops, so
+    rank 1 running ops 'its peers do not run' would be the sampling talking. The run answer names
+    no extra ops and says why."""
+
+    def sample(name: str, doc: dict) -> None:
+        if name == "rank-0.json.gz":
+            rng = random.Random(0)
+            doc["traceEvents"] = [
+                e
+                for e in doc["traceEvents"]
+                if e.get("ph") != "X" or str(e.get("name", "")).startswith("ProfilerStep#") or rng.random() >= 0.2
+            ]
+
+    _, steps = analyze(edited_run(CLEAN, tmp_path / "job", sample))
+    a = run_answer(steps)
+    assert a.extra_ops == []
+    said = [n for n in a.notes if n.startswith("Extra ops")]
+    assert len(said) == 1 and "rank 0's trace holds 8" in said[0], said
 
 
 @pytest.fixture(scope="module")

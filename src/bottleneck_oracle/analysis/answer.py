@@ -475,9 +475,11 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     per: dict[RegionKey, dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
     sources: dict[RegionKey, set[str]] = {}
+    sampled: dict[int, float] = {}
     used = 0
     for k, a in enumerate(picked):
         g = a.graph
+        sampled.update(g.info.sampled)
         groups = peer_groups(g)
         if len(set(groups.values())) == len(g.ranks) and not references:  # no peers (pipeline stages), no baseline
             continue
@@ -486,10 +488,20 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
             if r.typical_from in against and (focus is None or r.rank == focus):
                 per.setdefault((r.rank, r.name, r.kind), {}).setdefault(k, (r.dur_us, r.typical_us, r.saving_us))
                 sources.setdefault((r.rank, r.name, r.kind), set()).add(r.typical_from)
-        for key, (count, dur) in _extra_ops(g, groups, focus).items():
-            extra.setdefault(key, []).append((count, dur))
+        if not sampled:  # (an op a peer's sampled trace lacks may have run there: counts say nothing)
+            for key, (count, dur) in _extra_ops(g, groups, focus).items():
+                extra.setdefault(key, []).append((count, dur))
     if not used:
         return
+    if sampled:
+        extra.clear()
+        worst = min(sampled, key=lambda r: sampled[r])
+        answer.notes.append(
+            f"Extra ops (ops one rank runs more often than its peers) not named: rank {worst}'s trace holds "
+            f"{100 * sampled[worst]:.0f}% of the events its profiler numbered"
+            + (f" ({len(sampled)} ranks' traces are sampled)" if len(sampled) > 1 else "")
+            + ": an op missing from a rank's trace may have run there"
+        )
 
     def typical_saving(key: RegionKey) -> float:
         return float(np.median([per[key][k][2] if k in per[key] else 0.0 for k in range(len(picked))]))

@@ -226,6 +226,12 @@ class GraphInfo:
         return got if isinstance(got, dict) else {}
 
     @property
+    def sampled(self) -> dict[int, float]:
+        """Ranks whose files hold under 90% of the events their profiler numbered (Ev Idx: events
+        sampled or removed): rank -> the share held (facts.RunFacts.sampled)."""
+        return {int(r): float(v) for r, v in self._run_fact("sampled").items() if isinstance(v, (int, float))}
+
+    @property
     def setup(self) -> dict[int, float]:
         """Ranks whose analysed window holds one-time runtime setup (facts.setup_calls): rank -> its share of the window."""
         got = self._run_fact("setup")
