@@ -118,6 +118,7 @@ def match_instances(
 
 
 OFFSET_PAIRS = 16
+"""A rank's clock offset at an op: the median over this many aligned pairs either side of it."""
 VETO_SPACING = 0.5
 """Where the ranks' clocks agree, two ops further apart in time than this share of the median
 spacing of one rank's ops are not one collective (nor a send and its receive)."""
@@ -125,7 +126,6 @@ VETO_FLOOR_US = 20.0
 """µs: the least such distance (ops issued back to back; the clocks' residual disagreement)."""
 SECOND_VETO = 1.5
 """The veto distance of the second alignment (with each rank's clock offset) against the first's."""
-"""A rank's clock offset at an op: the median over this many aligned pairs either side of it."""
 ALIGN_MAX_CELLS = 4_000_000
 """The largest alignment (ops of one rank × ops of the consensus) computed; beyond it a group's
 ops pair by their place among those of their kind and size, as where the sequences agree."""
@@ -259,14 +259,16 @@ def _aligned(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each op's column (-1: none) and the rank's clock offset at each op: given, or estimated
     from a first alignment, as the median offset of its nearest pairs (a clock that drifts), and
-    then used to break the ties of the second. Where the clocks agree, neither pairs two ops
-    further apart in time than ``VETO_SPACING`` of the ops' median spacing (or
-    ``VETO_FLOOR_US``), past the rank's offset (the first: none, or the median over an alignment
-    by order alone where that pairs twice as many — what clocks.py left of two hosts' offset, not
-    a shift by one op between two gaps): by order alone,
-    where two ranks each lack a different one of a run of like ops, pairing every op between the
-    two gaps with its neighbour's makes one more pair than leaving both gaps, and the longest
-    common subsequence takes it; otherwise the first is by order alone (its ties broken late)."""
+    then used to break the ties of the second.
+
+    Where the clocks agree, neither alignment pairs two ops further apart in time than
+    ``VETO_SPACING`` of the ops' median spacing (or ``VETO_FLOOR_US``) past the rank's offset —
+    by order alone, where two ranks each lack a different one of a run of like ops, pairing every
+    op between the two gaps with its neighbour's makes one more pair than leaving both gaps, and
+    the longest common subsequence takes it. The first alignment's offset is none, or the median
+    over an alignment by order alone where that pairs twice as many (what clocks.py left of two
+    hosts' offset; not a shift by one op between two gaps). Where the clocks do not agree, the
+    first alignment is by order alone (its ties broken late)."""
     a = np.array([code.setdefault(tok, len(code)) for tok in toks], dtype=np.int64)
     b = np.array([code.setdefault(tok, len(code)) for _, _, tok in ops], dtype=np.int64)
     ta, tb = np.array(times, dtype=np.float64), np.array([t for t, _, _ in ops], dtype=np.float64)
