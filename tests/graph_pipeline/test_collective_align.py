@@ -387,3 +387,42 @@ def test_a_rank_whose_trace_starts_later_is_paired_and_analysed(tmp_path, capsys
     assert sum(k in truth for k in cut_pairs) >= 0.9 * len(cut_pairs)
     whole = {k for k, v in truth.items() if v <= held}  # the all-reduces both ranks' traces hold
     assert len(whole) >= 30 and whole <= set(cut_pairs)
+
+
+def test_an_all_to_all_with_uneven_splits_is_one_collective_and_its_wait_a_wait():
+    """Our 2-rank gloo job whose all_to_all_single sends uneven splits (rank 0's input holds 4,096
+    elements, rank 1's 8,192: a mixture-of-experts' token exchange), rank 1 arriving late. Each
+    step's two all-to-alls are one instance (by kind and size they were none: the sizes differ by
+    design), the c10d call that issued each is tied to it, and rank 0's wait for rank 1 is a wait
+    — as long as the raw starts say — not communication."""
+    job = DATA / "own-cpu" / "alltoall_uneven"
+    raw: dict[int, dict[int, tuple[float, float]]] = {}  # step -> rank -> the all-to-all's (start, end), µs since the epoch
+    for r in (0, 1):
+        ev = json.loads(gzip.open(job / f"rank-{r}.json.gz").read())["traceEvents"]
+        for s in (e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")):
+            mine = [e for e in ev if e.get("name") == "gloo:all_to_all" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+            assert len(mine) == 1
+            raw.setdefault(int(s["name"].split("#")[1]), {})[r] = (mine[0]["ts"], mine[0]["ts"] + mine[0]["dur"])
+    table, graphs = api.build(job, None)
+    assert len(graphs) == len(raw) == 8
+    for g in graphs:
+        n, e = g.nodes, g.edges
+        a2a = [i for i in range(len(n["start"])) if g.names[n["name"][i]] == "gloo:all_to_all"]
+        assert len(a2a) == 2
+        barrier = {int(b) for b, d in zip(e["src"], e["dst"]) if d in a2a and n["category"][b] == Category.BARRIER}
+        assert len(barrier) == 1, g.step  # one instance of the two
+        # each rank's c10d call issued its op (the barrier takes its participants' dependencies)
+        issued = e["src"][(e["dst"] == next(iter(barrier))) & (e["kind"] == EdgeKind.BACKEND)]
+        assert sorted(g.names[n["name"][i]] + f"@{n['rank'][i]}" for i in issued) == ["c10d::alltoall_base_@0", "c10d::alltoall_base_@1"]
+        (s0, _), (s1, _) = raw[g.step][0], raw[g.step][1]
+        early = next(i for i in a2a if n["rank"][i] == (0 if s0 < s1 else 1))
+        assert n["mstart"][early] - n["start"][early] == pytest.approx(abs(s1 - s0), abs=1.0), g.step  # it waited for its peer
+    # the run's answer: rank 1 the straggler in every steady step, rank 0's wait for it as long as the
+    # raw starts say (matched by kind and size, the all-to-alls were none: 4 of 7 steps, 0.2 ms waited)
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    _, steps = api.analyze(job)
+    a = run_answer(steps)
+    lags = sorted(raw[k][1][0] - raw[k][0][0] for k in raw)
+    assert a.straggler is not None and a.straggler.rank == 1 and a.straggler.steps == a.steady
+    assert 0.9 * lags[0] <= a.straggler.wait.median_us <= 1.1 * lags[-1]

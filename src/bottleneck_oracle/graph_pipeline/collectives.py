@@ -4,7 +4,8 @@ Rules, in order: a collective that carries its sequence number in its process gr
 ``Seq`` argument recent PyTorch writes on record_param_comms and NCCL kernels) is the
 instance of that (process group, sequence number, kind) on every rank: exact, whatever ops a
 rank's trace lacks. Otherwise, ranks issue the collectives of a process group in one order
-(c10d requires it): where every rank's sequence of (kind, message size) in a group is the same,
+(c10d requires it): where every rank's sequence of (kind, message size — not for the kinds whose
+sizes differ between ranks by design, window.UNEVEN_KINDS) in a group is the same,
 the k-th op of one kind and size on every rank is one collective; where a rank's trace lacks
 some (sampled events, a trace trimmed or cut), the ranks' sequences are aligned (the longest
 common subsequence of kinds and sizes, ties broken by the ops' ends) so that one missing op shifts no
@@ -29,8 +30,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
-from bottleneck_oracle.graph_pipeline.window import P2P_KINDS
+from bottleneck_oracle.graph_pipeline.window import P2P_KINDS, UNEVEN_KINDS
 
 SYMMETRIC = (
     CollectiveKind.ALL_REDUCE,
@@ -72,7 +74,7 @@ def match_instances(
     net = np.flatnonzero(ckind >= 0)
     if len(np.unique(rank[net])) < 2:
         return inst
-    size = np.where(np.isnan(nelems[net]), -1, nelems[net]).astype(np.int64)
+    size = np.where(np.isnan(nelems[net]) | isin_small(ckind[net], UNEVEN_KINDS), -1, nelems[net]).astype(np.int64)
     peers = peer[net] if peer is not None else np.full(len(net), -1)
     seqs = seq[net] if seq is not None else np.full(len(net), -1)
     sequences: dict[tuple, list[tuple[float, int]]] = {}

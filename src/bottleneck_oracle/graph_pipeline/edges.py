@@ -12,7 +12,7 @@ import numpy as np
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
-from bottleneck_oracle.graph_pipeline.window import Window
+from bottleneck_oracle.graph_pipeline.window import UNEVEN_KINDS, Window
 
 CONTEXT_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT_EVENT = range(len(SYNC_KINDS))
 
@@ -465,7 +465,9 @@ def device_waits(w: Window, E: EdgeSet, tol: float) -> None:
 
 def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     """gloo: the k-th c10d call of one kind and size on a rank enqueued the k-th backend op of
-    them (the backend op's 'Record function id' is not filled in by every version).
+    them (the backend op's 'Record function id' is not filled in by every version); of one kind,
+    for the kinds whose sizes differ by design (window.UNEVEN_KINDS: ``c10d::alltoall_base_``'s
+    first input is its output).
     Returns the (call event, backend node) pairs."""
     c = w.c
     name, rank = c["name"], c["rank"]
@@ -473,7 +475,8 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     if not len(net):
         return []
     calls = np.flatnonzero(w.name_c10d[name] & (w.name_coll[name] >= 0) & (w.ev_thread >= 0))
-    size = np.where(np.isnan(c["msg_nelems"]), -1, c["msg_nelems"]).astype(np.int64)
+    # (an all-to-all's c10d call reads as the size of its first input, its output: kind and order alone)
+    size = np.where(np.isnan(c["msg_nelems"]) | isin_small(w.name_coll[name], UNEVEN_KINDS), -1, c["msg_nelems"]).astype(np.int64)
 
     def sequences(ev: np.ndarray) -> dict[tuple, list[int]]:
         out: dict[tuple, list[int]] = {}

@@ -34,6 +34,10 @@ QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
 LOCK_WAIT_NAME = re.compile(F.LOCK_WAIT_PATTERN)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
 P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
+UNEVEN_KINDS = (CollectiveKind.ALL_TO_ALL, CollectiveKind.GATHER, CollectiveKind.SCATTER)
+"""Collectives whose message size differs between ranks and between a call and its backend op by
+design (an all-to-all's uneven splits — a mixture-of-experts' token exchange —, whose c10d call's
+first input is its output; a gather's or scatter's root): matched by kind and place alone."""
 _CLASS_CATEGORY = np.array([Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET], dtype=np.int8)
 
 
