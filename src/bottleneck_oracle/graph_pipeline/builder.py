@@ -117,7 +117,7 @@ class RawGraph:
 def finalize(raw: RawGraph) -> ExecutionGraph:
     """Barriers at the last arrival of each cross-rank instance, modelled starts of blocking
     ops, edge weights (module docstring), releases; then the validated ExecutionGraph."""
-    crossed = _uncross(raw)
+    crossed, barriers = _uncross(raw)
     if raw.seq is not None:
         raw.meta["collectives"] = {
             **match_report(raw.nodes["coll_kind"], raw.inst, raw.seq),
@@ -127,7 +127,7 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
     nd, inst, src, dst, kind, is_wait = raw.nodes, raw.inst, raw.src, raw.dst, raw.kind, raw.is_wait
     n = len(nd["start"])
     n_bar = int(inst.max()) + 1 if n and inst.max() >= 0 else 0
-    member, arrival, sends, waiting, late = _participants(raw, n_bar)
+    member, arrival, sends, waiting, late = barriers[0] if barriers else _participants(raw, n_bar)
     raw.meta["late_peers"] = late
     start = np.concatenate([nd["start"], arrival])
     end = np.concatenate([raw.end, arrival])
@@ -151,7 +151,7 @@ def finalize(raw: RawGraph) -> ExecutionGraph:
 
     ckind = nd["coll_kind"]
     if n_bar:
-        src, dst, origin = _barrier_edges(n, inst, src, dst, is_wait, sends, waiting)
+        src, dst, origin = barriers[1] if barriers else _barrier_edges(n, inst, src, dst, is_wait, sends, waiting)
         local = origin[origin >= 0]
         p2p = isin_small(ckind[waiting], P2P_KINDS)
         kind = np.concatenate([kind[local], np.where(p2p, EdgeKind.SEND_RECV, EdgeKind.COLLECTIVE_SYNC).astype(np.int8)])
@@ -249,9 +249,14 @@ def _barrier_edges(n: int, inst: np.ndarray, src: np.ndarray, dst: np.ndarray, i
     return src, dst, origin
 
 
-def _uncross(raw: RawGraph) -> int:
-    """Leave unmatched the cross-rank instances whose barriers close a dependency cycle, and
-    return how many. Ranks run a process group's collectives in one order, so matched rightly
+Barriers = tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""The window's participants (_participants) and its edges with barriers (_barrier_edges)."""
+
+
+def _uncross(raw: RawGraph) -> tuple[int, Barriers | None]:
+    """Leave unmatched the cross-rank instances whose barriers close a dependency cycle; return
+    how many, and the participants and barrier edges of the instances left (None where there are
+    none, or cycles are left after MAX_CYCLE_PASSES: finalize builds them). Ranks run a process group's collectives in one order, so matched rightly
     no two instances cross; two that do (X before Y on one rank, Y before X on another: each
     barrier waits for the other) were matched wrongly — a rank's trace lacks a send or a
     collective that order alone cannot place — and the step's graph would have no order at all.
@@ -261,21 +266,22 @@ def _uncross(raw: RawGraph) -> int:
     crossed = 0
     for _ in range(MAX_CYCLE_PASSES):
         if not n or raw.inst.max() < 0:
-            break
+            return crossed, None
         n_bar = int(raw.inst.max()) + 1
-        _, _, sends, waiting, _ = _participants(raw, n_bar)
-        src, dst, origin = _barrier_edges(n, raw.inst, raw.src, raw.dst, raw.is_wait, sends, waiting)
+        parts = _participants(raw, n_bar)
+        edges = _barrier_edges(n, raw.inst, raw.src, raw.dst, raw.is_wait, parts[2], parts[3])
+        src, dst, origin = edges
         give_up = np.where(origin < 0, len(_GIVE_UP), _GIVE_UP[raw.kind[np.maximum(origin, 0)]])
         drop = _cycle_breaks(n + n_bar, src.astype(np.int64), dst.astype(np.int64), give_up.astype(np.int64))
         bad = np.unique(src[drop & (origin < 0)] - n)
         if not len(bad):
-            break
+            return crossed, (parts, edges)
         gone = np.isin(raw.inst, bad)
         raw.end[gone] = (nd["start"] + nd["dur"])[gone]  # a lone op ends when it was recorded to
         kept = np.unique(raw.inst[(raw.inst >= 0) & ~gone])
         raw.inst = np.where(gone | (raw.inst < 0), -1, np.searchsorted(kept, raw.inst))
         crossed += len(bad)
-    return crossed
+    return crossed, None
 
 
 def build_graph(table: EventTable, step: int | None, options: BuildOptions | None = None, span: int = 1) -> ExecutionGraph:
