@@ -307,6 +307,12 @@ def dlrm(trials: int, seed: int) -> dict:
     return {"trials": trials, "seed": seed, **tot, "removed": removed}
 
 
+def _versus(row: dict) -> str:
+    """A row's wrong and missed instances, the tool's against the k-th rule's."""
+    t, o = row["tool"], row["kth_of_kind_and_size"]
+    return f"wrong {t['wrong']:5d} vs {o['wrong']:5d}, missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "collective_alignment_results.json"))
@@ -321,29 +327,16 @@ def main() -> int:
         "sampled": sampled(args.sampled),
     }
     for row in result["synthetic"]:
-        t, o = row["tool"], row["kth_of_kind_and_size"]
-        print(
-            f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:18s}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
-            f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
-        )
+        print(f"synthetic {row['ranks']} ranks, drop {row['drop']:.2f}, {row['clock']:18s}: {_versus(row)}")
     for row in result["pipeline"]:
-        t, o = row["tool"], row["kth_of_kind_and_size"]
-        print(
-            f"pipeline sends, drop {row['drop']:.2f}: wrong {t['wrong']:5d} vs {o['wrong']:5d}, "
-            f"missed {t['missed']:5d} vs {o['missed']:5d} of {t['collectives_held']}"
-        )
+        print(f"pipeline sends, drop {row['drop']:.2f}: {_versus(row)}")
     if result["dlrm"]:
         d = result["dlrm"]
-        t, o = d["tool"], d["kth_of_kind_and_size"]
-        print(
-            f"dlrm, one kernel removed ({d['trials']} trials): wrong {t['wrong']} vs {o['wrong']}, missed {t['missed']} vs "
-            f"{o['missed']} of {t['collectives_held']}, steps refused {t['steps_refused']}"
-        )
+        print(f"dlrm, one kernel removed ({d['trials']} trials): {_versus(d)}, steps refused {d['tool']['steps_refused']}")
     for row in result["sampled"]:
-        t, o = row["tool"], row["kth_of_kind_and_size"]
         print(
-            f"{row['trace']}, {100 * row['dropped']:.0f}% of events dropped ({row['trials']} copies): wrong {t['wrong']} vs {o['wrong']}, "
-            f"missed {t['missed']} vs {o['missed']} of {t['collectives_held']}, runs refused {t['runs_refused']}"
+            f"{row['trace']}, {100 * row['dropped']:.0f}% of events dropped ({row['trials']} copies): {_versus(row)}, "
+            f"runs refused {row['tool']['runs_refused']}"
         )
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

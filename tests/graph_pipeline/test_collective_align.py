@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import sys
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -22,6 +24,9 @@ from bottleneck_oracle.graph_pipeline.builder import RawGraph, finalize
 from bottleneck_oracle.graph_pipeline.collectives import match_instances
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind, NodeType
 from conftest import DATA, REAL, run_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from collective_alignment import pipeline_job  # noqa: E402  (the benchmark's pipeline, scored here against its truth)
 
 ALL_REDUCE, ALL_GATHER = int(CollectiveKind.ALL_REDUCE), int(CollectiveKind.ALL_GATHER)
 
@@ -46,18 +51,23 @@ def _job(seed: int, ranks: int, n: int, drop: float):
     return {k: np.array(v) for k, v in cols.items()}
 
 
+def _paired_as_built(inst: np.ndarray, c: dict[str, np.ndarray]) -> None:
+    """Against the construction: every instance is one collective (or transfer), and every one
+    two or more ranks hold is one instance."""
+    matched = inst >= 0
+    for i in np.unique(inst[matched]).tolist():
+        assert len(set(c["truth"][inst == i].tolist())) == 1, f"instance {i} pairs different collectives"
+    held = {j: int((c["truth"] == j).sum()) for j in np.unique(c["truth"]).tolist()}
+    assert len(np.unique(inst[matched])) == sum(v >= 2 for v in held.values())
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_instance_is_one_collective_when_ranks_lack_some(seed):
     c = _job(seed, ranks=4, n=60, drop=0.08)
     inst = match_instances(
         c["rank"].astype(np.int32), c["start"], c["ckind"].astype(np.int8), np.zeros(len(c["rank"]), np.int64), c["size"].astype(float)
     )
-    matched = inst >= 0
-    for i in np.unique(inst[matched]).tolist():
-        assert len(set(c["truth"][inst == i].tolist())) == 1, f"instance {i} pairs different collectives"
-    # every collective that two or more ranks hold is one instance
-    held = {j: int((c["truth"] == j).sum()) for j in np.unique(c["truth"]).tolist()}
-    assert len(np.unique(inst[matched])) == sum(v >= 2 for v in held.values())
+    _paired_as_built(inst, c)
 
 
 def test_the_same_sequence_on_every_rank_pairs_by_place():
@@ -119,9 +129,7 @@ def test_two_ranks_each_lacking_different_collectives_pair_by_time(seed, skew_us
     clocks could leave), which a veto on the times as they are would take for no pair at all."""
     c = _two_ranks(seed, drop=0.08, late_us=0.0, skew_us=skew_us)
     inst = _match_two(c)
-    assert all(len(set(c["truth"][inst == i].tolist())) == 1 for i in np.unique(inst[inst >= 0]).tolist())
-    both = [j for j in np.unique(c["truth"]).tolist() if (c["truth"] == j).sum() == 2]
-    assert len(np.unique(inst[inst >= 0])) == len(both)
+    _paired_as_built(inst, c)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -133,9 +141,6 @@ def test_spans_closed_late_leave_alike_sequences_paired_by_place(seed):
     assert all((inst[c["truth"] == j] == inst[c["truth"] == j][0]).all() and inst[c["truth"] == j][0] >= 0 for j in range(60))
 
 
-SEND, RECV = int(CollectiveKind.SEND), int(CollectiveKind.RECV)
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_every_send_pairs_its_own_receive_when_ranks_lack_some(seed):
     """Two pipeline stages: activations (two sizes) sent forward from rank 0 to rank 1, gradients
@@ -144,22 +149,7 @@ def test_every_send_pairs_its_own_receive_when_ranks_lack_some(seed):
     size, one missing send paired every later one of that size with the wrong receive; by order
     alone, a send and a receive missing on either side of a run of like transfers paired every
     transfer between them with its neighbour)."""
-    rng = random.Random(seed)
-    cols: dict[str, list] = {"rank": [], "start": [], "ckind": [], "size": [], "peer": [], "truth": []}
-    for j in range(80):
-        forward = j % 2 == 0
-        size = rng.choice((1024, 4096)) if forward else 2048
-        src, dst = (0, 1) if forward else (1, 0)
-        for r, k, peer in ((src, SEND, dst), (dst, RECV, src)):
-            if rng.random() < 0.05:
-                continue
-            cols["rank"].append(r)
-            cols["start"].append(100.0 * j + rng.uniform(-10, 10) + (20.0 if r == 1 else 0.0))
-            cols["ckind"].append(k)
-            cols["size"].append(size)
-            cols["peer"].append(peer)
-            cols["truth"].append(j)
-    c = {k: np.array(v) for k, v in cols.items()}
+    c = pipeline_job(seed, 80, 0.05)
     inst = match_instances(
         c["rank"].astype(np.int32),
         c["start"],
@@ -169,10 +159,7 @@ def test_every_send_pairs_its_own_receive_when_ranks_lack_some(seed):
         c["peer"].astype(np.int64),
         tight=np.ones(len(c["rank"]), bool),  # (NCCL's send and receive kernels, in a window: the ranks' clocks aligned)
     )
-    for i in np.unique(inst[inst >= 0]).tolist():
-        assert len(set(c["truth"][inst == i].tolist())) == 1, f"pair {i} is two transfers"
-    both = [j for j in np.unique(c["truth"]).tolist() if (c["truth"] == j).sum() == 2]
-    assert len(np.unique(inst[inst >= 0])) == len(both)
+    _paired_as_built(inst, c)
 
 
 def _x(name, cat, ts, dur, tid, pid, **args):
