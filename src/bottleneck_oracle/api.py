@@ -96,11 +96,14 @@ def load(
     table.clocks = report if hosts is not None or report.warnings else None
     for line in report.warnings:
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
-    for line in clocks.device_behind(table, LAUNCH_TOLERANCE_US):  # (before any look-up ordered by time is made)
+    # a device op's impossible end is cut first: the clock checks read the ends of the ops blocking calls waited for
+    for line in clocks.overflowing_device_ops(table):
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in clocks.device_behind(table, LAUNCH_TOLERANCE_US):  # (moves device events: drops the look-ups by time)
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in clocks.outlasting_waited_ops(table, LAUNCH_TOLERANCE_US):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in clocks.device_ahead(table, LAUNCH_TOLERANCE_US):
-        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
-    for line in clocks.overflowing_device_ops(table):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in align_cut_steps(table):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)

@@ -384,6 +384,59 @@ def _idle_launch_lags(table: EventTable, rows: np.ndarray, launcher: np.ndarray)
     return lags
 
 
+def outlasting_waited_ops(table: EventTable, tolerance_us: float) -> list[str]:
+    """Cut, in place, each device op that a blocking call had to wait for, that started before the
+    call returned and that is recorded as ending after it by more than any clock offset could
+    explain, to where the call returned; say so, one line per device. The call cannot return
+    before the work it waited for is done (_blocking_overruns: a synchronous copy's own op, the
+    latest-ending op a device synchronize waited for), so such an op ended by then. An offset
+    between the device's clock and its host's moves an op's start with its end: it is bounded by
+    the least launch lag (a device moved back further would start its ops before their launch
+    calls), and an overrun beyond that bound, on an op that started while the call was still
+    waiting, is the end alone that is wrong: the same deferred completion time as
+    overflowing_device_ops finds, on an op with no later op on its stream to show it (the last
+    op before a copy to the host, the trace's last). Left as recorded, a 3 s end puts 3 s of
+    device work in the step. Runs before device_ahead, which reads the same overruns as an
+    offset where they agree with one."""
+    c = table.cols
+    launcher = table.launchers()
+    ops = np.flatnonzero(isin_small(c["cls"], GPU_SIDE[:3]))
+    ops = ops[launcher[ops] >= 0]
+    if not len(ops):
+        return []
+    waited, over, must, _ = _blocking_overruns(table, ops, launcher)
+    end = c["ts"][waited] + c["dur"][waited]
+    returned = end - over  # the end of the call that waited for it
+    keys = _device_keys(c, ops)
+    room = {}  # per device: the largest offset its launch lags allow
+    for key, members in groups(keys):
+        lag = c["ts"][ops[members]] - c["ts"][launcher[ops[members]]]
+        room[int(key)] = float(np.quantile(lag, DEVICE_SHIFT_QUANTILE)) + tolerance_us
+    dev = _device_keys(c, waited)
+    bad = must & (c["ts"][waited] < returned) & (over > np.array([room[int(k)] for k in dev.tolist()], dtype=np.float64))
+    if not bad.any():
+        return []
+    cut, to, by = waited[bad], returned[bad], over[bad]
+    order = np.lexsort((to, cut))  # an op several calls waited for: cut to the earliest return
+    cut, to, by = cut[order], to[order], by[order]
+    first = np.r_[True, cut[1:] != cut[:-1]]
+    cut, to, by = cut[first], to[first], by[first]
+    c["dur"][cut] = np.maximum(to - c["ts"][cut], 0.0)
+    table.drop_caches()
+    said = []
+    for _, mine in groups(_device_keys(c, cut)):
+        rank, pid = int(c["rank"][cut[mine[0]]]), int(c["pid"][cut[mine[0]]])
+        worst = int(np.argmax(by[mine]))
+        n = len(mine)
+        said.append(
+            f"rank {rank}'s device (process {pid}): {n} device op{'s' if n > 1 else ''} recorded as ending after the "
+            f"blocking call that waited for {'them' if n > 1 else 'it'} returned, by up to {float(by[mine][worst]) / 1000:.1f} ms "
+            f"({table.names[c['name'][cut[mine[worst]]]][:60]}), more than the device's clock can be ahead of its host's: "
+            f"a timestamp the profiler got wrong; {'each is' if n > 1 else 'it is'} cut where the call returned"
+        )
+    return said
+
+
 def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
     """Move earlier, in place, the events of each device whose clock runs ahead of its host's, and
     say so, one line per device: the mirror of device_behind. Two physical facts bound the offset
