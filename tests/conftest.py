@@ -33,7 +33,7 @@ MORE = DATA / "more-gpu"
 MORE_FIXTURES = sorted(MORE.glob("*.json.gz"))
 # every trace input among the fixtures: public and real GPU traces, our own gloo run and GPU runs
 # our own torch.compile'd loop on the CPU (tests/data/own-cpu/README.md)
-OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [DATA / "own-cpu" / "alltoall_uneven"]
+OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [DATA / "own-cpu" / "alltoall_uneven", DATA / "own-cpu" / "periodic_eval"]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 
 

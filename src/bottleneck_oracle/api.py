@@ -472,7 +472,7 @@ def whatif(
                 except OracleError as exc:
                     raise OracleError(f"{path}: step {g.step}: {exc}") from None
         base = run_cpm(g)
-        measured = max(g.measured.values())
+        measured = g.span()
         step_us = base.makespan  # the step's time as analyze gives it (its period: the span of a CPU-bound step)
         delta = times.delta()
         model: ModelAnswer | None = None
@@ -765,7 +765,7 @@ def _blame_step(
     b = blame_graph(g, refs, top, base, memo)
     if table is not None:
         name_gaps(b, g, table)
-    return StepBlame(b, max(g.measured.values()), row_refs)
+    return StepBlame(b, g.span(), row_refs)
 
 
 def advise(

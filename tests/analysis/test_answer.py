@@ -57,15 +57,16 @@ def test_fewer_than_three_steps_give_no_interval_and_say_so():
 )
 def test_a_window_over_two_steps_lasts_their_two_periods(path):
     """Built over two consecutive steps, the graph's step time is the two steps' periods together
-    (each from its own one-step graph) within 3%, and never more: the second step starts where the
-    first ends (the sum can only be longer: each period is the slowest rank's, and ranks need not
-    be the slowest in both)."""
+    (each from its own one-step graph) within 1%: the second step starts where the first ends.
+    (The window counts the moment between the first step's last op and the second's start, the
+    profiler's own bookkeeping, which neither one-step graph holds; on several ranks each step's
+    period runs from when the last rank finished the one before, so the two add up.)"""
     table = cached_load(path)
     numbers = sorted({s.number for s in table.steps})
     for n in numbers[1:-1]:
         two = run_cpm(build_graph(table, n, span=2)).makespan
         one = sum(run_cpm(build_graph(table, k)).makespan for k in (n, n + 1))
-        assert 0.97 * one <= two <= 1.001 * one, (n, two, one)
+        assert 0.99 * one <= two <= 1.01 * one, (n, two, one)
 
 
 def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):

@@ -32,7 +32,7 @@ from typing import Literal, Protocol, TypeVar
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import makespan_of
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey
+from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, NAMED_FRAME, NAMED_OP, NAMED_RANGE, BreakdownKey, path_by_name
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -48,6 +48,12 @@ HOST_DEVICE_BUSY = 0.9  # ... where the device is busy under this share of the p
 HOST_BLOCKING = 0.1  # ... and the host's blocking calls take under this share of it (it does not wait for the device)
 INPUT_SHARE = 0.05  # the input pipeline is named when at least this share of the critical path is in the DataLoader
 PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
+SLOW_FACTOR = 2.0  # a steady step this many times the others' median step time, or more, is a slow step ...
+SLOW_MIN_US = 500.0  # ... and at least this much (µs) longer
+SLOW_MIN_STEPS = 4  # steady steps needed to tell slow steps from the others (three or more of them to set the median)
+CAUSE_SHARE = 0.5  # a name that adds at least this share of the slow steps' excess to their critical path is their cause ...
+NARROWER = 0.9  # ... or one of its kind that adds this share of that name's excess and spends less time on the path (inside it)
+NAMED_TOP = 40  # names kept per step (StepFigures.named): the ones the critical path spends most time in
 
 Bound = Literal["device compute", "CPU compute", "communication", "host CPU overhead", "waiting", "untraced time"]
 
@@ -133,6 +139,31 @@ class DeviceWeight:
     steady: Estimate
 
 
+@dataclass(frozen=True, slots=True)
+class SlowCause:
+    """What the slow steps' critical path spends more time in than the others' (segments.path_by_name)."""
+
+    rank: int
+    name: str
+    kind: str  # "range" (a record_function, a module's, the optimizer's), "frame" (a Python frame), "op"
+    slow_us: float  # its critical-path time in the slow steps (mean)
+    typical_us: float  # in the other steps (median; 0: it is not on their path)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowSteps:
+    """Steady steps much slower than the others (an evaluation, a checkpoint, logging every N
+    steps): the median hides them, the run's time does not."""
+
+    steps: list[int]
+    every: int | None  # the slow steps come every this many steps (three or more of them, evenly spaced)
+    times_us: list[float]  # their step times
+    others_us: float  # the other steady steps' median step time
+    mean_us: float  # the mean step time of the steady steps, slow ones included
+    added_us: float  # what the slow steps add to the mean step (µs): mean_us - others_us
+    cause: SlowCause | None
+
+
 @dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
@@ -150,6 +181,7 @@ class RunAnswer:
     input_pipeline: Estimate | None = None  # the critical path's time in the DataLoader's __next__, per step; None: under INPUT_SHARE
     device: DeviceWeight | None = None  # a host-bound loop whose windows end with device time (_device_weight); None: not one
     host_paced: HostPace | None = None  # a host that waits STEADY_QUEUE_SHARE of its step or more for the device's queue; None: not one
+    slow_steps: SlowSteps | None = None  # steady steps SLOW_FACTOR times the others or more (_slow_steps); None: none
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -175,6 +207,23 @@ class RunAnswer:
         shares = sorted(((e.median_us / total, k) for k, e in b.items()), reverse=True)
         rest = ", ".join(f"{_CLASS_WORDS[k]} {100 * s:.0f}%" for s, k in shares[1:3] if s >= 0.005)
         out.append(f"Bound by: {self.bound} ({100 * shares[0][0]:.0f}% of the critical path)" + (f"; then {rest}" if rest else ""))
+        if self.slow_steps is not None:
+            sl = self.slow_steps
+            n = len(sl.steps)
+            every = f" (every {_ordinal(sl.every)})" if sl.every else ""
+            took = f"{ms(min(sl.times_us))}–{ms(max(sl.times_us))}" if n > 1 else ms(sl.times_us[0])
+            out.append(
+                f"Slow step{'s' if n > 1 else ''}: {', '.join(map(str, sl.steps[:8]))}{every} take{'' if n > 1 else 's'} {took} ms "
+                f"against {ms(sl.others_us)} ms for the others: {'they add' if n > 1 else 'it adds'} {ms(sl.added_us)} ms to the "
+                f"mean step ({ms(sl.mean_us)} ms)"
+            )
+            if sl.cause is not None:
+                c = sl.cause
+                what = {"range": "", "frame": "Python frame ", "op": "op "}[c.kind]
+                out.append(
+                    f"  in {'them' if n > 1 else 'it'}: rank {c.rank}'s {what}{c.name}, {ms(c.slow_us)} ms on the critical path"
+                    + (f" ({ms(c.typical_us)} ms in the others)" if c.typical_us > 0 else " (not on the others' path)")
+                )
         if self.input_pipeline is not None:
             e = self.input_pipeline
             out.append(
@@ -228,6 +277,12 @@ _CLASS_WORDS = {
 }
 
 
+def _ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def _ms(us: float) -> str:
     return f"{us / 1000:.1f}" if abs(us) >= 100 else f"{us / 1000:.2f}"
 
@@ -255,6 +310,7 @@ class StepFigures:
     empty: bool = False  # the step holds no op (StepAnalysis.is_empty): the profiler's stop, not a step
     cut: bool = False  # the trace ends inside the step (StepAnalysis.cut_by_trace_end): only a part of it is held
     hidden: bool = False  # the step adds nothing past earlier steps' device work (StepAnalysis.adds_nothing)
+    named: tuple[tuple[int, str, int, float], ...] = ()  # the names the critical path spends most time in (segments.path_by_name)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -276,6 +332,7 @@ class StepFigures:
             a.is_empty(),
             bool(a.cut_by_trace_end()),
             a.adds_nothing(),
+            tuple(path_by_name(a.graph, a.segments(), NAMED_TOP)),
         )
 
 
@@ -367,6 +424,7 @@ def answer_from(
         straggler=_straggler(st),
         region=None,
     )
+    answer.slow_steps = _slow_steps(st)
     fed = [f.input_us for f in st]
     if fed and float(np.median(fed)) > 0 and float(np.median(fed)) >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
         answer.input_pipeline = estimate(fed)
@@ -446,6 +504,64 @@ def answer_from(
         if answer.region is not None and two_steps is not None:
             _steady_saving(answer, blamed, two_steps)
     return answer
+
+
+_KINDS = {NAMED_RANGE: "range", NAMED_FRAME: "frame", NAMED_OP: "op"}
+
+
+def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
+    """The steady steps SLOW_FACTOR times the others' median or more (and SLOW_MIN_US longer), when
+    they are fewer than half of SLOW_MIN_STEPS or more steady steps, with what they add to the
+    mean step and their cause: of the names their critical path spends time in (a range the
+    program marked first, then a Python frame, then an op), the one whose time there exceeds its
+    median in the other steps the most, if that excess is CAUSE_SHARE of the slow steps' own
+    excess or more (the first kind that has one)."""
+    numbered = [f for f in st if f.step is not None]
+    if len(numbered) < SLOW_MIN_STEPS:
+        return None
+    times = np.array([f.step_time for f in numbered])
+    typical = float(np.median(times))
+    slow = [f for f in numbered if f.step_time >= SLOW_FACTOR * typical and f.step_time - typical >= SLOW_MIN_US]
+    if not slow or 2 * len(slow) >= len(numbered):
+        return None
+    others = [f for f in numbered if f not in slow]
+    base = float(np.median([f.step_time for f in others]))
+    excess = float(np.mean([f.step_time - base for f in slow]))
+    steps = [int(f.step) for f in slow if f.step is not None]
+    gaps = set(np.diff(steps).tolist())
+    every = int(gaps.pop()) if len(steps) >= 3 and len(gaps) == 1 and min(np.diff(steps)) >= 2 else None
+
+    mean = float(np.mean(times))
+    cause = named_cause([f.named for f in slow], [f.named for f in others], excess)
+    return SlowSteps(steps, every, [f.step_time for f in slow], base, mean, mean - base, cause)
+
+
+Named = Sequence[tuple[int, str, int, float]]
+
+
+def named_cause(slow: Sequence[Named], others: Sequence[Named], excess_us: float) -> SlowCause | None:
+    """Of the names the ``slow`` steps' critical path spends time in (segments.path_by_name of each),
+    the one whose time there exceeds its median in the ``others`` the most, if that excess is
+    CAUSE_SHARE of ``excess_us`` (what the slow steps take over the others) or more; a range the
+    program marked first, then a Python frame, then an op (the first kind that has one). Of the
+    names of that kind whose excess is NARROWER of the most, the one with the least time on the
+    path: the range inside the others (the injected delay, not the forward that holds it)."""
+    if excess_us <= 0 or not slow or not others:
+        return None
+    slow_d = [{(r, n, k): us for r, n, k, us in x} for x in slow]
+    other_d = [{(r, n, k): us for r, n, k, us in x} for x in others]
+    for kind in (NAMED_RANGE, NAMED_FRAME, NAMED_OP):
+        scored = []
+        for key in {k for d in slow_d for k in d if k[2] == kind}:
+            s_us = float(np.mean([d.get(key, 0.0) for d in slow_d]))
+            t_us = float(np.median([d.get(key, 0.0) for d in other_d]))
+            scored.append((s_us - t_us, key, s_us, t_us))
+        if scored:
+            best = max(scored)[0]
+            if best >= CAUSE_SHARE * excess_us:  # the narrowest that explains nearly as much (a range inside a module's forward)
+                gain, key, s_us, t_us = min((x for x in scored if x[0] >= NARROWER * best), key=lambda x: (x[2], -x[0]))
+                return SlowCause(key[0], key[1], _KINDS[kind], s_us, t_us)
+    return None
 
 
 def _straggler(st: list[StepFigures]) -> Straggler | None:

@@ -2,7 +2,7 @@
 moved on the critical path.
 
 A step's time is its period (``StepAnalysis.period``, graph_pipeline.facts): on a device-bound job
-the device's period, on a CPU-bound one the ProfilerStep span, the slowest rank's. With three or
+the device's period, on a CPU-bound one the ProfilerStep spans' (graph.span). With three or
 more steps a run's first step is warm-up and left out. The change is the difference of the two
 runs' median step times.
 

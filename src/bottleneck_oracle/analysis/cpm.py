@@ -4,12 +4,14 @@ EST/EFT by a forward pass in topological order, LST/LFT by a backward pass from
 the deadlines, slack = LST - EST, and the critical path by following, from the
 node that ends the step, the predecessor that determined each start.
 
-The objective ("makespan") is the step time as the profiler measures it: the slowest rank's
-span from its own step start to the end of its last op. Ranks start a step at different
-times (a pipeline's last stage finishes a step early and starts the next one early, then
-waits), so this is not the merged window (first rank's start to last op's end, ``window``).
-Every node's deadline is its rank's step start + the step time; a node's slack is how much it
-can grow before its own rank's, or any rank's, step gets longer than the slowest one.
+The objective ("makespan") is the step time: from each rank's origin (ExecutionGraph.rank_origin:
+its step start, or the end of device work queued before it; on a step of several ranks that
+follows one of theirs in the trace, every rank's is the latest of them, when the last rank
+finished the step before) to the end of its last op, the longest. Ranks start a step at different
+times (a pipeline's last stage finishes a step early and starts the next one early, then waits),
+so this is not the merged window (first rank's start to last op's end, ``window``). Every node's
+deadline is its rank's origin + the step time; a node's slack is how much it can grow before the
+step gets longer.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class StepWhatIf:
     """One step under the edits (api.whatif)."""
 
     step: int | None
-    measured_us: float  # the slowest rank's ProfilerStep span
+    measured_us: float  # the ProfilerStep spans (ExecutionGraph.span)
     step_us: float  # the step's time before the edits, as analyze gives it (its period; the replayed base)
     edited_nodes: int
     edited_gaps: int

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.analysis.answer import steady_of
+from bottleneck_oracle.analysis.answer import NAMED_TOP, SlowCause, named_cause, steady_of
 from bottleneck_oracle.analysis.blame import CulpritKind
+from bottleneck_oracle.analysis.segments import path_by_name
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
 OUTLIER_SIGMAS = 3.0  # robust sigmas from the median
@@ -49,7 +50,7 @@ class Cause:
 @dataclass(slots=True)
 class StepRow:
     step: int | None
-    measured_us: float  # the slowest rank's ProfilerStep span
+    measured_us: float  # the ProfilerStep spans (ExecutionGraph.span)
     cpm_us: float  # the step's time: its period, as the graph replays it
     vs_median: float  # step time / run median - 1
     outlier: bool
@@ -57,6 +58,9 @@ class StepRow:
     untraced_us: float
     top: str  # what the critical path spent most time on (segments.label)
     cause: Cause | None = None  # outliers only
+    in_it: SlowCause | None = (
+        None  # a slow outlier's: what its critical path spends more time in than the typical steps' (answer.named_cause)
+    )
     left_out: str = ""  # why a step is left out: "warm-up", "one-time work", "no op" (the profiler's stop); "" if kept
 
 
@@ -78,7 +82,9 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
     spread = ROBUST * float(np.median(np.abs(times - med))) if len(times) else 0.0
     fence = max(OUTLIER_SIGMAS * spread, OUTLIER_SHARE * med)
     out = RunSummary(source=source, median_us=med, spread_us=spread)
-    typical = [a.graph for a in kept if abs(a.step_time - med) <= fence]
+    typical_steps = [a for a in kept if abs(a.step_time - med) <= fence]
+    typical = [a.graph for a in typical_steps]
+    typical_named: list[list[tuple[int, str, int, float]]] = []
     for a in analyses:
         warm = a not in kept
         top = a.top_ops(1)
@@ -111,5 +117,10 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
             if b.nodes and b.nodes[0].saving_us >= noise_floor(b.makespan):  # below it, no culprit
                 x = b.nodes[0]
                 row.cause = Cause(x.name, x.kind, x.rank, x.saving_us)
+            if a.step_time > med:
+                if not typical_named:
+                    typical_named = [path_by_name(t.graph, t.segments(), NAMED_TOP) for t in typical_steps]
+                mine = path_by_name(a.graph, a.segments(), NAMED_TOP)
+                row.in_it = named_cause([mine], [x for t, x in zip(typical_steps, typical_named) if t is not a], a.step_time - med)
         out.steps.append(row)
     return out

@@ -366,6 +366,67 @@ def input_pipeline(g: ExecutionGraph, segments: list[Segment]) -> float:
     return total
 
 
+PYTHON_FRAME = re.compile(r"\.pyx?\(\d+\): ")
+"""A Python frame as the profiler's Python tracer names it (``train.py(88): save``)."""
+NAMED_RANGE, NAMED_FRAME, NAMED_OP = 0, 1, 2
+"""What a name of path_by_name is: a range the program marked (``record_function``, a module's,
+the optimizer's), a Python frame, a leaf op."""
+
+
+def path_by_name(g: ExecutionGraph, segments: list[Segment], top: int = 12) -> list[tuple[int, str, int, float]]:
+    """The ``top`` names the critical path spends most time in, each as (rank, name, what it is:
+    NAMED_RANGE / NAMED_FRAME / NAMED_OP, µs): for a leaf op, its segments' time; for a range of
+    host code (a ``record_function``, a module, a Python frame: the graph's regions), the path's
+    time on its thread inside it (a range nested in one of the same name counted once). The
+    ProfilerStep range itself, which holds everything, is no name."""
+    out: dict[tuple[int, str, int], float] = {}
+    ranged_leaf = {g.names[k] for k in g.meta.get("range_leaves", ())}  # (a record_function with no op inside is a leaf node)
+    for s in segments:
+        if s.kind == "op":
+            key = (s.rank, s.name, NAMED_RANGE if s.name in ranged_leaf and not s.on_gpu else NAMED_OP)
+            out[key] = out.get(key, 0.0) + s.dur
+    r = g.regions
+    ranged = np.flatnonzero(r["is_range"])
+    host = [s for s in segments if not s.on_gpu]
+    if len(ranged) and host:
+        starts = np.array([s.start for s in host])
+        ends = np.array([s.end for s in host])
+        owner = np.array([s.rank for s in host], dtype=np.int64) * (1 << 32) + (
+            np.array([s.tid for s in host], dtype=np.int64) & 0xFFFFFFFF
+        )
+        thread = r["rank"][ranged].astype(np.int64) * (1 << 32) + (r["tid"][ranged].astype(np.int64) & 0xFFFFFFFF)
+        inside = np.zeros(len(ranged))
+        for key in np.unique(thread).tolist():
+            mine = np.flatnonzero(owner == key)
+            if not len(mine):
+                continue
+            o = mine[np.argsort(starts[mine], kind="stable")]
+            cum = np.r_[0.0, np.cumsum(ends[o] - starts[o])]  # the path's time on the thread before each segment
+            xs = np.ravel(np.column_stack([starts[o], ends[o]]))
+            ys = np.ravel(np.column_stack([cum[:-1], cum[1:]]))
+            here = np.flatnonzero(thread == key)
+            inside[here] = np.interp(r["end"][ranged[here]], xs, ys) - np.interp(r["start"][ranged[here]], xs, ys)
+        name, rank = r["name"][ranged], r["rank"][ranged]
+        order = np.lexsort((r["start"][ranged], name, thread))
+        last_end = -np.inf
+        prev: tuple[int, int] | None = None
+        for i in order.tolist():
+            if inside[i] <= 0.0:
+                continue
+            k = (int(thread[i]), int(name[i]))
+            if k == prev and r["start"][ranged[i]] < last_end:  # nested in (or overlapping) one of its name
+                last_end = max(last_end, float(r["end"][ranged[i]]))
+                continue
+            prev, last_end = k, float(r["end"][ranged[i]])
+            text = g.names[int(name[i])]
+            if text.startswith("ProfilerStep#"):
+                continue
+            key3 = (int(rank[i]), text, NAMED_FRAME if PYTHON_FRAME.search(text) else NAMED_RANGE)
+            out[key3] = out.get(key3, 0.0) + float(inside[i])
+    best = sorted(out.items(), key=lambda kv: -kv[1])[:top]
+    return [(rank_, name_, what, us) for (rank_, name_, what), us in best]
+
+
 def label(s: Segment) -> str:
     """What a segment's time is credited to in the top-ops table: the op (its own time included),
     the range whose framework time it is, or what kind of waiting or untraced time it is."""

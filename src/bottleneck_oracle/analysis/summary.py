@@ -128,8 +128,10 @@ class StepAnalysis:
 
     @property
     def measured(self) -> float:
-        """The measured step time: the slowest rank's ProfilerStep span (µs)."""
-        return max(self.graph.measured.values())
+        """The measured step time from the ProfilerStep spans (µs): the slowest rank's span, or from
+        the last rank's start to the last rank's end where the step follows one in the trace
+        (ExecutionGraph.span)."""
+        return self.graph.span()
 
     def rank_step_times(self) -> dict[int, float]:
         """Each rank's step time from the CPM (µs): from its own step start to the end of its
@@ -188,7 +190,7 @@ class StepAnalysis:
 
     @property
     def step_time(self) -> float:
-        """Predicted step time: the slowest rank's CPM step time (µs), the CPM's objective."""
+        """Predicted step time: the CPM's objective (µs; analysis.cpm), the step's period in the graph."""
         return self.cpm.makespan
 
     def node_class(self) -> np.ndarray:

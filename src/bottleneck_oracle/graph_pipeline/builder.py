@@ -299,6 +299,8 @@ def build_graph(table: EventTable, step: int | None, options: BuildOptions | Non
     facts = step_facts(table, step)
     # (the whole trace: from each rank's first event, or where work queued before the trace ended)
     origins = {f.rank: f.origin for f in facts.ranks if step is not None or f.queued_before_trace_us > 0} or None
+    if facts.origin is not None:  # (several ranks: the step starts when the last of them finished the one before)
+        origins = {f.rank: facts.origin for f in facts.ranks}
     built = list(_window_edges(table, step, opt, frozenset(), origins, span))
     away = _bystanders(built[0], built[1])
     tails = _tails(built[0], built[1], away)
@@ -525,6 +527,8 @@ def _finish(
             "polling_loops": polling_loops,
             "launches_waited_at_start": self_released,
             "queue_wait_us": queue_waits,
+            # leaf nodes that are ranges of program code with no op inside (a record_function around a sleep)
+            "range_leaves": sorted(set(nodes["name"][~nodes["on_gpu"] & c["is_range"][rows]].tolist())),
             **_thread_names(table, nodes),
         },
         carry=w.carry,

@@ -575,23 +575,55 @@ class StepFacts:
 
     step: int | None
     ranks: list[RankFacts]
+    follows: bool = False  # every rank's trace holds a step before this one
 
     def of(self, rank: int) -> RankFacts | None:
         return next((f for f in self.ranks if f.rank == rank), None)
 
     @property
+    def origin(self) -> float | None:
+        """Where the step's period starts (table µs): for a numbered step of several ranks that
+        follows a step of theirs in the trace, the latest of its ranks' origins, i.e. when the last
+        of them finished the step before (a rank that began this step earlier ran its work while
+        another was still in the previous one: that overlap is the previous step's time, and the
+        previous step counts it). None otherwise, each rank's own origin: a window of one rank, no
+        step, or the trace's first step, where a rank's late start is all the trace shows of what
+        held it (it is counted in this step, as the others' wait for it)."""
+        if self.step is None or len(self.ranks) < 2 or not self.follows:
+            return None
+        return max(f.origin for f in self.ranks)
+
+    @property
     def period(self) -> float:
-        """The step's period: the longest of its ranks' (µs)."""
-        return max((f.period for f in self.ranks), default=0.0)
+        """The step's period (µs): from its origin to the end of the last rank's step; without one
+        (see origin), the longest of its ranks'. Over consecutive steps the periods add up to the
+        job's time: a rank's stall at the end of one step, which the others wait for at the next
+        step's first collective, counts once."""
+        origin = self.origin
+        if origin is None:
+            return max((f.period for f in self.ranks), default=0.0)
+        return max(f.step_end for f in self.ranks) - origin
 
     def to_dict(self, offset: float = 0.0) -> dict:
-        return {"step": self.step, "period_us": self.period, "ranks": [f.to_dict(offset) for f in self.ranks]}
+        origin = self.origin
+        return {
+            "step": self.step,
+            "period_us": self.period,
+            "origin": origin - offset if origin is not None else None,
+            "ranks": [f.to_dict(offset) for f in self.ranks],
+        }
 
 
 def step_facts(table: EventTable, step: int | None) -> StepFacts:
     steps = table.steps_of(step) if step is not None else []
     if step is not None:
-        return StepFacts(step, [rank_facts(table, s.rank, s) for s in sorted(steps, key=lambda s: s.rank)])
+        first = table.lookups.get("first_step")
+        if first is None:  # each rank's first step number (cached: asked once per step)
+            first = table.lookups["first_step"] = {}
+            for s in table.steps:
+                first[s.rank] = min(first.get(s.rank, s.number), s.number)
+        follows = all(first.get(s.rank, step) < step for s in steps)
+        return StepFacts(step, [rank_facts(table, s.rank, s) for s in sorted(steps, key=lambda s: s.rank)], follows)
     return StepFacts(None, [rank_facts(table, r, None) for r in table.ranks])
 
 

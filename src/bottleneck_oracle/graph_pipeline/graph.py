@@ -100,7 +100,7 @@ def _later_rank_facts(saved: Mapping[str, Any]) -> dict[str, Any]:
 class StepFactsRecord:
     """What the analysis reads of the step's facts as the graph saved them."""
 
-    period_us: float  # the step's period: the longest of its ranks'
+    period_us: float  # the step's period: from its origin (the last rank's finish of the step before) to its last rank's end
     ranks: tuple[RankFactsRecord, ...]
 
 
@@ -318,6 +318,19 @@ class ExecutionGraph:
         and the end of the device work queued before the step (facts.py); its step start if unknown."""
         origin = self.info.rank_origin_us.get(str(rank))
         return float(origin) if origin is not None else self.rank_start(rank)
+
+    def span(self) -> float:
+        """The step's measured time from its ProfilerStep spans (µs): for a step of several ranks
+        that follows a step of theirs in the trace (its facts' origin is set), from the last rank's
+        start to the last rank's end (a rank that began earlier did so while another was still in
+        the step before); otherwise the slowest rank's span."""
+        if not self.measured:
+            return 0.0
+        facts = self.info.facts_json
+        if len(self.measured) < 2 or not facts or facts.get("origin") is None:
+            return max(self.measured.values())
+        starts = {r: self.rank_start(r) for r in self.measured}
+        return max(starts[r] + t for r, t in self.measured.items()) - max(starts.values())
 
     def rank_start(self, rank: int) -> float:
         """When ``rank`` started this step, µs from the window start."""

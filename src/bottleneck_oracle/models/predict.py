@@ -157,4 +157,5 @@ class Predictor:
         if reason is not None:
             return ModelAnswer(str(self.path), reason, dict.fromkeys(self.variants), dict.fromkeys(self.variants))
         delta = {v: after[v] - before[v] for v in self.variants}
-        return ModelAnswer(str(self.path), None, {v: ref + d for v, d in delta.items()}, dict(delta))
+        shown = g.span()  # (the step as the user reads it; the model's own reference, ref_step, is its input as trained)
+        return ModelAnswer(str(self.path), None, {v: shown + d for v, d in delta.items()}, dict(delta))

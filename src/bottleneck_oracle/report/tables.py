@@ -119,9 +119,11 @@ def steps_table(analyses: list[StepAnalysis], rows: list[list] | None = None) ->
             else f"step N: the N-th iteration, cut where {cut_at}; span: the slowest rank's step"
             if cut_at
             else "span: the slowest rank's ProfilerStep"
+            if len(analyses[0].graph.ranks if analyses else []) < 2
+            else "span: the ProfilerSteps', from the last rank's start to the last one's end (the slowest rank's in the trace's first step)"
         )
-        + f"; period: from the end of the device work queued before {what} to the end of its own (the span when nothing was queued "
-        "ahead); CPM: the graph's step time, then its critical path: compute, communication, CPU overhead, waiting (idle), untraced"
+        + f"; period: from the end of the work before {what} (the last rank's, its queued device work included) to the end of its own "
+        "(the span when nothing was queued ahead); CPM: the graph's step time, then its critical path: compute, communication, CPU overhead, waiting (idle), untraced"
         + (
             "; (cut): the trace ends inside the step, so only part of it is held (left out of the run's figures)"
             if any(str(r[0]).endswith(" (cut)") for r in t.rows)

@@ -1,0 +1,138 @@
+"""Steps that are slow every so often (an evaluation, a checkpoint every N steps): the step time of
+a job of several ranks adds up to the run's time, the run answer names the slow steps and what
+is in them, and summary says it per outlier.
+
+The oracle is the raw trace: our own 2-rank gloo DDP job (tests/data/own-cpu/periodic_eval,
+``benchmarks/record_periodic.py``) whose rank 0 evaluates the model inside
+``record_function("evaluate")`` after every fourth step; rank 1 goes on and waits for it at the
+next step's all-reduce."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.analysis.answer import SlowCause, StepFigures, _slow_steps, named_cause, run_answer
+from conftest import DATA, cached_analyses
+
+PERIODIC = DATA / "own-cpu" / "periodic_eval"
+CLEAN = DATA / "gloo_ddp_8steps_clean"
+STRAGGLER = DATA / "gloo_ddp_8steps_straggler"  # rank 1 slow in every step: no step is slow against the others
+INJECTED = DATA / "gloo_ddp_10steps_injected"  # rank 1 sleeps 30 ms in its forward at steps 4 and 8
+
+
+def _raw(folder: Path) -> dict[int, dict]:
+    """Per rank: its ProfilerStep spans {number: (start, end)} and its evaluate annotations
+    {step number: µs}, read from the JSON."""
+    out = {}
+    for f in sorted(folder.glob("rank-*.json.gz")):
+        ev = json.loads(gzip.open(f).read())["traceEvents"]
+        steps = {
+            int(e["name"].split("#")[1]): (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            for e in ev
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+        }
+        evals = {}
+        for e in ev:
+            if e.get("ph") == "X" and e.get("name") == "evaluate":
+                (n,) = [k for k, (a, b) in steps.items() if a <= e["ts"] < b]
+                evals[n] = float(e["dur"])
+        out[int(f.name.split("-")[1].split(".")[0])] = {"steps": steps, "evaluate": evals}
+    return out
+
+
+def test_the_steps_of_several_ranks_add_up_to_the_run_s_time():
+    """From the raw spans: the job finished step N when its last rank did. Each step after the
+    first is read from the last rank's end of the step before to the last rank's end of its own,
+    so the step times from the second to the last add up to the time from the first step's end
+    to the last one's (within 1%: a step's graph ends at its last op, a few µs before its span).
+    Taking each rank's own span, the longest, counted rank 0's evaluation twice: in its step and
+    in rank 1's next step, which waited for it at the all-reduce."""
+    raw = _raw(PERIODIC)
+    numbers = sorted(raw[0]["steps"])
+    end = {n: max(r["steps"][n][1] for r in raw.values()) for n in numbers}
+    analyses = {a.graph.step: a for a in cached_analyses(PERIODIC)}
+    later = numbers[1:]
+    total = sum(analyses[n].step_time for n in later)
+    assert total == pytest.approx(end[numbers[-1]] - end[numbers[0]], rel=0.01)
+    longest = sum(max(r["steps"][n][1] - r["steps"][n][0] for r in raw.values()) for n in later)
+    assert longest > 1.1 * total  # (the old reading: the run's time and more)
+    for n in later:  # a step read whole: span and period agree on this CPU job
+        a = analyses[n]
+        assert a.measured == pytest.approx(end[n] - max(r["steps"][n][0] for r in raw.values()), rel=1e-6)
+
+
+def test_the_run_answer_names_the_evaluation_steps_and_the_evaluation():
+    """The slow steps are the steps in which rank 0 evaluated (every fourth), their cause rank 0's
+    evaluate range with its time on the critical path the raw annotations' mean (the path runs
+    through all of it: rank 1 waits), and what they add to the mean step is the steps' mean less
+    the others' median."""
+    raw = _raw(PERIODIC)
+    evals = raw[0]["evaluate"]
+    assert len(evals) >= 3 and not raw[1]["evaluate"]
+    answer = run_answer(list(cached_analyses(PERIODIC)))
+    s = answer.slow_steps
+    assert s is not None
+    assert s.steps == sorted(evals) and s.every == 4
+    assert s.cause is not None and (s.cause.rank, s.cause.name, s.cause.kind) == (0, "evaluate", "range")
+    assert s.cause.slow_us == pytest.approx(float(np.mean(list(evals.values()))), rel=0.05)
+    assert s.cause.typical_us == 0.0
+    times = [a.step_time for a in cached_analyses(PERIODIC)][1:]  # (the first step: warm-up)
+    others = [t for a, t in zip(cached_analyses(PERIODIC)[1:], times) if a.graph.step not in evals]
+    assert s.others_us == pytest.approx(float(np.median(others)))
+    assert s.added_us == pytest.approx(float(np.mean(times)) - float(np.median(others)))
+    text = "\n".join(answer.lines())
+    assert "Slow steps: " in text and "(every 4th)" in text and "rank 0's evaluate" in text
+
+
+def test_summary_names_the_evaluation_in_each_outlier():
+    from bottleneck_oracle import api
+
+    evals = _raw(PERIODIC)[0]["evaluate"]
+    s = api.summary(PERIODIC)
+    for x in s.steps:
+        if x.step in evals:
+            assert x.outlier and x.in_it is not None and (x.in_it.rank, x.in_it.name) == (0, "evaluate")
+            assert x.in_it.slow_us == pytest.approx(evals[x.step], rel=0.05)
+
+
+@pytest.mark.parametrize("path", [CLEAN, STRAGGLER], ids=lambda p: p.name)
+def test_runs_without_occasional_slow_steps_name_none(path):
+    assert run_answer(list(cached_analyses(path))).slow_steps is None
+
+
+def test_the_injected_sleeps_are_the_slow_steps_of_the_injected_run():
+    """Rank 1 sleeps 30 ms in its forward at steps 4 and 8 (its run.yaml): those are the slow
+    steps, and the injected range on rank 1 is what is in them."""
+    s = run_answer(list(cached_analyses(INJECTED))).slow_steps
+    assert s is not None and s.steps == [4, 8] and s.every is None
+    assert s.cause is not None and s.cause.rank == 1 and s.cause.name.startswith("oracle_inject:")
+    assert 25_000 <= s.cause.slow_us - s.cause.typical_us <= 35_000
+
+
+def _fig(step: int, us: float, named=()) -> StepFigures:
+    return StepFigures(step, (0,), False, us, us, {}, None, named=tuple(named))
+
+
+def test_slow_steps_need_enough_steps_and_must_be_a_minority():
+    few = [_fig(1, 10.0e3), _fig(2, 10.0e3), _fig(3, 50.0e3)]
+    assert _slow_steps(few) is None  # three steps: too few to set the others' median
+    half = [_fig(k, 50.0e3 if k % 2 else 10.0e3) for k in range(1, 9)]
+    assert _slow_steps(half) is None  # half the steps: that is how the run goes, not an exception
+    small = [_fig(k, 10.4e3 if k == 3 else 10.0e3) for k in range(1, 9)]
+    assert _slow_steps(small) is None  # 4% slower: noise
+    one = [_fig(k, 30.0e3 if k == 5 else 10.0e3) for k in range(1, 9)]
+    s = _slow_steps(one)
+    assert s is not None and s.steps == [5] and s.every is None and s.added_us == pytest.approx(20.0e3 / 8)
+
+
+def test_the_named_cause_prefers_a_marked_range_and_needs_half_the_excess():
+    slow = [[(0, "train.py(10): <module>", 1, 30e3), (0, "save_checkpoint", 0, 19e3), (0, "aten::copy_", 2, 18e3)]]
+    others = [[(0, "train.py(10): <module>", 1, 10e3)]] * 3
+    assert named_cause(slow, others, 20e3) == SlowCause(0, "save_checkpoint", "range", 19e3, 0.0)
+    assert named_cause(slow, others, 40e3).kind == "frame"  # the range explains under half: the frame does
+    assert named_cause(slow, others, 200e3) is None  # nothing explains half of it
