@@ -930,6 +930,11 @@ PERSISTENT_RECORDINGS = (
     ("benchmarks/persistent_rerecorded_results.json", "again, nothing else of ours running", "data/persistent_quiet"),
     ("benchmarks/persistent_again_results.json", "a later session, nothing else running", "data/persistent"),
     ("benchmarks/persistent_results.json", "right after it (the table above)", "data/persistent2"),
+    (
+        "benchmarks/persistent_period_results.json",
+        "a later session, after a step's period across ranks began where the last rank finished the step before",
+        "data/persistent_period",
+    ),
 )
 
 
