@@ -33,7 +33,11 @@ MORE = DATA / "more-gpu"
 MORE_FIXTURES = sorted(MORE.glob("*.json.gz"))
 # every trace input among the fixtures: public and real GPU traces, our own gloo run and GPU runs
 # our own torch.compile'd loop on the CPU (tests/data/own-cpu/README.md)
-OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [DATA / "own-cpu" / "alltoall_uneven", DATA / "own-cpu" / "periodic_eval"]
+OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [
+    DATA / "own-cpu" / "alltoall_uneven",
+    DATA / "own-cpu" / "periodic_eval",
+    DATA / "own-cpu" / "fsdp_gloo",
+]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 
 
@@ -90,6 +94,15 @@ def run_cli(args: list[str], capsys, seconds: int = 0) -> tuple[int, str, str]:
         sys.argv = old
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def job_step_us(g, first: bool) -> float:
+    """A step's time as its ProfilerStep spans give it, the oracle of the graph's: in the trace's
+    first step the slowest rank's span; in a later one from the last rank's start (when the last
+    of them finished the step before) to the last rank's end."""
+    if first or len(g.ranks) < 2:
+        return max(g.measured.values())
+    return max(g.rank_start(k) + g.measured[k] for k in g.ranks) - max(g.rank_start(k) for k in g.ranks)
 
 
 @functools.cache

@@ -11,7 +11,7 @@ import numpy as np
 
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
-from bottleneck_oracle.graph_pipeline.schema import EdgeKind
+from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, EdgeKind
 from bottleneck_oracle.graph_pipeline.window import UNEVEN_KINDS, Window
 
 CONTEXT_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT_EVENT = range(len(SYNC_KINDS))
@@ -491,9 +491,51 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
         for call, work in zip(issued.get(key, []), works):
             if w.ts[call] <= w.ts[work] + 1e-6:
                 pairs.append((call, node_of_row[work]))
+    pairs += _backends_left(w, calls, w.node_rows[net], pairs, node_of_row)
     if pairs:
         E.add(w.out_node(np.array([p[0] for p in pairs], dtype=np.int64)), [p[1] for p in pairs], EdgeKind.BACKEND)
     return pairs
+
+
+BACKEND_SERVES = {int(CollectiveKind.REDUCE_SCATTER): (int(CollectiveKind.REDUCE_SCATTER), int(CollectiveKind.ALL_REDUCE))}
+"""The backend op kinds that may carry a c10d call of a kind (by default its own): gloo runs
+``reduce_scatter_tensor`` (``c10d::_reduce_scatter_base_``) as an all-reduce of the whole input
+(``gloo:all_reduce``), then keeps its shard."""
+
+
+def _backends_left(
+    w: Window, calls: np.ndarray, works: np.ndarray, paired: list[tuple[int, int]], node_of_row: dict[int, int]
+) -> list[tuple[int, int]]:
+    """The c10d calls and gloo backend ops that matching by kind and size left alone, paired in
+    time order per rank: each op with the earliest call left before it whose kind it may carry
+    (BACKEND_SERVES). A backend runs its calls' work in the order they came: the sizes differ
+    where a call's first input is its output (``c10d::_allgather_base_``'s is the gathered
+    tensor; FSDP's all-gathers and reduce-scatters are such calls), and the kind where the
+    backend runs one collective as another."""
+    c = w.c
+    name, rank = c["name"], c["rank"]
+    done_calls = {p[0] for p in paired}
+    done_works = {p[1] for p in paired}
+    left_calls = [e for e in calls[np.argsort(w.ts[calls], kind="stable")].tolist() if e not in done_calls]
+    left_works = [e for e in works[np.argsort(w.ts[works], kind="stable")].tolist() if node_of_row[e] not in done_works]
+    if not left_calls or not left_works:
+        return []
+    out = []
+    waiting: dict[int, list[int]] = {}  # per rank: calls not yet paired, in time order
+    i = 0
+    for work in left_works:
+        while i < len(left_calls) and w.ts[left_calls[i]] <= w.ts[work] + 1e-6:
+            waiting.setdefault(int(rank[left_calls[i]]), []).append(left_calls[i])
+            i += 1
+        queue = waiting.get(int(rank[work]), [])
+        kind = int(w.name_coll[name[work]])
+        for k, call in enumerate(queue):
+            ck = int(w.name_coll[name[call]])
+            if kind in BACKEND_SERVES.get(ck, (ck,)):
+                out.append((call, node_of_row[work]))
+                del queue[k]
+                break
+    return out
 
 
 def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.ndarray, node_end: np.ndarray, resume_us: float) -> None:

@@ -396,21 +396,28 @@ def _stage_exchanges(
     srt: np.ndarray,
     th: np.ndarray,
     leaf: np.ndarray,
+    callers: frozenset[int] = frozenset(),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Backend ops whose span holds CUDA runtime calls of their own thread (and no other leaf op):
-    gloo's algorithms for CUDA tensors copy the tensor to host memory and wait for the copy
-    (``cudaMemcpyAsync``, ``cudaStreamSynchronize``), exchange it with the peers, then copy it
-    back (``aten::copy_``), all inside ``gloo:all_reduce`` on the backend's thread. The exchange,
+    """Backend ops whose span holds CUDA runtime calls of their own thread (and no other leaf op),
+    or any ops of a thread that makes no c10d call (the backend's own worker, ``pt_gloo_runloop``:
+    ``callers`` are the threads that do): gloo's algorithms for CUDA tensors copy the tensor to
+    host memory and wait for the copy (``cudaMemcpyAsync``, ``cudaStreamSynchronize``), exchange
+    it with the peers, then copy it back (``aten::copy_``), all inside ``gloo:all_reduce`` on the
+    backend's thread; its all-gather of CPU tensors (FSDP's) copies the shard in and the gathered
+    tensor out (``aten::copy_``) around the exchange. The exchange,
     and the wait for the last peer in it, is the op's longest stretch with no other event of the
     thread open: the op's span shrinks to that stretch (``ts``, ``end`` and ``c["dur"]`` in
     place), and the leaves before and after it are returned (leaf positions, -1: none) so that the
     thread's program runs through the exchange, not through a fixed gap that already holds the
-    wait for the peer. ``srt``/``th``: the CPU events sorted by (thread, ts, -dur) and their
+    wait for the peer; on a worker thread the exchange is a stretch before an op inside (the copy
+    out), never the stretch after the last one: a descheduled worker closes its span late, and
+    that idle end is no exchange (its peer's exchange ended before it). ``srt``/``th``: the CPU
+    events sorted by (thread, ts, -dur) and their
     threads; ``leaf``: which of them are leaves."""
     prev = np.full(len(back), -1, dtype=np.int64)
     nxt = np.full(len(back), -1, dtype=np.int64)
-    if not len(back) or not leaf.any() or not (c["cls"][cpu_rows] == EvClass.RUNTIME).any():
-        return prev, nxt  # nothing to stage: CPU-only traces stop here, before any per-thread work
+    if not len(back) or not leaf.any() or (not (c["cls"][cpu_rows] == EvClass.RUNTIME).any() and len(callers) == len(np.unique(thread))):
+        return prev, nxt  # nothing to stage: CPU-only traces with no backend worker stop here, before any per-thread work
     uniq, first = np.unique(thread, return_index=True)
     first_row = cpu_rows[first]
     key_of = {(int(r), int(p), int(t)): int(u) for u, r, p, t in zip(uniq, c["rank"][first_row], c["pid"][first_row], c["tid"][first_row])}
@@ -426,14 +433,16 @@ def _stage_exchanges(
         z = lo + int(np.searchsorted(sts[lo:hi], end[b] + 1e-6, side="right"))
         inside = [q for q in range(a, z) if send[q] <= end[b] + 1e-6]
         leaves = [q for q in inside if leaf[q]]
-        if not leaves or any(c["cls"][srt[q]] != EvClass.RUNTIME for q in leaves):
-            continue  # not a staging (an async CPU send's span holds the thread's later work)
+        if not leaves or (t in callers and any(c["cls"][srt[q]] != EvClass.RUNTIME for q in leaves)):
+            continue  # not a staging (an async CPU send's span on the calling thread holds the thread's later work)
         best, lo_t, hi_t, busy = -1.0, ts[b], ts[b], ts[b]
         for q in inside:  # stretches with nothing open, in time order (events are sorted, outermost first)
             if sts[q] - busy > best:
                 best, lo_t, hi_t = sts[q] - busy, busy, sts[q]
             busy = max(busy, send[q])
-        if end[b] - busy > best:
+        if end[b] - busy > best and not (t not in callers and best >= 0.0):
+            # (the stretch after the last op inside is the exchange only where nothing is copied out
+            # after it: on a worker thread, whose op copies the result out, it is the span closed late)
             lo_t, hi_t = busy, end[b]
         before = [q for q in leaves if send[q] <= lo_t + 1e-6]
         after = [q for q in leaves if sts[q] >= hi_t - 1e-6]
@@ -642,7 +651,8 @@ def make_window(
     back_rows = np.flatnonzero(backend)
     lane = dense_ids(c["rank"][back_rows], c["pid"][back_rows], c["tid"][back_rows])
     b_order = np.lexsort((ts[back_rows], lane))
-    staged_prev, staged_next = _stage_exchanges(c, ts, end, back_rows[b_order], cpu_rows, thread, srt, th, leaf)
+    callers = frozenset(np.unique(thread[name_c10d[c["name"][cpu_rows]]]).tolist())  # threads that make c10d calls
+    staged_prev, staged_next = _stage_exchanges(c, ts, end, back_rows[b_order], cpu_rows, thread, srt, th, leaf, callers)
 
     node_rows = np.concatenate([srt[leaf], gpu_rows[g_order], back_rows[b_order]])
     ev2node = np.full(len(ts), -1, dtype=np.int64)
