@@ -838,6 +838,7 @@ def advise_graphs(
     from bottleneck_oracle.analysis.blame import blame as blame_graph
     from bottleneck_oracle.analysis.phases import node_phases
     from bottleneck_oracle.llm.graphrag import advise as advise_step
+    from bottleneck_oracle.llm.graphrag import slow_step_suggestions
     from bottleneck_oracle.llm.retrieve import load_recipes
 
     predictor = None
@@ -854,6 +855,7 @@ def advise_graphs(
             name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)
         out.append(StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb, windows=windows), b, row_refs))
+    slow_step_suggestions(analyses, [x.advice for x in out], table)
     return out
 
 

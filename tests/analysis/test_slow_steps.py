@@ -136,3 +136,30 @@ def test_the_named_cause_prefers_a_marked_range_and_needs_half_the_excess():
     assert named_cause(slow, others, 20e3) == SlowCause(0, "save_checkpoint", "range", 19e3, 0.0)
     assert named_cause(slow, others, 40e3).kind == "frame"  # the range explains under half: the frame does
     assert named_cause(slow, others, 200e3) is None  # nothing explains half of it
+
+
+def test_advise_puts_the_evaluation_first_and_its_replay_saves_what_it_took():
+    """``advise`` on the evaluation run: its first suggestion across the run takes rank 0's evaluate
+    off the slow steps (``module=evaluate,rank=0,scale=0``), in the evaluation steps only, and the
+    replay saves each step the evaluation's own time (raw annotations) within 10%: rank 1 waits
+    for all of it. No recipe of an op's symptoms named it before."""
+    from bottleneck_oracle import api
+    from bottleneck_oracle.llm.graphrag import SLOW_STEPS_SOURCE, run_advice
+
+    evals = _raw(PERIODIC)[0]["evaluate"]
+    rows = api.advise(PERIODIC)
+    first = run_advice([r.advice for r in rows])[0]
+    assert first.source == SLOW_STEPS_SOURCE and first.edits == ["module=evaluate,rank=0,scale=0"]
+    assert first.steps == len(evals)
+    for r in rows:
+        mine = [s for s in r.advice.suggestions if s.source == SLOW_STEPS_SOURCE]
+        assert bool(mine) == (r.advice.step in evals), r.advice.step
+        if mine:
+            assert mine[0].replay_saving_us == pytest.approx(evals[r.advice.step], rel=0.10)
+
+
+def test_advise_names_no_occasional_work_on_a_run_without_it():
+    from bottleneck_oracle import api
+    from bottleneck_oracle.llm.graphrag import SLOW_STEPS_SOURCE
+
+    assert not any(s.source == SLOW_STEPS_SOURCE for r in api.advise(CLEAN) for s in r.advice.suggestions)

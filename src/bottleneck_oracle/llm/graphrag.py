@@ -938,6 +938,52 @@ def _check(suggestions, a: StepAnalysis, phases, predictor, table, mb, windows=N
     return good, bad
 
 
+SLOW_STEPS_SOURCE = "slow steps"
+"""The source of the suggestion made for the run's slow steps (slow_step_suggestions)."""
+_GLOB_OR_CLAUSE = re.compile(r"[,=*?\[\]]")
+
+
+def slow_step_suggestions(analyses: list[StepAnalysis], advices: list[Advice], table=None) -> None:
+    """Add, to the advice of each of the run's slow steps (analysis.answer: steady steps twice the
+    others' median or more, a minority), the suggestion to take their cause off the step — the
+    range or Python frame their critical path spends more time in than the other steps' —
+    replayed with ``module=NAME,rank=R,scale=0`` (validate: kept where it saves 1% of the step or
+    more). An evaluation, a checkpoint or logging every N steps is work the other ranks wait for
+    at the next collective: no recipe of an op's symptoms names it. A cause that is an op, or whose
+    name an edit cannot select literally, gets none."""
+    from bottleneck_oracle.analysis.answer import StepFigures, _slow_steps, steady_of
+
+    figures = [StepFigures.of(a) for a in analyses]
+    steady = steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut or f.hidden, lambda f: f.setup)
+    slow = _slow_steps(steady)
+    if slow is None or slow.cause is None or slow.cause.kind == "op" or _GLOB_OR_CLAUSE.search(slow.cause.name):
+        return
+    c = slow.cause
+    when = f"every {slow.every} steps" if slow.every else f"steps {', '.join(map(str, slow.steps[:8]))}"
+    for a, adv in zip(analyses, advices):
+        if a.graph.step not in slow.steps:
+            continue
+        s = Suggestion(
+            source=SLOW_STEPS_SOURCE,
+            title=f"Occasional work on the step's path: rank {c.rank}'s {c.name} ({when})",
+            explanation=(
+                f"Steps {', '.join(map(str, slow.steps[:8]))} take {min(slow.times_us) / 1000:.1f}–{max(slow.times_us) / 1000:.1f} ms "
+                f"against {slow.others_us / 1000:.1f} ms for the others; their critical path spends {c.slow_us / 1000:.1f} ms in "
+                f"rank {c.rank}'s {c.name} ({c.typical_us / 1000:.1f} ms in the others), and every other rank waits for it "
+                "at the next collective."
+            ),
+            remedy=(
+                "Do it less often, or off the training step's path: in another process or a thread that does not hold the "
+                "step (asynchronous checkpointing, evaluation on a separate worker), or split it over steps; on one rank, "
+                "the others wait for it, so spreading it over the ranks shortens the wait too."
+            ),
+            edits=[f"module={c.name},rank={c.rank},scale=0"],
+        )
+        if validate(s, a.graph, a.cpm, None, None, table) is None:
+            adv.suggestions.append(s)
+            adv.suggestions.sort(key=lambda x: -x.replay_saving_us)
+
+
 def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
     """One answer across steps: each suggestion (by its recipe, or its edits for an LLM's own) with
     how many steps it survived validation in, and its replayed saving as a median with a 95%
@@ -970,4 +1016,11 @@ def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
             )
         )
     out.sort(key=lambda x: (-x.steps, -x.saving.median_us))
+    # the slow steps' suggestion holds in few steps by design: first where it saves the run the most
+    # (its saving over every step advised on, against each other suggestion's)
+    over_run = {id(x): x.steps * x.saving.median_us / max(x.of, 1) for x in out}
+    slow = [x for x in out if x.source == SLOW_STEPS_SOURCE]
+    if slow and over_run[id(slow[0])] > max(over_run[id(x)] for x in out if x.source != SLOW_STEPS_SOURCE or x is slow[0]) - 1e-9:
+        out.remove(slow[0])
+        out.insert(0, slow[0])
     return out
