@@ -163,3 +163,19 @@ def test_advise_names_no_occasional_work_on_a_run_without_it():
     from bottleneck_oracle.llm.graphrag import SLOW_STEPS_SOURCE
 
     assert not any(s.source == SLOW_STEPS_SOURCE for r in api.advise(CLEAN) for s in r.advice.suggestions)
+
+
+def test_whatif_on_the_named_range_by_name_points_to_module():
+    """The run answer names rank 0's ``evaluate``; ``name=evaluate`` selects ops, of which there is
+    none of that name: the error says a range has it and ``module=evaluate`` selects its ops (which
+    replays the evaluation away); a name that is nothing at all gets no such hint."""
+    from bottleneck_oracle.api import whatif
+    from bottleneck_oracle.errors import OracleError
+
+    with pytest.raises(OracleError, match=r"name=evaluate selects nothing \(no op has that name; a range does: module=evaluate"):
+        whatif(PERIODIC, ["name=evaluate,rank=0,scale=0"], steps=[5])
+    with pytest.raises(OracleError) as exc:
+        whatif(PERIODIC, ["name=evaluatex,scale=0"], steps=[5])
+    assert "a range does" not in str(exc.value)
+    (row,) = whatif(PERIODIC, ["module=evaluate,rank=0,scale=0"], steps=[5])
+    assert -row.replay.delta_us == pytest.approx(_raw(PERIODIC)[0]["evaluate"][5], rel=0.10)

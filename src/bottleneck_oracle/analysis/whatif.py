@@ -586,6 +586,16 @@ _CLAUSE = {
 }
 
 
+def _range_named(g: ExecutionGraph, pattern: str) -> bool:
+    """Whether a range of program code (a region that is a range: record_function, a module's, a
+    Python frame) in ``g`` has a name ``pattern`` matches (exactly, or as a glob)."""
+    import fnmatch
+
+    names = {g.names[k] for k in np.unique(g.regions["name"][g.regions["is_range"]]).tolist()}
+    names |= {g.names[k] for k in g.meta.get("range_leaves", ())}
+    return pattern in names or any(fnmatch.fnmatchcase(n, pattern) for n in names)
+
+
 def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray | None], table: EventTable | None = None) -> str:
     """Why ``e`` selects nothing in any of ``graphs``: the selector that selects nothing by itself,
     or that its selectors hold for no op together (and where its name is found)."""
@@ -606,6 +616,8 @@ def why_nothing(graphs: list[ExecutionGraph], e: Edit, phases: list[np.ndarray |
                 "phase": "no op runs in a range of that phase",
                 "module": "no op runs inside a range of that name",
             }[key]
+            if key == "name" and any(_range_named(g, str(value)) for g in graphs):
+                what += f"; a range does: module={shown} selects the ops inside it"
             return f"{_CLAUSE[key]}={shown} selects nothing ({what})"
     if "rank" in given and ("name" in given or "name_contains" in given):
         named = replace(e, rank=None, gap=False, detach=False, scale=0.5, delay_ms=0.0)
