@@ -11,26 +11,21 @@ is in the trace and differs between the ranks.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import export_gzipped, out_folder  # noqa: E402
+from record_compiled import record_gloo_job  # noqa: E402
 
 SPLITS = {0: [1024, 3072], 1: [2048, 6144]}  # elements rank r sends to rank 0 and to rank 1
 STEPS = 8
 
 
-def _worker(rank: int, out: str, port: int) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _job(rank: int) -> profile:
     torch.manual_seed(rank)
     w = torch.randn(256, 256)
     send = torch.randn(sum(SPLITS[rank]))
@@ -45,13 +40,11 @@ def _worker(rank: int, out: str, port: int) -> None:
             dist.all_reduce(grad)
             (recv.sum() + grad.sum()).item()  # (the step ends with ops of its own: what it received, used)
             prof.step()
-    export_gzipped(prof, Path(out) / f"rank-{rank}.json.gz")
-    dist.destroy_process_group()
+    return prof
 
 
 def main() -> None:
-    out = out_folder(__doc__)
-    mp.spawn(_worker, args=(str(out), 29531), nprocs=2, join=True)
+    record_gloo_job(_job, __doc__, 29531)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
 
@@ -41,6 +45,23 @@ def export_gzipped(prof: profile, out: Path) -> None:
         prof.export_chrome_trace(str(raw))
         with open(raw, "rb") as src, gzip.open(out, "wb") as dst:
             shutil.copyfileobj(src, dst)
+
+
+def record_gloo_job(job: Callable[[int], profile], doc: str | None, port: int, world: int = 2) -> None:
+    """Run ``job(rank)`` — it records its loop and returns its profiler — in ``world`` processes of
+    one gloo job on this machine (one intra-op thread each, ``port`` for the rendezvous), and write
+    each rank's trace, unchanged and gzipped, to ``rank-N.json.gz`` in the folder the script was
+    given (out_folder, ``doc`` its help)."""
+    out = out_folder(doc)
+    mp.spawn(_gloo_rank, args=(job, str(out), port, world), nprocs=world, join=True)
+
+
+def _gloo_rank(rank: int, job: Callable[[int], profile], out: str, port: int, world: int) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    export_gzipped(job(rank), Path(out) / f"rank-{rank}.json.gz")
+    dist.destroy_process_group()
 
 
 def out_folder(doc: str | None) -> Path:

@@ -14,26 +14,20 @@ whole gradient).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import export_gzipped, out_folder  # noqa: E402
+from record_compiled import record_gloo_job  # noqa: E402
 
 STEPS = 6
 LAYERS = 4
 
 
-def _worker(rank: int, out: str, port: int) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _job(rank: int) -> profile:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -49,13 +43,11 @@ def _worker(rank: int, out: str, port: int) -> None:
             opt.step()
             opt.zero_grad()
             prof.step()
-    export_gzipped(prof, Path(out) / f"rank-{rank}.json.gz")
-    dist.destroy_process_group()
+    return prof
 
 
 def main() -> None:
-    out = out_folder(__doc__)
-    mp.spawn(_worker, args=(str(out), 29535), nprocs=2, join=True)
+    record_gloo_job(_job, __doc__, 29535)
 
 
 if __name__ == "__main__":

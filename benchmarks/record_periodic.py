@@ -12,17 +12,14 @@ the ranks.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import export_gzipped, out_folder  # noqa: E402
+from record_compiled import record_gloo_job  # noqa: E402
 
 STEPS = 12  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -30,10 +27,7 @@ EVERY = 4  # rank 0 evaluates after every EVERY-th step
 EVAL_BATCHES = 12
 
 
-def _worker(rank: int, out: str, port: int) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _job(rank: int) -> profile:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -52,13 +46,11 @@ def _worker(rank: int, out: str, port: int) -> None:
                     for _ in range(EVAL_BATCHES):
                         model(held_out).sum().item()
             prof.step()
-    export_gzipped(prof, Path(out) / f"rank-{rank}.json.gz")
-    dist.destroy_process_group()
+    return prof
 
 
 def main() -> None:
-    out = out_folder(__doc__)
-    mp.spawn(_worker, args=(str(out), 29533), nprocs=2, join=True)
+    record_gloo_job(_job, __doc__, 29533)
 
 
 if __name__ == "__main__":

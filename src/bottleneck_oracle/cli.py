@@ -1474,13 +1474,7 @@ def summary(
                 if cause
                 else "no single op (none restored to typical saves 1% of the step)"
             )
-            where = ""
-            if x.in_it is not None:
-                c = x.in_it
-                what = {"range": "", "frame": "Python frame ", "op": "op "}[c.kind]
-                where = f"in it: rank {c.rank}'s {what}{c.name}, {_ms(c.slow_us)} ms on the critical path " + (
-                    f"({_ms(c.typical_us)} ms in the typical steps); " if c.typical_us > 0 else "(not on the typical steps' path); "
-                )
+            where = f"in it: {x.in_it.words(_ms, 'the typical steps')}; " if x.in_it is not None else ""
             out.print(Text(f"step {x.step}: {100 * x.vs_median:+.1f}% vs median; {where}top cause: {why}"))
     if not any(x.outlier for x in s.steps):
         out.print("no outlier steps", highlight=False)

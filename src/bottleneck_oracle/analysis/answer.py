@@ -149,6 +149,14 @@ class SlowCause:
     slow_us: float  # its critical-path time in the slow steps (mean)
     typical_us: float  # in the other steps (median; 0: it is not on their path)
 
+    def words(self, ms: Callable[[float], str], others: str) -> str:
+        """The cause in words, e.g. ``rank 0's evaluate, 19.9 ms on the critical path (not on the
+        others' path)``: ``ms`` writes µs as ms, ``others`` names the steps it is set against."""
+        what = {"range": "", "frame": "Python frame ", "op": "op "}[self.kind]
+        return f"rank {self.rank}'s {what}{self.name}, {ms(self.slow_us)} ms on the critical path " + (
+            f"({ms(self.typical_us)} ms in {others})" if self.typical_us > 0 else f"(not on {others}' path)"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SlowSteps:
@@ -218,12 +226,7 @@ class RunAnswer:
                 f"mean step ({ms(sl.mean_us)} ms)"
             )
             if sl.cause is not None:
-                c = sl.cause
-                what = {"range": "", "frame": "Python frame ", "op": "op "}[c.kind]
-                out.append(
-                    f"  in {'them' if n > 1 else 'it'}: rank {c.rank}'s {what}{c.name}, {ms(c.slow_us)} ms on the critical path"
-                    + (f" ({ms(c.typical_us)} ms in the others)" if c.typical_us > 0 else " (not on the others' path)")
-                )
+                out.append(f"  in {'them' if n > 1 else 'it'}: {sl.cause.words(ms, 'the others')}")
         if self.input_pipeline is not None:
             e = self.input_pipeline
             out.append(
@@ -348,6 +351,12 @@ def steady_of(items: Sequence[T], step: Callable[[T], int | None], empty: Callab
     return [x for x in kept if not setup(x)] or kept
 
 
+def steady_figures(figures: Sequence[StepFigures]) -> list[StepFigures]:
+    """The steady ones of a run's step figures (steady_of): a step the trace ends inside, or that
+    adds nothing past earlier steps' device work, counts as holding no op."""
+    return steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut or f.hidden, lambda f: f.setup)
+
+
 def steady(steps: list[int | None]) -> list[int | None]:
     """The steady steps among ``steps`` (in order) by their numbers alone: all but the first,
     warm-up, when there are three or more."""
@@ -400,7 +409,7 @@ def answer_from(
     fixing the region is replayed in steady state: over two consecutive steps, the second step's
     saving, so that a step ending earlier starts the next one earlier (a pipeline's stages, a
     rank whose late end held the others' next start)."""
-    st = steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut or f.hidden, lambda f: f.setup)
+    st = steady_figures(figures)
     gpu = any(f.on_gpu for f in st)
     breakdown = {k: estimate([f.breakdown[k] for f in st]) for k in BREAKDOWN_KEYS}
     top = max(BREAKDOWN_KEYS, key=lambda k: breakdown[k].median_us)
@@ -527,7 +536,7 @@ def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
     others = [f for f in numbered if f not in slow]
     base = float(np.median([f.step_time for f in others]))
     excess = float(np.mean([f.step_time - base for f in slow]))
-    steps = [int(f.step) for f in slow if f.step is not None]
+    steps = [int(f.step) for f in slow if f.step is not None]  # (all are: numbered)
     gaps = set(np.diff(steps).tolist())
     every = int(gaps.pop()) if len(steps) >= 3 and len(gaps) == 1 and min(np.diff(steps)) >= 2 else None
 

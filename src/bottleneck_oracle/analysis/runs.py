@@ -58,9 +58,7 @@ class StepRow:
     untraced_us: float
     top: str  # what the critical path spent most time on (segments.label)
     cause: Cause | None = None  # outliers only
-    in_it: SlowCause | None = (
-        None  # a slow outlier's: what its critical path spends more time in than the typical steps' (answer.named_cause)
-    )
+    in_it: SlowCause | None = None  # a slow outlier's: its path's excess over the typical steps' (answer.named_cause)
     left_out: str = ""  # why a step is left out: "warm-up", "one-time work", "no op" (the profiler's stop); "" if kept
 
 

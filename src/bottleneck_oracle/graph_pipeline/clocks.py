@@ -384,6 +384,13 @@ def _idle_launch_lags(table: EventTable, rows: np.ndarray, launcher: np.ndarray)
     return lags
 
 
+def _least_launch_lag(c: dict[str, np.ndarray], ops: np.ndarray, launcher: np.ndarray) -> float:
+    """How soon after its launch call's start a device's ops start, at the least (but for
+    DEVICE_SHIFT_QUANTILE of them): the most its clock can be moved back (``ops``: the device's
+    ops that have a launch call)."""
+    return float(np.quantile(c["ts"][ops] - c["ts"][launcher[ops]], DEVICE_SHIFT_QUANTILE))
+
+
 def outlasting_waited_ops(table: EventTable, tolerance_us: float) -> list[str]:
     """Cut, in place, each device op that a blocking call had to wait for, that started before the
     call returned and that is recorded as ending after it by more than any clock offset could
@@ -408,10 +415,7 @@ def outlasting_waited_ops(table: EventTable, tolerance_us: float) -> list[str]:
     end = c["ts"][waited] + c["dur"][waited]
     returned = end - over  # the end of the call that waited for it
     keys = _device_keys(c, ops)
-    room = {}  # per device: the largest offset its launch lags allow
-    for key, members in groups(keys):
-        lag = c["ts"][ops[members]] - c["ts"][launcher[ops[members]]]
-        room[int(key)] = float(np.quantile(lag, DEVICE_SHIFT_QUANTILE)) + tolerance_us
+    room = {int(key): _least_launch_lag(c, ops[members], launcher) + tolerance_us for key, members in groups(keys)}  # per device
     dev = _device_keys(c, waited)
     bad = must & (c["ts"][waited] < returned) & (over > np.array([room[int(k)] for k in dev.tolist()], dtype=np.float64))
     if not bad.any():
@@ -492,8 +496,7 @@ def device_ahead(table: EventTable, tolerance_us: float) -> list[str]:
                 f"{len(likely)} stream or event synchronize{'s' if len(likely) > 1 else ''} returned {float(likely.min()):.1f} µs "
                 "or more before the op their thread launched last"
             )
-        lag = c["ts"][on] - c["ts"][launcher[on]]
-        least = float(np.quantile(lag, DEVICE_SHIFT_QUANTILE))
+        least = _least_launch_lag(c, on, launcher)
         at_most = float(over[mine[tight[mine]]].min()) + WAKE_MAX_US if tight[mine].any() else np.inf
         if len(idle) >= IDLE_AHEAD_MIN and IDLE_AHEAD_US < float(idle.min()) <= at_most:  # (a synchronize that returned
             # right after its work bounds the offset from above: late starts beyond it are the device's own)

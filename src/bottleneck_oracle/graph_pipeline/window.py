@@ -416,9 +416,11 @@ def _stage_exchanges(
     threads; ``leaf``: which of them are leaves."""
     prev = np.full(len(back), -1, dtype=np.int64)
     nxt = np.full(len(back), -1, dtype=np.int64)
-    if not len(back) or not leaf.any() or (not (c["cls"][cpu_rows] == EvClass.RUNTIME).any() and len(callers) == len(np.unique(thread))):
-        return prev, nxt  # nothing to stage: CPU-only traces with no backend worker stop here, before any per-thread work
+    if not len(back) or not leaf.any():
+        return prev, nxt
     uniq, first = np.unique(thread, return_index=True)
+    if not (c["cls"][cpu_rows] == EvClass.RUNTIME).any() and len(callers) == len(uniq):
+        return prev, nxt  # nothing to stage: CPU-only traces with no backend worker stop here, before any per-thread work
     first_row = cpu_rows[first]
     key_of = {(int(r), int(p), int(t)): int(u) for u, r, p, t in zip(uniq, c["rank"][first_row], c["pid"][first_row], c["tid"][first_row])}
     leaf_pos = np.cumsum(leaf) - 1  # position of each sorted event among the leaves
@@ -433,14 +435,15 @@ def _stage_exchanges(
         z = lo + int(np.searchsorted(sts[lo:hi], end[b] + 1e-6, side="right"))
         inside = [q for q in range(a, z) if send[q] <= end[b] + 1e-6]
         leaves = [q for q in inside if leaf[q]]
-        if not leaves or (t in callers and any(c["cls"][srt[q]] != EvClass.RUNTIME for q in leaves)):
+        worker = t not in callers
+        if not leaves or (not worker and any(c["cls"][srt[q]] != EvClass.RUNTIME for q in leaves)):
             continue  # not a staging (an async CPU send's span on the calling thread holds the thread's later work)
         best, lo_t, hi_t, busy = -1.0, ts[b], ts[b], ts[b]
         for q in inside:  # stretches with nothing open, in time order (events are sorted, outermost first)
             if sts[q] - busy > best:
                 best, lo_t, hi_t = sts[q] - busy, busy, sts[q]
             busy = max(busy, send[q])
-        if end[b] - busy > best and not (t not in callers and best >= 0.0):
+        if end[b] - busy > best and (not worker or best < 0.0):
             # (the stretch after the last op inside is the exchange only where nothing is copied out
             # after it: on a worker thread, whose op copies the result out, it is the span closed late)
             lo_t, hi_t = busy, end[b]

@@ -951,11 +951,9 @@ def slow_step_suggestions(analyses: list[StepAnalysis], advices: list[Advice], t
     more). An evaluation, a checkpoint or logging every N steps is work the other ranks wait for
     at the next collective: no recipe of an op's symptoms names it. A cause that is an op, or whose
     name an edit cannot select literally, gets none."""
-    from bottleneck_oracle.analysis.answer import StepFigures, _slow_steps, steady_of
+    from bottleneck_oracle.analysis.answer import StepFigures, _slow_steps, steady_figures
 
-    figures = [StepFigures.of(a) for a in analyses]
-    steady = steady_of(figures, lambda f: f.step, lambda f: f.empty or f.cut or f.hidden, lambda f: f.setup)
-    slow = _slow_steps(steady)
+    slow = _slow_steps(steady_figures([StepFigures.of(a) for a in analyses]))
     if slow is None or slow.cause is None or slow.cause.kind == "op" or _GLOB_OR_CLAUSE.search(slow.cause.name):
         return
     c = slow.cause
@@ -1018,9 +1016,12 @@ def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
     out.sort(key=lambda x: (-x.steps, -x.saving.median_us))
     # the slow steps' suggestion holds in few steps by design: first where it saves the run the most
     # (its saving over every step advised on, against each other suggestion's)
-    over_run = {id(x): x.steps * x.saving.median_us / max(x.of, 1) for x in out}
-    slow = [x for x in out if x.source == SLOW_STEPS_SOURCE]
-    if slow and over_run[id(slow[0])] > max(over_run[id(x)] for x in out if x.source != SLOW_STEPS_SOURCE or x is slow[0]) - 1e-9:
-        out.remove(slow[0])
-        out.insert(0, slow[0])
+
+    def over_run(x: RunSuggestion) -> float:
+        return x.steps * x.saving.median_us / max(x.of, 1)
+
+    slow = next((x for x in out if x.source == SLOW_STEPS_SOURCE), None)
+    if slow is not None and over_run(slow) > max(map(over_run, out)) - 1e-9:
+        out.remove(slow)
+        out.insert(0, slow)
     return out
