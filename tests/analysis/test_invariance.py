@@ -229,6 +229,40 @@ def test_steps_a_trimmed_trace_ends_inside_are_said_and_left_out(path, tmp_path,
     assert res["run"]["step_time"]["median_us"] == pytest.approx(float(np.median(kept)), rel=1e-9)
 
 
+def test_a_last_step_that_ends_with_untraced_work_is_whole(tmp_path):
+    """A loop that writes a checkpoint after its last step's ops (``torch.save`` before the last
+    ``prof.step()``: pickling and the file write are no ops) ends that step's span long after its
+    rank's last event, as a trace trimmed inside the step does; it was said to be cut and left out
+    of the run's figures (a real recording: its 104 ms last step, 60 ms of it the save). It holds
+    every op the rank's other steps hold, as a trimmed step does not: it is whole, and its time is
+    its span. Oracle: own-cpu/adamw_foreach with its last span made 30 ms longer reads that step 30
+    ms longer and not cut; the same trace with the last step's second half of events removed is
+    still cut."""
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    path = DATA / "own-cpu" / "adamw_foreach.json.gz"
+    doc = _document(path)
+    marks = sorted(
+        (e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"]
+    )
+    last = marks[-1]
+    recorded = {a.graph.step: a.step_time for a in (StepAnalysis.of(g) for g in graphs(load(path)))}
+    number = int(last["name"].removeprefix("ProfilerStep#"))
+    start, end = float(last["ts"]), float(last["ts"]) + float(last["dur"])
+    last["dur"] = float(last["dur"]) + 30_000.0
+    saved = [StepAnalysis.of(g) for g in graphs(load(_written(doc, tmp_path / "saved.json")))]
+    (a,) = [x for x in saved if x.graph.step == number]
+    assert not a.cut_by_trace_end()
+    assert a.step_time == pytest.approx(recorded[number] + 30_000.0, rel=0.01)
+    assert run_answer(saved).steady == len(saved) - 1  # (all but the warm-up)
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if e is last or not (e.get("ph") == "X" and float(e.get("ts", 0)) > (start + end) / 2)
+    ]
+    trimmed = [StepAnalysis.of(g) for g in graphs(load(_written(doc, tmp_path / "trimmed.json")))]
+    (b,) = [x for x in trimmed if x.graph.step == number]
+    assert b.cut_by_trace_end()
+
+
 @pytest.mark.parametrize("style", ["sglang", "tracefuse", "one_pid"])
 def test_ranks_merged_into_one_file_read_as_the_ranks(style, tmp_path):
     """Scripts that merge a job's per-rank traces into one file for viewing them together (in

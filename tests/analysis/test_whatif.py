@@ -160,15 +160,19 @@ def test_module_edits_select_the_ops_run_inside_the_module(module_trace):
     heavy0 = Edit.parse("module=Heavy_0,scale=0").select(g, table=table)
     assert set(both.tolist()) == set(ids.tolist()) | set(heavy0.tolist()) and not set(ids.tolist()) & set(heavy0.tolist())
     assert not set(Edit.parse("module=Light_0,scale=0").select(g, table=table).tolist()) & set(both.tolist())
-    # one thread, nothing overlaps: removing the module saves exactly its ops' modelled time and the
-    # time between two of its ops (its ops' and ranges' own time), not the time around it
+    # one thread, nothing overlaps: removing the module saves its whole time as the trace records
+    # it (the spans of its two forward passes): its ops, the time between two of them (its ops' and
+    # ranges' own time) and the time in it before its first op and after its last
     e = g.edges
     sel = np.zeros(g.n_nodes, dtype=bool)
     sel[ids] = True
     within = sel[e["src"]] & sel[e["dst"]] & (e["kind"] == EdgeKind.PROGRAM_ORDER) & (e["weight"] > 0)
     r = replay(g, [Edit.parse("module=Heavy_1,scale=0")], table=table)
-    expected = float(g.nodes["mdur"][ids].sum() + e["weight"][within].sum())
-    assert within.any() and r.delta_us == pytest.approx(-expected, abs=1e-6) and r.delta_us < 0
+    inner = float(g.nodes["mdur"][ids].sum() + e["weight"][within].sum())
+    assert within.any() and r.delta_us == pytest.approx(-sum(hi - lo for lo, hi in spans), abs=1.0)
+    assert -r.delta_us > inner  # (the range's time around its ops counts too)
+    half = replay(g, [Edit.parse("module=Heavy_1,scale=0.5")], table=table)
+    assert half.delta_us == pytest.approx(r.delta_us / 2, abs=1.0)
     with pytest.raises(OracleError, match="module= needs the trace's ranges"):
         Edit.parse("module=Heavy_1,scale=0").select(g)
 

@@ -46,6 +46,7 @@ DEVICE_SHARE = 0.2  # device compute at least this share of the path: the run an
 HOST_BOUND = 0.25  # a steady-state saving under this share of the one-step window's: the host bounds the loop ...
 HOST_DEVICE_BUSY = 0.9  # ... where the device is busy under this share of the period (it idles, waiting for the host) ...
 HOST_BLOCKING = 0.1  # ... and the host's blocking calls take under this share of it (it does not wait for the device)
+INPUT_BOUND = 0.5  # the loop is bound by data loading when at least this share of the critical path is in the DataLoader
 INPUT_SHARE = 0.05  # the input pipeline is named when at least this share of the critical path is in the DataLoader
 PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
 SLOW_FACTOR = 2.0  # a steady step this many times the others' median step time, or more, is a slow step ...
@@ -55,7 +56,7 @@ CAUSE_SHARE = 0.5  # a name that adds at least this share of the slow steps' exc
 NARROWER = 0.9  # ... or one of its kind that adds this share of that name's excess and spends less time on the path (inside it)
 NAMED_TOP = 40  # names kept per step (StepFigures.named): the ones the critical path spends most time in
 
-Bound = Literal["device compute", "CPU compute", "communication", "host CPU overhead", "waiting", "untraced time"]
+Bound = Literal["device compute", "CPU compute", "communication", "host CPU overhead", "waiting", "untraced time", "data loading"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,13 @@ class RunAnswer:
         total = sum(e.median_us for e in b.values()) or 1.0
         shares = sorted(((e.median_us / total, k) for k, e in b.items()), reverse=True)
         rest = ", ".join(f"{_CLASS_WORDS[k]} {100 * s:.0f}%" for s, k in shares[1:3] if s >= 0.005)
-        out.append(f"Bound by: {self.bound} ({100 * shares[0][0]:.0f}% of the critical path)" + (f"; then {rest}" if rest else ""))
+        if self.bound == "data loading" and self.input_pipeline is not None:  # (the classes hold the loader's time too)
+            classes = ", ".join(f"{_CLASS_WORDS[k]} {100 * s:.0f}%" for s, k in shares[:3] if s >= 0.005)
+            out.append(
+                f"Bound by: data loading ({100 * self.input_pipeline.median_us / total:.0f}% of the critical path); the whole path: {classes}"
+            )
+        else:
+            out.append(f"Bound by: {self.bound} ({100 * shares[0][0]:.0f}% of the critical path)" + (f"; then {rest}" if rest else ""))
         if self.slow_steps is not None:
             sl = self.slow_steps
             n = len(sl.steps)
@@ -437,6 +444,8 @@ def answer_from(
     fed = [f.input_us for f in st]
     if fed and float(np.median(fed)) > 0 and float(np.median(fed)) >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
         answer.input_pipeline = estimate(fed)
+        if answer.input_pipeline.median_us >= INPUT_BOUND * sum(e.median_us for e in breakdown.values()):
+            answer.bound = "data loading"  # (its classes: the loader's own work and the loop waiting for its workers)
     if len(st) < 3:
         answer.notes.append(f"Fewer than 3 steady steps ({len(st)}): medians without intervals; profile more steps for a run-level answer")
     missing: dict[int, str] = {}

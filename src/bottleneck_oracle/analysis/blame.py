@@ -55,7 +55,9 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import CPMResult, makespan_of, origins, run_cpm
+from bottleneck_oracle.analysis.segments import LOADER_WAIT
 from bottleneck_oracle.analysis.whatif import single_edge_makespans, single_node_makespans
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, EdgeKind
@@ -845,7 +847,10 @@ def _lead_name(g: ExecutionGraph, i: int) -> str:
     if len(mine):
         longest = mine[np.argmax(gp["end"][mine] - gp["start"][mine])]
         if gp["owner"][longest] >= 0:
-            return f"untraced time in {g.names[int(gp['owner'][longest])]} (from the step start to {g.node_name(i)})"
+            owner = g.names[int(gp["owner"][longest])]
+            if owner.startswith(F.LOADER_WAIT_RANGE):  # (no untraced work: the loop waiting for its batch)
+                return f"{LOADER_WAIT} (in its __next__, from the step start to {g.node_name(i)})"
+            return f"untraced time in {owner} (from the step start to {g.node_name(i)})"
     return f"untraced time before {g.node_name(i)} (from the step start)"
 
 
@@ -871,4 +876,7 @@ def name_gaps(b: Blame, g: ExecutionGraph, table: object = None) -> None:
         if parent.startswith("ProfilerStep#"):
             continue
         x.parent = parent
-        x.name = f"own time of {parent} (after {g.node_name(src)})"
+        if parent.startswith(F.LOADER_WAIT_RANGE):
+            x.name = f"{LOADER_WAIT} (in its __next__, after {g.node_name(src)})"
+        else:
+            x.name = f"own time of {parent} (after {g.node_name(src)})"

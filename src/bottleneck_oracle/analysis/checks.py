@@ -19,6 +19,9 @@ Invariants (thresholds stated with each):
 - ``host_blocked``: time of the step's own thread in Python calls that block it without computing
   (``time.sleep``, a lock's acquire, ``select``, a pipe's read; each >= 1 ms, seen with
   ``with_stack=True``) is not reported as an op's work: at most 25% of it is.
+- ``loader_wait``: time the step's own thread spent inside a multi-process DataLoader's
+  ``__next__`` with no other event of its thread open (each stretch >= 1 ms: the loop waiting for
+  the loader's workers) is not reported as work or untraced time: at most 25% of it is.
 - ``asleep``: a host thread that slept through the step (one op covering 90% of it) carries at
   most 10% of the critical path.
 - ``device_ops``: every device event the facts count for the step is a device node of the graph.
@@ -56,6 +59,7 @@ CheckName = Literal[
     "device_bound",
     "blocking",
     "host_blocked",
+    "loader_wait",
     "asleep",
     "device_ops",
     "launches",
@@ -156,6 +160,24 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                 as_work <= BLOCKING_AS_CPU * host_blocked_us,
                 f"{_ms(host_blocked_us)} of the step's thread in calls that block it (sleep, lock, select); "
                 f"{_ms(as_work)} of the path shown as work in such calls",
+            )
+        )
+    for f in facts.ranks:
+        if not f.loader_waits:
+            continue
+        waited = sum(hi - lo for lo, hi in f.loader_waits)
+        as_work = sum(
+            max(0.0, min(s.end, hi) - max(s.start, lo))
+            for s in segs
+            if s.rank == f.rank and not s.on_gpu and s.kind != "wait"
+            for lo, hi in f.loader_waits
+        )  # (the path elsewhere meanwhile, on another thread or the device, is no work in the wait)
+        out.append(
+            Check(
+                "loader_wait",
+                as_work <= BLOCKING_AS_CPU * waited,
+                f"rank {f.rank}'s step thread waited {_ms(waited)} in the DataLoader's __next__ with nothing of its own open; "
+                f"{_ms(as_work)} of the path shown there as work or untraced time",
             )
         )
     for f in facts.ranks:

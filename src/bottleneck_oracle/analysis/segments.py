@@ -14,7 +14,9 @@ decided the second one's start. Every microsecond of the step is one of:
   earlier step's work (``cause``: the node waited for, where it is one);
 - ``framework``: time between ops on a thread inside no op (Python, the dispatcher), each
   stretch at most ``untraced_gap_us``;
-- ``untraced``: longer such stretches: the trace shows no cause (sleeps, untraced Python, a lock).
+- ``untraced``: longer such stretches: the trace shows no cause (sleeps, untraced Python, a lock);
+  inside a multi-process DataLoader's ``__next__`` such time (50 µs or more) is the loop waiting
+  for the loader's workers, a ``wait`` (``fields.LOADER_WAIT_RANGE``).
 
 Segments tile the step: from the step start of the rank whose span is the step time to the end
 of the last op, in time order, never overlapping, so they add up to the makespan and no part is
@@ -50,6 +52,7 @@ BREAKDOWN_KEYS: tuple[BreakdownKey, ...] = get_args(BreakdownKey)
 COMPUTE, COMM, CPU, IDLE, UNTRACED = range(5)
 
 UNTRACED_GAP_US = 1000.0  # µs: a stretch between ops with nothing open, or inside a range, longer than this is untraced
+LOADER_WAIT = "waiting for the DataLoader's workers"
 
 _WAIT_LABEL = {
     EdgeKind.THREAD: "wake-up after another thread's hand-over",
@@ -152,6 +155,13 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     def of(a: np.ndarray) -> dict[int, Any]:
         return dict(zip(on_list, a[on].tolist()))
 
+    loader_waits: dict[int, bool] = {}
+
+    def loader_wait(owner: int) -> bool:
+        if owner not in loader_waits:
+            loader_waits[owner] = g.names[owner].startswith(F.LOADER_WAIT_RANGE)
+        return loader_waits[owner]
+
     cpu_only = of(~isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]])))
     rank_of, tid_of, gpu_of = of(n["rank"].astype(int)), of(n["tid"].astype(int)), of(n["on_gpu"].astype(bool))
     out: list[Segment] = []
@@ -162,9 +172,12 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         out.append(Segment(kind, k, rank_of[v], tid_of[v], gpu_of[v], name, lo, hi - lo, v, cause))
 
     def stretch(v: int, lo: float, hi: float, owner: int = -1, owner_op: bool = False) -> None:
-        """Time on v's thread between ops: own time of an enclosing op, framework or untraced."""
+        """Time on v's thread between ops: own time of an enclosing op, framework or untraced, or
+        the DataLoader's main thread waiting for its workers."""
         if owner_op:
             add("op", COMPUTE if cpu_only[v] else CPU, v, g.names[owner], lo, hi)
+        elif owner >= 0 and hi - lo >= F.HOST_BLOCKED_MIN_US and loader_wait(owner):
+            add("wait", IDLE, v, LOADER_WAIT, lo, hi)
         elif hi - lo <= untraced_gap_us:
             add("framework", CPU, v, g.names[owner] if owner >= 0 else "between ops", lo, hi)
         else:

@@ -32,14 +32,16 @@ from bottleneck_oracle.analysis.segments import (
     label,
     node_class,
 )
+from bottleneck_oracle.graph_pipeline.facts import PAST_END_US
 from bottleneck_oracle.graph_pipeline.graph import Bystander, ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind, NodeType
 from bottleneck_oracle.serial import JSONObject, to_json_object
 
 SETUP_STEP_SHARE = 0.2
 """A step whose one-time work (facts ``setup_us``) is this share of its time or more is warm-up."""
-CUT_PAST_END_US = 1000.0
+CUT_PAST_END_US = PAST_END_US  # (the facts count held_share from there)
 CUT_PAST_END_SHARE = 0.05
+CUT_HELD_SHARE = 0.95  # ... and holding fewer host events than this share of its rank's typical step (facts.held_share)
 """A step's span that runs on this far (µs) and this share of it past its rank's last event: the
 trace ends inside it (in the traces bundled, a last step's span ends at most 0.67 ms, 0.4% of it,
 after its rank's last event; sampled events 4.5 ms, 0.7%)."""
@@ -154,8 +156,10 @@ class StepAnalysis:
         not): launches after the rank's last launch that has a device op (their work had not run
         when the trace stopped: a trace cut at a time, a profiler stopped with work still queued),
         or the step's span running on more than CUT_PAST_END_US and CUT_PAST_END_SHARE of it past
-        the rank's last event (the ops after the cut are gone). Such a step's time and breakdown
-        are those of the part the trace holds."""
+        the rank's last event with fewer host events than CUT_HELD_SHARE of the rank's typical
+        step's (the ops after the cut are gone; a last step that holds them all and ends with
+        untraced work, a checkpoint written after the loop's last op, is whole). Such a step's time
+        and breakdown are those of the part the trace holds."""
         facts = self.graph.info.facts
         if facts is None or self.graph.step is None:
             return []
@@ -164,7 +168,7 @@ class StepAnalysis:
             span = float(self.graph.measured.get(f.rank, 0.0))
             if f.unrun_launches:
                 out.append(f"rank {f.rank}: {f.unrun_launches} of its launches come after its last one whose device work the trace holds")
-            elif f.past_end_us > max(CUT_PAST_END_US, CUT_PAST_END_SHARE * span):
+            elif f.past_end_us > max(CUT_PAST_END_US, CUT_PAST_END_SHARE * span) and f.held_share < CUT_HELD_SHARE:
                 out.append(f"rank {f.rank}: its step runs {f.past_end_us / 1000:,.1f} ms past its last event")
         return out
 

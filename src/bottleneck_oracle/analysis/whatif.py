@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -365,10 +366,22 @@ def _matches(name: str, pattern: str, glob: bool) -> bool:
 def module_mask(table: EventTable, g: ExecutionGraph, pattern: str) -> np.ndarray:
     """Per node: does it run inside a CPU range (of ``table``) whose name matches ``pattern``
     (see ``Edit.module``) on its rank and thread, or was it launched by such a node?"""
+    mask = np.zeros(g.n_nodes, dtype=bool)
+    for inside, _, _ in _module_ranges(table, g, pattern):
+        mask[inside] = True
+    e = g.edges
+    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
+    mask[e["dst"][launched]] = True
+    return mask
+
+
+def _module_ranges(table: EventTable, g: ExecutionGraph, pattern: str) -> Iterator[tuple[np.ndarray, float, float]]:
+    """Each CPU range (of ``table``) in the window whose name matches ``pattern`` (see
+    ``Edit.module``) as (the host nodes of its thread inside it, its start, its end; µs from the
+    window start)."""
     glob = _is_glob(pattern)
     c, n = table.cols, g.nodes
     name_ok = np.array([_matches(s, pattern, glob) for s in table.names], dtype=bool)
-    mask = np.zeros(g.n_nodes, dtype=bool)
     ts_rel = g.window_start - table.t0
     for rank in g.ranks:
         rows = table.window_rows(rank, g)
@@ -377,14 +390,66 @@ def module_mask(table: EventTable, g: ExecutionGraph, pattern: str) -> np.ndarra
             continue
         mine = np.flatnonzero((n["rank"] == rank) & ~n["on_gpu"] & (n["category"] != Category.BARRIER))
         start, end, tid = n["start"][mine], n["start"][mine] + n["dur"][mine], n["tid"][mine]
-        for r in rows:
-            lo = c["ts"][r] - ts_rel
-            hi = lo + c["dur"][r]
-            mask[mine[(start >= lo - 0.5) & (end <= hi + 0.5) & (tid == c["tid"][r])]] = True
-    e = g.edges
-    launched = (e["kind"] == EdgeKind.LAUNCH) & mask[e["src"]]
-    mask[e["dst"][launched]] = True
-    return mask
+        for r in rows.tolist():
+            lo = float(c["ts"][r] - ts_rel)
+            hi = lo + float(c["dur"][r])
+            yield mine[(start >= lo - 0.5) & (end <= hi + 0.5) & (tid == c["tid"][r])], lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class RangeEnds:
+    """The time a module edit's ranges hold before their first op and after their last one (the
+    loop waiting in a DataLoader's ``__next__`` for its workers before the batch's first op, a
+    range's own work after its last op): in the program-order latency into the first op or out of
+    the last, or in the first op's release where it starts its thread's step."""
+
+    edges: np.ndarray  # int64 program-order edge ids
+    edge_us: np.ndarray  # float64 µs of each edge's latency inside a range
+    nodes: np.ndarray  # int64 ids of first ops that start their thread's step
+    node_us: np.ndarray  # float64 µs of each one's lead (rank start to release) inside a range
+
+
+def range_ends(g: ExecutionGraph, e: Edit, phases: np.ndarray | None, table: EventTable | None) -> RangeEnds:
+    """The ends of the ranges ``e`` (a region edit with ``module=``) selects: see RangeEnds. Only
+    the part of a latency inside a range counts (a gap that began before the range did is the
+    code before it); a latency both ends of which the edit selects is scaled whole already."""
+    empty = np.zeros(0, dtype=np.int64)
+    if e.module is None or table is None:
+        return RangeEnds(empty, np.zeros(0), empty, np.zeros(0))
+    sel = np.zeros(g.n_nodes, dtype=bool)
+    sel[e.select(g, phases, table)] = True
+    ed, n = g.edges, g.nodes
+    into = _program_order_into(g)
+    po = np.flatnonzero((ed["kind"] == EdgeKind.PROGRAM_ORDER) & ~n["on_gpu"][ed["src"]] & ~n["on_gpu"][ed["dst"]])
+    out_of = np.full(g.n_nodes, -1, dtype=np.int64)
+    out_of[ed["src"][po]] = po
+    w, rel = ed["weight"], g.release
+    by_edge: dict[int, float] = {}
+    by_node: dict[int, float] = {}
+    for inside, lo, hi in _module_ranges(table, g, e.module):
+        inside = inside[sel[inside]]
+        if not len(inside):
+            continue
+        start, end = n["start"][inside], n["start"][inside] + n["dur"][inside]
+        first, last = int(inside[np.argmin(start)]), int(inside[np.argmax(end)])
+        head = float(n["start"][first]) - lo
+        if head > 0:
+            k = int(into[first])
+            if k >= 0 and not sel[ed["src"][k]]:
+                by_edge[k] = max(by_edge.get(k, 0.0), min(float(w[k]), head))
+            elif k < 0 and np.isfinite(rel[first]):
+                lead = float(rel[first]) - g.rank_start(int(n["rank"][first]))
+                by_node[first] = max(by_node.get(first, 0.0), min(max(lead, 0.0), head))
+        tail = hi - float(n["start"][last] + n["dur"][last])
+        k = int(out_of[last])
+        if tail > 0 and k >= 0 and not sel[ed["dst"][k]]:
+            by_edge[k] = max(by_edge.get(k, 0.0), min(float(w[k]), tail))
+    return RangeEnds(
+        np.array(list(by_edge), dtype=np.int64),
+        np.array(list(by_edge.values()), dtype=np.float64),
+        np.array(list(by_node), dtype=np.int64),
+        np.array(list(by_node.values()), dtype=np.float64),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,6 +576,9 @@ def edited_weights(
             ids = np.flatnonzero(from_sel & to_sel & (g.edges["kind"] == EdgeKind.PROGRAM_ORDER) & (w > 0))
             w[ids] *= e.scale
             touched.append(ids)
+            ends = range_ends(g, e, phases, table)
+            w[ends.edges] = np.maximum(w[ends.edges] - (1.0 - e.scale) * ends.edge_us, 0.0)
+            touched.append(ends.edges)
         if e.detach:
             ids = np.flatnonzero((from_sel | to_sel) & ~np.isin(g.edges["kind"], (EdgeKind.PROGRAM_ORDER, EdgeKind.LAUNCH)))
             w[ids] = -np.inf  # the CPM never takes an edge of latency -inf: the dependency is gone
@@ -541,6 +609,11 @@ def edited_releases(
             start = np.array([g.rank_start(int(r)) for r in g.nodes["rank"][ids]])
             rel[ids] = np.maximum(rel[ids] - (1.0 - e.scale) * own.own_us[first] + own.delay_us[first], np.minimum(start, rel[ids]))
             touched.append(ids)
+        named = e.name is not None or e.name_contains is not None
+        if e.module is not None and e.scale != 1.0 and not e.gap and not named:  # (a region edit: the ranges' lead-in)
+            ends = range_ends(g, e, phases, table)
+            rel[ends.nodes] = np.maximum(rel[ends.nodes] - (1.0 - e.scale) * ends.node_us, 0.0)
+            touched.append(ends.nodes)
         if not e.gap:
             continue
         ids = e.select(g, phases, table)

@@ -37,6 +37,7 @@ BLOCKING_NAME = re.compile(
     re.IGNORECASE,
 )
 HOST_BLOCKED_NAME = re.compile(F.HOST_BLOCKED_PATTERN)
+PAST_END_US = 1000.0  # µs: a span running on this far past its rank's last event may be one the trace ends inside (held_share)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
 LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)
 ASLEEP_SHARE = 0.9  # a host thread with one op covering this share of the step, and few ops, slept through it
@@ -70,6 +71,7 @@ class RankFacts:
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends before they ran)
     queued_before_trace_us: float = 0.0  # how long the rank's first device op waited after its launch for work queued before the trace
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event (the trace ends inside it)
+    held_share: float = 1.0  # where that is over PAST_END_US: the step's host events against the median of its rank's other steps'
     hidden: bool = False  # its host ended before the device work queued before it did, and none of its own ended later: origin = cpu_start
     devices: int = 0  # devices the step's device ops ran on (their processes)
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
@@ -78,6 +80,14 @@ class RankFacts:
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC (channels last) and no layout conversion
     host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops (the union of their spans)
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits ("Input type", record_shapes)
+    loader_waits: list[list[float]] = field(
+        default_factory=list
+    )  # the step's thread waiting for a DataLoader's workers ([start, end], each >= 1 ms)
+
+    @property
+    def loader_wait_us(self) -> float:
+        """Time of the step's thread waiting for a multi-process DataLoader's workers (loader_waits)."""
+        return float(sum(b - a for a, b in self.loader_waits))
 
     @property
     def measured(self) -> float:
@@ -96,6 +106,7 @@ class RankFacts:
         """As JSON, times in µs from ``offset`` (a window's start; durations unchanged)."""
         d = {f: getattr(self, f) for f in _RANK_FACT_FIELDS}  # (dataclasses.asdict deep-copies: 4% of a long trace's analysis)
         d["asleep"] = [dict(x) for x in self.asleep]
+        d["loader_waits"] = [[a - offset, b - offset] for a, b in self.loader_waits]
         for k in ("cpu_start", "cpu_end", "device_end", "prev_device_end", "origin", "step_end"):
             if d[k] is not None:
                 d[k] -= offset
@@ -257,6 +268,27 @@ def _queued_before_trace(
     return start, lag
 
 
+def _held_share(table: EventTable, step: Step | None, rows: np.ndarray) -> float:
+    """The step's host events (CPU ops, annotations, runtime calls) against the median of its
+    rank's other steps' (1.0 without other steps): a step the trace ends inside lacks the ops
+    after the cut; one whose span ends with untraced work (a checkpoint written at the end of the
+    last step) holds them all."""
+    if step is None:
+        return 1.0
+    cache = table.facts_cache = table.facts_cache or {}
+    counts: dict[tuple[int, int], int] | None = cache.get("host_events")
+    if counts is None:  # (once per table, and only where a span runs on past its rank's last event)
+        counts = cache["host_events"] = {}
+        cls = table.cols["cls"]
+        for st in table.steps:
+            mine = table.rows_between(st.rank, st.start, st.end)
+            counts[st.rank, st.number] = int(isin_small(cls[mine], (EvClass.CPU, EvClass.RUNTIME)).sum())
+    others = [n for (r, k), n in counts.items() if r == step.rank and k != step.number]
+    if not others:
+        return 1.0
+    return counts.get((step.rank, step.number), 0) / max(float(np.median(others)), 1.0)
+
+
 def _rank_last_event(table: EventTable) -> dict[int, float]:
     """Per rank, the start of its last event of any kind (µs): where its trace stops."""
     cache = table.facts_cache = table.facts_cache or {}
@@ -356,6 +388,47 @@ def _typed_names(table: EventTable) -> np.ndarray:
     return out
 
 
+def _loader_names(table: EventTable) -> np.ndarray:
+    """Per name code: the range a multi-process DataLoader records around handing the loop its
+    next batch (``fields.LOADER_WAIT_RANGE``); once per table."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if "loader_names" not in cache:
+        cache["loader_names"] = np.array([n.startswith(F.LOADER_WAIT_RANGE) for n in table.names], dtype=bool)
+    out: np.ndarray = cache["loader_names"]
+    return out
+
+
+def _loader_waits(table: EventTable, rows: np.ndarray, step: Step | None) -> list[list[float]]:
+    """The stretches (``[start, end]``, µs) in which the step's own thread (every host thread
+    without a step marker) sat inside a multi-process DataLoader's ``__next__`` with no other event
+    of its thread open, each ``BLOCKING_FACT_US`` or longer: the loop waiting for the loader's
+    workers to hand it a batch (between the batch's arrival and the range's end the thread rebuilds
+    its tensors: the ops inside)."""
+    c = table.cols
+    host = rows[isin_small(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
+    ranges = host[_loader_names(table)[c["name"][host]]]
+    if not len(ranges):
+        return []
+    key = (c["pid"][host].astype(np.int64) << 32) + (c["tid"][host].astype(np.int64) & 0xFFFFFFFF)
+    out = []
+    for r in ranges.tolist():
+        k = (int(c["pid"][r]) << 32) + (int(c["tid"][r]) & 0xFFFFFFFF)
+        if step is not None and k != (int(step.pid) << 32) + (int(step.tid) & 0xFFFFFFFF):
+            continue
+        lo, hi = float(c["ts"][r]), float(c["ts"][r] + c["dur"][r])
+        mine = host[(key == k) & (c["ts"][host] >= lo) & (c["ts"][host] < hi)]
+        mine = mine[mine != r]
+        order = np.argsort(c["ts"][mine], kind="stable")
+        starts = c["ts"][mine][order].astype(np.float64)
+        ends = np.maximum.accumulate((c["ts"][mine] + c["dur"][mine])[order].astype(np.float64)) if len(mine) else starts
+        cursor = lo
+        for a, b in zip(np.r_[starts, hi].tolist(), np.r_[ends, hi].tolist()):
+            if a - cursor >= BLOCKING_FACT_US:
+                out.append([cursor, a])
+            cursor = max(cursor, b)
+    return out
+
+
 def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     """Of the step's host rows: (the time inside matmul, convolution and attention ops, the union of
     their spans between ``lo`` and ``hi``; of it, inside those whose first floating-point input is
@@ -439,6 +512,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     kernel_us, low_us, conv_us, nhwc_us = _precision_us(table, own)
     host_mm_us, host_low_us = _host_matmul_us(table, rows, cpu_start, cpu_end)
+    past_end = max(0.0, cpu_end - _rank_last_event(table).get(rank, cpu_end)) if step is not None else 0.0
     return RankFacts(
         rank=rank,
         cpu_start=cpu_start,
@@ -458,12 +532,14 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         runtime_calls=int(runtime.sum()),
         early_launches=int((lag < -LAUNCH_TOLERANCE_US).sum()),
         host_blocked_us=_host_blocked(table, rows, step),
+        loader_waits=_loader_waits(table, rows, step),
         setup_us=_step_setup(table, rank, rows, cpu_start, step_end),
         launch_calls=int(isin_sorted(rows, _launch_rows(table)[0]).sum()),
         lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
         unrun_launches=int(isin_sorted(rows, _launch_rows(table)[2]).sum()),
         queued_before_trace_us=untraced_queue,
-        past_end_us=max(0.0, cpu_end - _rank_last_event(table).get(rank, cpu_end)) if step is not None else 0.0,
+        past_end_us=past_end,
+        held_share=_held_share(table, step, rows) if past_end > PAST_END_US else 1.0,
         kernel_us=kernel_us,
         low_precision_us=low_us,
         conv_kernel_us=conv_us,

@@ -88,6 +88,12 @@ network, a timer), not the work of an op."""
 HOST_BLOCKED_MIN_US = 50.0
 """µs: such a call this long or longer blocked; a shorter one (an uncontended lock's acquire, a
 poll that found data ready) is the call's own work."""
+LOADER_WAIT_RANGE = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+"""The range a DataLoader with worker processes records around handing the loop its next batch.
+Inside it the loop's thread runs nothing of its own: it takes the batch off the workers' queue
+(``queue.get``, blocking until a worker has one ready) and rebuilds its tensors from shared
+memory (the ``aten::empty``/``aten::set_`` ops inside it). Time in it with no op open is the loop
+waiting for its workers (a wait on other processes the trace does not show), not untraced work."""
 DEVICE_WAIT_PATTERN = r"(?i)^(event_?wait|wait_?(on_?)?events?|stream_?wait(_?events?)?|wait)$"
 """Device ops that are a queue waiting, not computing: an accelerator that shows its stream's wait
 for an event as an op of its own (an MTIA's ``event_wait``, recorded for the runtime's

@@ -77,6 +77,7 @@ class RankFactsRecord:
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends first)
     queued_before_trace_us: float = 0.0  # the rank's first device op's wait for work queued before the trace began
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event
+    held_share: float = 1.0  # the step's host events against the median of its rank's other steps' (where past_end_us > 1 ms)
     hidden: bool = False  # its host ended before the device work queued before it did (its period is its host's span)
     devices: int = 0  # devices the step's device ops ran on
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
@@ -85,6 +86,7 @@ class RankFactsRecord:
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC and no layout conversion
     host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits
+    loader_waits: tuple[tuple[float, float], ...] = ()  # the step's thread waiting for a DataLoader's workers (start, end; each >= 1 ms)
 
 
 _LATER_RANK_FACTS = {f.name: f.default for f in fields(RankFactsRecord) if isinstance(f.default, (int, float))}
@@ -191,6 +193,7 @@ class GraphInfo:
                 period_us=float(f["period_us"]),
                 blocking_us=float(f["blocking_us"]),
                 asleep=tuple(AsleepThread(tid=int(t["tid"]), thread=str(t["thread"]), op=str(t["op"])) for t in f.get("asleep", [])),
+                loader_waits=tuple((float(lo), float(hi)) for lo, hi in f.get("loader_waits", [])),
                 # the counts and times later versions added: absent in a graph saved before them
                 **_later_rank_facts(f),
             )

@@ -24,7 +24,7 @@ import numpy as np
 from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunSuggestion, Suggestion
-from bottleneck_oracle.analysis.segments import COMM, CPU
+from bottleneck_oracle.analysis.segments import COMM, CPU, DATA_LOADER_PREFIX
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import Edit, apply_edits
 from bottleneck_oracle.errors import OracleError
@@ -955,6 +955,8 @@ def slow_step_suggestions(analyses: list[StepAnalysis], advices: list[Advice], t
 
     slow = _slow_steps(steady_figures([StepFigures.of(a) for a in analyses]))
     if slow is None or slow.cause is None or slow.cause.kind == "op" or _GLOB_OR_CLAUSE.search(slow.cause.name):
+        return
+    if slow.cause.name.startswith(DATA_LOADER_PREFIX):  # (the loop waiting for its next batch: the data-loading recipe's)
         return
     c = slow.cause
     when = f"every {slow.every} steps" if slow.every else f"steps {', '.join(map(str, slow.steps[:8]))}"
