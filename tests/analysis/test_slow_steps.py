@@ -179,3 +179,46 @@ def test_whatif_on_the_named_range_by_name_points_to_module():
     assert "a range does" not in str(exc.value)
     (row,) = whatif(PERIODIC, ["module=evaluate,rank=0,scale=0"], steps=[5])
     assert -row.replay.delta_us == pytest.approx(_raw(PERIODIC)[0]["evaluate"][5], rel=0.10)
+
+
+CHECKPOINT = DATA / "own-cpu" / "checkpoint_every4.json.gz"  # torch.save after every fourth step, no record_function
+
+
+def _tails(path: Path) -> dict[int, float]:
+    """Per ProfilerStep number: how long its span runs on after the end of the last event inside
+    it on its thread (µs), read from the JSON: the checkpoint's pickling and write, no op."""
+    ev = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
+    out = {}
+    for s in (e for e in ev if str(e["name"]).startswith("ProfilerStep#")):
+        lo, hi = float(s["ts"]), float(s["ts"]) + float(s["dur"])
+        last = max(float(e["ts"]) + float(e["dur"]) for e in ev if e is not s and e["tid"] == s["tid"] and lo <= float(e["ts"]) < hi)
+        out[int(str(s["name"]).split("#")[1])] = hi - last
+    return out
+
+
+def test_a_checkpoint_no_op_records_is_what_the_slow_steps_hold():
+    """A loop that writes a checkpoint (``torch.save``, no ``record_function``) after every fourth
+    step: the raw spans of steps 5, 9 and 13 run on 40-73 ms past their last op, the others under
+    0.1 ms. The run answer names those steps, every 4th, and what is in them: the rank's untraced
+    time, as long on the path as the raw tails (within 5%), none in the other steps. The last of
+    them ends the trace (its span runs 72 ms past the rank's last event) and is whole, not cut: it
+    holds every op the other steps hold. (Before: no cause named, the last step left out as cut.)
+    The advice across the run puts the untraced time first: it saves the run the most."""
+    from bottleneck_oracle.api import advise
+    from bottleneck_oracle.llm.graphrag import run_advice
+
+    tails = _tails(CHECKPOINT)
+    saved = sorted(n for n, t in tails.items() if t > 1000.0)
+    assert saved == [5, 9, 13]
+    analyses = list(cached_analyses(CHECKPOINT))
+    assert not any(a.cut_by_trace_end() for a in analyses)
+    ans = run_answer(analyses)
+    assert ans.steady == len(analyses) - 1
+    slow = ans.slow_steps
+    assert slow is not None and slow.steps == saved and slow.every == 4
+    c = slow.cause
+    assert c is not None and c.kind == "untraced" and c.rank == 0 and c.typical_us < 500.0
+    assert c.slow_us == pytest.approx(float(np.mean([tails[n] for n in saved])), rel=0.05)
+    assert any("untraced time (no op recorded" in line for line in ans.lines())
+    run = run_advice([r.advice for r in advise(CHECKPOINT)])
+    assert run[0].source == "untraced-host-time" and run[0].steps == len(saved)

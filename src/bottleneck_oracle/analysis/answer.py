@@ -32,7 +32,15 @@ from typing import Literal, Protocol, TypeVar
 import numpy as np
 
 from bottleneck_oracle.analysis.cpm import makespan_of
-from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, NAMED_FRAME, NAMED_OP, NAMED_RANGE, BreakdownKey, path_by_name
+from bottleneck_oracle.analysis.segments import (
+    BREAKDOWN_KEYS,
+    NAMED_FRAME,
+    NAMED_OP,
+    NAMED_RANGE,
+    NAMED_UNTRACED,
+    BreakdownKey,
+    path_by_name,
+)
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -146,15 +154,18 @@ class SlowCause:
 
     rank: int
     name: str
-    kind: str  # "range" (a record_function, a module's, the optimizer's), "frame" (a Python frame), "op"
+    kind: str  # "range" (a record_function, a module's, the optimizer's), "frame" (a Python frame), "op", "untraced" (the host's untraced time)
     slow_us: float  # its critical-path time in the slow steps (mean)
     typical_us: float  # in the other steps (median; 0: it is not on their path)
 
     def words(self, ms: Callable[[float], str], others: str) -> str:
         """The cause in words, e.g. ``rank 0's evaluate, 19.9 ms on the critical path (not on the
         others' path)``: ``ms`` writes µs as ms, ``others`` names the steps it is set against."""
-        what = {"range": "", "frame": "Python frame ", "op": "op "}[self.kind]
-        return f"rank {self.rank}'s {what}{self.name}, {ms(self.slow_us)} ms on the critical path " + (
+        what = {"range": "", "frame": "Python frame ", "op": "op ", "untraced": ""}[self.kind]
+        name = self.name
+        if self.kind == "untraced":  # (no name to give: say what such time is)
+            name = f"{self.name} (no op recorded: a checkpoint written, logging, Python the profiler does not see)"
+        return f"rank {self.rank}'s {what}{name}, {ms(self.slow_us)} ms on the critical path " + (
             f"({ms(self.typical_us)} ms in {others})" if self.typical_us > 0 else f"(not on {others}' path)"
         )
 
@@ -524,7 +535,7 @@ def answer_from(
     return answer
 
 
-_KINDS = {NAMED_RANGE: "range", NAMED_FRAME: "frame", NAMED_OP: "op"}
+_KINDS = {NAMED_RANGE: "range", NAMED_FRAME: "frame", NAMED_OP: "op", NAMED_UNTRACED: "untraced"}
 
 
 def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
@@ -561,14 +572,15 @@ def named_cause(slow: Sequence[Named], others: Sequence[Named], excess_us: float
     """Of the names the ``slow`` steps' critical path spends time in (segments.path_by_name of each),
     the one whose time there exceeds its median in the ``others`` the most, if that excess is
     CAUSE_SHARE of ``excess_us`` (what the slow steps take over the others) or more; a range the
-    program marked first, then a Python frame, then an op (the first kind that has one). Of the
+    program marked first, then a Python frame, then an op, then the host's untraced time (work the
+    profiler records no op for: a checkpoint written, logging; the first kind that has one). Of the
     names of that kind whose excess is NARROWER of the most, the one with the least time on the
     path: the range inside the others (the injected delay, not the forward that holds it)."""
     if excess_us <= 0 or not slow or not others:
         return None
     slow_d = [{(r, n, k): us for r, n, k, us in x} for x in slow]
     other_d = [{(r, n, k): us for r, n, k, us in x} for x in others]
-    for kind in (NAMED_RANGE, NAMED_FRAME, NAMED_OP):
+    for kind in (NAMED_RANGE, NAMED_FRAME, NAMED_OP, NAMED_UNTRACED):
         scored = []
         for key in {k for d in slow_d for k in d if k[2] == kind}:
             s_us = float(np.mean([d.get(key, 0.0) for d in slow_d]))

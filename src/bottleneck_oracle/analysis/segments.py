@@ -381,14 +381,18 @@ def input_pipeline(g: ExecutionGraph, segments: list[Segment]) -> float:
 
 PYTHON_FRAME = re.compile(r"\.pyx?\(\d+\): ")
 """A Python frame as the profiler's Python tracer names it (``train.py(88): save``)."""
-NAMED_RANGE, NAMED_FRAME, NAMED_OP = 0, 1, 2
+NAMED_RANGE, NAMED_FRAME, NAMED_OP, NAMED_UNTRACED = 0, 1, 2, 3
 """What a name of path_by_name is: a range the program marked (``record_function``, a module's,
-the optimizer's), a Python frame, a leaf op."""
+the optimizer's), a Python frame, a leaf op, or a host thread's untraced time (UNTRACED_NAME)."""
+UNTRACED_NAME = "untraced time"
+"""path_by_name's name for the untraced time on a rank's host threads, all of it: work the profiler
+records no op for (a checkpoint's pickling and file write, logging, Python without ops)."""
 
 
 def path_by_name(g: ExecutionGraph, segments: list[Segment], top: int = 12) -> list[tuple[int, str, int, float]]:
     """The ``top`` names the critical path spends most time in, each as (rank, name, what it is:
-    NAMED_RANGE / NAMED_FRAME / NAMED_OP, µs): for a leaf op, its segments' time; for a range of
+    NAMED_RANGE / NAMED_FRAME / NAMED_OP / NAMED_UNTRACED, µs): for a leaf op, its segments' time;
+    for a rank's untraced host time (UNTRACED_NAME), its untraced segments'; for a range of
     host code (a ``record_function``, a module, a Python frame: the graph's regions), the path's
     time on its thread inside it (a range nested in one of the same name counted once). The
     ProfilerStep range itself, which holds everything, is no name."""
@@ -397,6 +401,9 @@ def path_by_name(g: ExecutionGraph, segments: list[Segment], top: int = 12) -> l
     for s in segments:
         if s.kind == "op":
             key = (s.rank, s.name, NAMED_RANGE if s.name in ranged_leaf and not s.on_gpu else NAMED_OP)
+            out[key] = out.get(key, 0.0) + s.dur
+        elif s.kind == "untraced" and not s.on_gpu:
+            key = (s.rank, UNTRACED_NAME, NAMED_UNTRACED)
             out[key] = out.get(key, 0.0) + s.dur
     r = g.regions
     ranged = np.flatnonzero(r["is_range"])

@@ -954,7 +954,7 @@ def slow_step_suggestions(analyses: list[StepAnalysis], advices: list[Advice], t
     from bottleneck_oracle.analysis.answer import StepFigures, _slow_steps, steady_figures
 
     slow = _slow_steps(steady_figures([StepFigures.of(a) for a in analyses]))
-    if slow is None or slow.cause is None or slow.cause.kind == "op" or _GLOB_OR_CLAUSE.search(slow.cause.name):
+    if slow is None or slow.cause is None or slow.cause.kind in ("op", "untraced") or _GLOB_OR_CLAUSE.search(slow.cause.name):
         return
     if slow.cause.name.startswith(DATA_LOADER_PREFIX):  # (the loop waiting for its next batch: the data-loading recipe's)
         return
@@ -987,7 +987,8 @@ def slow_step_suggestions(analyses: list[StepAnalysis], advices: list[Advice], t
 def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
     """One answer across steps: each suggestion (by its recipe, or its edits for an LLM's own) with
     how many steps it survived validation in, and its replayed saving as a median with a 95%
-    interval (analysis.answer.estimate) — most steps first, then the largest saving. An LLM's
+    interval (analysis.answer.estimate) — most steps first, then the largest saving, but the one
+    that saves the run the most (its saving times its share of the steps) first of all. An LLM's
     text beside it is its own and is not checked: only the saving is."""
     from bottleneck_oracle.analysis.answer import estimate
 
@@ -1016,14 +1017,17 @@ def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
             )
         )
     out.sort(key=lambda x: (-x.steps, -x.saving.median_us))
-    # the slow steps' suggestion holds in few steps by design: first where it saves the run the most
-    # (its saving over every step advised on, against each other suggestion's)
+    # what holds in a few steps only (the slow steps' suggestion by design, the untraced time of a
+    # checkpoint written every N steps) comes first where it saves the run the most: its saving over
+    # every step advised on, against each other suggestion's; in two steps or more (one step's
+    # suggestion may be its noise), or the slow steps' own
 
     def over_run(x: RunSuggestion) -> float:
         return x.steps * x.saving.median_us / max(x.of, 1)
 
-    slow = next((x for x in out if x.source == SLOW_STEPS_SOURCE), None)
-    if slow is not None and over_run(slow) > max(map(over_run, out)) - 1e-9:
-        out.remove(slow)
-        out.insert(0, slow)
+    if out:
+        top = max(out, key=over_run)
+        if top is not out[0] and over_run(top) > over_run(out[0]) and (top.steps >= 2 or top.source == SLOW_STEPS_SOURCE):
+            out.remove(top)
+            out.insert(0, top)
     return out
