@@ -39,7 +39,7 @@ from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME
-from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME
+from bottleneck_oracle.graph_pipeline.facts import COLLECTIVE_WAIT_NAME, HOST_BLOCKED_NAME
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
@@ -102,14 +102,21 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
 def _builtin(name: str) -> str:
     """``<built-in method acquire of _thread.lock object at 0x7f...>`` -> ``acquire of _thread.lock``."""
     m = re.match(r"<built-in (?:function|method) (.*?)(?: object)?(?: at 0x[0-9a-fA-F]+)?>$", name)
+    if COLLECTIVE_WAIT_NAME.match(name):
+        return f"{name} (a collective's wait)"
     return m.group(1) if m else name
 
 
 def host_blocked_names(g: ExecutionGraph, codes: np.ndarray) -> np.ndarray:
-    """Per name code in ``codes``: is it a Python call that blocks its thread without computing
-    (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read)? (Read
+    """Per name code in ``codes``: is it a call that blocks its thread without computing
+    (``fields.HOST_BLOCKED_PATTERN``: a sleep, a lock's acquire, a select, a pipe's read; a
+    functional collective's wait, ``fields.COLLECTIVE_WAIT_PATTERN``)? (Read
     for the codes asked for only: with the Python tracer a trace has a name per object address.)"""
-    return _names_matching(g, codes, lambda name: name.startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(name)))
+    return _names_matching(
+        g,
+        codes,
+        lambda name: (name.startswith("<built-in") and bool(HOST_BLOCKED_NAME.search(name))) or bool(COLLECTIVE_WAIT_NAME.match(name)),
+    )
 
 
 def _names_matching(g: ExecutionGraph, codes: np.ndarray, test: Callable[[str], bool]) -> np.ndarray:

@@ -473,7 +473,8 @@ def _finish(
         isin_small(c["cls"][rows], GPU_CLASSES),
     )
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
-    rules.completions(w, E, pairs, inst, end, opt.feeds_resume_us)
+    waited = rules.collective_waits(w, E, pairs)  # (asynchronous calls their thread waits for later: no resume after them)
+    rules.completions(w, E, [p for p in pairs if p[0] not in waited], inst, end, opt.feeds_resume_us)
     rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]
     queued = rows[w.queued[rows]]  # launches that waited for room in the device's queue
     q_rank, q_dur = c["rank"][queued], c["dur"][queued]

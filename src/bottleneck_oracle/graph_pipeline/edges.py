@@ -497,6 +497,44 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     return pairs
 
 
+def collective_waits(w: Window, E: EdgeSet, pairs: list[tuple[int, int]]) -> set[int]:
+    """A functional collective's wait (``_c10d_functional::wait_tensor``, fields.COLLECTIVE_WAIT_PATTERN)
+    waits for the backend op of a collective its thread called before it: the earliest such call
+    (``pairs``: c10d call event, backend node) not waited for yet, in the order they came
+    (``wait_tensors``: every one not waited for yet). Edge: backend op -> the wait, which waits on
+    it (its modelled start is the op's end). Returns the calls so waited for: their thread went on
+    after the call (an asynchronous collective) and waited later, so ``completions`` leaves them."""
+    if not pairs or not w.n_leaf:
+        return set()
+    leaves = w.leaf_rows
+    waits = leaves[w.name_coll_wait[w.c["name"][leaves]]]
+    if not len(waits):
+        return set()
+    calls: dict[int, list[tuple[float, int, int]]] = {}
+    for call, work in pairs:
+        calls.setdefault(int(w.ev_thread[call]), []).append((float(w.ts[call]), work, call))
+    for v in calls.values():
+        v.sort()
+    taken = {t: 0 for t in calls}
+    src, dst, waited = [], [], set()
+    for ev in waits[np.argsort(w.ts[waits], kind="stable")].tolist():
+        t = int(w.ev_thread[ev])
+        pending = calls.get(t)
+        if not pending:
+            continue
+        every = w.names[int(w.c["name"][ev])].endswith("s")  # (wait_tensors)
+        node = int(w.ev2node[ev])
+        while taken[t] < len(pending) and pending[taken[t]][0] < w.ts[ev]:
+            src.append(pending[taken[t]][1])
+            dst.append(node)
+            waited.add(pending[taken[t]][2])
+            taken[t] += 1
+            if not every:
+                break
+    E.add(src, dst, EdgeKind.FEEDS, wait=True)
+    return waited
+
+
 BACKEND_SERVES = {int(CollectiveKind.REDUCE_SCATTER): (int(CollectiveKind.REDUCE_SCATTER), int(CollectiveKind.ALL_REDUCE))}
 """The backend op kinds that may carry a c10d call of a kind (by default its own): gloo runs
 ``reduce_scatter_tensor`` (``c10d::_reduce_scatter_base_``) as an all-reduce of the whole input

@@ -37,6 +37,10 @@ BLOCKING_NAME = re.compile(
     re.IGNORECASE,
 )
 HOST_BLOCKED_NAME = re.compile(F.HOST_BLOCKED_PATTERN)
+COLLECTIVE_WAIT_NAME = re.compile(F.COLLECTIVE_WAIT_PATTERN)
+WAITING_NAME = re.compile(F.HOST_BLOCKED_PATTERN + "|" + F.COLLECTIVE_WAIT_PATTERN)
+"""The host calls that block their thread without computing: the Python calls of HOST_BLOCKED_PATTERN
+and a functional collective's wait (COLLECTIVE_WAIT_PATTERN)."""
 PAST_END_US = 1000.0  # µs: a span running on this far past its rank's last event may be one the trace ends inside (held_share)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
 LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)
@@ -64,7 +68,9 @@ class RankFacts:
     launched: int = 0  # of device_ops, those tied to the runtime call that launched them (correlation)
     early_launches: int = 0  # of those, the ones starting more than LAUNCH_TOLERANCE_US before their call began
     runtime_calls: int = 0  # runtime calls (launches, copies, syncs) of the rank's host in the step
-    host_blocked_us: float = 0.0  # time of the step's own thread in Python calls that block it (sleep, lock, select; each >= 1 ms)
+    host_blocked_us: float = (
+        0.0  # time of the step's own thread in calls that block it (sleep, lock, select, a collective's wait; each >= 1 ms)
+    )
     setup_us: float = 0.0  # one-time work in the step: runtime setup calls with the device idle, torch.compile compiling (setup_calls)
     launch_calls: int = 0  # calls of the rank's host in the step that launch device work (LAUNCH_NAME), on a rank with device events
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
@@ -551,15 +557,16 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
 
 def _host_blocked(table: EventTable, rows: np.ndarray, step: Step | None) -> float:
     """Time of the step's own thread (every host thread without a step marker) in Python calls
-    that block it without computing (``fields.HOST_BLOCKED_PATTERN``), each ``BLOCKING_FACT_US``
-    or longer and with no event of its thread starting inside it, their union."""
+    that block it without computing (``fields.HOST_BLOCKED_PATTERN``) and in functional collectives'
+    waits (``fields.COLLECTIVE_WAIT_PATTERN``), each ``BLOCKING_FACT_US`` or longer and with no event
+    of its thread starting inside it, their union."""
     c = table.cols
     host = rows[isin_small(c["cls"][rows], (EvClass.CPU, EvClass.RUNTIME))]
     if step is not None:
         tid = c["tid"][host].astype(np.int64) & 0xFFFFFFFF
         host = host[(c["pid"][host] == step.pid) & (tid == (int(step.tid) & 0xFFFFFFFF))]
     long = host[c["dur"][host] >= BLOCKING_FACT_US]
-    hit = [i for i in long.tolist() if HOST_BLOCKED_NAME.search(table.names[c["name"][i]])]
+    hit = [i for i in long.tolist() if WAITING_NAME.search(table.names[c["name"][i]])]
     if hit:  # a call inside which its thread starts other events ran them (run_backward on a CPU job runs the backward)
         key = (c["pid"][host].astype(np.int64) << 32) + (c["tid"][host].astype(np.int64) & 0xFFFFFFFF)
         kept = []

@@ -94,6 +94,12 @@ Inside it the loop's thread runs nothing of its own: it takes the batch off the 
 (``queue.get``, blocking until a worker has one ready) and rebuilds its tensors from shared
 memory (the ``aten::empty``/``aten::set_`` ops inside it). Time in it with no op open is the loop
 waiting for its workers (a wait on other processes the trace does not show), not untraced work."""
+COLLECTIVE_WAIT_PATTERN = r"^_?c10d_functional::wait_tensors?$"
+"""The wait of a functional collective (``torch.distributed._functional_collectives``: DTensor's
+tensor parallelism, torch.compile's collectives): ``wait_tensor`` waits for the collective whose
+output it is. On a backend that runs its collectives on the host (gloo) it blocks its thread until
+the backend's op is done: a wait on that op, never work (edges.collective_waits); on NCCL it only
+makes the stream wait, and returns."""
 DEVICE_WAIT_PATTERN = r"(?i)^(event_?wait|wait_?(on_?)?events?|stream_?wait(_?events?)?|wait)$"
 """Device ops that are a queue waiting, not computing: an accelerator that shows its stream's wait
 for an event as an op of its own (an MTIA's ``event_wait``, recorded for the runtime's
