@@ -37,6 +37,9 @@ OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [
     DATA / "own-cpu" / "alltoall_uneven",
     DATA / "own-cpu" / "periodic_eval",
     DATA / "own-cpu" / "fsdp_gloo",
+    DATA / "own-cpu" / "dataloader_starved",
+    DATA / "own-cpu" / "tensor_parallel_gloo",
+    DATA / "own-cpu" / "async_allreduce_gloo",
 ]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 

@@ -84,3 +84,51 @@ def test_the_asynchronous_call_does_not_end_the_collective():
         for i in gloo:
             assert float(n["mstart"][i] + n["mdur"][i]) >= first_end - 1.0, (g.step, i)
     assert checked >= 4
+
+
+ASYNC = DATA / "own-cpu" / "async_allreduce_gloo"
+
+
+def _raw_async_waits(rank: int) -> dict[int, tuple[float, float, float, int]]:
+    """Per ProfilerStep number of ``rank``: the stretch in which its loop's thread had no event
+    open before ``Optimizer.step`` (start, end; µs as the trace gives them) and the end of the
+    rank's last ``gloo:all_reduce`` that began in the step, and the loop thread's id, read from the
+    JSON."""
+    ev = [
+        e
+        for e in json.loads(gzip.open(ASYNC / f"rank-{rank}.json.gz").read())["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") != "Trace"
+    ]
+    out = {}
+    for s in (e for e in ev if str(e["name"]).startswith("ProfilerStep#")):
+        lo, hi = float(s["ts"]), float(s["ts"]) + float(s["dur"])
+        (opt,) = [e for e in ev if str(e["name"]).startswith("Optimizer.step#") and e["tid"] == s["tid"] and lo <= float(e["ts"]) < hi]
+        resume = float(opt["ts"])
+        before = [float(e["ts"]) + float(e["dur"]) for e in ev if e is not s and e["tid"] == s["tid"] and lo <= float(e["ts"]) < resume]
+        gloo = [float(e["ts"]) + float(e["dur"]) for e in ev if e["name"] == "gloo:all_reduce" and lo <= float(e["ts"]) < resume]
+        out[int(str(s["name"]).split("#")[1])] = (max(before), resume, max(gloo), int(s["tid"]))
+    return out
+
+
+def test_a_thread_that_waits_later_for_an_asynchronous_collective_waits_on_its_own_backend_op():
+    """``dist.all_reduce(..., async_op=True)`` then ``work.wait()`` (no op records the wait): the
+    loop's thread has no event from its last op until ``Optimizer.step``, which it starts within
+    1 ms after its rank's last ``gloo:all_reduce`` ended (raw). The critical path shows none of
+    that stretch on the loop's thread as untraced: it runs through the gloo op (the thread could not go on before its
+    own backend op was done, even where the other rank's op of the collective ended earlier) and
+    the wake-up after it. Before: the stretch untraced (8% of the run's path)."""
+    checked = 0
+    for rank in (0, 1):
+        raw = _raw_async_waits(rank)
+        for a in cached_analyses(ASYNC):
+            lo, hi, done, tid = raw[a.graph.step]
+            if not (lo < done <= hi <= done + 1000.0) or hi - lo < 1000.0:
+                continue
+            shift = a.graph.window_start  # (raw µs -> the window's)
+            lo, hi = lo - shift, hi - shift
+            on_path = [s for s in a.segments() if s.rank == rank and s.tid == tid and s.end > lo + 1.0 and s.start < hi - 1.0]
+            if not on_path:
+                continue  # (the other rank's wait held the step)
+            checked += 1
+            assert not [s for s in on_path if s.kind == "untraced"], (a.graph.step, rank)
+    assert checked >= 4

@@ -412,23 +412,39 @@ class StepAnalysis:
     def straggler(self) -> StepStraggler | None:
         """The rank the others waited for at the collectives on the critical path: at each such
         barrier, the last participant to arrive imposed the others' waits; reported with the
-        longest of them (µs). None if no collective on the critical path made a rank wait."""
+        longest wait it imposed at any collective of the step (µs: a DDP job's first gradient
+        bucket waits for the late rank, and the path may leave through a later bucket, whose wait
+        the first one's absorbed). None if no collective on the critical path made a rank wait."""
         g, r = self.graph, self.cpm
-        n, e = g.nodes, g.edges
-        imposed: dict[int, float] = {}
-        for b in r.path[n["category"][r.path] == Category.BARRIER].tolist():
-            edge = int(r.pred[b])
-            if edge < 0:
-                continue
-            culprit = int(n["rank"][e["src"][edge]])
-            members = e["dst"][(e["src"] == b) & (e["kind"] != EdgeKind.FEEDS)]
-            waited = (n["mstart"] - n["start"])[members[n["rank"][members] != culprit]]
-            # the longest wait it caused (waits at collectives on different threads overlap in time)
-            imposed[culprit] = max(imposed.get(culprit, 0.0), float(waited.max(initial=0.0)))
+        n = g.nodes
+        imposed = self._imposed(r.path[n["category"][r.path] == Category.BARRIER])
         if not imposed or max(imposed.values()) <= 0:
             return None
         rank = max(imposed, key=lambda r: imposed[r])
-        return StepStraggler(rank=rank, imposed_wait_us=imposed[rank])
+        every = self._imposed(np.flatnonzero(n["category"] == Category.BARRIER))
+        return StepStraggler(rank=rank, imposed_wait_us=max(imposed[rank], every.get(rank, 0.0)))
+
+    def _imposed(self, barriers: np.ndarray) -> dict[int, float]:
+        """Per rank, the longest wait it imposed on the others as the last to arrive at one of
+        ``barriers`` (µs; waits at collectives on different threads overlap in time)."""
+        g, r = self.graph, self.cpm
+        n, e = g.nodes, g.edges
+        barriers = barriers[r.pred[barriers] >= 0]
+        if not len(barriers):
+            return {}
+        culprit = np.full(g.n_nodes, -1, dtype=np.int64)
+        culprit[barriers] = n["rank"][e["src"][r.pred[barriers]]]
+        out = np.flatnonzero((culprit[e["src"]] >= 0) & (e["kind"] != EdgeKind.FEEDS))  # barrier -> its members
+        who = culprit[e["src"][out]]
+        member = e["dst"][out]
+        other = n["rank"][member] != who
+        waited = (n["mstart"] - n["start"])[member[other]]
+        imposed: dict[int, float] = {}
+        for rank_, w_ in zip(who[other].tolist(), waited.tolist()):
+            imposed[rank_] = max(imposed.get(rank_, 0.0), float(w_))
+        for rank_ in np.unique(culprit[barriers]).tolist():
+            imposed.setdefault(int(rank_), 0.0)
+        return imposed
 
     def longest_segments(self, k: int) -> list[Segment]:
         """The ``k`` longest segments of the critical path (the earlier of equal ones), in time order."""

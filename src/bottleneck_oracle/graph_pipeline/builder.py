@@ -474,7 +474,7 @@ def _finish(
     )
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
     waited = rules.collective_waits(w, E, pairs)  # (asynchronous calls their thread waits for later: no resume after them)
-    rules.completions(w, E, [p for p in pairs if p[0] not in waited], inst, end, opt.feeds_resume_us)
+    rules.completions(w, E, [p for p in pairs if p[0] not in waited], inst, end, opt.feeds_resume_us, opt.idle_gap_us, pieces)
     rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]
     queued = rows[w.queued[rows]]  # launches that waited for room in the device's queue
     q_rank, q_dur = c["rank"][queued], c["dur"][queued]

@@ -576,16 +576,38 @@ def _backends_left(
     return out
 
 
-def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.ndarray, node_end: np.ndarray, resume_us: float) -> None:
+def completions(
+    w: Window,
+    E: EdgeSet,
+    pairs: list[tuple[int, int]],
+    inst: np.ndarray,
+    node_end: np.ndarray,
+    resume_us: float,
+    idle_us: float = 0.0,
+    pieces: dict[str, np.ndarray] | None = None,
+) -> None:
     """Completion -> the op the calling thread resumes with, when that thread waited for it.
 
     The thread waited if, at the first op it runs after the last participant arrived, it had
     been idle since before the collective completed, it resumed within ``resume_us`` of the
     completion (or a quarter of its idle time, if longer: wake-ups on a loaded machine are
-    late), and it was idle longer before the completion than after it. A waiting thread
-    that resumed before the backend recorded the end proves the collective was complete by
-    then (a descheduled backend thread can close its span late), so the modelled end of the
-    instance moves to that resume time. ``node_end`` is updated in place."""
+    late), and it was idle longer before the completion than after it, ``idle_us`` or more, and
+    for at least half of the collective's modelled time from the last arrival (a thread that went
+    on after an asynchronous call, ``async_op=True``, runs its next op after a few µs of Python:
+    no wait; the first pass below had cut a 27 ms all-reduce to 0.05 ms there). A waiting thread that resumed before the backend recorded the end
+    proves the collective was complete by then (a descheduled backend thread can close its span
+    late), so the modelled end of the instance moves to that resume time. A thread that went on
+    after the call and waited later (``work.wait()``, which records no op) resumes after its own
+    backend op's recorded end: where the first op after the last arrival is no resume, the first
+    op after that end is tried the same way, and where it resumed so, its backend op ends where it
+    was recorded (the instance may have ended earlier on another rank; this thread could not go on
+    before its own op was done). Time between two leaves that is the own time of an op enclosing
+    them (``pieces``: graph.gaps; an ``aten::mm`` computing between its children) is work, not
+    idleness. A thread waiting for several collectives (a DDP job's gradient buckets) resumes for
+    the one that ended last before it went on: a resume another collective of its thread explains
+    (it ended in the idle stretch, later than this one or before this one's recorded end) is not
+    this one's (it had cut a bucket's 9 ms all-reduce to 0.7 ms at the resume after the first
+    bucket). ``node_end`` is updated in place."""
     if not pairs:
         return
     nodes = w.node_rows
@@ -597,20 +619,42 @@ def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.nd
         np.maximum.at(last, inst[members], start[members])
         arrival[members] = last[inst[members]]
     leaf_ts, leaf_end = w.ts[w.leaf_rows], w.end[w.leaf_rows]
+    working = np.zeros(w.n_leaf)  # per leaf: the own time of enclosing ops in the stretch before it
+    if pieces is not None and len(pieces["node"]):
+        own = pieces["owner_op"].astype(bool) & (pieces["node"] < w.n_leaf)
+        np.add.at(working, pieces["node"][own], (pieces["end"] - pieces["start"])[own])
+    # each thread's collectives and when they end (as modelled before this rule): a thread waiting
+    # for several (a DDP job's buckets) resumes for the one that ended last before it went on
+    ends0 = node_end.copy()
+    of_thread: dict[int, list[int]] = {}
+    for call, work in pairs:
+        of_thread.setdefault(int(w.ev_thread[call]), []).append(work)
 
-    def resumed(call: int, work: int) -> int:
+    def explained_elsewhere(t: int, work: int, done: float, q: int) -> bool:
+        """Did another collective of thread ``t`` end in the stretch before leaf ``q`` later than
+        ``work`` did (or at all, where ``work`` ends after ``q`` began)? Then that one is what the
+        thread waited for."""
+        since = leaf_end[q - 1] if done > leaf_ts[q] else done
+        return any(o != work and since < ends0[o] <= leaf_ts[q] + 1.0 for o in of_thread.get(t, ()))
+
+    def resumed(call: int, work: int, later: bool = False) -> int:
         t = w.ev_thread[call]
         lo = int(np.searchsorted(w.leaf_thread, t, side="left"))
         hi = int(np.searchsorted(w.leaf_thread, t, side="right"))
-        q = lo + int(np.searchsorted(leaf_ts[lo:hi], arrival[work], side="left"))
+        done = node_end[work]
+        since = arrival[work]
+        least = max(idle_us, (done - since) / 2)  # (a thread that waited for the collective was idle through most of it)
+        if later:  # (after an asynchronous call: its thread resumes after its own backend op ended, idle for its tail only)
+            since = done = max(done, float(w.end[nodes[work]]))
+            least = idle_us
+        q = lo + int(np.searchsorted(leaf_ts[lo:hi], since, side="left"))
         if q >= hi or q == lo:
             return -1
-        done = node_end[work]
         after = leaf_ts[q] - done
-        idle = leaf_ts[q] - leaf_end[q - 1]
+        idle = leaf_ts[q] - leaf_end[q - 1] - working[q]
         # woken late on a loaded machine: a long wait tolerates a proportionally late resume
-        if leaf_end[q - 1] <= done and after <= max(resume_us, idle / 4) and idle > max(after, 0.0):
-            return q
+        if leaf_end[q - 1] <= done and after <= max(resume_us, idle / 4) and idle > max(after, 0.0) and idle >= least:
+            return -1 if explained_elsewhere(int(t), work, done, q) else q
         return -1
 
     # first pass: waiting threads that resumed before the recorded end bound the completion
@@ -622,6 +666,10 @@ def completions(w: Window, E: EdgeSet, pairs: list[tuple[int, int]], inst: np.nd
     feed_src, feed_dst = [], []
     for call, work in pairs:
         q = resumed(call, work)
+        if q < 0:
+            q = resumed(call, work, later=True)
+            if q >= 0:  # the thread could not go on before its own backend op was done: that op ends where it was recorded
+                node_end[work] = max(node_end[work], float(w.end[nodes[work]]))
         if q >= 0:
             feed_src.append(work)
             feed_dst.append(q)
