@@ -12,7 +12,7 @@ import numpy as np
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, EdgeKind
-from bottleneck_oracle.graph_pipeline.window import UNEVEN_KINDS, Window
+from bottleneck_oracle.graph_pipeline.window import P2P_KINDS, UNEVEN_KINDS, Window
 
 CONTEXT_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT_EVENT = range(len(SYNC_KINDS))
 
@@ -601,9 +601,10 @@ def completions(
     backend op's recorded end: where the first op after the last arrival is no resume, the first
     op after that end is tried the same way, and where it resumed so, its backend op ends where it
     was recorded (the instance may have ended earlier on another rank; this thread could not go on
-    before its own op was done). Time between two leaves that is the own time of an op enclosing
-    them (``pieces``: graph.gaps; an ``aten::mm`` computing between its children) is work, not
-    idleness. A thread waiting for several collectives (a DDP job's gradient buckets) resumes for
+    before its own op was done; collectives, not a pipeline's sends and receives). Time between two
+    leaves that is the own time of an ATen op enclosing them (``pieces``: graph.gaps; an
+    ``aten::mm`` computing between its children) is work, not idleness; an autograd Function's
+    (``_ReduceFromParallel`` calling the all-reduce) may be its wait. A thread waiting for several collectives (a DDP job's gradient buckets) resumes for
     the one that ended last before it went on: a resume another collective of its thread explains
     (it ended in the idle stretch, later than this one or before this one's recorded end) is not
     this one's (it had cut a bucket's 9 ms all-reduce to 0.7 ms at the resume after the first
@@ -619,9 +620,11 @@ def completions(
         np.maximum.at(last, inst[members], start[members])
         arrival[members] = last[inst[members]]
     leaf_ts, leaf_end = w.ts[w.leaf_rows], w.end[w.leaf_rows]
-    working = np.zeros(w.n_leaf)  # per leaf: the own time of enclosing ops in the stretch before it
+    working = np.zeros(w.n_leaf)  # per leaf: the own time of enclosing ATen ops in the stretch before it
     if pieces is not None and len(pieces["node"]):
-        own = pieces["owner_op"].astype(bool) & (pieces["node"] < w.n_leaf)
+        aten = np.array([s.startswith("aten::") for s in w.names], dtype=bool)
+        own = pieces["owner_op"].astype(bool) & (pieces["node"] < w.n_leaf) & (pieces["owner"] >= 0)
+        own[own] &= aten[pieces["owner"][own]]
         np.add.at(working, pieces["node"][own], (pieces["end"] - pieces["start"])[own])
     # each thread's collectives and when they end (as modelled before this rule): a thread waiting
     # for several (a DDP job's buckets) resumes for the one that ended last before it went on
@@ -666,7 +669,7 @@ def completions(
     feed_src, feed_dst = [], []
     for call, work in pairs:
         q = resumed(call, work)
-        if q < 0:
+        if q < 0 and int(w.ckind[work]) not in P2P_KINDS:  # (a pipeline's sends and receives pair as they are)
             q = resumed(call, work, later=True)
             if q >= 0:  # the thread could not go on before its own backend op was done: that op ends where it was recorded
                 node_end[work] = max(node_end[work], float(w.end[nodes[work]]))
