@@ -647,9 +647,9 @@ def completions(
         done = node_end[work]
         since = arrival[work]
         least = max(idle_us, (done - since) / 2)  # (a thread that waited for the collective was idle through most of it)
-        if later:  # (after an asynchronous call: its thread resumes after its own backend op ended, idle for its tail only)
+        if later:  # (after an asynchronous call: its thread resumes after its own backend op ended, idle through most of it)
             since = done = max(done, float(w.end[nodes[work]]))
-            least = idle_us
+            least = max(idle_us, (done - arrival[work]) / 2)
         q = lo + int(np.searchsorted(leaf_ts[lo:hi], since, side="left"))
         if q >= hi or q == lo:
             return -1
