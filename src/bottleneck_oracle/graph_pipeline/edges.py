@@ -647,6 +647,9 @@ def completions(
         done = node_end[work]
         since = arrival[work]
         least = max(idle_us, (done - since) / 2)  # (a thread that waited for the collective was idle through most of it)
+        p2p = int(w.ckind[work]) in P2P_KINDS  # (a pipeline's sends and receives keep the first rule: their spans hold the peer's wait)
+        if p2p:
+            least = 0.0
         if later:  # (after an asynchronous call: its thread resumes after its own backend op ended, idle through most of it)
             since = done = max(done, float(w.end[nodes[work]]))
             least = max(idle_us, (done - arrival[work]) / 2)
@@ -654,10 +657,10 @@ def completions(
         if q >= hi or q == lo:
             return -1
         after = leaf_ts[q] - done
-        idle = leaf_ts[q] - leaf_end[q - 1] - working[q]
+        idle = leaf_ts[q] - leaf_end[q - 1] - (0.0 if p2p else working[q])
         # woken late on a loaded machine: a long wait tolerates a proportionally late resume
         if leaf_end[q - 1] <= done and after <= max(resume_us, idle / 4) and idle > max(after, 0.0) and idle >= least:
-            return -1 if explained_elsewhere(int(t), work, done, q) else q
+            return -1 if not p2p and explained_elsewhere(int(t), work, done, q) else q
         return -1
 
     # first pass: waiting threads that resumed before the recorded end bound the completion
