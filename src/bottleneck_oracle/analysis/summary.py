@@ -41,10 +41,11 @@ SETUP_STEP_SHARE = 0.2
 """A step whose one-time work (facts ``setup_us``) is this share of its time or more is warm-up."""
 CUT_PAST_END_US = PAST_END_US  # (the facts count held_share from there)
 CUT_PAST_END_SHARE = 0.05
-CUT_HELD_SHARE = 0.95  # ... and holding fewer host events than this share of its rank's typical step (facts.held_share)
 """A step's span that runs on this far (µs) and this share of it past its rank's last event: the
 trace ends inside it (in the traces bundled, a last step's span ends at most 0.67 ms, 0.4% of it,
 after its rank's last event; sampled events 4.5 ms, 0.7%)."""
+CUT_HELD_SHARE = 0.95
+"""... while holding fewer host events than this share of its rank's typical step's (facts.held_share)."""
 BYSTANDERS_SAID_EACH = 3
 """More host threads of one rank left out of a step than this: one warning names the first few
 and counts the rest (an MTIA job has a submission thread per stream)."""

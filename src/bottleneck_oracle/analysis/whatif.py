@@ -292,6 +292,14 @@ class Edit:
         named = self.name is not None or self.name_contains is not None
         return named and not self.ids and self.category in (None, "cpu_op") and not self.gap and (self.scale != 1.0 or self.delay_ms != 0.0)
 
+    @property
+    def region(self) -> bool:
+        """Does the edit scale a region (``phase=`` or ``module=``, naming no op): the time between
+        two of its ops on a thread too, and for ``module=`` the ranges' time before their first op
+        and after their last (edited_weights, edited_releases)?"""
+        named = self.name is not None or self.name_contains is not None
+        return (self.phase is not None or self.module is not None) and self.scale != 1.0 and not self.gap and not named
+
     def names_matching(self, names: list[str]) -> np.ndarray:
         """Per name: does it pass the edit's ``name=`` and ``name~=`` (True where neither is given)?
         ``name~=`` matches in any case: a recipe's "softmax" selects ``cunn_SoftMaxForward``, as a
@@ -559,8 +567,7 @@ def edited_weights(
     touched = []
     into: np.ndarray | None = None
     for e in edits:
-        named = e.name is not None or e.name_contains is not None
-        region = (e.phase is not None or e.module is not None) and e.scale != 1.0 and not e.gap and not named
+        region = e.region
         if e.owns_time:
             own = own_time(g, e, phases, table)
             into = _program_order_into(g) if into is None else into
@@ -609,8 +616,7 @@ def edited_releases(
             start = np.array([g.rank_start(int(r)) for r in g.nodes["rank"][ids]])
             rel[ids] = np.maximum(rel[ids] - (1.0 - e.scale) * own.own_us[first] + own.delay_us[first], np.minimum(start, rel[ids]))
             touched.append(ids)
-        named = e.name is not None or e.name_contains is not None
-        if e.module is not None and e.scale != 1.0 and not e.gap and not named:  # (a region edit: the ranges' lead-in)
+        if e.region and e.module is not None:  # (the ranges' lead-in)
             ends = range_ends(g, e, phases, table)
             rel[ends.nodes] = np.maximum(rel[ends.nodes] - (1.0 - e.scale) * ends.node_us, 0.0)
             touched.append(ends.nodes)

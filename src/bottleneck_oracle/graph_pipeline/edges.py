@@ -591,24 +591,28 @@ def completions(
     The thread waited if, at the first op it runs after the last participant arrived, it had
     been idle since before the collective completed, it resumed within ``resume_us`` of the
     completion (or a quarter of its idle time, if longer: wake-ups on a loaded machine are
-    late), and it was idle longer before the completion than after it, ``idle_us`` or more, and
-    for at least half of the collective's modelled time from the last arrival (a thread that went
-    on after an asynchronous call, ``async_op=True``, runs its next op after a few µs of Python:
-    no wait; the first pass below had cut a 27 ms all-reduce to 0.05 ms there). A waiting thread that resumed before the backend recorded the end
-    proves the collective was complete by then (a descheduled backend thread can close its span
-    late), so the modelled end of the instance moves to that resume time. A thread that went on
-    after the call and waited later (``work.wait()``, which records no op) resumes after its own
-    backend op's recorded end: where the first op after the last arrival is no resume, the first
-    op after that end is tried the same way, and where it resumed so, its backend op ends where it
-    was recorded (the instance may have ended earlier on another rank; this thread could not go on
-    before its own op was done; collectives, not a pipeline's sends and receives). Time between two
-    leaves that is the own time of an ATen op enclosing them (``pieces``: graph.gaps; an
-    ``aten::mm`` computing between its children) is work, not idleness; an autograd Function's
-    (``_ReduceFromParallel`` calling the all-reduce) may be its wait. A thread waiting for several collectives (a DDP job's gradient buckets) resumes for
-    the one that ended last before it went on: a resume another collective of its thread explains
-    (it ended in the idle stretch, later than this one or before this one's recorded end) is not
-    this one's (it had cut a bucket's 9 ms all-reduce to 0.7 ms at the resume after the first
-    bucket). ``node_end`` is updated in place."""
+    late), and it was idle longer before the completion than after it. For collectives (a
+    pipeline's sends and receives keep the rule as said so far: their spans hold the peer's
+    wait), the thread was also idle ``idle_us`` or more and through at least half of the
+    collective's modelled time from the last arrival (a thread that went on after an
+    asynchronous call, ``async_op=True``, runs its next op after a few µs of Python: no wait;
+    the first pass below had cut a 27 ms all-reduce to 0.05 ms there); time between two leaves
+    that is the own time of an ATen op enclosing them (``pieces``: graph.gaps; an ``aten::mm``
+    computing between its children) is work, not idleness (an autograd Function's own time,
+    ``_ReduceFromParallel`` calling the all-reduce, may be its wait); and a thread waiting for
+    several collectives (a DDP job's gradient buckets) resumes for the one that ended last
+    before it went on: a resume another collective of its thread explains (it ended in the idle
+    stretch, later than this one or before this one's recorded end) is not this one's (it had
+    cut a bucket's 9 ms all-reduce to 0.7 ms at the resume after the first bucket).
+
+    A waiting thread that resumed before the backend recorded the end proves the collective was
+    complete by then (a descheduled backend thread can close its span late), so the modelled end
+    of the instance moves to that resume time. A thread that went on after a collective's call
+    and waited later (``work.wait()``, which records no op) resumes after its own backend op's
+    recorded end: where the first op after the last arrival is no resume, the first op after
+    that end is tried the same way, and where the thread resumed so, its backend op ends where it
+    was recorded (the instance may have ended earlier on another rank; this thread could not go
+    on before its own op was done). ``node_end`` is updated in place."""
     if not pairs:
         return
     nodes = w.node_rows
@@ -622,9 +626,9 @@ def completions(
     leaf_ts, leaf_end = w.ts[w.leaf_rows], w.end[w.leaf_rows]
     working = np.zeros(w.n_leaf)  # per leaf: the own time of enclosing ATen ops in the stretch before it
     if pieces is not None and len(pieces["node"]):
-        aten = np.array([s.startswith("aten::") for s in w.names], dtype=bool)
         own = pieces["owner_op"].astype(bool) & (pieces["node"] < w.n_leaf) & (pieces["owner"] >= 0)
-        own[own] &= aten[pieces["owner"][own]]
+        codes, at = np.unique(pieces["owner"][own], return_inverse=True)  # (the owners there are, not every name)
+        own[own] &= np.array([w.names[k].startswith("aten::") for k in codes.tolist()], dtype=bool)[at.reshape(-1)]
         np.add.at(working, pieces["node"][own], (pieces["end"] - pieces["start"])[own])
     # each thread's collectives and when they end (as modelled before this rule): a thread waiting
     # for several (a DDP job's buckets) resumes for the one that ended last before it went on

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -384,24 +385,25 @@ def kernel_precision(table: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndar
     return cache["precision"]
 
 
+def _names_where(table: EventTable, key: str, test: Callable[[str], bool]) -> np.ndarray:
+    """Per name code of ``table``: does its name pass ``test``? Once per table, kept as ``key``."""
+    cache = table.facts_cache = table.facts_cache or {}
+    if key not in cache:
+        cache[key] = np.array([test(n) for n in table.names], dtype=bool)
+    out: np.ndarray = cache[key]
+    return out
+
+
 def _typed_names(table: EventTable) -> np.ndarray:
     """Per name code: a matmul, convolution or attention op (fields.PRECISION_OP_PATTERN), whose
-    input types give its kernels' precision; once per table."""
-    cache = table.facts_cache = table.facts_cache or {}
-    if "typed_names" not in cache:
-        cache["typed_names"] = np.array([bool(PRECISION_OP_NAME.match(n)) for n in table.names], dtype=bool)
-    out: np.ndarray = cache["typed_names"]
-    return out
+    input types give its kernels' precision."""
+    return _names_where(table, "typed_names", lambda n: bool(PRECISION_OP_NAME.match(n)))
 
 
 def _loader_names(table: EventTable) -> np.ndarray:
     """Per name code: the range a multi-process DataLoader records around handing the loop its
-    next batch (``fields.LOADER_WAIT_RANGE``); once per table."""
-    cache = table.facts_cache = table.facts_cache or {}
-    if "loader_names" not in cache:
-        cache["loader_names"] = np.array([n.startswith(F.LOADER_WAIT_RANGE) for n in table.names], dtype=bool)
-    out: np.ndarray = cache["loader_names"]
-    return out
+    next batch (``fields.LOADER_WAIT_RANGE``)."""
+    return _names_where(table, "loader_names", lambda n: n.startswith(F.LOADER_WAIT_RANGE))
 
 
 def _loader_waits(table: EventTable, rows: np.ndarray, step: Step | None) -> list[list[float]]:
@@ -470,6 +472,7 @@ def index_facts(table: EventTable) -> None:
     _rank_last_event(table)
     _compile_codes(table)
     kernel_precision(table)
+    _loader_names(table)
 
 
 def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:

@@ -19,7 +19,7 @@ from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, EvClass, EventTable, Step
-from bottleneck_oracle.graph_pipeline.facts import HOST_BLOCKED_NAME, synchronous_launches
+from bottleneck_oracle.graph_pipeline.facts import COLLECTIVE_WAIT_NAME, HOST_BLOCKED_NAME, synchronous_launches
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
 GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
@@ -32,7 +32,6 @@ SYNC_NAME = re.compile(r"synchroni[sz]e|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 COPY_NAME = re.compile(F.COPY_CALL_PATTERN, re.IGNORECASE)
 QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
 LOCK_WAIT_NAME = re.compile(F.LOCK_WAIT_PATTERN)
-COLLECTIVE_WAIT_NAME = re.compile(F.COLLECTIVE_WAIT_PATTERN)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
 P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
 UNEVEN_KINDS = (CollectiveKind.ALL_TO_ALL, CollectiveKind.GATHER, CollectiveKind.SCATTER)
