@@ -37,6 +37,7 @@ from bottleneck_oracle.analysis.whatif import EditedTimes
 from bottleneck_oracle.config import Config
 from bottleneck_oracle.errors import OracleWarning
 from bottleneck_oracle.graph_pipeline import chakra, clocks
+from bottleneck_oracle.graph_pipeline import groups as process_groups
 from bottleneck_oracle.graph_pipeline.builder import BuildOptions, build_graphs, iter_graphs
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine, make_engine
 from bottleneck_oracle.graph_pipeline.et import attach, load_execution_traces
@@ -104,6 +105,8 @@ def load(
     for line in clocks.outlasting_waited_ops(table, LAUNCH_TOLERANCE_US):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in clocks.device_ahead(table, LAUNCH_TOLERANCE_US):
+        warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    for line in process_groups.assign(table).warnings:  # (after the clocks: it compares ranks' times)
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in align_cut_steps(table):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)

@@ -356,7 +356,11 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     )
     step_threads = {(s.rank, s.pid, s.tid) for s in w.steps}
     key_of = _thread_keys(w)
-    anchors = [t for t in range(n_thread) if key_of[t] in step_threads]
+    # (a backend's thread is one of its own: the copies gloo runs around an exchange, the division
+    # after a reduce-scatter, are leaves of the thread whose backend ops are the step's collectives)
+    back = w.node_rows[w.n_leaf + n_gpu :]
+    backend_threads = set(zip(c["rank"][back].tolist(), c["pid"][back].tolist(), c["tid"][back].tolist()))
+    anchors = [t for t in range(n_thread) if key_of[t] in step_threads or key_of[t] in backend_threads]
     anchors += list(range(n_thread, int(lane.max()) + 1))  # device streams and backend threads
     if len(anchors) == 0:  # no step marker, no device, no backend: the thread that runs the most op time
         ev = w.leaf_rows

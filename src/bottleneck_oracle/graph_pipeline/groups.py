@@ -1,0 +1,214 @@
+"""Process groups of the collectives whose trace does not name theirs.
+
+PyTorch names a collective's process group on its record_param_comms event and NCCL kernel (recent
+versions); gloo's backend ops (``gloo:all_reduce``) and the kernels of older traces name none. In a
+job with more than one parallel dimension (data × tensor parallel, FSDP × TP, pipeline stages ×
+data parallel) every rank then makes the same calls on different groups: matched by their order
+alone (collectives.match_instances), the k-th all-gather of one size on every rank is one
+collective of all the ranks, and a rank waits for ranks it never exchanged a byte with.
+
+Two facts of the raw events settle it. A collective cannot finish on any participant before every
+participant has joined it: a participant's recorded start is no later than when it joined, its
+recorded end no earlier than when the exchange completed, so in a true group the earliest end is
+never before the latest start. And each rank's ``distributedInfo.pg_config`` lists the groups it
+belongs to (name, description, ranks). For each kind and size of unnamed symmetric collective
+(``assign``): the ranks that make it, its k-th call on each of them one instance (where they all
+make it equally often). Where one rank's call ended before another's began in some instance, the
+ranks cannot be one group: the way of splitting them into groups of one family (the groups of one
+description and size: a device mesh's ``mesh_dp``) under which every instance is possible becomes
+the calls' groups, written to the table's ``pg`` column, which the graph builder matches them by.
+A backend's worker thread (a gloo ``pt_gloo_runloop``, an NCCL stream) serves one process group: a
+kind and size whose instances are all possible as one group of all the ranks, but which shares a
+thread on some rank with a kind that was split, is split the same way where its calls allow it.
+Where no split, or more than one, fits, nothing changes and a warning says the waits at those
+collectives may be wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bottleneck_oracle.graph_pipeline.arrays import groups
+from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, VETO_FLOOR_US
+from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
+from bottleneck_oracle.graph_pipeline.window import collective_kinds, is_network, name_flags
+
+MEET_TOLERANCE_US = VETO_FLOOR_US
+"""µs by which one participant's end may precede another's start and the two still be one
+collective (the residual disagreement of the ranks' clocks)."""
+
+Key = tuple[int, int]  # (CollectiveKind, message elements; -1 unknown)
+Partition = tuple[frozenset[int], ...]
+Split = tuple[str, Partition]  # (the family's name, its groups that split a collective's ranks)
+
+
+@dataclass(slots=True)
+class GroupReport:
+    """What ``assign`` did: per kind and size, the family its calls were placed in and the
+    groups' ranks, and the warnings where no split fits."""
+
+    placed: dict[str, tuple[str, list[list[int]]]]
+    warnings: list[str]
+
+
+def families(meta: Mapping[int, Mapping[str, Any]]) -> dict[str, list[frozenset[int]]]:
+    """The job's process groups from its ranks' ``distributedInfo.pg_config``, by family: the
+    groups of one description and size (a device mesh's ``mesh_dp`` groups; ``new_group``'s
+    without a description are all "undefined"), groups of two ranks or more."""
+    found: dict[tuple[str, int], set[frozenset[int]]] = {}
+    for info in meta.values():
+        config = info.get("pg_config") if isinstance(info, Mapping) else None
+        if not isinstance(config, list):
+            continue
+        for g in config:
+            ranks = g.get("ranks") if isinstance(g, Mapping) else None
+            if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                continue
+            members = frozenset(ranks)
+            if len(members) >= 2:
+                desc = str(g.get("pg_desc") or g.get("pg_name") or "")[:80]
+                found.setdefault((desc, len(members)), set()).add(members)
+    return {
+        (f"{desc} ({size} ranks)" if desc else f"groups of {size} ranks"): sorted(sets, key=sorted)
+        for (desc, size), sets in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    }
+
+
+COVERS = 8
+"""The most ways of splitting a collective's ranks into one family's groups that are weighed; more
+(a family of many overlapping groups) are too many to tell apart by times."""
+
+
+def _splits(ranks: frozenset[int], fams: Mapping[str, list[frozenset[int]]]) -> list[Split] | None:
+    """Every way of splitting ``ranks`` into two or more groups of one family (None: more than
+    COVERS). A family's groups may overlap: a 2 × 2 layout's groups made by ``new_group`` without
+    descriptions split four ranks two ways."""
+    out: list[Split] = []
+    for name, family in fams.items():
+        inside = [g for g in family if g < ranks]
+
+        def split(left: frozenset[int], chosen: list[frozenset[int]], name: str = name, inside: list = inside) -> bool:
+            if not left:
+                out.append((name, tuple(sorted(chosen, key=min))))
+                return len(out) <= COVERS
+            r = min(left)
+            return all(split(left - g, [*chosen, g]) for g in inside if r in g and g <= left)
+
+        if not split(ranks, []):
+            return None
+    return out
+
+
+def _possible(parts: Partition, calls: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether every instance is possible with these groups: in each group, its latest start is
+    no later than its earliest end (``calls``: rank -> the starts and ends of its calls, k-th = k-th)."""
+    for p in parts:
+        members = sorted(p)
+        latest = np.max(np.stack([calls[r][0] for r in members]), axis=0)
+        earliest = np.min(np.stack([calls[r][1] for r in members]), axis=0)
+        if (earliest < latest - MEET_TOLERANCE_US).any():
+            return False
+    return True
+
+
+def _describe(key: Key) -> str:
+    kind, size = key
+    name = CollectiveKind(kind).name.lower().replace("_", "-")
+    return f"{name}s of {size} elements" if size >= 0 else f"{name}s"
+
+
+def _calls(table: EventTable) -> tuple[np.ndarray, dict[Key, dict[int, np.ndarray]], np.ndarray, np.ndarray, np.ndarray]:
+    """The symmetric collectives that name no process group: their rows, and per kind and size,
+    each rank's positions among them in start order; their starts, ends and threads."""
+    c = table.cols
+    kind_of, gloo, nccl, _ = name_flags(table.names)
+    net = np.flatnonzero(is_network(c["name"], c["cls"], gloo, nccl) & (c["pg"] < 0))
+    kinds = collective_kinds(c, net, kind_of).astype(np.int64)
+    net, kinds = net[np.isin(kinds, np.array(SYMMETRIC, dtype=np.int64))], kinds[np.isin(kinds, np.array(SYMMETRIC, dtype=np.int64))]
+    sizes = np.where(np.isnan(c["msg_nelems"][net]), -1, c["msg_nelems"][net]).astype(np.int64)
+    start = c["ts"][net]
+    rank = c["rank"][net].astype(np.int64)
+    by_key: dict[Key, dict[int, np.ndarray]] = {}
+    if len(net):
+        uniq, inverse = np.unique(np.stack([kinds, sizes]), axis=1, return_inverse=True)
+        for code, pos in groups(inverse.reshape(-1)):
+            key = (int(uniq[0, code]), int(uniq[1, code]))
+            for r, mine in groups(rank[pos]):
+                at = pos[mine]
+                by_key.setdefault(key, {})[r] = at[np.argsort(start[at], kind="stable")]
+    return net, by_key, start, start + c["dur"][net], c["tid"][net]
+
+
+def assign(table: EventTable) -> GroupReport:
+    """Place the table's symmetric collectives that name no process group in the groups their
+    times allow (see the module's docstring); returns what was placed and the warnings."""
+    report = GroupReport({}, [])
+    if len(table.ranks) < 2:
+        return report
+    net, by_key, start, end, thread = _calls(table)
+    fams = families(table.meta)
+    decided: dict[Key, Split] = {}
+    calls_of: dict[Key, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+    for key, per in by_key.items():
+        if len(per) < 2 or len({len(v) for v in per.values()}) != 1:
+            continue  # on one rank, or made unequally often: left to the builder's alignment
+        calls_of[key] = calls = {r: (start[v], end[v]) for r, v in per.items()}
+        ranks = frozenset(per)
+        if _possible((ranks,), calls):
+            continue
+        splits = _splits(ranks, fams)
+        fits = [sp for sp in splits or [] if _possible(sp[1], calls)]
+        if len(fits) == 1:
+            decided[key] = fits[0]
+            continue
+        if splits is None:
+            what = "the trace's process groups split them too many ways to tell which"
+        elif fits:
+            what = "more than one split into the trace's process groups allows them (" + "; ".join(_groups_text(p) for _, p in fits) + ")"
+        else:
+            what = "no split into the trace's process groups allows them, or the ranks' clocks disagree (ranks on several hosts: --ranks-per-host aligns them)"
+        report.warnings.append(
+            f"{_describe(key)} matched in order across ranks {_ranks(ranks)} cannot all be one collective "
+            f"(a rank's call ended before another's began), and {what}: the cross-rank waits at them may be wrong"
+        )
+    # a kind and size that shares a backend thread with a placed one, on some rank, is in its groups
+    linked: dict[Key, set[Key]] = {}
+    for r in np.unique(table.cols["rank"][net]).tolist():
+        on: dict[int, set[Key]] = {}
+        for key, per in by_key.items():
+            for t in np.unique(thread[per[r]]).tolist() if r in per else []:
+                on.setdefault(int(t), set()).add(key)
+        for keys in on.values():
+            for k in keys:
+                linked.setdefault(k, set()).update(keys)
+    for key, calls in calls_of.items():
+        ranks = frozenset(calls)
+        if key in decided or not _possible((ranks,), calls):
+            continue
+        found = {decided[k] for k in linked.get(key, ()) if k in decided}
+        fits = [(n, p) for n, p in found if frozenset().union(*p) == ranks and _possible(p, calls)]
+        if len(fits) == 1:
+            decided[key] = fits[0]
+    pg = table.cols["pg"]
+    code = int(pg.max()) + 1 if len(pg) else 0
+    for key, (name, parts) in sorted(decided.items()):
+        for part in parts:
+            for r in part:
+                pg[net[by_key[key][r]]] = code
+            code += 1
+        report.placed[_describe(key)] = (name, [sorted(p) for p in parts])
+    return report
+
+
+def _groups_text(parts: Partition) -> str:
+    return ", ".join("+".join(map(str, sorted(p))) for p in parts)
+
+
+def _ranks(ranks: frozenset[int]) -> str:
+    r = sorted(ranks)
+    return f"{r[0]}–{r[-1]}" if r == list(range(r[0], r[-1] + 1)) and len(r) > 2 else ", ".join(map(str, r))

@@ -1,0 +1,174 @@
+"""Collectives whose trace names no process group (gloo's ops, the kernels of older traces) are
+matched within the group the raw events allow, not across every rank that makes them.
+
+The oracle is the raw trace of our own 4-rank gloo job with two parallel dimensions
+(tests/data/own-cpu/fsdp_tp_gloo, ``benchmarks/record_two_dim.py``): FSDP2 over the "dp"
+dimension (ranks 0+2, 1+3), tensor parallel over "tp" (ranks 0+1, 2+3), each rank's groups listed
+in its ``distributedInfo.pg_config``. By construction FSDP's all-gather and reduce-scatter (a
+``gloo:all_reduce`` of 1,050,112 elements) run on dp and the row-wise layer's all-reduce (64 × 512)
+on tp; and a collective cannot end on one participant before another began it (read from the
+JSON: in some steps each kind's calls on one pair of ranks ended before the other pair's began)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bottleneck_oracle.graph_pipeline.schema import Category, EdgeKind
+from conftest import DATA, cached_analyses
+
+TWO_DIM = DATA / "own-cpu" / "fsdp_tp_gloo"
+RANKS = range(4)
+
+
+def _raw(folder: Path) -> tuple[dict[str, set[frozenset[int]]], dict[tuple[str, str], dict[int, list[tuple[float, float]]]]]:
+    """From the JSON: the groups of each description (pg_config of every rank), and per (backend
+    op, Input Dims) each rank's calls (start, end) in time order."""
+    groups: dict[str, set[frozenset[int]]] = {}
+    calls: dict[tuple[str, str], dict[int, list[tuple[float, float]]]] = {}
+    for r in RANKS:
+        doc = json.loads(gzip.open(folder / f"rank-{r}.json.gz").read())
+        for g in doc["distributedInfo"]["pg_config"]:
+            groups.setdefault(g["pg_desc"], set()).add(frozenset(g["ranks"]))
+        for e in sorted(
+            (e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e["name"]).startswith("gloo:")), key=lambda e: e["ts"]
+        ):
+            key = (e["name"], json.dumps(e["args"]["Input Dims"]))
+            calls.setdefault(key, {}).setdefault(r, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    return groups, calls
+
+
+def test_the_raw_events_rule_out_one_group_of_all_ranks():
+    """The premise, from the JSON alone: for the all-gather and the tensor-parallel all-reduce, in
+    some step one pair's calls all ended before the other pair's began — four ranks cannot have
+    been one collective there."""
+    groups, calls = _raw(TWO_DIM)
+    assert groups["mesh_dp"] == {frozenset({0, 2}), frozenset({1, 3})}
+    assert groups["mesh_tp"] == {frozenset({0, 1}), frozenset({2, 3})}
+    for key in (("gloo:all_gather", "[[525056]]"), ("gloo:all_reduce", "[[64, 512]]")):
+        per = calls[key]
+        n = len(per[0])
+        assert all(len(per[r]) == n for r in RANKS)
+        impossible = [k for k in range(n) if min(per[r][k][1] for r in RANKS) < max(per[r][k][0] for r in RANKS)]
+        assert impossible, key
+
+
+def test_two_dimensional_collectives_meet_within_their_groups():
+    """Every barrier joins one group of the dimension the collective runs on, its members' raw
+    times are possible for one collective, and each step has the all-gather and the tensor-parallel
+    all-reduce of both groups (the reduce-scatter's gloo op of a pair can fall outside the step's
+    window). Before: three barriers of all four ranks a step, ranks 1 and 3 made to wait for an
+    all-gather of ranks 0 and 2 they never exchanged data with (the straggler "rank 0, the others
+    waited up to 13 ms for it")."""
+    groups, _ = _raw(TWO_DIM)
+    want = {"gloo:all_gather": groups["mesh_dp"], "gloo:all_reduce": None}
+    size_group = {64 * 512: groups["mesh_tp"], 1050112: groups["mesh_dp"]}
+    analyses = cached_analyses(TWO_DIM)
+    assert len(analyses) >= 5
+    for a in analyses:
+        g = a.graph
+        n, e = g.nodes, g.edges
+        barriers = np.flatnonzero(n["category"] == Category.BARRIER)
+        seen: dict[tuple[str, int], int] = {}
+        for b in barriers.tolist():
+            members = e["dst"][(e["src"] == b) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)].tolist()
+            ranks = frozenset(int(n["rank"][m]) for m in members)
+            name = g.node_name(members[0])
+            elems = int(g.nodes["msg_bytes"][members[0]] / 4)
+            allowed = want[name] or size_group[elems]
+            assert ranks in allowed, (g.step, name, elems, sorted(ranks))
+            seen[name, elems] = seen.get((name, elems), 0) + 1
+            ends = [float(n["start"][m] + n["dur"][m]) for m in members]
+            starts = [float(n["start"][m]) for m in members]
+            assert min(ends) >= max(starts) - 20.0, (g.step, name)
+        assert seen["gloo:all_gather", 525056] == 2 and seen["gloo:all_reduce", 64 * 512] == 2, g.step
+
+
+def test_a_layout_no_group_list_explains_is_said(tmp_path):
+    """The same job with the groups taken out of its files: the four ranks still cannot be one
+    collective, nothing in the trace says which groups they were, and loading it says so, once
+    per kind and size, naming it."""
+    from bottleneck_oracle import api
+    from bottleneck_oracle.errors import OracleWarning
+
+    for r in RANKS:
+        doc = json.loads(gzip.open(TWO_DIM / f"rank-{r}.json.gz").read())
+        del doc["distributedInfo"]["pg_config"]
+        (tmp_path / f"rank-{r}.json").write_text(json.dumps(doc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OracleWarning)
+        api.load(tmp_path)
+    said = [str(w.message) for w in caught if "cannot all be one collective" in str(w.message)]
+    assert any("all-gathers of 525056 elements" in s for s in said), said
+    assert any("all-reduces of 32768 elements" in s for s in said), said
+    assert all("no split into the trace's process groups allows them" in s for s in said)
+
+
+@pytest.mark.parametrize("folder", [DATA / "own-cpu" / "fsdp_gloo", DATA / "gloo_ddp_2rank", DATA / "own-cpu" / "tensor_parallel_gloo"])
+def test_one_dimensional_jobs_are_matched_as_before(folder):
+    """Jobs with one group of every rank (DDP, FSDP, tensor parallel alone): no collective is
+    moved to another group, and nothing is said."""
+    from bottleneck_oracle import api
+    from bottleneck_oracle.errors import OracleWarning
+    from bottleneck_oracle.graph_pipeline import groups
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OracleWarning)
+        table = api.load(folder)
+    assert not [w for w in caught if "cannot all be one collective" in str(w.message)]
+    assert groups.assign(table).placed == {}
+
+
+def test_a_backend_thread_is_never_a_bystander():
+    """Every gloo op that starts inside its rank's ProfilerStep (read from the JSON) is a node of
+    that step's graph. Before: in step 5, ranks 0 and 2 ran nothing on the thread of their
+    reduce-scatter's ``gloo:all_reduce`` but the division after it (two ``aten::div_``), that
+    thread was left out as a bystander, and the collective with it: the pair's reduce-scatter was
+    missing, and rank 2's 9 ms wait for it read as untraced."""
+    raw: dict[tuple[int, int], int] = {}
+    for r in RANKS:
+        ev = [e for e in json.loads(gzip.open(TWO_DIM / f"rank-{r}.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
+        for s in (e for e in ev if str(e["name"]).startswith("ProfilerStep#")):
+            lo, hi = float(s["ts"]), float(s["ts"]) + float(s["dur"])
+            raw[r, int(str(s["name"]).split("#")[1])] = sum(
+                1 for e in ev if str(e["name"]).startswith("gloo:") and lo <= float(e["ts"]) < hi
+            )
+    checked = 0
+    for a in cached_analyses(TWO_DIM):
+        g = a.graph
+        for r in RANKS:
+            nodes = sum(1 for i in range(g.n_nodes) if g.nodes["rank"][i] == r and g.node_name(i).startswith("gloo:"))
+            assert nodes == raw[r, g.step], (g.step, r)
+            checked += 1
+    assert checked >= 20
+
+
+def test_groups_without_descriptions_are_told_apart_by_time(tmp_path):
+    """The same job with every group's description "undefined" (``new_group`` without
+    ``group_desc``): the dp and tp groups are one family of four overlapping pairs, which split the
+    four ranks two ways; the times still allow only one split for each kind and size, the same as
+    with the descriptions."""
+    from bottleneck_oracle import api
+
+    for r in RANKS:
+        doc = json.loads(gzip.open(TWO_DIM / f"rank-{r}.json.gz").read())
+        for g in doc["distributedInfo"]["pg_config"]:
+            g["pg_desc"] = "undefined"
+        (tmp_path / f"rank-{r}.json").write_text(json.dumps(doc))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = api.load(tmp_path)
+    # what loading placed: the pg codes of each kind's calls split the ranks as the raw layout says
+    dp, tp = {frozenset({0, 2}), frozenset({1, 3})}, {frozenset({0, 1}), frozenset({2, 3})}
+    c = table.cols
+    for name, elems, want in (("gloo:all_gather", 525056, dp), ("gloo:all_reduce", 64 * 512, tp), ("gloo:all_reduce", 1050112, dp)):
+        rows = np.flatnonzero((np.array(table.names)[c["name"]] == name) & (c["msg_nelems"] == elems))
+        by_code: dict[int, set[int]] = {}
+        for row in rows.tolist():
+            by_code.setdefault(int(c["pg"][row]), set()).add(int(c["rank"][row]))
+        assert {frozenset(v) for v in by_code.values()} == want, (name, elems)
