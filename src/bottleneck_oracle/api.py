@@ -106,6 +106,7 @@ def load(
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in clocks.device_ahead(table, LAUNCH_TOLERANCE_US):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
+    process_groups.resolve_peers(table)  # (before the collectives: their groups are placed from the peers' pairing too)
     for line in process_groups.assign(table).warnings:  # (after the clocks: it compares ranks' times)
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in align_cut_steps(table):

@@ -172,3 +172,96 @@ def test_groups_without_descriptions_are_told_apart_by_time(tmp_path):
         for row in rows.tolist():
             by_code.setdefault(int(c["pg"][row]), set()).add(int(c["rank"][row]))
         assert {frozenset(v) for v in by_code.values()} == want, (name, elems)
+
+
+PIPE_DP = DATA / "own-cpu" / "pipeline_dp_gloo"
+
+
+def test_a_send_s_peer_is_read_in_its_group():
+    """A pipeline whose stages are also data parallel (tests/data/own-cpu/pipeline_dp_gloo,
+    ``benchmarks/record_pipeline_dp.py``): ranks 0+1 and 2+3 are pipelines (``mesh_pp``), and the
+    peer a ``c10d::send`` / ``c10d::recv_`` records is the peer's rank in its pipeline's group (read
+    from the JSON: ranks 2 and 3 name "1" and "0"). Loaded, every call points at the other rank of
+    its ``mesh_pp`` group; in every step each send pairs with a receive (a barrier per raw send)
+    and none is left unmatched. Before: the 16 sends and receives of pipeline 2+3 each step were
+    unmatched (read as aimed at ranks 1 and 0), ops seen on one rank only (in another recording of
+    the job, the run then named "rank 1's Forward 0, 28 ms a step against 5 on its peers": stage 0)."""
+    from bottleneck_oracle import api
+
+    pipes: dict[int, list[int]] = {}
+    sends: dict[int, int] = {}  # ProfilerStep number -> the sends of every rank in it (raw)
+    for r in RANKS:
+        doc = json.loads(gzip.open(PIPE_DP / f"rank-{r}.json.gz").read())
+        (pipe,) = [g["ranks"] for g in doc["distributedInfo"]["pg_config"] if g["pg_desc"] == "mesh_pp"]
+        pipes[r] = pipe
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        written = {e["args"]["Concrete Inputs"][2] for e in ev if e["name"] in ("c10d::send", "c10d::recv_")}
+        assert written == {str(pipe.index(next(q for q in pipe if q != r)))}  # the peer's place in its group
+        for s in (e for e in ev if str(e["name"]).startswith("ProfilerStep#")):
+            n = int(str(s["name"]).split("#")[1])
+            sends[n] = sends.get(n, 0) + sum(1 for e in ev if e["name"] == "c10d::send" and s["ts"] <= e["ts"] < s["ts"] + s["dur"])
+    assert pipes[2] == [2, 3] and pipes[3] == [2, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = api.load(PIPE_DP)
+    c = table.cols
+    calls = np.flatnonzero(c["peer"] >= 0)
+    assert len(calls) == 4 * 2 * 4 * 6  # (ranks, sends and receives, microbatches, steps)
+    for row in calls.tolist():
+        r = int(c["rank"][row])
+        assert int(c["peer"][row]) == next(q for q in pipes[r] if q != r), row
+    for a in cached_analyses(PIPE_DP):
+        g = a.graph
+        assert g.meta["collectives"]["unmatched_ops"] == 0, g.step
+        pairs = sum(
+            1 for i in np.flatnonzero(g.nodes["category"] == Category.BARRIER).tolist() if g.node_name(i).startswith("barrier:send_recv")
+        )
+        assert pairs == sends[g.step] == 16, g.step
+
+
+def test_a_gloo_send_arrives_when_its_call_posts_it():
+    """gloo posts a send's buffer inside ``c10d::send``, before the span of its ``gloo:send``
+    begins (at the call's end, read from the JSON: the calls last up to 8 ms on this loaded
+    machine, their gloo:send starting within 20 µs of the call's end), and the receive can be
+    over by then. Every send and receive starts with its call, so no receive is modelled as
+    waiting for a send that began after it ended, and the receiving thread resumes from it.
+    Before: in step 2, rank 1's 37 ms receive ended 3.2 ms before rank 0's gloo:send began; it was
+    modelled as waiting until then (a late peer), and 27 ms of rank 1's wait read as untraced."""
+    lags = []
+    for r in RANKS:
+        ev = [e for e in json.loads(gzip.open(PIPE_DP / f"rank-{r}.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
+        calls = sorted((e for e in ev if e["name"] == "c10d::send"), key=lambda e: e["ts"])
+        spans = sorted((e for e in ev if e["name"] == "gloo:send"), key=lambda e: e["ts"])
+        assert len(calls) == len(spans)
+        lags += [float(s["ts"]) - float(c["ts"]) - float(c["dur"]) for c, s in zip(calls, spans)]
+    assert -20.0 <= min(lags) and max(lags) <= 0.0
+    for a in cached_analyses(PIPE_DP):
+        g = a.graph
+        n = g.nodes
+        for i in range(g.n_nodes):
+            if g.node_name(i) in ("gloo:send", "gloo:recv"):
+                assert n["mstart"][i] <= n["start"][i] + n["dur"][i] + 1e-6, (g.step, g.node_name(i), int(n["rank"][i]))
+        assert g.meta["late_peers"] == 0, g.step
+
+
+def test_a_receiving_thread_s_wait_is_the_receive():
+    """The time a stage's thread spends in its own ``gloo:recv`` spans (read from the JSON) is on
+    the critical path as the receive's wait, not as untraced time: an isend's thread that goes on
+    computing (its ``gloo:send`` span open until the schedule waits for it) does not mark the pair's
+    transfer done, so the receiver's resume after the recorded end counts. Summed over the six
+    steps, under 15 ms of such untraced time remains (four ranks on two cores: a thread woken late).
+    Before: 99 ms (29 ms in step 4: rank 1 went on 0.2 ms after posting its send, which cut the
+    transfer's end 6.5 ms before rank 0's receive ended, and rank 0's resume read as 7 ms late)."""
+    spans: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for r in RANKS:
+        for e in json.loads(gzip.open(PIPE_DP / f"rank-{r}.json.gz").read())["traceEvents"]:
+            if e.get("name") == "gloo:recv":
+                spans.setdefault((r, int(e["tid"])), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    inside = 0.0
+    for a in cached_analyses(PIPE_DP):
+        w0 = a.graph.window_start
+        for s in a.segments():
+            if s.kind == "untraced" and s.rank >= 0:
+                lo, hi = s.start + w0, s.start + s.dur + w0
+                inside += sum(max(0.0, min(hi, b) - max(lo, a_)) for a_, b in spans.get((s.rank, s.tid), []))
+    assert inside < 15_000.0, inside

@@ -460,8 +460,12 @@ def _finish(
     start = w.ts[rows]
     pairs = rules.backends(w, E)
     peer = np.full(len(rows), -1, dtype=np.int64)  # a backend send/recv's peer is its c10d call's
+    dur = c["dur"][rows]
     for call, work in pairs:
         peer[work] = c["peer"][call]
+        if int(w.ckind[work]) in P2P_KINDS and w.ts[call] < start[work]:  # (posted in the call: rules.backends)
+            start[work] = w.ts[rows[work]] = w.ts[call]  # (the window's too: the rules after this one read it)
+            dur[work] = w.end[rows[work]] - start[work]
     seq = _sequence_numbers(w, pairs)
     match_stats: dict[str, int] = {}
     inst = match_instances(
@@ -497,7 +501,7 @@ def _finish(
         "node_type": w.node_type(),
         "category": w.node_category(),
         "start": start,
-        "dur": c["dur"][rows],
+        "dur": dur,
         "event": w.rows[rows],
         "msg_bytes": w.msg_bytes(),
         "group_size": np.where(w.is_net, c["group_size"][rows], -1),

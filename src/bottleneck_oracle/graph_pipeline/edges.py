@@ -493,7 +493,20 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
                 pairs.append((call, node_of_row[work]))
     pairs += _backends_left(w, calls, w.node_rows[net], pairs, node_of_row)
     if pairs:
-        E.add(w.out_node(np.array([p[0] for p in pairs], dtype=np.int64)), [p[1] for p in pairs], EdgeKind.BACKEND)
+        call = np.array([p[0] for p in pairs], dtype=np.int64)
+        work = np.array([p[1] for p in pairs], dtype=np.int64)
+        src = w.out_node(call)
+        # gloo posts a send's or a receive's buffer inside the c10d call, before the span of its
+        # gloo:send / gloo:recv begins (at the call's end): the transfer can be over by then. Such
+        # an op starts with its call (_finish), after what the call waited for: the leaf before it.
+        p2p = isin_small(w.ckind[work], P2P_KINDS)
+        first = w.in_node(call[p2p])
+        before = first - 1
+        ok = (first > 0) & (first < w.n_leaf)
+        ok[ok] &= w.leaf_thread[before[ok]] == w.leaf_thread[first[ok]]
+        at = np.flatnonzero(p2p)
+        src[at] = np.where(ok, before, -1)
+        E.add(src, work, EdgeKind.BACKEND)  # (-1: the call is its thread's first leaf in the window)
     return pairs
 
 
@@ -649,11 +662,16 @@ def completions(
         lo = int(np.searchsorted(w.leaf_thread, t, side="left"))
         hi = int(np.searchsorted(w.leaf_thread, t, side="right"))
         done = node_end[work]
-        since = arrival[work]
+        since = max(
+            arrival[work], float(w.end[call])
+        )  # (the thread goes on after its call returned: a send posted in it arrived at its start)
         least = max(idle_us, (done - since) / 2)  # (a thread that waited for the collective was idle through most of it)
         p2p = int(w.ckind[work]) in P2P_KINDS  # (a pipeline's sends and receives keep the first rule: their spans hold the peer's wait)
         if p2p:
             least = 0.0
+            # gloo records a send's or receive's span on the calling thread and closes it when the
+            # thread's wait returns: an op before that is no resume (an isend's thread goes on)
+            since = max(since, float(w.end[nodes[work]]) - 1.0)
         if later:  # (after an asynchronous call: its thread resumes after its own backend op ended, idle through most of it)
             since = done = max(done, float(w.end[nodes[work]]))
             least = max(idle_us, (done - arrival[work]) / 2)

@@ -212,3 +212,38 @@ def _groups_text(parts: Partition) -> str:
 def _ranks(ranks: frozenset[int]) -> str:
     r = sorted(ranks)
     return f"{r[0]}–{r[-1]}" if r == list(range(r[0], r[-1] + 1)) and len(r) > 2 else ", ".join(map(str, r))
+
+
+def resolve_peers(table: EventTable) -> int:
+    """Point each c10d send and receive at its peer's global rank. The peer a call records (its
+    third concrete input: ``dst``, ``src``) is the peer's rank in the call's process group, which
+    the call does not name: in a pipeline whose stages are also data or tensor parallel, stage
+    group 2+3's rank 2 sends to "1", meaning rank 3. Each reading (the peer's place in one of the
+    rank's groups in its ``distributedInfo.pg_config``, in the group's order) is kept where the
+    other side makes the opposite calls naming this rank by its place in the same group; where
+    exactly one peer is so read, the call points at it (the ``peer`` column the graph builder
+    pairs sends and receives by). Returns how many calls were re-pointed."""
+    c = table.cols
+    rows = np.flatnonzero(c["peer"] >= 0)
+    if not len(rows):
+        return 0
+    names = table.names
+    is_send = np.array(["send" in names[k] for k in c["name"][rows].tolist()], dtype=bool)
+    mine: dict[int, list[list[int]]] = {}
+    for r, info in table.meta.items():
+        config = info.get("pg_config") if isinstance(info, Mapping) else None
+        for g in config if isinstance(config, list) else []:
+            ranks = g.get("ranks") if isinstance(g, Mapping) else None
+            if isinstance(ranks, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in ranks) and r in ranks:
+                mine.setdefault(r, []).append(ranks)
+    if not any(len(gs) > 1 for gs in mine.values()):
+        return 0
+    written: set[tuple[int, bool, int]] = set(zip(c["rank"][rows].tolist(), is_send.tolist(), c["peer"][rows].tolist()))
+    moved = 0
+    for r, send, p in sorted(written):
+        readings = {g[p] for g in mine.get(r, []) if p < len(g) and g[p] != r and (g[p], not send, g.index(r)) in written}
+        if len(readings) == 1 and (q := readings.pop()) != p:
+            at = rows[(c["rank"][rows] == r) & (is_send == send) & (c["peer"][rows] == p)]
+            c["peer"][at] = q
+            moved += len(at)
+    return moved
