@@ -107,6 +107,15 @@ def test_a_layout_no_group_list_explains_is_said(tmp_path):
     assert any("all-gathers of 525056 elements" in s for s in said), said
     assert any("all-reduces of 32768 elements" in s for s in said), said
     assert all("no split into the trace's process groups allows them" in s for s in said)
+    # and each step whose matching is impossible fails its self-check (with the groups, every step holds)
+    from bottleneck_oracle.analysis.summary import StepAnalysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        failed = [
+            c for g in api.graphs(api.load(tmp_path)) for c in StepAnalysis.of(g).checks() if c.name == "collectives_meet" and not c.ok
+        ]
+    assert len(failed) == 6 and "before rank" in failed[0].detail, [c.detail for c in failed]  # (every step)
 
 
 @pytest.mark.parametrize("folder", [DATA / "own-cpu" / "fsdp_gloo", DATA / "gloo_ddp_2rank", DATA / "own-cpu" / "tensor_parallel_gloo"])

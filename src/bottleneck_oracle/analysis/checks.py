@@ -39,6 +39,8 @@ Invariants (thresholds stated with each):
   step, and the step is read from its host alone.
 - ``compute``: the path's device-op time is at most the device busy time of the ranks it runs on
   (plus 1%): no breakdown class exceeds what the device did.
+- ``collectives_meet``: no collective matched across ranks has a participant whose recorded end
+  comes before another's recorded start (a collective cannot end before all have joined).
 """
 
 from __future__ import annotations
@@ -47,9 +49,15 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from bottleneck_oracle.analysis.segments import CPU, Segment
 from bottleneck_oracle.graph_pipeline import fields as F
+from bottleneck_oracle.graph_pipeline.arrays import isin_small
+from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC
 from bottleneck_oracle.graph_pipeline.facts import BLOCKING_FACT_US, WAITING_NAME, RunFacts
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.groups import MEET_TOLERANCE_US
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind
 
 if TYPE_CHECKING:
@@ -68,6 +76,7 @@ CheckName = Literal[
     "launches_found",
     "compute",
     "device_idle",
+    "collectives_meet",
 ]
 
 PERIOD_TOLERANCE = 0.05
@@ -268,6 +277,16 @@ def step_checks(a: StepAnalysis) -> list[Check]:
                         f"idle {_ms(idle)} of the period",
                     )
                 )
+    met = _collectives_met(g)
+    if met is not None:
+        n_inst, unmet = met
+        detail = (
+            f"{n_inst - len(unmet)} of {n_inst} collectives matched across ranks could have met (no participant ended before another began)"
+        )
+        if unmet:
+            name, early, late, gap = unmet[0]
+            detail += f"; e.g. {name}: rank {early}'s ended {_ms(gap)} before rank {late}'s began (the ranks' clocks disagree, or the calls were matched wrongly)"
+        out.append(Check("collectives_meet", not unmet, detail))
     busy = sum(f.device_busy_us for f in facts.ranks if f.rank in on_device)
     dev_ops = sum(s.dur for s in segs if s.on_gpu and s.kind == "op")
     if dev_ops > 0:
@@ -279,6 +298,32 @@ def step_checks(a: StepAnalysis) -> list[Check]:
             )
         )
     return out
+
+
+def _collectives_met(g: ExecutionGraph) -> tuple[int, list[tuple[str, int, int, float]]] | None:
+    """Of the step's symmetric collectives matched across ranks (each barrier's participants), how
+    many, and those in which a participant's recorded end comes before another's recorded start
+    (beyond MEET_TOLERANCE_US): (name, the rank that ended, the rank that began later, by how much),
+    worst first. None where the step has none. From the ops' recorded times: a participant joins no
+    later than its op starts and is done no earlier than its op ends."""
+    n, e = g.nodes, g.edges
+    sync = np.flatnonzero(e["kind"] == EdgeKind.COLLECTIVE_SYNC)
+    dst = e["dst"][sync]
+    keep = isin_small(n["coll_kind"][dst], SYMMETRIC)
+    if not keep.any():
+        return None
+    bar, dst = e["src"][sync][keep], dst[keep]
+    out = []
+    for b in np.unique(bar).tolist():
+        m = dst[bar == b]
+        if len(m) < 2:
+            continue
+        end = n["start"][m] + n["dur"][m]
+        first, last = int(m[np.argmin(end)]), int(m[np.argmax(n["start"][m])])
+        gap = float(n["start"][last] - end.min())
+        if gap > MEET_TOLERANCE_US:
+            out.append((g.node_name(first), int(n["rank"][first]), int(n["rank"][last]), gap))
+    return len(np.unique(bar)), sorted(out, key=lambda x: -x[3])
 
 
 def run_warnings(run: RunFacts | None) -> list[str]:
