@@ -57,12 +57,14 @@ def write_run(
     noise: float = 0.03,
     extra_range: str | None = None,
     repeats: int = 1,
+    block: str = "block",
 ) -> dict[int, float]:
     """Write rank-0.json.gz and rank-1.json.gz. Rank 1 runs ``extra_pairs`` extra mm + tanh pairs
     inside ``block`` in the steps ``extra_steps`` (or, with ``extra_range``, in a range of that
     name no other rank runs, after ``block``). With ``repeats``, ``forward`` runs ``block`` that
     many times (as a pipeline runs a stage once per micro-batch), each with ``extra_pairs`` extra
-    pairs. Returns per step the time rank 1 spent in its extra
+    pairs; ``block`` names the inner range, ``{i}`` in it the repeat's number (``Forward {i}``, as
+    torch.distributed.pipelining names a micro-batch's forward). Returns per step the time rank 1 spent in its extra
     ops and the untraced time after them (µs)."""
     folder.mkdir(parents=True, exist_ok=True)
     ranks = [_Rank(r, seed, noise) for r in range(2)]
@@ -78,13 +80,13 @@ def write_run(
             R.t += R.d(GAP_US)
             R.pairs(10, MM_US, TANH_US)
             extra = R.rank == 1 and step in extra_steps and extra_pairs > 0
-            for _ in range(repeats):
-                block = R.t
+            for i in range(repeats):
+                block_start = R.t
                 R.t += R.d(GAP_US)
                 R.pairs(10, MM_US, TANH_US)
                 if extra and extra_range is None:
                     extra_us[step] = extra_us.get(step, 0.0) + R.pairs(extra_pairs, EXTRA_MM_US, EXTRA_TANH_US)
-                R.range("block", block)
+                R.range(block.format(i=i), block_start)
             if extra and extra_range is not None:
                 other = R.t
                 R.t += R.d(GAP_US)

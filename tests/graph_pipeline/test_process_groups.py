@@ -274,3 +274,93 @@ def test_a_receiving_thread_s_wait_is_the_receive():
                 lo, hi = s.start + w0, s.start + s.dur + w0
                 inside += sum(max(0.0, min(hi, b) - max(lo, a_)) for a_, b in spans.get((s.rank, s.tid), []))
     assert inside < 15_000.0, inside
+
+
+def _write_pairs(folder: Path, ends: dict[int, float], starts: dict[int, float], steps: int = 5) -> None:
+    """Four ranks (groups: ``mesh_dp`` 0+2, 1+3; ``mesh_tp`` 0+1, 2+3), each step one all-reduce
+    of 1024 floats whose gloo op starts ``starts[rank]`` and ends ``ends[rank]`` µs into the step
+    (every call possible as one collective of all four: the earliest end is after the latest
+    start), between two ops of the rank's main thread."""
+    layout = {0: ([0, 2], [0, 1]), 1: ([1, 3], [0, 1]), 2: ([0, 2], [2, 3]), 3: ([1, 3], [2, 3])}
+    for r in RANKS:
+        dp, tp = layout[r]
+        ev: list[dict] = []
+        for k in range(steps):
+            t = 1000.0 + 10_000.0 * k
+            ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k + 1}", "pid": r, "tid": r, "ts": t, "dur": 9000.0})
+            ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": r, "tid": r, "ts": t + 10.0, "dur": 50.0})
+            call = {"Input Dims": [[[1024]], [], [], [], [], []], "Concrete Inputs": ["", "", "", "", "True", "-1"]}
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "c10d::allreduce_",
+                    "pid": r,
+                    "tid": r,
+                    "ts": t + starts[r] - 40.0,
+                    "dur": 30.0,
+                    "args": call,
+                }
+            )
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "gloo:all_reduce",
+                    "pid": r,
+                    "tid": 100 + r,
+                    "ts": t + starts[r],
+                    "dur": ends[r] - starts[r],
+                    "args": {"Input Dims": [[1024]]},
+                }
+            )
+            ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": r, "tid": r, "ts": t + ends[r] + 30.0, "dur": 50.0})
+        groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]}]
+        groups += [
+            {"pg_name": "1", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": dp},
+            {"pg_name": "2", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": tp},
+        ]
+        doc = {"traceEvents": ev, "distributedInfo": {"backend": "gloo", "rank": r, "world_size": 4, "pg_config": groups}}
+        (folder / f"rank-{r}.json").write_text(json.dumps(doc))
+
+
+def test_groups_whose_ends_cluster_apart_are_split():
+    """Every call possible as one collective of all four ranks, but ranks 0 and 2 end together 4 ms
+    before ranks 1 and 3 do, which end together too (constructed): two collectives, one per
+    ``mesh_dp`` pair — ends 10 µs apart inside each pair, 4 ms across. Four ranks ending within
+    300 µs of each other (a slow rank among them), or pairs as far apart inside as across, stay one
+    collective of all four."""
+    import tempfile
+
+    from bottleneck_oracle import api
+    from bottleneck_oracle.graph_pipeline import groups
+
+    starts = {0: 100.0, 1: 1500.0, 2: 300.0, 3: 1700.0}
+    cases = {
+        "two pairs": (
+            {0: 2000.0, 1: 6000.0, 2: 2010.0, 3: 6010.0},
+            {"all-reduces of 1024 elements": ("mesh_dp (2 ranks)", [[0, 2], [1, 3]])},
+        ),
+        "one group, a slow rank": ({0: 6000.0, 1: 6010.0, 2: 6020.0, 3: 6300.0}, {}),
+        "pairs apart inside": ({0: 2000.0, 1: 6000.0, 2: 6000.0, 3: 2010.0}, {}),
+    }
+    for name, (ends, want) in cases.items():
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _write_pairs(Path(tmp), ends, starts)
+            from bottleneck_oracle.graph_pipeline.events import load_events
+
+            table = load_events(tmp)
+            assert groups.assign(table).placed == want, name
+            if want:  # and the graph meets within the pairs
+                bars = {frozenset(v) for v in _barrier_ranks(api.graphs(api.load(tmp))).values()}
+                assert bars == {frozenset({0, 2}), frozenset({1, 3})}, name
+
+
+def _barrier_ranks(graphs) -> dict[tuple[int, int], set[int]]:
+    out: dict[tuple[int, int], set[int]] = {}
+    for g in graphs:
+        n, e = g.nodes, g.edges
+        for b in np.flatnonzero(n["category"] == Category.BARRIER).tolist():
+            out[g.step, b] = {int(n["rank"][m]) for m in e["dst"][(e["src"] == b) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)].tolist()}
+    return out

@@ -830,7 +830,7 @@ def region_blame(
     return out
 
 
-_NUMBERED = re.compile(r"(?<=[._#-])(mb|microbatch|layer|chunk|stage)?\d+$", re.IGNORECASE)
+_NUMBERED = re.compile(r"(?<=[._#\- ])(mb|microbatch|layer|chunk|stage)?\d+$", re.IGNORECASE)
 
 
 def _family(name: str) -> str:

@@ -493,20 +493,20 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
                 pairs.append((call, node_of_row[work]))
     pairs += _backends_left(w, calls, w.node_rows[net], pairs, node_of_row)
     if pairs:
-        call = np.array([p[0] for p in pairs], dtype=np.int64)
-        work = np.array([p[1] for p in pairs], dtype=np.int64)
-        src = w.out_node(call)
+        call_ev = np.array([p[0] for p in pairs], dtype=np.int64)
+        work_node = np.array([p[1] for p in pairs], dtype=np.int64)
+        src = w.out_node(call_ev)
         # gloo posts a send's or a receive's buffer inside the c10d call, before the span of its
         # gloo:send / gloo:recv begins (at the call's end): the transfer can be over by then. Such
         # an op starts with its call (_finish), after what the call waited for: the leaf before it.
-        p2p = isin_small(w.ckind[work], P2P_KINDS)
-        first = w.in_node(call[p2p])
+        p2p = isin_small(w.ckind[work_node], P2P_KINDS)
+        first = w.in_node(call_ev[p2p])
         before = first - 1
         ok = (first > 0) & (first < w.n_leaf)
         ok[ok] &= w.leaf_thread[before[ok]] == w.leaf_thread[first[ok]]
         at = np.flatnonzero(p2p)
         src[at] = np.where(ok, before, -1)
-        E.add(src, work, EdgeKind.BACKEND)  # (-1: the call is its thread's first leaf in the window)
+        E.add(src, work_node, EdgeKind.BACKEND)  # (-1: the call is its thread's first leaf in the window)
     return pairs
 
 

@@ -17,7 +17,9 @@ make it equally often). Where one rank's call ended before another's began in so
 ranks cannot be one group: the way of splitting them into groups of one family (the groups of one
 description and size: a device mesh's ``mesh_dp``) under which every instance is possible becomes
 the calls' groups, written to the table's ``pg`` column, which the graph builder matches them by.
-A backend's worker thread (a gloo ``pt_gloo_runloop``, an NCCL stream) serves one process group: a
+Calls that are all possible as one group of all the ranks are still split where the ranks' ends
+cluster by the groups of one split and apart across them (SPLIT_SPREAD_RATIO): participants of one
+collective end together. A backend's worker thread (a gloo ``pt_gloo_runloop``, an NCCL stream) serves one process group: a
 kind and size whose instances are all possible as one group of all the ranks, but which shares a
 thread on some rank with a kind that was split, is split the same way where its calls allow it.
 Where no split, or more than one, fits, nothing changes and a warning says the waits at those
@@ -116,6 +118,23 @@ def _possible(parts: Partition, calls: Mapping[int, tuple[np.ndarray, np.ndarray
     return True
 
 
+SPLIT_MIN_CALLS = 3
+SPLIT_SPREAD_RATIO = 3.0
+SPLIT_SPREAD_MIN_US = 1000.0
+"""A kind and size whose calls are all possible as one collective of all its ranks is still split
+into groups where, over SPLIT_MIN_CALLS calls or more, the median spread of the ranks' ends is
+SPLIT_SPREAD_RATIO times (and SPLIT_SPREAD_MIN_US) more for all the ranks than inside the groups
+of one split (the widest group's), and that split's is as far below any other's: participants of
+one collective end together, those of two collectives each when its own ends. A rank late in
+every call (a descheduled thread) widens its own group's spread as much as the whole's: no split."""
+
+
+def _spread(parts: Partition, calls: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> float:
+    """The median over the calls of the widest group's spread of ends (µs)."""
+    widest = np.max([np.ptp(np.stack([calls[r][1] for r in sorted(p)]), axis=0) for p in parts], axis=0)
+    return float(np.median(widest))
+
+
 def _describe(key: Key) -> str:
     kind, size = key
     name = CollectiveKind(kind).name.lower().replace("_", "-")
@@ -176,6 +195,16 @@ def assign(table: EventTable) -> GroupReport:
             f"{_describe(key)} matched in order across ranks {_ranks(ranks)} cannot all be one collective "
             f"(a rank's call ended before another's began), and {what}: the cross-rank waits at them may be wrong"
         )
+    # possible as one group of all the ranks, and as groups whose ends cluster apart
+    for key, calls in calls_of.items():
+        ranks = frozenset(calls)
+        if key in decided or len(next(iter(calls.values()))[0]) < SPLIT_MIN_CALLS or not _possible((ranks,), calls):
+            continue
+        ranked = sorted(((_spread(p, calls), (n, p)) for n, p in _splits(ranks, fams) or [] if _possible(p, calls)), key=lambda x: x[0])
+        whole = _spread((ranks,), calls)
+        if ranked and whole >= SPLIT_SPREAD_RATIO * ranked[0][0] and whole - ranked[0][0] >= SPLIT_SPREAD_MIN_US:
+            if len(ranked) == 1 or ranked[1][0] >= SPLIT_SPREAD_RATIO * ranked[0][0]:
+                decided[key] = ranked[0][1]
     # a kind and size that shares a backend thread with a placed one, on some rank, is in its groups
     linked: dict[Key, set[Key]] = {}
     for r in np.unique(table.cols["rank"][net]).tolist():
