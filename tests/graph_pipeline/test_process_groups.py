@@ -364,3 +364,29 @@ def _barrier_ranks(graphs) -> dict[tuple[int, int], set[int]]:
         for b in np.flatnonzero(n["category"] == Category.BARRIER).tolist():
             out[g.step, b] = {int(n["rank"][m]) for m in e["dst"][(e["src"] == b) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)].tolist()}
     return out
+
+
+def test_a_wait_tensor_waits_for_the_functional_collective():
+    """In the FSDP × TP job only the tensor-parallel all-reduce is a functional collective (read
+    from the JSON: every ``c10d::allreduce_`` of 64 × 512 lies inside a ``_c10d_functional::all_reduce``,
+    no ``c10d::_allgather_base_`` inside any ``_c10d_functional::`` op): each
+    ``_c10d_functional::wait_tensor`` waits on its rank's gloo all-reduce of 64 × 512. Before: on
+    FSDP's all-gather, called earlier by the same thread and waited with ``work.wait()``; rank 3's
+    26.6 ms wait for rank 2 in step 2 read as "host blocked in wait_tensor", its cause (rank 2 late
+    at the all-reduce) off the path."""
+    for r in RANKS:
+        ev = [e for e in json.loads(gzip.open(TWO_DIM / f"rank-{r}.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
+        functional = [(e["ts"], e["ts"] + e["dur"], e["tid"]) for e in ev if str(e["name"]).startswith("_c10d_functional::all_reduce")]
+
+        def inside(e: dict, spans: list = functional) -> bool:
+            return any(a <= e["ts"] and e["ts"] + e["dur"] <= b and t == e["tid"] for a, b, t in spans)
+
+        assert all(inside(e) for e in ev if e["name"] == "c10d::allreduce_")
+        assert not any(inside(e) for e in ev if e["name"] == "c10d::_allgather_base_")
+    for a in cached_analyses(TWO_DIM):
+        g = a.graph
+        n, e = g.nodes, g.edges
+        for i in (i for i in range(g.n_nodes) if g.node_name(i) == "_c10d_functional::wait_tensor"):
+            (src,) = e["src"][(e["dst"] == i) & (e["kind"] == EdgeKind.FEEDS)]
+            assert g.node_name(int(src)) == "gloo:all_reduce" and n["msg_bytes"][src] == 64 * 512 * 4, (g.step, g.node_name(int(src)))
+            assert n["rank"][src] == n["rank"][i]

@@ -5,10 +5,12 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, EdgeKind
@@ -510,6 +512,9 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     return pairs
 
 
+_FUNCTIONAL = re.compile(F.FUNCTIONAL_COLLECTIVE_PATTERN)
+
+
 def collective_waits(w: Window, E: EdgeSet, pairs: list[tuple[int, int]]) -> set[int]:
     """A functional collective's wait (``_c10d_functional::wait_tensor``, fields.COLLECTIVE_WAIT_PATTERN)
     waits for the backend op of a collective its thread called before it: the earliest such call
@@ -523,9 +528,21 @@ def collective_waits(w: Window, E: EdgeSet, pairs: list[tuple[int, int]]) -> set
     waits = leaves[w.name_coll_wait[w.c["name"][leaves]]]
     if not len(waits):
         return set()
+    # only a functional collective's call is waited so (``_c10d_functional::all_reduce`` encloses its
+    # ``c10d::allreduce_``): FSDP's all-gather, called directly and waited with ``work.wait()``,
+    # took a tensor-parallel wait_tensor in a job with both
+    c = w.c
+    codes = np.unique(c["name"])
+    functional = codes[[bool(_FUNCTIONAL.match(w.names[k])) for k in codes.tolist()]]
+    holders = np.flatnonzero(isin_sorted(c["name"], functional) & (w.ev_thread >= 0))
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for h in holders.tolist():
+        spans.setdefault(int(w.ev_thread[h]), []).append((float(w.ts[h]), float(w.end[h])))
     calls: dict[int, list[tuple[float, int, int]]] = {}
     for call, work in pairs:
-        calls.setdefault(int(w.ev_thread[call]), []).append((float(w.ts[call]), work, call))
+        t, at = int(w.ev_thread[call]), float(w.ts[call])
+        if any(a <= at + 1e-6 and float(w.end[call]) <= b + 1e-6 for a, b in spans.get(t, ())):
+            calls.setdefault(t, []).append((at, work, call))
     for v in calls.values():
         v.sort()
     taken = {t: 0 for t in calls}

@@ -95,6 +95,9 @@ Inside it the loop's thread runs nothing of its own: it takes the batch off the 
 memory (the ``aten::empty``/``aten::set_`` ops inside it). Time in it with no op open is the loop
 waiting for its workers (a wait on other processes the trace does not show), not untraced work."""
 COLLECTIVE_WAIT_PATTERN = r"^_?c10d_functional::wait_tensors?$"
+FUNCTIONAL_COLLECTIVE_PATTERN = r"^_?c10d_functional::(?!wait_tensor|_wrap_tensor_autograd)"
+"""A functional collective's op (``_c10d_functional::all_reduce``, ``all_gather_into_tensor``,
+torch.compile's ``all_reduce_``): the c10d call inside it is what a later ``wait_tensor`` waits for."""
 """The wait of a functional collective (``torch.distributed._functional_collectives``: DTensor's
 tensor parallelism, torch.compile's collectives): ``wait_tensor`` waits for the collective whose
 output it is. On a backend that runs its collectives on the host (gloo) it blocks its thread until
