@@ -42,6 +42,7 @@ OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [
     DATA / "own-cpu" / "async_allreduce_gloo",
     DATA / "own-cpu" / "fsdp_tp_gloo",
     DATA / "own-cpu" / "pipeline_dp_gloo",
+    DATA / "own-cpu" / "pipeline_interleaved_gloo",
 ]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 

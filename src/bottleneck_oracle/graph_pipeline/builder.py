@@ -481,6 +481,7 @@ def _finish(
         isin_small(c["cls"][rows], GPU_CLASSES),
     )
     end = modelled_ends(start, w.end[rows], w.ckind, inst)
+    rules.p2p_completions(w, pairs, inst, end, opt.idle_gap_us)
     waited = rules.collective_waits(w, E, pairs)  # (asynchronous calls their thread waits for later: no resume after them)
     rules.completions(w, E, [p for p in pairs if p[0] not in waited], inst, end, opt.feeds_resume_us, opt.idle_gap_us, pieces)
     rank_starts, polling_loops, w_end = _rank_starts(w, table), int((w.polls > 0).sum()), w.end[rows]

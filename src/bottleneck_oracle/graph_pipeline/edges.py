@@ -606,6 +606,51 @@ def _backends_left(
     return out
 
 
+P2P_WAIT_SHARE = 0.25
+"""A side of a send/recv pair waited for the transfer where its thread sat idle before its span
+closed for this share (or more) of the time from the later side's post to the close (and
+``idle_us``): a thread that ran its ops until 60 µs before a 6 ms receive closed only called wait."""
+
+
+def p2p_completions(w: Window, pairs: list[tuple[int, int]], inst: np.ndarray, node_end: np.ndarray, idle_us: float) -> None:
+    """When a send/recv pair's transfer was done, from when each side saw it done. gloo records a
+    send's or a receive's span on the calling thread, closed when that thread's wait on it returns:
+    a side whose thread sat idle before its span closed (P2P_WAIT_SHARE) was waiting, and saw the
+    transfer done when the span closed; a side whose thread ran its own ops until just before (an
+    ``irecv`` posted ahead of the micro-batch that needs it) found it done when it got to the wait,
+    the end of its last op. Where the earliest of these is a waiting side's, the transfer was done
+    then; where it is a side that found it done, it was there before anyone needed it: done when
+    the later side posted (the pair's last start, the calls'). ``node_end`` (the pair's modelled
+    ends) is set so, in place, never later than it was. (With the spans' ends alone, a 32 KB receive posted early ran 10 ms on the
+    path as communication while its thread computed.)"""
+    p2p = {work: call for call, work in pairs if int(w.ckind[work]) in P2P_KINDS and inst[work] >= 0}
+    if not p2p or not w.n_leaf:
+        return
+    nodes = w.node_rows
+    by_inst: dict[int, list[int]] = {}
+    for work in p2p:
+        by_inst.setdefault(int(inst[work]), []).append(work)
+    leaf_ts, leaf_end = w.ts[w.leaf_rows], w.end[w.leaf_rows]
+    for members in by_inst.values():
+        if len(members) != int((inst == inst[members[0]]).sum()):
+            continue
+        posted = max(float(w.ts[nodes[m]]) for m in members)
+        done, seen = np.inf, False  # the earliest bound, and whether a side waiting for it saw it
+        for m in members:
+            call, closed = p2p[m], float(w.end[nodes[m]])
+            t = w.ev_thread[call]
+            lo = int(np.searchsorted(w.leaf_thread, t, side="left"))
+            hi = int(np.searchsorted(w.leaf_thread, t, side="right"))
+            q = lo + int(np.searchsorted(leaf_ts[lo:hi], closed, side="left")) - 1  # its last leaf starting before the span closed
+            busy = min(max(float(w.end[call]), float(leaf_end[q]) if q >= lo else -np.inf), closed)
+            waited = closed - busy >= max(idle_us, P2P_WAIT_SHARE * (closed - posted))
+            bound = closed if waited else busy
+            if bound < done - 1.0 or (waited and bound <= done + 1.0):
+                done, seen = min(done, bound), waited
+        for m in members:  # (a side that found it done bounds it only: it was there before, done when the later side posted)
+            node_end[m] = max(posted, min(done if seen else posted, float(node_end[m])))
+
+
 def completions(
     w: Window,
     E: EdgeSet,
