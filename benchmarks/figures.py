@@ -940,8 +940,10 @@ PERSISTENT_RECORDINGS = (
         "a later session, after a collective's completion was tied to the thread that waited for it "
         "(asynchronous calls, DDP's buckets); `--rescore` (which takes each condition's clean runs as recorded "
         "before it, not the last one) gives 78% (25 of 32) with the code before that change "
-        "(5cacfc6, persistent_feeds_previous_code_results.json) and with the session's final code "
-        "(persistent_feeds_final_code_results.json) alike",
+        "(5cacfc6, persistent_feeds_previous_code_results.json), with the session's final code "
+        "(persistent_feeds_final_code_results.json) and with a later session's, after its process-group and "
+        "send/recv changes (persistent_feeds_groups_code_results.json: `python benchmarks/persistent.py --out "
+        "data/persistent_feeds --rescore --json benchmarks/persistent_feeds_groups_code_results.json`) alike",
         "data/persistent_feeds",
     ),
 )
