@@ -724,10 +724,9 @@ def completions(
         lo = int(np.searchsorted(w.leaf_thread, t, side="left"))
         hi = int(np.searchsorted(w.leaf_thread, t, side="right"))
         done = node_end[work]
-        since = max(
-            arrival[work], float(w.end[call])
-        )  # (the thread goes on after its call returned: a send posted in it arrived at its start)
-        least = max(idle_us, (done - since) / 2)  # (a thread that waited for the collective was idle through most of it)
+        least = max(idle_us, (done - arrival[work]) / 2)  # (a thread that waited for the collective was idle through most of it)
+        # (its thread goes on once its call returned: a send posted inside its call arrived at the call's start)
+        since = max(arrival[work], float(w.end[call]))
         p2p = int(w.ckind[work]) in P2P_KINDS  # (a pipeline's sends and receives keep the first rule: their spans hold the peer's wait)
         if p2p:
             least = 0.0
