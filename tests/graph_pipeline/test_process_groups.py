@@ -423,3 +423,39 @@ def test_a_receive_posted_ahead_is_no_communication_while_its_thread_computes():
                         reach = y
                 overlap += covered
     assert overlap < 2_000.0, overlap
+
+
+def test_a_large_layout_splits_without_a_search():
+    """4096 ranks whose pg_config lists tensor-parallel pairs and a default group: the pairs split
+    all 4096 ranks one way, read off directly (a search one group at a time went 2048 calls deep:
+    past Python's recursion limit); a family of overlapping groups is searched only for small
+    collectives (64 ranks or fewer), and four ranks with two overlapping pair layouts split two ways."""
+    from bottleneck_oracle.graph_pipeline import groups
+
+    n = 4096
+    meta = {
+        r: {"pg_config": [{"pg_desc": "default_pg", "ranks": list(range(n))}, {"pg_desc": "tp", "ranks": [r - r % 2, r - r % 2 + 1]}]}
+        for r in range(n)
+    }
+    fams = groups.families(meta)
+    assert set(fams) == {"tp (2 ranks)", "default_pg (4096 ranks)"}
+    splits = groups._splits(frozenset(range(n)), fams)
+    assert splits is not None and [(name, len(parts)) for name, parts in splits] == [("tp (2 ranks)", 2048)]
+    small = {r: {"pg_config": [{"pg_desc": "undefined", "ranks": g} for g in ([0, 1], [2, 3], [0, 2], [1, 3]) if r in g]} for r in range(4)}
+    ways = groups._splits(frozenset(range(4)), groups.families(small))
+    assert ways is not None and sorted(parts for _, parts in ways) == sorted(
+        [(frozenset({0, 1}), frozenset({2, 3})), (frozenset({0, 2}), frozenset({1, 3}))]
+    )
+
+
+def test_a_malformed_group_list_is_ignored():
+    """pg_config entries that are not groups of integer ranks (nested lists, strings, booleans,
+    a non-list config, a non-mapping distributedInfo) are left out, never an error."""
+    from bottleneck_oracle.graph_pipeline import groups
+
+    meta = {
+        0: {"pg_config": [{"ranks": [[1], [2]]}, {"ranks": "x"}, 5, {"ranks": [True, 1]}, {"ranks": [0, 1], "pg_desc": {"a": 1}}]},
+        1: {"pg_config": "nope"},
+        2: "bad",
+    }
+    assert groups.families(meta) == {"{'a': 1} (2 ranks)": [frozenset({0, 1})]}

@@ -63,17 +63,24 @@ def families(meta: Mapping[int, Mapping[str, Any]]) -> dict[str, list[frozenset[
     groups of one description and size (a device mesh's ``mesh_dp`` groups; ``new_group``'s
     without a description are all "undefined"), groups of two ranks or more."""
     found: dict[tuple[str, int], set[frozenset[int]]] = {}
+    seen: set[tuple[str, tuple]] = set()  # (every rank lists the groups of all: each read once)
     for info in meta.values():
         config = info.get("pg_config") if isinstance(info, Mapping) else None
         if not isinstance(config, list):
             continue
         for g in config:
             ranks = g.get("ranks") if isinstance(g, Mapping) else None
-            if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            if not isinstance(ranks, list):
                 continue
+            if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                continue
+            desc = str(g.get("pg_desc") or g.get("pg_name") or "")[:80]
+            key = (desc, tuple(ranks))
+            if key in seen:
+                continue
+            seen.add(key)
             members = frozenset(ranks)
             if len(members) >= 2:
-                desc = str(g.get("pg_desc") or g.get("pg_name") or "")[:80]
                 found.setdefault((desc, len(members)), set()).add(members)
     return {
         (f"{desc} ({size} ranks)" if desc else f"groups of {size} ranks"): sorted(sets, key=sorted)
@@ -84,26 +91,45 @@ def families(meta: Mapping[int, Mapping[str, Any]]) -> dict[str, list[frozenset[
 COVERS = 8
 """The most ways of splitting a collective's ranks into one family's groups that are weighed; more
 (a family of many overlapping groups) are too many to tell apart by times."""
+SEARCH_RANKS = 64
+"""Ways of splitting into overlapping groups are searched for collectives of at most this many ranks."""
 
 
 def _splits(ranks: frozenset[int], fams: Mapping[str, list[frozenset[int]]]) -> list[Split] | None:
     """Every way of splitting ``ranks`` into two or more groups of one family (None: more than
     COVERS). A family's groups may overlap: a 2 × 2 layout's groups made by ``new_group`` without
-    descriptions split four ranks two ways."""
+    descriptions split four ranks two ways; those ways are searched (a family of disjoint groups,
+    a device mesh's dimension, has one, read off directly however many ranks it spans)."""
     out: list[Split] = []
     for name, family in fams.items():
         inside = [g for g in family if g < ranks]
+        if sum(len(g) for g in inside) == len(frozenset().union(*inside)):  # disjoint: one way, if they cover
+            if inside and frozenset().union(*inside) == ranks:
+                out.append((name, tuple(sorted(inside, key=min))))
+            continue
+        if len(ranks) > SEARCH_RANKS:
+            return None  # (too many ways to weigh)
+        found: list[Split] = []
+        room = COVERS - len(out)
 
-        def split(left: frozenset[int], chosen: list[frozenset[int]], name: str = name, inside: list = inside) -> bool:
+        def split(
+            left: frozenset[int],
+            chosen: list[frozenset[int]],
+            name: str = name,
+            inside: list = inside,
+            found: list = found,
+            room: int = room,
+        ) -> bool:
             if not left:
-                out.append((name, tuple(sorted(chosen, key=min))))
-                return len(out) <= COVERS
+                found.append((name, tuple(sorted(chosen, key=min))))
+                return len(found) <= room
             r = min(left)
             return all(split(left - g, [*chosen, g]) for g in inside if r in g and g <= left)
 
         if not split(ranks, []):
             return None
-    return out
+        out += found
+    return out if len(out) <= COVERS else None
 
 
 def _possible(parts: Partition, calls: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> bool:
