@@ -58,30 +58,38 @@ class GroupReport:
     warnings: list[str]
 
 
+def _listed(meta: Mapping[int, Any]) -> list[tuple[str, list[int]]]:
+    """Every group the ranks' ``distributedInfo.pg_config`` list — its description and its ranks in
+    the group's order —, each once (every rank lists the groups it is in: a 4096-rank default group
+    4096 times); entries that are no list of integer ranks are left out."""
+    out: dict[tuple, tuple[str, list[int]]] = {}
+    for info in meta.values():
+        config = info.get("pg_config") if isinstance(info, Mapping) else None
+        for g in config if isinstance(config, list) else []:
+            ranks = g.get("ranks") if isinstance(g, Mapping) else None
+            if not isinstance(ranks, list):
+                continue
+            desc = str(g.get("pg_desc") or g.get("pg_name") or "")[:80]
+            try:
+                key = (desc, tuple(ranks))
+                if key in out:
+                    continue
+            except TypeError:  # (unhashable members: no rank list)
+                continue
+            if all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                out[key] = (desc, ranks)
+    return list(out.values())
+
+
 def families(meta: Mapping[int, Mapping[str, Any]]) -> dict[str, list[frozenset[int]]]:
     """The job's process groups from its ranks' ``distributedInfo.pg_config``, by family: the
     groups of one description and size (a device mesh's ``mesh_dp`` groups; ``new_group``'s
     without a description are all "undefined"), groups of two ranks or more."""
     found: dict[tuple[str, int], set[frozenset[int]]] = {}
-    seen: set[tuple[str, tuple]] = set()  # (every rank lists the groups of all: each read once)
-    for info in meta.values():
-        config = info.get("pg_config") if isinstance(info, Mapping) else None
-        if not isinstance(config, list):
-            continue
-        for g in config:
-            ranks = g.get("ranks") if isinstance(g, Mapping) else None
-            if not isinstance(ranks, list):
-                continue
-            if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-                continue
-            desc = str(g.get("pg_desc") or g.get("pg_name") or "")[:80]
-            key = (desc, tuple(ranks))
-            if key in seen:
-                continue
-            seen.add(key)
-            members = frozenset(ranks)
-            if len(members) >= 2:
-                found.setdefault((desc, len(members)), set()).add(members)
+    for desc, ranks in _listed(meta):
+        members = frozenset(ranks)
+        if len(members) >= 2:
+            found.setdefault((desc, len(members)), set()).add(members)
     return {
         (f"{desc} ({size} ranks)" if desc else f"groups of {size} ranks"): sorted(sets, key=sorted)
         for (desc, size), sets in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0]))
@@ -284,13 +292,10 @@ def resolve_peers(table: EventTable) -> int:
         return 0
     names = table.names
     is_send = np.array(["send" in names[k] for k in c["name"][rows].tolist()], dtype=bool)
-    mine: dict[int, list[list[int]]] = {}
-    for r, info in table.meta.items():
-        config = info.get("pg_config") if isinstance(info, Mapping) else None
-        for g in config if isinstance(config, list) else []:
-            ranks = g.get("ranks") if isinstance(g, Mapping) else None
-            if isinstance(ranks, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in ranks) and r in ranks:
-                mine.setdefault(r, []).append(ranks)
+    mine: dict[int, list[list[int]]] = {}  # rank -> the groups it is in, each in its order
+    for ranks in {tuple(ranks): ranks for _, ranks in _listed(table.meta)}.values():
+        for r in set(ranks):
+            mine.setdefault(r, []).append(ranks)
     if not any(len(gs) > 1 for gs in mine.values()):
         return 0
     written: set[tuple[int, bool, int]] = set(zip(c["rank"][rows].tolist(), is_send.tolist(), c["peer"][rows].tolist()))
