@@ -313,17 +313,19 @@ def _collectives_met(g: ExecutionGraph) -> tuple[int, list[tuple[str, int, int, 
     if not keep.any():
         return None
     bar, dst = e["src"][sync][keep], dst[keep]
+    order = np.argsort(bar, kind="stable")  # (each barrier's participants together: one pass, not one scan per barrier)
+    bar, dst = bar[order], dst[order]
+    cuts = np.flatnonzero(np.r_[True, bar[1:] != bar[:-1]])
+    start = n["start"][dst]
+    end = start + n["dur"][dst]
+    gap = np.maximum.reduceat(start, cuts) - np.minimum.reduceat(end, cuts)
+    size = np.diff(np.r_[cuts, len(bar)])
     out = []
-    for b in np.unique(bar).tolist():
-        m = dst[bar == b]
-        if len(m) < 2:
-            continue
-        end = n["start"][m] + n["dur"][m]
-        first, last = int(m[np.argmin(end)]), int(m[np.argmax(n["start"][m])])
-        gap = float(n["start"][last] - end.min())
-        if gap > MEET_TOLERANCE_US:
-            out.append((g.node_name(first), int(n["rank"][first]), int(n["rank"][last]), gap))
-    return len(np.unique(bar)), sorted(out, key=lambda x: -x[3])
+    for k in np.flatnonzero((size >= 2) & (gap > MEET_TOLERANCE_US)).tolist():
+        m = dst[cuts[k] : cuts[k] + size[k]]
+        first, last = int(m[np.argmin(n["start"][m] + n["dur"][m])]), int(m[np.argmax(n["start"][m])])
+        out.append((g.node_name(first), int(n["rank"][first]), int(n["rank"][last]), float(gap[k])))
+    return len(cuts), sorted(out, key=lambda x: -x[3])
 
 
 def run_warnings(run: RunFacts | None) -> list[str]:

@@ -358,7 +358,7 @@ def _bystanders(w: Window, E: rules.EdgeSet) -> dict[tuple[int, int, int], dict]
     key_of = _thread_keys(w)
     # (a backend's thread is one of its own: the copies gloo runs around an exchange, the division
     # after a reduce-scatter, are leaves of the thread whose backend ops are the step's collectives)
-    back = w.node_rows[w.n_leaf + n_gpu :]
+    back = w.backend_rows
     backend_threads = set(zip(c["rank"][back].tolist(), c["pid"][back].tolist(), c["tid"][back].tolist()))
     anchors = [t for t in range(n_thread) if key_of[t] in step_threads or key_of[t] in backend_threads]
     anchors += list(range(n_thread, int(lane.max()) + 1))  # device streams and backend threads

@@ -5,12 +5,10 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, EdgeKind
@@ -512,9 +510,6 @@ def backends(w: Window, E: EdgeSet) -> list[tuple[int, int]]:
     return pairs
 
 
-_FUNCTIONAL = re.compile(F.FUNCTIONAL_COLLECTIVE_PATTERN)
-
-
 def collective_waits(w: Window, E: EdgeSet, pairs: list[tuple[int, int]]) -> set[int]:
     """A functional collective's wait (``_c10d_functional::wait_tensor``, fields.COLLECTIVE_WAIT_PATTERN)
     waits for the backend op of a collective its thread called before it: the earliest such call
@@ -531,10 +526,7 @@ def collective_waits(w: Window, E: EdgeSet, pairs: list[tuple[int, int]]) -> set
     # only a functional collective's call is waited so (``_c10d_functional::all_reduce`` encloses its
     # ``c10d::allreduce_``): FSDP's all-gather, called directly and waited with ``work.wait()``,
     # took a tensor-parallel wait_tensor in a job with both
-    c = w.c
-    codes = np.unique(c["name"])
-    functional = codes[[bool(_FUNCTIONAL.match(w.names[k])) for k in codes.tolist()]]
-    holders = np.flatnonzero(isin_sorted(c["name"], functional) & (w.ev_thread >= 0))
+    holders = np.flatnonzero(w.name_functional[w.c["name"]] & (w.ev_thread >= 0))
     spans: dict[int, list[tuple[float, float]]] = {}
     for h in holders.tolist():
         spans.setdefault(int(w.ev_thread[h]), []).append((float(w.ts[h]), float(w.end[h])))
@@ -631,8 +623,9 @@ def p2p_completions(w: Window, pairs: list[tuple[int, int]], inst: np.ndarray, n
     for work in p2p:
         by_inst.setdefault(int(inst[work]), []).append(work)
     leaf_ts, leaf_end = w.ts[w.leaf_rows], w.end[w.leaf_rows]
-    for members in by_inst.values():
-        if len(members) != int((inst == inst[members[0]]).sum()):
+    size = np.bincount(inst[inst >= 0])  # participants per instance
+    for k, members in by_inst.items():
+        if len(members) != size[k]:  # (a side that is no gloo op: left as it is)
             continue
         posted = max(float(w.ts[nodes[m]]) for m in members)
         done, seen = np.inf, False  # the earliest bound, and whether a side waiting for it saw it

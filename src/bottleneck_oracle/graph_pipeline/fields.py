@@ -95,14 +95,14 @@ Inside it the loop's thread runs nothing of its own: it takes the batch off the 
 memory (the ``aten::empty``/``aten::set_`` ops inside it). Time in it with no op open is the loop
 waiting for its workers (a wait on other processes the trace does not show), not untraced work."""
 COLLECTIVE_WAIT_PATTERN = r"^_?c10d_functional::wait_tensors?$"
-FUNCTIONAL_COLLECTIVE_PATTERN = r"^_?c10d_functional::(?!wait_tensor|_wrap_tensor_autograd)"
-"""A functional collective's op (``_c10d_functional::all_reduce``, ``all_gather_into_tensor``,
-torch.compile's ``all_reduce_``): the c10d call inside it is what a later ``wait_tensor`` waits for."""
 """The wait of a functional collective (``torch.distributed._functional_collectives``: DTensor's
 tensor parallelism, torch.compile's collectives): ``wait_tensor`` waits for the collective whose
 output it is. On a backend that runs its collectives on the host (gloo) it blocks its thread until
 the backend's op is done: a wait on that op, never work (edges.collective_waits); on NCCL it only
 makes the stream wait, and returns."""
+FUNCTIONAL_COLLECTIVE_PATTERN = r"^_?c10d_functional::(?!wait_tensor|_wrap_tensor_autograd)"
+"""A functional collective's op (``_c10d_functional::all_reduce``, ``all_gather_into_tensor``,
+torch.compile's ``all_reduce_``): the c10d call inside it is what a later ``wait_tensor`` waits for."""
 DEVICE_WAIT_PATTERN = r"(?i)^(event_?wait|wait_?(on_?)?events?|stream_?wait(_?events?)?|wait)$"
 """Device ops that are a queue waiting, not computing: an accelerator that shows its stream's wait
 for an event as an op of its own (an MTIA's ``event_wait``, recorded for the runtime's

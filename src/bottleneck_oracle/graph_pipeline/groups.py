@@ -182,7 +182,8 @@ def _calls(table: EventTable) -> tuple[np.ndarray, dict[Key, dict[int, np.ndarra
     kind_of, gloo, nccl, _ = name_flags(table.names)
     net = np.flatnonzero(is_network(c["name"], c["cls"], gloo, nccl) & (c["pg"] < 0))
     kinds = collective_kinds(c, net, kind_of).astype(np.int64)
-    net, kinds = net[np.isin(kinds, np.array(SYMMETRIC, dtype=np.int64))], kinds[np.isin(kinds, np.array(SYMMETRIC, dtype=np.int64))]
+    symmetric = np.isin(kinds, np.array(SYMMETRIC, dtype=np.int64))
+    net, kinds = net[symmetric], kinds[symmetric]
     sizes = np.where(np.isnan(c["msg_nelems"][net]), -1, c["msg_nelems"][net]).astype(np.int64)
     start = c["ts"][net]
     rank = c["rank"][net].astype(np.int64)
@@ -207,12 +208,14 @@ def assign(table: EventTable) -> GroupReport:
     fams = families(table.meta)
     decided: dict[Key, Split] = {}
     calls_of: dict[Key, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+    whole: set[Key] = set()  # the kinds and sizes whose every call is possible as one group of all their ranks
     for key, per in by_key.items():
         if len(per) < 2 or len({len(v) for v in per.values()}) != 1:
             continue  # on one rank, or made unequally often: left to the builder's alignment
         calls_of[key] = calls = {r: (start[v], end[v]) for r, v in per.items()}
         ranks = frozenset(per)
         if _possible((ranks,), calls):
+            whole.add(key)
             continue
         splits = _splits(ranks, fams)
         fits = [sp for sp in splits or [] if _possible(sp[1], calls)]
@@ -232,11 +235,11 @@ def assign(table: EventTable) -> GroupReport:
     # possible as one group of all the ranks, and as groups whose ends cluster apart
     for key, calls in calls_of.items():
         ranks = frozenset(calls)
-        if key in decided or len(next(iter(calls.values()))[0]) < SPLIT_MIN_CALLS or not _possible((ranks,), calls):
+        if key not in whole or len(next(iter(calls.values()))[0]) < SPLIT_MIN_CALLS:
             continue
         ranked = sorted(((_spread(p, calls), (n, p)) for n, p in _splits(ranks, fams) or [] if _possible(p, calls)), key=lambda x: x[0])
-        whole = _spread((ranks,), calls)
-        if ranked and whole >= SPLIT_SPREAD_RATIO * ranked[0][0] and whole - ranked[0][0] >= SPLIT_SPREAD_MIN_US:
+        spread = _spread((ranks,), calls)
+        if ranked and spread >= SPLIT_SPREAD_RATIO * ranked[0][0] and spread - ranked[0][0] >= SPLIT_SPREAD_MIN_US:
             if len(ranked) == 1 or ranked[1][0] >= SPLIT_SPREAD_RATIO * ranked[0][0]:
                 decided[key] = ranked[0][1]
     # a kind and size that shares a backend thread with a placed one, on some rank, is in its groups
@@ -251,7 +254,7 @@ def assign(table: EventTable) -> GroupReport:
                 linked.setdefault(k, set()).update(keys)
     for key, calls in calls_of.items():
         ranks = frozenset(calls)
-        if key in decided or not _possible((ranks,), calls):
+        if key in decided or key not in whole:
             continue
         found = {decided[k] for k in linked.get(key, ()) if k in decided}
         fits = [(n, p) for n, p in found if frozenset().union(*p) == ranks and _possible(p, calls)]

@@ -32,6 +32,7 @@ SYNC_NAME = re.compile(r"synchroni[sz]e|" + F.HOST_WAIT_PATTERN, re.IGNORECASE)
 COPY_NAME = re.compile(F.COPY_CALL_PATTERN, re.IGNORECASE)
 QUERY_NAME = re.compile(r"(event|stream)query", re.IGNORECASE)
 LOCK_WAIT_NAME = re.compile(F.LOCK_WAIT_PATTERN)
+FUNCTIONAL_NAME = re.compile(F.FUNCTIONAL_COLLECTIVE_PATTERN)
 POLL_MIN_CALLS = 3  # consecutive query calls on a thread, nothing else between them: a polling loop
 P2P_KINDS = (CollectiveKind.SEND, CollectiveKind.RECV)
 UNEVEN_KINDS = (CollectiveKind.ALL_TO_ALL, CollectiveKind.GATHER, CollectiveKind.SCATTER)
@@ -168,6 +169,7 @@ class Window:
     name_lock: np.ndarray  # of those, a wait another thread of the process ends (fields.LOCK_WAIT_PATTERN)
     name_queue_wait: np.ndarray  # a device op that is its queue waiting (fields.DEVICE_WAIT_PATTERN)
     name_coll_wait: np.ndarray  # a functional collective's wait (fields.COLLECTIVE_WAIT_PATTERN)
+    name_functional: np.ndarray  # a functional collective's op, its c10d call inside (fields.FUNCTIONAL_COLLECTIVE_PATTERN)
     # CPU threads
     cpu_rows: np.ndarray
     cpu_sorted: np.ndarray  # the CPU rows sorted by (thread, ts, -dur): outermost op first
@@ -336,6 +338,8 @@ def _flags_of(names: list[str]) -> dict[str, np.ndarray]:
         "queue_wait": np.array([bool(DEVICE_WAIT_NAME.match(n)) for n in names], dtype=bool),
         # a functional collective's wait (fields.COLLECTIVE_WAIT_PATTERN)
         "coll_wait": np.array([bool(COLLECTIVE_WAIT_NAME.match(n)) for n in names], dtype=bool),
+        # a functional collective's op (fields.FUNCTIONAL_COLLECTIVE_PATTERN)
+        "functional": np.array([bool(FUNCTIONAL_NAME.match(n)) for n in names], dtype=bool),
     }
 
 
@@ -701,6 +705,7 @@ def make_window(
         name_lock=flags["lock"],
         name_queue_wait=flags["queue_wait"],
         name_coll_wait=flags["coll_wait"],
+        name_functional=flags["functional"],
         cpu_rows=cpu_rows,
         cpu_sorted=srt,
         ev_thread=ev_thread,
