@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 8  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -29,19 +29,18 @@ def _job(rank: int) -> profile:
     model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1024))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     a, b = torch.randn(128, 128), torch.randn(128, 128)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for _ in range(WAIT + WARMUP + STEPS):
-            loss = model(torch.randn(32, 1024)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters() if p.grad is not None]
-            a @ b  # (work of the loop's own while the all-reduces run)
-            for work in works:
-                work.wait()
-            opt.step()
-            prof.step()
-    return prof
+
+    def step(_: int) -> None:
+        loss = model(torch.randn(32, 1024)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters() if p.grad is not None]
+        a @ b  # (work of the loop's own while the all-reduces run)
+        for work in works:
+            work.wait()
+        opt.step()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:

@@ -47,6 +47,17 @@ def export_gzipped(prof: profile, out: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
+def profiled_steps(step: Callable[[int], None], steps: int, wait: int = 1, warmup: int = 1) -> profile:
+    """Run ``step(i)`` for ``i`` in ``range(wait + warmup + steps)`` under the profiler (the CPU
+    activity, shapes recorded, ``schedule(wait=wait, warmup=warmup, active=steps)``), calling
+    ``prof.step()`` after each; return the profiler (its trace holds the last ``steps`` steps)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=wait, warmup=warmup, active=steps)) as prof:
+        for i in range(wait + warmup + steps):
+            step(i)
+            prof.step()
+    return prof
+
+
 def record_gloo_job(job: Callable[[int], profile], doc: str | None, port: int, world: int = 2) -> None:
     """Run ``job(rank)`` — it records its loop and returns its profiler — in ``world`` processes of
     one gloo job on this machine (one intra-op thread each, ``port`` for the rendezvous), and write

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import profile
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 12  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -53,16 +53,15 @@ def _job(rank: int) -> profile:
     loader = DataLoader(_Decoded(DECODE_S[rank]), batch_size=BATCH, num_workers=WORKERS, persistent_workers=True)
     batches = iter(loader)
     next(batches)  # (the workers started: the first batch is not the pipeline's steady state)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for _ in range(WAIT + WARMUP + STEPS):
-            x, y = next(batches)
-            loss = (ddp(x) - y).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            prof.step()
-    return prof
+
+    def step(_: int) -> None:
+        x, y = next(batches)
+        loss = (ddp(x) - y).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:

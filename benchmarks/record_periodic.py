@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 12  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -33,20 +33,19 @@ def _job(rank: int) -> profile:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     held_out = torch.randn(256, 256)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for i in range(WAIT + WARMUP + STEPS):
-            x = torch.randn(32, 256)
-            loss = ddp(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if rank == 0 and (i - WAIT - WARMUP + 1) % EVERY == 0 and i >= WAIT + WARMUP:
-                with record_function("evaluate"), torch.no_grad():
-                    for _ in range(EVAL_BATCHES):
-                        model(held_out).sum().item()
-            prof.step()
-    return prof
+
+    def step(i: int) -> None:
+        x = torch.randn(32, 256)
+        loss = ddp(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == 0 and (i - WAIT - WARMUP + 1) % EVERY == 0 and i >= WAIT + WARMUP:
+            with record_function("evaluate"), torch.no_grad():
+                for _ in range(EVAL_BATCHES):
+                    model(held_out).sum().item()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 6  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -41,19 +41,18 @@ def _job(rank: int) -> profile:
     stage = PipelineStage(stage_module, pp, 2, torch.device("cpu"), group=mesh["pp"].get_group())
     pipe = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda y, t: (y - t).square().mean())
     opt = torch.optim.SGD(stage_module.parameters(), lr=0.01)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for i in range(WAIT + WARMUP + STEPS):
-            x = torch.randn(64, 512, generator=torch.Generator().manual_seed(10 * i + dp))
-            target = torch.randn(64, 512, generator=torch.Generator().manual_seed(100 + 10 * i + dp))
-            opt.zero_grad()
-            if pp == 0:
-                pipe.step(x)
-            else:
-                pipe.step(target=target, losses=[])
-            opt.step()
-            prof.step()
-    return prof
+
+    def step(i: int) -> None:
+        x = torch.randn(64, 512, generator=torch.Generator().manual_seed(10 * i + dp))
+        target = torch.randn(64, 512, generator=torch.Generator().manual_seed(100 + 10 * i + dp))
+        opt.zero_grad()
+        if pp == 0:
+            pipe.step(x)
+        else:
+            pipe.step(target=target, losses=[])
+        opt.step()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 6  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -36,19 +36,18 @@ def _job(rank: int) -> profile:
     stages = [PipelineStage(m, s, 2 * world, torch.device("cpu")) for m, s in zip(modules, range(rank, 2 * world, world))]
     pipe = ScheduleInterleaved1F1B(stages, n_microbatches=4, loss_fn=lambda y, t: (y - t).square().mean())
     opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.01)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for i in range(WAIT + WARMUP + STEPS):
-            x = torch.randn(64, 512, generator=torch.Generator().manual_seed(i))
-            target = torch.randn(64, 512, generator=torch.Generator().manual_seed(100 + i))
-            opt.zero_grad()
-            if rank == 0:
-                pipe.step(x, target=target, losses=[])
-            else:
-                pipe.step(target=target, losses=[])
-            opt.step()
-            prof.step()
-    return prof
+
+    def step(i: int) -> None:
+        x = torch.randn(64, 512, generator=torch.Generator().manual_seed(i))
+        target = torch.randn(64, 512, generator=torch.Generator().manual_seed(100 + i))
+        opt.zero_grad()
+        if rank == 0:
+            pipe.step(x, target=target, losses=[])
+        else:
+            pipe.step(target=target, losses=[])
+        opt.step()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:

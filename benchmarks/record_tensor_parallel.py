@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 8  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -34,16 +34,15 @@ def _job(rank: int) -> profile:
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
     model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for i in range(WAIT + WARMUP + STEPS):
-            x = torch.randn(64, 512, generator=torch.Generator().manual_seed(i))  # (the same batch on both ranks)
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            prof.step()
-    return prof
+
+    def step(i: int) -> None:
+        x = torch.randn(64, 512, generator=torch.Generator().manual_seed(i))  # (the same batch on both ranks)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:

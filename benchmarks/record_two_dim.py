@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
 
 STEPS = 6  # profiled steps
 WAIT, WARMUP = 1, 1
@@ -41,16 +41,15 @@ def _job(rank: int) -> profile:
     model = fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dp = mesh["dp"].get_local_rank()
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=STEPS)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
-        for i in range(WAIT + WARMUP + STEPS):
-            x = torch.randn(64, 512, generator=torch.Generator().manual_seed(10 * i + dp))  # (the tp pair shares a batch)
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            prof.step()
-    return prof
+
+    def step(i: int) -> None:
+        x = torch.randn(64, 512, generator=torch.Generator().manual_seed(10 * i + dp))  # (the tp pair shares a batch)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return profiled_steps(step, STEPS, WAIT, WARMUP)
 
 
 def main() -> None:
