@@ -107,6 +107,7 @@ def load(
     for line in clocks.device_ahead(table, LAUNCH_TOLERANCE_US):
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     process_groups.resolve_peers(table)  # (before the collectives: their groups are placed from the peers' pairing too)
+    process_groups.nested_peers(table)  # (an NCCL send's record_param_comms: its enclosing call's peer, resolved)
     for line in process_groups.assign(table).warnings:  # (after the clocks: it compares ranks' times)
         warnings.warn(f"{path}: {line}", OracleWarning, stacklevel=2)
     for line in align_cut_steps(table):

@@ -12,7 +12,9 @@ Invariants (thresholds stated with each):
 - ``period``: the step time is the step's period (facts) within 5%: the graph ends the step
   where the trace does.
 - ``device_bound``: a rank whose device was busy at least 95% of its period, and whose period is
-  the step's, puts at least 80% of the critical path on its device.
+  the step's, puts at least 80% of the critical path on its device; on the ranks' devices, where
+  it was busy computing less than 95% (the rest a collective's kernel running alone, which may
+  wait for a peer: a pipeline stage's receive, for the stage before it).
 - ``blocking``: host time in calls that block on the device (synchronize, copies, queries; each
   >= 1 ms) is not reported as CPU overhead: at most 25% of it is (a copy from pageable memory
   stages its data on the host before the device copies it: that part is host work).
@@ -134,12 +136,17 @@ def step_checks(a: StepAnalysis) -> list[Check]:
     for f in facts.ranks:
         if f.device_ops and f.device_busy >= DEVICE_BUSY and f.period_us >= (1 - PERIOD_TOLERANCE) * period:
             share = on_device.get(f.rank, 0.0) / ms
+            where = "on it"
+            if f.device_compute_busy < DEVICE_BUSY:
+                # busy in part with collectives' kernels alone: one may wait there for a peer (a pipeline
+                # stage's receive, for the stage before it), and the path is then on the peer's device
+                share = sum(on_device.values()) / ms
+                where = f"on the ranks' devices (its own busy computing {100 * f.device_compute_busy:.0f}% of the period)"
             out.append(
                 Check(
                     "device_bound",
                     share >= DEVICE_PATH_SHARE,
-                    f"rank {f.rank}'s device was busy {100 * f.device_busy:.1f}% of its period; "
-                    f"{100 * share:.0f}% of the critical path runs on it",
+                    f"rank {f.rank}'s device was busy {100 * f.device_busy:.1f}% of its period; {100 * share:.0f}% of the critical path runs {where}",
                 )
             )
     blocking_us = sum(f.blocking_us for f in facts.ranks)

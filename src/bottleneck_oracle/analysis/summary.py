@@ -46,6 +46,13 @@ trace ends inside it (in the traces bundled, a last step's span ends at most 0.6
 after its rank's last event; sampled events 4.5 ms, 0.7%)."""
 CUT_HELD_SHARE = 0.95
 """... while holding fewer host events than this share of its rank's typical step's (facts.held_share)."""
+PIPELINE_BUSY_EXCESS = 0.1
+PIPELINE_BUSY_MIN_US = 1000.0
+"""A rank that made the others wait only at a pipeline's sends and receives on the critical path is
+a straggler where it also kept busier than they did (its step less its waits at communication,
+this share and this many µs over the others' median): the waits a schedule holds by design
+(GPipe's first stage waits for every later stage's forwards and backwards; 1F1B's warm-up) are
+no one's lateness, and were named as a straggler in a pipeline of equal stages."""
 BYSTANDERS_SAID_EACH = 3
 """More host threads of one rank left out of a step than this: one warning names the first few
 and counts the rest (an MTIA job has a submission thread per stream)."""
@@ -76,6 +83,36 @@ _EDGE_WORDS = {
     "send_recv": "send/recv barrier edge",
 }
 """How a warning names each edge kind (schema.EdgeKind, lower case)."""
+
+
+def _merged(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the intervals [lo, hi) as disjoint intervals in order."""
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not len(lo):
+        return lo, hi
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    first = np.r_[True, lo[1:] > hi[:-1]]
+    last = np.r_[first[1:], True]
+    return lo[first], hi[last]
+
+
+def _length(iv: tuple[np.ndarray, np.ndarray]) -> float:
+    return float((iv[1] - iv[0]).sum())
+
+
+def _overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Length of the intersection of two unions of disjoint intervals (each in order)."""
+    if not len(a[0]) or not len(b[0]):
+        return 0.0
+    total = 0.0
+    for lo, hi in zip(a[0].tolist(), a[1].tolist()):
+        i = int(np.searchsorted(b[1], lo, side="right"))
+        j = int(np.searchsorted(b[0], hi, side="left"))
+        if j > i:
+            total += float((np.minimum(b[1][i:j], hi) - np.maximum(b[0][i:j], lo)).clip(min=0.0).sum())
+    return total
 
 
 @dataclass(slots=True, repr=False)
@@ -417,13 +454,49 @@ class StepAnalysis:
         bucket waits for the late rank, and the path may leave through a later bucket, whose wait
         the first one's absorbed). None if no collective on the critical path made a rank wait."""
         g, r = self.graph, self.cpm
-        n = g.nodes
-        imposed = self._imposed(r.path[n["category"][r.path] == Category.BARRIER])
+        n, e = g.nodes, g.edges
+        on_path = r.path[n["category"][r.path] == Category.BARRIER]
+        imposed = self._imposed(on_path)
         if not imposed or max(imposed.values()) <= 0:
             return None
         rank = max(imposed, key=lambda r: imposed[r])
+        if not (np.isin(e["src"], on_path) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)).any():
+            # a pipeline's transfers alone: of the ranks that made the others wait there, the busiest,
+            # where it kept busier than the others (PIPELINE_BUSY_EXCESS); waits its schedule holds by design are no one's
+            busy = self._busy()
+            late = [k for k, v in imposed.items() if v > 0 and k in busy]
+            if not late:
+                return None
+            rank = max(late, key=lambda k: busy[k])
+            others = [v for k, v in busy.items() if k != rank]
+            typical = float(np.median(others)) if others else 0.0
+            if others and busy[rank] < max(typical * (1 + PIPELINE_BUSY_EXCESS), typical + PIPELINE_BUSY_MIN_US):
+                return None
         every = self._imposed(np.flatnonzero(n["category"] == Category.BARRIER))
         return StepStraggler(rank=rank, imposed_wait_us=max(imposed[rank], every.get(rank, 0.0)))
+
+    def _busy(self) -> dict[int, float]:
+        """Per rank, how long it kept busy in the step (µs): from its step start to the end of its
+        last op that is work (not a transfer, a collective or a call blocking on the device: a
+        stage's tail of sends and its host's final synchronize are no work), less the time in
+        that stretch its communication ops waited for their peers while none of its work ran (a
+        receive posted ahead waits while its thread computes)."""
+        g, r = self.graph, self.cpm
+        n = g.nodes
+        work = np.isin(n["category"], (Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET))
+        work &= n["event"] >= 0  # (not the step-end markers)
+        net = (n["node_type"] == NodeType.NETWORK) & (n["mstart"] > n["start"])
+        out: dict[int, float] = {}
+        for rk in g.ranks:
+            mine = n["rank"] == rk
+            if not (mine & work).any():
+                continue
+            last = float(r.eft[mine & work].max())
+            w = mine & work
+            waits = _merged(n["start"][mine & net], np.minimum(n["mstart"][mine & net], last))
+            busy = _merged(n["start"][w], n["start"][w] + n["dur"][w])
+            out[int(rk)] = last - g.rank_start(rk) - (_length(waits) - _overlap(waits, busy))
+        return out
 
     def _imposed(self, barriers: np.ndarray) -> dict[int, float]:
         """Per rank, the longest wait it imposed on the others as the last to arrive at one of

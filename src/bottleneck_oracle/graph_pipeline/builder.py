@@ -34,7 +34,7 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, kahn
 from bottleneck_oracle.graph_pipeline.collectives import barrier_labels, match_instances, match_report, modelled_ends
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
-from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.facts import LAUNCH_TOLERANCE_US, StepFacts, index_facts, run_facts, step_facts
 from bottleneck_oracle.graph_pipeline.gaps import empty_gaps, gap_pieces
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
@@ -466,6 +466,14 @@ def _finish(
         if int(w.ckind[work]) in P2P_KINDS and w.ts[call] < start[work]:  # (posted in the call: rules.backends)
             start[work] = w.ts[rows[work]] = w.ts[call]  # (the window's too: the rules after this one read it)
             dur[work] = w.end[rows[work]] - start[work]
+    # an NCCL send's or receive's kernel: the peer it names, else the one its record_param_comms
+    # names (recent PyTorch) or takes from its c10d call (groups.nested_peers)
+    device_p2p = np.flatnonzero(isin_small(w.ckind, P2P_KINDS) & (peer < 0) & (c["cls"][rows] != EvClass.CPU))
+    if len(device_p2p):
+        own = c["peer"][rows[device_p2p]].astype(np.int64)
+        lacking = own < 0
+        own[lacking] = launching_op_values(c, rows[device_p2p[lacking]], "peer")
+        peer[device_p2p] = own
     seq = _sequence_numbers(w, pairs)
     match_stats: dict[str, int] = {}
     inst = match_instances(

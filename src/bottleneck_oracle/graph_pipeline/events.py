@@ -38,7 +38,7 @@ from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline import scan
 from bottleneck_oracle.graph_pipeline.arrays import SharedArena, groups, isin_small, span_positions
 from bottleneck_oracle.graph_pipeline.engine import Engine, LocalEngine
-from bottleneck_oracle.graph_pipeline.schema import collective_kind
+from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, collective_kind
 
 if TYPE_CHECKING:
     from bottleneck_oracle.graph_pipeline.clocks import ClockReport
@@ -1653,6 +1653,13 @@ class _Builder:
         if kind >= 0:
             sparse["coll_kind"][0].append(row)
             sparse["coll_kind"][1].append(kind)
+        if kind in (CollectiveKind.SEND, CollectiveKind.RECV) and not name.startswith("c10d::"):
+            peer = _first(args, F.P2P_PEER_KEYS["send" if kind == CollectiveKind.SEND else "recv"])
+            if isinstance(peer, str) and peer.isdigit() and len(peer) < 10:
+                peer = int(peer)
+            if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < 2**31:
+                sparse["peer"][0].append(row)
+                sparse["peer"][1].append(peer)
         ranks_v, pg_name = _first(args, F.PG_RANKS_KEYS), _first(args, F.PG_NAME_KEYS)
         if ranks_v is not None or pg_name is not None:
             sparse["pg"][0].append(row)

@@ -82,6 +82,7 @@ class RankFacts:
     hidden: bool = False  # its host ended before the device work queued before it did, and none of its own ended later: origin = cpu_start
     devices: int = 0  # devices the step's device ops ran on (their processes)
     kernel_us: float = 0.0  # time of the kernels the step launched, collectives' kernels left out
+    device_comm_only_us: float = 0.0  # of device_busy_us, the time the device ran collectives' kernels and nothing else
     low_precision_us: float = 0.0  # of it, kernels that run in 16 or 8 bits (kernel_precision)
     conv_kernel_us: float = 0.0  # of it, kernels a convolution op launched
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC (channels last) and no layout conversion
@@ -108,6 +109,12 @@ class RankFacts:
     def device_busy(self) -> float:
         """Share of the period the device was busy (0 without device work)."""
         return self.device_busy_us / self.period if self.period > 0 else 0.0
+
+    @property
+    def device_compute_busy(self) -> float:
+        """Share of the period the device ran other work than collectives' kernels alone: an NCCL
+        receive that waits for its peer keeps the device busy without computing."""
+        return (self.device_busy_us - self.device_comm_only_us) / self.period if self.period > 0 else 0.0
 
     def to_dict(self, offset: float = 0.0) -> dict:
         """As JSON, times in µs from ``offset`` (a window's start; durations unchanged)."""
@@ -141,16 +148,20 @@ def _union(lo: np.ndarray, hi: np.ndarray, a: float, b: float) -> float:
     return float((ends - lo[first]).sum()) if len(group) else 0.0
 
 
-def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]]:
+def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]]:
     """Per rank, its device ops: (anchors sorted, running max of their ends in that order, starts
-    sorted, ends in start order, the longest op's duration), computed once per table."""
+    sorted, ends in start order, the longest op's duration, per op in start order whether it is a
+    collective's kernel), computed once per table."""
     cache = table.facts_cache = table.facts_cache or {}
     if "device" in cache:
         return cache["device"]
     c = table.cols
     order, rank_s, anchor_s = table.index()
-    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = {}
+    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] = {}
     dev_sorted = np.isin(c["cls"][order], DEVICE_CLASSES)
+    comm_name = np.zeros(len(table.names), dtype=bool)
+    dev_codes = np.unique(c["name"][order[dev_sorted]])
+    comm_name[dev_codes] = [bool(_COMM_KERNEL.search(table.names[k])) for k in dev_codes.tolist()]
     busy_sorted = dev_sorted & ~_device_waits(table)[c["name"][order]]  # (a queue waiting is not busy)
     for r in table.ranks:
         lo = int(np.searchsorted(rank_s, rank_s.dtype.type(r), side="left"))
@@ -167,6 +178,7 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
             c["ts"][by_start],
             c["ts"][by_start] + c["dur"][by_start],
             float(c["dur"][busy].max()) if len(busy) else 0.0,
+            comm_name[c["name"][by_start]],
         )
     cache["device"] = out
     return out
@@ -492,10 +504,10 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     device_end = float((c["ts"][own] + c["dur"][own]).max()) if len(own) else None
     prev_end = None
     untraced_queue = 0.0
-    busy = 0.0
+    busy = comm_only = 0.0
     dev = _device_index(table).get(rank)
     if dev is not None:
-        anchors, running_end, starts, ends, longest = dev
+        anchors, running_end, starts, ends, longest, comm = dev
         if step is not None:
             k = int(np.searchsorted(anchors, cpu_start, side="left"))  # device ops launched before the step
             prev_end = float(running_end[k - 1]) if k > 0 else None
@@ -512,6 +524,9 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         a = int(np.searchsorted(starts, origin - longest, side="left"))
         b = int(np.searchsorted(starts, step_end, side="left"))
         busy = _union(starts[a:b], ends[a:b], origin, step_end)
+        if comm[a:b].any():
+            work = ~comm[a:b]
+            comm_only = busy - _union(starts[a:b][work], ends[a:b][work], origin, step_end)
     launcher = table.launchers()
     launched = own[launcher[own] >= 0]
     lag = c["ts"][launched] - c["ts"][launcher[launched]]
@@ -534,6 +549,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         hidden=hidden,
         devices=int(len(np.unique(c["pid"][own]))),
         device_busy_us=busy,
+        device_comm_only_us=comm_only,
         lead_us=lead,
         blocking_us=blocking,
         asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
@@ -883,7 +899,7 @@ def _device_idle(table: EventTable, rank: int, calls: np.ndarray) -> np.ndarray:
     """Per call of ``rank``: was its device busy for under SETUP_IDLE_SHARE of it?"""
     c = table.cols
     none = np.zeros(0)
-    _, _, dev_start, dev_end, longest = _device_index(table).get(rank, (none, none, none, none, 0.0))
+    _, _, dev_start, dev_end, longest, _ = _device_index(table).get(rank, (none, none, none, none, 0.0, none))
     a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
     if len(calls):  # only the device ops that can overlap the calls (a step's, not the whole trace's: once per step)
         lo = int(np.searchsorted(dev_start, float(a.min()) - longest, side="left"))

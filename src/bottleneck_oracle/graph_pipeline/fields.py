@@ -52,6 +52,10 @@ COLLECTIVE_NAME_KEYS = ("Collective name", "collective_name")
 """The collective an op or kernel is, in its args (recent PyTorch: record_param_comms and the NCCL
 kernels it launched): what names it where the kernel's own name does not (NCCL 2.19 and later run
 every collective in ``ncclDevKernel_Generic``)."""
+P2P_PEER_KEYS = {"send": ("Dst Rank", "dst_rank"), "recv": ("Src Rank", "src_rank")}
+"""The peer of a send or a receive, by its collective name, as recent PyTorch writes it on the
+record_param_comms op and on the NCCL kernel it launched: the peer's global rank (the c10d call's
+own argument is its rank in the call's group)."""
 SEQ_KEYS = ("Seq", "seq")  # a collective's sequence number in its process group (recent PyTorch, record_param_comms / NCCL kernels)
 INPUT_DIMS_KEY = "Input Dims"
 CONCRETE_INPUTS_KEY = "Concrete Inputs"  # scalar arguments as strings; c10d::send/recv_: [tensors, pg, peer, tag]

@@ -87,6 +87,12 @@ class RankFactsRecord:
     host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits
     loader_waits: tuple[tuple[float, float], ...] = ()  # the step's thread waiting for a DataLoader's workers (start, end; each >= 1 ms)
+    device_comm_only_us: float = 0.0  # of device_busy_us, the time the device ran collectives' kernels and nothing else
+
+    @property
+    def device_compute_busy(self) -> float:
+        """Share of the period the device ran other work than collectives' kernels alone (facts.RankFacts)."""
+        return (self.device_busy_us - self.device_comm_only_us) / self.period_us if self.period_us > 0 else 0.0
 
 
 _LATER_RANK_FACTS = {f.name: f.default for f in fields(RankFactsRecord) if isinstance(f.default, (int, float))}

@@ -36,7 +36,7 @@ import numpy as np
 
 from bottleneck_oracle.graph_pipeline.arrays import groups
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC, VETO_FLOOR_US
-from bottleneck_oracle.graph_pipeline.events import EventTable
+from bottleneck_oracle.graph_pipeline.events import EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind
 from bottleneck_oracle.graph_pipeline.window import collective_kinds, is_network, name_flags
 
@@ -283,17 +283,19 @@ def _ranks(ranks: frozenset[int]) -> str:
 def resolve_peers(table: EventTable) -> int:
     """Point each c10d send and receive at its peer's global rank. The peer a call records (its
     third concrete input: ``dst``, ``src``) is the peer's rank in the call's process group, which
-    the call does not name: in a pipeline whose stages are also data or tensor parallel, stage
+    the call does not name (the global rank that recent PyTorch writes on the send's
+    record_param_comms and NCCL kernel, ``Dst Rank``, is read as it is): in a pipeline whose stages are also data or tensor parallel, stage
     group 2+3's rank 2 sends to "1", meaning rank 3. Each reading (the peer's place in one of the
     rank's groups in its ``distributedInfo.pg_config``, in the group's order) is kept where the
     other side makes the opposite calls naming this rank by its place in the same group; where
     exactly one peer is so read, the call points at it (the ``peer`` column the graph builder
     pairs sends and receives by). Returns how many calls were re-pointed."""
     c = table.cols
+    names = table.names
     rows = np.flatnonzero(c["peer"] >= 0)
+    rows = rows[np.array([names[k].startswith("c10d::") for k in c["name"][rows].tolist()], dtype=bool)]
     if not len(rows):
         return 0
-    names = table.names
     is_send = np.array(["send" in names[k] for k in c["name"][rows].tolist()], dtype=bool)
     mine: dict[int, list[list[int]]] = {}  # rank -> the groups it is in, each in its order
     for ranks in {tuple(ranks): ranks for _, ranks in _listed(table.meta)}.values():
@@ -310,3 +312,38 @@ def resolve_peers(table: EventTable) -> int:
             c["peer"][at] = q
             moved += len(at)
     return moved
+
+
+def nested_peers(table: EventTable) -> int:
+    """Give each send or receive op that names no peer of its own (the ``record_param_comms`` of an
+    NCCL send before PyTorch wrote ``Dst Rank`` on it; the NCCL kernel it launched reads it from
+    there, by External id) the peer of the c10d send or receive call that encloses it on its
+    thread (after resolve_peers: a global rank). Returns how many ops got one."""
+    c = table.cols
+    names = table.names
+    p2p = (c["coll_kind"] == CollectiveKind.SEND) | (c["coll_kind"] == CollectiveKind.RECV)
+    want = np.flatnonzero(p2p & (c["peer"] < 0) & (c["cls"] == EvClass.CPU))
+    if not len(want):
+        return 0
+    calls = np.flatnonzero((c["peer"] >= 0) & (c["cls"] == EvClass.CPU))
+    calls = calls[np.array([names[k].startswith("c10d::") for k in c["name"][calls].tolist()], dtype=bool)]
+    if not len(calls):
+        return 0
+    by_thread: dict[tuple[int, int, int], list[int]] = {}
+    for e in calls[np.argsort(c["ts"][calls], kind="stable")].tolist():
+        by_thread.setdefault((int(c["rank"][e]), int(c["pid"][e]), int(c["tid"][e])), []).append(e)
+    starts = {k: np.array([c["ts"][e] for e in v]) for k, v in by_thread.items()}
+    given = 0
+    for e in want.tolist():
+        key = (int(c["rank"][e]), int(c["pid"][e]), int(c["tid"][e]))
+        if key not in by_thread:
+            continue
+        i = int(np.searchsorted(starts[key], c["ts"][e], side="right")) - 1
+        if i < 0:
+            continue
+        call = by_thread[key][i]
+        send = c["coll_kind"][e] == CollectiveKind.SEND
+        if c["ts"][call] + c["dur"][call] >= c["ts"][e] + c["dur"][e] and ("send" in names[int(c["name"][call])]) == send:
+            c["peer"][e] = c["peer"][call]
+            given += 1
+    return given

@@ -360,14 +360,23 @@ def collective_kinds(c: Mapping[str, np.ndarray], rows: np.ndarray, name_coll: n
     code); where the name names none (NCCL 2.19 and later run every collective in
     ``ncclDevKernel_Generic``), the one its args name ("Collective name", recent PyTorch); for a
     device op with neither, the one the CPU op of its rank with the same External id names (the
-    record_param_comms that launched it). -1 where nothing does."""
+    record_param_comms that launched it). -1 where nothing does. NCCL runs a send, a receive, an
+    all-to-all and a batch of sends and receives each in one ``SendRecv`` kernel: where the kernel
+    or the op that launched it says it is one send or one receive, it is that (a pair of two
+    ranks, not a collective of every rank making such calls)."""
     kind = name_coll[c["name"][rows]].astype(np.int8)
     unnamed = kind < 0
-    if not unnamed.any():
+    vague = kind == CollectiveKind.SEND_RECV
+    if not (unnamed.any() or vague.any()):
         return kind
-    kind = np.where(unnamed, c["coll_kind"][rows], kind).astype(np.int8)
-    lacking = np.flatnonzero((kind < 0) & (c["cls"][rows] != EvClass.CPU))
-    kind[lacking] = launching_op_values(c, rows[lacking], "coll_kind")
+    own = c["coll_kind"][rows]
+    one_way = (own == CollectiveKind.SEND) | (own == CollectiveKind.RECV)
+    kind = np.where(unnamed | (vague & one_way), own, kind).astype(np.int8)
+    lacking = np.flatnonzero(((kind < 0) | (vague & ~one_way)) & (c["cls"][rows] != EvClass.CPU))
+    if len(lacking):
+        launched = launching_op_values(c, rows[lacking], "coll_kind")
+        take = (kind[lacking] < 0) | (launched == CollectiveKind.SEND) | (launched == CollectiveKind.RECV)
+        kind[lacking[take]] = launched[take]
     return kind
 
 
