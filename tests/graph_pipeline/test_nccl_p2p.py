@@ -86,7 +86,8 @@ def _write(folder: Path, peers_in_args: bool, steps: int = 4, slower: dict[int, 
         end = max(e for r in ops for (_, _, e, _) in ops[r])
         for r, mine in ops.items():
             ev = docs[r]
-            ev.append(_x("user_annotation", f"ProfilerStep#{step}", t0, end + 80.0 - t0))
+            done = max(e for (_, _, e, _) in mine)  # (its host's synchronize returns when its own device is done)
+            ev.append(_x("user_annotation", f"ProfilerStep#{step}", t0, done + 80.0 - t0))
             for op, start, stop, launch in mine:
                 corr += 1
                 ext = corr
@@ -116,7 +117,7 @@ def _write(folder: Path, peers_in_args: bool, steps: int = 4, slower: dict[int, 
                 args = {"External id": ext, "correlation": corr, "stream": kernel["stream"], "device": 0, **meta}
                 ev.append(_x("kernel", str(kernel["name"]), start, stop - start, args, pid=0, tid=int(kernel["stream"])))
             sync = mine[-1][3] + 40.0
-            ev.append(_x("cuda_runtime", "cudaDeviceSynchronize", sync, end + 10.0 - sync))
+            ev.append(_x("cuda_runtime", "cudaDeviceSynchronize", sync, done + 10.0 - sync))
         t0 = end + 500.0
     for r, ev in docs.items():
         group = {"pg_name": "0", "pg_desc": "default_pg", "pg_size": STAGES, "ranks": list(range(STAGES))}
