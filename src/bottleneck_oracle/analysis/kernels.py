@@ -68,6 +68,7 @@ class Overlap:
     communication_us: float  # time some communication of the rank runs (union of its intervals)
     overlapped_us: float  # of it, time some compute of the rank runs too
     exposed_us: float  # communication_us - overlapped_us
+    waiting_us: float = 0.0  # of exposed_us, time its communication ops waited for their peers (a late rank, a pipeline's bubble)
 
     JSON_COMPUTED: ClassVar[tuple[Computed, ...]] = (Computed("overlap_share", "overlap_share", after="exposed_us"),)
 
@@ -151,9 +152,11 @@ def overlap_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.nda
 
 
 def overlap(g: ExecutionGraph) -> list[Overlap]:
-    """Per rank with communication in scope: its communication time, and how much of it runs
-    beside compute of the same rank: its kernels but communication and memory movement (on a
-    CPU-only trace: its leaf ops and ops' own time between their children)."""
+    """Per rank with communication in scope: its communication time, how much of it runs beside
+    compute of the same rank (its kernels but communication and memory movement; on a CPU-only
+    trace its leaf ops and ops' own time between their children), and how much of the rest its
+    communication ops spent waiting for their peers (from an op's start to its collective's last
+    arrival, the graph's modelled start): time a faster network or more overlap would not save."""
     where, ids = scope(g)
     if not len(ids):
         return []
@@ -161,6 +164,7 @@ def overlap(g: ExecutionGraph) -> list[Overlap]:
     n = g.nodes
     start = np.asarray(n["start"][ids], dtype=np.float64)
     end = start + np.asarray(n["dur"][ids], dtype=np.float64)
+    ready = np.minimum(np.maximum(np.asarray(n["mstart"][ids], dtype=np.float64), start), end)  # (where its peers were all there)
     rank = n["rank"][ids]
     comm = fam == "communication"
     compute = ~comm & (fam != "memory")
@@ -170,6 +174,7 @@ def overlap(g: ExecutionGraph) -> list[Overlap]:
         k = int(own.sum())
         start = np.r_[start, gp["start"][own]]
         end = np.r_[end, gp["end"][own]]
+        ready = np.r_[ready, gp["start"][own]]
         rank = np.r_[rank, n["rank"][gp["node"][own]]]
         comm, compute = np.r_[comm, np.zeros(k, bool)], np.r_[compute, np.ones(k, bool)]
     out = []
@@ -182,6 +187,9 @@ def overlap(g: ExecutionGraph) -> list[Overlap]:
         cm, cp = mine[comm[mine]], mine[compute[mine]]
         c = interval_union(start[cm], end[cm])
         busy = float((c[1] - c[0]).sum())
-        hidden = overlap_length(c, interval_union(start[cp], end[cp]))
-        out.append(Overlap(r, busy, float(hidden), float(busy - hidden)))
+        work = interval_union(start[cp], end[cp])
+        hidden = overlap_length(c, work)
+        waits = interval_union(start[cm], ready[cm])  # (inside the communication's own intervals)
+        waiting = float((waits[1] - waits[0]).sum()) - overlap_length(waits, work)
+        out.append(Overlap(r, busy, float(hidden), float(busy - hidden), max(waiting, 0.0)))
     return out

@@ -194,10 +194,13 @@ def overlap_table(a: StepAnalysis) -> TableModel | None:
             Column("communication ms", "ms"),
             Column("overlapped ms", "ms"),
             Column("exposed ms", "ms"),
+            Column("of it waiting ms", "ms"),
             Column("overlapped", "pct"),
         ],
+        caption="exposed: communication with no compute of its rank beside it; of it waiting: its ops waiting for their "
+        "peers to arrive (a late rank, a pipeline's bubble), which neither a faster network nor more overlap saves",
     )
-    t.rows = [[o.rank, o.communication_us, o.overlapped_us, o.exposed_us, o.overlap_share] for o in rows]
+    t.rows = [[o.rank, o.communication_us, o.overlapped_us, o.exposed_us, o.waiting_us, o.overlap_share] for o in rows]
     return t
 
 
