@@ -32,6 +32,24 @@ def test_a_persistent_straggler_is_named_with_its_region_and_what_fixing_it_save
     assert lines[0].startswith("Run: 7 steady steps of 8, 2 ranks") and any(line.startswith("Straggler: rank 1") for line in lines)
 
 
+def test_a_region_whose_fix_saves_nothing_is_said_not_to_set_the_step():
+    """The region line and its saving as the run answer writes them: a saving under 1% of the
+    step says that the region does not set the step's time (the persistent straggler's 20 ms does
+    not say so), and a saving that rounds to nothing reads 0.00, not -0.00."""
+    from dataclasses import replace
+
+    from bottleneck_oracle.analysis.answer import Estimate
+
+    table = cached_load(STRAGGLER)
+    a = run_answer(list(cached_analyses(STRAGGLER)), str(STRAGGLER), None, two_step_graphs(table))
+    assert a.region is not None
+    said = "it does not set the step's time"
+    assert not any(said in line for line in a.lines())
+    a.region = replace(a.region, saving=Estimate(-0.4, -1.0, 0.3, 7))
+    (line,) = [x for x in a.lines(width=400) if x.startswith("Fixing it saves")]
+    assert line.startswith("Fixing it saves 0.00 ms a step [0.00, 0.00] (0%") and line.endswith(said + ", other work does")
+
+
 def test_the_step_time_is_the_median_of_the_steady_steps_with_a_covering_interval():
     steps = list(cached_analyses(STRAGGLER))
     a = run_answer(steps)

@@ -57,6 +57,7 @@ HOST_BLOCKING = 0.1  # ... and the host's blocking calls take under this share o
 INPUT_BOUND = 0.5  # the loop is bound by data loading when at least this share of the critical path is in the DataLoader
 INPUT_SHARE = 0.05  # the input pipeline is named when at least this share of the critical path is in the DataLoader
 PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
+SMALL_SAVING = 0.01  # a region whose fix saves under this share of the step is said not to set the step's time
 SLOW_FACTOR = 2.0  # a steady step this many times the others' median step time, or more, is a slow step ...
 SLOW_MIN_US = 500.0  # ... and at least this much (µs) longer
 SLOW_MIN_STEPS = 4  # steady steps needed to tell slow steps from the others (three or more of them to set the median)
@@ -281,9 +282,12 @@ class RunAnswer:
         if self.region:
             r = self.region
             how = "in steady state: replayed over two steps" if r.one_step is not None else "replayed"
+            small = r.saving.median_us < SMALL_SAVING * (st.median_us or 1)  # (off the path: other work sets the step)
+            share = 100 * r.saving.median_us / (st.median_us or 1)
             out.append(
                 f"Fixing it saves {ms(r.saving.median_us)} ms a step{_interval(r.saving)} "
-                f"({100 * r.saving.median_us / (st.median_us or 1):.0f}%; {how}, the region at its time {r.against})"
+                f"({share if abs(share) >= 0.5 else 0.0:.0f}%; {how}, the region at its time {r.against})"
+                + (": it does not set the step's time, other work does" if small else "")
             )
         out += self.notes
         return out
@@ -305,6 +309,8 @@ def _ordinal(n: int) -> str:
 
 
 def _ms(us: float) -> str:
+    if abs(us) < 5:  # (rounds to 0.00: not "-0.00")
+        return "0.00"
     return f"{us / 1000:.1f}" if abs(us) >= 100 else f"{us / 1000:.2f}"
 
 
