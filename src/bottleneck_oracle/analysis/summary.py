@@ -85,36 +85,6 @@ _EDGE_WORDS = {
 """How a warning names each edge kind (schema.EdgeKind, lower case)."""
 
 
-def _merged(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of the intervals [lo, hi) as disjoint intervals in order."""
-    keep = hi > lo
-    lo, hi = lo[keep], hi[keep]
-    if not len(lo):
-        return lo, hi
-    order = np.argsort(lo, kind="stable")
-    lo, hi = lo[order], np.maximum.accumulate(hi[order])
-    first = np.r_[True, lo[1:] > hi[:-1]]
-    last = np.r_[first[1:], True]
-    return lo[first], hi[last]
-
-
-def _length(iv: tuple[np.ndarray, np.ndarray]) -> float:
-    return float((iv[1] - iv[0]).sum())
-
-
-def _overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-    """Length of the intersection of two unions of disjoint intervals (each in order)."""
-    if not len(a[0]) or not len(b[0]):
-        return 0.0
-    total = 0.0
-    for lo, hi in zip(a[0].tolist(), a[1].tolist()):
-        i = int(np.searchsorted(b[1], lo, side="right"))
-        j = int(np.searchsorted(b[0], hi, side="left"))
-        if j > i:
-            total += float((np.minimum(b[1][i:j], hi) - np.maximum(b[0][i:j], lo)).clip(min=0.0).sum())
-    return total
-
-
 @dataclass(slots=True, repr=False)
 class StepAnalysis:
     """One analysed step (api.analyze): its graph, the critical path method's result on it, and
@@ -483,20 +453,33 @@ class StepAnalysis:
         receive posted ahead waits while its thread computes)."""
         g, r = self.graph, self.cpm
         n = g.nodes
-        work = np.isin(n["category"], (Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET))
+        ranks = np.asarray(g.ranks, dtype=np.int64)
+        pos, on = _rank_positions(ranks, n["rank"])
+        work = on & np.isin(n["category"], (Category.CPU_OP, Category.RUNTIME, Category.KERNEL, Category.MEMCPY, Category.MEMSET))
         work &= n["event"] >= 0  # (not the step-end markers)
-        net = (n["node_type"] == NodeType.NETWORK) & (n["mstart"] > n["start"])
-        out: dict[int, float] = {}
-        for rk in g.ranks:
-            mine = n["rank"] == rk
-            if not (mine & work).any():
-                continue
-            last = float(r.eft[mine & work].max())
-            w = mine & work
-            waits = _merged(n["start"][mine & net], np.minimum(n["mstart"][mine & net], last))
-            busy = _merged(n["start"][w], n["start"][w] + n["dur"][w])
-            out[int(rk)] = last - g.rank_start(rk) - (_length(waits) - _overlap(waits, busy))
-        return out
+        if not work.any():
+            return {}
+        last = np.full(len(ranks), -np.inf)
+        np.maximum.at(last, pos[work], r.eft[work])
+        net = on & (n["node_type"] == NodeType.NETWORK) & (n["mstart"] > n["start"])
+        # one sweep over every rank's intervals, each rank's moved into a band of its own: the time
+        # in which some wait of the rank is open and none of its work is
+        lo_w, hi_w = n["start"][net], np.minimum(n["mstart"][net], last[pos[net]])
+        keep = hi_w > lo_w
+        lo_k, hi_k = n["start"][work], n["start"][work] + n["dur"][work]
+        band = float(max(np.nanmax(np.abs(n["start"][on])) if on.any() else 0.0, np.nanmax(np.abs(r.eft[on])))) * 2 + 1.0
+        off_w, off_k = (pos[net][keep] + 0.5) * band, (pos[work] + 0.5) * band  # (times within ±band/2 of a band's middle)
+        at = np.concatenate([lo_w[keep] + off_w, hi_w[keep] + off_w, lo_k + off_k, hi_k + off_k])
+        d_wait = np.concatenate([np.ones(int(keep.sum())), -np.ones(int(keep.sum())), np.zeros(2 * len(lo_k))])
+        d_work = np.concatenate([np.zeros(2 * int(keep.sum())), np.ones(len(lo_k)), -np.ones(len(lo_k))])
+        order = np.argsort(at, kind="stable")
+        at, d_wait, d_work = at[order], d_wait[order], d_work[order]
+        open_wait, open_work = np.cumsum(d_wait)[:-1], np.cumsum(d_work)[:-1]
+        length = np.diff(at)
+        idle = (open_wait > 0.5) & (open_work < 0.5) & (length > 0)
+        waited = np.bincount(np.floor(at[:-1][idle] / band).astype(np.int64), weights=length[idle], minlength=len(ranks))
+        has = np.isfinite(last)
+        return {int(rk): float(last[i] - g.rank_start(int(rk)) - waited[i]) for i, rk in enumerate(ranks.tolist()) if has[i]}
 
     def _imposed(self, barriers: np.ndarray) -> dict[int, float]:
         """Per rank, the longest wait it imposed on the others as the last to arrive at one of
