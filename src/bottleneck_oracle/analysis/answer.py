@@ -61,6 +61,9 @@ SMALL_SAVING = 0.01  # a region whose fix saves under this share of the step is 
 SLOW_FACTOR = 2.0  # a steady step this many times the others' median step time, or more, is a slow step ...
 SLOW_MIN_US = 500.0  # ... and at least this much (µs) longer
 SLOW_MIN_STEPS = 4  # steady steps needed to tell slow steps from the others (three or more of them to set the median)
+PERIODIC_FACTOR = 1.5  # steps every k-th (three or more) whose median is this many times the others' median ...
+PERIODIC_LEAST = 1.3  # ... and each of them this many times it, are slow steps too (an optimizer step every k-th micro-batch)
+PERIODIC_MAX_EVERY = 16  # the longest period looked for
 CAUSE_SHARE = 0.5  # a name that adds at least this share of the slow steps' excess to their critical path is their cause ...
 NARROWER = 0.9  # ... or one of its kind that adds this share of that name's excess and spends less time on the path (inside it)
 NAMED_TOP = 40  # names kept per step (StepFigures.named): the ones the critical path spends most time in
@@ -237,10 +240,18 @@ class RunAnswer:
         if self.slow_steps is not None:
             sl = self.slow_steps
             n = len(sl.steps)
-            every = f" (every {_ordinal(sl.every)})" if sl.every else ""
+            listed = ", ".join(map(str, sl.steps[:8]))
+            if sl.every:  # the ones of the period first, then the others ("3, 7, 11, 15 (every 4th) and 4")
+                k = sl.every
+                phase = max(range(k), key=lambda p: sum(x % k == p for x in sl.steps))
+                beat = [x for x in sl.steps if x % k == phase]
+                once = [x for x in sl.steps if x % k != phase]
+                listed = f"{', '.join(map(str, beat[:8]))} (every {_ordinal(k)})" + (
+                    f" and {', '.join(map(str, once[:4]))}" if once else ""
+                )
             took = f"{ms(min(sl.times_us))}–{ms(max(sl.times_us))}" if n > 1 else ms(sl.times_us[0])
             out.append(
-                f"Slow step{'s' if n > 1 else ''}: {', '.join(map(str, sl.steps[:8]))}{every} take{'' if n > 1 else 's'} {took} ms "
+                f"Slow step{'s' if n > 1 else ''}: {listed} take{'' if n > 1 else 's'} {took} ms "
                 f"against {ms(sl.others_us)} ms for the others: {'they add' if n > 1 else 'it adds'} {ms(sl.added_us)} ms to the "
                 f"mean step ({ms(sl.mean_us)} ms)"
             )
@@ -544,6 +555,28 @@ def answer_from(
 _KINDS = {NAMED_RANGE: "range", NAMED_FRAME: "frame", NAMED_OP: "op", NAMED_UNTRACED: "untraced"}
 
 
+def _periodic(number: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """The steps of one phase of a period k (those whose number is one residue modulo k; three
+    or more, fewer than half the steps) each PERIODIC_LEAST and together (median)
+    PERIODIC_FACTOR times the other steps' median or more, and SLOW_MIN_US longer: the shortest
+    such period. (mask of them, k), or (none, None)."""
+    none = np.zeros(len(times), dtype=bool)
+    for k in range(2, min(PERIODIC_MAX_EVERY, len(times) // 3) + 1):
+        for phase in range(k):
+            mine = number % k == phase
+            if mine.sum() < 3 or 2 * int(mine.sum()) >= len(times):
+                continue
+            base = float(np.median(times[~mine]))
+            ratio = float(np.median(times[mine])) / base if base > 0 else 0.0
+            if (
+                ratio >= PERIODIC_FACTOR
+                and float(times[mine].min()) >= PERIODIC_LEAST * base
+                and float(np.median(times[mine])) - base >= SLOW_MIN_US
+            ):
+                return mine, k
+    return none, None
+
+
 def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
     """The steady steps SLOW_FACTOR times the others' median or more (and SLOW_MIN_US longer), when
     they are fewer than half of SLOW_MIN_STEPS or more steady steps, with what they add to the
@@ -555,16 +588,21 @@ def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
     if len(numbered) < SLOW_MIN_STEPS:
         return None
     times = np.array([f.step_time for f in numbered])
+    number = np.array([int(f.step) for f in numbered if f.step is not None])
+    # steps that come every k-th (a gradient-accumulation loop profiled per micro-batch: every 4th
+    # all-reduces and steps the optimizer, 1.5-2.3 times the others, with a one-off slow step among
+    # them), then the ones twice the others' median or more
+    periodic, every_k = _periodic(number, times)
     # against the others' median: the slow steps' own times count in the first guess only (an
     # optimizer step every 4th of a gradient-accumulation loop's steps: a 13.2 ms one was left among
     # the others at twice the median of all 15, 6.8 ms, not at twice the others', 6.4 ms)
-    is_slow = np.zeros(len(times), dtype=bool)
-    typical = float(np.median(times))
+    is_slow = periodic.copy()
+    typical = float(np.median(times[~periodic]))
     for _ in range(3):
-        now = (times >= SLOW_FACTOR * typical) & (times - typical >= SLOW_MIN_US)
+        now = periodic | ((times >= SLOW_FACTOR * typical) & (times - typical >= SLOW_MIN_US))
         if not now.any() or 2 * int(now.sum()) >= len(numbered):
             return None
-        if (now == is_slow).all():
+        if (now == is_slow).all() and _ > 0:
             break
         is_slow = now
         typical = float(np.median(times[~is_slow]))
@@ -574,7 +612,7 @@ def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
     excess = float(np.mean([f.step_time - base for f in slow]))
     steps = [int(f.step) for f in slow if f.step is not None]  # (all are: numbered)
     gaps = set(np.diff(steps).tolist())
-    every = int(gaps.pop()) if len(steps) >= 3 and len(gaps) == 1 and min(np.diff(steps)) >= 2 else None
+    every = int(gaps.pop()) if len(steps) >= 3 and len(gaps) == 1 and min(np.diff(steps)) >= 2 else every_k
 
     mean = float(np.mean(times))
     cause = named_cause([f.named for f in slow], [f.named for f in others], excess)
