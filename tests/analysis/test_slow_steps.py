@@ -144,6 +144,26 @@ def test_a_gradient_accumulation_loop_s_optimizer_steps_are_every_4th():
     assert "Slow steps: 3, 7, 11, 15 (every 4th) and 4 take" in text
 
 
+def test_the_cause_of_a_period_s_steps_is_what_they_hold_not_a_one_off_s():
+    """Every 4th step holds a 6 ms ``optimizer`` range; step 4 once a 40 ms ``rebuild``: the slow
+    steps are both, and what is in the every-4th ones is the optimizer (constructed figures;
+    read over all five, the rebuild's 8 ms a slow step named it)."""
+    figs = []
+    for k in range(2, 18):
+        named = [(0, "forward", 0, 3e3)]
+        us = 4.0e3
+        if k % 4 == 3:
+            named.append((0, "optimizer", 0, 6e3))
+            us += 6e3
+        if k == 4:
+            named.append((0, "rebuild", 0, 40e3))
+            us += 40e3
+        figs.append(_fig(k, us, named))
+    s = _slow_steps(figs)
+    assert s is not None and s.steps == [3, 4, 7, 11, 15] and s.every == 4
+    assert s.cause is not None and s.cause.name == "optimizer"
+
+
 def test_slow_steps_need_enough_steps_and_must_be_a_minority():
     few = [_fig(1, 10.0e3), _fig(2, 10.0e3), _fig(3, 50.0e3)]
     assert _slow_steps(few) is None  # three steps: too few to set the others' median

@@ -243,9 +243,8 @@ class RunAnswer:
             listed = ", ".join(map(str, sl.steps[:8]))
             if sl.every:  # the ones of the period first, then the others ("3, 7, 11, 15 (every 4th) and 4")
                 k = sl.every
-                phase = max(range(k), key=lambda p: sum(x % k == p for x in sl.steps))
-                beat = [x for x in sl.steps if x % k == phase]
-                once = [x for x in sl.steps if x % k != phase]
+                beat = _beat(sl)
+                once = [x for x in sl.steps if x not in beat]
                 listed = f"{', '.join(map(str, beat[:8]))} (every {_ordinal(k)})" + (
                     f" and {', '.join(map(str, once[:4]))}" if once else ""
                 )
@@ -256,7 +255,8 @@ class RunAnswer:
                 f"mean step ({ms(sl.mean_us)} ms)"
             )
             if sl.cause is not None:
-                out.append(f"  in {'them' if n > 1 else 'it'}: {sl.cause.words(ms, 'the others')}")
+                which = f"the every {_ordinal(sl.every)}" if sl.every and len(beat := _beat(sl)) < n else ("them" if n > 1 else "it")
+                out.append(f"  in {which}: {sl.cause.words(ms, 'the others')}")
         if self.input_pipeline is not None:
             e = self.input_pipeline
             out.append(
@@ -555,6 +555,13 @@ def answer_from(
 _KINDS = {NAMED_RANGE: "range", NAMED_FRAME: "frame", NAMED_OP: "op", NAMED_UNTRACED: "untraced"}
 
 
+def _beat(sl: SlowSteps) -> list[int]:
+    """Of the slow steps, those of the period's phase (the residue modulo ``every`` most of them have)."""
+    k = sl.every or 1
+    phase = max(range(k), key=lambda p: sum(x % k == p for x in sl.steps))
+    return [x for x in sl.steps if x % k == phase]
+
+
 def _periodic(number: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, int | None]:
     """The steps of one phase of a period k (those whose number is one residue modulo k; three
     or more, fewer than half the steps) each PERIODIC_LEAST and together (median)
@@ -598,11 +605,11 @@ def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
     # the others at twice the median of all 15, 6.8 ms, not at twice the others', 6.4 ms)
     is_slow = periodic.copy()
     typical = float(np.median(times[~periodic]))
-    for _ in range(3):
+    for round_ in range(3):
         now = periodic | ((times >= SLOW_FACTOR * typical) & (times - typical >= SLOW_MIN_US))
         if not now.any() or 2 * int(now.sum()) >= len(numbered):
             return None
-        if (now == is_slow).all() and _ > 0:
+        if (now == is_slow).all() and round_ > 0:
             break
         is_slow = now
         typical = float(np.median(times[~is_slow]))
@@ -615,7 +622,11 @@ def _slow_steps(st: list[StepFigures]) -> SlowSteps | None:
     every = int(gaps.pop()) if len(steps) >= 3 and len(gaps) == 1 and min(np.diff(steps)) >= 2 else every_k
 
     mean = float(np.mean(times))
-    cause = named_cause([f.named for f in slow], [f.named for f in others], excess)
+    if every_k is not None and not periodic.all() and len(slow) > int(periodic.sum()):  # (what the period's steps hold, not a one-off's)
+        beat = [f for f, s in zip(numbered, periodic.tolist()) if s]
+        cause = named_cause([f.named for f in beat], [f.named for f in others], float(np.mean([f.step_time - base for f in beat])))
+    else:
+        cause = named_cause([f.named for f in slow], [f.named for f in others], excess)
     return SlowSteps(steps, every, [f.step_time for f in slow], base, mean, mean - base, cause)
 
 
