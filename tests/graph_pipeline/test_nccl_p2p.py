@@ -258,3 +258,18 @@ def test_a_stage_s_exposed_communication_is_mostly_waiting_for_its_peer(tmp_path
     for r in got:
         assert sum(o.waiting_us for a in analyses for o in a.overlap() if o.rank == r) == pytest.approx(waited[r], rel=1e-6), r
     assert steps == 4 and got[0] > 0.9 * next(o.exposed_us for o in analyses[-1].overlap() if o.rank == 0)
+
+
+def test_the_busiest_stage_of_a_gpu_pipeline_is_the_one_whose_device_computes_most(tmp_path):
+    """advise's unbalanced-stages recipe moves a layer off the busiest stage: on a GPU pipeline the
+    one whose device computes most (stage 2, at 1.5 times the others' work), not the one whose
+    host's ops (launches, the final synchronize) or communication ops took longest (before:
+    rank 1, whose receives hold the pipeline's waits)."""
+    from bottleneck_oracle import api
+
+    _write(tmp_path, True, slower={2: 1.5})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        advice = api.advise(tmp_path)
+    named = {s.remedy for a in advice for s in a.advice.suggestions if s.source == "pp-stage-balance"}
+    assert named and all("busiest stage (2)" in r for r in named), named

@@ -208,7 +208,12 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     codes = np.union1d(n["name"][step_ops], rg["name"][in_step])
     foreach = any(g.names[int(k)].startswith("aten::_foreach_") for k in codes.tolist())
     m["optimizer_unfused"] = float(not any(FUSED_OPTIMIZER.search(name) for name in g.names))
-    busy = {rk: float(n["mdur"][(n["rank"] == rk) & ~n["on_gpu"]].sum()) for rk in g.ranks}
+    # each rank's own work: its device's compute where the step has device work, else its host ops; not its
+    # communication (a pipeline stage's receive holds its wait for the stage before it) nor its waits on the
+    # device (a synchronize): the busiest stage of an NCCL pipeline had been the one whose host launched most
+    work = (n["node_type"] != NodeType.NETWORK) & (n["rank"] >= 0) & (n["category"] != Category.BLOCKING)
+    own = work & n["on_gpu"].astype(bool) if (work & n["on_gpu"].astype(bool)).any() else work & ~n["on_gpu"].astype(bool)
+    busy = {rk: float(n["mdur"][own & (n["rank"] == rk)].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
     ctx["optimizer_remedy"] = (
