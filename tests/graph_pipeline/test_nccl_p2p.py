@@ -273,3 +273,34 @@ def test_the_busiest_stage_of_a_gpu_pipeline_is_the_one_whose_device_computes_mo
         advice = api.advise(tmp_path)
     named = {s.remedy for a in advice for s in a.advice.suggestions if s.source == "pp-stage-balance"}
     assert named and all("busiest stage (2)" in r for r in named), named
+
+
+def test_the_run_answer_says_how_busy_a_pipeline_s_stages_keep(tmp_path):
+    """GPipe over 4 equal stages, 3 micro-batches: each stage computes 15 ms of a ~32 ms step (raw:
+    its kernels), the schedule's bubble (S - 1) / (M + S - 1) = 50% of it; 'Bound by: device
+    compute' alone hid that every stage waits half the step. The run answer says how busy each rank
+    kept: at least its compute kernels' time, at most that and its transfers' own time (their
+    kernels less their waits) and its launches."""
+    from bottleneck_oracle import api
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    _write(tmp_path, True)
+    compute: dict[int, float] = {}
+    transfer: dict[int, float] = {}
+    for f in sorted(tmp_path.glob("rank-*.json")):
+        doc = json.loads(f.read_text())
+        r = doc["distributedInfo"]["rank"]
+        for e in doc["traceEvents"]:
+            if e["cat"] == "kernel":
+                bucket = transfer if e["name"] == KERNEL else compute
+                bucket[r] = bucket.get(r, 0.0) + e["dur"] / 4  # (per step: four alike)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, analyses = api.analyze(tmp_path)
+    pp = run_answer(analyses).pipeline
+    assert pp is not None and pp.ranks == STAGES
+    for r, us in (pp.least, pp.most):
+        assert compute[r] - 1.0 <= us <= compute[r] + TRANSFER * sum(1 for _ in range(2 * MICRO)) + 1000.0, (r, us)
+    bubble = (STAGES - 1) / (MICRO + STAGES - 1)
+    assert pp.share == pytest.approx(1 - bubble, abs=0.05)
+    assert any(line.startswith("Pipeline (4 ranks") for line in run_answer(analyses).lines())

@@ -44,7 +44,7 @@ from bottleneck_oracle.analysis.segments import (
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
-from bottleneck_oracle.graph_pipeline.schema import NodeType
+from bottleneck_oracle.graph_pipeline.schema import EdgeKind, NodeType
 
 T = TypeVar("T")
 
@@ -188,6 +188,20 @@ class SlowSteps:
     cause: SlowCause | None
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineAnswer:
+    """A job whose ranks send to and receive from each other (pipeline stages): how much of the step
+    each rank kept busy (StepAnalysis.busy_by_rank: its step to its last op of work, less its
+    sends' and receives' waits with none of its work running); the rest of the step it waited for
+    the other stages — the schedule's bubble, and any stage slower than the others."""
+
+    ranks: int
+    busy: Estimate  # per step, the mean over the ranks of their busy time (µs)
+    share: float  # busy's median over the step time's
+    least: tuple[int, float]  # the rank least busy and its median busy time (µs)
+    most: tuple[int, float]  # the rank most busy and its median busy time (µs)
+
+
 @dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
@@ -206,6 +220,7 @@ class RunAnswer:
     device: DeviceWeight | None = None  # a host-bound loop whose windows end with device time (_device_weight); None: not one
     host_paced: HostPace | None = None  # a host that waits STEADY_QUEUE_SHARE of its step or more for the device's queue; None: not one
     slow_steps: SlowSteps | None = None  # steady steps SLOW_FACTOR times the others or more (_slow_steps); None: none
+    pipeline: PipelineAnswer | None = None  # ranks that send to and receive from each other: how busy each kept (_pipeline); None: none
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -281,6 +296,13 @@ class RunAnswer:
             out.append(
                 f"Straggler: rank {s.rank} in {s.steps} of {s.of} steps; the others waited up to {ms(s.wait.median_us)} ms a step for it"
             )
+        if self.pipeline is not None:
+            pp = self.pipeline
+            out.append(
+                f"Pipeline ({pp.ranks} ranks that send to and receive from each other): a rank keeps busy "
+                f"{100 * pp.share:.0f}% of the step ({ms(pp.least[1])} ms on rank {pp.least[0]} to {ms(pp.most[1])} on rank {pp.most[0]}); "
+                "the rest it waits for the other stages: the schedule's bubble, and any stage slower than the others"
+            )
         if self.region:
             r = self.region
             out.append(
@@ -349,6 +371,9 @@ class StepFigures:
     cut: bool = False  # the trace ends inside the step (StepAnalysis.cut_by_trace_end): only a part of it is held
     hidden: bool = False  # the step adds nothing past earlier steps' device work (StepAnalysis.adds_nothing)
     named: tuple[tuple[int, str, int, float], ...] = ()  # the names the critical path spends most time in (segments.path_by_name)
+    stage_busy: tuple[
+        tuple[int, float], ...
+    ] = ()  # where ranks send to and receive from each other: (rank, busy µs) (StepAnalysis.busy_by_rank)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -371,6 +396,9 @@ class StepFigures:
             bool(a.cut_by_trace_end()),
             a.adds_nothing(),
             tuple(path_by_name(a.graph, a.segments(), NAMED_TOP)),
+            tuple(sorted(a.busy_by_rank().items()))
+            if len(a.graph.ranks) > 1 and (a.graph.edges["kind"] == EdgeKind.SEND_RECV).any()
+            else (),
         )
 
 
@@ -469,6 +497,7 @@ def answer_from(
         region=None,
     )
     answer.slow_steps = _slow_steps(st)
+    answer.pipeline = _pipeline(st)
     fed = [f.input_us for f in st]
     if fed and float(np.median(fed)) > 0 and float(np.median(fed)) >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
         answer.input_pipeline = estimate(fed)
@@ -553,6 +582,23 @@ def answer_from(
 
 
 _KINDS = {NAMED_RANGE: "range", NAMED_FRAME: "frame", NAMED_OP: "op", NAMED_UNTRACED: "untraced"}
+
+
+def _pipeline(st: list[StepFigures]) -> PipelineAnswer | None:
+    """How busy the ranks of a job that sends and receives between them kept (PipelineAnswer), over
+    the steady steps that hold such transfers; None where none does."""
+    held = [f for f in st if f.stage_busy]
+    if not held:
+        return None
+    per_rank: dict[int, list[float]] = {}
+    for f in held:
+        for r, us in f.stage_busy:
+            per_rank.setdefault(r, []).append(us)
+    median = {r: float(np.median(v)) for r, v in per_rank.items()}
+    least, most = min(median, key=lambda r: median[r]), max(median, key=lambda r: median[r])
+    busy = estimate([float(np.mean([us for _, us in f.stage_busy])) for f in held])
+    step = float(np.median([f.step_time for f in held]))
+    return PipelineAnswer(len(per_rank), busy, busy.median_us / step if step > 0 else 0.0, (least, median[least]), (most, median[most]))
 
 
 def _beat(sl: SlowSteps) -> list[int]:

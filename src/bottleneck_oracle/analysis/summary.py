@@ -433,7 +433,7 @@ class StepAnalysis:
         if not (np.isin(e["src"], on_path) & (e["kind"] == EdgeKind.COLLECTIVE_SYNC)).any():
             # a pipeline's transfers alone: of the ranks that made the others wait there, the busiest,
             # where it kept busier than the others (PIPELINE_BUSY_EXCESS); waits its schedule holds by design are no one's
-            busy = self._busy()
+            busy = self.busy_by_rank()
             late = [k for k, v in imposed.items() if v > 0 and k in busy]
             if not late:
                 return None
@@ -445,7 +445,7 @@ class StepAnalysis:
         every = self._imposed(np.flatnonzero(n["category"] == Category.BARRIER))
         return StepStraggler(rank=rank, imposed_wait_us=max(imposed[rank], every.get(rank, 0.0)))
 
-    def _busy(self) -> dict[int, float]:
+    def busy_by_rank(self) -> dict[int, float]:
         """Per rank, how long it kept busy in the step (µs): from its step start to the end of its
         last op that is work (not a transfer, a collective or a call blocking on the device: a
         stage's tail of sends and its host's final synchronize are no work), less the time in
