@@ -122,6 +122,17 @@ def test_a_pickle_with_code_is_not_run(tmp_path, capsys):
     assert "pickled code ran" not in capsys.readouterr().out
 
 
+def test_a_prediction_past_exp_s_range_is_a_million_times_off_not_infinite():
+    """A model far out of its domain can predict a log-ratio past exp's range (seen once in CI: the
+    MLP on a held-out layout, every metric of the split infinite). Read at most 10^6 times the
+    reference either way, NaN kept."""
+    from bottleneck_oracle_lab.training.eval import _ratio
+
+    got = _ratio(np.array([1e4, -1e4, 0.0, np.log(2.0), np.nan]))
+    assert got[:4] == pytest.approx([1e6, 1e-6, 1.0, 2.0]) and np.isnan(got[4])
+    assert np.isfinite(_ratio(800.0))  # (np.exp(800) overflows)
+
+
 def test_eval_json_schema(checkpoint, dataset):
     result = json.loads(json.dumps(evaluate(checkpoint, dataset)))
     assert result["metrics"] == list(METRICS)

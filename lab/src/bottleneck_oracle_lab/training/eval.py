@@ -25,6 +25,12 @@ from bottleneck_oracle_lab.training.eval_table import COLUMNS, HEAD, rows_of  # 
 from bottleneck_oracle_lab.training.train import read_rows, split_data
 
 SIGN_DEADZONE = 0.01  # of the baseline step
+LOG_RATIO_MAX = float(np.log(1e6))
+"""The models predict log(step / reference): a prediction is read at most 10^6 times the reference
+step either way. A model far out of its domain (a held-out layout whose pooled feature was nearly
+constant in training: standardised by a tiny spread, its value is huge) can predict a log-ratio
+past exp's range: read as infinity, it made every metric of the split infinite; read so, the
+prediction is a million times off and its error says so."""
 NODE_GRAPHS = 40  # held-out graphs the node-level metrics are computed on, per split
 METRICS = (
     "n",
@@ -69,6 +75,11 @@ def whatif_metrics(pred: np.ndarray, y: np.ndarray, ref: np.ndarray) -> dict:
     }
 
 
+def _ratio(log_ratio):
+    """exp of a predicted log(step / reference), within LOG_RATIO_MAX either way (NaN stays NaN)."""
+    return np.exp(np.clip(log_ratio, -LOG_RATIO_MAX, LOG_RATIO_MAX))
+
+
 def _gat_predict(model, samples: list, variant: str) -> tuple[np.ndarray, float]:
     from torch_geometric.data import Batch
 
@@ -76,7 +87,7 @@ def _gat_predict(model, samples: list, variant: str) -> tuple[np.ndarray, float]
     with torch.no_grad():
         for s in samples:
             out = model(Batch.from_data_list([prepare(s, variant)]))
-            preds.append(float(s.ref_step) * float(torch.exp(out["step"][0])))
+            preds.append(float(s.ref_step) * _ratio(float(out["step"][0])))
     return np.array(preds), 1000 * (time.perf_counter() - t0) / max(len(samples), 1)
 
 
@@ -125,7 +136,7 @@ def evaluate_checkpoint(ckpt_path: str | Path, dataset: str | Path) -> dict:
     mlp = mlp_from(ckpt)
     t0 = time.perf_counter()
     with torch.no_grad():
-        p = ref * np.exp(mlp(torch.from_numpy(x)).numpy().astype(np.float64))
+        p = ref * _ratio(mlp(torch.from_numpy(x)).numpy().astype(np.float64))
     models["MLP (pooled)"] = {
         **whatif_metrics(p, y, ref),
         "slack_rho": None,
@@ -136,7 +147,7 @@ def evaluate_checkpoint(ckpt_path: str | Path, dataset: str | Path) -> dict:
 
     booster = xgb_from(ckpt)
     t0 = time.perf_counter()
-    p = ref * np.exp(booster.predict(xgb.DMatrix(x)).astype(np.float64))
+    p = ref * _ratio(booster.predict(xgb.DMatrix(x)).astype(np.float64))
     models["XGBoost (pooled)"] = {
         **whatif_metrics(p, y, ref),
         "slack_rho": None,
