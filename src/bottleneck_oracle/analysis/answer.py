@@ -256,11 +256,10 @@ class RunAnswer:
             sl = self.slow_steps
             n = len(sl.steps)
             listed = ", ".join(map(str, sl.steps[:8]))
+            beat = _beat(sl) if sl.every else sl.steps
             if sl.every:  # the ones of the period first, then the others ("3, 7, 11, 15 (every 4th) and 4")
-                k = sl.every
-                beat = _beat(sl)
                 once = [x for x in sl.steps if x not in beat]
-                listed = f"{', '.join(map(str, beat[:8]))} (every {_ordinal(k)})" + (
+                listed = f"{', '.join(map(str, beat[:8]))} (every {_ordinal(sl.every)})" + (
                     f" and {', '.join(map(str, once[:4]))}" if once else ""
                 )
             took = f"{ms(min(sl.times_us))}–{ms(max(sl.times_us))}" if n > 1 else ms(sl.times_us[0])
@@ -270,7 +269,7 @@ class RunAnswer:
                 f"mean step ({ms(sl.mean_us)} ms)"
             )
             if sl.cause is not None:
-                which = f"the every {_ordinal(sl.every)}" if sl.every and len(beat := _beat(sl)) < n else ("them" if n > 1 else "it")
+                which = f"the every {_ordinal(sl.every)}" if sl.every and len(beat) < n else ("them" if n > 1 else "it")
                 out.append(f"  in {which}: {sl.cause.words(ms, 'the others')}")
         if self.input_pipeline is not None:
             e = self.input_pipeline

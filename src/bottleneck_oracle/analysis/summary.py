@@ -49,8 +49,8 @@ CUT_HELD_SHARE = 0.95
 PIPELINE_BUSY_EXCESS = 0.1
 PIPELINE_BUSY_MIN_US = 1000.0
 """A rank that made the others wait only at a pipeline's sends and receives on the critical path is
-a straggler where it also kept busier than they did (its step less its waits at communication,
-this share and this many µs over the others' median): the waits a schedule holds by design
+a straggler where it also kept busier than they did (busy_by_rank: this share and this many µs
+over the others' median): the waits a schedule holds by design
 (GPipe's first stage waits for every later stage's forwards and backwards; 1F1B's warm-up) are
 no one's lateness, and were named as a straggler in a pipeline of equal stages."""
 BYSTANDERS_SAID_EACH = 3

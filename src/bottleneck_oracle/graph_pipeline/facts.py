@@ -110,12 +110,6 @@ class RankFacts:
         """Share of the period the device was busy (0 without device work)."""
         return self.device_busy_us / self.period if self.period > 0 else 0.0
 
-    @property
-    def device_compute_busy(self) -> float:
-        """Share of the period the device ran other work than collectives' kernels alone: an NCCL
-        receive that waits for its peer keeps the device busy without computing."""
-        return (self.device_busy_us - self.device_comm_only_us) / self.period if self.period > 0 else 0.0
-
     def to_dict(self, offset: float = 0.0) -> dict:
         """As JSON, times in µs from ``offset`` (a window's start; durations unchanged)."""
         d = {f: getattr(self, f) for f in _RANK_FACT_FIELDS}  # (dataclasses.asdict deep-copies: 4% of a long trace's analysis)

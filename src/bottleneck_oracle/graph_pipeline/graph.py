@@ -91,7 +91,8 @@ class RankFactsRecord:
 
     @property
     def device_compute_busy(self) -> float:
-        """Share of the period the device ran other work than collectives' kernels alone (facts.RankFacts)."""
+        """Share of the period the device ran other work than collectives' kernels alone: an NCCL
+        receive that waits for its peer keeps the device busy without computing."""
         return (self.device_busy_us - self.device_comm_only_us) / self.period_us if self.period_us > 0 else 0.0
 
 

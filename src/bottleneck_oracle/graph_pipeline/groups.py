@@ -280,6 +280,12 @@ def _ranks(ranks: frozenset[int]) -> str:
     return f"{r[0]}–{r[-1]}" if r == list(range(r[0], r[-1] + 1)) and len(r) > 2 else ", ".join(map(str, r))
 
 
+def _c10d_calls(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Of ``rows``, the c10d calls (``c10d::send``: the peer they record is a rank in their group)."""
+    names = table.names
+    return rows[np.array([names[k].startswith("c10d::") for k in table.cols["name"][rows].tolist()], dtype=bool)]
+
+
 def resolve_peers(table: EventTable) -> int:
     """Point each c10d send and receive at its peer's global rank. The peer a call records (its
     third concrete input: ``dst``, ``src``) is the peer's rank in the call's process group, which
@@ -292,8 +298,7 @@ def resolve_peers(table: EventTable) -> int:
     pairs sends and receives by). Returns how many calls were re-pointed."""
     c = table.cols
     names = table.names
-    rows = np.flatnonzero(c["peer"] >= 0)
-    rows = rows[np.array([names[k].startswith("c10d::") for k in c["name"][rows].tolist()], dtype=bool)]
+    rows = _c10d_calls(table, np.flatnonzero(c["peer"] >= 0))
     if not len(rows):
         return 0
     is_send = np.array(["send" in names[k] for k in c["name"][rows].tolist()], dtype=bool)
@@ -325,8 +330,7 @@ def nested_peers(table: EventTable) -> int:
     want = np.flatnonzero(p2p & (c["peer"] < 0) & (c["cls"] == EvClass.CPU))
     if not len(want):
         return 0
-    calls = np.flatnonzero((c["peer"] >= 0) & (c["cls"] == EvClass.CPU))
-    calls = calls[np.array([names[k].startswith("c10d::") for k in c["name"][calls].tolist()], dtype=bool)]
+    calls = _c10d_calls(table, np.flatnonzero((c["peer"] >= 0) & (c["cls"] == EvClass.CPU)))
     if not len(calls):
         return 0
     by_thread: dict[tuple[int, int, int], list[int]] = {}

@@ -212,7 +212,8 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     # communication (a pipeline stage's receive holds its wait for the stage before it) nor its waits on the
     # device (a synchronize): the busiest stage of an NCCL pipeline had been the one whose host launched most
     work = (n["node_type"] != NodeType.NETWORK) & (n["rank"] >= 0) & (n["category"] != Category.BLOCKING)
-    own = work & n["on_gpu"].astype(bool) if (work & n["on_gpu"].astype(bool)).any() else work & ~n["on_gpu"].astype(bool)
+    device = work & n["on_gpu"].astype(bool)
+    own = device if device.any() else work & ~device
     busy = {rk: float(n["mdur"][own & (n["rank"] == rk)].sum()) for rk in g.ranks}
     m["rank_skew"] = float((max(busy.values()) - min(busy.values())) / max(max(busy.values()), 1.0)) if len(busy) > 1 else 0.0
     ctx = {"busiest_rank": str(max(busy, key=lambda r: busy[r])) if busy else "0"}
