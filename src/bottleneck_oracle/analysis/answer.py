@@ -55,6 +55,9 @@ HOST_BOUND = 0.25  # a steady-state saving under this share of the one-step wind
 HOST_DEVICE_BUSY = 0.9  # ... where the device is busy under this share of the period (it idles, waiting for the host) ...
 HOST_BLOCKING = 0.1  # ... and the host's blocking calls take under this share of it (it does not wait for the device)
 INPUT_BOUND = 0.5  # the loop is bound by data loading when at least this share of the critical path is in the DataLoader
+DEVICES_TOGETHER = 0.10
+"""Where a rank drives several devices and two or more of them ran at once less than this share of
+the time any was busy, they take turns (the run answer says so)."""
 INPUT_SHARE = 0.05  # the input pipeline is named when at least this share of the critical path is in the DataLoader
 PERSISTENT = 0.5  # a rank named straggler in at least this share of the steady steps is the run's
 SMALL_SAVING = 0.01  # a region whose fix saves under this share of the step is said not to set the step's time
@@ -202,6 +205,18 @@ class PipelineAnswer:
     most: tuple[int, float]  # the rank most busy and its median busy time (µs)
 
 
+@dataclass(frozen=True, slots=True)
+class DevicesAnswer:
+    """A rank whose process drives several devices (a model split across them in one process:
+    ``device_map="auto"``, naive model parallelism): how busy each kept over its period, and how
+    much of the time any of them was busy two or more ran at once (from the raw events: facts)."""
+
+    rank: int
+    busy: tuple[tuple[str, float], ...]  # (device, median share of the period it was busy)
+    together: float  # median over the steps of the busy time two or more shared, over the time any was busy
+    ranks: int  # ranks that drive several devices
+
+
 @dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
@@ -221,6 +236,7 @@ class RunAnswer:
     host_paced: HostPace | None = None  # a host that waits STEADY_QUEUE_SHARE of its step or more for the device's queue; None: not one
     slow_steps: SlowSteps | None = None  # steady steps SLOW_FACTOR times the others or more (_slow_steps); None: none
     pipeline: PipelineAnswer | None = None  # ranks that send to and receive from each other: how busy each kept (_pipeline); None: none
+    devices: DevicesAnswer | None = None  # a rank that drives several devices: how busy each kept (_devices); None: none does
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -302,6 +318,22 @@ class RunAnswer:
                 f"{100 * pp.share:.0f}% of the step ({ms(pp.least[1])} ms on rank {pp.least[0]} to {ms(pp.most[1])} on rank {pp.most[0]}); "
                 "the rest it waits for the other stages: the schedule's bubble, and any stage slower than the others"
             )
+        if self.devices is not None:
+            dv = self.devices
+            each = ", ".join(f"{name} {100 * share:.0f}%" for name, share in dv.busy[:4]) + (
+                f" and {len(dv.busy) - 4} more" if len(dv.busy) > 4 else ""
+            )
+            turns = (
+                ": they take turns, each idle while another works (a model split across devices runs one part at a time; "
+                "a pipeline of micro-batches or tensor parallelism keeps them busy together)"
+                if dv.together < DEVICES_TOGETHER
+                else ""
+            )
+            out.append(
+                f"Devices: rank {dv.rank} drives {len(dv.busy)}, each busy a share of the step ({each}); two or more at once "
+                f"{100 * dv.together:.0f}% of the time any is busy{turns}"
+                + (f" ({dv.ranks - 1} more rank{'s' if dv.ranks > 2 else ''} alike)" if dv.ranks > 1 else "")
+            )
         if self.region:
             r = self.region
             out.append(
@@ -373,6 +405,9 @@ class StepFigures:
     stage_busy: tuple[
         tuple[int, float], ...
     ] = ()  # where ranks send to and receive from each other: (rank, busy µs) (StepAnalysis.busy_by_rank)
+    devices_busy: tuple[
+        tuple[int, tuple[tuple[str, float], ...], float, float], ...
+    ] = ()  # a rank that drives several devices: (rank, (device, busy µs) each, their union's busy µs, its period µs) (facts)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -398,7 +433,20 @@ class StepFigures:
             tuple(sorted(a.busy_by_rank().items()))
             if len(a.graph.ranks) > 1 and (a.graph.edges["kind"] == EdgeKind.SEND_RECV).any()
             else (),
+            _devices_busy(a),
         )
+
+
+def _devices_busy(a: StepAnalysis) -> tuple[tuple[int, tuple[tuple[str, float], ...], float, float], ...]:
+    """StepFigures.devices_busy of one step, from its facts (read from the raw events)."""
+    facts = a.graph.info.facts
+    if facts is None:
+        return ()
+    return tuple(
+        (f.rank, tuple((label, us) for _, us, label in f.device_busy_each), f.device_busy_us, f.period_us)
+        for f in facts.ranks
+        if len(f.device_busy_each) > 1 and f.period_us > 0
+    )
 
 
 def steady_of(items: Sequence[T], step: Callable[[T], int | None], empty: Callable[[T], bool], setup: Callable[[T], bool]) -> list[T]:
@@ -497,6 +545,7 @@ def answer_from(
     )
     answer.slow_steps = _slow_steps(st)
     answer.pipeline = _pipeline(st)
+    answer.devices = _devices(st)
     fed = [f.input_us for f in st]
     if fed and float(np.median(fed)) > 0 and float(np.median(fed)) >= INPUT_SHARE * sum(e.median_us for e in breakdown.values()):
         answer.input_pipeline = estimate(fed)
@@ -598,6 +647,27 @@ def _pipeline(st: list[StepFigures]) -> PipelineAnswer | None:
     busy = estimate([float(np.mean([us for _, us in f.stage_busy])) for f in held])
     step = float(np.median([f.step_time for f in held]))
     return PipelineAnswer(len(per_rank), busy, busy.median_us / step if step > 0 else 0.0, (least, median[least]), (most, median[most]))
+
+
+def _devices(st: list[StepFigures]) -> DevicesAnswer | None:
+    """How busy the devices of a rank that drives several kept (DevicesAnswer), over the steady
+    steps: the lowest of the ranks with the most devices; None where no rank drives several."""
+    per_rank: dict[int, list[tuple[tuple[tuple[str, float], ...], float, float]]] = {}
+    for f in st:
+        for rank, each, union, period in f.devices_busy:
+            per_rank.setdefault(rank, []).append((each, union, period))
+    if not per_rank:
+        return None
+    rank = min(per_rank, key=lambda r: (-max(len(e) for e, _, _ in per_rank[r]), r))
+    shares: dict[str, list[float]] = {}
+    together = []
+    for each, union, period in per_rank[rank]:
+        for name, us in each:
+            shares.setdefault(name, []).append(us / period)
+        if union > 0:
+            together.append((sum(us for _, us in each) - union) / union)
+    busy = tuple((name, float(np.median(v))) for name, v in shares.items())
+    return DevicesAnswer(rank, busy, float(np.median(together)) if together else 0.0, len(per_rank))
 
 
 def _beat(sl: SlowSteps) -> list[int]:

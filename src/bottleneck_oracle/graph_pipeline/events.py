@@ -1100,6 +1100,86 @@ def _one_lane_per_stream(part: dict[str, np.ndarray]) -> int:
     return moved
 
 
+_DEVICE_LABEL = re.compile(F.DEVICE_LABEL_PATTERN, re.IGNORECASE)
+
+
+def _streams_per_device(b: _Builder) -> int:
+    """One rank's device streams told apart by device, in place: where a process drives several
+    devices (a model split across GPUs in one process: ``device_map="auto"``, naive model
+    parallelism, ``nn.DataParallel``), each device counts its streams on its own (CUPTI numbers a
+    stream within its context: every GPU's default stream is "stream 7"), and the graph, which
+    orders and names a device lane by its stream, would read two devices' stream 7 as one lane.
+    A stream number held by several devices keeps it on the first and takes a new one above every
+    number in use on the others (its ops, its sync records, and the waits that name it; its lane
+    named "GPU 1 stream 7"). A wait on a stream number several devices hold (a cuda_sync record's
+    ``wait_on_stream``: Kineto writes no device for it) is on the record's own device unless that
+    is the waiting stream itself (PyTorch's copy between devices makes one device's stream wait
+    for the other's under the same number); else on the device whose stream of that number
+    launched the last op before the waited-for event was recorded. Returns how many lanes were
+    renumbered; a rank on one device is left as it is."""
+    parts = [p for p in b.parts if len(p["cls"])]
+    dev = [np.flatnonzero(isin_small(p["cls"], GPU_SIDE)) for p in parts]
+    pids = np.unique(np.concatenate([p["pid"][d] for p, d in zip(parts, dev)])) if parts else np.zeros(0)
+    if len(pids) < 2:
+        return 0
+    lanes = np.unique(np.concatenate([np.stack([p["pid"][d], p["tid"][d]]) for p, d in zip(parts, dev)], axis=1), axis=1)
+    holders: dict[int, list[int]] = {}
+    for pid, tid in lanes.T.tolist():
+        holders.setdefault(int(tid), []).append(int(pid))
+    shared = {t: sorted(ps) for t, ps in holders.items() if len(ps) > 1 and t >= 0}
+    if not shared:
+        return 0
+    used = max([int(lanes[1].max())] + [int(p["stream"][d].max()) for p, d in zip(parts, dev) if len(d)] + [max(shared)])
+    renumber: dict[tuple[int, int], int] = {}
+    for t, ps in sorted(shared.items()):
+        for pid in ps[1:]:
+            used += 1
+            renumber[pid, t] = used
+    label = {int(p): next((n for n in b.process_names.get(int(p), []) if _DEVICE_LABEL.match(n)), f"device {int(p)}") for p in pids}
+    for pid, tid in lanes.T.tolist():  # every lane of a rank on several devices is named with its device
+        name = b.thread_names.pop((pid, tid), f"stream {tid}").strip()
+        b.thread_names[pid, renumber.get((pid, tid), tid)] = f"{label[pid]} {name}"
+    # the last op launched on each (device, stream) before a correlation id: for the waits' devices
+    corrs: dict[tuple[int, int], list[int]] = {}
+    for p, d in zip(parts, dev):
+        for pid, tid, corr in zip(p["pid"][d].tolist(), p["tid"][d].tolist(), p["correlation"][d].tolist()):
+            if tid in shared and corr >= 0:
+                corrs.setdefault((pid, tid), []).append(corr)
+    launched = {k: np.sort(np.asarray(v)) for k, v in corrs.items()}
+
+    def latest_before(pid: int, stream: int, corr: int) -> int:
+        got = launched.get((pid, stream))
+        if got is None or corr < 0:
+            return -1
+        at = int(np.searchsorted(got, corr)) - 1
+        return int(got[at]) if at >= 0 else -1
+
+    for p, d in zip(parts, dev):
+        pid_d, tid_d, stream_d = p["pid"][d], p["tid"][d].copy(), p["stream"][d].copy()
+        for (pid, t), new in renumber.items():
+            on = pid_d == pid
+            p["tid"][d[on & (tid_d == t)]] = new
+            p["stream"][d[on & (stream_d == t)]] = new
+        if "wait_stream" not in p:
+            continue
+        waits = np.flatnonzero(isin_small(p["wait_stream"], np.array(sorted(shared))) & (p["wait_stream"] >= 0))
+        rec = p["wait_event_corr"] if "wait_event_corr" in p else np.full(len(p["cls"]), -1)
+        at = np.searchsorted(d, waits)
+        mine = (at < len(d)) & (d[np.minimum(at, len(d) - 1)] == waits) if len(d) else np.zeros(len(waits), dtype=bool)
+        own_streams = np.where(mine, stream_d[np.minimum(at, max(len(d) - 1, 0))] if len(d) else -1, -1)
+        for w, own_stream in zip(waits.tolist(), own_streams.tolist()):
+            ws, own = int(p["wait_stream"][w]), int(p["pid"][w])
+            cands = [q for q in shared[ws] if not (q == own and ws == own_stream)]
+            if own in cands:
+                on = own
+            elif cands:
+                on = max(cands, key=lambda q: latest_before(q, ws, int(rec[w])))
+            else:
+                continue
+            p["wait_stream"][w] = renumber.get((on, ws), ws)
+    return len(renumber)
+
+
 def _pair_begin_end(ev: dict[str, np.ndarray]) -> int:
     """Duration events written as a begin/end pair (``ph`` 'B' then 'E' on one thread, nested; the
     trace format allows them beside complete 'X' events) made complete events in place: the begin
@@ -2051,6 +2131,7 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue
+        _streams_per_device(b)
         span, numbers = _time_span(b), {s[1] for s in b.steps}
         for lo, hi, other_numbers, other in seen.get(b.rank, []):
             # windows of one run follow each other in time and in step numbers; a copy or another run does not

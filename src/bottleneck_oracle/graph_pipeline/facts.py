@@ -91,6 +91,9 @@ class RankFacts:
     loader_waits: list[list[float]] = field(
         default_factory=list
     )  # the step's thread waiting for a DataLoader's workers ([start, end], each >= 1 ms)
+    device_busy_each: list[list] = field(
+        default_factory=list
+    )  # a process that drives several devices: [device's process, its busy µs, its label ("GPU 1")] each, between origin and step_end
 
     @property
     def loader_wait_us(self) -> float:
@@ -114,6 +117,7 @@ class RankFacts:
         """As JSON, times in µs from ``offset`` (a window's start; durations unchanged)."""
         d = {f: getattr(self, f) for f in _RANK_FACT_FIELDS}  # (dataclasses.asdict deep-copies: 4% of a long trace's analysis)
         d["asleep"] = [dict(x) for x in self.asleep]
+        d["device_busy_each"] = [list(x) for x in self.device_busy_each]
         d["loader_waits"] = [[a - offset, b - offset] for a, b in self.loader_waits]
         for k in ("cpu_start", "cpu_end", "device_end", "prev_device_end", "origin", "step_end"):
             if d[k] is not None:
@@ -142,16 +146,16 @@ def _union(lo: np.ndarray, hi: np.ndarray, a: float, b: float) -> float:
     return float((ends - lo[first]).sum()) if len(group) else 0.0
 
 
-def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]]:
+def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]]:
     """Per rank, its device ops: (anchors sorted, running max of their ends in that order, starts
     sorted, ends in start order, the longest op's duration, per op in start order whether it is a
-    collective's kernel), computed once per table."""
+    collective's kernel, and its device's process), computed once per table."""
     cache = table.facts_cache = table.facts_cache or {}
     if "device" in cache:
         return cache["device"]
     c = table.cols
     order, rank_s, anchor_s = table.index()
-    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] = {}
+    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]] = {}
     dev_sorted = np.isin(c["cls"][order], DEVICE_CLASSES)
     comm_name = np.zeros(len(table.names), dtype=bool)
     dev_codes = np.unique(c["name"][order[dev_sorted]])
@@ -173,9 +177,19 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
             c["ts"][by_start] + c["dur"][by_start],
             float(c["dur"][busy].max()) if len(busy) else 0.0,
             comm_name[c["name"][by_start]],
+            c["pid"][by_start],
         )
     cache["device"] = out
     return out
+
+
+_DEVICE_LABEL = re.compile(F.DEVICE_LABEL_PATTERN, re.IGNORECASE)
+
+
+def _device_label(table: EventTable, rank: int, pid: int) -> str:
+    """How the trace labels a device's process ("GPU 1": Kineto's process_labels), else "device N"."""
+    names = str(table.inputs.get(rank, {}).get("process_names", {}).get(str(pid), ""))
+    return next((n.strip() for n in names.split(" / ") if _DEVICE_LABEL.match(n)), f"device {pid}")
 
 
 def _device_waits(table: EventTable) -> np.ndarray:
@@ -499,9 +513,10 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     prev_end = None
     untraced_queue = 0.0
     busy = comm_only = 0.0
+    each: list[list] = []
     dev = _device_index(table).get(rank)
     if dev is not None:
-        anchors, running_end, starts, ends, longest, comm = dev
+        anchors, running_end, starts, ends, longest, comm, device = dev
         if step is not None:
             k = int(np.searchsorted(anchors, cpu_start, side="left"))  # device ops launched before the step
             prev_end = float(running_end[k - 1]) if k > 0 else None
@@ -521,6 +536,12 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         if comm[a:b].any():
             work = ~comm[a:b]
             comm_only = busy - _union(starts[a:b][work], ends[a:b][work], origin, step_end)
+        on = device[a:b]
+        if len(on) and (on != on[0]).any():  # a process that drives several devices: each one's busy time
+            each = [
+                [int(p), _union(starts[a:b][on == p], ends[a:b][on == p], origin, step_end), _device_label(table, rank, int(p))]
+                for p in np.unique(on).tolist()
+            ]
     launcher = table.launchers()
     launched = own[launcher[own] >= 0]
     lag = c["ts"][launched] - c["ts"][launcher[launched]]
@@ -544,6 +565,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         devices=int(len(np.unique(c["pid"][own]))),
         device_busy_us=busy,
         device_comm_only_us=comm_only,
+        device_busy_each=each,
         lead_us=lead,
         blocking_us=blocking,
         asleep=_asleep(table, rank, rows, cpu_start, cpu_end, step),
@@ -893,7 +915,7 @@ def _device_idle(table: EventTable, rank: int, calls: np.ndarray) -> np.ndarray:
     """Per call of ``rank``: was its device busy for under SETUP_IDLE_SHARE of it?"""
     c = table.cols
     none = np.zeros(0)
-    _, _, dev_start, dev_end, longest, _ = _device_index(table).get(rank, (none, none, none, none, 0.0, none))
+    _, _, dev_start, dev_end, longest, _, _ = _device_index(table).get(rank, (none, none, none, none, 0.0, none, none))
     a, b = c["ts"][calls], c["ts"][calls] + c["dur"][calls]
     if len(calls):  # only the device ops that can overlap the calls (a step's, not the whole trace's: once per step)
         lo = int(np.searchsorted(dev_start, float(a.min()) - longest, side="left"))

@@ -120,6 +120,9 @@ LOCK_WAIT_PATTERN = r"^<built-in method (acquire|wait|run_backward)\b"
 autograd engine where it runs nothing itself (a leaf: the engine's device threads run a GPU
 backward while the calling thread waits for them; on a CPU job it runs the backward itself, and
 its ops are its children)."""
+DEVICE_LABEL_PATTERN = r"^\s*(gpu|mtia|xpu|hpu|npu|tpu|device)\s*\d+\s*$"
+"""A device process's label as a profiler writes it (Kineto's ``process_labels``: "GPU 1"): the
+device's name where one process drives several (its lanes "GPU 1 stream 7")."""
 # categories that are understood and carry no work of their own: the profiler's span, its own
 # overhead, device-side copies of CPU ranges, instant events and flows, and the device-side marks
 # of recorded CUDA events (``cuda_event``, one of Kineto's default activities since CUDA 12.8: a

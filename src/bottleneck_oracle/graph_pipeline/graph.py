@@ -88,6 +88,9 @@ class RankFactsRecord:
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits
     loader_waits: tuple[tuple[float, float], ...] = ()  # the step's thread waiting for a DataLoader's workers (start, end; each >= 1 ms)
     device_comm_only_us: float = 0.0  # of device_busy_us, the time the device ran collectives' kernels and nothing else
+    device_busy_each: tuple[
+        tuple[int, float, str], ...
+    ] = ()  # a process that drives several devices: (device's process, busy µs, label) each
 
     @property
     def device_compute_busy(self) -> float:
@@ -201,6 +204,7 @@ class GraphInfo:
                 blocking_us=float(f["blocking_us"]),
                 asleep=tuple(AsleepThread(tid=int(t["tid"]), thread=str(t["thread"]), op=str(t["op"])) for t in f.get("asleep", [])),
                 loader_waits=tuple((float(lo), float(hi)) for lo, hi in f.get("loader_waits", [])),
+                device_busy_each=tuple((int(p), float(us), str(label)) for p, us, label in f.get("device_busy_each", [])),
                 # the counts and times later versions added: absent in a graph saved before them
                 **_later_rank_facts(f),
             )
