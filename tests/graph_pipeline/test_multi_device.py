@@ -28,8 +28,10 @@ import pytest
 KERNEL_US, STEPS = 2000.0, 5
 
 
-def _write(path: Path, stream1: int, with_sync: bool) -> None:
-    """The trace; ``stream1``: GPU 1's stream number (GPU 0's is 7)."""
+def _write(path: Path, stream1: int, with_sync: bool, synchronize: bool = False) -> None:
+    """The trace; ``stream1``: GPU 1's stream number (GPU 0's is 7). ``synchronize``: the step ends
+    in ``torch.cuda.synchronize(1)`` (its Context Sync record on GPU 1) instead of an ``.item()``,
+    while GPU 0 runs a prefetch kernel that ends 3 µs after GPU 1's last op."""
     ev: list[dict] = []
     corr = 0
 
@@ -78,24 +80,33 @@ def _write(path: Path, stream1: int, with_sync: bool) -> None:
                 pid=1,
                 tid=stream1,
             )
-        free1, h = free0 + 100 + 3, h + 45
+        copied, free1, h = free0 + 100, free0 + 100 + 3, h + 45
         for _ in range(4):
             x("cpu_op", "aten::mm", h, 20.0)
             c = rt("cudaLaunchKernel", h + 5)
             start = max(free1, h + 10)
             x("kernel", "sm80_gemm_stage1", start, KERNEL_US, {"correlation": c, "device": 1, "stream": stream1}, pid=1, tid=stream1)
             free1, h = start + KERNEL_US + 2, h + 30
-        x("cpu_op", "aten::item", h, free1 + 12 - h)  # a copy to pageable host memory: returns when GPU 1 is done
-        c = rt("cudaMemcpyAsync", h + 2, free1 + 8 - (h + 2))
-        x(
-            "gpu_memcpy",
-            "Memcpy DtoH (Device -> Pageable)",
-            free1,
-            3.0,
-            {"correlation": c, "device": 1, "stream": stream1, "bytes": 4},
-            pid=1,
-            tid=stream1,
-        )
+        if synchronize:
+            x("cpu_op", "aten::mm", h, 20.0)
+            c = rt("cudaLaunchKernel", h + 5)
+            x("kernel", "sm80_prefetch", copied + 2, free1 + 1 - (copied + 2), {"correlation": c, "device": 0, "stream": 7}, pid=0, tid=7)
+            c = rt("cudaDeviceSynchronize", h + 30, free1 + 8 - (h + 30))
+            if with_sync:
+                args = {"cuda_sync_kind": "Context Sync", "stream": -1, "correlation": c, "device": 1}
+                x("cuda_sync", "Context Sync", free1 + 2, 1, args, pid=1, tid=-1)
+        else:
+            x("cpu_op", "aten::item", h, free1 + 12 - h)  # a copy to pageable host memory: returns when GPU 1 is done
+            c = rt("cudaMemcpyAsync", h + 2, free1 + 8 - (h + 2))
+            x(
+                "gpu_memcpy",
+                "Memcpy DtoH (Device -> Pageable)",
+                free1,
+                3.0,
+                {"correlation": c, "device": 1, "stream": stream1, "bytes": 4},
+                pid=1,
+                tid=stream1,
+            )
         x("user_annotation", f"ProfilerStep#{step}", t0, free1 + 16 - t0)
         t = free1 + 21
     meta = []
@@ -212,3 +223,22 @@ def test_the_run_answer_says_the_devices_take_turns(tmp_path):
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("pid") != 1 and "stage1" not in e["name"]]
     (single / "trace.json").write_text(json.dumps(doc))
     assert run_answer(list(_analyze(single / "trace.json")[1])).devices is None
+
+
+def test_a_synchronize_waits_for_its_own_device(tmp_path):
+    """``torch.cuda.synchronize(1)`` waits for GPU 1 (its Context Sync record says which device);
+    GPU 0's prefetch kernel, which ends 3 µs after GPU 1's last op but before the call returns,
+    released nothing. The path runs through GPU 1's four kernels, never the prefetch (before: the
+    latest-ending op of any of the rank's devices, the prefetch, 8 ms of the path)."""
+    path = tmp_path / "two_gpus.json"
+    _write(path, 7, True, synchronize=True)
+    raw = json.loads(path.read_text())["traceEvents"]
+    for step in (e for e in raw if e["name"].startswith("ProfilerStep#")):  # the raw events: the prefetch ends last
+        mine = [e for e in raw if e["ph"] == "X" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+        last1 = max(e["ts"] + e["dur"] for e in mine if e["name"] == "sm80_gemm_stage1")
+        prefetch = next(e for e in mine if e["name"] == "sm80_prefetch")
+        assert prefetch["ts"] + prefetch["dur"] == pytest.approx(last1 + 3.0)
+    _, analyses = _analyze(path)
+    for a in analyses:
+        on_path = [s.name for s in a.segments() if s.kind == "op"]
+        assert on_path.count("sm80_gemm_stage1") == 4 and "sm80_prefetch" not in on_path, (a.graph.step, on_path)

@@ -341,8 +341,8 @@ def _groups(keys: np.ndarray) -> dict[int, np.ndarray]:
 
 def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: float, wake_us: float = 50.0) -> None:
     """A blocking sync call waits for the GPU ops launched before it:
-    context sync -> the latest-ending op of the device, stream sync -> of the stream,
-    cudaEventSynchronize -> the last op before the event record. cudaStreamWaitEvent
+    context sync -> the latest-ending op of the device (the record's device, where the rank drives
+    several), stream sync -> of the stream, cudaEventSynchronize -> the last op before the event record. cudaStreamWaitEvent
     orders two streams: the op before the record -> the next op on the waiting stream.
     Traces without cuda_sync events: the blocking calls (any synchronize call of any vendor's
     runtime) wait for the latest-ending op of the device launched before them; a polling loop of
@@ -357,6 +357,9 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     orders: dict[tuple, _LaunchOrder] = {}
     by_rank = _groups(grank)  # GPU ops of each rank, of each (rank, stream): found once, not per lookup
     by_stream = _groups(grank.astype(np.int64) * (1 << 32) + (gstream.astype(np.int64) & 0xFFFFFFFF))
+    gdevice = c["pid"][w.gpu_rows]
+    by_device = _groups(grank.astype(np.int64) * (1 << 32) + (gdevice.astype(np.int64) & 0xFFFFFFFF))
+    several = {int(r) for r in np.unique(grank).tolist() if len(np.unique(gdevice[grank == r])) > 1}
     empty = np.zeros(0, dtype=np.int64)
     gcorr = corr[w.gpu_rows]
 
@@ -364,6 +367,16 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
         key = (r, stream)
         if key not in orders:
             members = by_rank.get(r, empty) if stream is None else by_stream.get(r * (1 << 32) + (stream & 0xFFFFFFFF), empty)
+            orders[key] = _LaunchOrder(w, members, gcorr)
+        return orders[key]
+
+    def lo_device(r: int, device: int) -> _LaunchOrder:
+        """A context sync's ops: of its own device where its rank drives several (it waits for that one)."""
+        members = by_device.get(r * (1 << 32) + (device & 0xFFFFFFFF), empty) if r in several else empty
+        if not len(members):
+            return lo(r)
+        key = (r, ("device", device))
+        if key not in orders:
             orders[key] = _LaunchOrder(w, members, gcorr)
         return orders[key]
 
@@ -384,7 +397,7 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
         g = -1
         limit = float(w.end[caller]) + tol if caller >= 0 else np.inf
         if kind == CONTEXT_SYNC and node >= 0:
-            g = lo(r).before(int(corr[s]), latest_end=True, limit=limit)
+            g = lo_device(r, int(c["pid"][s])).before(int(corr[s]), latest_end=True, limit=limit)
         elif kind == STREAM_SYNC and node >= 0:
             g = lo(r, int(c["stream"][s])).before(int(corr[s]), latest_end=True, limit=limit)
         elif kind == EVENT_SYNC and node >= 0 and "Synchronize" in w.names[name[caller]]:
