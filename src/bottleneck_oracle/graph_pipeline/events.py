@@ -1119,9 +1119,10 @@ def _streams_per_device(b: _Builder) -> int:
     renumbered; a rank on one device is left as it is."""
     parts = [p for p in b.parts if len(p["cls"])]
     dev = [np.flatnonzero(isin_small(p["cls"], GPU_SIDE)) for p in parts]
-    pids = np.unique(np.concatenate([p["pid"][d] for p, d in zip(parts, dev)])) if parts else np.zeros(0)
-    if len(pids) < 2:
-        return 0
+    first = next((int(p["pid"][d[0]]) for p, d in zip(parts, dev) if len(d)), None)
+    if first is None or not any((p["pid"][d] != first).any() for p, d in zip(parts, dev)):
+        return 0  # (one device: a look at each op, no sort)
+    pids = np.unique(np.concatenate([p["pid"][d] for p, d in zip(parts, dev)]))
     lanes = np.unique(np.concatenate([np.stack([p["pid"][d], p["tid"][d]]) for p, d in zip(parts, dev)], axis=1), axis=1)
     holders: dict[int, list[int]] = {}
     for pid, tid in lanes.T.tolist():
