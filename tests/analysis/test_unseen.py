@@ -875,7 +875,8 @@ def test_a_cpu_job_on_a_machine_with_a_gpu_is_said_to_maybe_have_used_it(tmp_pat
 
 
 def test_a_gpu_job_profiled_on_its_device_only_is_said_to_be(tmp_path, capsys):
-    """train_1rank_5steps with only its device events kept (ProfilerActivity.CUDA alone)."""
+    """train_1rank_5steps with only its device events kept (ProfilerActivity.CUDA alone in a PyTorch
+    whose CUDA activity left the runtime's calls to the CPU one, or a trace filtered so)."""
     from conftest import run_cli
 
     path = _one_side(tmp_path, PUBLIC / "train_1rank_5steps.json.gz", keep_host=False)
@@ -887,6 +888,33 @@ def test_a_gpu_job_profiled_on_its_device_only_is_said_to_be(tmp_path, capsys):
     said = [w for w in _warned(err) if "device events only" in w]
     assert len(said) == 1 and f"({n:,})" in said[0]
     assert any("Device only (rank 0)" in line for line in res["run"]["notes"])
+
+
+def test_a_gpu_job_profiled_with_the_cuda_activity_alone_is_said_to_be(tmp_path, capsys):
+    """PyTorch's ``ProfilerActivity.CUDA`` alone records the device's ops and the runtime's calls
+    (CUDA_RUNTIME is in both of its activity sets: torch/csrc/profiler/kineto_shim.cpp), no host op
+    and no ProfilerStep: train_1rank_5steps with its host ops left out so. The host's work between
+    its launches is untraced, and the tool says why — the counts from the raw JSON; before, it said
+    nothing of it (the device-only warning needs no runtime call either)."""
+    from conftest import run_cli
+
+    (doc,) = raw_events(PUBLIC / "train_1rank_5steps.json.gz")
+    kept = [e for e in doc["traceEvents"] if e.get("cat") not in HOST_CATS]
+    path = tmp_path / "cuda_activity_only.json"
+    path.write_text(json.dumps({**{k: v for k, v in doc.items() if k != "traceEvents"}, "traceEvents": kept}))
+    device = sum(e.get("cat") in DEVICE_CATS for e in kept)
+    runtime = sum(e.get("cat") in ("cuda_runtime", "cuda_driver") for e in kept)
+    assert device > 0 and runtime > 0 and not any(e.get("cat") in HOST_CATS for e in kept)
+    code, out, err = run_cli(["analyze", str(path), "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["run_facts"]["unprofiled"]["0"]["missing"] == "host ops"
+    assert res["run_facts"]["unprofiled"]["0"]["runtime_calls"] == runtime
+    said = [w for w in _warned(err) if "but no host op" in w]
+    assert len(said) == 1 and f"({runtime:,})" in said[0] and "ProfilerActivity.CPU" in said[0]
+    assert any("Runtime calls only (rank 0)" in line for line in res["run"]["notes"])
+    code, out, err = run_cli(["analyze", str(PUBLIC / "train_1rank_5steps.json.gz"), "--json"], capsys)
+    assert "0" not in json.loads(out)["run_facts"]["unprofiled"]
 
 
 def _launch_loop(tmp_path: Path, blocking: bool) -> Path:

@@ -613,6 +613,9 @@ def answer_from(
             else f"Device only (rank {who}): the trace has no host event, so the path is the device's alone and its gaps read as "
             "waiting; profile with the CPU activity on"
             if side == "host"
+            else f"Runtime calls only (rank {who}): the trace has no host op (ProfilerActivity.CPU off), so the host's work "
+            "between its launches reads as untraced and no op of the model can be named; profile with the CPU activity on"
+            if side == "host ops"
             else f"Device only (rank {who}): the trace's host events are in categories this tool does not read (not the PyTorch "
             "profiler's: an XLA profile?), so the path is the device's alone and its gaps read as waiting"
         )

@@ -364,6 +364,15 @@ def run_warnings(run: RunFacts | None) -> list[str]:
                 "on the device reads as idle where its host may have been busy, and there are no ProfilerStep markers to cut steps at"
             )
             continue
+        if u["missing"] == "host ops":
+            out.append(
+                f"rank {rank}'s trace holds device events ({u['device_events']:,}) and the runtime's calls ({u['runtime_calls']:,}) "
+                "but no host op: its profiler did not record the host's ops (ProfilerActivity.CPU off: the device activity "
+                "records only the launches, copies and synchronizes), so the host's own work between those calls reads as "
+                "untraced, no op of the model can be named, and there are no ProfilerStep markers to cut steps at; profile with "
+                "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
+            )
+            continue
         if u["missing"] == "host":
             out.append(
                 f"rank {rank}'s trace holds device events only ({u['device_events']:,}), no host op nor runtime call: its profiler "

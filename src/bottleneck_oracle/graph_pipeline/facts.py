@@ -1018,9 +1018,12 @@ def unprofiled(table: EventTable) -> dict[int, dict]:
     "devices": [...]}`` where the trace holds host events and no device event, yet ``n`` host ops
     (not Python frames nor annotations) name a device library (DEVICE_LIBRARY) or the file's ``deviceProperties`` lists a device the
     process saw (``n`` may be 0 then: a CPU job on a machine with a GPU reads the same); or
-    ``{"missing": "host"}`` where it holds device events and no host op nor runtime call. Either
+    ``{"missing": "host"}`` where it holds device events and no host op nor runtime call;
+    ``{"missing": "host ops", "runtime_calls": n}`` where it holds device events and the runtime's
+    calls (the device activity records them) and no host op (ProfilerActivity.CPU off). Either
     way the trace cannot show what the other side did: time the host spent waiting on its device
-    reads as host work; the device's gaps read as idle."""
+    reads as host work; the device's gaps read as idle; the host's own work between its runtime
+    calls, as untraced."""
     cached = table.lookups.get("unprofiled")
     if cached is not None:
         return dict(cached)
@@ -1053,6 +1056,8 @@ def unprofiled(table: EventTable) -> dict[int, dict]:
     for i in np.flatnonzero((device > 0) & (host == 0) & (runtime == 0)).tolist():
         skipped = str(table.inputs.get(int(ranks[i]), {}).get("skipped", ""))  # (host events the tool does not read: another profiler's)
         out[int(ranks[i])] = {"missing": "host", "device_events": int(device[i]), **({"skipped": skipped} if skipped else {})}
+    for i in np.flatnonzero((device > 0) & (host == 0) & (runtime > 0)).tolist():
+        out[int(ranks[i])] = {"missing": "host ops", "device_events": int(device[i]), "runtime_calls": int(runtime[i])}
     table.lookups["unprofiled"] = out
     return dict(out)
 

@@ -223,7 +223,7 @@ class GraphInfo:
         return {
             int(r): "unread host" if v.get("missing") == "host" and v.get("skipped") else str(v["missing"])
             for r, v in got.items()
-            if isinstance(v, dict) and (v.get("missing") == "host" or (v.get("missing") == "device" and v.get("ops")))
+            if isinstance(v, dict) and (v.get("missing") in ("host", "host ops") or (v.get("missing") == "device" and v.get("ops")))
         }
 
     @property
