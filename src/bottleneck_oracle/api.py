@@ -833,7 +833,7 @@ def advise_graphs(
         llm: an OpenAI-compatible chat server; None: the offline recipe engine.
         recipes: another recipe file.
         windows: graphs of consecutive steps (``two_step_graphs``): a suggestion for a step whose
-            host the device paced (whatif.paced_by_device) is replayed in steady state (``steady_replay``); None:
+            the device carried earlier work into (whatif.carried_in) is replayed in steady state (``steady_replay``); None:
             in the step's own window.
 
     Returns:

@@ -331,8 +331,10 @@ def test_a_faster_device_in_a_host_paced_loop_is_replayed_in_steady_state(capsys
     ms, and the host, no longer held back by a full queue, at its own pace (step 101's raw span,
     35.1 ms). whatif replays such steps in steady state: within 15% of that pace on steps
     103-105 (in a step's own window alone the replay said 20.7 ms: the host's earlier launches
-    keep their recorded times there, so the host never binds). A CPU-bound step, and a
-    device-bound one whose host the queue did not pace, are replayed in their own window."""
+    keep their recorded times there, so the host never binds). So is a device-bound step whose
+    host the queue did not pace but whose device carried earlier steps' work into it (diff_test:
+    its window starts at that work's end, after its host began; test_simulated_loops holds such
+    replays against a simulation); a step the device did not carry work into keeps its own window."""
     from conftest import run_cli
 
     path = PUBLIC / "train_1rank_5steps.json.gz"
@@ -345,13 +347,16 @@ def test_a_faster_device_in_a_host_paced_loop_is_replayed_in_steady_state(capsys
         assert w["steady"]["steps"] == 3 and w["steady"]["first"] == step - 2
         assert w["replay"]["step_us"] == pytest.approx(pace, rel=0.15), step
         assert w["steady"]["one_step_us"] < 0.7 * pace
-    code, out, _ = run_cli(["whatif", str(SAMPLE), "-s", "2", "-e", "name~=mm,scale=0.5", "--json"], capsys)
-    assert "steady" not in json.loads(out)["steps"][0]
-    # diff_test: device-bound too, but its host waits 0-7% of a step for the queue: its launch
-    # times are its own, and each step keeps its own window
+    # diff_test: device-bound, its host waits 0-7% of a step for the queue, and each step's period
+    # starts at the end of the work the step before queued (the raw events: after its host began)
+    periods = raw_periods(PUBLIC / "diff_test_rank1of2.json.gz")
     code, out, _ = run_cli(
         ["whatif", str(PUBLIC / "diff_test_rank1of2.json.gz"), "-s", "1011", "-e", "cat=kernel,scale=0.5", "--json"], capsys
     )
+    got = json.loads(out)["steps"][0]
+    assert got["steady"]["first"] == 1009 and got["step_us"] == pytest.approx(periods[1011], rel=0.05)
+    # the first step of alexnet_1gpu (one window, nothing queued before it) keeps its own
+    code, out, _ = run_cli(["whatif", str(PUBLIC / "alexnet_1gpu.json.gz"), "-e", "cat=kernel,scale=0.5", "--json"], capsys)
     assert "steady" not in json.loads(out)["steps"][0]
     code, out, _ = run_cli(["whatif", str(path), "-s", "104", "-e", "cat=kernel,scale=0.2"], capsys)
     assert "replay is of the steady state" in " ".join(out.split())

@@ -50,7 +50,7 @@ class Replay:
 
 @dataclass(frozen=True, slots=True)
 class SteadyReplay:
-    """A step whose host the device paced (analysis.whatif.paced_by_device), replayed in steady
+    """A step the device carried earlier work into (analysis.whatif.carried_in), replayed in steady
     state: the edits applied to ``steps`` consecutive steps ending with it (from ``first``), the
     step's period the last step's (api.whatif). ``one_step_us``: the edited step time in the
     step's window alone, where the earlier steps' work, and the host it held back, keep their
@@ -113,7 +113,7 @@ class StepWhatIf:
     model: ModelAnswer | None = field(default=None, metadata=json_meta(omit_none=True))  # the graph network's answer
     replay: Replay
     steady: SteadyReplay | None = field(default=None, metadata=json_meta(omit_none=True))
-    """Set where the replay is of the steady state over several steps (the device paced the host)."""
+    """Set where the replay is of the steady state over several steps (the device carried earlier work into the step)."""
     corrected: Corrected | None = field(default=None, metadata=json_meta(omit_none=True))
     microbatches: Resplit | None = field(default=None, metadata=json_meta(omit_none=True))
     knobs: list[str] = field(default_factory=list)

@@ -5,11 +5,12 @@ Every rule is documented in README.md ("Edge rules") and tested on a small real 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted, span_positions
+from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, span_positions
 from bottleneck_oracle.graph_pipeline.events import SYNC_KINDS, EvClass, EventTable
 from bottleneck_oracle.graph_pipeline.schema import CollectiveKind, EdgeKind
 from bottleneck_oracle.graph_pipeline.window import P2P_KINDS, UNEVEN_KINDS, Window
@@ -339,6 +340,11 @@ def _groups(keys: np.ndarray) -> dict[int, np.ndarray]:
     return {int(part[0]): idx for part, idx in zip(np.split(k, cut), np.split(order, cut))} if len(k) else {}
 
 
+_DEVICE_WIDE = re.compile(r"(device|ctx|context)_?synchroni[sz]e", re.IGNORECASE)
+"""A synchronize call that waits for every stream of its device (``cudaDeviceSynchronize``,
+``hipDeviceSynchronize``, ``cuCtxSynchronize``), not one stream's or one event's."""
+
+
 def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: float, wake_us: float = 50.0) -> None:
     """A blocking sync call waits for the GPU ops launched before it:
     context sync -> the latest-ending op of the device (the record's device, where the rank drives
@@ -370,6 +376,20 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
             orders[key] = _LaunchOrder(w, members, gcorr)
         return orders[key]
 
+    streams_of: dict[tuple[int, int | None], list[int]] = {}
+
+    def every_stream(r: int, device: int | None, corr_id: int, limit: float) -> list[int]:
+        """A device-wide synchronize's ops: the last launched before ``corr_id`` on each stream of
+        the rank (of ``device`` where the rank drives several), each ending by ``limit``. Only the
+        latest-ending one held the call in the recording; the others are its waits all the same,
+        and bind once an edit ends that one earlier."""
+        key = (r, device if r in several else None)
+        if key not in streams_of:
+            mine = grank == r if key[1] is None else (grank == r) & (gdevice == key[1])
+            streams_of[key] = np.unique(gstream[mine]).tolist()
+        got = (lo(r, st).before(corr_id, latest_end=False, limit=limit) for st in streams_of[key])
+        return [x for x in got if x >= 0]
+
     def lo_device(r: int, device: int) -> _LaunchOrder:
         """A context sync's ops: of its own device where its rank drives several (it waits for that one)."""
         members = by_device.get(r * (1 << 32) + (device & 0xFFFFFFFF), empty) if r in several else empty
@@ -390,7 +410,10 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     at = np.searchsorted(rt_key[by_key], s_key, side="right") - 1
     found = (at >= 0) & (rt_key[by_key][np.maximum(at, 0)] == s_key) if len(rt) else np.zeros(len(syncs), dtype=bool)
     caller_of_sync = np.where(found, rt[by_key][np.maximum(at, 0)] if len(rt) else -1, -1)
-    waits_src, waits_dst, order_src, order_dst = [], [], [], []
+    waits_src: list[int] = []
+    waits_dst: list[int] = []
+    order_src: list[int] = []
+    order_dst: list[int] = []
     for s, caller in zip(syncs.tolist(), caller_of_sync.tolist()):
         kind, r = int(c["sync_kind"][s]), int(rank[s])
         node = int(w.ev2node[caller]) if caller >= 0 else -1
@@ -398,6 +421,9 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
         limit = float(w.end[caller]) + tol if caller >= 0 else np.inf
         if kind == CONTEXT_SYNC and node >= 0:
             g = lo_device(r, int(c["pid"][s])).before(int(corr[s]), latest_end=True, limit=limit)
+            others = [x for x in every_stream(r, int(c["pid"][s]), int(corr[s]), limit) if x != g] if g >= 0 else []
+            waits_src.extend(w.n_leaf + x for x in others)
+            waits_dst.extend(node for _ in others)
         elif kind == STREAM_SYNC and node >= 0:
             g = lo(r, int(c["stream"][s])).before(int(corr[s]), latest_end=True, limit=limit)
         elif kind == EVENT_SYNC and node >= 0 and "Synchronize" in w.names[name[caller]]:
@@ -414,16 +440,19 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
         if g >= 0:
             waits_src.append(w.n_leaf + g)
             waits_dst.append(node)
-    with_sync = np.unique(rank[syncs])
+    described = np.zeros(len(cls), dtype=bool)
+    described[caller_of_sync[caller_of_sync >= 0]] = True
     blocking_names = w.codes_of(blocking_calls)
-    # the blocking calls no sync record describes: synchronize calls of ranks without cuda_sync
-    # records, and polling loops of queries and implicit waits (a free as the device drained: no
-    # record describes either) everywhere
+    # the blocking calls no sync record describes: synchronize calls whose record the trace lacks (a
+    # rank without cuda_sync records, or a record lost: the profiler's buffer full, a runtime that
+    # writes some), and polling loops of queries and implicit waits (a free as the device drained:
+    # no record describes either) everywhere
     named = (cls == EvClass.RUNTIME) & (
         isin_small(name, blocking_names) | (w.blocking & (w.copy_op < 0) & (w.polls == 0) & ~w.queued & ~w.implicit)
     )
-    calls = np.flatnonzero(((named & ~isin_sorted(rank, with_sync)) | (w.polls > 0) | w.implicit) & (w.ev2node >= 0))
+    calls = np.flatnonzero(((named & ~described) | (w.polls > 0) | w.implicit) & (w.ev2node >= 0))
     dev_by_end: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    device_wide = {int(k): bool(_DEVICE_WIDE.search(w.names[int(k)])) for k in np.unique(name[calls]).tolist()}
     for call in calls.tolist():
         limit = float(w.end[call]) + tol
         g = lo(int(rank[call])).before(int(corr[call]), latest_end=True, limit=limit) if corr[call] >= 0 else -1
@@ -441,6 +470,10 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
         if g >= 0:
             waits_src.append(w.n_leaf + g)
             waits_dst.append(int(w.ev2node[call]))
+            if device_wide[int(name[call])] and corr[call] >= 0:  # every stream's last op before it, not only the one that ended last
+                others = [x for x in every_stream(int(rank[call]), int(gdevice[g]), int(corr[call]), limit) if x != g]
+                waits_src.extend(w.n_leaf + x for x in others)
+                waits_dst.extend(int(w.ev2node[call]) for _ in others)
     E.add(waits_src, waits_dst, EdgeKind.SYNC, wait=True)
     E.add(order_src, order_dst, EdgeKind.SYNC)
 

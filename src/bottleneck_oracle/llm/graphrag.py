@@ -776,7 +776,7 @@ def validate(
 ) -> str | None:
     """Replay (and predict) the suggestion; fills its savings. Returns why it is rejected, or None.
     ``phases``, ``mb``: the two arrays of ``node_phases(table, g)``. ``windows``
-    (api.two_step_graphs): a step whose host the device paced (whatif.paced_by_device) has its op edits replayed
+    (api.two_step_graphs): a step the device carried earlier work into (whatif.carried_in) has its op edits replayed
     in steady state (whatif.steady_replay), as ``whatif`` does."""
     try:
         edits = [Edit.parse(x) for x in s.edits]
