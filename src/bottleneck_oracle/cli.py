@@ -1159,8 +1159,8 @@ def whatif(
         alone = [r.steady.one_step_us for r in steady if r.steady is not None]
         out.print(
             Text(
-                f"{_step_list([r.step for r in steady])}: the device began the step still running work earlier steps queued, so the "
-                f"replay is of the steady state: the edits in the step and up to {max(r.steady.steps for r in steady if r.steady is not None) - 1} "
+                f"{_step_list([r.step for r in steady])}: a step's work carries into the next (its device began it still running "
+                f"earlier steps' work, or its ranks meet at collectives), so the replay is of the steady state: the edits in the step and up to {max(r.steady.steps for r in steady if r.steady is not None) - 1} "
                 f"before it, replayed together (in the step's own window alone, where earlier steps' work keeps its recorded "
                 f"times: {_ms(min(alone))}{'' if max(alone) - min(alone) < 1 else f'-{_ms(max(alone))}'} ms); the critical "
                 "paths below are of the steps replayed together"

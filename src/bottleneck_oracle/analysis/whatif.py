@@ -854,11 +854,16 @@ def steady_replay(windows: StepWindows | None, g: ExecutionGraph, edits: list[Ed
     (EventTable.queue_waits) waits less. The period is the difference between the window's makespan
     with the step and without it (the same first step; later steps do not move earlier ones);
     ``windows``: api.two_step_graphs. None where the step is not one to replay so
-    (carried_in), an edit names nodes of ``g`` by id, or the trace has not the step before it."""
+    (carried_in), nor of several ranks, an edit names nodes of ``g`` by id, or the trace has not
+    the step before it. Several ranks: a rank that ends a step later starts the next later, and a
+    peer that waited for it at the next collective then waits less; the step's window alone holds
+    every rank's start as recorded (tests/analysis/test_simulated_ddp.py)."""
     from bottleneck_oracle.analysis.phases import node_phases
 
     step = g.step
-    if windows is None or step is None or any(e.ids for e in edits) or not carried_in(g):
+    if (
+        windows is None or step is None or any(e.ids for e in edits) or not (carried_in(g) or len(g.ranks) > 1)
+    ):  # (ranks that meet at collectives: see below)
         return None
     for k in range(STEADY_STEPS_BEFORE, 0, -1):
         with_it, without = windows(step - k, k + 1), windows(step - k, k)
