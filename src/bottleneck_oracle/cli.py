@@ -1164,6 +1164,12 @@ def whatif(
                 f"before it, replayed together (in the step's own window alone, where earlier steps' work keeps its recorded "
                 f"times: {_ms(min(alone))}{'' if max(alone) - min(alone) < 1 else f'-{_ms(max(alone))}'} ms); the critical "
                 "paths below are of the steps replayed together"
+                + (
+                    f". Their mean change: {sum(r.replay.delta_us for r in steady) / len(steady) / 1000:+.3f} ms a step (one step's "
+                    "period can rise while the next's falls where the host's steps vary: the mean is the loop's)"
+                    if len(steady) > 1
+                    else ""
+                )
             )
         )
     if knob or microbatches or batch:

@@ -1976,3 +1976,20 @@ def test_a_trace_cut_short_reads_its_whole_steps_and_leaves_out_the_rest(tmp_pat
     whole = {a.graph.step: a for a in cached_analyses(path)}
     assert 0 < len(cut) < len(whole)
     _steps_within_a_percent(cut, tuple(whole[a.graph.step] for a in cut))
+
+
+def test_the_steady_state_what_if_says_its_steps_mean_change(capsys):
+    """resnet50_legacy with every kernel halved: a host-bound loop whose steps' device work runs
+    past their hosts, replayed in steady state; one step's period rises while the next's falls
+    (the host's steps vary), so the terminal gives the mean change of those steps, the mean of the
+    deltas the --json rows hold."""
+    from conftest import run_cli
+
+    path = REAL / "resnet50_legacy_2021_1gpu.pt.trace.json.gz"
+    code, out, err = run_cli(["whatif", str(path), "-e", "cat=kernel,scale=0.5", "--json"], capsys)
+    assert code == 0, err
+    steady = [w["replay"]["delta_us"] for w in json.loads(out)["steps"] if "steady" in w]
+    assert len(steady) >= 2 and min(steady) < 0 < max(steady)
+    code, out, err = run_cli(["whatif", str(path), "-e", "cat=kernel,scale=0.5"], capsys)
+    assert code == 0, err
+    assert f"Their mean change: {sum(steady) / len(steady) / 1000:+.3f} ms a step" in " ".join(out.split())
