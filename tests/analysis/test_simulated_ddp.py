@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import random
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +90,26 @@ def simulate(job: Job, scale: dict[tuple[int, str], float] | None = None) -> tup
         x(r, "cuda_runtime", name, ts, dur, {"correlation": corr[r], "External id": corr[r]})
         return corr[r]
 
+    def stream_wait(r, t, waiting, on, wait_at):
+        """cudaEventRecord on ``on`` at t + 2, cudaStreamWaitEvent of ``waiting`` at t + ``wait_at``
+        (its cuda_sync record 2 µs later, where the job writes them): ``waiting`` runs nothing more
+        until ``on``'s work so far is done."""
+        rec = rt(r, "cudaEventRecord", t + 2, 3.0)
+        w = rt(r, "cudaStreamWaitEvent", t + wait_at, 3.0)
+        free[r][waiting] = max(free[r][waiting], free[r][on])
+        if job.sync_records:
+            args = {"cuda_sync_kind": "Stream Wait Event", "wait_on_stream": on, "wait_on_cuda_event_record_corr_id": rec}
+            x(
+                r,
+                "cuda_sync",
+                "Stream Wait Event",
+                t + wait_at + 2,
+                1.0,
+                {**args, "stream": waiting, "correlation": w, "device": r},
+                pid=r,
+                tid=waiting,
+            )
+
     def factor(r, name):
         return job.extra.get(r, {}).get(name, 1.0) * scale.get((r, name), 1.0)
 
@@ -116,21 +135,7 @@ def simulate(job: Job, scale: dict[tuple[int, str], float] | None = None) -> tup
                 elif kind == "allreduce":
                     # the NCCL stream waits for the compute stream, then the collective
                     x(r, "cpu_op", "c10d::allreduce_", t, 60.0)
-                    rec = rt(r, "cudaEventRecord", t + 2, 3.0)
-                    w = rt(r, "cudaStreamWaitEvent", t + 6, 3.0)
-                    free[r][20] = max(free[r][20], free[r][7])
-                    if job.sync_records:
-                        args = {"cuda_sync_kind": "Stream Wait Event", "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": rec}
-                        x(
-                            r,
-                            "cuda_sync",
-                            "Stream Wait Event",
-                            t + 8,
-                            1.0,
-                            {**args, "stream": 20, "correlation": w, "device": r},
-                            pid=r,
-                            tid=20,
-                        )
+                    stream_wait(r, t, 20, 7, 6.0)
                     meta = {
                         "Collective name": "allreduce",
                         "In msg nelems": op[2],
@@ -152,21 +157,7 @@ def simulate(job: Job, scale: dict[tuple[int, str], float] | None = None) -> tup
                     t += 62
                 elif kind == "use":
                     x(r, "cpu_op", "wait_allreduce", t, 20.0)
-                    rec = rt(r, "cudaEventRecord", t + 2, 3.0)
-                    w = rt(r, "cudaStreamWaitEvent", t + 8, 3.0)
-                    free[r][7] = max(free[r][7], free[r][20])
-                    if job.sync_records:
-                        args = {"cuda_sync_kind": "Stream Wait Event", "wait_on_stream": 20, "wait_on_cuda_event_record_corr_id": rec}
-                        x(
-                            r,
-                            "cuda_sync",
-                            "Stream Wait Event",
-                            t + 10,
-                            1.0,
-                            {**args, "stream": 7, "correlation": w, "device": r},
-                            pid=r,
-                            tid=7,
-                        )
+                    stream_wait(r, t, 7, 20, 8.0)
                     t += 22
                 elif kind == "item":
                     c = corr[r] + 1
@@ -240,9 +231,7 @@ def test_every_simulated_step_is_its_slower_rank_s(jobs):
 
     wrong = []
     for seed, _, folder, steps in jobs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _, analyses = api.analyze(folder)
+        _, analyses = api.analyze(folder)
         got = {a.graph.step: a.step_time for a in analyses}
         wrong += [(seed, i + 1) for i, t in enumerate(steps) if not _close(got.get(i + 1, -1.0), t, t)]
     assert not wrong, wrong[:10]
@@ -259,9 +248,7 @@ def test_every_simulated_what_if_is_the_simulation_s(jobs):
         scale = rng.choice([0.0, 0.5, 2.0])
         _, truth = simulate(job, {(rank, target): scale})
         name = target if target.startswith("kernel") else f"aten::{target}"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rows = api.whatif(folder, [f"name={name},rank={rank},scale={scale}"])
+        rows = api.whatif(folder, [f"name={name},rank={rank},scale={scale}"])
         off = [
             r.step
             for r in rows

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import random
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,9 +210,7 @@ def test_every_simulated_step_is_its_period(programs):
 
     wrong = []
     for seed, _, path, spans in programs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _, analyses = api.analyze(path)
+        _, analyses = api.analyze(path)
         got = {a.graph.step: a.step_time for a in analyses}
         wrong += [(seed, i + 1) for i, (lo, hi) in enumerate(spans) if not _within(got.get(i + 1, -1.0), hi - lo)]
     assert not wrong, wrong[:10]
@@ -232,9 +229,7 @@ def test_every_simulated_what_if_is_the_simulation_s(programs):
         scale = rng.choice([0.0, 0.5, 2.0])
         _, truth = simulate(p, {target: scale})
         name = target if target.startswith("kernel") else f"aten::{target}"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rows = api.whatif(path, [f"name={name},scale={scale}"])
+        rows = api.whatif(path, [f"name={name},scale={scale}"])
         off = [r.step for r in rows if r.step is not None and not _within(r.replay.step_us, truth[r.step - 1][1] - truth[r.step - 1][0])]
         if off and p.sync_records:
             wrong.append((seed, name, scale, off))

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 MAX_DELAY_MS = 3_600_000.0  # an edit adds or takes at most an hour per op: beyond, it is a typo or a hostile reply
 MAX_SCALE = 1e6  # an edit makes an op at most a million times longer: beyond, float64 step times overflow
-STEADY_STEPS_BEFORE = 2  # a step whose host the device paced is replayed with up to this many steps before it ...
-STEADY_QUEUE_SHARE = 0.2  # ... where its host waited this share of its step or more for room in the device's launch queue
+STEADY_STEPS_BEFORE = 2  # a step replayed in steady state (steady_replay) is replayed with up to this many steps before it
+STEADY_QUEUE_SHARE = 0.2  # a host that waited this share of its step or more for room in the device's launch queue is paced by it
 Phase = Literal["forward", "backward", "optimizer"]
 PHASES: tuple[Phase, ...] = get_args(Phase)  # codes 1, 2, 3 of analysis.phases.node_phases
 EditCategory = Literal["cpu_op", "runtime", "kernel", "memcpy", "memset", "collective", "p2p", "blocking"]
@@ -804,26 +804,13 @@ def thread_chain(g: ExecutionGraph, rank: int, tid: int) -> np.ndarray:
     return ids[np.argsort(n["start"][ids], kind="stable")]
 
 
-def paced_by_device(g: ExecutionGraph) -> bool:
-    """Whether ``g``'s step is one a what-if must replay in steady state (steady_replay): on some
-    rank the device was still running earlier steps' work when the step began, and the host spent
-    at least STEADY_QUEUE_SHARE of its step waiting for room in the device's full launch queue
-    (EventTable.queue_waits). Its recorded launch times then follow the device: the step's own
-    window keeps them, so a faster device there never lets the host bind. (One kind of step
-    carried_in says to replay in steady state.)"""
-    waited = g.info.queue_wait_us
-    return any(
-        g.rank_origin(r) > g.rank_start(r) + 1.0 and float(waited.get(str(r), 0.0)) >= STEADY_QUEUE_SHARE * g.measured.get(r, 0.0)
-        for r in g.ranks
-    )
-
-
 def carried_in(g: ExecutionGraph) -> bool:
     """Whether on some rank the device was still running earlier steps' work when ``g``'s step began
     (its period starts at that work's end, after its host's step start): the host ran part of the
     step, and the end of the step before, outside the window, so an edit there moves the step's
     work in steady state and not in the window alone. Such a step is replayed in steady state
-    (steady_replay): a step a full launch queue paced (paced_by_device) is one; so is a host-bound
+    (steady_replay): a step whose host waited for room in the device's full launch queue is one
+    (its recorded launch times follow the device, and a faster device would free it); so is a host-bound
     loop whose device work runs past each step's host (an edit of the host's tail moves the next
     step), and a device-bound one whose host ran ahead without filling the queue (diff_test). A
     simulation of 300 random loops (tests/analysis/test_simulated_loops.py) found 13 whose

@@ -369,11 +369,17 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
     empty = np.zeros(0, dtype=np.int64)
     gcorr = corr[w.gpu_rows]
 
-    def lo(r: int, stream: int | None = None) -> _LaunchOrder:
-        key = (r, stream)
+    def lo(r: int, stream: int | None = None, device: int | None = None) -> _LaunchOrder:
+        """The rank's GPU ops in launch order: of one stream, or of one device (a context sync's:
+        it waits for its own device, where the rank drives several), or all of them."""
+        members = None
+        if stream is not None:
+            members = by_stream.get(r * (1 << 32) + (stream & 0xFFFFFFFF), empty)
+        elif device is not None and r in several:
+            members = by_device.get(r * (1 << 32) + (device & 0xFFFFFFFF))
+        key = (r, stream, device if members is not None and stream is None else None)
         if key not in orders:
-            members = by_rank.get(r, empty) if stream is None else by_stream.get(r * (1 << 32) + (stream & 0xFFFFFFFF), empty)
-            orders[key] = _LaunchOrder(w, members, gcorr)
+            orders[key] = _LaunchOrder(w, by_rank.get(r, empty) if members is None else members, gcorr)
         return orders[key]
 
     streams_of: dict[tuple[int, int | None], list[int]] = {}
@@ -389,16 +395,6 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
             streams_of[key] = np.unique(gstream[mine]).tolist()
         got = (lo(r, st).before(corr_id, latest_end=False, limit=limit) for st in streams_of[key])
         return [x for x in got if x >= 0]
-
-    def lo_device(r: int, device: int) -> _LaunchOrder:
-        """A context sync's ops: of its own device where its rank drives several (it waits for that one)."""
-        members = by_device.get(r * (1 << 32) + (device & 0xFFFFFFFF), empty) if r in several else empty
-        if not len(members):
-            return lo(r)
-        key = (r, ("device", device))
-        if key not in orders:
-            orders[key] = _LaunchOrder(w, members, gcorr)
-        return orders[key]
 
     rt = np.flatnonzero((cls == EvClass.RUNTIME) & (corr >= 0))
     syncs = np.flatnonzero(cls == EvClass.GPU_SYNC)
@@ -420,7 +416,7 @@ def cuda_syncs(w: Window, E: EdgeSet, blocking_calls: tuple[str, ...], tol: floa
         g = -1
         limit = float(w.end[caller]) + tol if caller >= 0 else np.inf
         if kind == CONTEXT_SYNC and node >= 0:
-            g = lo_device(r, int(c["pid"][s])).before(int(corr[s]), latest_end=True, limit=limit)
+            g = lo(r, device=int(c["pid"][s])).before(int(corr[s]), latest_end=True, limit=limit)
             others = [x for x in every_stream(r, int(c["pid"][s]), int(corr[s]), limit) if x != g] if g >= 0 else []
             waits_src.extend(w.n_leaf + x for x in others)
             waits_dst.extend(node for _ in others)

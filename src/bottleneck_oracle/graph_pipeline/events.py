@@ -21,7 +21,7 @@ import stat
 import tempfile
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -1103,6 +1103,12 @@ def _one_lane_per_stream(part: dict[str, np.ndarray]) -> int:
 _DEVICE_LABEL = re.compile(F.DEVICE_LABEL_PATTERN, re.IGNORECASE)
 
 
+def device_label(names: Iterable[str], pid: int) -> str:
+    """How the trace labels a device's process, of its process's names and labels ("GPU 1":
+    Kineto's process_labels), else "device N"."""
+    return next((n.strip() for n in names if _DEVICE_LABEL.match(n)), f"device {pid}")
+
+
 def _streams_per_device(b: _Builder) -> int:
     """One rank's device streams told apart by device, in place: where a process drives several
     devices (a model split across GPUs in one process: ``device_map="auto"``, naive model
@@ -1122,7 +1128,6 @@ def _streams_per_device(b: _Builder) -> int:
     first = next((int(p["pid"][d[0]]) for p, d in zip(parts, dev) if len(d)), None)
     if first is None or not any((p["pid"][d] != first).any() for p, d in zip(parts, dev)):
         return 0  # (one device: a look at each op, no sort)
-    pids = np.unique(np.concatenate([p["pid"][d] for p, d in zip(parts, dev)]))
     lanes = np.unique(np.concatenate([np.stack([p["pid"][d], p["tid"][d]]) for p, d in zip(parts, dev)], axis=1), axis=1)
     holders: dict[int, list[int]] = {}
     for pid, tid in lanes.T.tolist():
@@ -1136,7 +1141,7 @@ def _streams_per_device(b: _Builder) -> int:
         for pid in ps[1:]:
             used += 1
             renumber[pid, t] = used
-    label = {int(p): next((n for n in b.process_names.get(int(p), []) if _DEVICE_LABEL.match(n)), f"device {int(p)}") for p in pids}
+    label = {p: device_label(b.process_names.get(p, []), p) for p in np.unique(lanes[0]).tolist()}
     for pid, tid in lanes.T.tolist():  # every lane of a rank on several devices is named with its device
         name = b.thread_names.pop((pid, tid), f"stream {tid}").strip()
         b.thread_names[pid, renumber.get((pid, tid), tid)] = f"{label[pid]} {name}"
@@ -1156,20 +1161,17 @@ def _streams_per_device(b: _Builder) -> int:
         return int(got[at]) if at >= 0 else -1
 
     for p, d in zip(parts, dev):
-        pid_d, tid_d, stream_d = p["pid"][d], p["tid"][d].copy(), p["stream"][d].copy()
+        pid_d, tid_d, stream = p["pid"][d], p["tid"][d].copy(), p["stream"].copy()  # (the numbers as the trace gave them)
         for (pid, t), new in renumber.items():
             on = pid_d == pid
             p["tid"][d[on & (tid_d == t)]] = new
-            p["stream"][d[on & (stream_d == t)]] = new
+            p["stream"][d[on & (stream[d] == t)]] = new
         if "wait_stream" not in p:
             continue
         waits = np.flatnonzero(isin_small(p["wait_stream"], np.array(sorted(shared))) & (p["wait_stream"] >= 0))
         rec = p["wait_event_corr"] if "wait_event_corr" in p else np.full(len(p["cls"]), -1)
-        at = np.searchsorted(d, waits)
-        mine = (at < len(d)) & (d[np.minimum(at, len(d) - 1)] == waits) if len(d) else np.zeros(len(waits), dtype=bool)
-        own_streams = np.where(mine, stream_d[np.minimum(at, max(len(d) - 1, 0))] if len(d) else -1, -1)
-        for w, own_stream in zip(waits.tolist(), own_streams.tolist()):
-            ws, own = int(p["wait_stream"][w]), int(p["pid"][w])
+        for w in waits.tolist():  # (a sync record or a device wait op: a device event, its stream its own)
+            ws, own, own_stream = int(p["wait_stream"][w]), int(p["pid"][w]), int(stream[w])
             cands = [q for q in shared[ws] if not (q == own and ws == own_stream)]
             if own in cands:
                 on = own

@@ -28,7 +28,7 @@ import numpy as np
 
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
-from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, PRECISION_OP_NAME, EvClass, EventTable, Step
+from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, PRECISION_OP_NAME, EvClass, EventTable, Step, device_label
 
 DEVICE_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
 # runtime calls that return only when device work has completed (or may: a copy to pageable host
@@ -183,13 +183,9 @@ def _device_index(table: EventTable) -> dict[int, tuple[np.ndarray, np.ndarray, 
     return out
 
 
-_DEVICE_LABEL = re.compile(F.DEVICE_LABEL_PATTERN, re.IGNORECASE)
-
-
 def _device_label(table: EventTable, rank: int, pid: int) -> str:
-    """How the trace labels a device's process ("GPU 1": Kineto's process_labels), else "device N"."""
-    names = str(table.inputs.get(rank, {}).get("process_names", {}).get(str(pid), ""))
-    return next((n.strip() for n in names.split(" / ") if _DEVICE_LABEL.match(n)), f"device {pid}")
+    """events.device_label of a rank's device process, from the names the table kept ("python / GPU 1")."""
+    return device_label(str(table.inputs.get(rank, {}).get("process_names", {}).get(str(pid), "")).split(" / "), pid)
 
 
 def _device_waits(table: EventTable) -> np.ndarray:
