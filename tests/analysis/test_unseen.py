@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import warnings
 from functools import cache
 from pathlib import Path
@@ -29,7 +30,12 @@ def raw_files(path: Path) -> tuple:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.name.endswith((".json", ".json.gz")))
     out = []
     for f in files:
-        doc = json.load(gzip.open(f) if f.name.endswith(".gz") else open(f))
+        text = (gzip.open(f, "rt") if f.name.endswith(".gz") else open(f)).read()
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:  # names the profiler wrote with bare quotes (quoted_names_stack): each on its own line
+            bare = re.compile(r'(?m)^(\s*"name": )"(.*(?<!\\)".*)",$')
+            doc = json.loads(bare.sub(lambda m: m.group(1) + json.dumps(m.group(2)) + ",", text))
         if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
             out.append((f, doc))
     return tuple(out)

@@ -1251,6 +1251,7 @@ class _Builder:
         self.clock_base_us: int | None = None  # the file's baseTimeNanoseconds, in whole µs: its ts count from there
         self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
         self.notes: list[str] = []  # warnings about this file, raised in the main process (files may be parsed in workers)
+        self.mended = 0  # names whose unescaped quotes were escaped to read the file (mend_names)
         self.process_names: dict[int, list[str]] = {}  # pid -> its "process_name" and "process_labels"
         self.numbered: dict[str, int] = {}  # Ev Idx: events numbered by the exporter that the file holds, first, last
         self.unknown_device_events = 0  # device ops read from categories the field map does not list
@@ -1858,6 +1859,8 @@ class _Merger:
             info["steps_from"] = b.steps_from
         if b.skipped:
             info["skipped"] = b.skipped
+        if b.mended:  # (the Perfetto export reads the file again: mended as the loader read it)
+            info.setdefault("mended", {})[b.path] = b.mended
         if b.step_hint and b.step_hint[1] > info.get("step_hint", ("", 0))[1]:
             info["step_hint"] = b.step_hint
         info["process_names"].update({str(k): " / ".join(v) for k, v in b.process_names.items()})
@@ -1981,8 +1984,10 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
         return exc
 
 
-def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Builder:
-    cut_before = raw is not None  # (the events of a document cut short, closed: see the end)
+def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended: int = 0) -> _Builder:
+    """The builder of one trace file (``raw``: its bytes where they are not the file's own: a
+    document cut short and closed, or names mended; ``mended``: how many names were)."""
+    cut_before = raw is not None and not mended  # (the events of a document cut short, closed: see the end)
     if raw is None:
         raw = map_trace(path)
     if not isinstance(raw, MappedTrace):  # (map_trace looked before it copied a large one)
@@ -2030,6 +2035,14 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None) -> _Bui
                 f"{path}: the file ends inside its events (a trace cut short: the job stopped while writing it?): "
                 f"the {len(whole):,} bytes up to its last whole event are read, what followed is lost{past}"
             )
+            return b
+    if err == scan.BAD_JSON and not mended:
+        fixed = mend_names(path, raw)
+        if fixed is not None:
+            del buf
+            b = _parse_file(path, single, fixed[0], mended=fixed[1])
+            b.mended = fixed[1]
+            b.notes.append(mended_note(path, fixed[1]))
             return b
     if err != scan.OK:
         if err in (scan.BAD_JSON, scan.TRUNCATED) and not isinstance(raw, MappedTrace) and len(raw) <= MAP_BYTES:
@@ -2080,6 +2093,83 @@ def _steps_past_the_cut(b: _Builder) -> tuple[list[int], bool]:
         return sorted(late), True
     b.steps = [s for s in b.steps if s[1] not in late]
     return sorted(late), False
+
+
+_NAME_UP_TO_PID = re.compile(rb'("name"[ \t]*:[ \t]*")([^\n]{0,4096}?)("[ \t]*,[ \t\r\n]*"pid"[ \t]*:)')
+"""An event's name as Kineto writes it, ``"name": "<value>", "pid": `` (``"pid"`` on the same or
+the next line): the value is what lies between, quotes and all, on one line."""
+_KEY_AFTER_STRING = re.compile(rb'"[ \t]*,[ \t]*"(?:ph|cat|name|tid|ts|dur|args|id|s|bp|cname)"[ \t]*:')
+"""Within such a value: a string closed and another key of an event begun, so the value spans
+several keys of a valid event (a writer that puts other keys between name and pid), not one name."""
+_BARE_QUOTE = re.compile(rb'(?<!\\)((?:\\\\)*)"')
+"""A double quote no backslash escapes (after any number of escaped backslashes)."""
+MEND_CHUNK = 64 * 2**20
+"""Bytes of a mapped trace mended at a time (mend_names: each part ends at a line's end)."""
+
+
+def _mend_part(data: bytes | bytearray) -> tuple[bytes, int]:
+    count = 0
+
+    def one(m: re.Match[bytes]) -> bytes:
+        nonlocal count
+        value = m.group(2)
+        if b'"' not in value or not _BARE_QUOTE.search(value) or _KEY_AFTER_STRING.search(value):
+            return m.group(0)
+        count += 1
+        return m.group(1) + _BARE_QUOTE.sub(lambda q: q.group(1) + b'\\"', value) + m.group(3)
+
+    return _NAME_UP_TO_PID.sub(one, data), count
+
+
+def mended_note(path: Path, count: int) -> str:
+    """What a user is told of a trace whose names were mended (mend_names)."""
+    return (
+        f"{path}: {count:,} event name{'s' if count > 1 else ''} held double quotes the profiler wrote unescaped, "
+        "so the file is not valid JSON (PyTorch's profiler writes a Python frame's file name as it is: "
+        "pytorch/pytorch#146900); read with the quotes as part of the name"
+    )
+
+
+def mend_names(path: Path, raw: TraceBytes) -> tuple[TraceBytes, int] | None:
+    """A trace whose event names hold double quotes its writer did not escape, with them escaped,
+    and how many names were so mended; None where there are none (its JSON is bad some other way).
+
+    PyTorch's profiler writes a Python frame's name (``with_stack=True``) as the frame's file name,
+    line and function, unescaped (pytorch/pytorch#146900; still so in PyTorch 2.13): a frame of
+    generated code whose file name holds quotes (``compile(src, '{"device": "cpu"}', "exec")``,
+    dynamo's generated frames) makes the whole file invalid JSON. Only a name that runs on one
+    line from ``"name": "`` to Kineto's next key, ``"pid"``, is mended, and only where what lies
+    between is no other key of the event; every other byte is kept. A trace in memory is mended in
+    memory; a mapped one (MAP_BYTES or more) into another unlinked temporary file, a part at a
+    time, each part ending at a line's end (a part of MEND_CHUNK bytes with no line end in it:
+    None, not mended)."""
+    if not isinstance(raw, MappedTrace):
+        out, count = _mend_part(raw)
+        return (out, count) if count else None
+    tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
+    total, at, n = 0, 0, len(raw)
+    try:
+        while at < n:
+            end = n if n - at <= MEND_CHUNK else raw.map.rfind(b"\n", at, at + MEND_CHUNK) + 1
+            if end <= at:
+                tmp.close()
+                return None
+            part, count = _mend_part(raw[at:end])
+            raw.release(end)
+            total += count
+            try:
+                tmp.write(part)
+            except OSError as exc:
+                raise _spool_error(path, exc) from None
+            at = end
+        tmp.flush()
+    except BaseException:
+        tmp.close()
+        raise
+    if not total:
+        tmp.close()
+        return None
+    return MappedTrace(tmp), total
 
 
 def _closed_at_last_event(raw: TraceBytes, buf: np.ndarray) -> bytearray | None:

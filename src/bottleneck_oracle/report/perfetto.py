@@ -29,6 +29,7 @@ from bottleneck_oracle.graph_pipeline.events import (
     ancestors_of,
     cpu_parents,
     map_trace,
+    mend_names,
     scan_threads,
 )
 
@@ -83,6 +84,11 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
             data = raw.map if isinstance(raw, MappedTrace) else raw
             buf = np.frombuffer(data, dtype=np.uint8)
             # a large file is walked in parts, one thread each (as the loader scans it)
+            if name in table.inputs.get(rank, {}).get("mended", {}) and (fixed := mend_names(path, raw)) is not None:
+                del buf  # (its names mended as the loader read them: copied verbatim, they are valid JSON)
+                raw = fixed[0]
+                data = raw.map if isinstance(raw, MappedTrace) else raw
+                buf = np.frombuffer(data, dtype=np.uint8)
             lo, hi, _, _, _, err, count, splits = scan.count_events(buf, scan_threads(len(buf)))
             if err == scan.OK and lo >= 0:
                 err, pos, starts, ends, (problem, at) = scan.object_bounds(buf, lo, hi, count, splits, text=not multi)
