@@ -1006,6 +1006,35 @@ def test_a_partial_sampled_job_says_how_many_ranks_and_that_events_were_left_out
     assert sum("sampled or removed" in line for line in lines) == 2
 
 
+
+def test_a_trace_of_2022_numbers_its_events_under_the_older_name_and_its_sampling_is_said(tmp_path):
+    """PyTorch before 2.0 wrote the exporter's event index as ``Profiler Event Index`` (diff_test,
+    diff_control), not ``Ev Idx``: a sampled trace of that age was read as whole. Here diff_test,
+    as recorded (31,524 numbered events, no gap), and with a fifth of its numbered events dropped
+    at random as a sampling exporter leaves it: the facts' counts are the raw JSON's."""
+    from bottleneck_oracle.analysis.checks import run_warnings
+    from bottleneck_oracle.graph_pipeline.events import load_events
+    from bottleneck_oracle.graph_pipeline.facts import run_facts
+
+    doc = json.loads(gzip.open(PUBLIC / "diff_test_rank1of2.json.gz").read())
+    key = "Profiler Event Index"
+    numbered = [e for e in doc["traceEvents"] if key in (e.get("args") or {})]
+    assert numbered and not any("Ev Idx" in (e.get("args") or {}) for e in doc["traceEvents"])
+    whole = run_facts(cached_load(PUBLIC / "diff_test_rank1of2.json.gz")).to_dict()
+    assert whole["numbered"] == {"1": {"held": len(numbered), "numbered": len(numbered)}} and whole["sampled"] == {}
+
+    rng = np.random.default_rng(0)
+    drop = {id(e) for e in numbered if not str(e["name"]).startswith("ProfilerStep#") and rng.random() < 0.2}
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if id(e) not in drop]
+    held = {e["args"][key] for e in doc["traceEvents"] if key in (e.get("args") or {})}
+    path = tmp_path / "diff_test_sampled.json"
+    path.write_text(json.dumps(doc))
+    facts = run_facts(load_events(path))
+    run = facts.to_dict()
+    assert run["numbered"]["1"]["held"] == len(held)
+    assert run["sampled"]["1"] == pytest.approx(len(held) / (max(held) - min(held) + 1), abs=0.01)
+    assert sum("sampled or removed" in line for line in run_warnings(facts)) == 1
+
 # ---- 6. the facts table and the self-check on every trace we have
 
 

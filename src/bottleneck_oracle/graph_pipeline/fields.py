@@ -42,6 +42,7 @@ SCANNED_ARG_KEYS = (
     ARG_SPECS["stream"].raw_names[0],
     "Record function id",
     "Ev Idx",  # the exporter's index of the event: gaps mean events were sampled or removed
+    "Profiler Event Index",  # its name before PyTorch 2.0 (traces of 2022): read as Ev Idx
 )
 
 # args keys with structured values, read by dedicated code in events.py
