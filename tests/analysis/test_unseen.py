@@ -1006,7 +1006,6 @@ def test_a_partial_sampled_job_says_how_many_ranks_and_that_events_were_left_out
     assert sum("sampled or removed" in line for line in lines) == 2
 
 
-
 def test_a_trace_of_2022_numbers_its_events_under_the_older_name_and_its_sampling_is_said(tmp_path):
     """PyTorch before 2.0 wrote the exporter's event index as ``Profiler Event Index`` (diff_test,
     diff_control), not ``Ev Idx``: a sampled trace of that age was read as whole. Here diff_test,
@@ -1034,6 +1033,7 @@ def test_a_trace_of_2022_numbers_its_events_under_the_older_name_and_its_samplin
     assert run["numbered"]["1"]["held"] == len(held)
     assert run["sampled"]["1"] == pytest.approx(len(held) / (max(held) - min(held) + 1), abs=0.01)
     assert sum("sampled or removed" in line for line in run_warnings(facts)) == 1
+
 
 # ---- 6. the facts table and the self-check on every trace we have
 
