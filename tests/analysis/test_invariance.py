@@ -375,6 +375,28 @@ def test_a_window_without_steps_after_work_queued_before_the_trace_reads_as_its_
     assert any("work queued before the trace began held it" in w for w in alone.warnings())
 
 
+def test_a_late_first_op_is_not_taken_for_queued_work_where_its_host_ran_far_longer():
+    """HTA's backward_thread test file keeps 7 events of a real trace: a 413.5 ms ProfilerStep, and
+    one 45 µs kernel that started 64.1 ms after its launch returned, nothing on the device before
+    it. Work the loop queued before the trace would have held it only if the step, measured from
+    there, kept its host's pace: 18.1 ms against the host's 413.5 ms does not. The step was read
+    as 18.1 ms, measured from the kernel; it is its span (read here from the raw JSON), the late
+    start an untraced wait, and a warning says why (not that queued work held it)."""
+    path = PUBLIC / "backward_thread_excerpt.json"
+    events = json.loads(path.read_text())["traceEvents"]
+    (step,) = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    (kernel,) = [e for e in events if e["cat"] == "kernel"]
+    (launch,) = [e for e in events if e["cat"] == "cuda_runtime"]
+    lag_ms = (kernel["ts"] - launch["ts"] - launch["dur"]) / 1000
+    (a,) = [StepAnalysis.of(g) for g in graphs(load(path))]
+    assert a.step_time == pytest.approx(step["dur"], rel=1e-3)
+    f = a.graph.info.facts.ranks[0]
+    assert f.queued_before_trace_us == 0 and f.first_op_held_us == pytest.approx(lag_ms * 1000, abs=1)
+    said = a.warnings()
+    assert not any("work queued before the trace began held it" in w for w in said)
+    assert any(f"first op {lag_ms:,.1f} ms after its launch" in w and "untraced wait on the device" in w for w in said)
+
+
 def test_a_thread_filtered_out_leaves_its_kernels_in_their_step(tmp_path):
     """Scripts that slim a trace for a viewer keep the main thread and the streams and drop the
     other threads (``slim_trace.py -t=auto``): train_1rank_5steps without its autograd thread keeps

@@ -652,6 +652,13 @@ class StepAnalysis:
                     "its launch, with no earlier device work in the trace, and ran busy from then: work queued before the trace "
                     "began held it (a trace split or trimmed here?); the step is measured from that op's start, its period"
                 )
+            elif f.first_op_held_us > 0:
+                out.append(
+                    f"step {step}: rank {f.rank}'s device started the step's first op {f.first_op_held_us / 1000:,.1f} ms after its "
+                    f"launch, with no earlier device work in the trace; its host ran {(f.cpu_end - f.cpu_start) / 1000:,.1f} ms in the "
+                    "step, far longer than the step measured from that op would be, so no work this loop queued before the trace "
+                    "held it (events left out of the trace? another process on the device?): read as an untraced wait on the device"
+                )
         if self.adds_nothing():
             out.append(
                 f"step {step}: its host ended before the device work queued in earlier steps did, and it launched no device work "

@@ -77,6 +77,7 @@ class RankFacts:
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends before they ran)
     queued_before_trace_us: float = 0.0  # how long the rank's first device op waited after its launch for work queued before the trace
+    first_op_held_us: float = 0.0  # as long, where that wait is no work of the loop's (QUEUED_OF_SPAN): an untraced wait
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event (the trace ends inside it)
     held_share: float = 1.0  # where that is over PAST_END_US: the step's host events against the median of its rank's other steps'
     hidden: bool = False  # its host ended before the device work queued before it did, and none of its own ended later: origin = cpu_start
@@ -260,17 +261,27 @@ with the device busy from then on, waited for work queued before the trace began
 recorded trace the first op whose launch is traced starts within 10 µs of it)."""
 QUEUED_BUSY = 0.95
 """...busy at least this share of the time from that op's start to the end of the step's device work."""
+QUEUED_OF_SPAN = 0.5
+"""...and the step measured from there (that op's start to the step's end) at least this share of
+its host's span. Work the loop queued in earlier steps holds the device while the host runs
+ahead, so the two keep one pace: a step's period is about its host's span (train_1rank_5steps,
+split a step a file: 95.7 ms from the op's start, a 95.7 ms span). Measured from there, a step
+whose host ran on far longer (an excerpt of 7 events: 18.1 ms of a 413.5 ms span, a 45 µs
+kernel 64 ms after its launch) would not be the loop's period: what held that op is no work of
+this loop (events left out of the trace, another process on the device), an untraced wait."""
 
 
 def _queued_before_trace(
-    table: EventTable, own: np.ndarray, starts: np.ndarray, ends: np.ndarray, device_end: float
-) -> tuple[float, float] | None:
+    table: EventTable, own: np.ndarray, starts: np.ndarray, ends: np.ndarray, device_end: float, host: tuple[float, float]
+) -> tuple[float, float, bool] | None:
     """Where the step holds its rank's first device op and that op started QUEUED_LAG_MIN_US or
     more after its launch call returned, the device busy (QUEUED_BUSY) from then to the end of
     the step's device work: the device was running work queued before the trace began (a trace
     trimmed or split at this step: TraceLens' per-iteration files keep a step's launches and the
     ops they launched, not the work queued before it). (the end of that work: the op's start, the
-    wait) or None. A device that idled, then woke slowly (ms after a long idle) is not busy after."""
+    wait, whether the step measured from there is its loop's: QUEUED_OF_SPAN of its host's span,
+    ``host``, the step's start and end) or None. A device that idled, then woke slowly (ms after a
+    long idle) is not busy after."""
     c = table.cols
     if not len(own) or not len(starts):
         return None
@@ -288,7 +299,7 @@ def _queued_before_trace(
     b = int(np.searchsorted(starts, device_end, side="left"))
     if _union(starts[a:b], ends[a:b], start, device_end) < QUEUED_BUSY * (device_end - start):
         return None
-    return start, lag
+    return start, lag, max(host[1], device_end) - start >= QUEUED_OF_SPAN * (host[1] - host[0])
 
 
 def _held_share(table: EventTable, step: Step | None, rows: np.ndarray) -> float:
@@ -507,7 +518,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     own = rows[isin_small(cls[rows], DEVICE_CLASSES)]
     device_end = float((c["ts"][own] + c["dur"][own]).max()) if len(own) else None
     prev_end = None
-    untraced_queue = 0.0
+    untraced_queue = held_apart = 0.0
     busy = comm_only = 0.0
     each: list[list] = []
     dev = _device_index(table).get(rank)
@@ -517,9 +528,11 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
             k = int(np.searchsorted(anchors, cpu_start, side="left"))  # device ops launched before the step
             prev_end = float(running_end[k - 1]) if k > 0 else None
         if prev_end is None and device_end is not None:  # (the whole trace too: a window without steps starts there)
-            queued_before = _queued_before_trace(table, own, starts, ends, device_end)
-            if queued_before is not None:
-                prev_end, untraced_queue = queued_before
+            queued_before = _queued_before_trace(table, own, starts, ends, device_end, (cpu_start, cpu_end))
+            if queued_before is not None and queued_before[2]:
+                prev_end, untraced_queue = queued_before[0], queued_before[1]
+            elif queued_before is not None:
+                held_apart = queued_before[1]
     origin = max(cpu_start, prev_end) if prev_end is not None else cpu_start
     step_end = max(cpu_end, device_end) if device_end is not None else cpu_end
     hidden = origin > step_end  # (a step that adds nothing past earlier steps' work: its period would be negative)
@@ -575,6 +588,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         lost_launches=int(isin_sorted(rows, _launch_rows(table)[1]).sum()),
         unrun_launches=int(isin_sorted(rows, _launch_rows(table)[2]).sum()),
         queued_before_trace_us=untraced_queue,
+        first_op_held_us=held_apart,
         past_end_us=past_end,
         held_share=_held_share(table, step, rows) if past_end > PAST_END_US else 1.0,
         kernel_us=kernel_us,

@@ -76,6 +76,9 @@ class RankFactsRecord:
     lost_launches: int = 0  # of those, the ones no device op in the trace is tied to
     unrun_launches: int = 0  # of those, the ones after the rank's last launch that has a device op (the trace ends first)
     queued_before_trace_us: float = 0.0  # the rank's first device op's wait for work queued before the trace began
+    first_op_held_us: float = 0.0  # as long, where that wait is no work of the loop's: an untraced wait (facts.QUEUED_OF_SPAN)
+    cpu_start: float = 0.0  # the step's start on the rank's host (µs, the table's clock)
+    cpu_end: float = 0.0  # its end there
     past_end_us: float = 0.0  # how far the step's span runs past the start of the rank's last event
     held_share: float = 1.0  # the step's host events against the median of its rank's other steps' (where past_end_us > 1 ms)
     hidden: bool = False  # its host ended before the device work queued before it did (its period is its host's span)
