@@ -102,15 +102,24 @@ def test_a_name_is_mended_only_between_name_and_pid_on_one_line():
     assert count == 1 and json.loads(fixed)["name"] == 'a\\"b'
 
 
-def test_json_bad_another_way_is_still_one_line_and_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_json_bad_another_way_is_still_one_line_and_exit_2(where, tmp_path, capsys):
+    """A colon missing before the quoted names or after them: one line naming the file and the
+    line of the file where the colon is missing (the names' quotes escaped, that line is the
+    first error wherever it lies)."""
     text = gzip.open(TRACE, "rt").read()
-    at = text.index('"ph": "X"', text.index("ProfilerStep#3"))
+    first, last = text.index("loss_fn"), text.rindex("loss_fn")
+    at = text.index('"ph": "X"', text.index("ProfilerStep#3") if where == "before" else last)
+    line = text.count("\n", 0, at) + 1
     broken = tmp_path / "broken.json"
     broken.write_text(text[:at] + '"ph" "X"' + text[at + len('"ph": "X"') :])
+    assert (at < first) == (where == "before")
     code, stdout, stderr = run_cli(["analyze", str(broken)], capsys)
     assert code == 2 and stdout == ""
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and str(broken) in lines[0] and "not valid JSON" in lines[0]
+    assert f"line {line} " in lines[0]
+    assert "unescaped quotes of 5 event names escaped" in lines[0]  # (what the line was read with)
 
 
 def test_each_file_of_a_rank_folder_is_mended_as_its_own(tmp_path):

@@ -2040,7 +2040,16 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
         fixed = mend_names(path, raw)
         if fixed is not None:
             del buf
-            b = _parse_file(path, single, fixed[0], mended=fixed[1])
+            try:
+                b = _parse_file(path, single, fixed[0], mended=fixed[1])
+            except NotATrace:
+                raise
+            except TraceError as exc:  # bad another way too: where, on the file's lines
+                raise TraceError(
+                    path,
+                    f"{exc.problem}; read with the unescaped quotes of {fixed[1]:,} event name{'s' if fixed[1] > 1 else ''} "
+                    "escaped (lines are the file's; a char offset counts the escapes)",
+                ) from None
             b.mended = fixed[1]
             b.notes.append(mended_note(path, fixed[1]))
             return b
