@@ -38,7 +38,32 @@ def raw_files(path: Path) -> tuple:
             doc = json.loads(bare.sub(lambda m: m.group(1) + json.dumps(m.group(2)) + ",", text))
         if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
             out.append((f, doc))
+    _number_restarted_windows_on([doc for _, doc in out])
     return tuple(out)
+
+
+def _number_restarted_windows_on(docs: list) -> None:
+    """A rank's later file whose ProfilerStep numbers start again, from the same process (a second
+    profiler, two_profilers_gloo): its markers renamed to follow its rank's earlier files' numbers,
+    as the run numbers them (its steps then have the names the run's step numbers look up)."""
+
+    def marks(doc):
+        return [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"]
+
+    by_rank: dict = {}
+    for doc in docs:
+        rank = (doc.get("distributedInfo") or {}).get("rank")
+        if rank is not None and marks(doc):
+            by_rank.setdefault(rank, []).append(doc)
+    for files in by_rank.values():
+        files.sort(key=lambda d: (d.get("baseTimeNanoseconds") or 0) / 1000 + min(e["ts"] for e in marks(d)))
+        for k in range(1, len(files)):
+            numbers = {int(e["name"].split("#")[1]) for e in marks(files[k])}
+            before = {int(e["name"].split("#")[1]) for d in files[:k] for e in marks(d)}
+            if numbers & before and {e["pid"] for e in marks(files[k])} == {e["pid"] for e in marks(files[0])}:
+                shift = max(before) + 1 - min(numbers)
+                for e in marks(files[k]):
+                    e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + shift}"
 
 
 def raw_events(path: Path) -> tuple:
@@ -1062,6 +1087,9 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
     raw JSON, are the facts'; every invariant of the self-check holds on the analysis."""
     table = cached_load(path)
     rank_of = {Path(f).resolve(): r for r, f in table.files.items()}
+    for f, d in raw_files(path):  # a rank's later windows (table.files names its first file)
+        if f.resolve() not in rank_of and (d.get("distributedInfo") or {}).get("rank") in table.files:
+            rank_of[f.resolve()] = d["distributedInfo"]["rank"]
     docs = [(rank_of[f.resolve()], d) for f, d in raw_files(path) if f.resolve() in rank_of]
     for a in cached_analyses(path):
         facts = a.graph.meta["facts"]
@@ -2028,3 +2056,39 @@ def test_the_steady_state_what_if_says_its_steps_mean_change(capsys):
     code, out, err = run_cli(["whatif", str(path), "-e", "cat=kernel,scale=0.5"], capsys)
     assert code == 0, err
     assert f"Their mean change: {sum(steady) / len(steady) / 1000:+.3f} ms a step" in " ".join(out.split())
+
+
+def test_two_profilers_of_one_process_are_two_windows_of_the_run(recwarn):
+    """two_profilers_gloo: each rank of a 2-rank gloo job profiled two windows of its training with
+    two profilers, one after the other, each counting its steps from 0: both of a rank's files hold
+    ProfilerStep#2-#5, recorded by the same process, the second later. It was refused as "another
+    run?". The later window's steps are numbered on (6-9), each step reads its ranks' spans as the
+    raw files hold them (the first window's by number, the second's by number + 4), a warning per
+    rank says so, and no step is said to hold the export of the window before it (a profiler that
+    closes exports between steps)."""
+    from bottleneck_oracle.api import analyze
+
+    path = OWN_CPU / "two_profilers_gloo"
+    raw: dict[tuple[int, int], float] = {}  # (rank, step as numbered on) -> its ProfilerStep's span
+    by_rank: dict[int, list] = {}
+    for f in sorted(path.iterdir()):  # (as written: raw_files renames a restarted window's markers)
+        doc = json.loads(gzip.open(f).read())
+        by_rank.setdefault(doc["distributedInfo"]["rank"], []).append((f.name, doc))
+    for r, docs in by_rank.items():
+        assert len(docs) == 2
+        pids = []
+        for k, (_, doc) in enumerate(sorted(docs, key=lambda x: min(e["ts"] for e in x[1]["traceEvents"] if "ts" in e))):
+            marks = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+            assert sorted(int(e["name"].split("#")[1]) for e in marks) == [2, 3, 4, 5]
+            pids.append({e["pid"] for e in marks})
+            for e in marks:
+                raw[r, int(e["name"].split("#")[1]) + 4 * k] = e["dur"]
+        assert pids[0] == pids[1]
+    _, steps = analyze(path)
+    assert sorted(a.graph.step for a in steps) == list(range(2, 10))
+    table = cached_load(path)
+    for s in table.steps:
+        assert s.end - s.start == pytest.approx(raw[s.rank, s.number], abs=0.01)
+    said = [str(w.message) for w in recwarn]
+    assert sum("start again" in m and "numbered on from there (6–9)" in m for m in said) == 2
+    assert not any("opens a new profiling window" in m for m in said)

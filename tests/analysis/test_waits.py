@@ -31,6 +31,9 @@ UNTRACED_BOUND = {
     "inference_loop_nosteps.json.gz": 0.6,
     # step 5: 7.3 ms on rank 0's main thread inside FSDP::pre_forward (1) with no event at all (its raw trace)
     "fsdp_gloo": 0.3,
+    # step 2: 4.2 ms on rank 0's main thread with no op open before its optimizer step (its raw trace;
+    # two ranks and four gloo threads on two cores)
+    "two_profilers_gloo": 0.3,
     # steps 5, 9, 13: a checkpoint written with no op, 40-73 ms past the step's last op (its raw trace)
     "checkpoint_every4.json.gz": 0.995,
     # the loop waits ~4 ms a step for a pool thread the profiler did not record (its README)

@@ -2220,7 +2220,8 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         engine = LocalEngine(workers)
     merger = _Merger(sum(map(_size, files)))
     skipped: list[NotATrace] = []
-    seen: dict[int, list[tuple[float, float, set[int], str]]] = {}  # per rank and file: first and last µs (absolute), steps, path
+    # per rank and file: first and last µs (absolute), steps, path, the steps' processes, whether its profiler was a new one
+    seen: dict[int, list[tuple[float, float, set[int], str, set[int], bool]]] = {}
     counted: dict[int, int] = {}  # per rank: the steps its earlier files' own markers cut (numbered on from there)
     if isinstance(engine, LocalEngine):
         parsed: Iterator[_Builder | NotATrace] = engine.imap(_parse_task, files, shared=single)
@@ -2234,17 +2235,22 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
             skipped.append(b)
             continue
         _streams_per_device(b)
-        span, numbers = _time_span(b), {s[1] for s in b.steps}
-        for lo, hi, other_numbers, other in seen.get(b.rank, []):
+        span, numbers, pids = _time_span(b), {s[1] for s in b.steps}, {s[4] for s in b.steps}
+        earlier = seen.get(b.rank, [])
+        for lo, hi, _, other, _, _ in earlier:
             # windows of one run follow each other in time and in step numbers; a copy or another run does not
             if span[0] < hi and lo < span[1]:
                 raise TraceError(b.path, f"rank {b.rank} appears twice (also in {other}, over the same time)")
-            if numbers & other_numbers:
-                raise TraceError(
-                    b.path,
-                    f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & other_numbers)} in both: another run?)",
-                )
-        seen.setdefault(b.rank, []).append((*span, numbers, b.path))
+        clash = [(other, n) for _, _, n, other, _, _ in earlier if numbers & n]
+        if clash and all(hi <= span[0] and pids & p for _, hi, _, _, p, _ in earlier):
+            numbers = _numbered_after(b, max(max(n, default=-1) for _, _, n, _, _, _ in earlier) + 1, clash[0][0])
+        elif clash:
+            other, n = clash[0]
+            raise TraceError(
+                b.path,
+                f"rank {b.rank} appears twice (also in {other}, with ProfilerStep#{min(numbers & n)} in both: another run?)",
+            )
+        seen.setdefault(b.rank, []).append((*span, numbers, b.path, pids, bool(clash)))
         if steps_at:
             b.steps = _numbered_on(_named_steps(b, steps_at), counted.get(b.rank, 0))
             counted[b.rank] = counted.get(b.rank, 0) + len(b.steps)
@@ -2397,12 +2403,28 @@ def _split_merged(b: _Builder) -> list[_Builder]:
     return out
 
 
-def _window_openers(seen: dict[int, list[tuple[float, float, set[int], str]]]) -> list[int]:
-    """The first step of every window but a rank's first, over the ranks recorded in windows."""
+def _numbered_after(b: _Builder, first: int, other: str) -> set[int]:
+    """A later window of a process whose ProfilerStep numbers start again (a new profiler in the
+    same process: each counts its steps from 0) numbered on from ``first``, after its rank's
+    earlier windows' steps, said in a note; its new step numbers."""
+    old = sorted({s[1] for s in b.steps})
+    shift = first - old[0]
+    b.steps = [(r, n + shift, a, e, p, t) for r, n, a, e, p, t in b.steps]
+    b.notes.append(
+        f"{b.path}: its ProfilerStep numbers ({old[0]}–{old[-1]}) start again after {other}'s, in the same process "
+        f"and later: a new profiler's window of the same run, its steps numbered on from there ({old[0] + shift}–{old[-1] + shift})"
+    )
+    return {s[1] for s in b.steps}
+
+
+def _window_openers(seen: dict[int, list[tuple[float, float, set[int], str, set[int], bool]]]) -> list[int]:
+    """The first step of every window but a rank's first, over the ranks recorded in windows of
+    one profiler (``schedule(repeat=...)``: the step after a window holds its export); not a new
+    profiler's window (_numbered_after: the one before exported as it closed, between steps)."""
     out: set[int] = set()
     for files in seen.values():
-        for _, _, numbers, _ in sorted(files, key=lambda f: f[0])[1:]:
-            if numbers:
+        for _, _, numbers, _, _, restarted in sorted(files, key=lambda f: f[0])[1:]:
+            if numbers and not restarted:
                 out.add(min(numbers))
     return sorted(out)
 

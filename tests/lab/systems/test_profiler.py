@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
+
 import pytest
 import torch
 
@@ -58,8 +62,9 @@ def test_windows_are_written_as_they_end_and_load_as_one_trace(tmp_path):
 
 
 def test_a_window_that_overlaps_another_of_its_rank_is_refused(tmp_path):
-    """Windows of one rank follow each other; the same window twice, or another run's window with
-    the same step numbers, is two traces of one rank."""
+    """Windows of one rank follow each other; the same window twice, or another process's window
+    with the same step numbers (another run), is two traces of one rank. A second profiler's
+    window in the same process counts its steps from 0 again: numbered on after the first's."""
     model = torch.nn.Sequential(torch.nn.Linear(32, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 32)
@@ -70,6 +75,15 @@ def test_a_window_that_overlaps_another_of_its_rank_is_refused(tmp_path):
     both.mkdir()
     (both / "rank-0.json.gz").write_bytes((tmp_path / "a" / "rank-0.json.gz").read_bytes())
     (both / "rank-0.later.json.gz").write_bytes((tmp_path / "b" / "rank-0.json.gz").read_bytes())
+    with pytest.warns(OracleWarning, match=r"ProfilerStep numbers \(1–2\) start again .* numbered on from there \(3–4\)"):
+        steps = sorted(s.graph.step for s in analyze(both)[1])
+    assert steps == [1, 2, 3, 4]
+    doc = json.loads(gzip.open(tmp_path / "b" / "rank-0.json.gz").read())
+    for e in doc["traceEvents"]:  # the later window from another process: another run
+        if e.get("pid") == os.getpid():
+            e["pid"] += 1
+    with gzip.open(both / "rank-0.later.json.gz", "wt") as fh:
+        json.dump(doc, fh)
     with pytest.raises(TraceError, match=r"rank 0 appears twice .*ProfilerStep#1 in both"):
         analyze(both)
     (both / "rank-0.later.json.gz").write_bytes((tmp_path / "a" / "rank-0.json.gz").read_bytes())
