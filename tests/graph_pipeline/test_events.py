@@ -401,3 +401,30 @@ def test_an_event_without_its_end_is_dropped_not_the_trace(tmp_path):
     assert len(table) == len(clean)
     for k in ("ts", "dur", "name", "cls"):
         assert np.array_equal(table.cols[k], clean.cols[k]), k
+
+
+def test_text_after_the_document_and_a_comma_after_the_last_event_are_named_where_they_are(tmp_path, capsys):
+    """A log line appended to a trace, a second trace appended to it, a writer's comma after the
+    last event: each one line naming the file, the problem and its byte (read here from the bytes
+    the test wrote). They were said as metadata 'nested too deep' and 'an element that is not an
+    object'."""
+    from conftest import DATA, run_cli
+
+    good = gzip.open(DATA / "own-cpu" / "compiled_mlp_after_warmup.json.gz").read()
+    cases = {
+        "log_line.json": (good + b"\nINFO: profiler done\n", f"more after its JSON document ends, at byte {len(good) + 1:,}: 'INFO"),
+        "two_documents.json": (
+            good + b"\n" + good,
+            f"more after its JSON document ends, at byte {len(good) + 1 + good.index(b'{'):,}: '{{",
+        ),
+    }
+    close = good.rindex(b"]", 0, good.index(b'"traceName"') if b'"traceName"' in good else len(good))
+    last = good.rindex(b"}", 0, close) + 1
+    with_comma = good[:last] + b"," + good[last:]
+    cases["comma.json"] = (with_comma, f"a comma after the last event, before the closing bracket at byte {close + 1:,}")
+    for name, (data, problem) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        code, out, err = run_cli(["analyze", str(tmp_path / name)], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and out == "" and len(lines) == 1, (name, err)
+        assert str(tmp_path / name) in lines[0] and problem in lines[0], (name, lines[0])

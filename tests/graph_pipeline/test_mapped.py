@@ -61,3 +61,33 @@ def test_mapped_bad_input_is_one_line(tmp_path, monkeypatch):
         with pytest.raises(TraceError) as exc:
             load_events(f)
         assert str(f) in str(exc.value) and "\n" not in str(exc.value), name
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["in-memory", "mapped"])
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut"])
+def test_a_tail_of_zero_bytes_is_read_past_and_said(cut, mapped, tmp_path, monkeypatch, recwarn, capsys):
+    """A file system that failed (a node lost, a full disk) can leave the end of a file it had
+    grown as zeros: ddp_v100's trace, whole or cut at 70% of its bytes as a job killed while
+    writing it leaves it, followed by 1 MiB and 7 bytes of zeros. It was refused ('not valid JSON',
+    or of the whole one 'nested too deep'); it reads as the same bytes without the zeros do, with
+    a warning that counts them, and --perfetto copies its events (a cut trace's too: refused
+    before as 'changed since it was analysed')."""
+    import json
+
+    from conftest import run_cli
+
+    text = gzip.open(REAL / "ddp_v100_rank1of2_5steps.json.gz").read()
+    data = text[: int(len(text) * 0.7)] if cut else text
+    (tmp_path / "plain.json").write_bytes(data)
+    (tmp_path / "zeros.json").write_bytes(data + bytes(2**20 + 7))
+    if mapped:
+        monkeypatch.setattr(events, "MAP_BYTES", 0)
+    _same(load_events(tmp_path / "zeros.json"), load_events(tmp_path / "plain.json"))
+    said = [str(w.message) for w in recwarn if "zero bytes" in str(w.message)]
+    assert len(said) == 1 and f"{2**20 + 7:,} zero bytes" in said[0] and "zeros.json" in said[0]
+    out = tmp_path / "out.perfetto.json"
+    code, _, err = run_cli(["analyze", str(tmp_path / "zeros.json"), "--perfetto", str(out)], capsys)
+    assert code == 0, err
+    steps = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")}
+    marks = {f"ProfilerStep#{s.number}" for s in load_events(tmp_path / "plain.json").steps}
+    assert marks <= steps  # (a cut trace's steps past the cut are left out of the analysis, not of the copy)

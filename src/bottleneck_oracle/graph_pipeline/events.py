@@ -572,9 +572,15 @@ class MappedTrace:
     pages already scanned can be given back (``release``), so a trace of gigabytes is never held
     whole — what stays is what was read lately."""
 
-    def __init__(self, fh: BinaryIO) -> None:
+    def __init__(self, fh: BinaryIO, length: int = 0) -> None:
         self._fh = fh
-        self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.map = mmap.mmap(fh.fileno(), length, access=mmap.ACCESS_READ)
+
+    def truncated(self, length: int) -> MappedTrace:
+        """The same trace's first ``length`` bytes (a mapping of that many; this one closed)."""
+        out = MappedTrace(self._fh, length)
+        self.map.close()
+        return out
 
     def __len__(self) -> int:
         return len(self.map)
@@ -1984,12 +1990,65 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
         return exc
 
 
+def _data_end(raw: TraceBytes) -> int:
+    """Where a trace's bytes end but for a tail of zero bytes (looked at a MiB at a time from the end)."""
+    end = len(raw)
+    while end > 0:
+        part = np.frombuffer(raw[max(0, end - (1 << 20)) : end], dtype=np.uint8)
+        nz = np.flatnonzero(part)
+        if len(nz):
+            return end - len(part) + int(nz[-1]) + 1
+        end -= len(part)
+    return 0
+
+
+def _without_zero_tail(raw: TraceBytes) -> tuple[TraceBytes, int]:
+    """A trace whose file ends in zero bytes, without them, and how many there were. A file
+    system that crashed (a node lost, a full disk) can leave the end of a file it had grown as
+    zeros, written before its data was: what the trace holds ends before them (a trace cut short,
+    read as such, or a whole one)."""
+    end = _data_end(raw)
+    zeros = len(raw) - end
+    if not zeros or not end:  # (none; or all zeros: said as no JSON)
+        return raw, 0
+    if isinstance(raw, MappedTrace):
+        return raw.truncated(end), zeros
+    if isinstance(raw, bytearray):
+        del raw[end:]
+        return raw, zeros
+    return raw[:end], zeros
+
+
+def bytes_as_read(path: Path, mended: bool = False) -> TraceBytes:
+    """A trace file's bytes as the loader read them, for a writer that copies its events (the
+    Perfetto export): without a tail of zero bytes, its names' bare quotes escaped where the loader
+    mended them (``mended``), a document cut short closed after its last whole event."""
+    raw, _ = _without_zero_tail(map_trace(path))
+    if mended and (fixed := mend_names(path, raw)) is not None:
+        raw = fixed[0]
+    buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
+    err = scan.count_events(buf, scan_threads(len(buf)))[5]
+    whole = _closed_at_last_event(raw, buf) if err == scan.TRUNCATED else None
+    del buf
+    return raw if whole is None else whole
+
+
 def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended: int = 0) -> _Builder:
     """The builder of one trace file (``raw``: its bytes where they are not the file's own: a
     document cut short and closed, or names mended; ``mended``: how many names were)."""
     cut_before = raw is not None and not mended  # (the events of a document cut short, closed: see the end)
+    zeros = 0
     if raw is None:
-        raw = map_trace(path)
+        raw, zeros = _without_zero_tail(map_trace(path))
+
+    def said(b: _Builder) -> _Builder:
+        if zeros:
+            b.notes.append(
+                f"{path}: the file ends in {zeros:,} zero bytes after its data (space a file system left unwritten when "
+                "the machine or the disk failed?): read up to them"
+            )
+        return b
+
     if not isinstance(raw, MappedTrace):  # (map_trace looked before it copied a large one)
         _starts_as_json(path, bytes(raw[: 1 << 12]))
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
@@ -2035,7 +2094,7 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
                 f"{path}: the file ends inside its events (a trace cut short: the job stopped while writing it?): "
                 f"the {len(whole):,} bytes up to its last whole event are read, what followed is lost{past}"
             )
-            return b
+            return said(b)
     if err == scan.BAD_JSON and not mended:
         fixed = mend_names(path, raw)
         if fixed is not None:
@@ -2052,8 +2111,10 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
                 ) from None
             b.mended = fixed[1]
             b.notes.append(mended_note(path, fixed[1]))
-            return b
+            return said(b)
     if err != scan.OK:
+        if err == scan.NOT_OBJECT and 0 <= pos < len(raw) and raw[pos] == ord("]"):
+            raise TraceError(path, f"not valid JSON: a comma after the last event, before the closing bracket at byte {pos:,}")
         if err in (scan.BAD_JSON, scan.TRUNCATED) and not isinstance(raw, MappedTrace) and len(raw) <= MAP_BYTES:
             _decode(path, raw)  # orjson names the problem precisely when the JSON itself is bad
         raise TraceError(path, f"{scan.ERRORS[err]} (at byte {pos})")
@@ -2061,7 +2122,7 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
         raise TraceError(path, "trace holds no events")
     meta_doc = _decode_one(bytes(raw[:lo]).removeprefix(UTF8_BOM) + b"[]" + raw[hi:]) if is_object else {}
     if meta_doc is None:
-        raise TraceError(path, "the trace's metadata around its events is not JSON this tool can read (nested too deep)")
+        raise TraceError(path, _metadata_problem(raw, lo, hi))
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
     rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
@@ -2075,7 +2136,24 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
     if b.add_scanned(path, raw, ev) == 0:
         also = f": {b.skipped}, on no process named as an accelerator's" if b.skipped else ""
         raise TraceError(path, f"no CPU or GPU op events (ph 'X', or 'B'/'E' pairs) in the trace{also}")
-    return b
+    return said(b)
+
+
+def _metadata_problem(raw: TraceBytes, lo: int, hi: int) -> str:
+    """Why the document around a trace's events (``raw[lo:hi]``) could not be decoded, where in the file."""
+    bom = len(UTF8_BOM) if bytes(raw[:3]) == UTF8_BOM else 0
+    head, tail = bytes(raw[bom:lo]), bytes(raw[hi:])
+    try:
+        json.loads((head + b"[]" + tail).decode("utf-8", errors="replace"))
+    except RecursionError:
+        return "the trace's metadata around its events is not JSON this tool can read (nested too deep)"
+    except json.JSONDecodeError as exc:
+        at = exc.pos + bom if exc.pos < len(head) else exc.pos - len(head) - 2 + hi
+        if exc.msg == "Extra data":
+            shown = bytes(raw[at : at + 40]).decode("utf-8", errors="replace")
+            return f"more after its JSON document ends, at byte {at:,}: {shown!r} (a second document or a log line appended?)"
+        return f"not valid JSON around its events ({exc.msg} at byte {at:,})"
+    return "the trace's metadata around its events is not JSON this tool can read (nested too deep)"
 
 
 def _steps_past_the_cut(b: _Builder) -> tuple[list[int], bool]:

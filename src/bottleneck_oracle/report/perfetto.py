@@ -27,9 +27,8 @@ from bottleneck_oracle.graph_pipeline.events import (
     TraceBytes,
     _decode,
     ancestors_of,
+    bytes_as_read,
     cpu_parents,
-    map_trace,
-    mend_names,
     scan_threads,
 )
 
@@ -80,15 +79,12 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
         first = True
         for rank, name in sorted(table.files.items()):
             path = Path(name)
-            raw = map_trace(path)  # a large file through a mapping, its pages given back behind the writer
+            # a large file through a mapping, its pages given back behind the writer; as the loader read
+            # it (names mended: copied verbatim, they are valid JSON; a trace cut short, closed)
+            raw = bytes_as_read(path, mended=name in table.inputs.get(rank, {}).get("mended", {}))
             data = raw.map if isinstance(raw, MappedTrace) else raw
             buf = np.frombuffer(data, dtype=np.uint8)
             # a large file is walked in parts, one thread each (as the loader scans it)
-            if name in table.inputs.get(rank, {}).get("mended", {}) and (fixed := mend_names(path, raw)) is not None:
-                del buf  # (its names mended as the loader read them: copied verbatim, they are valid JSON)
-                raw = fixed[0]
-                data = raw.map if isinstance(raw, MappedTrace) else raw
-                buf = np.frombuffer(data, dtype=np.uint8)
             lo, hi, _, _, _, err, count, splits = scan.count_events(buf, scan_threads(len(buf)))
             if err == scan.OK and lo >= 0:
                 err, pos, starts, ends, (problem, at) = scan.object_bounds(buf, lo, hi, count, splits, text=not multi)
