@@ -1258,6 +1258,7 @@ class _Builder:
         self.thread_names: dict[tuple[int, int], str] = {}  # (pid, tid) -> name
         self.notes: list[str] = []  # warnings about this file, raised in the main process (files may be parsed in workers)
         self.mended = 0  # names whose unescaped quotes were escaped to read the file (mend_names)
+        self.cut = False  # the file ends inside its events: read up to its last whole event
         self.process_names: dict[int, list[str]] = {}  # pid -> its "process_name" and "process_labels"
         self.numbered: dict[str, int] = {}  # Ev Idx: events numbered by the exporter that the file holds, first, last
         self.unknown_device_events = 0  # device ops read from categories the field map does not list
@@ -1867,6 +1868,8 @@ class _Merger:
             info["skipped"] = b.skipped
         if b.mended:  # (the Perfetto export reads the file again: mended as the loader read it)
             info.setdefault("mended", {})[b.path] = b.mended
+        if b.cut:  # (and closed after its last whole event)
+            info.setdefault("cut", []).append(b.path)
         if b.step_hint and b.step_hint[1] > info.get("step_hint", ("", 0))[1]:
             info["step_hint"] = b.step_hint
         info["process_names"].update({str(k): " / ".join(v) for k, v in b.process_names.items()})
@@ -2019,16 +2022,17 @@ def _without_zero_tail(raw: TraceBytes) -> tuple[TraceBytes, int]:
     return raw[:end], zeros
 
 
-def bytes_as_read(path: Path, mended: bool = False) -> TraceBytes:
+def bytes_as_read(path: Path, mended: bool = False, cut: bool = False) -> TraceBytes:
     """A trace file's bytes as the loader read them, for a writer that copies its events (the
     Perfetto export): without a tail of zero bytes, its names' bare quotes escaped where the loader
-    mended them (``mended``), a document cut short closed after its last whole event."""
+    mended them (``mended``), a document cut short (``cut``) closed after its last whole event."""
     raw, _ = _without_zero_tail(map_trace(path))
     if mended and (fixed := mend_names(path, raw)) is not None:
         raw = fixed[0]
+    if not cut:
+        return raw
     buf = np.frombuffer(raw.map if isinstance(raw, MappedTrace) else raw, dtype=np.uint8)
-    err = scan.count_events(buf, scan_threads(len(buf)))[5]
-    whole = _closed_at_last_event(raw, buf) if err == scan.TRUNCATED else None
+    whole = _closed_at_last_event(raw, buf)
     del buf
     return raw if whole is None else whole
 
@@ -2081,6 +2085,7 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
         if whole is not None:
             del buf
             b = _parse_file(path, single, whole)
+            b.cut = True
             late, kept = _steps_past_the_cut(b)
             steps = f"step{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"
             past = (

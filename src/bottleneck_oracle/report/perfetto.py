@@ -81,7 +81,8 @@ def write_overlay_paths(table: EventTable, paths: list[tuple[np.ndarray, np.ndar
             path = Path(name)
             # a large file through a mapping, its pages given back behind the writer; as the loader read
             # it (names mended: copied verbatim, they are valid JSON; a trace cut short, closed)
-            raw = bytes_as_read(path, mended=name in table.inputs.get(rank, {}).get("mended", {}))
+            given = table.inputs.get(rank, {})
+            raw = bytes_as_read(path, mended=name in given.get("mended", {}), cut=name in given.get("cut", []))
             data = raw.map if isinstance(raw, MappedTrace) else raw
             buf = np.frombuffer(data, dtype=np.uint8)
             # a large file is walked in parts, one thread each (as the loader scans it)
