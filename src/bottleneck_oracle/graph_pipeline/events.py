@@ -12,6 +12,7 @@ import errno
 import fnmatch
 import glob
 import gzip
+import io
 import json
 import math
 import mmap
@@ -473,6 +474,68 @@ def _too_large(path: Path, inflated: bool) -> TraceError:
     return TraceError(path, f"{what} {MAX_TRACE_BYTES // 2**30} GiB of JSON; split the trace by rank or window")
 
 
+GZIP_TRAILER = 8
+"""Bytes of a gzip stream's trailer (CRC-32, size): zeros there can be data; a longer run of
+zeros ending the file is space a file system left unwritten (_zero_tail_on_disk)."""
+
+
+def _zero_tail_on_disk(fh: BinaryIO) -> int:
+    """How many zero bytes end the open file, where they are more than a gzip trailer's worth
+    (0 otherwise): looked for a MiB at a time from the end."""
+    size = os.fstat(fh.fileno()).st_size
+    end = size
+    while end > 0:
+        part = np.frombuffer(os.pread(fh.fileno(), min(end, 1 << 20), max(0, end - (1 << 20))), dtype=np.uint8)
+        nz = np.flatnonzero(part)
+        if len(nz):
+            end = end - len(part) + int(nz[-1]) + 1
+            break
+        end -= len(part)
+    return size - end if size - end > GZIP_TRAILER else 0
+
+
+class _Head(io.RawIOBase):
+    """The first ``size`` bytes of an open file, as a file: a gzip stream without the zeros a
+    failed file system left after it (gzip would inflate them into garbage after a cut)."""
+
+    def __init__(self, fh: BinaryIO, size: int) -> None:
+        self._fh, self._size, self._pos = fh, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = os.pread(self._fh.fileno(), n, self._pos)
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _gzip_source(fh: BinaryIO) -> BinaryIO:
+    """The open gzip file as its stream: without a tail of zeros (_zero_tail_on_disk)."""
+    zeros = _zero_tail_on_disk(fh)
+    if not zeros:
+        return fh
+    return io.BufferedReader(_Head(fh, os.fstat(fh.fileno()).st_size - zeros), 1 << 20)
+
+
 def _check_inflation(path: Path, fh: BinaryIO, total: int) -> None:
     """Refuse a gzip stream that has inflated ``total`` bytes from the ``fh.tell()`` bytes read so
     far: past MAX_TRACE_BYTES, or past BOMB_FLOOR at more than MAX_GZIP_RATIO times its input
@@ -521,7 +584,7 @@ def read_bytes(path: Path) -> bytes | bytearray:
         head = fh.read(2)
         fh.seek(0)
         if head == b"\x1f\x8b":
-            raw = _gunzip(path, fh)
+            raw = _gunzip(path, _gzip_source(fh))
         else:
             if os.fstat(fh.fileno()).st_size > MAX_TRACE_BYTES:
                 raise _too_large(path, inflated=False)
@@ -639,7 +702,7 @@ def map_trace(path: Path) -> TraceBytes:
             _starts_as_json(path, head[: 1 << 12])
         tmp = tempfile.TemporaryFile(prefix="bottleneck-oracle-")  # noqa: SIM115 - unlinked; closed with the mapping
         try:
-            total = _copy_plain(path, src, tmp, size) if not gz else _copy_gunzipped(path, src, tmp)
+            total = _copy_plain(path, src, tmp, size) if not gz else _copy_gunzipped(path, _gzip_source(src), tmp)
             try:
                 tmp.flush()
             except OSError as exc:
@@ -1993,6 +2056,15 @@ def _parse_in_folder(path: Path, single: bool) -> _Builder | NotATrace:
         return exc
 
 
+def _gzip_zero_tail(path: Path) -> int:
+    """The zero bytes a gzip trace file ends in, beyond its stream (_zero_tail_on_disk; 0 for a plain file)."""
+    try:
+        with open(path, "rb") as fh:
+            return _zero_tail_on_disk(fh) if fh.read(2) == b"\x1f\x8b" else 0
+    except OSError:
+        return 0
+
+
 def _data_end(raw: TraceBytes) -> int:
     """Where a trace's bytes end but for a tail of zero bytes (looked at a MiB at a time from the end)."""
     end = len(raw)
@@ -2041,11 +2113,17 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
     """The builder of one trace file (``raw``: its bytes where they are not the file's own: a
     document cut short and closed, or names mended; ``mended``: how many names were)."""
     cut_before = raw is not None and not mended  # (the events of a document cut short, closed: see the end)
-    zeros = 0
+    zeros = packed = inflated = 0
     if raw is None:
-        raw, zeros = _without_zero_tail(map_trace(path))
+        raw = map_trace(path)
+        inflated, packed = len(raw), _gzip_zero_tail(path)
+        raw, zeros = _without_zero_tail(raw)
 
     def said(b: _Builder) -> _Builder:
+        nonlocal zeros
+        if packed:  # (a whole stream's trailer ends in its size mod 2^32, little-endian: its zero high bytes are no padding)
+            size = (inflated % 2**32).to_bytes(4, "little")
+            zeros += packed - (0 if b.cut else len(size) - len(size.rstrip(b"\0")))
         if zeros:
             b.notes.append(
                 f"{path}: the file ends in {zeros:,} zero bytes after its data (space a file system left unwritten when "
