@@ -579,8 +579,20 @@ def _raw_events(path: Path) -> list[list[dict]]:
     """The raw JSON's events, one list per file (a folder: one file per rank), read once for the
     raw_* counts below."""
     files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
-    docs = [json.load(gzip.open(f) if f.name.endswith(".gz") else open(f)) for f in files]
+    docs = [_json_as_written((gzip.open(f, "rt") if f.name.endswith(".gz") else open(f)).read()) for f in files]
     return [doc["traceEvents"] if isinstance(doc, dict) else doc for doc in docs]
+
+
+_BARE_QUOTED_NAME = re.compile(r'(?m)^(\s*"name": )"(.*(?<!\\)".*)",$')
+
+
+def _json_as_written(text: str) -> object:
+    """A trace's JSON; one whose names the profiler wrote with bare quotes (quoted_names_stack:
+    each such name on its own line) read with them escaped, line by line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(_BARE_QUOTED_NAME.sub(lambda m: m.group(1) + json.dumps(m.group(2)) + ",", text))
 
 
 def _raw_input_types(events: list[list[dict]]) -> dict[str, int]:
