@@ -1088,8 +1088,11 @@ def test_the_facts_agree_with_the_raw_events_and_every_invariant_holds(path):
     table = cached_load(path)
     rank_of = {Path(f).resolve(): r for r, f in table.files.items()}
     for f, d in raw_files(path):  # a rank's later windows (table.files names its first file)
-        if f.resolve() not in rank_of and (d.get("distributedInfo") or {}).get("rank") in table.files:
-            rank_of[f.resolve()] = d["distributedInfo"]["rank"]
+        named = (d.get("distributedInfo") or {}).get("rank")
+        if f.resolve() not in rank_of and named in table.files:
+            rank_of[f.resolve()] = named
+        elif f.resolve() not in rank_of and named is None and len(table.files) == 1:  # (one process's windows, unranked)
+            rank_of[f.resolve()] = next(iter(table.files))
     docs = [(rank_of[f.resolve()], d) for f, d in raw_files(path) if f.resolve() in rank_of]
     for a in cached_analyses(path):
         facts = a.graph.meta["facts"]
@@ -2092,3 +2095,44 @@ def test_two_profilers_of_one_process_are_two_windows_of_the_run(recwarn):
     said = [str(w.message) for w in recwarn]
     assert sum("start again" in m and "numbered on from there (6–9)" in m for m in said) == 2
     assert not any("opens a new profiling window" in m for m in said)
+
+
+def test_a_one_process_loop_in_tensorboard_windows_is_one_rank(tmp_path, capsys):
+    """tensorboard_windows: a loop profiled as the PyTorch tutorial does, ``tensorboard_trace_handler``
+    with ``schedule(..., repeat=2)``: two files ``<host>_<pid>.<time>.pt.trace.json.gz`` in one
+    folder, neither naming a rank (no distributedInfo: the job is not distributed). The folder was
+    refused ("cannot tell the rank"). Files that name no rank and come from one process are one
+    rank's windows: steps 2-4 and 7-9, each span as the raw markers hold it. A file of another
+    process beside them (another run, read here as one with its pids moved), or a file that names
+    its rank, is still refused in one line."""
+    from conftest import run_cli
+
+    path = OWN_CPU / "tensorboard_windows"
+    raw, pids = {}, set()
+    for f in sorted(path.iterdir()):
+        doc = json.loads(gzip.open(f).read())
+        assert "distributedInfo" not in doc and "rank" not in f.name
+        for e in doc["traceEvents"]:
+            if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X":
+                raw[int(e["name"].split("#")[1])] = e["dur"]
+                pids.add(e["pid"])
+    assert sorted(raw) == [2, 3, 4, 7, 8, 9] and len(pids) == 1
+    table = cached_load(path)
+    assert table.ranks == [0]
+    assert {s.number: s.end - s.start for s in table.steps} == pytest.approx(raw, abs=0.01)
+    files = sorted(path.iterdir())
+    other = json.loads(gzip.open(files[1]).read())
+    for e in other["traceEvents"]:
+        if e.get("pid") in pids:
+            e["pid"] += 1
+    for extra, said in (
+        (json.dumps(other).encode(), "another process's than"),
+        (gzip.open(DATA / "gloo_ddp_2rank" / "rank-0.json.gz").read(), "beside files that name theirs"),
+    ):
+        mixed = tmp_path / f"mixed{len(said)}"
+        mixed.mkdir()
+        (mixed / files[0].name).write_bytes(files[0].read_bytes())
+        (mixed / ("rank-0.json" if "name theirs" in said else "vm_1.1.pt.trace.json")).write_bytes(extra)
+        code, out, err = run_cli(["analyze", str(mixed)], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and out == "" and len(lines) == 1 and "cannot tell the rank" in lines[0] and said in lines[0], lines

@@ -907,10 +907,41 @@ def rank_of(doc: dict[str, Any], path: Path, default: int | None) -> int:
         return _valid_rank(path, m.group(1), "the rank in the folder name")
     if default is not None:
         return default
-    raise TraceError(
+    raise _unranked_error(path)
+
+
+UNRANKED = -1
+"""The rank of a folder's file that names none (load_events gives it one: _rank_unranked)."""
+
+
+def _unranked_error(path: str | Path, why: str = "") -> TraceError:
+    return TraceError(
         path,
-        "cannot tell the rank: no distributedInfo.rank and no rank-N in the file name (name each rank's file rank-N.json.gz, or analyse one file alone)",
+        "cannot tell the rank: no distributedInfo.rank and no rank-N in the file name"
+        f"{why} (name each rank's file rank-N.json.gz, or analyse one file alone)",
     )
+
+
+def _rank_unranked(b: _Builder, first: list[tuple[str, set[int]]], ranked: list[str]) -> None:
+    """Give a folder's file that names no rank rank 0 where every such file is one process's (the
+    pids of its ProfilerStep markers, else of its host ops, shared with the first such file) and
+    no file of the folder names a rank: a one-process job profiled in several windows, each
+    written by ``tensorboard_trace_handler`` as ``<host>_<pid>.<time>.pt.trace.json`` (windows of
+    one rank, read as such). Otherwise TraceError: two processes, or files with ranks beside it,
+    cannot be told apart. ``first``: the first such file's path and pids; ``ranked``: paths of the
+    folder's files that name a rank, read so far."""
+    pids = {s[4] for s in b.steps} or {int(p) for part in b.parts for p in np.unique(part["pid"][part["cls"] == EvClass.CPU]).tolist()}
+    if ranked:
+        raise _unranked_error(b.path, f", beside files that name theirs ({ranked[0]})")
+    if first and not pids & first[0][1]:
+        raise _unranked_error(b.path, f", and it is another process's than {first[0][0]} (another run, or another rank?)")
+    if not first:
+        first.append((b.path, pids))
+    b.rank = 0
+    for part in b.parts:
+        part["rank"][:] = 0
+    b.flows["rank"][:] = 0
+    b.steps = [(0, n, a, e, p, t) for _, n, a, e, p, t in b.steps]
 
 
 def _valid_rank(path: Path, value: int | str, what: str) -> int:
@@ -2207,7 +2238,7 @@ def _parse_file(path: Path, single: bool, raw: TraceBytes | None = None, mended:
     if meta_doc is None:
         raise TraceError(path, _metadata_problem(raw, lo, hi))
     info = meta_doc.get("distributedInfo") if isinstance(meta_doc, dict) else None
-    rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else None)
+    rank = rank_of(meta_doc if isinstance(meta_doc, dict) else {}, path, default=0 if single else UNRANKED)
     b = _Builder(rank, str(path), info if isinstance(info, dict) else {})
     clock_base = meta_doc.get("baseTimeNanoseconds") if isinstance(meta_doc, dict) else None
     if isinstance(clock_base, int) and not isinstance(clock_base, bool) and 0 < clock_base < 2**63:
@@ -2391,10 +2422,18 @@ def load_events(path: str | Path, workers: int | None = None, engine: Engine | N
         chunks = [[f.absolute() for f in files[i : i + per]] for i in range(0, len(files), per)]
         parsed = (b for bs in engine.imap(_parse_files, chunks, shared=single) for b in bs)
     ranked = (one for got in parsed for one in ([got] if isinstance(got, NotATrace) else _split_merged(got)))
+    unranked: list[tuple[str, set[int]]] = []  # a folder's first file that names no rank, and its processes
+    named: list[str] = []  # the folder's files that name their rank
     for b in ranked:  # in file order, merged as they arrive
         if isinstance(b, NotATrace):
             skipped.append(b)
             continue
+        if b.rank == UNRANKED:
+            _rank_unranked(b, unranked, named)
+        elif not single:
+            if unranked:
+                raise _unranked_error(unranked[0][0], f", beside files that name theirs ({b.path})")
+            named.append(b.path)
         _streams_per_device(b)
         span, numbers, pids = _time_span(b), {s[1] for s in b.steps}, {s[4] for s in b.steps}
         earlier = seen.get(b.rank, [])
