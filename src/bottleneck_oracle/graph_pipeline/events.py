@@ -483,6 +483,8 @@ def _zero_tail_on_disk(fh: BinaryIO) -> int:
     """How many zero bytes end the open file, where they are more than a gzip trailer's worth
     (0 otherwise): looked for a MiB at a time from the end."""
     size = os.fstat(fh.fileno()).st_size
+    if not size or os.pread(fh.fileno(), 1, size - 1) != b"\0":  # (every file but a padded one: one byte read)
+        return 0
     end = size
     while end > 0:
         part = np.frombuffer(os.pread(fh.fileno(), min(end, 1 << 20), max(0, end - (1 << 20))), dtype=np.uint8)
@@ -2099,6 +2101,8 @@ def _gzip_zero_tail(path: Path) -> int:
 def _data_end(raw: TraceBytes) -> int:
     """Where a trace's bytes end but for a tail of zero bytes (looked at a MiB at a time from the end)."""
     end = len(raw)
+    if not end or raw[end - 1] != 0:  # (every trace but a padded one: one byte looked at)
+        return end
     while end > 0:
         part = np.frombuffer(raw[max(0, end - (1 << 20)) : end], dtype=np.uint8)
         nz = np.flatnonzero(part)
