@@ -418,6 +418,10 @@ def test_text_after_the_document_and_a_comma_after_the_last_event_are_named_wher
             f"more after its JSON document ends, at byte {len(good) + 1 + good.index(b'{'):,}: '{{",
         ),
     }
+    note = '"note": "héllo wörld ✓",'.encode()  # (metadata with multi-byte characters before the fault: bytes, not characters)
+    at = good.index(b'"schemaVersion"')
+    noted = good[:at] + note + good[at:]
+    cases["noted_log_line.json"] = (noted + b"\nINFO\n", f"more after its JSON document ends, at byte {len(noted) + 1:,}: 'INFO")
     close = good.rindex(b"]", 0, good.index(b'"traceName"') if b'"traceName"' in good else len(good))
     last = good.rindex(b"}", 0, close) + 1
     with_comma = good[:last] + b"," + good[last:]

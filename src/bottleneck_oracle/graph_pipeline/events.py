@@ -2261,12 +2261,14 @@ def _metadata_problem(raw: TraceBytes, lo: int, hi: int) -> str:
     """Why the document around a trace's events (``raw[lo:hi]``) could not be decoded, where in the file."""
     bom = len(UTF8_BOM) if bytes(raw[:3]) == UTF8_BOM else 0
     head, tail = bytes(raw[bom:lo]), bytes(raw[hi:])
+    text = (head + b"[]" + tail).decode("utf-8", errors="replace")
     try:
-        json.loads((head + b"[]" + tail).decode("utf-8", errors="replace"))
+        json.loads(text)
     except RecursionError:
         return "the trace's metadata around its events is not JSON this tool can read (nested too deep)"
     except json.JSONDecodeError as exc:
-        at = exc.pos + bom if exc.pos < len(head) else exc.pos - len(head) - 2 + hi
+        pos = len(text[: exc.pos].encode("utf-8"))  # (the decoder counts characters; the file, bytes)
+        at = pos + bom if pos < len(head) else pos - len(head) - 2 + hi
         if exc.msg == "Extra data":
             shown = bytes(raw[at : at + 40]).decode("utf-8", errors="replace")
             return f"more after its JSON document ends, at byte {at:,}: {shown!r} (a second document or a log line appended?)"
