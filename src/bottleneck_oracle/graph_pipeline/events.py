@@ -22,7 +22,7 @@ import stat
 import tempfile
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -483,17 +483,24 @@ def _zero_tail_on_disk(fh: BinaryIO) -> int:
     """How many zero bytes end the open file, where they are more than a gzip trailer's worth
     (0 otherwise): looked for a MiB at a time from the end."""
     size = os.fstat(fh.fileno()).st_size
-    if not size or os.pread(fh.fileno(), 1, size - 1) != b"\0":  # (every file but a padded one: one byte read)
-        return 0
+    zeros = size - _end_before_zeros(size, lambda lo, hi: os.pread(fh.fileno(), hi - lo, lo))
+    return zeros if zeros > GZIP_TRAILER else 0
+
+
+def _end_before_zeros(size: int, read: Callable[[int, int], bytes]) -> int:
+    """Where ``size`` bytes end but for a tail of zero bytes, ``read(lo, hi)`` giving bytes
+    [lo, hi): the last byte first (every file but a padded one ends in another), then a MiB at a
+    time from the end."""
+    if not size or read(size - 1, size) != b"\0":
+        return size
     end = size
     while end > 0:
-        part = np.frombuffer(os.pread(fh.fileno(), min(end, 1 << 20), max(0, end - (1 << 20))), dtype=np.uint8)
+        part = np.frombuffer(read(max(0, end - (1 << 20)), end), dtype=np.uint8)
         nz = np.flatnonzero(part)
         if len(nz):
-            end = end - len(part) + int(nz[-1]) + 1
-            break
+            return end - len(part) + int(nz[-1]) + 1
         end -= len(part)
-    return size - end if size - end > GZIP_TRAILER else 0
+    return 0
 
 
 class _Head(io.RawIOBase):
@@ -2098,26 +2105,12 @@ def _gzip_zero_tail(path: Path) -> int:
         return 0
 
 
-def _data_end(raw: TraceBytes) -> int:
-    """Where a trace's bytes end but for a tail of zero bytes (looked at a MiB at a time from the end)."""
-    end = len(raw)
-    if not end or raw[end - 1] != 0:  # (every trace but a padded one: one byte looked at)
-        return end
-    while end > 0:
-        part = np.frombuffer(raw[max(0, end - (1 << 20)) : end], dtype=np.uint8)
-        nz = np.flatnonzero(part)
-        if len(nz):
-            return end - len(part) + int(nz[-1]) + 1
-        end -= len(part)
-    return 0
-
-
 def _without_zero_tail(raw: TraceBytes) -> tuple[TraceBytes, int]:
     """A trace whose file ends in zero bytes, without them, and how many there were. A file
     system that crashed (a node lost, a full disk) can leave the end of a file it had grown as
     zeros, written before its data was: what the trace holds ends before them (a trace cut short,
     read as such, or a whole one)."""
-    end = _data_end(raw)
+    end = _end_before_zeros(len(raw), lambda lo, hi: bytes(raw[lo:hi]))
     zeros = len(raw) - end
     if not zeros or not end:  # (none; or all zeros: said as no JSON)
         return raw, 0
