@@ -2097,6 +2097,74 @@ def test_two_profilers_of_one_process_are_two_windows_of_the_run(recwarn):
     assert not any("opens a new profiling window" in m for m in said)
 
 
+def _raw_held_collective_calls(path: Path) -> dict[tuple[int, int], float]:
+    """(rank, step as numbered on) -> the time its step's thread spent in c10d collective calls
+    (``c10d::…``, not a wait) of 1 ms or more with no event of that thread starting inside,
+    read from the raw files (the second window of a rank numbered on by 4, as the run numbers it)."""
+    out: dict[tuple[int, int], float] = {}
+    by_rank: dict[int, list] = {}
+    for f in sorted(path.iterdir()):
+        doc = json.loads(gzip.open(f).read())
+        by_rank.setdefault(doc["distributedInfo"]["rank"], []).append(doc)
+    for r, docs in by_rank.items():
+        docs.sort(key=lambda d: min(e["ts"] for e in d["traceEvents"] if "ts" in e))
+        for k, doc in enumerate(docs):
+            ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+            for m in ev:
+                if not m["name"].startswith("ProfilerStep#"):
+                    continue
+                lo, hi = m["ts"], m["ts"] + m["dur"]
+                mine = [e for e in ev if e["tid"] == m["tid"] and lo <= e["ts"] < hi]
+                held = 0.0
+                for e in mine:
+                    if e["name"].startswith("c10d::") and "wait" not in e["name"] and e["dur"] >= 1000.0:
+                        if not any(e["ts"] < x["ts"] < e["ts"] + e["dur"] for x in mine):
+                            held += e["dur"]
+                out[r, int(m["name"].split("#")[1]) + 4 * k] = held
+    return out
+
+
+def test_a_collective_call_that_holds_its_thread_is_communication():
+    """two_profilers_gloo, step 9 (two ranks and their gloo threads on two cores): rank 1's
+    ``c10d::allreduce_`` (inside DDP's gradient hook) held its thread 7.3 ms, while the
+    ``gloo:all_reduce`` it handed over ran on the backend's thread (rank 0's call: 0.05 ms). It is the
+    longest part of the step's critical path, and was read as CPU compute (the run "bound by CPU
+    compute", step 9 9.6 of 10.6 ms compute). A collective's call is communication: the breakdown's
+    compute of such a step leaves out at least 75% of the raw call's time, and the self-check's
+    facts count the call with the thread's blocked time (its host_blocked invariant holds)."""
+    path = OWN_CPU / "two_profilers_gloo"
+    held = _raw_held_collective_calls(path)
+    assert held[1, 9] > 7000.0 and held[0, 9] == 0.0
+    checked = 0
+    for a in cached_analyses(path):
+        step = a.graph.step
+        total = held[0, step] + held[1, step]
+        if total == 0.0:
+            continue
+        checked += 1
+        on_path = sum(s.dur for s in a.segments() if s.name.startswith("c10d::") and not s.on_gpu)
+        b = a.breakdown()
+        assert b["compute"] + b["cpu_overhead"] <= a.cpm.makespan - 0.75 * min(on_path, total) + 1e-6, (step, b)
+        assert not [s for s in a.segments() if s.name.startswith("c10d::") and s.klass != 1], step  # COMM
+        facts = a.graph.info.facts
+        assert facts is not None
+        assert sum(f.host_blocked_us for f in facts.ranks) >= 0.99 * total, step
+        assert all(c.ok for c in a.checks() if c.name == "host_blocked"), step
+    assert checked >= 1
+
+
+def test_the_self_check_says_when_a_held_collective_call_is_read_as_compute(monkeypatch):
+    """With a collective's call read as compute again (its class rule switched off), the
+    ``host_blocked`` invariant fails on step 9 of two_profilers_gloo: the tool would say so."""
+    from bottleneck_oracle.analysis import segments
+    from bottleneck_oracle.api import analyze
+
+    monkeypatch.setattr(segments, "C10D_CALL_NAME", re.compile(r"(?!)"))
+    _, steps = analyze(OWN_CPU / "two_profilers_gloo", steps=[9])
+    failed = {a.graph.step for a in steps for c in a.checks() if c.name == "host_blocked" and not c.ok}
+    assert failed == {9}
+
+
 def test_a_one_process_loop_in_tensorboard_windows_is_one_rank(tmp_path, capsys):
     """tensorboard_windows: a loop profiled as the PyTorch tutorial does, ``tensorboard_trace_handler``
     with ``schedule(..., repeat=2)``: two files ``<host>_<pid>.<time>.pt.trace.json.gz`` in one

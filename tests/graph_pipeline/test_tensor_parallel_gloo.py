@@ -23,15 +23,17 @@ WAIT = "_c10d_functional::wait_tensor"
 
 
 def _raw_waits() -> dict[tuple[int, int], float]:
-    """(rank, ProfilerStep number) -> the step thread's time in wait_tensor calls of 1 ms or more
-    with no event inside them, read from the JSON."""
+    """(rank, ProfilerStep number) -> the step thread's time in wait_tensor calls and collectives'
+    own calls (``c10d::allreduce_``, held on a loaded machine) of 1 ms or more with no event inside
+    them, read from the JSON."""
     out = {}
     for rank in (0, 1):
         ev = [e for e in json.loads(gzip.open(TP / f"rank-{rank}.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
         for s in (e for e in ev if str(e["name"]).startswith("ProfilerStep#")):
             lo, hi = float(s["ts"]), float(s["ts"]) + float(s["dur"])
             total = 0.0
-            for w in (e for e in ev if e["name"] == WAIT and e["tid"] == s["tid"] and lo <= float(e["ts"]) < hi):
+            held = (e for e in ev if (e["name"] == WAIT or (e["name"].startswith("c10d::") and "wait" not in e["name"])))
+            for w in (e for e in held if e["tid"] == s["tid"] and lo <= float(e["ts"]) < hi):
                 a, b = float(w["ts"]), float(w["ts"]) + float(w["dur"])
                 inside = [e for e in ev if e is not w and e["tid"] == w["tid"] and a < float(e["ts"]) < b]
                 if b - a >= 1000.0 and not inside:

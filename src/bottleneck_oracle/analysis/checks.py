@@ -20,8 +20,9 @@ Invariants (thresholds stated with each):
   stages its data on the host before the device copies it: that part is host work).
 - ``host_blocked``: time of the step's own thread in Python calls that block it without computing
   (``time.sleep``, a lock's acquire, ``select``, a pipe's read; each >= 1 ms, seen with
-  ``with_stack=True``) and in functional collectives' waits (``_c10d_functional::wait_tensor``)
-  is not reported as an op's work: at most 25% of it is.
+  ``with_stack=True``), in functional collectives' waits (``_c10d_functional::wait_tensor``) and
+  in collectives' own calls (``c10d::allreduce_`` held past handing its work to the backend) is
+  not reported as an op's work (communication it may be): at most 25% of it is.
 - ``loader_wait``: time the step's own thread spent inside a multi-process DataLoader's
   ``__next__`` with no other event of its thread open (each stretch >= 1 ms: the loop waiting for
   the loader's workers) is not reported as work or untraced time: at most 25% of it is.
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from bottleneck_oracle.analysis.segments import CPU, Segment
+from bottleneck_oracle.analysis.segments import COMM, CPU, Segment
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small
 from bottleneck_oracle.graph_pipeline.collectives import SYMMETRIC
@@ -169,13 +170,13 @@ def step_checks(a: StepAnalysis) -> list[Check]:
         as_work = sum(
             s.dur
             for s in segs
-            if s.kind == "op" and not s.on_gpu and WAITING_NAME.search(s.name) and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
+            if s.kind == "op" and s.klass != COMM and not s.on_gpu and WAITING_NAME.search(s.name) and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
         )  # the calls the facts count, read as an op's work
         out.append(
             Check(
                 "host_blocked",
                 as_work <= BLOCKING_AS_CPU * host_blocked_us,
-                f"{_ms(host_blocked_us)} of the step's thread in calls that block it (sleep, lock, select, a collective's wait); "
+                f"{_ms(host_blocked_us)} of the step's thread in calls that block it (sleep, lock, select, a collective's call or wait); "
                 f"{_ms(as_work)} of the path shown as work in such calls",
             )
         )

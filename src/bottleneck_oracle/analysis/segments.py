@@ -39,7 +39,7 @@ from bottleneck_oracle.analysis.kernels import interval_union, overlap_length
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME
-from bottleneck_oracle.graph_pipeline.facts import COLLECTIVE_WAIT_NAME, HOST_BLOCKED_NAME
+from bottleneck_oracle.graph_pipeline.facts import C10D_CALL_NAME, COLLECTIVE_WAIT_NAME, HOST_BLOCKED_NAME
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
 from bottleneck_oracle.graph_pipeline.schema import GPU_CATEGORIES, Category, EdgeKind, NodeType
 
@@ -85,7 +85,9 @@ class Segment:
 
 def node_class(g: ExecutionGraph) -> np.ndarray:
     """Breakdown class per node: COMPUTE (GPU ops; CPU ops of CPU-only ranks), COMM (collectives,
-    send/recv), CPU (runtime calls, CPU ops of ranks with a GPU)."""
+    send/recv, and a collective's call with nothing of its thread inside it: the thread handing a
+    collective to a host backend, or held in the call, fields.C10D_CALL_PATTERN), CPU (runtime calls,
+    CPU ops of ranks with a GPU)."""
     n = g.nodes
     cat = n["category"]
     cpu_is_overhead = isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]]))
@@ -96,6 +98,8 @@ def node_class(g: ExecutionGraph) -> np.ndarray:
     if len(kernels):  # a collective that is no NCCL kernel (a custom all-reduce, symmetric memory): communication
         out[kernels[_names_matching(g, n["name"][kernels], lambda name: bool(DEVICE_COLLECTIVE_NAME.search(name)))]] = COMM
     out[n["node_type"] == NodeType.NETWORK] = COMM
+    ops = np.flatnonzero(cat == Category.CPU_OP)
+    out[ops[_names_matching(g, n["name"][ops], lambda name: bool(C10D_CALL_NAME.match(name)))]] = COMM
     return out
 
 
@@ -163,11 +167,17 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
         return dict(zip(on_list, a[on].tolist()))
 
     loader_waits: dict[int, bool] = {}
+    c10d_calls: dict[int, bool] = {}
 
     def loader_wait(owner: int) -> bool:
         if owner not in loader_waits:
             loader_waits[owner] = g.names[owner].startswith(F.LOADER_WAIT_RANGE)
         return loader_waits[owner]
+
+    def c10d_call(owner: int) -> bool:
+        if owner not in c10d_calls:
+            c10d_calls[owner] = bool(C10D_CALL_NAME.match(g.names[owner]))
+        return c10d_calls[owner]
 
     cpu_only = of(~isin_sorted(n["rank"], np.unique(n["rank"][n["on_gpu"]])))
     rank_of, tid_of, gpu_of = of(n["rank"].astype(int)), of(n["tid"].astype(int)), of(n["on_gpu"].astype(bool))
@@ -181,8 +191,8 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     def stretch(v: int, lo: float, hi: float, owner: int = -1, owner_op: bool = False) -> None:
         """Time on v's thread between ops: own time of an enclosing op, framework or untraced, or
         the DataLoader's main thread waiting for its workers."""
-        if owner_op:
-            add("op", COMPUTE if cpu_only[v] else CPU, v, g.names[owner], lo, hi)
+        if owner_op:  # (a collective's call on a host backend's rank: its thread in communication)
+            add("op", (COMM if c10d_call(owner) else COMPUTE) if cpu_only[v] else CPU, v, g.names[owner], lo, hi)
         elif owner >= 0 and hi - lo >= F.HOST_BLOCKED_MIN_US and loader_wait(owner):
             add("wait", IDLE, v, LOADER_WAIT, lo, hi)
         elif hi - lo <= untraced_gap_us:

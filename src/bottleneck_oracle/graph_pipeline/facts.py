@@ -39,9 +39,10 @@ BLOCKING_NAME = re.compile(
 )
 HOST_BLOCKED_NAME = re.compile(F.HOST_BLOCKED_PATTERN)
 COLLECTIVE_WAIT_NAME = re.compile(F.COLLECTIVE_WAIT_PATTERN)
-WAITING_NAME = re.compile(F.HOST_BLOCKED_PATTERN + "|" + F.COLLECTIVE_WAIT_PATTERN)
-"""The host calls that block their thread without computing: the Python calls of HOST_BLOCKED_PATTERN
-and a functional collective's wait (COLLECTIVE_WAIT_PATTERN)."""
+C10D_CALL_NAME = re.compile(F.C10D_CALL_PATTERN, re.IGNORECASE)
+WAITING_NAME = re.compile(F.HOST_BLOCKED_PATTERN + "|" + F.COLLECTIVE_WAIT_PATTERN + "|" + F.C10D_CALL_PATTERN)
+"""The host calls that block their thread without computing: the Python calls of HOST_BLOCKED_PATTERN,
+a functional collective's wait (COLLECTIVE_WAIT_PATTERN) and a collective's own call (C10D_CALL_PATTERN)."""
 PAST_END_US = 1000.0  # µs: a span running on this far past its rank's last event may be one the trace ends inside (held_share)
 BLOCKING_FACT_US = 1000.0  # µs: a named blocking call this long is counted as time blocked on the device
 LAUNCH_TOLERANCE_US = 5.0  # µs of host/device clock disagreement a device op may start before its launch call (the builder's default too)

@@ -105,6 +105,13 @@ tensor parallelism, torch.compile's collectives): ``wait_tensor`` waits for the 
 output it is. On a backend that runs its collectives on the host (gloo) it blocks its thread until
 the backend's op is done: a wait on that op, never work (edges.collective_waits); on NCCL it only
 makes the stream wait, and returns."""
+C10D_CALL_PATTERN = r"^c10d::(?!.*wait)"
+"""A c10d collective's call on the thread that issues it (``c10d::allreduce_``, ``c10d::barrier``,
+``c10d::send``; not a wait). Where the backend runs the collective on the host (gloo), the call hands
+it to the backend's thread and returns, but it can hold its thread well past that: a contended
+machine, a backend that runs a collective in the call. Its time is then the thread blocked in
+communication, never compute (segments.node_class); a call of 1 ms or more with nothing of its
+thread inside is counted with the blocked calls of the self-check (facts.WAITING_NAME)."""
 FUNCTIONAL_COLLECTIVE_PATTERN = r"^_?c10d_functional::(?!wait_tensor|_wrap_tensor_autograd)"
 """A functional collective's op (``_c10d_functional::all_reduce``, ``all_gather_into_tensor``,
 torch.compile's ``all_reduce_``): the c10d call inside it is what a later ``wait_tensor`` waits for."""

@@ -19,7 +19,7 @@ from bottleneck_oracle.errors import GraphError
 from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.arrays import in_read_order, isin_small, isin_sorted
 from bottleneck_oracle.graph_pipeline.events import DEVICE_WAIT_NAME, EvClass, EventTable, Step
-from bottleneck_oracle.graph_pipeline.facts import COLLECTIVE_WAIT_NAME, HOST_BLOCKED_NAME, synchronous_launches
+from bottleneck_oracle.graph_pipeline.facts import C10D_CALL_NAME, COLLECTIVE_WAIT_NAME, HOST_BLOCKED_NAME, synchronous_launches
 from bottleneck_oracle.graph_pipeline.schema import Category, CollectiveKind, NodeType, collective_kind
 
 GPU_CLASSES = (EvClass.KERNEL, EvClass.MEMCPY, EvClass.MEMSET)
@@ -351,7 +351,7 @@ def name_flags(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
         np.array([collective_kind(n) for n in names], dtype=np.int8),
         np.array([n.startswith(F.CPU_BACKEND_PREFIXES) for n in lower], dtype=bool),
         np.array([n.startswith("nccl") and "kernel" in n for n in lower], dtype=bool),
-        np.array([n.startswith("c10d::") and "wait" not in n for n in lower], dtype=bool),
+        np.array([bool(C10D_CALL_NAME.match(n)) for n in names], dtype=bool),
     )
 
 
