@@ -170,7 +170,11 @@ def step_checks(a: StepAnalysis) -> list[Check]:
         as_work = sum(
             s.dur
             for s in segs
-            if s.kind == "op" and s.klass != COMM and not s.on_gpu and WAITING_NAME.search(s.name) and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
+            if s.kind == "op"
+            and s.klass != COMM
+            and not s.on_gpu
+            and WAITING_NAME.search(s.name)
+            and g.nodes["dur"][s.node] >= BLOCKING_FACT_US
         )  # the calls the facts count, read as an op's work
         out.append(
             Check(
