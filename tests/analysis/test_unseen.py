@@ -2165,6 +2165,51 @@ def test_the_self_check_says_when_a_held_collective_call_is_read_as_compute(monk
     assert failed == {9}
 
 
+def test_ops_one_rank_runs_and_its_peers_do_not_are_where_it_differs():
+    """rank0_metrics_gloo: rank 0 alone computes a metric after each backward, 12 matmuls and tanhs
+    at the step's top level (in no module or range); rank 1 waits for it at the next all-reduce.
+    The answer named an occurrence of one of those ops as the region ("aten::mm takes 0.4 ms a
+    step, 0.2 on its peers": the rank's 15 matmuls paired by order with its peer's 3) and replayed
+    every aten::mm of the rank at half its time ("saves 1.1 ms"). Now: no op region the extra ops
+    explain; the extra ops, counted here from the raw files, are where rank 0 differs, and removing
+    them (replayed) saves more than nothing and no more than their own time on rank 0 (a single
+    thread's ops: none of them can save more than it takes)."""
+    from bottleneck_oracle.analysis.answer import run_answer
+    from bottleneck_oracle.api import two_step_graphs
+
+    path = OWN_CPU / "rank0_metrics_gloo"
+    extra: dict[str, list[int]] = {}
+    time0: list[float] = []
+    per_rank: dict[int, dict[int, dict[str, int]]] = {}
+    for r in (0, 1):
+        ev = [e for e in json.loads(gzip.open(path / f"rank-{r}.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
+        for s in (e for e in ev if e["name"].startswith("ProfilerStep#")):
+            mine = [e for e in ev if e["tid"] == s["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+            counts: dict[str, int] = {}
+            for e in mine:
+                counts[e["name"]] = counts.get(e["name"], 0) + 1
+            per_rank.setdefault(r, {})[int(s["name"].split("#")[1])] = counts
+            if r == 0:  # the metric's ops: the matmuls and tanhs after the optimizer's step
+                opt = max(e["ts"] + e["dur"] for e in mine if e["name"].startswith("Optimizer.step"))
+                time0.append(sum(e["dur"] for e in mine if e["ts"] >= opt and e["name"] in ("aten::matmul", "aten::tanh")))
+    for step, c0 in per_rank[0].items():
+        for name in ("aten::matmul", "aten::tanh"):
+            extra.setdefault(name, []).append(c0.get(name, 0) - per_rank[1][step].get(name, 0))
+    assert {k: set(v) for k, v in extra.items()} == {"aten::matmul": {12}, "aten::tanh": {12}}
+    ans = run_answer(cached_analyses(path), two_steps=None)
+    named = {x.name: x.count for x in ans.extra_ops if x.rank == 0}
+    assert named.get("aten::matmul") == 12 and named.get("aten::tanh") == 12, named
+    assert ans.region is None or not (ans.region.kind == "op" and ans.region.name in named), ans.region
+    assert ans.extra_saving is not None
+    assert 0.0 < ans.extra_saving.median_us <= 1.01 * float(np.median(time0)), (ans.extra_saving, np.median(time0))
+    lines = ans.lines()
+    assert any(line.startswith("Where rank 0 differs: it runs ops its peers do not") for line in lines) or ans.region is not None
+    assert not any("aten::mm takes" in line for line in lines), lines
+    steady = run_answer(cached_analyses(path), two_steps=two_step_graphs(cached_load(path)))  # (as analyze replays it)
+    assert steady.extra_saving is not None and steady.extra_one_step is not None
+    assert 0.0 < steady.extra_saving.median_us <= 1.01 * float(np.median(time0)), (steady.extra_saving, np.median(time0))
+
+
 def test_a_one_process_loop_in_tensorboard_windows_is_one_rank(tmp_path, capsys):
     """tensorboard_windows: a loop profiled as the PyTorch tutorial does, ``tensorboard_trace_handler``
     with ``schedule(..., repeat=2)``: two files ``<host>_<pid>.<time>.pt.trace.json.gz`` in one

@@ -230,6 +230,8 @@ class RunAnswer:
     straggler: Straggler | None
     region: RegionAnswer | None
     extra_ops: list[ExtraOp] = field(default_factory=list)
+    extra_saving: Estimate | None = None  # the step time removing the extra ops saves (replayed; in steady state where known); None: not replayed
+    extra_one_step: Estimate | None = None  # the same, replayed in one step alone; None: extra_saving is that, or none
     notes: list[str] = field(default_factory=list)
     input_pipeline: Estimate | None = None  # the critical path's time in the DataLoader's __next__, per step; None: under INPUT_SHARE
     device: DeviceWeight | None = None  # a host-bound loop whose windows end with device time (_device_weight); None: not one
@@ -342,7 +344,26 @@ class RunAnswer:
             )
         if self.extra_ops:
             shown = ", ".join(f"{x.name} ×{x.count} ({ms(x.dur.median_us)} ms)" for x in self.extra_ops[:3])
-            out.append(f"  extra ops on rank {self.extra_ops[0].rank} that its peers do not run, a step: {shown}")
+            if self.region is None and self.extra_saving is not None:  # the extra ops are where it differs
+                out.append(f"Where rank {self.extra_ops[0].rank} differs: it runs ops its peers do not, a step: {shown}")
+                x = self.extra_saving
+                how = "in steady state: replayed over two steps" if self.extra_one_step is not None else "replayed"
+                share = 100 * x.median_us / (st.median_us or 1)
+                small = x.median_us < SMALL_SAVING * (st.median_us or 1)
+                out.append(
+                    f"Removing them saves {ms(x.median_us)} ms a step{_interval(x)} "
+                    f"({share if abs(share) >= 0.5 else 0.0:.0f}%; {how}, without those ops)"
+                    + (": they do not set the step's time, other work does" if small else "")
+                )
+            else:
+                out.append(
+                    f"  extra ops on rank {self.extra_ops[0].rank} that its peers do not run, a step: {shown}"
+                    + (
+                        f"; removing them saves {ms(self.extra_saving.median_us)} ms a step{_interval(self.extra_saving)}"
+                        if self.extra_saving is not None
+                        else ""
+                    )
+                )
         if self.region:
             r = self.region
             how = "in steady state: replayed over two steps" if r.one_step is not None else "replayed"
@@ -629,6 +650,8 @@ def answer_from(
         _where(answer, blamed, list(references or []))
         if answer.region is not None and two_steps is not None:
             _steady_saving(answer, blamed, two_steps)
+        if answer.extra_ops:
+            _extra_saving(answer, blamed, two_steps)
     return answer
 
 
@@ -835,6 +858,17 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     def typical_saving(key: RegionKey) -> float:
         return float(np.median([per[key][k][2] if k in per[key] else 0.0 for k in range(len(picked))]))
 
+    ops_ = [
+        ExtraOp(r, n, int(np.median([c for c, _ in v])), estimate([d for _, d in v]))
+        for (r, n), v in extra.items()
+        if len(v) >= PERSISTENT * used
+    ]
+    answer.extra_ops = sorted(ops_, key=lambda x: -x.dur.median_us)
+    # an op the rank runs more often than its peers is no slower region: its occurrences, matched by
+    # their order, pair an extra one with none or with another (aten::mm "0.4 ms, 0.2 on its peers"
+    # where the rank runs 12 more): those ops are where it differs (_extra_saving)
+    counted = {(x.rank, x.name) for x in answer.extra_ops}
+    per = {key: v for key, v in per.items() if not (key[2] == "op" and (key[0], key[1]) in counted)}
     best = max(per, key=lambda key: (typical_saving(key), len(per[key])), default=None)
     if best is not None and len(per[best]) >= PERSISTENT * used:
         rows = list(per[best].values())
@@ -850,16 +884,10 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
             saving=estimate([r[2] for r in rows]),
             against="on its peers" if sources[best] == {"peer ranks"} else "in the baseline's steps",
         )
-    elif per:
+    elif per and not answer.extra_ops:
         answer.notes.append(
             f"No region is slower than on its peers in most steps ({len(per)} regions; none in {used // 2 + 1} of {used} steps)"
         )
-    ops_ = [
-        ExtraOp(r, n, int(np.median([c for c, _ in v])), estimate([d for _, d in v]))
-        for (r, n), v in extra.items()
-        if len(v) >= PERSISTENT * used
-    ]
-    answer.extra_ops = sorted(ops_, key=lambda x: -x.dur.median_us)
 
 
 EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
@@ -973,6 +1001,72 @@ def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Ste
         savings.append((two[0] - two[1]) - (one[0] - one[1]))
     if savings:
         r.one_step, r.saving = r.saving, estimate(savings)
+
+
+def _without_extra_ops(g: ExecutionGraph, rank: int, counts: dict[str, int]) -> tuple[float, float] | None:
+    """(makespan, makespan without the rank's extra ops): in each step of ``g`` (its ProfilerStep
+    ranges on the rank; the window where it has none), the last ``counts[name]`` occurrences of each
+    name on the rank's host — a parent op as the region it encloses (its children with it), a leaf
+    op as itself, none inside one already taken — at no time. The extra occurrences are the last:
+    ops matched by their order, the ones past the peers' count. None where none is found."""
+    from bottleneck_oracle.analysis.blame import region_time, restored_regions
+
+    rg, n = g.regions, g.nodes
+    mine = np.flatnonzero(rg["rank"] == rank)
+    marks = [j for j in mine.tolist() if g.names[int(rg["name"][j])].startswith("ProfilerStep#")]
+    spans = [(float(rg["start"][j]), float(rg["end"][j])) for j in marks] or [(-np.inf, np.inf)]
+    host = np.flatnonzero((n["rank"] == rank) & ~n["on_gpu"])
+    taken: list[int] = []  # regions
+    leaves: list[int] = []
+    covered = np.zeros(g.n_nodes, dtype=bool)
+    # outermost first: a parent op's region before the ops inside it (regions come (thread, start, -dur) ordered)
+    by_reach = sorted(counts, key=lambda name: -max((int(rg["last"][j] - rg["first"][j]) for j in mine if g.names[int(rg["name"][j])] == name), default=-1))
+    for name in by_reach:
+        want = counts[name]
+        regs = [j for j in mine.tolist() if g.names[int(rg["name"][j])] == name and not rg["is_range"][j]]
+        for lo, hi in spans:
+            if regs:
+                inside = [j for j in regs if lo <= rg["start"][j] < hi and not covered[int(rg["first"][j])]]
+                for j in inside[-want:]:
+                    taken.append(j)
+                    covered[int(rg["first"][j]) : int(rg["last"][j]) + 1] = True
+            else:
+                ops = [int(i) for i in host if g.names[int(n["name"][i])] == name and lo <= n["start"][i] < hi and not covered[i]]
+                for i in ops[-want:]:
+                    leaves.append(i)
+                    covered[i] = True
+    if not taken and not leaves:
+        return None
+    dd, ww, rr = restored_regions(g, region_time(g), taken, [0.0] * len(taken))
+    dd[leaves] = 0.0
+    return makespan_of(g), makespan_of(g, dd, ww, rr)
+
+
+def _extra_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: StepWindows | None) -> None:
+    """The step time removing the rank's extra ops (answer.extra_ops: the ops it runs more often
+    than its peers) saves, replayed on each picked step; in steady state where a step has a next
+    one (both steps without them, replayed over the two; the second step's saving), else in the
+    step alone."""
+    from bottleneck_oracle.analysis.blame import peer_groups
+
+    rank = answer.extra_ops[0].rank
+    one_step, steady = [], []
+    for a in picked:
+        counts = {name: c for (r, name), (c, _) in _extra_ops(a.graph, peer_groups(a.graph), rank).items() if r == rank}
+        if not counts:
+            continue
+        one = _without_extra_ops(a.graph, rank, counts)
+        if one is None:
+            continue
+        one_step.append(one[0] - one[1])
+        g2 = two_steps(a.graph.step) if two_steps is not None and a.graph.step is not None else None
+        two = _without_extra_ops(g2, rank, counts) if g2 is not None else None
+        if two is not None:
+            steady.append((two[0] - two[1]) - (one[0] - one[1]))
+    if steady:
+        answer.extra_saving, answer.extra_one_step = estimate(steady), estimate(one_step)
+    elif one_step:
+        answer.extra_saving = estimate(one_step)
 
 
 def _halving_device(g: ExecutionGraph) -> float:
