@@ -230,7 +230,9 @@ class RunAnswer:
     straggler: Straggler | None
     region: RegionAnswer | None
     extra_ops: list[ExtraOp] = field(default_factory=list)
-    extra_saving: Estimate | None = None  # the step time removing the extra ops saves (replayed; in steady state where known); None: not replayed
+    extra_saving: Estimate | None = (
+        None  # the step time removing the extra ops saves (replayed; in steady state where known); None: not replayed
+    )
     extra_one_step: Estimate | None = None  # the same, replayed in one step alone; None: extra_saving is that, or none
     notes: list[str] = field(default_factory=list)
     input_pipeline: Estimate | None = None  # the critical path's time in the DataLoader's __next__, per step; None: under INPUT_SHARE
@@ -652,6 +654,14 @@ def answer_from(
             _steady_saving(answer, blamed, two_steps)
         if answer.extra_ops:
             _extra_saving(answer, blamed, two_steps)
+        r, x = answer.region, answer.extra_saving
+        if r is not None and x is not None and x.median_us >= EXTRA_OVER_REGION * max(r.saving.median_us, 0.0):
+            # the ops it runs and its peers do not are where it differs; the region a lesser difference
+            answer.notes.append(
+                f"Also slower on rank {r.rank} than {r.against}: {r.name}, {_ms(r.own.median_us)} ms a step against "
+                f"{_ms(r.peers.median_us)} (+{_ms(r.excess.median_us)} ms); fixing it saves {_ms(r.saving.median_us)} ms a step"
+            )
+            answer.region = None
     return answer
 
 
@@ -826,6 +836,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     focus = answer.straggler.rank if answer.straggler else None
     per: dict[RegionKey, dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    counted: set[tuple[int, str]] = set()  # every op a rank ran more often than its peers in a blamed step, nested ones too
     sources: dict[RegionKey, set[str]] = {}
     sampled: dict[int, float] = {}
     used = 0
@@ -841,7 +852,9 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
                 per.setdefault((r.rank, r.name, r.kind), {}).setdefault(k, (r.dur_us, r.typical_us, r.saving_us))
                 sources.setdefault((r.rank, r.name, r.kind), set()).add(r.typical_from)
         if not sampled:  # (an op a peer's sampled trace lacks may have run there: counts say nothing)
-            for key, (count, dur) in _extra_ops(g, groups, focus).items():
+            every = _extra_ops(g, groups, focus, outermost=False)
+            counted.update(every)
+            for key, (count, dur) in _outermost(g, every).items():
                 extra.setdefault(key, []).append((count, dur))
     if not used:
         return
@@ -867,7 +880,8 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     # an op the rank runs more often than its peers is no slower region: its occurrences, matched by
     # their order, pair an extra one with none or with another (aten::mm "0.4 ms, 0.2 on its peers"
     # where the rank runs 12 more): those ops are where it differs (_extra_saving)
-    counted = {(x.rank, x.name) for x in answer.extra_ops}
+    if not answer.extra_ops:
+        counted.clear()
     per = {key: v for key, v in per.items() if not (key[2] == "op" and (key[0], key[1]) in counted)}
     best = max(per, key=lambda key: (typical_saving(key), len(per[key])), default=None)
     if best is not None and len(per[best]) >= PERSISTENT * used:
@@ -891,9 +905,16 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
 
 
 EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
+EXTRA_OVER_REGION = 2.0
+"""Removing the extra ops saving this many times what restoring the region saves or more: the extra
+ops lead the answer (a region slower by a little beside ops that take far more: rank 0's metric
+after the step, its forward 0.2 ms slower); below it the region does (extra ops inside it are its
+excess: both save about the same)."""
 
 
-def _extra_ops(g: ExecutionGraph, groups: dict[int, int], focus: int | None) -> dict[tuple[int, str], tuple[int, float]]:
+def _extra_ops(
+    g: ExecutionGraph, groups: dict[int, int], focus: int | None, outermost: bool = True
+) -> dict[tuple[int, str], tuple[int, float]]:
     """Ops a rank runs more often than its peers (the median peer of its peer group), parent ops
     included: per (rank, name), how many more times and their time (its median run, as many more
     times). Host ops only: the device ops they launch follow them. Counted with one matrix of
@@ -934,6 +955,40 @@ def _extra_ops(g: ExecutionGraph, groups: dict[int, int], focus: int | None) -> 
             extra = float(np.median(dur_sorted[lo:hi])) * float(more[a, k])  # its typical run, as many more times
             if extra >= EXTRA_MIN_US:
                 out[(int(ranks[i]), g.names[int(names[k])])] = (int(round(float(more[a, k]))), extra)
+    return _outermost(g, out) if outermost else out
+
+
+def _outermost(g: ExecutionGraph, extra: dict[tuple[int, str], tuple[int, float]]) -> dict[tuple[int, str], tuple[int, float]]:
+    """Of a rank's extra ops, those not inside another of them: an op that runs, as many times as it
+    is extra or more, inside the parent ops of another extra name (``aten::mm`` inside the
+    ``aten::matmul`` the rank runs 12 more of) is that parent's work, named once."""
+    if len(extra) < 2:
+        return extra
+    rg, n = g.regions, g.nodes
+    code = {name: k for k, name in enumerate(g.names)}
+    out = dict(extra)
+    for rank in {r for r, _ in extra}:
+        mine = [name for r, name in extra if r == rank]
+        regs = np.flatnonzero((rg["rank"] == rank) & ~rg["is_range"].astype(bool))
+        for name in mine:
+            k = code.get(name, -1)
+            own = regs[rg["name"][regs] == k]
+            leaves = np.flatnonzero((n["rank"] == rank) & (n["name"] == k) & ~n["on_gpu"]) if not len(own) else own[:0]
+            for other in mine:
+                if other == name:
+                    continue
+                parents = regs[rg["name"][regs] == code.get(other, -1)]
+                if not len(parents):
+                    continue
+                lo, hi = rg["first"][parents][None, :], rg["last"][parents][None, :]
+                if len(own):  # a region inside a parent: after it in region order (outermost first), within its ops
+                    j = own[:, None]
+                    inside = ((parents[None, :] < j) & (lo <= rg["first"][j]) & (rg["last"][j] <= hi)).any(axis=1)
+                else:
+                    inside = ((lo <= leaves[:, None]) & (leaves[:, None] <= hi)).any(axis=1)
+                if int(inside.sum()) >= extra[(rank, name)][0]:
+                    out.pop((rank, name), None)
+                    break
     return out
 
 
@@ -1003,42 +1058,52 @@ def _steady_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Ste
         r.one_step, r.saving = r.saving, estimate(savings)
 
 
-def _without_extra_ops(g: ExecutionGraph, rank: int, counts: dict[str, int]) -> tuple[float, float] | None:
-    """(makespan, makespan without the rank's extra ops): in each step of ``g`` (its ProfilerStep
-    ranges on the rank; the window where it has none), the last ``counts[name]`` occurrences of each
-    name on the rank's host — a parent op as the region it encloses (its children with it), a leaf
-    op as itself, none inside one already taken — at no time. The extra occurrences are the last:
-    ops matched by their order, the ones past the peers' count. None where none is found."""
+def _without_extra_ops(g: ExecutionGraph, rank: int, counts: dict[str, int], steps: int = 1) -> tuple[float, float] | None:
+    """(makespan, makespan without the rank's extra ops): of the ``steps`` consecutive steps ``g``
+    holds, in each the last ``counts[name]`` occurrences of each name on the rank's host — a parent
+    op as the region it encloses (its children with it), a leaf op as itself, none inside one
+    already taken — at no time. The extra occurrences are the last: ops matched by their order,
+    the ones past the peers' count. A name's occurrences are split into ``steps`` equal runs in time
+    order (a persistent difference: each step runs the same ops). The time between two of them on
+    their thread goes too. None where none is found."""
     from bottleneck_oracle.analysis.blame import region_time, restored_regions
 
     rg, n = g.regions, g.nodes
-    mine = np.flatnonzero(rg["rank"] == rank)
-    marks = [j for j in mine.tolist() if g.names[int(rg["name"][j])].startswith("ProfilerStep#")]
-    spans = [(float(rg["start"][j]), float(rg["end"][j])) for j in marks] or [(-np.inf, np.inf)]
+    mine = np.flatnonzero((rg["rank"] == rank) & ~rg["is_range"].astype(bool))
+    region_names = np.array([g.names[int(k)] for k in rg["name"][mine]], dtype=object)
     host = np.flatnonzero((n["rank"] == rank) & ~n["on_gpu"])
     taken: list[int] = []  # regions
     leaves: list[int] = []
     covered = np.zeros(g.n_nodes, dtype=bool)
-    # outermost first: a parent op's region before the ops inside it (regions come (thread, start, -dur) ordered)
-    by_reach = sorted(counts, key=lambda name: -max((int(rg["last"][j] - rg["first"][j]) for j in mine if g.names[int(rg["name"][j])] == name), default=-1))
-    for name in by_reach:
+
+    def reach(name: str) -> int:
+        regs = mine[region_names == name]
+        return int((rg["last"][regs] - rg["first"][regs]).max()) if len(regs) else -1
+
+    for name in sorted(counts, key=lambda x: -reach(x)):  # outermost first: a parent op before the ops inside it
         want = counts[name]
-        regs = [j for j in mine.tolist() if g.names[int(rg["name"][j])] == name and not rg["is_range"][j]]
-        for lo, hi in spans:
-            if regs:
-                inside = [j for j in regs if lo <= rg["start"][j] < hi and not covered[int(rg["first"][j])]]
-                for j in inside[-want:]:
-                    taken.append(j)
-                    covered[int(rg["first"][j]) : int(rg["last"][j]) + 1] = True
-            else:
-                ops = [int(i) for i in host if g.names[int(n["name"][i])] == name and lo <= n["start"][i] < hi and not covered[i]]
-                for i in ops[-want:]:
-                    leaves.append(i)
-                    covered[i] = True
+        regs = mine[region_names == name]
+        if len(regs):
+            for run in np.array_split(regs[np.argsort(rg["start"][regs], kind="stable")], steps):
+                for j in run[-want:].tolist():
+                    if not covered[int(rg["first"][j])]:
+                        taken.append(j)
+                        covered[int(rg["first"][j]) : int(rg["last"][j]) + 1] = True
+        else:
+            ops = host[n["name"][host] == g.names.index(name)] if name in g.names else host[:0]
+            for run in np.array_split(ops[np.argsort(n["start"][ops], kind="stable")], steps):
+                for i in run[-want:].tolist():
+                    if not covered[i]:
+                        leaves.append(i)
+                        covered[i] = True
     if not taken and not leaves:
         return None
-    dd, ww, rr = restored_regions(g, region_time(g), taken, [0.0] * len(taken))
+    parts = region_time(g)
+    dd, ww, rr = restored_regions(g, parts, taken, [0.0] * len(taken))
     dd[leaves] = 0.0
+    # the thread's own time between two ops both removed (the framework's, between one extra op and the next) goes with them
+    both = np.flatnonzero(covered[:-1] & covered[1:] & (parts.gap[:-1] >= 0))
+    ww[parts.gap[both]] = np.minimum(ww[parts.gap[both]], 0.0)
     return makespan_of(g), makespan_of(g, dd, ww, rr)
 
 
@@ -1060,7 +1125,7 @@ def _extra_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Step
             continue
         one_step.append(one[0] - one[1])
         g2 = two_steps(a.graph.step) if two_steps is not None and a.graph.step is not None else None
-        two = _without_extra_ops(g2, rank, counts) if g2 is not None else None
+        two = _without_extra_ops(g2, rank, counts, steps=2) if g2 is not None else None
         if two is not None:
             steady.append((two[0] - two[1]) - (one[0] - one[1]))
     if steady:
