@@ -836,7 +836,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     focus = answer.straggler.rank if answer.straggler else None
     per: dict[RegionKey, dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    counted: set[tuple[int, str]] = set()  # every op a rank ran more often than its peers in a blamed step, nested ones too
+    counted: dict[tuple[int, str], list[float]] = {}  # ops a rank ran more often than its peers: their time, a step (inf: its peers run them too)
     sources: dict[RegionKey, set[str]] = {}
     sampled: dict[int, float] = {}
     used = 0
@@ -853,7 +853,10 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
                 sources.setdefault((r.rank, r.name, r.kind), set()).add(r.typical_from)
         if not sampled:  # (an op a peer's sampled trace lacks may have run there: counts say nothing)
             every = _extra_ops(g, groups, focus, outermost=False)
-            counted.update(every)
+            if every:
+                on_peers = {r: _names_on_peers(g, groups, r) for r in {r for r, _ in every}}
+                for key, (_, dur) in every.items():
+                    counted.setdefault(key, []).append(dur if key[1] not in on_peers[key[0]] else np.inf)
             for key, (count, dur) in _outermost(g, every).items():
                 extra.setdefault(key, []).append((count, dur))
     if not used:
@@ -882,7 +885,18 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     # where the rank runs 12 more): those ops are where it differs (_extra_saving)
     if not answer.extra_ops:
         counted.clear()
-    per = {key: v for key, v in per.items() if not (key[2] == "op" and (key[0], key[1]) in counted)}
+
+    def explained(key: RegionKey) -> bool:
+        """An op region the extra ops explain: its peers run the op too (its occurrences paired by
+        order), or one occurrence holds less than half the time the rank's extra ones take (one of
+        many: a hook only this rank registered, holding all of it, is its own region)."""
+        times = counted.get((key[0], key[1]))
+        if key[2] != "op" or not times:
+            return False
+        own = float(np.median([v[0] for v in per[key].values()]))
+        return own < EXTRA_ONE_OF_MANY * float(np.median(times))
+
+    per = {key: v for key, v in per.items() if not explained(key)}
     best = max(per, key=lambda key: (typical_saving(key), len(per[key])), default=None)
     if best is not None and len(per[best]) >= PERSISTENT * used:
         rows = list(per[best].values())
@@ -905,6 +919,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
 
 
 EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
+EXTRA_ONE_OF_MANY = 0.5  # an op region holding less than this share of its op's extra time a step is one of many extra ones
 EXTRA_OVER_REGION = 2.0
 """Removing the extra ops saving this many times what restoring the region saves or more: the extra
 ops lead the answer (a region slower by a little beside ops that take far more: rank 0's metric
@@ -956,6 +971,23 @@ def _extra_ops(
             if extra >= EXTRA_MIN_US:
                 out[(int(ranks[i]), g.names[int(names[k])])] = (int(round(float(more[a, k]))), extra)
     return _outermost(g, out) if outermost else out
+
+
+def _names_on_peers(g: ExecutionGraph, groups: dict[int, int], rank: int) -> set[str]:
+    """The names of the host ops (leaves and parent ops) the peers of ``rank`` (its peer group's
+    other ranks) run in ``g``."""
+    n, rg = g.nodes, g.regions
+    mine = groups.get(rank, rank)
+    peers = np.array([r != rank and groups.get(r, r) == mine for r in range(int(max(g.ranks, default=-1)) + 1)], dtype=bool)
+
+    def of(ranks: np.ndarray) -> np.ndarray:
+        ok = (ranks >= 0) & (ranks < len(peers))
+        out = np.zeros(len(ranks), dtype=bool)
+        out[ok] = peers[ranks[ok].astype(np.int64)]
+        return out
+
+    codes = np.concatenate([n["name"][of(n["rank"]) & ~n["on_gpu"]], rg["name"][of(rg["rank"]) & ~rg["is_range"].astype(bool)]])
+    return {g.names[int(k)] for k in np.unique(codes).tolist()}
 
 
 def _outermost(g: ExecutionGraph, extra: dict[tuple[int, str], tuple[int, float]]) -> dict[tuple[int, str], tuple[int, float]]:
