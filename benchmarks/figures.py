@@ -946,6 +946,16 @@ PERSISTENT_RECORDINGS = (
         "data/persistent_feeds --rescore --json benchmarks/persistent_feeds_groups_code_results.json`) alike",
         "data/persistent_feeds",
     ),
+    (
+        "benchmarks/persistent_s60_results.json",
+        "a later session, after extra ops (ops one rank runs and its peers do not) were made an answer of their own; "
+        "recorded and scored with that change's first cut, which read a backward hook only the slowed rank registers "
+        "as extra ops and named no region in the 10 data-parallel backward conditions (rank 100%, region 69%, saving "
+        "66%: persistent_s60_first_cut_results.json), then scored with the final code by `--rescore` (the row; the "
+        "one saving outside 25%: a condition whose measured difference, 106 ms for 30 ms injected, holds a stall of "
+        "the machine)",
+        "data/persistent_s60",
+    ),
 )
 
 
