@@ -47,6 +47,7 @@ OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [
     DATA / "own-cpu" / "two_profilers_gloo",
     DATA / "own-cpu" / "tensorboard_windows",
     DATA / "own-cpu" / "rank0_metrics_gloo",
+    DATA / "own-cpu" / "uneven_batch_gloo",
 ]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 

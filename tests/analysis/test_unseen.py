@@ -2212,6 +2212,60 @@ def test_ops_one_rank_runs_and_its_peers_do_not_are_where_it_differs():
     assert 0.0 < steady.extra_saving.median_us <= 1.01 * float(np.median(time0)), (steady.extra_saving, np.median(time0))
 
 
+def _raw_matmul_flops(path: Path) -> dict[tuple[int, int], tuple[float, int]]:
+    """(rank, step) -> (2MKN summed over the step thread's aten::mm and aten::addmm, read from their
+    "Input Dims" in the raw JSON; how many)."""
+    out: dict[tuple[int, int], tuple[float, int]] = {}
+    for f in sorted(path.iterdir()):
+        doc = json.loads(gzip.open(f).read())
+        r = doc["distributedInfo"]["rank"]
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        for s in (e for e in ev if e["name"].startswith("ProfilerStep#")):
+            total, count = 0.0, 0
+            for e in ev:
+                if e["tid"] == s["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"] and e["name"] in ("aten::mm", "aten::addmm"):
+                    dims = [d for d in e["args"]["Input Dims"] if len(d) == 2]
+                    (m, k), (_, n) = dims[-2], dims[-1]
+                    total += 2.0 * m * k * n
+                    count += 1
+            out[r, int(s["name"].split("#")[1])] = (total, count)
+    return out
+
+
+def test_a_straggler_given_more_data_is_told_from_a_slow_host():
+    """uneven_batch_gloo: the same DDP model on two ranks, rank 0 given 64 rows a step and rank 1
+    160 (record_shapes). Rank 1 is the straggler; every one of its matmuls is larger. The answer
+    said only which region was slower (AddmmBackward0) and the advisor to look at one op. Now the
+    run answer says its matmuls are given the work of its peers' times the ratio the raw "Input
+    Dims" give (2MKN of every aten::mm and aten::addmm, here; 2.5), the same ops on larger inputs;
+    and on the other data-parallel recordings, whose ranks are given equal batches (or other ops:
+    rank0_metrics_gloo's extra matmuls are the extra ops' answer), it says nothing of the kind."""
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    path = OWN_CPU / "uneven_batch_gloo"
+    raw = _raw_matmul_flops(path)
+    steps = sorted({s for _, s in raw})
+    ratios = [raw[1, s][0] / raw[0, s][0] for s in steps]
+    assert all(raw[1, s][1] == raw[0, s][1] for s in steps)
+    ans = run_answer(cached_analyses(path))
+    assert ans.inputs is not None and ans.inputs.rank == 1
+    assert ans.inputs.ratio == pytest.approx(float(np.median(ratios)), rel=0.01) and ans.inputs.ratio == pytest.approx(2.5, rel=0.01)
+    assert any(line.startswith("Inputs: rank 1's matmuls are given 2.50×") for line in ans.lines())
+    for other in (DATA / "gloo_ddp_2rank", OWN_CPU / "rank0_metrics_gloo", OWN_CPU / "two_profilers_gloo", OWN_CPU / "grad_accum_gloo"):
+        assert run_answer(cached_analyses(other)).inputs is None, other
+
+
+def test_the_advisor_tells_a_straggler_given_more_data_to_split_it_evenly(capsys):
+    """advise on uneven_batch_gloo: the straggler's remedy is the data's split (its matmuls given
+    2.50x its peers' work, the raw Input Dims' ratio), not "one op is much slower" or the host."""
+    from conftest import run_cli
+
+    code, out, _ = run_cli(["advise", str(OWN_CPU / "uneven_batch_gloo")], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "Its matmuls are given 2.50× the work of its peers'" in text and "Split the data evenly" in text, text
+    assert "One op of it is much slower" not in text and "the host is the suspect" not in text
+
+
 def test_a_one_process_loop_in_tensorboard_windows_is_one_rank(tmp_path, capsys):
     """tensorboard_windows: a loop profiled as the PyTorch tutorial does, ``tensorboard_trace_handler``
     with ``schedule(..., repeat=2)``: two files ``<host>_<pid>.<time>.pt.trace.json.gz`` in one

@@ -217,6 +217,21 @@ class DevicesAnswer:
     ranks: int  # ranks that drive several devices
 
 
+@dataclass(frozen=True, slots=True)
+class UnevenInputs:
+    """The straggler runs the same matmuls, convolutions and attention as its peers, on larger
+    inputs: the FLOPs their input sizes give (``record_shapes``, from the raw events: facts), against
+    the median of its peers', per step. Its data is larger (an uneven split of the batch, longer
+    sequences, larger images), not its host slower."""
+
+    rank: int
+    ratio: float  # its FLOPs over its peers' median: the median over the steps
+    low: float  # the ratio's 95% interval (bootstrap of the median; low == high == ratio under 3 steps)
+    high: float
+    steps: int  # steady steps in which the ratio is UNEVEN_INPUTS or more, its op count its peers'
+    of: int  # steady steps with the sizes recorded on it and a peer
+
+
 @dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
@@ -241,6 +256,7 @@ class RunAnswer:
     slow_steps: SlowSteps | None = None  # steady steps SLOW_FACTOR times the others or more (_slow_steps); None: none
     pipeline: PipelineAnswer | None = None  # ranks that send to and receive from each other: how busy each kept (_pipeline); None: none
     devices: DevicesAnswer | None = None  # a rank that drives several devices: how busy each kept (_devices); None: none does
+    inputs: UnevenInputs | None = None  # the straggler's ops given more work than its peers' same ops (_uneven_inputs); None: not so
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -338,6 +354,14 @@ class RunAnswer:
                 f"{100 * dv.together:.0f}% of the time any is busy{turns}"
                 + (f" ({dv.ranks - 1} more rank{'s' if dv.ranks > 2 else ''} alike)" if dv.ranks > 1 else "")
             )
+        if self.inputs is not None:
+            u = self.inputs
+            spread = f" [{u.low:.2f}, {u.high:.2f}]" if u.of >= 3 else ""
+            out.append(
+                f"Inputs: rank {u.rank}'s matmuls are given {u.ratio:.2f}×{spread} the work of its peers' by their input sizes "
+                f"(the same ops on larger inputs, record_shapes; in {u.steps} of {u.of} steps): its share of the data is larger "
+                "(an uneven split of the batch, longer sequences, larger images), not its host slower"
+            )
         if self.region:
             r = self.region
             out.append(
@@ -431,6 +455,9 @@ class StepFigures:
     devices_busy: tuple[
         tuple[int, tuple[tuple[str, float], ...], float, float], ...
     ] = ()  # a rank that drives several devices: (rank, (device, busy µs) each, their union's busy µs, its period µs) (facts)
+    shaped: tuple[
+        tuple[int, float, int], ...
+    ] = ()  # per rank: its matmuls' FLOPs by their input sizes, and their count (facts; record_shapes)
 
     @classmethod
     def of(cls, a: StepAnalysis) -> StepFigures:
@@ -457,6 +484,9 @@ class StepFigures:
             if len(a.graph.ranks) > 1 and (a.graph.edges["kind"] == EdgeKind.SEND_RECV).any()
             else (),
             _devices_busy(a),
+            tuple((f.rank, f.host_matmul_flops, f.host_matmul_ops) for f in a.graph.info.facts.ranks if f.host_matmul_ops > 0)
+            if a.graph.info.facts is not None
+            else (),
         )
 
 
@@ -648,6 +678,8 @@ def answer_from(
     compute = breakdown["compute"].median_us
     if gpu and two_steps is not None and compute >= DEVICE_SHARE * sum(e.median_us for e in breakdown.values()):
         answer.device = _device_weight(blamed, two_steps)
+    if len(ranks) > 1 and answer.straggler is not None:
+        answer.inputs = _uneven_inputs(st, answer.straggler.rank, blamed)
     if len(ranks) > 1:
         _where(answer, blamed, list(references or []))
         if answer.region is not None and two_steps is not None:
@@ -836,7 +868,9 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     focus = answer.straggler.rank if answer.straggler else None
     per: dict[RegionKey, dict[int, tuple[float, float, float]]] = {}  # region -> step -> own, typical, saving
     extra: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    counted: dict[tuple[int, str], list[float]] = {}  # ops a rank ran more often than its peers: their time, a step (inf: its peers run them too)
+    counted: dict[
+        tuple[int, str], list[float]
+    ] = {}  # ops a rank ran more often than its peers: their time, a step (inf: its peers run them too)
     sources: dict[RegionKey, set[str]] = {}
     sampled: dict[int, float] = {}
     used = 0
@@ -1164,6 +1198,45 @@ def _extra_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: Step
         answer.extra_saving, answer.extra_one_step = estimate(steady), estimate(one_step)
     elif one_step:
         answer.extra_saving = estimate(one_step)
+
+
+UNEVEN_INPUTS = 1.15
+"""The straggler's matmuls given this many times the work of its peers' by their input sizes, or
+more, with as many ops: its inputs are larger."""
+
+
+def _uneven_inputs(st: list[StepFigures], rank: int, blamed: list[StepAnalysis]) -> UnevenInputs | None:
+    """UnevenInputs of ``rank`` over the steady steps ``st``: per step, the FLOPs its matmuls' input
+    sizes give over the median of its peers' (its peer group in the blamed steps' graphs: data-
+    parallel ranks, not pipeline stages), where it runs as many such ops as that peers' median;
+    named where the ratio is UNEVEN_INPUTS or more in at least half of such steps."""
+    from bottleneck_oracle.analysis.blame import peer_groups
+
+    if not blamed:
+        return None
+    groups = peer_groups(blamed[0].graph)
+    peers = {r for r in groups if r != rank and groups[r] == groups.get(rank, rank)}
+    if not peers:
+        return None
+    ratios: list[float] = []
+    for f in st:
+        by = {r: (flops, ops) for r, flops, ops in f.shaped}
+        theirs = [by[r] for r in peers if r in by]
+        if rank not in by or not theirs:
+            continue
+        flops, ops = by[rank]
+        if ops != int(np.median([o for _, o in theirs])):  # other ops, not the same ones larger (the extra ops' answer)
+            continue
+        base = float(np.median([x for x, _ in theirs]))
+        if base > 0:
+            ratios.append(flops / base)
+    larger = sum(x >= UNEVEN_INPUTS for x in ratios)
+    if not ratios or larger < PERSISTENT * len(ratios):
+        return None
+    e = estimate(ratios)
+    low = e.low_us if e.low_us is not None else e.median_us  # (no interval under 3 steps)
+    high = e.high_us if e.high_us is not None else e.median_us
+    return UnevenInputs(rank, e.median_us, low, high, larger, len(ratios))
 
 
 def _halving_device(g: ExecutionGraph) -> float:

@@ -980,6 +980,37 @@ def _first(args: dict[str, Any], keys: tuple[str, ...]) -> object:
     return None
 
 
+def _sizes(d: object) -> list[int] | None:
+    return d if isinstance(d, list) and d and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d) else None
+
+
+def shape_flops(name: str, dims: object) -> float:
+    """The FLOPs of a matmul, convolution or attention op as its input sizes give them ("Input Dims",
+    ``record_shapes``): ``aten::mm`` [M, K] [K, N] 2MKN, ``aten::addmm`` (bias) [M, K] [K, N],
+    ``aten::bmm``/``baddbmm`` [B, M, K] [B, K, N] 2BMKN; a convolution 2 x its input's elements x
+    its weight's elements over its input channels (stride 1: the output's size is not written);
+    attention [B, H, L, D] queries and [B, H, S, D] keys 4BHLSD. 0 for the ops that hold those
+    (``aten::linear``, ``aten::matmul``: their inner op counts) and where the sizes are not known:
+    the work the same op of the same program is given, to hold against another rank's."""
+    if not isinstance(dims, list):
+        return 0.0
+    op = name.rsplit("::", 1)[-1]
+    t = [_sizes(d) for d in dims]
+    mats = [d for d in t if d is not None and len(d) >= 2]
+    if op in ("mm", "addmm", "_scaled_mm") and len(mats) >= 2 and len(mats[-2]) == 2 and len(mats[-1]) == 2:
+        (m, k), (_, n) = mats[-2], mats[-1]
+        return 2.0 * m * k * n
+    if op in ("bmm", "baddbmm", "addbmm") and len(mats) >= 2 and len(mats[-2]) == 3 and len(mats[-1]) == 3:
+        (b, m, k), (_, _, n) = mats[-2], mats[-1]
+        return 2.0 * b * m * k * n
+    if ("conv" in op) and len(mats) >= 2 and len(mats[0]) >= 3 and len(mats[1]) == len(mats[0]) and mats[0][1] > 0:
+        return 2.0 * math.prod(mats[0]) * math.prod(mats[1]) / mats[0][1]
+    if "attention" in op and len(mats) >= 2 and len(mats[0]) == 4 and len(mats[1]) == 4:
+        (b, h, l_q, d), (_, _, l_k, _) = mats[0], mats[1]
+        return 4.0 * b * h * l_q * l_k * d
+    return 0.0
+
+
 def _prod(dims: object) -> float:
     if not isinstance(dims, list) or not dims:
         return math.nan
@@ -1029,12 +1060,13 @@ _SPARSE = (
     "group_size",
     "pg",
     "elem_bytes",
+    "shape_flops",
     "sync_kind",
     "peer",
     "seq",
     "coll_kind",
 )
-_SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "sync_kind": -1, "coll_kind": -1}
+_SPARSE_DEFAULT = {"pg": -1, "elem_bytes": math.nan, "shape_flops": math.nan, "sync_kind": -1, "coll_kind": -1}
 _SPARSE_DTYPE = {
     "coll_kind": np.int8,  # the CollectiveKind its "Collective name" arg names (-1: none)
     "pg": np.int32,
@@ -1042,6 +1074,7 @@ _SPARSE_DTYPE = {
     "group_size": np.int32,
     "elem_bytes": np.float32,  # 1, 2, 4, 8: exact
     "msg_nelems": np.float64,
+    "shape_flops": np.float64,  # the FLOPs a matmul's, convolution's or attention's input sizes give ("Input Dims")
     "wait_stream": np.int32,  # a stream id
     "peer": np.int32,  # a rank
 }
@@ -1546,7 +1579,7 @@ class _Builder:
             if comm[part["name"][r]]:
                 self._comm_args(sparse, r, args, names[part["name"][r]])
             elif typed_op[r]:
-                self._precision_args(sparse, r, args)
+                self._precision_args(sparse, r, args, names[part["name"][r]])
             elif wait_op[r] and _arg(args, "wait_stream") != -1:
                 sparse["wait_stream"][0].append(r)
                 sparse["wait_stream"][1].append(_arg(args, "wait_stream"))
@@ -1806,9 +1839,15 @@ class _Builder:
                 sparse[col][1].append(v)
 
     @staticmethod
-    def _precision_args(sparse: dict[str, tuple[list[int], list[Any]]], row: int, args: dict[str, Any]) -> None:
+    def _precision_args(sparse: dict[str, tuple[list[int], list[Any]]], row: int, args: dict[str, Any], name: str) -> None:
         """The element size of a matmul's, convolution's or attention's first floating-point input
-        ("Input type", written with ``record_shapes=True``): the precision its kernels run in."""
+        ("Input type", written with ``record_shapes=True``): the precision its kernels run in; and
+        the FLOPs its inputs' sizes give ("Input Dims": the work it is given, which the same op on
+        another rank may be given more or less of)."""
+        flops = shape_flops(name, args.get(F.INPUT_DIMS_KEY))
+        if flops > 0:
+            sparse["shape_flops"][0].append(row)
+            sparse["shape_flops"][1].append(flops)
         types = args.get(F.INPUT_TYPE_KEY)
         if not isinstance(types, list):
             return

@@ -90,6 +90,8 @@ class RankFacts:
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC (channels last) and no layout conversion
     host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops (the union of their spans)
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits ("Input type", record_shapes)
+    host_matmul_flops: float = 0.0  # the FLOPs their input sizes give (events.shape_flops; record_shapes; 0: not recorded), summed
+    host_matmul_ops: int = 0  # those ops whose FLOPs are known
     loader_waits: list[list[float]] = field(
         default_factory=list
     )  # the step's thread waiting for a DataLoader's workers ([start, end], each >= 1 ms)
@@ -479,6 +481,18 @@ def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -
     return _union(start, end, lo, hi), _union(start[low], end[low], lo, hi) if low.any() else 0.0
 
 
+def _host_matmul_flops(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, int]:
+    """Of the step's host rows, the matmul, convolution and attention ops starting between ``lo``
+    and ``hi`` whose inputs' sizes the trace holds (``record_shapes``): (the FLOPs those sizes
+    give, events.shape_flops, summed; how many)."""
+    c = table.cols
+    ops = rows[(c["cls"][rows] == EvClass.CPU) & _typed_names(table)[c["name"][rows]]]
+    ops = ops[(c["ts"][ops] >= lo) & (c["ts"][ops] < hi)]
+    flops = c["shape_flops"][ops]
+    known = np.isfinite(flops)
+    return float(flops[known].sum()), int(known.sum())
+
+
 def _precision_us(table: EventTable, own: np.ndarray) -> tuple[float, float, float, float]:
     """Of the device rows ``own``: (time of the compute kernels, of it the 16- or 8-bit kernels',
     the time of the kernels a convolution op launched, of it the kernels whose names say NHWC
@@ -561,6 +575,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     kernel_us, low_us, conv_us, nhwc_us = _precision_us(table, own)
     host_mm_us, host_low_us = _host_matmul_us(table, rows, cpu_start, cpu_end)
+    mm_flops, mm_shaped = _host_matmul_flops(table, rows, cpu_start, cpu_end)
     past_end = max(0.0, cpu_end - _rank_last_event(table).get(rank, cpu_end)) if step is not None else 0.0
     return RankFacts(
         rank=rank,
@@ -598,6 +613,8 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
         nhwc_kernel_us=nhwc_us,
         host_matmul_us=host_mm_us,
         host_low_precision_us=host_low_us,
+        host_matmul_flops=mm_flops,
+        host_matmul_ops=mm_shaped,
     )
 
 

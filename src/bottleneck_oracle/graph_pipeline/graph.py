@@ -89,6 +89,8 @@ class RankFactsRecord:
     nhwc_kernel_us: float = 0.0  # of those, kernels whose names say NHWC and no layout conversion
     host_matmul_us: float = 0.0  # host time inside matmul, convolution and attention ops
     host_low_precision_us: float = 0.0  # of it, inside those whose input is 16 or 8 bits
+    host_matmul_flops: float = 0.0  # the FLOPs their input sizes give (record_shapes; 0: not recorded), summed
+    host_matmul_ops: int = 0  # those ops whose FLOPs are known
     loader_waits: tuple[tuple[float, float], ...] = ()  # the step's thread waiting for a DataLoader's workers (start, end; each >= 1 ms)
     device_comm_only_us: float = 0.0  # of device_busy_us, the time the device ran collectives' kernels and nothing else
     device_busy_each: tuple[

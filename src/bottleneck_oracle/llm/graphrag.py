@@ -21,6 +21,7 @@ import re
 
 import numpy as np
 
+from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS
 from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunSuggestion, Suggestion
@@ -264,7 +265,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         ctx["straggler_rank"] = str(worst.rank)
         ctx["straggler_scale"] = f"{max(0.0, 1 - worst.op_excess_us / max(worst.op_us, 1.0)):.3f}"
         ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
-        ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst)
+        ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst, _input_ratio(g, worst.rank))
     # a collective's time where some of the job's ranks are not in the input includes its wait for them
     run = g.meta.get("run_facts") or {}
     missing, world = int(run.get("missing_ranks") or 0), run.get("world_size")
@@ -556,11 +557,30 @@ EXTRA_OPS_SHARE = 0.3  # ops no peer runs holding this share of the straggler's 
 SPREAD_SHARE = 0.3  # a top culprit under this share of the rank's excess: slow across the board
 
 
-def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
+def _input_ratio(g: ExecutionGraph, rank: int) -> float:
+    """The FLOPs ``rank``'s matmuls are given by their input sizes over the median of the other
+    ranks' that run as many (the step's facts, read from the raw events, ``record_shapes``); 1.0
+    where not known or not comparable."""
+    from bottleneck_oracle.analysis.blame import peer_groups
+
+    facts = g.info.facts
+    if facts is None:
+        return 1.0
+    by = {f.rank: (f.host_matmul_flops, f.host_matmul_ops) for f in facts.ranks if f.host_matmul_ops > 0}
+    groups = peer_groups(g)
+    theirs = [v for r, v in by.items() if r != rank and groups.get(r, r) == groups.get(rank, rank)]
+    if rank not in by or not theirs or by[rank][1] != int(np.median([o for _, o in theirs])):
+        return 1.0
+    base = float(np.median([x for x, _ in theirs]))
+    return by[rank][0] / base if base > 0 else 1.0
+
+
+def _straggler_story(b: Blame, worst: RankBlame, input_ratio: float = 1.0) -> tuple[str, str]:
     """Where the straggler's excess is and the remedy the evidence supports, in this order: ops
-    its peers do not run at all (a code path of its own: named), its input pipeline, untraced
-    time (host-side Python the profiler does not see), one op or a few much slower, or every op a
-    little slower (the host: clocks, throttling, neighbours)."""
+    its peers do not run at all (a code path of its own: named), its input pipeline, the same ops
+    given more work (larger inputs: its share of the data), untraced time (host-side Python the
+    profiler does not see), one op or a few much slower, or every op a little slower (the host:
+    clocks, throttling, neighbours)."""
     mine = [x for x in b.nodes if x.rank == worst.rank]
     top = mine[0].name if mine else "spread over its ops"
     gaps = worst.gap_excess_us >= worst.op_excess_us
@@ -583,6 +603,13 @@ def _straggler_story(b: Blame, worst: RankBlame) -> tuple[str, str]:
             f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
             "pin_memory), check its shard of the data (longer or larger samples) and its local disk or network."
         )
+    elif input_ratio >= UNEVEN_INPUTS:
+        remedy = (
+            f"Its matmuls are given {input_ratio:.2f}× the work of its peers' by their input sizes (the same ops on larger "
+            "inputs): its share of the data is larger. Split the data evenly across ranks (equal batch sizes; bucket or "
+            "pack sequences by length so every rank gets as many tokens; equal image sizes), not a host fix."
+        )
+        return f"larger inputs ({input_ratio:.2f}× its peers' matmul work)", remedy
     elif gaps:
         remedy = (
             f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
