@@ -222,3 +222,30 @@ def test_an_op_that_does_other_work_under_its_name_is_no_sign_of_another_machine
     # said "the ops themselves ran 51% shorter"
     c = _compare(own / "attention_eager.json.gz", own / "attention_sdpa.json.gz")
     assert c.delta_us < 0 and not any("ops themselves" in w for w in c.warnings), c.warnings
+
+
+def test_runs_whose_matmuls_are_given_different_work_say_so(tmp_path):
+    """Two runs of one job at different batch sizes (uneven_batch_gloo's rank 0, 64 rows a step,
+    as the baseline; its rank 1, 160 rows, as the candidate): the same ops, their "Input Dims" 2.5
+    times the work (2MKN of every aten::mm and aten::addmm, read here from the raw files). The
+    comparison warns that the workload changed, with that ratio; two runs of one batch size
+    (gloo_ddp_8steps_straggler's recording and its rerun) get no such warning."""
+    src = DATA / "own-cpu" / "uneven_batch_gloo"
+    work = []
+    for r in (0, 1):
+        ev = [e for e in json.loads(gzip.open(src / f"rank-{r}.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
+        total = 0.0
+        for e in ev:
+            if e["name"] in ("aten::mm", "aten::addmm"):
+                (m, k), (_, n) = [d for d in e["args"]["Input Dims"] if len(d) == 2][-2:]
+                total += 2.0 * m * k * n
+        work.append(total)
+    ratio = work[1] / work[0]
+    assert ratio == pytest.approx(2.5, rel=0.01)
+    for r in (0, 1):
+        (tmp_path / f"r{r}").mkdir()
+        (tmp_path / f"r{r}" / f"rank-{r}.json.gz").write_bytes((src / f"rank-{r}.json.gz").read_bytes())
+    c = _compare(tmp_path / "r0", tmp_path / "r1")
+    said = [w for w in c.warnings if "the matmuls are given different work" in w]
+    assert len(said) == 1 and f"{ratio:.2f}×" in said[0], c.warnings
+    assert not [w for w in _compare(STRAGGLER, STRAGGLER_AGAIN).warnings if "different work" in w]

@@ -16,8 +16,10 @@ on a machine whose speed drifts (other load, clocks) differ by more than their s
 the runs interleaved or back to back, or several times.
 
 Before the numbers, what could make the runs incomparable is checked (``shape_of``): device model,
-world size, ranks in the input, backend, and the step's structure (its ops by name and count per
-step and rank). A difference is a warning; runs that share almost no ops are refused.
+world size, ranks in the input, backend, the step's structure (its ops by name and count per
+step and rank), and the work its matmuls, convolutions and attention are given by their input
+sizes (``record_shapes``: as many ops, 1.15 times the FLOPs or more — a batch, sequence or image
+size changed). A difference is a warning; runs that share almost no ops are refused.
 
 What moved is read from the critical paths of each run's typical steps (those whose time lies in
 the run's interquartile range): the mean time per step of each *what* (``segments.label``: an op
@@ -37,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 
+from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS
 from bottleneck_oracle.analysis.runs import ROBUST, steady
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, SegmentKind, label
 from bottleneck_oracle.analysis.shift import shift_interval
@@ -68,6 +71,8 @@ class RunShape:
     backend: str | None  # from distributedInfo
     pipeline: bool  # send/recv between ranks: the ranks are pipeline stages, not copies of one program
     ops: dict[str, float] = field(default_factory=dict)  # op name -> mean count per steady step and rank
+    matmul_work: float | None = None  # the FLOPs the matmuls' input sizes give, per steady step and rank (facts; None: not recorded)
+    matmul_ops: float | None = None  # how many such ops, per steady step and rank
 
 
 def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape:
@@ -80,6 +85,12 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
     ranks: set[int] = set()
     on_device = pipeline = False
     steps = steady(analyses)
+    work: list[tuple[float, float]] = []  # per step: the ranks' mean matmul FLOPs and ops, by their input sizes
+    for a in steps:
+        facts = a.graph.info.facts
+        shaped = [f for f in facts.ranks if f.host_matmul_ops > 0] if facts is not None else []
+        if shaped:
+            work.append((float(np.mean([f.host_matmul_flops for f in shaped])), float(np.mean([f.host_matmul_ops for f in shaped]))))
     for a in steps:
         g = a.graph
         n = g.nodes
@@ -98,6 +109,8 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
         backend=backends.pop() if len(backends) == 1 else None,
         pipeline=pipeline,
         ops={k: v / max(len(steps), 1) for k, v in counts.items()},
+        matmul_work=float(np.median([w for w, _ in work])) if work else None,
+        matmul_ops=float(np.median([o for _, o in work])) if work else None,
     )
 
 
@@ -188,6 +201,19 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
         out.append(f"the traces hold different ranks (baseline {_ranks(a)}, candidate {_ranks(b)}): rows are matched by what, across ranks")
     if a.backend and b.backend and a.backend != b.backend:
         out.append(f"the backend differs (baseline {a.backend}, candidate {b.backend})")
+    if (
+        a.matmul_work
+        and b.matmul_work
+        and a.matmul_ops
+        and b.matmul_ops
+        and abs(b.matmul_ops - a.matmul_ops) <= SAME_COUNT * max(a.matmul_ops, b.matmul_ops)
+        and max(a.matmul_work, b.matmul_work) >= UNEVEN_INPUTS * min(a.matmul_work, b.matmul_work)
+    ):
+        out.append(
+            f"the matmuls are given different work by their input sizes (record_shapes: the candidate's "
+            f"{b.matmul_work / a.matmul_work:.2f}× the baseline's, as many ops): a larger or smaller batch, sequence or "
+            "image; the change includes the workload's"
+        )
     match = structure_match(a, b)
     if match < SAME_STRUCTURE:
         only_a = sorted((k for k in a.ops if k not in b.ops), key=lambda k: -a.ops[k])[:3]
