@@ -432,3 +432,29 @@ def test_text_after_the_document_and_a_comma_after_the_last_event_are_named_wher
         lines = err.strip().splitlines()
         assert code == 2 and out == "" and len(lines) == 1, (name, err)
         assert str(tmp_path / name) in lines[0] and problem in lines[0], (name, lines[0])
+
+
+def test_the_work_an_op_is_given_by_its_input_sizes():
+    """events.shape_flops, against the textbook counts: a matmul [M, K] x [K, N] is 2MKN
+    (``aten::addmm``'s bias first), a batched one 2BMKN, attention 4BHLSD (queries, keys), a
+    convolution 2 x input elements x weight elements / input channels (stride 1); ops that only
+    hold those (``aten::linear``), scalars, lists of tensors, negative or non-integer sizes: 0."""
+    from bottleneck_oracle.graph_pipeline.events import shape_flops
+
+    assert shape_flops("aten::mm", [[64, 256], [256, 1024]]) == 2 * 64 * 256 * 1024
+    assert shape_flops("aten::addmm", [[1024], [160, 256], [256, 1024], [], []]) == 2 * 160 * 256 * 1024
+    assert shape_flops("aten::bmm", [[8, 32, 64], [8, 64, 16]]) == 2 * 8 * 32 * 64 * 16
+    assert shape_flops("aten::_scaled_dot_product_flash_attention", [[2, 8, 128, 64], [2, 8, 256, 64], [2, 8, 256, 64]]) == (
+        4 * 2 * 8 * 128 * 256 * 64
+    )
+    assert shape_flops("aten::convolution", [[4, 3, 32, 32], [16, 3, 3, 3], [16]]) == 2 * (4 * 3 * 32 * 32) * (16 * 3 * 3 * 3) / 3
+    for name, dims in (
+        ("aten::linear", [[64, 256], [1024, 256], [1024]]),
+        ("aten::mm", [[64, -1], [256, 1024]]),
+        ("aten::mm", [[64, 2.5], [256, 1024]]),
+        ("aten::mm", [[[64, 256]], [256, 1024]]),
+        ("aten::mm", "[[64, 256], [256, 1024]]"),
+        ("aten::mm", [[64, 256]]),
+        ("aten::bmm", [[8, 32], [8, 64, 16]]),
+    ):
+        assert shape_flops(name, dims) == 0.0, (name, dims)
