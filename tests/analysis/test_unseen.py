@@ -2212,6 +2212,30 @@ def test_ops_one_rank_runs_and_its_peers_do_not_are_where_it_differs():
     assert 0.0 < steady.extra_saving.median_us <= 1.01 * float(np.median(time0)), (steady.extra_saving, np.median(time0))
 
 
+def test_the_advisor_names_the_ops_one_rank_runs_and_its_peers_do_not(capsys):
+    """advise on rank0_metrics_gloo: the straggler suggestion named "aten::tanh ×9; 0.3 ms" (blame
+    pairs the rank's matmuls with its peer's by order, so only some of them were absent there) and
+    saved 0.66 ms. It names the ops the raw files count (12 more aten::matmul and aten::tanh a
+    step) and its replayed saving lies between half and all of the stretch of rank 0's thread they
+    take (median 1.57 ms, first start to last end)."""
+    from conftest import run_cli
+
+    path = OWN_CPU / "rank0_metrics_gloo"
+    stretch = []
+    ev = [e for e in json.loads(gzip.open(path / "rank-0.json.gz").read())["traceEvents"] if e.get("ph") == "X"]
+    for s in (e for e in ev if e["name"].startswith("ProfilerStep#")):
+        mine = [e for e in ev if e["tid"] == s["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+        opt = max(e["ts"] + e["dur"] for e in mine if e["name"].startswith("Optimizer.step"))
+        metric = [e for e in mine if e["ts"] >= opt and e["name"] in ("aten::matmul", "aten::tanh")]
+        assert len(metric) == 24
+        stretch.append(max(e["ts"] + e["dur"] for e in metric) - min(e["ts"] for e in metric))
+    code, out, _ = run_cli(["advise", str(path), "--json"], capsys)
+    assert code == 0
+    (straggler,) = [x for x in json.loads(out)["run"] if x["source"] == "straggler-rank"]
+    assert "aten::matmul ×12" in straggler["remedy"] and "aten::tanh ×12" in straggler["remedy"], straggler["remedy"]
+    assert 0.5 * float(np.median(stretch)) <= straggler["saving"]["median_us"] <= 1.01 * float(np.median(stretch)), straggler["saving"]
+
+
 def _raw_matmul_flops(path: Path) -> dict[tuple[int, int], tuple[float, int]]:
     """(rank, step) -> (2MKN summed over the step thread's aten::mm and aten::addmm, read from their
     "Input Dims" in the raw JSON; how many)."""

@@ -263,9 +263,11 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         worst = b.ranks[0]
         m["straggler_share"] = float(worst.share)
         ctx["straggler_rank"] = str(worst.rank)
-        ctx["straggler_scale"] = f"{max(0.0, 1 - worst.op_excess_us / max(worst.op_us, 1.0)):.3f}"
+        extra = _extra_of(g, worst.rank)
+        excess = max(worst.op_excess_us, sum(us for _, _, us in extra))  # (ops paired by order hide extra ones from blame)
+        ctx["straggler_scale"] = f"{max(0.0, 1 - excess / max(worst.op_us, 1.0)):.3f}"
         ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
-        ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst, _input_ratio(g, worst.rank))
+        ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst, _input_ratio(g, worst.rank), extra)
     # a collective's time where some of the job's ranks are not in the input includes its wait for them
     run = g.meta.get("run_facts") or {}
     missing, world = int(run.get("missing_ranks") or 0), run.get("world_size")
@@ -575,7 +577,19 @@ def _input_ratio(g: ExecutionGraph, rank: int) -> float:
     return by[rank][0] / base if base > 0 else 1.0
 
 
-def _straggler_story(b: Blame, worst: RankBlame, input_ratio: float = 1.0) -> tuple[str, str]:
+def _extra_of(g: ExecutionGraph, rank: int) -> list[tuple[str, int, float]]:
+    """The ops ``rank`` runs more often than its peers in ``g`` (the run answer's count, each named
+    once: analysis.answer._extra_ops), as (name, how many more, their time µs), longest first."""
+    from bottleneck_oracle.analysis.answer import _extra_ops
+    from bottleneck_oracle.analysis.blame import peer_groups
+
+    found = _extra_ops(g, peer_groups(g), rank)
+    return sorted(((name, count, us) for (r, name), (count, us) in found.items() if r == rank), key=lambda x: -x[2])
+
+
+def _straggler_story(
+    b: Blame, worst: RankBlame, input_ratio: float = 1.0, counted: list[tuple[str, int, float]] | None = None
+) -> tuple[str, str]:
     """Where the straggler's excess is and the remedy the evidence supports, in this order: ops
     its peers do not run at all (a code path of its own: named), its input pipeline, the same ops
     given more work (larger inputs: its share of the data), untraced time (host-side Python the
@@ -587,10 +601,13 @@ def _straggler_story(b: Blame, worst: RankBlame, input_ratio: float = 1.0) -> tu
     lower = top.lower()
     extra = [x for x in mine if x.kind == "op" and x.typical_us == 0.0 and x.typical_from == "peer ranks"]
     extra_us = sum(x.dur_us for x in extra)
-    if extra and extra_us >= EXTRA_OPS_SHARE * max(worst.op_excess_us, 1.0):
-        names: dict[str, int] = {}
-        for x in extra:
-            names[x.name] = names.get(x.name, 0) + 1
+    names: dict[str, int] = {}
+    for x in extra:
+        names[x.name] = names.get(x.name, 0) + 1
+    if counted and sum(us for _, _, us in counted) > extra_us:  # (counted against the peers: blame pairs ops by order)
+        names = {name: count for name, count, _ in counted}
+        extra_us = sum(us for _, _, us in counted)
+    if names and extra_us >= EXTRA_OPS_SHARE * max(worst.op_excess_us, 1.0):
         shown = ", ".join(f"{n} ×{k}" if k > 1 else n for n, k in sorted(names.items(), key=lambda kv: -kv[1])[:4])
         remedy = (
             f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
