@@ -87,28 +87,31 @@ def test_a_window_over_two_steps_lasts_their_two_periods(path):
         assert 0.99 * one <= two <= 1.01 * one, (n, two, one)
 
 
+def _forty_mm(name: str, doc: dict) -> None:
+    """edited_run's edit: forty aten::mm ops of 50 µs added to rank 1 just after each step starts, on
+    its thread (60 µs apart); what follows moves on."""
+    if name == "rank-1.json.gz":
+        ev = doc["traceEvents"]
+        steps = sorted((e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+        main = (steps[0]["pid"], steps[0]["tid"])
+        gap = 40 * 60
+        for s in steps:
+            at = s["ts"] + 0.5
+            for e in ev:
+                if isinstance(e.get("ts"), (int, float)) and e["ts"] > at:
+                    e["ts"] += gap
+            ev += [
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": main[0], "tid": main[1], "ts": at + 60 * k, "dur": 50}
+                for k in range(40)
+            ]
+            s["dur"] += gap
+
+
 def test_extra_ops_a_rank_runs_are_counted_against_its_peers(tmp_path):
     """Forty aten::mm ops added to rank 1's forward pass in every step of the clean run (copies of
     one of its own, placed in an idle stretch) are reported as 40 extra aten::mm on rank 1."""
 
-    def forty_mm(name: str, doc: dict) -> None:
-        if name == "rank-1.json.gz":
-            ev = doc["traceEvents"]
-            steps = sorted((e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
-            main = (steps[0]["pid"], steps[0]["tid"])
-            gap = 40 * 60
-            for s in steps:  # 40 ops of 50 µs just after the step starts, on its thread; what follows moves on
-                at = s["ts"] + 0.5
-                for e in ev:
-                    if isinstance(e.get("ts"), (int, float)) and e["ts"] > at:
-                        e["ts"] += gap
-                ev += [
-                    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": main[0], "tid": main[1], "ts": at + 60 * k, "dur": 50}
-                    for k in range(40)
-                ]
-                s["dur"] += gap
-
-    _, steps = analyze(edited_run(CLEAN, tmp_path / "job", forty_mm))
+    _, steps = analyze(edited_run(CLEAN, tmp_path / "job", _forty_mm))
     a = run_answer(steps)
     mm = [x for x in a.extra_ops if x.rank == 1 and x.name == "aten::mm"]
     assert mm and mm[0].count == 40 and mm[0].dur.median_us == pytest.approx(40 * 50, rel=0.01)
@@ -123,24 +126,7 @@ def test_removing_the_extra_ops_saves_what_the_run_without_them_takes_less(tmp_p
     extra ops where they save far more than any region it finds."""
     from bottleneck_oracle.api import load, two_step_graphs
 
-    def forty_mm(name: str, doc: dict) -> None:
-        if name == "rank-1.json.gz":
-            ev = doc["traceEvents"]
-            steps = sorted((e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
-            main = (steps[0]["pid"], steps[0]["tid"])
-            gap = 40 * 60
-            for s in steps:
-                at = s["ts"] + 0.5
-                for e in ev:
-                    if isinstance(e.get("ts"), (int, float)) and e["ts"] > at:
-                        e["ts"] += gap
-                ev += [
-                    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": main[0], "tid": main[1], "ts": at + 60 * k, "dur": 50}
-                    for k in range(40)
-                ]
-                s["dur"] += gap
-
-    job = edited_run(CLEAN, tmp_path / "job", forty_mm)
+    job = edited_run(CLEAN, tmp_path / "job", _forty_mm)
     _, steps = analyze(job)
     _, clean = analyze(CLEAN)
     a = run_answer(steps, two_steps=two_step_graphs(load(job)))

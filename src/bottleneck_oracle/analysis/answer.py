@@ -43,7 +43,7 @@ from bottleneck_oracle.analysis.segments import (
 )
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
-from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph
+from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph, StepFactsRecord
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind, NodeType
 
 T = TypeVar("T")
@@ -484,9 +484,7 @@ class StepFigures:
             if len(a.graph.ranks) > 1 and (a.graph.edges["kind"] == EdgeKind.SEND_RECV).any()
             else (),
             _devices_busy(a),
-            tuple((f.rank, f.host_matmul_flops, f.host_matmul_ops) for f in a.graph.info.facts.ranks if f.host_matmul_ops > 0)
-            if a.graph.info.facts is not None
-            else (),
+            matmul_work(a.graph.info.facts),
         )
 
 
@@ -681,11 +679,11 @@ def answer_from(
     if len(ranks) > 1 and answer.straggler is not None:
         answer.inputs = _uneven_inputs(st, answer.straggler.rank, blamed)
     if len(ranks) > 1:
-        _where(answer, blamed, list(references or []))
+        found = _where(answer, blamed, list(references or []))
         if answer.region is not None and two_steps is not None:
             _steady_saving(answer, blamed, two_steps)
         if answer.extra_ops:
-            _extra_saving(answer, blamed, two_steps)
+            _extra_saving(answer, blamed, two_steps, found)
         r, x = answer.region, answer.extra_saving
         if r is not None and x is not None and x.median_us >= EXTRA_OVER_REGION * max(r.saving.median_us, 0.0):
             # the ops it runs and its peers do not are where it differs; the region a lesser difference
@@ -855,12 +853,18 @@ def _straggler(st: list[StepFigures]) -> Straggler | None:
 RegionKey = tuple[int, str, Literal["range", "op"]]  # a region: rank, name, kind
 
 
-def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[ExecutionGraph]) -> None:
+ExtraFound = dict[int, dict[tuple[int, str], tuple[int, float]]]
+"""Per picked step (its index), the extra ops _where found in it (_extra_ops: (rank, name) -> how
+many more, their time)."""
+
+
+def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[ExecutionGraph]) -> ExtraFound:
     """The region where the straggler (or, without one, any rank) differs from its peer ranks (or,
     with ``references``, from the baseline's steps), and its extra ops, on the ``picked`` steps.
     The region is the one whose saving has the largest median over the blamed steps (a step in
     which blame did not find it slower counts as no saving), named only if blame found it slower
-    in at least half of them: a region slower in one noisy step is not the run's."""
+    in at least half of them: a region slower in one noisy step is not the run's. Returns the
+    extra ops it found in each step (for _extra_saving)."""
     from bottleneck_oracle.analysis.blame import KeyMemo, peer_groups, region_blame
 
     memo = KeyMemo()
@@ -873,6 +877,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     ] = {}  # ops a rank ran more often than its peers: their time, a step (inf: its peers run them too)
     sources: dict[RegionKey, set[str]] = {}
     sampled: dict[int, float] = {}
+    found: ExtraFound = {}
     used = 0
     for k, a in enumerate(picked):
         g = a.graph
@@ -891,10 +896,11 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
                 on_peers = {r: _names_on_peers(g, groups, r) for r in {r for r, _ in every}}
                 for key, (_, dur) in every.items():
                     counted.setdefault(key, []).append(dur if key[1] not in on_peers[key[0]] else np.inf)
-            for key, (count, dur) in _outermost(g, every).items():
+            found[k] = _outermost(g, every)
+            for key, (count, dur) in found[k].items():
                 extra.setdefault(key, []).append((count, dur))
     if not used:
-        return
+        return found
     if sampled:
         extra.clear()
         worst = min(sampled, key=lambda r: sampled[r])
@@ -950,6 +956,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
         answer.notes.append(
             f"No region is slower than on its peers in most steps ({len(per)} regions; none in {used // 2 + 1} of {used} steps)"
         )
+    return found
 
 
 EXTRA_MIN_US = 100.0  # µs a step: extra ops worth naming
@@ -1173,17 +1180,15 @@ def _without_extra_ops(g: ExecutionGraph, rank: int, counts: dict[str, int], ste
     return makespan_of(g), makespan_of(g, dd, ww, rr)
 
 
-def _extra_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: StepWindows | None) -> None:
+def _extra_saving(answer: RunAnswer, picked: list[StepAnalysis], two_steps: StepWindows | None, found: ExtraFound) -> None:
     """The step time removing the rank's extra ops (answer.extra_ops: the ops it runs more often
-    than its peers) saves, replayed on each picked step; in steady state where a step has a next
-    one (both steps without them, replayed over the two; the second step's saving), else in the
-    step alone."""
-    from bottleneck_oracle.analysis.blame import peer_groups
-
+    than its peers; ``found``: those _where found in each picked step) saves, replayed on each
+    picked step; in steady state where a step has a next one (both steps without them, replayed
+    over the two; the second step's saving), else in the step alone."""
     rank = answer.extra_ops[0].rank
     one_step, steady = [], []
-    for a in picked:
-        counts = {name: c for (r, name), (c, _) in _extra_ops(a.graph, peer_groups(a.graph), rank).items() if r == rank}
+    for k, a in enumerate(picked):
+        counts = {name: c for (r, name), (c, _) in found.get(k, {}).items() if r == rank}
         if not counts:
             continue
         one = _without_extra_ops(a.graph, rank, counts)
@@ -1205,6 +1210,25 @@ UNEVEN_INPUTS = 1.15
 more, with as many ops: its inputs are larger."""
 
 
+def matmul_work(facts: StepFactsRecord | None) -> tuple[tuple[int, float, int], ...]:
+    """Per rank of one step's facts whose matmuls' input sizes are known (``record_shapes``): (rank,
+    the FLOPs those sizes give, how many such ops)."""
+    return tuple((f.rank, f.host_matmul_flops, f.host_matmul_ops) for f in facts.ranks if f.host_matmul_ops > 0) if facts else ()
+
+
+def input_work_ratio(shaped: Sequence[tuple[int, float, int]], rank: int, groups: dict[int, int]) -> float | None:
+    """Of one step's matmul_work rows: ``rank``'s FLOPs over the median of its peers' (the other
+    ranks of its peer group in ``groups``) where it runs as many such ops as their median (else
+    other ops, not the same ones larger: the extra ops' answer); None where not comparable."""
+    peers = {r for r in groups if r != rank and groups[r] == groups.get(rank, rank)}
+    by = {r: (flops, ops) for r, flops, ops in shaped}
+    theirs = [by[r] for r in peers if r in by]
+    if rank not in by or not theirs or by[rank][1] != int(np.median([o for _, o in theirs])):
+        return None
+    base = float(np.median([x for x, _ in theirs]))
+    return by[rank][0] / base if base > 0 else None
+
+
 def _uneven_inputs(st: list[StepFigures], rank: int, blamed: list[StepAnalysis]) -> UnevenInputs | None:
     """UnevenInputs of ``rank`` over the steady steps ``st``: per step, the FLOPs its matmuls' input
     sizes give over the median of its peers' (its peer group in the blamed steps' graphs: data-
@@ -1215,21 +1239,7 @@ def _uneven_inputs(st: list[StepFigures], rank: int, blamed: list[StepAnalysis])
     if not blamed:
         return None
     groups = peer_groups(blamed[0].graph)
-    peers = {r for r in groups if r != rank and groups[r] == groups.get(rank, rank)}
-    if not peers:
-        return None
-    ratios: list[float] = []
-    for f in st:
-        by = {r: (flops, ops) for r, flops, ops in f.shaped}
-        theirs = [by[r] for r in peers if r in by]
-        if rank not in by or not theirs:
-            continue
-        flops, ops = by[rank]
-        if ops != int(np.median([o for _, o in theirs])):  # other ops, not the same ones larger (the extra ops' answer)
-            continue
-        base = float(np.median([x for x, _ in theirs]))
-        if base > 0:
-            ratios.append(flops / base)
+    ratios = [x for x in (input_work_ratio(f.shaped, rank, groups) for f in st) if x is not None]
     larger = sum(x >= UNEVEN_INPUTS for x in ratios)
     if not ratios or larger < PERSISTENT * len(ratios):
         return None

@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 
-from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS
+from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS, matmul_work
 from bottleneck_oracle.analysis.runs import ROBUST, steady
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, SegmentKind, label
 from bottleneck_oracle.analysis.shift import shift_interval
@@ -87,11 +87,9 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
     steps = steady(analyses)
     work: list[tuple[float, float]] = []  # per step: the ranks' mean matmul FLOPs and ops, by their input sizes
     for a in steps:
-        facts = a.graph.info.facts
-        shaped = [f for f in facts.ranks if f.host_matmul_ops > 0] if facts is not None else []
+        shaped = matmul_work(a.graph.info.facts)
         if shaped:
-            work.append((float(np.mean([f.host_matmul_flops for f in shaped])), float(np.mean([f.host_matmul_ops for f in shaped]))))
-    for a in steps:
+            work.append((float(np.mean([w for _, w, _ in shaped])), float(np.mean([k for _, _, k in shaped]))))
         g = a.graph
         n = g.nodes
         on_device |= bool(n["on_gpu"].any())

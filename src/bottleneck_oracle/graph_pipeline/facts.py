@@ -467,30 +467,27 @@ def _loader_waits(table: EventTable, rows: np.ndarray, step: Step | None) -> lis
     return out
 
 
-def _host_matmul_us(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
-    """Of the step's host rows: (the time inside matmul, convolution and attention ops, the union of
-    their spans between ``lo`` and ``hi``; of it, inside those whose first floating-point input is
-    16 or 8 bits): what a CPU step's matmuls run in."""
+def _host_matmuls(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, float, float, int]:
+    """Of the step's host rows, the matmul, convolution and attention ops: (the time inside them,
+    the union of their spans between ``lo`` and ``hi``; of it, inside those whose first
+    floating-point input is 16 or 8 bits: what a CPU step's matmuls run in; of those starting
+    between ``lo`` and ``hi`` whose inputs' sizes the trace holds, ``record_shapes``: the FLOPs
+    those sizes give, events.shape_flops, summed, and how many)."""
     c = table.cols
     ops = rows[(c["cls"][rows] == EvClass.CPU) & _typed_names(table)[c["name"][rows]]]
     if not len(ops):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0
     start = c["ts"][ops].astype(np.float64)
     end = start + c["dur"][ops]
     low = c["elem_bytes"][ops] <= 2  # (NaN: not known, not low)
-    return _union(start, end, lo, hi), _union(start[low], end[low], lo, hi) if low.any() else 0.0
-
-
-def _host_matmul_flops(table: EventTable, rows: np.ndarray, lo: float, hi: float) -> tuple[float, int]:
-    """Of the step's host rows, the matmul, convolution and attention ops starting between ``lo``
-    and ``hi`` whose inputs' sizes the trace holds (``record_shapes``): (the FLOPs those sizes
-    give, events.shape_flops, summed; how many)."""
-    c = table.cols
-    ops = rows[(c["cls"][rows] == EvClass.CPU) & _typed_names(table)[c["name"][rows]]]
-    ops = ops[(c["ts"][ops] >= lo) & (c["ts"][ops] < hi)]
     flops = c["shape_flops"][ops]
-    known = np.isfinite(flops)
-    return float(flops[known].sum()), int(known.sum())
+    known = np.isfinite(flops) & (start >= lo) & (start < hi)
+    return (
+        _union(start, end, lo, hi),
+        _union(start[low], end[low], lo, hi) if low.any() else 0.0,
+        float(flops[known].sum()),
+        int(known.sum()),
+    )
 
 
 def _precision_us(table: EventTable, own: np.ndarray) -> tuple[float, float, float, float]:
@@ -574,8 +571,7 @@ def rank_facts(table: EventTable, rank: int, step: Step | None) -> RankFacts:
     rt = rows[runtime & (c["dur"][rows] >= BLOCKING_FACT_US)]
     blocking = float(sum(c["dur"][i] for i in rt.tolist() if BLOCKING_NAME.search(table.names[c["name"][i]])))
     kernel_us, low_us, conv_us, nhwc_us = _precision_us(table, own)
-    host_mm_us, host_low_us = _host_matmul_us(table, rows, cpu_start, cpu_end)
-    mm_flops, mm_shaped = _host_matmul_flops(table, rows, cpu_start, cpu_end)
+    host_mm_us, host_low_us, mm_flops, mm_shaped = _host_matmuls(table, rows, cpu_start, cpu_end)
     past_end = max(0.0, cpu_end - _rank_last_event(table).get(rank, cpu_end)) if step is not None else 0.0
     return RankFacts(
         rank=rank,

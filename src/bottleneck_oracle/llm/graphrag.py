@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS
+from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS, input_work_ratio, matmul_work
 from bottleneck_oracle.analysis.blame import Blame, RankBlame
 from bottleneck_oracle.analysis.cpm import CPMResult
 from bottleneck_oracle.analysis.results import Advice, Rejected, Retrieved, RunSuggestion, Suggestion
@@ -565,16 +565,8 @@ def _input_ratio(g: ExecutionGraph, rank: int) -> float:
     where not known or not comparable."""
     from bottleneck_oracle.analysis.blame import peer_groups
 
-    facts = g.info.facts
-    if facts is None:
-        return 1.0
-    by = {f.rank: (f.host_matmul_flops, f.host_matmul_ops) for f in facts.ranks if f.host_matmul_ops > 0}
-    groups = peer_groups(g)
-    theirs = [v for r, v in by.items() if r != rank and groups.get(r, r) == groups.get(rank, rank)]
-    if rank not in by or not theirs or by[rank][1] != int(np.median([o for _, o in theirs])):
-        return 1.0
-    base = float(np.median([x for x, _ in theirs]))
-    return by[rank][0] / base if base > 0 else 1.0
+    ratio = input_work_ratio(matmul_work(g.info.facts), rank, peer_groups(g))
+    return 1.0 if ratio is None else ratio
 
 
 def _extra_of(g: ExecutionGraph, rank: int) -> list[tuple[str, int, float]]:
