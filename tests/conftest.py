@@ -48,6 +48,7 @@ OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [
     DATA / "own-cpu" / "tensorboard_windows",
     DATA / "own-cpu" / "rank0_metrics_gloo",
     DATA / "own-cpu" / "uneven_batch_gloo",
+    DATA / "own-cpu" / "pipelining_gpipe_gloo",
 ]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 

@@ -288,9 +288,19 @@ class Edit:
 
     @property
     def owns_time(self) -> bool:
-        """Does the edit change the own time of the enclosing ops it names (see the module doc)?"""
+        """Does the edit change the own time of the enclosing ops it selects (see the module doc)?
+        Those it names (``name=``, ``name~=``), or every op of a rank (``rank=`` naming no op, no
+        phase nor module: ``rank=1,scale=0.5`` is the rank's ops at half their time, an
+        ``aten::mm``'s own time around its ``aten::resolve_conj`` child too)."""
         named = self.name is not None or self.name_contains is not None
-        return named and not self.ids and self.category in (None, "cpu_op") and not self.gap and (self.scale != 1.0 or self.delay_ms != 0.0)
+        whole_rank = self.rank is not None and self.phase is None and self.module is None and self.collective is None
+        return (
+            (named or whole_rank)
+            and not self.ids
+            and self.category in (None, "cpu_op")
+            and not self.gap
+            and (self.scale != 1.0 or self.delay_ms != 0.0)
+        )
 
     @property
     def region(self) -> bool:
@@ -480,7 +490,9 @@ def own_time(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = None, table
         return none
     owner = gp["owner"].astype(np.int64)
     mask = gp["owner_op"].astype(bool) & (owner >= 0)
-    mask[mask] &= e.names_matching(g.names)[owner[mask]]
+    named = e.name is not None or e.name_contains is not None
+    if named:
+        mask[mask] &= e.names_matching(g.names)[owner[mask]]
     node = gp["node"].astype(np.int64)
     if e.rank is not None:
         mask &= n["rank"][node] == e.rank
@@ -506,8 +518,21 @@ def own_time(g: ExecutionGraph, e: Edit, phases: np.ndarray | None = None, table
     nodes, inv = np.unique(node[sel], return_inverse=True)
     own = np.bincount(inv, weights=gp["end"][sel] - gp["start"][sel], minlength=len(nodes))
     delay = np.zeros(len(nodes))
-    np.add.at(delay, inv[last], e.delay_ms * 1000.0)
+    if named:  # (a whole rank's delay_ms is its leaves': each op once)
+        np.add.at(delay, inv[last], e.delay_ms * 1000.0)
     return OwnTime(nodes, own, delay, int(new.sum()))
+
+
+def _edits_own_time(e: Edit, edits: list[Edit] | tuple[Edit, ...]) -> bool:
+    """Does ``e`` change the own time of the ops it selects (Edit.owns_time), beside the other
+    ``edits``? A whole rank's edit does not where a ``gap=1`` edit of the same rank sets the time
+    between the rank's ops, its ops' own time with it (the straggler suggestion's pair: its ops, and
+    the time between them): the own time is scaled once."""
+    if not e.owns_time:
+        return False
+    if e.name is not None or e.name_contains is not None:
+        return True
+    return not any(x.gap and x.rank == e.rank and x.name is None and x.name_contains is None for x in edits)
 
 
 def _program_order_into(g: ExecutionGraph) -> np.ndarray:
@@ -524,7 +549,7 @@ def own_time_edits(
 ) -> tuple[int, np.ndarray]:
     """(enclosing op instances whose own time the edits change, ids of the edges holding it)."""
     into = _program_order_into(g)
-    found = [own_time(g, e, phases, table) for e in edits if e.owns_time]
+    found = [own_time(g, e, phases, table) for e in edits if _edits_own_time(e, edits)]
     edges = [into[o.nodes][into[o.nodes] >= 0] for o in found]
     return sum(o.instances for o in found), _union(edges)
 
@@ -568,7 +593,7 @@ def edited_weights(
     into: np.ndarray | None = None
     for e in edits:
         region = e.region
-        if e.owns_time:
+        if _edits_own_time(e, edits):
             own = own_time(g, e, phases, table)
             into = _program_order_into(g) if into is None else into
             edge = into[own.nodes]
@@ -608,7 +633,7 @@ def edited_releases(
     touched = []
     into: np.ndarray | None = None
     for e in edits:
-        if e.owns_time:
+        if _edits_own_time(e, edits):
             own = own_time(g, e, phases, table)
             into = _program_order_into(g) if into is None else into
             first = (into[own.nodes] < 0) & np.isfinite(rel[own.nodes])

@@ -652,7 +652,10 @@ def p2p_completions(w: Window, pairs: list[tuple[int, int]], inst: np.ndarray, n
     a side whose thread sat idle before its span closed (P2P_WAIT_SHARE) was waiting, and saw the
     transfer done when the span closed; a side whose thread ran its own ops until just before (an
     ``irecv`` posted ahead of the micro-batch that needs it) found it done when it got to the wait,
-    the end of its last op. Where the earliest of these is a waiting side's, the transfer was done
+    the end of its last op (an op of its own: a c10d call, the next send's holding its thread, is
+    communication, fields.C10D_CALL_PATTERN, not work; in torch.distributed.pipelining's stages a
+    sender whose next ``c10d::send`` held its thread 1.5 ms read as busy to its peer's close: the
+    transfer done at the later post, and the receiver's 1.5 ms wait for it, untraced). Where the earliest of these is a waiting side's, the transfer was done
     then; where it is a side that found it done, it was there before anyone needed it: done when
     the later side posted (the pair's last start, the calls'). ``node_end`` (the pair's modelled
     ends) is set so, in place, never later than it was. (With the spans' ends alone, a 32 KB receive posted early ran 10 ms on the
@@ -677,6 +680,8 @@ def p2p_completions(w: Window, pairs: list[tuple[int, int]], inst: np.ndarray, n
             lo = int(np.searchsorted(w.leaf_thread, t, side="left"))
             hi = int(np.searchsorted(w.leaf_thread, t, side="right"))
             q = lo + int(np.searchsorted(leaf_ts[lo:hi], closed, side="left")) - 1  # its last leaf starting before the span closed
+            while q >= lo and w.name_c10d[w.c["name"][w.leaf_rows[q]]]:  # (a collective's call holding its thread: no work)
+                q -= 1
             busy = min(max(float(w.end[call]), float(leaf_end[q]) if q >= lo else -np.inf), closed)
             waited = closed - busy >= max(idle_us, P2P_WAIT_SHARE * (closed - posted))
             bound = closed if waited else busy
