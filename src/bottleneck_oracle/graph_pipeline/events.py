@@ -1357,10 +1357,23 @@ def _pair_begin_end(ev: dict[str, np.ndarray]) -> int:
     return unmatched + sum(len(st) for st in stacks.values())
 
 
+_OBJECT_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
+"""An object's address in a Python tracer's name (``<built-in method run_backward of
+torch._C._EngineBase object at 0x7f46a8053010>``): it differs between processes and runs."""
+
+
 def _name(b: bytes | bytearray) -> str:
     """An event name from its raw JSON string bytes: escapes decoded; bytes that are not UTF-8
     become U+FFFD and lone UTF-16 surrogates (``\\ud800``) "?", so every later consumer (the HTML
-    report, the JSON output, the terminal) sees valid text."""
+    report, the JSON output, the terminal) sees valid text. An object's address in a Python call's
+    name is left out (``<built-in method acquire of _thread.lock object>``): the same call on two
+    ranks, or in two runs, has one name, as the ranks' and runs' comparisons need."""
+    if b" at 0x" in b:
+        return _OBJECT_ADDRESS.sub("", _decoded(b))
+    return _decoded(b)
+
+
+def _decoded(b: bytes | bytearray) -> str:
     if b"\\" not in b:
         return b.decode("utf-8", errors="replace")
     try:
