@@ -461,11 +461,13 @@ def test_analyze_advise_says_the_advice_once_for_the_run_and_no_culprit_that_sav
     trace = str(PUBLIC / "train_1rank_5steps.json.gz")
     code, out, err = run(["advise", trace, "--json"], capsys)
     assert code == 0, err
-    titles = [x["title"] for x in json.loads(out)["run"][:3]]
+    run_doc = json.loads(out)["run"]
+    titles = [x["title"] for x in run_doc[:3]]
+    assert run_doc[0]["of"] == 4  # the steady steps: all but the first of the five
     code, out, err = run(["analyze", trace, "--advise"], capsys)
     assert code == 0, err
     text = " ".join(out.split())
-    assert text.count("Across 5 steps") == 1 and "advice:" not in text
+    assert text.count("Across 4 steps (the steady ones of 5)") == 1 and "advice:" not in text
     assert [t for t in titles if f"- {t}: in " in text] == titles
     assert not re.search(r"\(rank \d+\) 0\.000 ms", text)
     code, out, _ = run(["analyze", trace, "--advise", "--detail"], capsys)
@@ -512,7 +514,7 @@ def test_compare_keeps_the_change_column_at_80_columns_and_it_adds_up(capsys):
 
 
 def test_advise_gives_a_run_s_advice_once_and_each_step_s_with_detail(capsys):
-    """train_1rank_5steps: `advise` prints the suggestions across the five steps, each with the
+    """train_1rank_5steps: `advise` prints the suggestions across the steady four of the five steps, each with the
     what-if edits of advise --json's run, and each step's section only with --detail (a single
     step is shown whole)."""
     trace = str(PUBLIC / "train_1rank_5steps.json.gz")
@@ -521,7 +523,7 @@ def test_advise_gives_a_run_s_advice_once_and_each_step_s_with_detail(capsys):
     top = json.loads(out)["run"][:3]
     code, out, _ = run(["advise", trace], capsys)
     text = " ".join(out.split())
-    assert "Across 5 steps" in text and not re.search(r"Step 10\d:", text)
+    assert "Across 4 steps (the steady ones of 5)" in text and not re.search(r"Step 10\d:", text)
     assert all(" ".join("; ".join(x["edits"]).split()) in text for x in top)
     code, out, _ = run(["advise", trace, "--detail"], capsys)
     assert len(re.findall(r"^Step 10\d:", out, re.M)) == 5

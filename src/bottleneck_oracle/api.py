@@ -850,8 +850,11 @@ def advise_graphs(
     if use_model:
         predictor = _predictor(checkpoint)
     kb = load_recipes(recipes)
+    from bottleneck_oracle.analysis.runs import steady
+
     out: list[StepAdvice] = []
     memo = KeyMemo()
+    kept = {id(a) for a in steady(analyses)}
     for a in analyses:
         g = a.graph
         refs, row_refs = _references(g, refs_all, baseline)
@@ -859,7 +862,9 @@ def advise_graphs(
         if table is not None:
             name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)
-        out.append(StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb, windows=windows), b, row_refs))
+        out.append(
+            StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb, windows=windows), b, row_refs, id(a) in kept)
+        )
     slow_step_suggestions(analyses, [x.advice for x in out], table)
     return out
 

@@ -712,7 +712,7 @@ def analyze(
     if len(extras) > 1:  # the advice once for the run; each step's only with --detail
         from bottleneck_oracle.llm.graphrag import run_advice
 
-        overall = run_advice([x.advice for x in extras.values()])
+        overall = run_advice([x.advice for x in extras.values()], [x.steady for x in extras.values()])
         if overall:
             _print_run_advice(overall, len(extras))
     for step_no, x in extras.items():
@@ -1322,7 +1322,8 @@ def blame(
 def _print_run_advice(overall, n_steps: int, with_edits: bool = False) -> None:
     """The suggestions across steps (llm.graphrag.run_advice), the first three (``with_edits``:
     each with the what-if edits its saving was replayed with)."""
-    out.print(Text(f"Across {n_steps} steps", style="bold"))
+    of = overall[0].of if overall else n_steps
+    out.print(Text(f"Across {of} steps" + (f" (the steady ones of {n_steps})" if of < n_steps else ""), style="bold"))
     for x in overall[:3]:
         sv = x.saving
         iv = f" [{_ms(sv.low_us)}, {_ms(sv.high_us)}]" if sv.low_us is not None and sv.high_us is not None else ""
@@ -1389,7 +1390,7 @@ def advise(
             llm,
             recipes,
         )
-    overall = run_advice([r.advice for r in rows])
+    overall = run_advice([r.advice for r in rows], [r.steady for r in rows])
     if as_json:
         _print_json({"trace": str(trace), "run": to_json(overall), "steps": to_json(rows)})
         return

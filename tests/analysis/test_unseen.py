@@ -2395,7 +2395,7 @@ def test_python_calls_named_with_object_addresses_pair_up_across_ranks():
     path = OWN_CPU / "ddp_with_stack_gloo"
     address = re.compile(r" at 0x[0-9a-fA-F]+(?=>)")
     raw: dict[int, set[str]] = {}
-    for f, doc in raw_files(path):
+    for doc in raw_events(path):
         raw[doc["distributedInfo"]["rank"]] = {e["name"] for e in doc["traceEvents"] if e.get("ph") == "X" and "name" in e}
     with_address = {r: {n for n in names if address.search(n)} for r, names in raw.items()}
     assert all(len(v) >= 10 for v in with_address.values()) and not (with_address[0] & with_address[1])
@@ -2407,3 +2407,95 @@ def test_python_calls_named_with_object_addresses_pair_up_across_ranks():
         for x in row.blame.regions:
             peer = 1 - x.rank
             assert not (x.typical_us == 0.0 and x.typical_from == "peer ranks" and x.name in plain[peer]), (row.step, x.name)
+
+
+def _raw_outermost(path: Path, rank: int, name: str) -> dict[int, tuple[int, float]]:
+    """step -> (how many ``name`` ops the rank's step thread runs that no op of that name encloses,
+    their time µs), from the raw JSON."""
+    doc = json.loads(gzip.open(path / f"rank-{rank}.json.gz").read())
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    out = {}
+    for s in (e for e in ev if e["name"].startswith("ProfilerStep#")):
+        ops = sorted(
+            (e for e in ev if e["name"] == name and e["tid"] == s["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]),
+            key=lambda e: (e["ts"], -e["dur"]),
+        )
+        outer, reach = [], -1.0
+        for e in ops:
+            if e["ts"] + e["dur"] > reach:  # (not inside the one before)
+                outer.append(e)
+                reach = e["ts"] + e["dur"]
+        out[int(s["name"].split("#")[1])] = (len(outer), sum(e["dur"] for e in outer))
+    return out
+
+
+def test_an_op_the_profiler_records_inside_itself_is_one_extra_op():
+    """broadcast_batch_gloo: rank 0 builds each batch (128 ``torch.sort`` of random rows, 8 ``tanh(x @
+    w)``) and broadcasts it; rank 1 runs none of it. Each ``aten::sort`` call encloses an
+    ``aten::sort`` (the stable overload it dispatches to): the run answer said "aten::sort ×256 (6.0
+    ms)", twice the calls and their time. Now an op inside an op of its own name is that call:
+    ×128 and the outer calls' time (the raw JSON's, median over the steady steps, within 5%); an op
+    the peers never run counts every one of its runs (``aten::rand``: its one 512 x 512 draw and 128
+    small ones, the raw sum within 5%, not 129 times its median run), and no "also slower" region
+    is named for it (0.8 ms "against 0.00")."""
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    path = OWN_CPU / "broadcast_batch_gloo"
+    ans = run_answer(cached_analyses(path))
+    extra = {x.name: x for x in ans.extra_ops if x.rank == 0}
+    steady = sorted(_raw_outermost(path, 0, "aten::sort"))[1:]
+    for name in ("aten::sort", "aten::rand"):
+        raw = _raw_outermost(path, 0, name)
+        counts = {raw[s][0] for s in steady}
+        assert len(counts) == 1 and extra[name].count == counts.pop(), (name, extra[name].count)
+        assert extra[name].dur.median_us == pytest.approx(float(np.median([raw[s][1] for s in steady])), rel=0.05), name
+    assert extra["aten::sort"].count == 128
+    assert not any("aten::rand" in line for line in ans.notes)
+
+
+def test_the_run_advice_reads_the_steady_steps_and_what_most_of_them_say():
+    """advise's answer across steps took a suggestion's remedy and edits from the first step it
+    appeared in, the warm-up step included: on a job whose rank 0 prepares every batch (probe
+    recording) it named rank 1's all-reduce, step 2's reading, where every later step named rank
+    0's extra ops. Now it reads the steady steps alone (the run answer's: here all but the first)
+    and, per suggestion, what most of them name: on broadcast_batch_gloo, its steps are the 7 of 8,
+    and a step made to name another rank (its straggler suggestion's remedy and edits replaced)
+    changes neither the remedy (but its figures, each step's), the edits' selection nor the count
+    but by that step. The extra ops its remedy names come longest first, as the raw JSON times
+    them (it named the most frequent first: ``aten::copy_ ×385``, 0.1 ms, before the matmuls)."""
+    import dataclasses
+
+    from bottleneck_oracle.api import advise
+    from bottleneck_oracle.llm.graphrag import run_advice
+
+    path = OWN_CPU / "broadcast_batch_gloo"
+    rows = advise(path)
+    raw_steps = sorted(_raw_outermost(path, 0, "aten::sort"))
+    assert [r.step for r in rows] == raw_steps and [r.steady for r in rows] == [False] + [True] * (len(rows) - 1)
+    advices, steady = [r.advice for r in rows], [r.steady for r in rows]
+    overall = {x.source: x for x in run_advice(advices, steady)}
+    straggler = overall["straggler-rank"]
+    assert (
+        straggler.of == len(rows) - 1
+        and straggler.edits[0].startswith("rank=0,")
+        and "Rank 0 runs ops its peers do not" in straggler.remedy
+    )
+    # the extra ops it names, the longest first (the raw JSON's times; it listed the most frequent: aten::copy_ ×385 first)
+    listed = re.findall(r"(aten::\w+) ×\d+", straggler.remedy.split(";")[0])
+    raw_us = {name: float(np.median([us for _, us in _raw_outermost(path, 0, name).values()])) for name in listed}
+    assert len(listed) >= 3 and listed == sorted(listed, key=lambda n: -raw_us[n]), (listed, raw_us)
+
+    def other(a):
+        sug = [
+            dataclasses.replace(s, remedy="another rank", edits=["rank=1,scale=0.5"]) if s.source == "straggler-rank" else s
+            for s in a.suggestions
+        ]
+        return dataclasses.replace(a, suggestions=sug)
+
+    for k in range(len(advices)):
+        moved = [other(a) if j == k else a for j, a in enumerate(advices)]
+        again = {x.source: x for x in run_advice(moved, steady)}["straggler-rank"]
+        assert re.sub(r"[\d.]+", "#", again.remedy) == re.sub(r"[\d.]+", "#", straggler.remedy), k
+        assert again.edits[0].split(",")[0] == "rank=0", k
+        had = any(s.source == "straggler-rank" for s in advices[k].suggestions)
+        assert again.steps == straggler.steps - (1 if steady[k] and had else 0), k

@@ -317,7 +317,9 @@ def _raw_parent_ops_own_us(path: Path, rank: int, step: int) -> tuple[float, flo
         for k, op in enumerate(events):
             end = op["ts"] + op["dur"]
             inside = [e for e in events[k + 1 :] if e["ts"] < end and e["ts"] + e["dur"] <= end]
-            direct = [e for e in inside if not any(p is not e and p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] for p in inside)]
+            direct = [
+                e for e in inside if not any(p is not e and p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] for p in inside)
+            ]
             if direct:
                 own += op["dur"] - sum(e["dur"] for e in direct)
     matmuls = sum(e["dur"] for e in ev if e["name"] in ("aten::mm", "aten::addmm"))

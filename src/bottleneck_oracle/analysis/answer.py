@@ -329,7 +329,8 @@ class RunAnswer:
         if self.straggler:
             s = self.straggler
             out.append(
-                f"Straggler: rank {s.rank} in {s.steps} of {s.of} steps; the others waited up to {ms(s.wait.median_us)} ms a step for it"
+                f"Straggler: rank {s.rank} in {s.steps} of {s.of} steps; the longest wait of the others for it, "
+                f"{ms(s.wait.median_us)} ms a step (median)"
             )
         if self.pipeline is not None:
             pp = self.pipeline
@@ -875,6 +876,7 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     counted: dict[
         tuple[int, str], list[float]
     ] = {}  # ops a rank ran more often than its peers: their time, a step (inf: its peers run them too)
+    several: dict[tuple[int, str], list[bool]] = {}  # and its peers run none, the rank two or more a step
     sources: dict[RegionKey, set[str]] = {}
     sampled: dict[int, float] = {}
     found: ExtraFound = {}
@@ -894,8 +896,9 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
             every = _extra_ops(g, groups, focus, outermost=False)
             if every:
                 on_peers = {r: _names_on_peers(g, groups, r) for r in {r for r, _ in every}}
-                for key, (_, dur) in every.items():
+                for key, (count, dur) in every.items():
                     counted.setdefault(key, []).append(dur if key[1] not in on_peers[key[0]] else np.inf)
+                    several.setdefault(key, []).append(count >= 2 and key[1] not in on_peers[key[0]])
             found[k] = _outermost(g, every)
             for key, (count, dur) in found[k].items():
                 extra.setdefault(key, []).append((count, dur))
@@ -928,11 +931,15 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
 
     def explained(key: RegionKey) -> bool:
         """An op region the extra ops explain: its peers run the op too (its occurrences paired by
-        order), or one occurrence holds less than half the time the rank's extra ones take (one of
-        many: a hook only this rank registered, holding all of it, is its own region)."""
+        order), or they run none and the rank runs it twice or more a step (one of many: the 0.8 ms
+        ``aten::rand`` of a 512 x 512 weight among 128 small ones, "0.8 ms against 0.00"), or one
+        occurrence holds less than half the time the rank's extra ones take (a hook only this rank
+        registered, one op holding all of it, is its own region)."""
         times = counted.get((key[0], key[1]))
         if key[2] != "op" or not times:
             return False
+        if np.mean(several[(key[0], key[1])]) >= PERSISTENT:
+            return True
         own = float(np.median([v[0] for v in per[key].values()]))
         return own < EXTRA_ONE_OF_MANY * float(np.median(times))
 
@@ -976,8 +983,9 @@ def _extra_ops(
     times). Host ops only: the device ops they launch follow them. Counted with one matrix of
     (rank, name) counts, so thousands of ranks cost no more than their ops."""
     n, rg = g.nodes, g.regions
-    host = ~n["on_gpu"] & (n["rank"] >= 0)
-    ops = ~rg["is_range"].astype(bool)  # parent ops too (aten::mm around its children): the names a user recognises
+    leaf_in, region_in = _inside_same_name(g)  # (aten::sort inside aten::sort: the call once)
+    host = ~n["on_gpu"] & (n["rank"] >= 0) & ~leaf_in
+    ops = ~rg["is_range"].astype(bool) & ~region_in  # parent ops too (aten::mm around its children): the names a user recognises
     rank = np.concatenate([n["rank"][host], rg["rank"][ops]]).astype(np.int64)
     name = np.concatenate([n["name"][host], rg["name"][ops]]).astype(np.int64)
     dur = np.concatenate([n["mdur"][host], (rg["end"] - rg["start"])[ops]]).astype(np.float64)
@@ -1008,10 +1016,47 @@ def _extra_ops(
             i = int(look[a])
             c = i * len(names) + int(k)
             lo, hi = np.searchsorted(cell, [c, c + 1])
-            extra = float(np.median(dur_sorted[lo:hi])) * float(more[a, k])  # its typical run, as many more times
+            if typical[a, k] == 0:  # its peers run none: every one of them is extra
+                extra = float(dur_sorted[lo:hi].sum())
+            else:  # its typical run, as many more times (which ones are extra, the order cannot tell)
+                extra = float(np.median(dur_sorted[lo:hi])) * float(more[a, k])
             if extra >= EXTRA_MIN_US:
                 out[(int(ranks[i]), g.names[int(names[k])])] = (int(round(float(more[a, k]))), extra)
     return _outermost(g, out) if outermost else out
+
+
+def _inside_same_name(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
+    """(per host leaf node, per region) is it an op inside an enclosing op of its own name on its
+    thread: the profiler's record of one call dispatched to itself (``aten::sort`` around
+    ``aten::sort``, the stable overload) is one call, counted once."""
+    n, rg = g.nodes, g.regions
+    leaf_in = np.zeros(g.n_nodes, dtype=bool)
+    region_in = np.zeros(len(rg["name"]), dtype=bool)
+    ops = np.flatnonzero(~rg["is_range"].astype(bool))
+    if not len(ops):
+        return leaf_in, region_in
+    # per (rank, thread, name) in start order (the enclosing first): inside an earlier one's leaves
+    o = ops[np.lexsort((-rg["last"][ops], rg["first"][ops], rg["name"][ops], rg["tid"][ops], rg["rank"][ops]))]
+    key = np.stack([rg["rank"][o], rg["tid"][o], rg["name"][o]]).astype(np.int64)
+    new = np.r_[True, (np.diff(key, axis=1) != 0).any(axis=0)]
+    group = np.cumsum(new) - 1
+    span = int(g.n_nodes) + 2
+    reach = np.maximum.accumulate(group * span + rg["last"][o] + 1)  # (within a group: the furthest leaf so far)
+    before = np.r_[-1, reach[:-1]]
+    region_in[o] = ~new & (before - group * span - 1 >= rg["last"][o])
+    # a leaf of a name some op region of its thread encloses
+    for k in np.unique(rg["name"][o]).tolist():
+        leaves = np.flatnonzero((n["name"] == k) & ~n["on_gpu"])
+        if not len(leaves):
+            continue
+        regs = o[rg["name"][o] == k]
+        first, last = rg["first"][regs], rg["last"][regs]
+        order = np.argsort(first, kind="stable")
+        first, far = first[order], np.maximum.accumulate(last[order])
+        at = np.searchsorted(first, leaves, side="right") - 1
+        ok = at >= 0
+        leaf_in[leaves[ok]] = far[at[ok]] >= leaves[ok]
+    return leaf_in, region_in
 
 
 def _names_on_peers(g: ExecutionGraph, groups: dict[int, int], rank: int) -> set[str]:
@@ -1142,9 +1187,10 @@ def _without_extra_ops(g: ExecutionGraph, rank: int, counts: dict[str, int], ste
     from bottleneck_oracle.analysis.blame import region_time, restored_regions
 
     rg, n = g.regions, g.nodes
-    mine = np.flatnonzero((rg["rank"] == rank) & ~rg["is_range"].astype(bool))
+    leaf_in, region_in = _inside_same_name(g)  # (as _extra_ops counts them)
+    mine = np.flatnonzero((rg["rank"] == rank) & ~rg["is_range"].astype(bool) & ~region_in)
     region_names = np.array([g.names[int(k)] for k in rg["name"][mine]], dtype=object)
-    host = np.flatnonzero((n["rank"] == rank) & ~n["on_gpu"])
+    host = np.flatnonzero((n["rank"] == rank) & ~n["on_gpu"] & ~leaf_in)
     taken: list[int] = []  # regions
     leaves: list[int] = []
     covered = np.zeros(g.n_nodes, dtype=bool)

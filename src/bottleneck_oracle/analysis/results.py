@@ -259,6 +259,7 @@ class StepAdvice:
     advice: Advice = field(metadata=json_meta(inline=True))
     blame: Blame
     references: str
+    steady: bool = True  # one of the run's steady steps (analysis.runs.steady): what the run's advice reads
 
     @property
     def step(self) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -593,14 +594,16 @@ def _straggler_story(
     lower = top.lower()
     extra = [x for x in mine if x.kind == "op" and x.typical_us == 0.0 and x.typical_from == "peer ranks"]
     extra_us = sum(x.dur_us for x in extra)
-    names: dict[str, int] = {}
+    names: dict[str, tuple[int, float]] = {}  # name -> (how many, their time µs)
     for x in extra:
-        names[x.name] = names.get(x.name, 0) + 1
+        k, us = names.get(x.name, (0, 0.0))
+        names[x.name] = (k + 1, us + x.dur_us)
     if counted and sum(us for _, _, us in counted) > extra_us:  # (counted against the peers: blame pairs ops by order)
-        names = {name: count for name, count, _ in counted}
+        names = {name: (count, us) for name, count, us in counted}
         extra_us = sum(us for _, _, us in counted)
     if names and extra_us >= EXTRA_OPS_SHARE * max(worst.op_excess_us, 1.0):
-        shown = ", ".join(f"{n} ×{k}" if k > 1 else n for n, k in sorted(names.items(), key=lambda kv: -kv[1])[:4])
+        longest = sorted(names.items(), key=lambda kv: -kv[1][1])[:4]  # (the longest first: where the time is)
+        shown = ", ".join(f"{n} ×{k}" if k > 1 else n for n, (k, _) in longest)
         remedy = (
             f"Rank {worst.rank} runs ops its peers do not ({shown}; {extra_us / 1000:.1f} ms): a code path only this rank "
             "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
@@ -1026,14 +1029,36 @@ def slow_step_suggestions(analyses: list[StepAnalysis], advices: list[Advice], t
             adv.suggestions.sort(key=lambda x: -x.replay_saving_us)
 
 
-def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
+_EDIT_AMOUNT = re.compile(r"(?:^|,)(?:scale|delay_ms)=[^,]*")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _selects(edits: list[str]) -> tuple[str, ...]:
+    """What a suggestion's edits select, without their amounts and whether they edit the ops or
+    the time between them (``rank=1,scale=0.267`` and ``rank=1,gap=1,scale=0.5``: ``rank=1``):
+    the same in every step a suggestion names the same ops or rank."""
+    return tuple(sorted({_EDIT_AMOUNT.sub("", e).replace(",gap=1", "") for e in edits}))
+
+
+def run_advice(advices: list[Advice], steady: Sequence[bool] | None = None) -> list[RunSuggestion]:
     """One answer across steps: each suggestion (by its recipe, or its edits for an LLM's own) with
     how many steps it survived validation in, and its replayed saving as a median with a 95%
     interval (analysis.answer.estimate) — most steps first, then the largest saving, but the one
     that saves the run the most (its saving times its share of the steps) first of all. An LLM's
-    text beside it is its own and is not checked: only the saving is."""
+    text beside it is its own and is not checked: only the saving is.
+
+    ``steady``: per advice, is its step one of the run's steady steps (runs.steady: not the
+    warm-up, not one-time work)? Where some are, the others are left out, as the run answer
+    leaves them. A recipe that names different ops or ranks in different steps (the straggler's:
+    rank 0 in most steps, rank 1 in one) is told by what it names in most of them: its steps,
+    saving, remedy and edits are those steps' (the remedy the most of them give, their figures aside;
+    its text and edits those of the one whose saving is nearest their median), not the first step's."""
+    from collections import Counter
+
     from bottleneck_oracle.analysis.answer import estimate
 
+    if steady is not None and any(steady):
+        advices = [a for a, keep in zip(advices, steady) if keep]
     by: dict[str, list] = {}
     for adv in advices:
         seen = set()
@@ -1043,18 +1068,26 @@ def run_advice(advices: list[Advice]) -> list[RunSuggestion]:
                 continue
             seen.add(key)
             by.setdefault(key, []).append((sug, adv.makespan_us))
-    out = []
+    out: list[RunSuggestion] = []
     for key, rows in by.items():
-        first = rows[0][0]
+        names = Counter(_selects(s.changes) for s, _ in rows)
+        most = max(names.values())
+        picked = next(sel for sel in (_selects(s.changes) for s, _ in rows) if names[sel] == most)  # (the earliest of the most)
+        rows = [(s, ms) for s, ms in rows if _selects(s.changes) == picked]
+        saving = estimate([s.replay_saving_us for s, _ in rows])
+        remedies = Counter(_NUMBER.sub("#", s.remedy) for s, _ in rows)  # (the same story with each step's figures)
+        said = max(remedies.values())
+        told = [(s, ms) for s, ms in rows if remedies[_NUMBER.sub("#", s.remedy)] == said]
+        rep = min(told, key=lambda r: abs(r[0].replay_saving_us - saving.median_us))[0]
         out.append(
             RunSuggestion(
                 source=key,
-                title=first.title,
-                remedy=first.remedy,
-                edits=first.changes,
+                title=rep.title,
+                remedy=rep.remedy,
+                edits=rep.changes,
                 steps=len(rows),
                 of=len(advices),
-                saving=estimate([s.replay_saving_us for s, _ in rows]),
+                saving=saving,
                 share=float(np.median([s.replay_saving_us / max(ms, 1.0) for s, ms in rows])),
             )
         )
