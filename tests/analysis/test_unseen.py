@@ -2499,3 +2499,28 @@ def test_the_run_advice_reads_the_steady_steps_and_what_most_of_them_say():
         assert again.edits[0].split(",")[0] == "rank=0", k
         had = any(s.source == "straggler-rank" for s in advices[k].suggestions)
         assert again.steps == straggler.steps - (1 if steady[k] and had else 0), k
+
+
+def test_compare_says_when_one_run_was_profiled_with_its_python_calls(capsys):
+    """compare between a job profiled plainly (rank0_metrics_gloo) and one with with_stack=True
+    (ddp_with_stack_gloo): the Python tracer's calls are the profiler's own work, in every Python
+    call of the step, and the Python calls read as ops only one side runs. compare said neither.
+    Now it warns, naming the side and its calls a step and rank: the raw JSON's python_function
+    events a steady step and rank (within 10%); two runs both plain (or both traced) get no such
+    warning."""
+    from conftest import run_cli
+
+    traced, plain = OWN_CPU / "ddp_with_stack_gloo", OWN_CPU / "rank0_metrics_gloo"
+    per = []
+    for doc in raw_events(traced):
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        steps = sorted((e for e in ev if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])[1:]
+        per += [sum(1 for e in ev if e.get("cat") == "python_function" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]) for s in steps]
+    assert min(per) > 100
+    code, out, err = run_cli(["compare", str(plain), str(traced)], capsys)
+    text = " ".join((out + err).split())
+    m = re.search(r"the candidate was profiled with its Python calls recorded \(with_stack=True: (\d+) a step and rank\)", text)
+    assert code == 0 and m and int(m.group(1)) == pytest.approx(float(np.mean(per)), rel=0.1), text[:400]
+    for a, b in ((plain, DATA / "gloo_ddp_2rank"), (traced, traced)):
+        code, out, err = run_cli(["compare", str(a), str(b), "--force"], capsys)
+        assert code == 0 and "Python calls recorded" not in out + err

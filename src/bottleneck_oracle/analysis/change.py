@@ -45,6 +45,7 @@ from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Se
 from bottleneck_oracle.analysis.shift import shift_interval
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.errors import OracleError
+from bottleneck_oracle.graph_pipeline import fields as F
 from bottleneck_oracle.graph_pipeline.events import EventTable
 from bottleneck_oracle.graph_pipeline.schema import Category
 
@@ -73,6 +74,7 @@ class RunShape:
     ops: dict[str, float] = field(default_factory=dict)  # op name -> mean count per steady step and rank
     matmul_work: float | None = None  # the FLOPs the matmuls' input sizes give, per steady step and rank (facts; None: not recorded)
     matmul_ops: float | None = None  # how many such ops, per steady step and rank
+    python_calls: float = 0.0  # the Python tracer's calls (with_stack=True), per steady step and rank
 
 
 def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape:
@@ -86,6 +88,7 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
     on_device = pipeline = False
     steps = steady(analyses)
     work: list[tuple[float, float]] = []  # per step: the ranks' mean matmul FLOPs and ops, by their input sizes
+    python = 0.0
     for a in steps:
         shaped = matmul_work(a.graph.info.facts)
         if shaped:
@@ -97,8 +100,14 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
         ranks.update(g.ranks)
         keep = np.isin(n["category"], STRUCTURE_CATEGORIES) & (n["rank"] >= 0)
         codes, k = np.unique(n["name"][keep], return_counts=True)
+        per_rank = max(len(g.ranks), 1)
         for code, c in zip(codes.tolist(), k.tolist()):
-            counts[_normal(g.names[code])] += c / max(len(g.ranks), 1)
+            if _PYTHON_CALL.search(g.names[code]):  # (what the profiler was asked to record, not the step's ops)
+                python += c / per_rank
+            else:
+                counts[_normal(g.names[code])] += c / per_rank
+        ranged = g.regions["is_range"].astype(bool)
+        python += sum(bool(_PYTHON_CALL.search(g.names[int(k)])) for k in g.regions["name"][ranged].tolist()) / per_rank
     return RunShape(
         devices=devices,
         on_device=on_device,
@@ -109,6 +118,7 @@ def shape_of(table: EventTable | None, analyses: list[StepAnalysis]) -> RunShape
         ops={k: v / max(len(steps), 1) for k, v in counts.items()},
         matmul_work=float(np.median([w for w, _ in work])) if work else None,
         matmul_ops=float(np.median([o for _, o in work])) if work else None,
+        python_calls=python / max(len(steps), 1),
     )
 
 
@@ -212,6 +222,13 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
             f"{b.matmul_work / a.matmul_work:.2f}× the baseline's, as many ops): a larger or smaller batch, sequence or "
             "image; the change includes the workload's"
         )
+    if (a.python_calls > 0) != (b.python_calls > 0):
+        traced, plain = ("baseline", "candidate") if a.python_calls > 0 else ("candidate", "baseline")
+        out.append(
+            f"the {traced} was profiled with its Python calls recorded (with_stack=True: "
+            f"{max(a.python_calls, b.python_calls):.0f} a step and rank), the {plain} without: the profiler's own "
+            "time in every Python call differs, and with it the step"
+        )
     match = structure_match(a, b)
     if match < SAME_STRUCTURE:
         only_a = sorted((k for k in a.ops if k not in b.ops), key=lambda k: -a.ops[k])[:3]
@@ -231,6 +248,9 @@ def comparability(a: RunShape, b: RunShape, force: bool = False) -> list[str]:
             )
         out.append(line)
     return out
+
+
+_PYTHON_CALL = re.compile(F.PYTHON_CALL_PATTERN)
 
 
 def _ranks(s: RunShape) -> str:

@@ -90,6 +90,10 @@ thread without computing: ``time.sleep``, a lock's ``acquire`` (``queue.get``, `
 DataLoader worker's batch), ``loss.backward()``'s ``run_backward`` where the thread runs none of
 the backward itself. Their time is the thread waiting (for another thread, a process, the
 network, a timer), not the work of an op."""
+PYTHON_CALL_PATTERN = r"^<built-in (function|method) |^<method '|\.py\(\d+\): "
+"""A Python call as the profiler's Python tracer names it (``with_stack=True``): ``<built-in
+function zoom_shift>``, ``<method 'append' of 'list' objects>``,
+``transformers/image_transforms.py(390): normalize``."""
 HOST_BLOCKED_MIN_US = 50.0
 """µs: such a call this long or longer blocked; a shorter one (an uncontended lock's acquire, a
 poll that found data ready) is the call's own work."""

@@ -319,9 +319,8 @@ def allreduce_full_precision_share(a: StepAnalysis, table) -> float:
     return float(1.0 - t[nodes][low].sum() / total)
 
 
-PYTHON_CALL = re.compile(r"^<built-in (function|method) |\.py\(\d+\): ")
-"""A Python call as the profiler's Python tracer names it (``<built-in function zoom_shift>``,
-``transformers/image_transforms.py(390): normalize``): host code, no op a better kernel speeds up."""
+PYTHON_CALL = re.compile(F.PYTHON_CALL_PATTERN)
+"""A Python call as the profiler's Python tracer names it: host code, no op a better kernel speeds up."""
 NOT_HOST_CODE = re.compile(r"(^|/)(torch|triton)/|dataloader|^enumerate\(|^nn\.Module: |^Optimizer\.|^ProfilerStep#", re.IGNORECASE)
 """Ranges that are PyTorch's own code even where they call no op (its Python files: the
 DataLoader's receiving end, torch.compile's runtime and Triton's launcher; its ranges: the
