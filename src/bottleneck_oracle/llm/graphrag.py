@@ -260,6 +260,7 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     m["straggler_share"] = 0.0
     ctx["straggler_rank"], ctx["straggler_scale"], ctx["straggler_gap_scale"] = "0", "1.0", "1.0"
     ctx["straggler_where"], ctx["straggler_remedy"] = "in its ops", ""
+    ctx["straggler_edits"] = "rank=0,scale=1.0"
     if b is not None and b.ranks and len(g.ranks) > 1 and b.excess > 0.02 * ms:
         worst = b.ranks[0]
         m["straggler_share"] = float(worst.share)
@@ -268,7 +269,11 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
         excess = max(worst.op_excess_us, sum(us for _, _, us in extra))  # (ops paired by order hide extra ones from blame)
         ctx["straggler_scale"] = f"{max(0.0, 1 - excess / max(worst.op_us, 1.0)):.3f}"
         ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
-        ctx["straggler_where"], ctx["straggler_remedy"] = _straggler_story(b, worst, _input_ratio(g, worst.rank), extra)
+        ctx["straggler_where"], ctx["straggler_remedy"], named = _straggler_story(b, worst, _input_ratio(g, worst.rank), extra)
+        removal = _extra_op_edits(g, worst.rank, extra) if named else None
+        ctx["straggler_edits"] = removal or (
+            f"rank={worst.rank},scale={ctx['straggler_scale']};rank={worst.rank},gap=1,scale={ctx['straggler_gap_scale']}"
+        )
     # a collective's time where some of the job's ranks are not in the input includes its wait for them
     run = g.meta.get("run_facts") or {}
     missing, world = int(run.get("missing_ranks") or 0), run.get("world_size")
@@ -579,14 +584,42 @@ def _extra_of(g: ExecutionGraph, rank: int) -> list[tuple[str, int, float]]:
     return sorted(((name, count, us) for (r, name), (count, us) in found.items() if r == rank), key=lambda x: -x[2])
 
 
+def _extra_op_edits(g: ExecutionGraph, rank: int, extra: list[tuple[str, int, float]]) -> str | None:
+    """The straggler suggestion's edits where its story is the ops it runs and its peers do not
+    (``extra``: _extra_of): each such op of the rank at the share of its runs that are not extra, a
+    parent op with the ops inside it (``module=``), an op its peers never run at zero with the time
+    after it on its thread (the Python that calls it); ``;`` between edits. The run answer removes
+    the same ops (answer._without_extra_ops). None where an op's name cannot be written in an
+    edit (a comma, ``;``, ``=`` or a glob character in it)."""
+    from bottleneck_oracle.analysis.answer import _inside_same_name
+
+    n, rg = g.nodes, g.regions
+    leaf_in, region_in = _inside_same_name(g)
+    out = []
+    for name, more, _ in extra:
+        if any(ch in name for ch in ",;=*?[") or name not in g.names:
+            return None
+        k = g.names.index(name)
+        leaves = int(((n["rank"] == rank) & (n["name"] == k) & ~n["on_gpu"] & ~leaf_in).sum())
+        parents = int(((rg["rank"] == rank) & (rg["name"] == k) & ~rg["is_range"].astype(bool) & ~region_in).sum())
+        keep = max(leaves + parents - more, 0) / max(leaves + parents, 1)
+        # a parent op with its children (aten::matmul around aten::mm): the ops run inside it
+        what = f"rank={rank},module={name}" if parents else f"rank={rank},name={name}"
+        out.append(f"{what},scale={keep:.3f}")
+        if keep == 0.0:
+            out.append(f"{what},gap=1,scale=0")
+    return ";".join(out) or None
+
+
 def _straggler_story(
     b: Blame, worst: RankBlame, input_ratio: float = 1.0, counted: list[tuple[str, int, float]] | None = None
-) -> tuple[str, str]:
+) -> tuple[str, str, bool]:
     """Where the straggler's excess is and the remedy the evidence supports, in this order: ops
     its peers do not run at all (a code path of its own: named), its input pipeline, the same ops
     given more work (larger inputs: its share of the data), untraced time (host-side Python the
     profiler does not see), one op or a few much slower, or every op a little slower (the host:
-    clocks, throttling, neighbours)."""
+    clocks, throttling, neighbours). The third: whether the story is ``counted``, the ops its peers
+    do not run as the run answer counts them (their removal is the suggestion's edit)."""
     mine = [x for x in b.nodes if x.rank == worst.rank]
     top = mine[0].name if mine else "spread over its ops"
     gaps = worst.gap_excess_us >= worst.op_excess_us
@@ -597,7 +630,8 @@ def _straggler_story(
     for x in extra:
         k, us = names.get(x.name, (0, 0.0))
         names[x.name] = (k + 1, us + x.dur_us)
-    if counted and sum(us for _, _, us in counted) > extra_us:  # (counted against the peers: blame pairs ops by order)
+    by_count = bool(counted) and sum(us for _, _, us in counted or ()) > extra_us
+    if counted and by_count:  # (counted against the peers: blame pairs ops by order)
         names = {name: (count, us) for name, count, us in counted}
         extra_us = sum(us for _, _, us in counted)
     if names and extra_us >= EXTRA_OPS_SHARE * max(worst.op_excess_us, 1.0):
@@ -608,7 +642,7 @@ def _straggler_story(
             "takes (a rank-specific branch, extra logging or metrics, an evaluation, a different model or data path). "
             "Remove it, make every rank share it, or move it off the step."
         )
-        return f"ops its peers do not run ({shown})", remedy
+        return f"ops its peers do not run ({shown})", remedy, by_count
     if "dataloader" in lower or "enumerate(" in lower or "data_load" in lower:
         remedy = (
             f"Its input pipeline is slower: {top}. Give it more DataLoader workers (num_workers, persistent_workers, "
@@ -620,7 +654,7 @@ def _straggler_story(
             "inputs): its share of the data is larger. Split the data evenly across ranks (equal batch sizes; bucket or "
             "pack sequences by length so every rank gets as many tokens; equal image sizes), not a host fix."
         )
-        return f"larger inputs ({input_ratio:.2f}× its peers' matmul work)", remedy
+        return f"larger inputs ({input_ratio:.2f}× its peers' matmul work)", remedy, False
     elif gaps:
         remedy = (
             f"Its excess is untraced time ({top}): host-side Python, sleeps, locks or I/O the profiler does not see. "
@@ -638,7 +672,7 @@ def _straggler_story(
             "the host is the suspect (thermal throttling, clocks, noisy neighbours, CPU affinity, a slower link), or "
             "its data (longer sequences)."
         )
-    return (f"untraced time ({top})" if gaps else f"slower ops ({top})"), remedy
+    return (f"untraced time ({top})" if gaps else f"slower ops ({top})"), remedy, False
 
 
 def _forward_allreduce(g: ExecutionGraph, allreduce: np.ndarray, phases: np.ndarray | None) -> bool:
@@ -715,7 +749,7 @@ def offline_suggestions(retrieved: list[tuple[Recipe, float]], metrics: dict[str
                     title=recipe.title,
                     explanation=instantiate(recipe.explanation, ctx),
                     remedy=instantiate(recipe.remedy, ctx),
-                    edits=[instantiate(e, ctx) for e in recipe.edits],
+                    edits=[x for e in recipe.edits for x in instantiate(e, ctx).split(";") if x],
                     knobs=[instantiate(k, ctx) for k in recipe.knobs],
                     references=list(recipe.references),
                 )
@@ -900,7 +934,7 @@ def prompt(metrics: dict[str, float], sub: dict, retrieved: list[tuple[Recipe, f
                     "id": r.id,
                     "title": r.title,
                     "remedy": instantiate(r.remedy, ours),
-                    "edits": [instantiate(e, ours) for e in r.edits],
+                    "edits": [x for e in r.edits for x in instantiate(e, ours).split(";") if x],
                     "when": r.when,
                 }
                 for r, _ in retrieved
@@ -1032,10 +1066,17 @@ _EDIT_AMOUNT = re.compile(r"(?:^|,)(?:scale|delay_ms)=[^,]*")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
+_EDIT_RANK = re.compile(r"(?:^|,)rank=(-?\d+)")
+
+
 def _selects(edits: list[str]) -> tuple[str, ...]:
-    """What a suggestion's edits select, without their amounts and whether they edit the ops or
-    the time between them (``rank=1,scale=0.267`` and ``rank=1,gap=1,scale=0.5``: ``rank=1``):
-    the same in every step a suggestion names the same ops or rank."""
+    """What a suggestion's edits select: the ranks they name, where they name one (the straggler's,
+    whichever of its ops a step's edits name); else the edits without their amounts and whether
+    they edit the ops or the time between them. The same in every step a suggestion names the
+    same rank or ops."""
+    ranks = sorted({m.group(1) for e in edits for m in _EDIT_RANK.finditer(e)})
+    if ranks:
+        return tuple(f"rank={r}" for r in ranks)
     return tuple(sorted({_EDIT_AMOUNT.sub("", e).replace(",gap=1", "") for e in edits}))
 
 
