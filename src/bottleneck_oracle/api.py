@@ -855,6 +855,7 @@ def advise_graphs(
     out: list[StepAdvice] = []
     memo = KeyMemo()
     kept = {id(a) for a in steady(analyses)}
+    late = run_straggler([a for a in analyses if id(a) in kept])
     for a in analyses:
         g = a.graph
         refs, row_refs = _references(g, refs_all, baseline)
@@ -863,10 +864,29 @@ def advise_graphs(
             name_gaps(b, g, table)
         phase, mb = node_phases(table, g) if table is not None else (None, None)
         out.append(
-            StepAdvice(advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb, windows=windows), b, row_refs, id(a) in kept)
+            StepAdvice(
+                advise_step(a, b, phase, table, predictor, llm, recipes=kb, mb=mb, windows=windows, run_straggler=late),
+                b,
+                row_refs,
+                id(a) in kept,
+            )
         )
     slow_step_suggestions(analyses, [x.advice for x in out], table)
     return out
+
+
+def run_straggler(analyses: list[StepAnalysis]) -> int | None:
+    """The rank the others waited for (StepAnalysis.straggler) in most of ``analyses`` (the run's
+    steady steps), as the run answer names it (answer.PERSISTENT); None: no such rank."""
+    from collections import Counter
+
+    from bottleneck_oracle.analysis.answer import PERSISTENT
+
+    named = [s.rank for s in (a.straggler() for a in analyses) if s is not None]
+    if not named:
+        return None
+    rank, count = Counter(named).most_common(1)[0]
+    return int(rank) if count >= PERSISTENT * len(analyses) else None
 
 
 def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None) -> RunSummary:

@@ -2463,7 +2463,8 @@ def test_the_run_advice_reads_the_steady_steps_and_what_most_of_them_say():
     changes neither the remedy (but its figures, each step's), the edits' selection nor the count
     but by that step. The extra ops its remedy names come longest first, as the raw JSON times
     them (it named the most frequent first: ``aten::copy_ ×385``, 0.1 ms, before the matmuls); its
-    edits remove them, so each step's saving is about the raw stretch before rank 0 broadcasts."""
+    edits remove them, so each step's saving is about the raw stretch before rank 0 broadcasts; and
+    the run's persistent straggler is one in every steady step it has excess in."""
     import dataclasses
 
     from bottleneck_oracle.api import advise
@@ -2481,6 +2482,10 @@ def test_the_run_advice_reads_the_steady_steps_and_what_most_of_them_say():
         and straggler.edits[0].startswith("rank=0,")
         and "Rank 0 runs ops its peers do not" in straggler.remedy
     )
+    # rank 1 waits for rank 0's batch in every step (the raw gloo:broadcast, 8 ms or more): the run's
+    # straggler in each steady step, not only where one step's blame gave it half its excess (4 of 7)
+    waits = [e["dur"] for e in json.loads(gzip.open(path / "rank-1.json.gz").read())["traceEvents"] if e.get("name") == "gloo:broadcast"]
+    assert len(waits) == len(rows) and min(waits) >= 8000 and straggler.steps == straggler.of
     # the extra ops it names, the longest first (the raw JSON's times; it listed the most frequent: aten::copy_ ×385 first)
     listed = re.findall(r"(aten::\w+) ×\d+", straggler.remedy.split(";")[0])
     raw_us = {name: float(np.median([us for _, us in _raw_outermost(path, 0, name).values()])) for name in listed}

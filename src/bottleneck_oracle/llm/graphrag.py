@@ -114,8 +114,18 @@ MAX_SUGGESTIONS = 8
 MIN_SAVING_SHARE = 0.01  # a suggestion saving less than this share of the step is not worth a user's time
 
 
-def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, template values) of one analysed step."""
+RUN_STRAGGLER_SHARE = 0.5
+"""The straggler share a step gives the run's persistent straggler (the rank that made the others
+wait in most steady steps: api.run_straggler) where restoring it saves something in the step: the
+straggler recipe's threshold. Blame's share of one step is noisy (0.30 in a step of a job whose
+rank 0 prepared every batch, its peer's restorable time 0.27): the run's answer holds in most."""
+
+
+def symptoms(
+    a: StepAnalysis, b: Blame | None, phases: np.ndarray | None, run_straggler: int | None = None
+) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, template values) of one analysed step; ``run_straggler``: the run's persistent
+    straggler, if any (RUN_STRAGGLER_SHARE)."""
     g, r = a.graph, a.cpm
     n = g.nodes
     ms = r.makespan or 1.0
@@ -264,6 +274,10 @@ def symptoms(a: StepAnalysis, b: Blame | None, phases: np.ndarray | None) -> tup
     if b is not None and b.ranks and len(g.ranks) > 1 and b.excess > 0.02 * ms:
         worst = b.ranks[0]
         m["straggler_share"] = float(worst.share)
+        persistent = next((x for x in b.ranks if x.rank == run_straggler and x.saving_us > 0), None)
+        if persistent is not None:  # (the run's straggler: the one the others waited for in most steps)
+            worst = persistent
+            m["straggler_share"] = max(float(worst.share), RUN_STRAGGLER_SHARE)
         ctx["straggler_rank"] = str(worst.rank)
         extra = _extra_of(g, worst.rank)
         excess = max(worst.op_excess_us, sum(us for _, _, us in extra))  # (ops paired by order hide extra ones from blame)
@@ -956,11 +970,13 @@ def advise(
     recipes: list[Recipe] | None = None,
     mb: np.ndarray | None = None,
     windows=None,
+    run_straggler: int | None = None,
 ) -> Advice:
     """Suggestions for one analysed step, each validated by the replay (and the model); with
-    ``windows`` (api.two_step_graphs) in steady state where the device paced the step's host."""
+    ``windows`` (api.two_step_graphs) in steady state where the device paced the step's host;
+    ``run_straggler``: the run's persistent straggler (api.run_straggler), if any."""
     recipes = recipes or load_recipes()
-    metrics, ctx = symptoms(a, b, phases)
+    metrics, ctx = symptoms(a, b, phases, run_straggler)
     if table is not None:
         metrics["allreduce_full_precision_share"] = allreduce_full_precision_share(a, table)
         host_us, frame = host_code(a, table)
