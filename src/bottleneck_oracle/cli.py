@@ -1047,7 +1047,7 @@ def whatif(
         "-e",
         metavar="EDIT",
         help="Edit, repeatable: selectors id=N[+M..], name=EXACT|GLOB and name~=SUBSTRING (ops as analyze lists them, an enclosing op's "
-        "own time between its children included), rank=R, cat=CATEGORY, max_us=US, "
+        "own time between its children included), rank=R, cat=CATEGORY, coll=KIND, max_us=US, min_bytes=B (collectives moving B bytes or more), "
         "phase=forward|backward|optimizer, module=NAME|GLOB (ops inside that range, e.g. an nn.Module's), gap=1 (the untraced time around the ops); changes scale=F, delay_ms=MS, detach=1. "
         'E.g. "name~=all_reduce,rank=1,scale=0.5"; every edit must select something (see docs/commands/whatif.md).',
     ),

@@ -347,3 +347,39 @@ def test_a_whole_rank_edit_takes_its_parent_ops_own_time_too():
         saving = -replay(g, [whole]).delta_us
         assert saving >= 0.8 * matmuls, (g.step, saving, matmuls)
         assert own_time_edits(g, pair)[0] == 0  # (the gap edit holds it)
+
+
+def test_min_bytes_leaves_small_collectives_out_of_the_compression_edit():
+    """async_allreduce_gloo all-reduces four gradients a step: two weights of 8 MB and two biases of
+    4 and 8 KB (the raw JSON's ``c10d::allreduce_`` Input Dims, float32). The gradient-compression
+    recipe's edit halved all four, though a 4 KB all-reduce's time is its latency; its
+    ``min_bytes=65536`` now selects the two the raw sizes put at 64 KiB or more in every step, and
+    ``coll=all_reduce`` alone still all four; an edit giving min_bytes a bad value is an error."""
+    import gzip
+    import json
+
+    from bottleneck_oracle.api import graphs
+    from bottleneck_oracle.llm.retrieve import load_recipes
+
+    path = Path(__file__).resolve().parents[1] / "data" / "own-cpu" / "async_allreduce_gloo"
+    big: dict[tuple[int, int], int] = {}
+    every: dict[tuple[int, int], int] = {}
+    for f in sorted(path.glob("rank-*.json.gz")):
+        doc = json.load(gzip.open(f))
+        rank = doc["distributedInfo"]["rank"]
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        for s in (e for e in ev if e["name"].startswith("ProfilerStep#")):
+            calls = [e for e in ev if e["name"] == "c10d::allreduce_" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+            sizes = [4 * int(np.prod(e["args"]["Input Dims"][0][0])) for e in calls]
+            key = (rank, int(s["name"].split("#")[1]))
+            big[key], every[key] = sum(b >= 65536 for b in sizes), len(sizes)
+    assert set(big.values()) == {2} and set(every.values()) == {4}
+    (recipe,) = [r for r in load_recipes() if r.id == "dp-gradient-compression"]
+    (edit,) = [Edit.parse(e) for e in recipe.edits]
+    for g in graphs(cached_load(path)):
+        for rank in g.ranks:
+            picked = edit.select(g)
+            assert int((g.nodes["rank"][picked] == rank).sum()) == big[rank, g.step], (g.step, rank)
+            assert int((g.nodes["rank"][Edit.parse("coll=all_reduce,scale=0.5").select(g)] == rank).sum()) == every[rank, g.step]
+    with pytest.raises(OracleError, match="min_bytes"):
+        Edit.parse("coll=all_reduce,min_bytes=-1,scale=0.5")

@@ -876,7 +876,6 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
     counted: dict[
         tuple[int, str], list[float]
     ] = {}  # ops a rank ran more often than its peers: their time, a step (inf: its peers run them too)
-    several: dict[tuple[int, str], list[bool]] = {}  # and its peers run none, the rank two or more a step
     sources: dict[RegionKey, set[str]] = {}
     sampled: dict[int, float] = {}
     found: ExtraFound = {}
@@ -896,9 +895,8 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
             every = _extra_ops(g, groups, focus, outermost=False)
             if every:
                 on_peers = {r: _names_on_peers(g, groups, r) for r in {r for r, _ in every}}
-                for key, (count, dur) in every.items():
+                for key, (_, dur) in every.items():
                     counted.setdefault(key, []).append(dur if key[1] not in on_peers[key[0]] else np.inf)
-                    several.setdefault(key, []).append(count >= 2 and key[1] not in on_peers[key[0]])
             found[k] = _outermost(g, every)
             for key, (count, dur) in found[k].items():
                 extra.setdefault(key, []).append((count, dur))
@@ -931,15 +929,11 @@ def _where(answer: RunAnswer, picked: list[StepAnalysis], references: list[Execu
 
     def explained(key: RegionKey) -> bool:
         """An op region the extra ops explain: its peers run the op too (its occurrences paired by
-        order), or they run none and the rank runs it twice or more a step (one of many: the 0.8 ms
-        ``aten::rand`` of a 512 x 512 weight among 128 small ones, "0.8 ms against 0.00"), or one
-        occurrence holds less than half the time the rank's extra ones take (a hook only this rank
-        registered, one op holding all of it, is its own region)."""
+        order), or one occurrence holds less than half the time the rank's extra ones take (one of
+        many: a hook only this rank registered, holding all of it, is its own region)."""
         times = counted.get((key[0], key[1]))
         if key[2] != "op" or not times:
             return False
-        if np.mean(several[(key[0], key[1])]) >= PERSISTENT:
-            return True
         own = float(np.median([v[0] for v in per[key].values()]))
         return own < EXTRA_ONE_OF_MANY * float(np.median(times))
 

@@ -140,6 +140,9 @@ class Edit:
     """schema.Category name, lower case: cpu_op, runtime, kernel, memcpy, memset, collective, p2p"""
     max_us: float | None = None
     """only nodes whose modelled duration is at most this (µs)"""
+    min_bytes: float | None = None
+    """only collectives and sends/receives whose message is this many bytes or more (those whose size
+    the trace does not give included): a compression's edit leaves a 4-byte metric all-reduce out"""
     collective: str | None = None
     """collectives of one kind (schema.CollectiveKind, lower case: all_reduce, all_gather,
     reduce_scatter, broadcast, all_to_all, ...), whatever their names: NCCL's
@@ -169,6 +172,8 @@ class Edit:
             raise ValueError(f"delay_ms must be a number within ±{MAX_DELAY_MS:g} ms (found {self.delay_ms})")
         if self.max_us is not None and not 0 <= self.max_us < float("inf"):
             raise ValueError(f"max_us must be a finite number >= 0 (found {self.max_us})")
+        if self.min_bytes is not None and not 0 <= self.min_bytes < float("inf"):
+            raise ValueError(f"min_bytes must be a finite number >= 0 (found {self.min_bytes})")
         if any(not 0 <= i < 2**62 for i in self.ids):
             raise ValueError(f"node ids are non-negative integers below 2**62 (found {max(self.ids, key=abs)})")
         if not (
@@ -178,11 +183,12 @@ class Edit:
             or self.rank is not None
             or self.category
             or self.max_us is not None
+            or self.min_bytes is not None
             or self.phase
             or self.module
             or self.collective
         ):
-            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, coll=, max_us=, phase= or module=")
+            raise ValueError("an edit needs a selector: id=, name=, name~=, rank=, cat=, coll=, max_us=, min_bytes=, phase= or module=")
         if self.collective is not None and _collective_kind_named(self.collective) is None:
             raise ValueError(f"coll must be one of {', '.join(k.name.lower() for k in CollectiveKind)} (found {self.collective!r})")
         if self.phase is not None and self.phase not in PHASES:
@@ -220,6 +226,8 @@ class Edit:
             what += f" of the {self.phase} pass"
         if self.max_us is not None:
             what += f" of at most {self.max_us:g} µs"
+        if self.min_bytes is not None:
+            what += f" moving {self.min_bytes:g} bytes or more"
         if self.rank is not None:
             what = f"rank {self.rank}'s {what}"
         if self.detach:
@@ -271,13 +279,15 @@ class Edit:
                     kw["detach"] = value.lower() in ("1", "true", "yes")
                 elif key == "max_us":
                     kw["max_us"] = float(value)
+                elif key == "min_bytes":
+                    kw["min_bytes"] = float(value)
                 elif key == "scale":
                     kw["scale"] = float(value)
                 elif key in ("delay_ms", "delay"):
                     kw["delay_ms"] = float(value)
                 else:
                     raise OracleError(
-                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, coll, max_us, phase, module, gap, detach, scale, delay_ms)"
+                        f"edit {text!r}: unknown key {key!r} (id, name, name~, rank, cat, coll, max_us, min_bytes, phase, module, gap, detach, scale, delay_ms)"
                     )
             except ValueError as exc:
                 raise OracleError(f"edit {text!r}: bad value for {key}: {value!r}") from exc
@@ -293,7 +303,9 @@ class Edit:
         phase nor module: ``rank=1,scale=0.5`` is the rank's ops at half their time, an
         ``aten::mm``'s own time around its ``aten::resolve_conj`` child too)."""
         named = self.name is not None or self.name_contains is not None
-        whole_rank = self.rank is not None and self.phase is None and self.module is None and self.collective is None
+        whole_rank = (
+            self.rank is not None and self.phase is None and self.module is None and self.collective is None and self.min_bytes is None
+        )
         return (
             (named or whole_rank)
             and not self.ids
@@ -347,6 +359,8 @@ class Edit:
             mask &= (n["node_type"] == NodeType.NETWORK) & (n["coll_kind"] == _collective_kind_named(self.collective))
         if self.max_us is not None:
             mask &= n["mdur"] <= self.max_us
+        if self.min_bytes is not None:  # (a size the trace does not give is no size under it)
+            mask &= (n["node_type"] == NodeType.NETWORK) & ~(n["msg_bytes"] < self.min_bytes)
         if self.phase is not None:
             if phases is None:
                 raise OracleError("edit: phase= needs the trace's phase ranges (not available for this input)")

@@ -320,12 +320,20 @@ recompute ranges."""
 _LOW_KERNEL_NAME = re.compile(F.LOW_PRECISION_KERNEL_PATTERN, re.IGNORECASE)
 
 
+COMPRESSIBLE_MIN_BYTES = 65536
+"""An all-reduce moving fewer bytes than this spends its time in latency on any link (64 KiB is
+64 µs at 1 GB/s, about a TCP round trip; under 1 µs on NVLink): halving its bytes saves nothing.
+The gradient-compression recipe's edit leaves such all-reduces out (a loss averaged for logging, a
+bias's gradient), and they count as not full precision here."""
+
+
 def allreduce_full_precision_share(a: StepAnalysis, table) -> float:
     """Share of the critical path's all-reduce time (network ops of that kind) in all-reduces not
     known to move 16- or 8-bit values: their args' dtype (``"dtype": "BFloat16"`` on recent
-    PyTorch's record_param_comms and NCCL kernels), else their name (``..._Sum_bf16``). The
-    gradient-compression recipe halves the bytes of a full-precision all-reduce; one in bf16
-    already has none to halve. 1 where the path holds no all-reduce (nothing known)."""
+    PyTorch's record_param_comms and NCCL kernels), else their name (``..._Sum_bf16``), and not
+    known to move under COMPRESSIBLE_MIN_BYTES. The gradient-compression recipe halves the bytes
+    of a full-precision all-reduce; one in bf16 already has none to halve, a small one no
+    bandwidth to save. 1 where the path holds no all-reduce (nothing known)."""
     g, n = a.graph, a.graph.nodes
     network = (n["node_type"] == NodeType.NETWORK) & (n["category"] != Category.BARRIER) & (n["coll_kind"] == CollectiveKind.ALL_REDUCE)
     t = a.critical_time()
@@ -335,6 +343,7 @@ def allreduce_full_precision_share(a: StepAnalysis, table) -> float:
         return 1.0
     elem = table.cols["elem_bytes"][n["event"][nodes]]
     low = np.where(np.isfinite(elem), elem <= 2, [bool(_LOW_KERNEL_NAME.search(g.node_name(int(i)))) for i in nodes])
+    low |= n["msg_bytes"][nodes] < COMPRESSIBLE_MIN_BYTES  # (NaN, not known: not small)
     return float(1.0 - t[nodes][low].sum() / total)
 
 
