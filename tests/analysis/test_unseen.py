@@ -2436,7 +2436,8 @@ def test_an_op_the_profiler_records_inside_itself_is_one_extra_op():
     ms)", twice the calls and their time. Now an op inside an op of its own name is that call:
     ×128 and the outer calls' time (the raw JSON's, median over the steady steps, within 5%); an op
     the peers never run counts every one of its runs (``aten::rand``: its one 512 x 512 draw and 128
-    small ones, the raw sum within 5%, not 129 times its median run)."""
+    small ones, the raw sum within 5%, not 129 times its median run), and no note names it as a
+    region "also slower" beside them (0.8 ms "against 0.00")."""
     from bottleneck_oracle.analysis.answer import run_answer
 
     path = OWN_CPU / "broadcast_batch_gloo"
@@ -2449,6 +2450,7 @@ def test_an_op_the_profiler_records_inside_itself_is_one_extra_op():
         assert len(counts) == 1 and extra[name].count == counts.pop(), (name, extra[name].count)
         assert extra[name].dur.median_us == pytest.approx(float(np.median([raw[s][1] for s in steady])), rel=0.05), name
     assert extra["aten::sort"].count == 128
+    assert not any("aten::rand" in line for line in ans.notes)  # (one of the extra ops: no region of its own beside them)
 
 
 def test_the_run_advice_reads_the_steady_steps_and_what_most_of_them_say():

@@ -688,10 +688,12 @@ def answer_from(
         r, x = answer.region, answer.extra_saving
         if r is not None and x is not None and x.median_us >= EXTRA_OVER_REGION * max(r.saving.median_us, 0.0):
             # the ops it runs and its peers do not are where it differs; the region a lesser difference
-            answer.notes.append(
-                f"Also slower on rank {r.rank} than {r.against}: {r.name}, {_ms(r.own.median_us)} ms a step against "
-                f"{_ms(r.peers.median_us)} (+{_ms(r.excess.median_us)} ms); fixing it saves {_ms(r.saving.median_us)} ms a step"
-            )
+            # (named, unless it is one of those ops: their removal holds it)
+            if not any(e.rank == r.rank and e.name == r.name for e in answer.extra_ops):
+                answer.notes.append(
+                    f"Also slower on rank {r.rank} than {r.against}: {r.name}, {_ms(r.own.median_us)} ms a step against "
+                    f"{_ms(r.peers.median_us)} (+{_ms(r.excess.median_us)} ms); fixing it saves {_ms(r.saving.median_us)} ms a step"
+                )
             answer.region = None
     return answer
 
