@@ -254,6 +254,11 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
     np.maximum.at(launched_at, e["dst"][is_launch], (n["start"] + n["dur"])[e["src"][is_launch]])
     launched_by = of(launched_at)
     wait_label = {int(k): v for k, v in _WAIT_LABEL.items()}
+    # a host collective's recorded end: its span on its rank can outlast the instance's modelled end
+    # (the first participant's, collectives.modelled_ends); the rest of it is that rank's
+    # communication, not time with no op open
+    network = isin_small(n["category"], (Category.COLLECTIVE, Category.P2P)) & ~n["on_gpu"]
+    net_end = of(np.where(network, n["start"] + n["dur"], -np.inf))
     cursor = r.path_origin
     for j, v in enumerate(path):
         est = est_of[v]
@@ -267,6 +272,10 @@ def explain(g: ExecutionGraph, r: CPMResult, untraced_gap_us: float = UNTRACED_G
             at = member_on_thread(v, src) if is_barrier[v] else v  # whose time the gap before v is
             gpu_v = gpu_of[at]
             if kind == program_order and not gpu_v:
+                tail = min(net_end.get(src, -np.inf), est)
+                if tail > cursor and not is_barrier[at]:  # (the op before it, still open on its thread)
+                    add("op", COMM, at, names[code_of[src]], cursor, tail)
+                    cursor = tail
                 thread_time(at, cursor, est)
             elif kind == launch:  # the device had nothing to run until the launch: starved by its host
                 if est - cursor <= untraced_gap_us:
