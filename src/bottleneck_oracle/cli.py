@@ -702,7 +702,7 @@ def analyze(
             if s_doc["step"] in extras:
                 x = extras[s_doc["step"]]
                 s_doc["blame"] = to_json(x.blame)
-                s_doc["advice"] = {**to_json_object(x.advice), "references": x.references}
+                s_doc["advice"] = {**to_json_object(x.advice), "references": x.references, "steady": x.steady}
         _print_json(doc)
         return
     _print_summary(analyses, str(path), k, run=run, detail=detail)

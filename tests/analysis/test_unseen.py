@@ -2580,3 +2580,61 @@ def test_a_collective_still_open_on_its_rank_is_communication_not_untraced(name)
             s0, s1 = seg.start - origin, seg.start + seg.dur - origin
             inside += sum(max(0.0, min(s1, b) - max(s0, a_)) for tid, a_, b in raw[seg.rank, g.step] if tid == seg.tid)
         assert inside <= 50.0, (g.step, inside)
+
+
+def _raw_spans(path: Path) -> dict[int, float]:
+    """ProfilerStep number -> the longest rank's span (µs), from the raw JSON."""
+    out: dict[int, float] = {}
+    for doc in raw_events(path):
+        for e in doc["traceEvents"]:
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                k = int(e["name"].split("#")[1])
+                out[k] = max(out.get(k, 0.0), float(e["dur"]))
+    return out
+
+
+def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(capsys):
+    """growing_decode (a decode loop over a growing key/value cache: 3.1 to 28.5 ms a step) was
+    answered "step time 17.0 ms [13.2, 20.5]", as if the steps were alike; alternating_steps_gloo
+    (DDP, a no_sync micro-batch and a synchronised one with Adam, by turns) "11.5 ms [3.9, 12.5]",
+    the median landing on one kind. Now the run answer says the steps trend (its Theil-Sen slope
+    within 25% of the raw spans' least-squares slope; Kendall's tau, counted here from the raw
+    spans, 0.6 or more; the mean the raw mean within 3%), or fall in two groups taking turns (the
+    raw even and odd steps, their medians within 15%); compare warns of a side that trends; and
+    runs whose raw steps are alike say neither."""
+    from bottleneck_oracle.analysis.answer import run_answer
+    from conftest import run_cli
+
+    decode = OWN_CPU / "growing_decode.json.gz"
+    raw = _raw_spans(decode)
+    steps = sorted(raw)[1:]  # (the steady ones: all but the first)
+    t = np.array([raw[k] for k in steps])
+    pairs = [(i, j) for i in range(len(t)) for j in range(i + 1, len(t))]
+    tau = sum(np.sign(t[j] - t[i]) for i, j in pairs) / len(pairs)
+    ols = np.polyfit(np.arange(len(t)), t, 1)[0]
+    ans = run_answer(cached_analyses(decode))
+    assert tau >= 0.6 and ans.trend is not None and ans.groups is None
+    assert ans.trend.slope_us == pytest.approx(ols, rel=0.25) and ans.trend.mean_us == pytest.approx(float(t.mean()), rel=0.03)
+    assert any(line.startswith("Step time trends up:") for line in ans.lines())
+    code, out, err = run_cli(["compare", str(decode), str(decode)], capsys)
+    assert code == 0 and "the candidate's step time trends up over its steps" in " ".join((out + err).split())
+
+    alternating = OWN_CPU / "alternating_steps_gloo"
+    raw = _raw_spans(alternating)
+    steps = sorted(raw)[1:]
+    kinds = {k % 2: [raw[s] for s in steps if s % 2 == k % 2] for k in (0, 1)}
+    fast, slow = sorted(kinds.values(), key=np.median)
+    ans = run_answer(cached_analyses(alternating))
+    g = ans.groups
+    assert ans.trend is None and g is not None and g.alternate and (g.fast_steps, g.slow_steps) == (len(fast), len(slow))
+    assert g.fast.median_us == pytest.approx(float(np.median(fast)), rel=0.15) and g.slow.median_us == pytest.approx(
+        float(np.median(slow)), rel=0.15
+    )
+    for other in (
+        DATA / "gloo_ddp_8steps_clean",
+        OWN_CPU / "broadcast_batch_gloo",
+        OWN_CPU / "pipelining_gpipe_gloo",
+        PUBLIC / "train_1rank_5steps.json.gz",
+    ):
+        a = run_answer(cached_analyses(other))
+        assert a.trend is None and a.groups is None, other

@@ -232,6 +232,100 @@ class UnevenInputs:
     of: int  # steady steps with the sizes recorded on it and a peer
 
 
+TREND_TAU = 0.6
+"""Kendall's tau of the steady steps' times against their order: this or more (in size), with
+TREND_RISE, and the steps trend (a decode loop whose cache grows, a leak, a rank slowing)."""
+TREND_RISE = 0.25
+"""...where the Theil-Sen line over them rises (or falls) this share of their median or more."""
+TREND_MIN_STEPS = 6
+GROUP_GAP = 3.0
+"""Two groups of steps: the gap between the faster group's slowest and the slower group's fastest
+at least this many times the larger group's own spread (robust sigma), and GROUP_RISE of the
+median or more."""
+GROUP_RISE = 0.25
+GROUP_SHARE = 0.25  # each group this share of the steady steps or more (two steps at least)
+MAX_PAIRS_STEPS = 2000  # steps whose pairs are counted for the trend (more: evenly spaced ones of them)
+ROBUST_SIGMA = 1.4826  # MAD -> sigma of a normal distribution
+
+
+@dataclass(frozen=True, slots=True)
+class StepTrend:
+    """Steady steps whose time trends (step_trend): the Theil-Sen line at the first and last step."""
+
+    first_step: int | None
+    last_step: int | None
+    first_us: float
+    last_us: float
+    slope_us: float  # per step
+    tau: float  # Kendall's tau of time against order
+    mean_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepGroups:
+    """Steady steps that fall in two groups by their time (step_groups)."""
+
+    fast: Estimate
+    slow: Estimate
+    fast_steps: int
+    slow_steps: int
+    alternate: bool  # the two kinds take turns step by step (most neighbours differ)
+    mean_us: float
+
+
+def step_trend(steps: Sequence[int | None], times: Sequence[float]) -> StepTrend | None:
+    """The trend of a run's steady step times (in step order), where Kendall's tau of time against
+    order is TREND_TAU or more in size and the Theil-Sen line rises or falls TREND_RISE of their
+    median or more over the steps (TREND_MIN_STEPS at least); None otherwise: the steps are alike,
+    their median a steady value."""
+    t = np.asarray(times, dtype=np.float64)
+    n = len(t)
+    if n < TREND_MIN_STEPS:
+        return None
+    pick = np.unique(np.linspace(0, n - 1, min(n, MAX_PAIRS_STEPS)).round().astype(np.int64))
+    x, y = pick.astype(np.float64), t[pick]
+    i, j = np.triu_indices(len(pick), 1)
+    dx, dy = x[j] - x[i], y[j] - y[i]
+    tau = float(np.sum(np.sign(dy)) / len(dy))
+    slope = float(np.median(dy / dx))
+    median = float(np.median(t))
+    rise = slope * (n - 1)
+    if abs(tau) < TREND_TAU or abs(rise) < TREND_RISE * max(median, 1e-9):
+        return None
+    centre = float(np.median(t - slope * np.arange(n)))
+    return StepTrend(steps[0], steps[-1], centre, centre + rise, slope, tau, float(np.mean(t)))
+
+
+def step_groups(times: Sequence[float]) -> StepGroups | None:
+    """Two groups among a run's steady step times (in step order): the split of the sorted times with
+    the largest gap against the groups' own spread, where that gap is GROUP_GAP times the spread or
+    more and GROUP_RISE of the median, each group GROUP_SHARE of the steps (two at least); None
+    otherwise (one group: the median stands for the steps)."""
+    t = np.asarray(times, dtype=np.float64)
+    n = len(t)
+    least = max(2, int(np.ceil(GROUP_SHARE * n)))
+    if n < 2 * least:
+        return None
+    s = np.sort(t)
+    median = float(np.median(t))
+
+    def spread(a: np.ndarray) -> float:
+        return max(ROBUST_SIGMA * float(np.median(np.abs(a - np.median(a)))), 0.01 * median)
+
+    best, at = 0.0, -1
+    for k in range(least, n - least + 1):
+        gap = float(s[k] - s[k - 1])
+        ratio = gap / max(spread(s[:k]), spread(s[k:]))
+        if gap >= GROUP_RISE * median and ratio > best:
+            best, at = ratio, k
+    if at < 0 or best < GROUP_GAP:
+        return None
+    cut = (s[at - 1] + s[at]) / 2
+    slow = t > cut
+    alternate = bool(np.mean(slow[1:] != slow[:-1]) >= 0.8)
+    return StepGroups(estimate(list(t[~slow])), estimate(list(t[slow])), int((~slow).sum()), int(slow.sum()), alternate, float(np.mean(t)))
+
+
 @dataclass(slots=True, repr=False)
 class RunAnswer:
     source: str
@@ -257,6 +351,8 @@ class RunAnswer:
     pipeline: PipelineAnswer | None = None  # ranks that send to and receive from each other: how busy each kept (_pipeline); None: none
     devices: DevicesAnswer | None = None  # a rank that drives several devices: how busy each kept (_devices); None: none does
     inputs: UnevenInputs | None = None  # the straggler's ops given more work than its peers' same ops (_uneven_inputs); None: not so
+    trend: StepTrend | None = None  # the steady steps' time trends (step_trend); None: it does not
+    groups: StepGroups | None = None  # the steady steps fall in two groups by their time (step_groups); None: they do not
 
     def __repr__(self) -> str:
         return "RunAnswer(\n  " + "\n  ".join(self.lines()) + "\n)"
@@ -277,6 +373,20 @@ class RunAnswer:
                 f"; host span {ms(self.measured.median_us)} ms" if abs(self.measured.median_us - st.median_us) > 0.05 * st.median_us else ""
             ),
         ]
+        if self.trend is not None:
+            tr = self.trend
+            out.append(
+                f"Step time trends {'up' if tr.slope_us > 0 else 'down'}: {ms(tr.first_us)} ms at step {tr.first_step} to "
+                f"{ms(tr.last_us)} at step {tr.last_step} ({tr.slope_us / 1000:+.2f} ms a step, Kendall's tau {tr.tau:.2f}): "
+                f"the median is no steady value; the mean is {ms(tr.mean_us)} ms"
+            )
+        if self.groups is not None:
+            gr = self.groups
+            out.append(
+                f"Steps fall in two groups: {gr.fast_steps} of {ms(gr.fast.median_us)} ms and {gr.slow_steps} of "
+                f"{ms(gr.slow.median_us)} ms{', taking turns' if gr.alternate else ''}: the median stands for neither; "
+                f"the mean is {ms(gr.mean_us)} ms"
+            )
         b = self.breakdown
         total = sum(e.median_us for e in b.values()) or 1.0
         shares = sorted(((e.median_us / total, k) for k, e in b.items()), reverse=True)
@@ -595,7 +705,10 @@ def answer_from(
         straggler=_straggler(st),
         region=None,
     )
+    answer.trend = step_trend([f.step for f in st], [f.step_time for f in st])
     answer.slow_steps = _slow_steps(st)
+    if answer.trend is None and answer.slow_steps is None:  # (slow steps are the minority group, said so)
+        answer.groups = step_groups([f.step_time for f in st])
     answer.pipeline = _pipeline(st)
     answer.devices = _devices(st)
     fed = [f.input_us for f in st]

@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 
-from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS, matmul_work
+from bottleneck_oracle.analysis.answer import UNEVEN_INPUTS, matmul_work, step_trend
 from bottleneck_oracle.analysis.runs import ROBUST, steady
 from bottleneck_oracle.analysis.segments import BREAKDOWN_KEYS, BreakdownKey, Segment, SegmentKind, label
 from bottleneck_oracle.analysis.shift import shift_interval
@@ -465,6 +465,14 @@ def compare(
     warns = comparability(sb, sc, force)
     tb, tc = np.array([step_time(a) for a in b]), np.array([step_time(a) for a in c])
     mb, mc = float(np.median(tb)), float(np.median(tc))
+    for side, steps, times in (("baseline", b, tb), ("candidate", c, tc)):
+        trend = step_trend([a.graph.step for a in steps], times.tolist())
+        if trend is not None:
+            warns.append(
+                f"the {side}'s step time trends {'up' if trend.slope_us > 0 else 'down'} over its steps "
+                f"({trend.first_us / 1000:.1f} to {trend.last_us / 1000:.1f} ms, {trend.slope_us / 1000:+.2f} ms a step): its median "
+                "is no steady value, and the change depends on which steps were profiled"
+            )
     call, reason, ci = verdict(tb, tc, min_change)
     speed = op_speed(b, c)
     share = (mc - mb) / mb if mb else 0.0
