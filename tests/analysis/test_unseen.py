@@ -2638,3 +2638,34 @@ def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(
     ):
         a = run_answer(cached_analyses(other))
         assert a.trend is None and a.groups is None, other
+
+
+def test_a_rank_slowed_before_its_all_reduce_is_the_straggler_though_no_barrier_is_on_the_path():
+    """slowing_rank_gloo: rank 1 runs 3 more ``tanh(y @ w)`` each step before its forward, so rank 0
+    reaches the gradient all-reduce first and waits (the raw ``gloo:all_reduce`` starts: rank 1's
+    1.8 to 24.7 ms after rank 0's in steps 3-21). The critical path runs through rank 1's own work
+    to the step's end, beside the all-reduce's barrier (a tie), so no collective on the path made a
+    rank wait and the step had no straggler: the run answer named none on such a job (15 of 20
+    steps without one). Now every steady step in which the raw events show rank 0 waiting 1 ms or
+    more names rank 1, and the run answer does; the answer also says the step time trends up."""
+    from bottleneck_oracle.analysis.answer import run_answer
+
+    path = OWN_CPU / "slowing_rank_gloo"
+    starts: dict[int, dict[int, float]] = {}
+    for doc in raw_events(path):
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        mine = starts.setdefault(doc["distributedInfo"]["rank"], {})
+        for s in (e for e in ev if e["name"].startswith("ProfilerStep#")):
+            mine[int(s["name"].split("#")[1])] = min(
+                e["ts"] for e in ev if e["name"] == "gloo:all_reduce" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]
+            )
+    waited = {k for k in starts[0] if starts[1][k] - starts[0][k] >= 1000.0}
+    analyses = cached_analyses(path)
+    steady = [a for a in analyses if a.graph.step != min(starts[0])]
+    assert len(waited & {a.graph.step for a in steady}) >= 15
+    for a in steady:
+        if a.graph.step in waited:
+            s = a.straggler()
+            assert s is not None and s.rank == 1, (a.graph.step, s)
+    ans = run_answer(analyses)
+    assert ans.straggler is not None and ans.straggler.rank == 1 and ans.trend is not None and ans.trend.slope_us > 0
