@@ -463,9 +463,14 @@ class StepAnalysis:
         LATE_RANK_PATH_SHARE of its time or more. A data-parallel rank slowed before its all-reduce
         takes the path through its own work to the step's end: the others' wait at the all-reduce
         is then no barrier on the path, but that rank is what they waited for (it had read as no
-        straggler in 15 of 20 steps of a job whose rank 1 ran 1-27 ms of extra matmuls a step)."""
+        straggler in 15 of 20 steps of a job whose rank 1 ran 1-27 ms of extra matmuls a step). Not
+        where a rank's trace is sampled or ranks of the job are not in the input: which of the ranks
+        here came last then says little of who held the collective up."""
         g = self.graph
         n, e = g.nodes, g.edges
+        run = g.meta.get("run_facts") or {}
+        if g.info.sampled or int(run.get("missing_ranks") or 0):  # (who came last among the ranks here says little)
+            return None
         sym = np.unique(e["src"][(e["kind"] == EdgeKind.COLLECTIVE_SYNC) & (n["category"][e["src"]] == Category.BARRIER)])
         every = self._imposed(sym)
         late = {k: v for k, v in every.items() if v > 0}
