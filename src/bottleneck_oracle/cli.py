@@ -1457,6 +1457,9 @@ def summary(
             )
         )
     )
+    for said in (s.trend, s.groups):
+        if said is not None:
+            out.print(Text(said.line()))
     t = TableModel(
         "Steps against the run's median",
         [

@@ -2600,8 +2600,8 @@ def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(
     the median landing on one kind. Now the run answer says the steps trend (its Theil-Sen slope
     within 25% of the raw spans' least-squares slope; Kendall's tau, counted here from the raw
     spans, 0.6 or more; the mean the raw mean within 3%), or fall in two groups taking turns (the
-    raw even and odd steps, their medians within 15%); compare warns of a side that trends; and
-    runs whose raw steps are alike say neither."""
+    raw even and odd steps, their medians within 15%); compare warns of a side that trends, summary
+    says it beside its median; and runs whose raw steps are alike say neither."""
     from bottleneck_oracle.analysis.answer import run_answer
     from conftest import run_cli
 
@@ -2618,6 +2618,8 @@ def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(
     assert any(line.startswith("Step time trends up:") for line in ans.lines())
     code, out, err = run_cli(["compare", str(decode), str(decode)], capsys)
     assert code == 0 and "the candidate's step time trends up over its steps" in " ".join((out + err).split())
+    code, out, _ = run_cli(["summary", str(decode), "--json"], capsys)  # (summary says it beside its median)
+    assert code == 0 and json.loads(out)["trend"]["slope_us"] == pytest.approx(ans.trend.slope_us)
 
     alternating = OWN_CPU / "alternating_steps_gloo"
     raw = _raw_spans(alternating)

@@ -260,6 +260,13 @@ class StepTrend:
     tau: float  # Kendall's tau of time against order
     mean_us: float
 
+    def line(self) -> str:
+        return (
+            f"Step time trends {'up' if self.slope_us > 0 else 'down'}: {_ms(self.first_us)} ms at step {self.first_step} to "
+            f"{_ms(self.last_us)} at step {self.last_step} ({self.slope_us / 1000:+.2f} ms a step, Kendall's tau {self.tau:.2f}): "
+            f"the median is no steady value; the mean is {_ms(self.mean_us)} ms"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StepGroups:
@@ -271,6 +278,13 @@ class StepGroups:
     slow_steps: int
     alternate: bool  # the two kinds take turns step by step (most neighbours differ)
     mean_us: float
+
+    def line(self) -> str:
+        return (
+            f"Steps fall in two groups: {self.fast_steps} of {_ms(self.fast.median_us)} ms and {self.slow_steps} of "
+            f"{_ms(self.slow.median_us)} ms{', taking turns' if self.alternate else ''}: the median stands for neither; "
+            f"the mean is {_ms(self.mean_us)} ms"
+        )
 
 
 def step_trend(steps: Sequence[int | None], times: Sequence[float]) -> StepTrend | None:
@@ -374,19 +388,9 @@ class RunAnswer:
             ),
         ]
         if self.trend is not None:
-            tr = self.trend
-            out.append(
-                f"Step time trends {'up' if tr.slope_us > 0 else 'down'}: {ms(tr.first_us)} ms at step {tr.first_step} to "
-                f"{ms(tr.last_us)} at step {tr.last_step} ({tr.slope_us / 1000:+.2f} ms a step, Kendall's tau {tr.tau:.2f}): "
-                f"the median is no steady value; the mean is {ms(tr.mean_us)} ms"
-            )
+            out.append(self.trend.line())
         if self.groups is not None:
-            gr = self.groups
-            out.append(
-                f"Steps fall in two groups: {gr.fast_steps} of {ms(gr.fast.median_us)} ms and {gr.slow_steps} of "
-                f"{ms(gr.slow.median_us)} ms{', taking turns' if gr.alternate else ''}: the median stands for neither; "
-                f"the mean is {ms(gr.mean_us)} ms"
-            )
+            out.append(self.groups.line())
         b = self.breakdown
         total = sum(e.median_us for e in b.values()) or 1.0
         shares = sorted(((e.median_us / total, k) for k, e in b.items()), reverse=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.analysis.answer import NAMED_TOP, SlowCause, named_cause, steady_of
+from bottleneck_oracle.analysis.answer import NAMED_TOP, SlowCause, StepGroups, StepTrend, named_cause, steady_of, step_groups, step_trend
 from bottleneck_oracle.analysis.blame import CulpritKind
 from bottleneck_oracle.analysis.segments import path_by_name
 from bottleneck_oracle.analysis.summary import StepAnalysis
@@ -68,6 +68,8 @@ class RunSummary:
     median_us: float  # steady-state step time: the median of the non-warm-up steps
     spread_us: float  # 1.4826 x MAD of those steps
     steps: list[StepRow] = field(default_factory=list)
+    trend: StepTrend | None = None  # those steps' time trends (answer.step_trend); None: it does not
+    groups: StepGroups | None = None  # they fall in two groups by their time (answer.step_groups); None: they do not
 
 
 def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
@@ -80,6 +82,8 @@ def summarize(analyses: list[StepAnalysis], source: str = "") -> RunSummary:
     spread = ROBUST * float(np.median(np.abs(times - med))) if len(times) else 0.0
     fence = max(OUTLIER_SIGMAS * spread, OUTLIER_SHARE * med)
     out = RunSummary(source=source, median_us=med, spread_us=spread)
+    out.trend = step_trend([a.graph.step for a in kept], times.tolist())
+    out.groups = step_groups(times.tolist()) if out.trend is None else None
     typical_steps = [a for a in kept if abs(a.step_time - med) <= fence]
     typical = [a.graph for a in typical_steps]
     typical_named: list[list[tuple[int, str, int, float]]] = []
