@@ -1334,6 +1334,12 @@ def _print_run_advice(overall, n_steps: int, with_edits: bool = False) -> None:
             out.print(Text(f"  Remedy: {x.remedy}"))
         if with_edits and x.edits:
             out.print(Text(f"  What-if: {'; '.join(x.edits)}"))
+    if len(overall) > 1:
+        out.print(
+            "Each saving is replayed alone against the recorded step: suggestions that change the same time "
+            "(an optimizer that is the straggler's excess, two remedies of one all-reduce) do not add up.",
+            highlight=False,
+        )
 
 
 @app.command(rich_help_panel=ANALYSIS)
