@@ -674,7 +674,8 @@ class StepAnalysis:
         if m.get("aligned"):
             out.append(
                 f"step {step}: {m['aligned']} collective{'s' if m['aligned'] > 1 else ''} or send{'s' if m['aligned'] > 1 else ''} "
-                "that some ranks' traces lack (events sampled, or a trace trimmed or cut?): each process group's sequences were "
+                "that some ranks' traces lack (events sampled, a trace trimmed or cut, or a collective its process issued "
+                "from a thread the profiler did not record, as a DDP comm hook's callback can be?): each process group's sequences were "
                 "aligned by kind and size so that the others still pair with their own"
             )
         if m.get("in_a_cycle"):
