@@ -240,13 +240,14 @@ def test_a_copy_whose_stream_waits_on_an_untraced_event_is_an_untraced_wait():
 
 
 def _raw_step_spans(path: Path) -> dict[int, float]:
-    """ProfilerStep number -> its host span (µs), from the raw events."""
-    (doc,) = raw_events(path)
-    return {
-        int(e["name"].split("#")[1]): float(e["dur"])
-        for e in doc["traceEvents"]
-        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
-    }
+    """ProfilerStep number -> its host span (µs; of several ranks, the longest), from the raw events."""
+    out: dict[int, float] = {}
+    for doc in raw_events(path):
+        for e in doc["traceEvents"]:
+            if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                k = int(e["name"].split("#")[1])
+                out[k] = max(out.get(k, 0.0), float(e["dur"]))
+    return out
 
 
 def test_a_launch_into_a_full_device_queue_is_a_wait_on_the_device():
@@ -2582,17 +2583,6 @@ def test_a_collective_still_open_on_its_rank_is_communication_not_untraced(name)
         assert inside <= 50.0, (g.step, inside)
 
 
-def _raw_spans(path: Path) -> dict[int, float]:
-    """ProfilerStep number -> the longest rank's span (µs), from the raw JSON."""
-    out: dict[int, float] = {}
-    for doc in raw_events(path):
-        for e in doc["traceEvents"]:
-            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
-                k = int(e["name"].split("#")[1])
-                out[k] = max(out.get(k, 0.0), float(e["dur"]))
-    return out
-
-
 def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(capsys):
     """growing_decode (a decode loop over a growing key/value cache: 3.1 to 28.5 ms a step) was
     answered "step time 17.0 ms [13.2, 20.5]", as if the steps were alike; alternating_steps_gloo
@@ -2606,7 +2596,7 @@ def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(
     from conftest import run_cli
 
     decode = OWN_CPU / "growing_decode.json.gz"
-    raw = _raw_spans(decode)
+    raw = _raw_step_spans(decode)
     steps = sorted(raw)[1:]  # (the steady ones: all but the first)
     t = np.array([raw[k] for k in steps])
     pairs = [(i, j) for i in range(len(t)) for j in range(i + 1, len(t))]
@@ -2622,7 +2612,7 @@ def test_a_run_whose_steps_grow_or_take_turns_is_not_given_one_steady_step_time(
     assert code == 0 and json.loads(out)["trend"]["slope_us"] == pytest.approx(ans.trend.slope_us)
 
     alternating = OWN_CPU / "alternating_steps_gloo"
-    raw = _raw_spans(alternating)
+    raw = _raw_step_spans(alternating)
     steps = sorted(raw)[1:]
     kinds = {k % 2: [raw[s] for s in steps if s % 2 == k % 2] for k in (0, 1)}
     fast, slow = sorted(kinds.values(), key=np.median)

@@ -19,14 +19,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bottleneck_oracle.analysis.answer import NAMED_TOP, SlowCause, StepGroups, StepTrend, named_cause, steady_of, step_groups, step_trend
+from bottleneck_oracle.analysis.answer import (
+    NAMED_TOP,
+    ROBUST_SIGMA,
+    SlowCause,
+    StepGroups,
+    StepTrend,
+    named_cause,
+    steady_of,
+    step_groups,
+    step_trend,
+)
 from bottleneck_oracle.analysis.blame import CulpritKind
 from bottleneck_oracle.analysis.segments import path_by_name
 from bottleneck_oracle.analysis.summary import StepAnalysis
 
 OUTLIER_SIGMAS = 3.0  # robust sigmas from the median
 OUTLIER_SHARE = 0.05  # and at least this share of the median
-ROBUST = 1.4826  # MAD -> sigma of a normal distribution
+ROBUST = ROBUST_SIGMA  # MAD -> sigma of a normal distribution
 
 
 def steady(analyses: list[StepAnalysis]) -> list[StepAnalysis]:
