@@ -53,6 +53,7 @@ OWN_CPU_FIXTURES = sorted((DATA / "own-cpu").glob("*.json.gz")) + [
     DATA / "own-cpu" / "broadcast_batch_gloo",
     DATA / "own-cpu" / "alternating_steps_gloo",
     DATA / "own-cpu" / "slowing_rank_gloo",
+    DATA / "own-cpu" / "zero_uneven_gloo",
 ]
 ALL_FIXTURES = KINETO_FIXTURES + REAL_FIXTURES + MORE_FIXTURES + [SAMPLE] + OWN_GPU_FIXTURES + OWN_CPU_FIXTURES
 

@@ -2661,3 +2661,28 @@ def test_a_rank_slowed_before_its_all_reduce_is_the_straggler_though_no_barrier_
             assert s is not None and s.rank == 1, (a.graph.step, s)
     ans = run_answer(analyses)
     assert ans.straggler is not None and ans.straggler.rank == 1 and ans.trend is not None and ans.trend.slope_us > 0
+
+
+def test_a_straggler_whose_ops_are_fewer_and_longer_is_given_more_work_not_a_slow_host(capsys):
+    """zero_uneven_gloo: ZeroRedundancyOptimizer(Adam) shards parameters by size, so rank 0 updates
+    one 2048 x 2048 weight and rank 1 seven small tensors: rank 0 runs one ``aten::sqrt`` a step on
+    [2048, 2048] (7.9 ms, the raw median) where rank 1 runs seven on [32, 2048] and smaller (0.06
+    ms). advise said "One op of it is much slower (aten::sqrt) … before suspecting the host" (and
+    in its first step "the host is the suspect"). Now its run answer names the op's fewer, longer
+    calls with the raw counts and the split of the work as the remedy."""
+    from conftest import run_cli
+
+    path = OWN_CPU / "zero_uneven_gloo"
+    counts: dict[int, set[int]] = {}
+    for doc in raw_events(path):
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        steps = sorted((e for e in ev if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])[1:]
+        counts[doc["distributedInfo"]["rank"]] = {
+            sum(1 for e in ev if e["name"] == "aten::sqrt" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]) for s in steps
+        }
+    (mine,), (theirs,) = counts[0], counts[1]
+    assert mine < theirs
+    code, out, _ = run_cli(["advise", str(path)], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and f"Its aten::sqrt runs fewer times a step than its peers' ({mine} against {theirs})" in text, text[:600]
+    assert "even out the split" in text and "One op of it is much slower" not in text and "the host is the suspect" not in text

@@ -283,7 +283,9 @@ def symptoms(
         excess = max(worst.op_excess_us, sum(us for _, _, us in extra))  # (ops paired by order hide extra ones from blame)
         ctx["straggler_scale"] = f"{max(0.0, 1 - excess / max(worst.op_us, 1.0)):.3f}"
         ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
-        ctx["straggler_where"], ctx["straggler_remedy"], named = _straggler_story(b, worst, _input_ratio(g, worst.rank), extra)
+        mine = [x for x in b.nodes if x.rank == worst.rank]
+        calls = _calls_against_peers(g, worst.rank, mine[0].name) if mine else None
+        ctx["straggler_where"], ctx["straggler_remedy"], named = _straggler_story(b, worst, _input_ratio(g, worst.rank), extra, calls)
         removal = _extra_op_edits(g, worst.rank, extra) if named else None
         ctx["straggler_edits"] = removal or (
             f"rank={worst.rank},scale={ctx['straggler_scale']};rank={worst.rank},gap=1,scale={ctx['straggler_gap_scale']}"
@@ -634,8 +636,45 @@ def _extra_op_edits(g: ExecutionGraph, rank: int, extra: list[tuple[str, int, fl
     return ";".join(out) or None
 
 
+FEWER_LONGER = 2.0
+"""The straggler's top op runs fewer times a step than on its peers and takes this many times their
+time or more: the same op given more data a call (an uneven split of the work), not a slower host."""
+
+
+def _calls_against_peers(g: ExecutionGraph, rank: int, name: str) -> tuple[int, float, float, float] | None:
+    """(how many ``name`` ops ``rank`` runs in ``g`` and their time, µs; the median of its peers'
+    — its peer group's other ranks — count and time), host ops (leaves and parent ops, an op inside
+    one of its own name once); None where it has no peer or the name is no op of the step."""
+    from bottleneck_oracle.analysis.answer import _inside_same_name
+    from bottleneck_oracle.analysis.blame import peer_groups
+
+    if name not in g.names:
+        return None
+    groups = peer_groups(g)
+    peers = [r for r in g.ranks if r != rank and groups.get(r, r) == groups.get(rank, rank)]
+    if not peers:
+        return None
+    k = g.names.index(name)
+    n, rg = g.nodes, g.regions
+    leaf_in, region_in = _inside_same_name(g)
+    leaves = (n["name"] == k) & ~n["on_gpu"] & ~leaf_in
+    parents = (rg["name"] == k) & ~rg["is_range"].astype(bool) & ~region_in
+
+    def of(r: int) -> tuple[int, float]:
+        here, there = leaves & (n["rank"] == r), parents & (rg["rank"] == r)
+        return int(here.sum() + there.sum()), float(n["mdur"][here].sum() + (rg["end"] - rg["start"])[there].sum())
+
+    count, us = of(rank)
+    theirs = [of(r) for r in peers]
+    return count, float(np.median([c for c, _ in theirs])), us, float(np.median([t for _, t in theirs]))
+
+
 def _straggler_story(
-    b: Blame, worst: RankBlame, input_ratio: float = 1.0, counted: list[tuple[str, int, float]] | None = None
+    b: Blame,
+    worst: RankBlame,
+    input_ratio: float = 1.0,
+    counted: list[tuple[str, int, float]] | None = None,
+    calls: tuple[int, float, float, float] | None = None,
 ) -> tuple[str, str, bool]:
     """Where the straggler's excess is and the remedy the evidence supports, in this order: ops
     its peers do not run at all (a code path of its own: named), its input pipeline, the same ops
@@ -684,6 +723,14 @@ def _straggler_story(
             "Profile that rank with with_stack=True (or py-spy) to name it; look for rank-specific work (logging, "
             "checkpointing, evaluation on rank 0) and per-rank data differences."
         )
+    elif mine and calls is not None and 0 < calls[0] < calls[1] and calls[2] >= FEWER_LONGER * max(calls[3], 1.0):
+        remedy = (
+            f"Its {top} runs fewer times a step than its peers' ({calls[0]} against {calls[1]:g}) and takes "
+            f"{calls[2] / max(calls[3], 1.0):.0f}x their time ({calls[2] / 1000:.1f} ms against {calls[3] / 1000:.2f}): the same "
+            "op given more data a call. Its share of the work is larger: even out the split (a ZeroRedundancyOptimizer or "
+            "FSDP shard follows parameter sizes; equal batches and sequence lengths across ranks), not a host fix."
+        )
+        return f"fewer, longer calls of {top}", remedy, False
     elif mine and mine[0].saving_us >= SPREAD_SHARE * max(worst.saving_us, 1.0):
         remedy = (
             f"One op of it is much slower ({top}): look at what that op does differently on rank {worst.rank} (its "
