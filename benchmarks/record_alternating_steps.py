@@ -14,7 +14,7 @@ import torch
 from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
+from record_compiled import ddp_mlp, profiled_steps, record_gloo_job  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 12
 PORT = 29550
@@ -22,9 +22,7 @@ PORT = 29550
 
 def _job(rank: int) -> profile:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512))
-    )
+    model = ddp_mlp(512, 1024)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(i: int) -> None:

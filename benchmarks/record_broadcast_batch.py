@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
+from record_compiled import ddp_mlp, profiled_steps, record_gloo_job, train_step  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 8
 ROWS, WIDTH = 128, 512
@@ -31,19 +31,14 @@ def _prepare(g: torch.Generator) -> torch.Tensor:
 
 def _job(rank: int) -> profile:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(WIDTH, 512), torch.nn.GELU(), torch.nn.Linear(512, WIDTH))
-    )
+    model = ddp_mlp(WIDTH, 512)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)
 
     def step(i: int) -> None:
         x = _prepare(g) if rank == 0 else torch.empty(ROWS, WIDTH)
         dist.broadcast(x, src=0)
-        loss = model(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x)
 
     return profiled_steps(step, ACTIVE, WAIT, WARMUP)
 

@@ -47,6 +47,25 @@ def export_gzipped(prof: profile, out: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
+def ddp_mlp(width: int = 256, hidden: int = 512) -> torch.nn.parallel.DistributedDataParallel:
+    """The gloo recorders' model: a ``width`` -> ``hidden`` -> ``width`` MLP with GELU under
+    DistributedDataParallel (the process group initialised: record_gloo_job)."""
+    return torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, width))
+    )
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> torch.Tensor:
+    """One training step of the recorders' jobs: the mean square of ``model(x)`` as the loss,
+    ``zero_grad``, backward, the optimizer's step; returns the model's output."""
+    y = model(x)
+    loss = y.square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return y
+
+
 def profiled_steps(step: Callable[[int], None], steps: int, wait: int = 1, warmup: int = 1) -> profile:
     """Run ``step(i)`` for ``i`` in ``range(wait + warmup + steps)`` under the profiler (the CPU
     activity, shapes recorded, ``schedule(wait=wait, warmup=warmup, active=steps)``), calling

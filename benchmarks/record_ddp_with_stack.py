@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import record_gloo_job  # noqa: E402
+from record_compiled import ddp_mlp, record_gloo_job, train_step  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 6
 PORT = 29548
@@ -22,17 +22,12 @@ PORT = 29548
 
 def _job(rank: int) -> profile:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
-    )
+    model = ddp_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     every = dict(record_shapes=True, profile_memory=True, with_flops=True, with_modules=True, with_stack=True)
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE), **every) as prof:
         for _ in range(WAIT + WARMUP + ACTIVE):
-            loss = model(torch.randn(64, 256)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            train_step(model, opt, torch.randn(64, 256))
             prof.step()
     return prof
 

@@ -48,9 +48,10 @@ def main() -> None:
     blocks = [Block() for _ in range(LAYERS)]
     caches = [[torch.randn(BATCH, PREFILL, WIDTH), torch.randn(BATCH, PREFILL, WIDTH)] for _ in blocks]
     x = torch.randn(BATCH, 1, WIDTH)
-    with torch.no_grad(), profile(
-        activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE)
-    ) as prof:
+    with (
+        torch.no_grad(),
+        profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE)) as prof,
+    ):
         for _ in range(WAIT + WARMUP + ACTIVE):
             h = x
             for block, cache in zip(blocks, caches):

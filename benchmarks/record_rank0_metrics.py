@@ -14,7 +14,7 @@ import torch
 from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
+from record_compiled import ddp_mlp, profiled_steps, record_gloo_job, train_step  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 8
 METRIC_MATMULS = 12  # a metric's matmul and tanh, rank 0 only, a step
@@ -30,18 +30,12 @@ def _metrics(out: torch.Tensor, w: torch.Tensor) -> float:
 
 def _job(rank: int) -> profile:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
-    )
+    model = ddp_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     w = torch.randn(256, 256) / 16
 
     def step(i: int) -> None:
-        y = model(torch.randn(64, 256))
-        loss = y.square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        y = train_step(model, opt, torch.randn(64, 256))
         if rank == 0:
             _metrics(y, w)
 

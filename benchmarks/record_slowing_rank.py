@@ -14,7 +14,7 @@ import torch
 from torch.profiler import profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
+from record_compiled import ddp_mlp, profiled_steps, record_gloo_job, train_step  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 20
 MATMULS_PER_STEP = 3
@@ -23,9 +23,7 @@ PORT = 29551
 
 def _job(rank: int) -> profile:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
-    )
+    model = ddp_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     w = torch.randn(256, 256) / 16
 
@@ -37,10 +35,7 @@ def _job(rank: int) -> profile:
                 y = x.repeat(4, 1)
                 for _ in range(extra):
                     y = torch.tanh(y @ w)
-        loss = model(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x)
 
     return profiled_steps(step, ACTIVE, WAIT, WARMUP)
 

@@ -13,7 +13,7 @@ import torch
 from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
+from record_compiled import ddp_mlp, profiled_steps, record_gloo_job, train_step  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 8
 BATCH = (64, 160)  # rows a step, per rank
@@ -22,16 +22,11 @@ PORT = 29545
 
 def _job(rank: int) -> profile:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
-    )
+    model = ddp_mlp(256, 1024)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step(i: int) -> None:
-        loss = model(torch.randn(BATCH[rank], 256)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, torch.randn(BATCH[rank], 256))
 
     return profiled_steps(step, ACTIVE, WAIT, WARMUP)
 

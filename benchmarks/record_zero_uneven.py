@@ -15,7 +15,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_compiled import profiled_steps, record_gloo_job  # noqa: E402
+from record_compiled import profiled_steps, record_gloo_job, train_step  # noqa: E402
 
 WAIT, WARMUP, ACTIVE = 1, 1, 8
 WIDTH = 2048
@@ -38,10 +38,7 @@ def _job(rank: int) -> profile:
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
 
     def step(i: int) -> None:
-        loss = model(torch.randn(32, WIDTH)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, torch.randn(32, WIDTH))
 
     return profiled_steps(step, ACTIVE, WAIT, WARMUP)
 

@@ -877,16 +877,11 @@ def advise_graphs(
 
 def run_straggler(analyses: list[StepAnalysis]) -> int | None:
     """The rank the others waited for (StepAnalysis.straggler) in most of ``analyses`` (the run's
-    steady steps), as the run answer names it (answer.PERSISTENT); None: no such rank."""
-    from collections import Counter
+    steady steps), as the run answer names it (answer.persistent_rank); None: no such rank."""
+    from bottleneck_oracle.analysis.answer import persistent_rank
 
-    from bottleneck_oracle.analysis.answer import PERSISTENT
-
-    named = [s.rank for s in (a.straggler() for a in analyses) if s is not None]
-    if not named:
-        return None
-    rank, count = Counter(named).most_common(1)[0]
-    return int(rank) if count >= PERSISTENT * len(analyses) else None
+    found = persistent_rank([s.rank if s is not None else None for s in (a.straggler() for a in analyses)])
+    return found[0] if found else None
 
 
 def summary(path: str | Path, steps: list[int] | None = None, config: Config | None = None) -> RunSummary:

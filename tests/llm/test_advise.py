@@ -43,8 +43,6 @@ def test_the_knowledge_base_holds_at_least_25_recipes_whose_edits_and_knobs_pars
         "busiest_rank": "1",
         "straggler_rank": "1",
         "untraced_rank": "0",
-        "straggler_scale": "0.5",
-        "straggler_gap_scale": "0.5",
         "straggler_edits": "rank=1,module=aten::matmul,scale=0.000;rank=1,name=aten::tanh,scale=0.5",
         "top_op": "aten::mm",
     }

@@ -43,6 +43,7 @@ from bottleneck_oracle.analysis.segments import (
 )
 from bottleneck_oracle.analysis.summary import StepAnalysis
 from bottleneck_oracle.analysis.whatif import STEADY_QUEUE_SHARE
+from bottleneck_oracle.graph_pipeline.arrays import isin_sorted
 from bottleneck_oracle.graph_pipeline.graph import ExecutionGraph, StepFactsRecord
 from bottleneck_oracle.graph_pipeline.schema import EdgeKind, NodeType
 
@@ -960,14 +961,22 @@ def named_cause(slow: Sequence[Named], others: Sequence[Named], excess_us: float
     return None
 
 
+def persistent_rank(named: Sequence[int | None]) -> tuple[int, int] | None:
+    """The rank named in PERSISTENT of the steps or more (``named``: one per steady step, None where a
+    step names none) and in how many: the run's straggler; None: no such rank."""
+    ranks = [r for r in named if r is not None]
+    if not ranks:
+        return None
+    rank, count = Counter(ranks).most_common(1)[0]
+    return (int(rank), count) if count >= PERSISTENT * len(named) else None
+
+
 def _straggler(st: list[StepFigures]) -> Straggler | None:
-    named = [f.straggler for f in st if f.straggler is not None]
-    if not named:
+    found = persistent_rank([f.straggler[0] if f.straggler is not None else None for f in st])
+    if found is None:
         return None
-    rank, count = Counter(r for r, _ in named).most_common(1)[0]
-    if count < PERSISTENT * len(st):
-        return None
-    return Straggler(rank, count, len(st), estimate([w for r, w in named if r == rank]))
+    rank, count = found
+    return Straggler(rank, count, len(st), estimate([f.straggler[1] for f in st if f.straggler is not None and f.straggler[0] == rank]))
 
 
 RegionKey = tuple[int, str, Literal["range", "op"]]  # a region: rank, name, kind
@@ -1157,18 +1166,20 @@ def _inside_same_name(g: ExecutionGraph) -> tuple[np.ndarray, np.ndarray]:
     reach = np.maximum.accumulate(group * span + rg["last"][o] + 1)  # (within a group: the furthest leaf so far)
     before = np.r_[-1, reach[:-1]]
     region_in[o] = ~new & (before - group * span - 1 >= rg["last"][o])
-    # a leaf of a name some op region of its thread encloses
-    for k in np.unique(rg["name"][o]).tolist():
-        leaves = np.flatnonzero((n["name"] == k) & ~n["on_gpu"])
-        if not len(leaves):
-            continue
-        regs = o[rg["name"][o] == k]
-        first, last = rg["first"][regs], rg["last"][regs]
-        order = np.argsort(first, kind="stable")
-        first, far = first[order], np.maximum.accumulate(last[order])
-        at = np.searchsorted(first, leaves, side="right") - 1
-        ok = at >= 0
-        leaf_in[leaves[ok]] = far[at[ok]] >= leaves[ok]
+    # a leaf of a name some op region encloses (a thread's leaves are consecutive nodes: inside its
+    # leaf range is on its thread): per name, the regions by their first leaf with the furthest last
+    # leaf so far, looked up for every such leaf at once (one pass, not one per name)
+    names = np.unique(rg["name"][o])
+    by = o[np.lexsort((rg["first"][o], rg["name"][o]))]
+    code = np.searchsorted(names, rg["name"][by]).astype(np.int64)
+    starts = code * span + rg["first"][by]
+    far = np.maximum.accumulate(code * span + rg["last"][by]) - code * span  # (a name's codes come after the earlier names')
+    cand = np.flatnonzero(~n["on_gpu"] & isin_sorted(n["name"], names))
+    mine = np.searchsorted(names, n["name"][cand]).astype(np.int64)
+    at = np.searchsorted(starts, mine * span + cand, side="right") - 1
+    ok = at >= 0
+    ok[ok] &= (code[at[ok]] == mine[ok]) & (far[at[ok]] >= cand[ok])
+    leaf_in[cand[ok]] = True
     return leaf_in, region_in
 
 

@@ -268,8 +268,7 @@ def symptoms(
     ctx["top_op"] = top[0].name if top else ""
     ctx["top_op_pct"] = f"{100 * m['top_op_share']:.0f}"
     m["straggler_share"] = 0.0
-    ctx["straggler_rank"], ctx["straggler_scale"], ctx["straggler_gap_scale"] = "0", "1.0", "1.0"
-    ctx["straggler_where"], ctx["straggler_remedy"] = "in its ops", ""
+    ctx["straggler_rank"], ctx["straggler_where"], ctx["straggler_remedy"] = "0", "in its ops", ""
     ctx["straggler_edits"] = "rank=0,scale=1.0"
     if b is not None and b.ranks and len(g.ranks) > 1 and b.excess > 0.02 * ms:
         worst = b.ranks[0]
@@ -281,15 +280,13 @@ def symptoms(
         ctx["straggler_rank"] = str(worst.rank)
         extra = _extra_of(g, worst.rank)
         excess = max(worst.op_excess_us, sum(us for _, _, us in extra))  # (ops paired by order hide extra ones from blame)
-        ctx["straggler_scale"] = f"{max(0.0, 1 - excess / max(worst.op_us, 1.0)):.3f}"
-        ctx["straggler_gap_scale"] = f"{max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0)):.3f}"
+        scale = max(0.0, 1 - excess / max(worst.op_us, 1.0))
+        gap_scale = max(0.0, 1 - worst.gap_excess_us / max(worst.gap_us, 1.0))
         mine = [x for x in b.nodes if x.rank == worst.rank]
         calls = _calls_against_peers(g, worst.rank, mine[0].name) if mine else None
         ctx["straggler_where"], ctx["straggler_remedy"], named = _straggler_story(b, worst, _input_ratio(g, worst.rank), extra, calls)
         removal = _extra_op_edits(g, worst.rank, extra) if named else None
-        ctx["straggler_edits"] = removal or (
-            f"rank={worst.rank},scale={ctx['straggler_scale']};rank={worst.rank},gap=1,scale={ctx['straggler_gap_scale']}"
-        )
+        ctx["straggler_edits"] = removal or (f"rank={worst.rank},scale={scale:.3f};rank={worst.rank},gap=1,scale={gap_scale:.3f}")
     # a collective's time where some of the job's ranks are not in the input includes its wait for them
     run = g.meta.get("run_facts") or {}
     missing, world = int(run.get("missing_ranks") or 0), run.get("world_size")
@@ -609,6 +606,16 @@ def _extra_of(g: ExecutionGraph, rank: int) -> list[tuple[str, int, float]]:
     return sorted(((name, count, us) for (r, name), (count, us) in found.items() if r == rank), key=lambda x: -x[2])
 
 
+def _op_runs(g: ExecutionGraph, rank: int, k: int, inside: tuple[np.ndarray, np.ndarray]) -> tuple[int, int, float]:
+    """The host ops named ``g.names[k]`` that ``rank`` runs in ``g``: (how many are leaves, how many
+    parent ops, their time µs), an op inside one of its own name once (``inside``:
+    answer._inside_same_name of ``g``)."""
+    n, rg = g.nodes, g.regions
+    leaves = (n["rank"] == rank) & (n["name"] == k) & ~n["on_gpu"] & ~inside[0]
+    parents = (rg["rank"] == rank) & (rg["name"] == k) & ~rg["is_range"].astype(bool) & ~inside[1]
+    return int(leaves.sum()), int(parents.sum()), float(n["mdur"][leaves].sum() + (rg["end"] - rg["start"])[parents].sum())
+
+
 def _extra_op_edits(g: ExecutionGraph, rank: int, extra: list[tuple[str, int, float]]) -> str | None:
     """The straggler suggestion's edits where its story is the ops it runs and its peers do not
     (``extra``: _extra_of): each such op of the rank at the share of its runs that are not extra, a
@@ -618,15 +625,12 @@ def _extra_op_edits(g: ExecutionGraph, rank: int, extra: list[tuple[str, int, fl
     edit (a comma, ``;``, ``=`` or a glob character in it)."""
     from bottleneck_oracle.analysis.answer import _inside_same_name
 
-    n, rg = g.nodes, g.regions
-    leaf_in, region_in = _inside_same_name(g)
+    inside = _inside_same_name(g)
     out = []
     for name, more, _ in extra:
         if any(ch in name for ch in ",;=*?[") or name not in g.names:
             return None
-        k = g.names.index(name)
-        leaves = int(((n["rank"] == rank) & (n["name"] == k) & ~n["on_gpu"] & ~leaf_in).sum())
-        parents = int(((rg["rank"] == rank) & (rg["name"] == k) & ~rg["is_range"].astype(bool) & ~region_in).sum())
+        leaves, parents, _ = _op_runs(g, rank, g.names.index(name), inside)
         keep = max(leaves + parents - more, 0) / max(leaves + parents, 1)
         # a parent op with its children (aten::matmul around aten::mm): the ops run inside it
         what = f"rank={rank},module={name}" if parents else f"rank={rank},name={name}"
@@ -654,19 +658,10 @@ def _calls_against_peers(g: ExecutionGraph, rank: int, name: str) -> tuple[int, 
     peers = [r for r in g.ranks if r != rank and groups.get(r, r) == groups.get(rank, rank)]
     if not peers:
         return None
-    k = g.names.index(name)
-    n, rg = g.nodes, g.regions
-    leaf_in, region_in = _inside_same_name(g)
-    leaves = (n["name"] == k) & ~n["on_gpu"] & ~leaf_in
-    parents = (rg["name"] == k) & ~rg["is_range"].astype(bool) & ~region_in
-
-    def of(r: int) -> tuple[int, float]:
-        here, there = leaves & (n["rank"] == r), parents & (rg["rank"] == r)
-        return int(here.sum() + there.sum()), float(n["mdur"][here].sum() + (rg["end"] - rg["start"])[there].sum())
-
-    count, us = of(rank)
-    theirs = [of(r) for r in peers]
-    return count, float(np.median([c for c, _ in theirs])), us, float(np.median([t for _, t in theirs]))
+    k, inside = g.names.index(name), _inside_same_name(g)
+    leaves, parents, us = _op_runs(g, rank, k, inside)
+    theirs = [_op_runs(g, r, k, inside) for r in peers]
+    return leaves + parents, float(np.median([a + b for a, b, _ in theirs])), us, float(np.median([t for _, _, t in theirs]))
 
 
 def _straggler_story(
